@@ -1,0 +1,101 @@
+"""``audit()``: the standalone check, a pure function of the current state.
+
+Call it after ``backward()`` and before ``optimizer.step()``. It has no history and installs no
+hook: it sees the end state, so it says plainly when the cause of a missing gradient is unknown
+(pass ``loss=`` to have the loss graph walked, or use a :class:`~leafwatch.Monitor`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import checks, graph, inventory, watch
+from .findings import Finding, Report
+from .monitor import _validate_ignore, apply_ignore
+from .values import ValueChecker
+
+
+def audit(
+    model: nn.Module | None = None,
+    optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+    *,
+    tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | None = None,
+    loss: torch.Tensor | None = None,
+    ignore: Mapping[str, str] | Sequence[str] | None = None,
+    check_values: bool = True,
+    step: int | None = None,
+) -> Report:
+    """Name every tensor that will not train, with the cause and the fix.
+
+    Args:
+        model: The model; DDP and ``torch.compile`` wrappers are unwrapped.
+        optimizers: One optimizer or a sequence. With them, parameters left out of every
+            optimizer are reported, and the optimizers' tensors are checked for a gradient.
+        tensors: More tensors to check, name -> tensor (or a sequence).
+        loss: The loss, to walk its graph and tell unreachable parameters from the rest.
+        ignore: Glob patterns on names (``{"head.*": "why"}``); matches are reported as ignored.
+        check_values: Run the batched NaN/Inf check on the gradients.
+        step: A step number to put on the findings.
+
+    Returns:
+        A :class:`~leafwatch.Report`; ``bool(report)`` is true when something is open.
+
+    Raises:
+        TypeError: an argument of the wrong type (the message names it and what was received).
+
+    Example::
+
+        >>> import torch, leafwatch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+        >>> opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> sorted(f.name for f in leafwatch.audit(model, opt))
+        ['1.bias', '1.weight']
+    """
+    model = inventory.normalize_model(model)
+    opts = inventory.normalize_optimizers(optimizers)
+    named = inventory.normalize_tensors(tensors)
+    ignore_map = _validate_ignore(ignore)
+    if loss is not None and not isinstance(loss, torch.Tensor):
+        raise TypeError(f"`loss` must be a torch.Tensor or None, got {type(loss).__name__}: {loss!r:.80}")
+    if not isinstance(check_values, bool):
+        raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
+
+    inv = inventory.Inventory(model, opts)
+    findings: list[Finding] = checks.structural(inv, step=step)
+    stale = {f.name for f in findings if f.kind == "stale_param"}
+    reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
+
+    if opts:
+        checked = [(inv.name(p) or f"optimizers[{i}] tensor of shape {tuple(p.shape)}", p)
+                   for i, ps in enumerate(inv.optimizer_params) for p in ps]
+    else:
+        checked = [(info.name, t) for info, t in inv.trainable()]
+    watched_ids = {id(e.tensor()) for e in watch.entries()}
+    for name, p in checked:
+        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in watched_ids:
+            continue
+        info = inv.params.get(id(p))
+        findings.append(checks.missing_grad(
+            name, p, step=step, explanation=None, info=info,
+            reachable=None if reachable is None else id(p) in reachable))
+
+    entries = watch.entries()
+    got = {}
+    for e in entries:
+        t = e.tensor()
+        got[e.name] = e.grads_seen > 0 or (t is not None and e.is_leaf and t.grad is not None)
+    findings += checks.watched_findings(entries, step, got, inv)
+    findings += checks.tensor_findings(named, step, inv)
+
+    if check_values:
+        grads = [p.grad for _, p in checked]
+        values = ValueChecker()
+        _, bad = values.check(grads, step or 0)
+        bad += values.flush()[1]
+        findings += [checks.nonfinite_grad(checked[i][0], checked[i][1], step or 0) for _, i in bad]
+    return Report(apply_ignore(findings, ignore_map), step=step)

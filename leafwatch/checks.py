@@ -1,0 +1,314 @@
+"""The checks: pure functions from what leafwatch knows to a list of findings.
+
+Structural checks (optimizer membership, orphans, devices, non-leaves) depend only on the
+inventory and run when it is built; the gradient checks run per step on the few tensors that
+missed a gradient. None of them keeps a tensor.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from . import graph
+from .findings import Finding
+from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
+from .tracing import Explanation
+from .watch import WatchEntry
+
+UNKNOWN_CAUSE = (
+    "unknown: leafwatch saw only the end state (no gradient after backward). To learn why, create "
+    "`leafwatch.Monitor(model, optimizer)` before the first forward pass, or pass `loss=` to audit()."
+)
+
+
+def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, *,
+         tensor: torch.Tensor | None = None, step: int | None = None,
+         aliases: Iterable[str] = (), **details: Any) -> Finding:
+    described = describe_tensor(tensor) if tensor is not None else {}
+    return Finding(
+        kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix, step=step,
+        first_step=step, last_step=step, aliases=tuple(aliases),
+        shape=described.get("shape"), dtype=described.get("dtype"), device=described.get("device"),
+        details=details,
+    )
+
+
+# -- non-leaf ---------------------------------------------------------------------------------
+def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
+             found: graph.Origin | None = None, where: str = "") -> Finding:
+    found = found if found is not None else graph.origin(t)
+    known = inventory.known_names() if inventory is not None else None
+    cause = found.cause(name, known) if found is not None else f"`{name}` is not a leaf."
+    return make(
+        "non_leaf", name, "error",
+        f"`{name}` is not a leaf tensor{where}: its .grad will stay None and it will never train.",
+        cause, graph.fix_for_non_leaf(name, found, device=str(t.device)),
+        tensor=t, step=step, op=found.op if found else None,
+    )
+
+
+def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
+                    inventory: Inventory | None = None) -> list[Finding]:
+    """Findings for tensors handed to ``audit(tensors=...)``: non-leaf or no gradient."""
+    out = []
+    for name, t in tensors.items():
+        if not t.is_leaf:
+            out.append(non_leaf(name, t, step=step, inventory=inventory))
+        elif not t.requires_grad:
+            out.append(make(
+                "missing_grad", name, "error",
+                f"`{name}` does not require grad: it will never get a gradient.",
+                f"`{name}` was created without `requires_grad=True`.",
+                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()`",
+                tensor=t, step=step, reason="requires_grad_false",
+            ))
+        elif t.grad is None:
+            out.append(missing_grad(name, t, step=step, explanation=None))
+    return out
+
+
+def watched_findings(entries: Iterable[WatchEntry], step: int | None,
+                     got_grad: Mapping[str, bool], inventory: Inventory | None = None) -> list[Finding]:
+    """Findings for tensors flagged with ``watch()``; ``got_grad`` says which saw a gradient."""
+    out = []
+    for entry in entries:
+        t = entry.tensor()
+        if t is None:
+            continue
+        if entry.expect_leaf and not entry.is_leaf:
+            f = non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
+                         where=f" (watched at {entry.location})")
+            out.append(f.replace(details={**f.details, "source": "watch"}))
+            continue
+        if not entry.expect_grad:
+            continue
+        if not t.requires_grad:
+            out.append(make(
+                "missing_grad", entry.name, "error",
+                f"`{entry.name}` does not require grad: it will never get a gradient.",
+                f"`{entry.name}` was created without `requires_grad=True` (or frozen with requires_grad_(False)).",
+                f"create it with `requires_grad=True`, or call `{entry.name}.requires_grad_()`",
+                tensor=t, step=step, reason="requires_grad_false", source="watch",
+            ))
+        elif not got_grad.get(entry.name, False):
+            what = "no gradient reached it" if entry.is_leaf else "no gradient flowed through it"
+            out.append(make(
+                "missing_grad", entry.name, "error",
+                f"watched tensor `{entry.name}`: {what} in this step.",
+                "it is not used in the computation of the loss, or it is cut off from it "
+                "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+                f"use `{entry.name}` in the loss through torch ops only",
+                tensor=t, step=step, reason="unused", source="watch",
+            ))
+    return out
+
+
+# -- missing gradients ------------------------------------------------------------------------
+def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
+                 info: ParamInfo | None = None, reachable: bool | None = None,
+                 checks: int | None = None, misses: int | None = None) -> Finding:
+    if explanation is not None:
+        cause, fix, reason = explanation.cause, explanation.fix, explanation.reason
+    elif reachable is False:
+        cause = (f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never "
+                 "used, or cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a "
+                 "`torch.tensor(...)` rewrap).")
+        fix, reason = f"use `{name}` in the forward pass through torch ops only, or delete it", "unreachable"
+    elif reachable is True:
+        cause = (f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
+                 "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
+        fix, reason = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()", "not_backpropagated"
+    else:
+        cause, fix, reason = UNKNOWN_CAUSE, f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
+    details: dict[str, Any] = {"reason": reason}
+    if info is not None:
+        details["module"] = info.module
+    if checks is not None:
+        details["checks"] = checks
+        details["steps_without_grad"] = misses
+    return make(
+        "missing_grad", name, "error",
+        f"`{name}` requires grad but got no gradient: it does not train.",
+        cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
+    )
+
+
+def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
+    """A missing_grad finding for a tensor that did get gradients at other steps."""
+    return finding.replace(
+        severity="info",
+        status="intermittent",
+        message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
+        "(routing, branches or alternation: expected for mixture-of-experts and GANs).",
+        last_step=step,
+        details={**finding.details, "checks": checks, "steps_without_grad": misses},
+    )
+
+
+def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+    return make(
+        "nonfinite_grad", name, "error",
+        f"`{name}`.grad holds NaN or Inf at step {step}.",
+        "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
+        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+        "lower the learning rate, clip gradients, or use a GradScaler with fp16",
+        tensor=t, step=step, aliases=aliases,
+    )
+
+
+# -- structure --------------------------------------------------------------------------------
+def structural(inventory: Inventory, *, step: int | None,
+               previous_names: Mapping[int, str] | None = None) -> list[Finding]:
+    """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed."""
+    out: list[Finding] = []
+    out += _optimizer_membership(inventory, step, previous_names or {})
+    out += _orphans(inventory, step)
+    out += _devices(inventory, step)
+    return out
+
+
+def _optimizer_membership(inv: Inventory, step: int | None,
+                          previous_names: Mapping[int, str]) -> list[Finding]:
+    out: list[Finding] = []
+    if not inv.optimizers:
+        return out
+    for i, params in enumerate(inv.optimizer_params):
+        for j, p in enumerate(params):
+            if not p.is_leaf:
+                name = inv.name(p) or f"optimizers[{i}] param {j}"
+                out.append(non_leaf(name, p, step=step, inventory=inv, where=" (held by an optimizer)"))
+    excluded = {k: (info, inv.tensors[k]) for k, info in inv.params.items()
+                if k not in inv.in_optimizer and inv.tensors[k].requires_grad}
+    if inv.model is not None:
+        # An optimizer tensor that was once a model parameter, or a Parameter of the same shape as
+        # a parameter no optimizer holds, is what is left of a replaced parameter.
+        unpaired = dict(excluded)
+        for i, old in inv.foreign_optimizer_tensors():
+            old_name = previous_names.get(id(old))
+            match = None
+            if old_name is not None:
+                match = next((k for k, (info, _) in unpaired.items() if info.name == old_name), None)
+            if match is None and isinstance(old, torch.nn.Parameter):
+                match = next((k for k, (_, t) in unpaired.items() if t.shape == old.shape), None)
+            if match is None and old_name is None:
+                continue
+            info, new = unpaired.pop(match) if match is not None else (None, None)
+            name = info.name if info is not None else old_name
+            excluded.pop(match, None)
+            out.append(make(
+                "stale_param", name, "error",
+                f"optimizer {i} still holds the old `{name}`: the model's current `{name}` is never stepped.",
+                f"`{name}` was replaced (a new layer, a resize, pruning or a swapped module) after the "
+                f"optimizer was built; the optimizer updates the old tensor (shape {tuple(old.shape)}), "
+                "which the model no longer uses.",
+                "build the optimizer after the last change to the model, or rebuild it after replacing layers",
+                tensor=new if new is not None else old, step=step, optimizer=i,
+                old_shape=list(old.shape),
+            ))
+    for info, p in excluded.values():
+        out.append(make(
+            "not_in_optimizer", info.name, "error",
+            f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
+            f"`{info.name}` was left out when the optimizer's parameter list was built.",
+            "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
+            "`configure_optimizers`), or freeze it with `requires_grad_(False)` if that is intended",
+            tensor=p, step=step, aliases=info.aliases,
+        ))
+    for i, params in enumerate(inv.optimizer_params):
+        for p in params:
+            if p.requires_grad:
+                continue
+            name = inv.name(p)
+            plain = not isinstance(p, torch.nn.Parameter)
+            if name is None and not plain:
+                continue
+            name = name or f"optimizers[{i}] tensor of shape {tuple(p.shape)}"
+            out.append(make(
+                "frozen_in_optimizer", name, "error" if plain else "info",
+                f"optimizer {i} holds `{name}`, which does not require grad: it will not train.",
+                "a plain tensor created without `requires_grad=True` was passed to the optimizer"
+                if plain else f"`{name}` is frozen (requires_grad=False) but still listed in the optimizer.",
+                "create it with `requires_grad=True`" if plain
+                else "nothing, if freezing is intended; to train it call `requires_grad_(True)`",
+                tensor=p, step=step, optimizer=i,
+            ))
+    return out
+
+
+def _orphans(inv: Inventory, step: int | None) -> list[Finding]:
+    out = []
+    for orphan in inv.orphans():
+        out.append(_orphan_finding(orphan, inv, step))
+    return out
+
+
+def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding:
+    t, name = orphan.tensor, orphan.name
+    trains = id(t) in inv.in_optimizer
+    severity = "warning" if trains else "error"
+    effect = ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
+              if trains else "no optimizer built from `model.parameters()` sees it, so it never trains")
+    if orphan.module_in_container:
+        container = "a plain Python list" if orphan.container == "list" else "a plain Python dict"
+        cls = "nn.ModuleList" if orphan.container == "list" else "nn.ModuleDict"
+        return make(
+            "orphan_tensor", name, severity,
+            f"`{name}` belongs to a module kept in {container}: it is not registered, {effect}.",
+            f"the module is stored in {container}, which `nn.Module` does not look into.",
+            f"wrap the container: `self.{name.split('[')[0].split('.')[-1]} = {cls}(...)`",
+            tensor=t, step=step, container=orphan.container,
+        )
+    if orphan.container in ("list", "dict"):
+        cls = "nn.ParameterList" if orphan.container == "list" else "nn.ParameterDict"
+        return make(
+            "orphan_tensor", name, severity,
+            f"`{name}` requires grad but sits in a plain Python {orphan.container}: it is not registered, {effect}.",
+            f"tensors in a Python {orphan.container} are not parameters of the module.",
+            f"use `{cls}` for the container", tensor=t, step=step, container=orphan.container,
+        )
+    if not t.is_leaf:
+        found = graph.origin(t)
+        cause = found.cause(name, inv.known_names()) if found else f"`{name}` is not a leaf."
+        return make(
+            "orphan_tensor", name, severity,
+            f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
+            cause + " Calling `.to()`/`.cuda()` on an `nn.Parameter` returns a plain non-leaf tensor.",
+            f"register the moved tensor: `self.{name.split('.')[-1]} = nn.Parameter(t.to(device))`",
+            tensor=t, step=step, container="attribute", op=found.op if found else None,
+        )
+    return make(
+        "orphan_tensor", name, severity,
+        f"module attribute `{name}` requires grad but is a plain tensor, not an `nn.Parameter`: {effect}.",
+        "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
+        f"`self.{name.split('.')[-1]} = nn.Parameter(tensor)`",
+        tensor=t, step=step, container="attribute",
+    )
+
+
+def _devices(inv: Inventory, step: int | None) -> list[Finding]:
+    trainable = [(info, p) for info, p in inv.trainable() if p.is_floating_point()]
+    if len(trainable) < 2:
+        return []
+    out = []
+    devices = Counter(p.device for _, p in trainable)
+    dtypes = Counter(p.dtype for _, p in trainable)
+    main_device, main_dtype = devices.most_common(1)[0][0], dtypes.most_common(1)[0][0]
+    for info, p in trainable:
+        if p.device != main_device:
+            what, fix = f"on {p.device} while the other trainable parameters are on {main_device}", "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
+        elif p.dtype != main_dtype:
+            what = f"{str(p.dtype).replace('torch.', '')} while the other trainable parameters are {str(main_dtype).replace('torch.', '')}"
+            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
+        else:
+            continue
+        out.append(make(
+            "device_mismatch", info.name, "warning",
+            f"`{info.name}` is {what}.",
+            "it was created or moved separately from the rest of the model.",
+            fix, tensor=p, step=step, aliases=info.aliases,
+        ))
+    return out

@@ -1,0 +1,264 @@
+"""Findings and reports: what leafwatch found, why, and the one-line fix.
+
+A :class:`Finding` is plain data (strings and numbers only, never a tensor), so a report can be
+kept, pickled, logged or sent across ranks without keeping anything of the user's alive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+#: The stable kinds, in the order a report lists them.
+KINDS = (
+    "non_leaf",
+    "missing_grad",
+    "not_in_optimizer",
+    "frozen_in_optimizer",
+    "stale_param",
+    "orphan_tensor",
+    "nonfinite_grad",
+    "device_mismatch",
+)
+
+#: Severities, most severe first.
+SEVERITIES = ("error", "warning", "info")
+
+#: Statuses a finding can have in a report.
+STATUSES = ("open", "intermittent", "resolved", "ignored")
+
+_SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+_STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
+_KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+
+
+class LeafwatchError(RuntimeError):
+    """Raised for findings in strict mode; ``report`` holds the :class:`Report`."""
+
+    def __init__(self, message: str, report: Report | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class LeafwatchWarning(UserWarning):
+    """The category of every warning leafwatch emits, so users can filter them."""
+
+
+def check_severity(value: Any, argument: str = "min_severity") -> str:
+    if value not in SEVERITIES:
+        raise ValueError(f"`{argument}` can be one of {', '.join(SEVERITIES)}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+    """One tensor that will not train (or might not), with the cause and the fix.
+
+    Attributes:
+        kind: One of :data:`KINDS`.
+        name: The qualified name (``encoder.layers.0.weight``), the watch name, or the
+            attribute path (``blocks[0].weight``).
+        severity: ``"error"`` (it will not train), ``"warning"`` (it probably is a bug) or
+            ``"info"``.
+        message: One line: what is wrong.
+        cause: Why it is so, in the user's terms.
+        fix: The one-line fix.
+        step: The step of the check that produced it.
+        status: ``"open"``, ``"intermittent"``, ``"resolved"`` or ``"ignored"``.
+        first_step, last_step: When a :class:`~leafwatch.Monitor` first and last saw it.
+        steps_seen: How many checks saw it.
+        shape, dtype, device: Of the tensor concerned.
+        aliases: Other names of the same tensor (tied weights).
+        ranks: Distributed ranks where it was seen (empty when not distributed).
+        details: Extra plain data (strings, numbers, lists).
+    """
+
+    kind: str
+    name: str
+    severity: str
+    message: str
+    cause: str = ""
+    fix: str = ""
+    step: int | None = None
+    status: str = "open"
+    first_step: int | None = None
+    last_step: int | None = None
+    steps_seen: int = 1
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    device: str | None = None
+    aliases: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies a finding across steps: ``(kind, name)``."""
+        return (self.kind, self.name)
+
+    @property
+    def is_open(self) -> bool:
+        return self.status == "open"
+
+    def replace(self, **changes: Any) -> Finding:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["shape"] = list(self.shape) if self.shape is not None else None
+        data["aliases"] = list(self.aliases)
+        data["ranks"] = list(self.ranks)
+        data["details"] = dict(self.details)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("shape") is not None:
+            values["shape"] = tuple(values["shape"])
+        values["aliases"] = tuple(values.get("aliases", ()))
+        values["ranks"] = tuple(values.get("ranks", ()))
+        return cls(**values)
+
+    def sort_key(self) -> tuple[int, int, int, str]:
+        return (
+            _STATUS_RANK.get(self.status, 9),
+            _SEVERITY_RANK.get(self.severity, 9),
+            _KIND_RANK.get(self.kind, 99),
+            self.name,
+        )
+
+
+def _escape_markdown(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+class Report:
+    """The findings of one check, most severe first.
+
+    ``bool(report)`` is true when a finding is open. Iterating yields every finding, the
+    intermittent, resolved and ignored ones too (they say so in ``status``).
+
+    Example::
+
+        >>> import torch, leafwatch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> report = leafwatch.audit(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> bool(report), len(report)
+        (False, 0)
+    """
+
+    def __init__(self, findings: Iterable[Finding] = (), step: int | None = None) -> None:
+        self.findings: list[Finding] = sorted(findings, key=Finding.sort_key)
+        self.step = step
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+    def __len__(self) -> int:
+        return len(self.findings)
+
+    def __bool__(self) -> bool:
+        return any(f.is_open for f in self.findings)
+
+    def __repr__(self) -> str:
+        return f"Report(step={self.step}, findings={len(self.findings)}, open={len(self.open)})"
+
+    @property
+    def open(self) -> list[Finding]:
+        return [f for f in self.findings if f.is_open]
+
+    def by_kind(self, kind: str) -> list[Finding]:
+        return [f for f in self.findings if f.kind == kind]
+
+    def names(self, kind: str | None = None, status: str | None = "open") -> set[str]:
+        """The names of the findings of one kind (every kind when None) with that status."""
+        return {
+            f.name
+            for f in self.findings
+            if (kind is None or f.kind == kind) and (status is None or f.status == status)
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Open findings per kind, every kind present (zeros included)."""
+        counts = dict.fromkeys(KINDS, 0)
+        for f in self.open:
+            counts[f.kind] = counts.get(f.kind, 0) + 1
+        return counts
+
+    def at_least(self, min_severity: str) -> list[Finding]:
+        limit = _SEVERITY_RANK[check_severity(min_severity)]
+        return [f for f in self.open if _SEVERITY_RANK.get(f.severity, 9) <= limit]
+
+    def __str__(self) -> str:
+        if not self.findings:
+            return "leafwatch: no findings" + (f" at step {self.step}" if self.step is not None else "")
+        head = f"leafwatch: {len(self.open)} open of {len(self.findings)} finding(s)"
+        if self.step is not None:
+            head += f" at step {self.step}"
+        lines = [head]
+        for f in self.findings:
+            status = "" if f.status == "open" else f" [{f.status}]"
+            since = f" (since step {f.first_step})" if f.first_step is not None else ""
+            ranks = f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
+            lines.append(f"  {f.severity.upper():7} {f.kind:19} {f.name}{status}{since}{ranks}")
+            lines.append(f"      {f.message}")
+            if f.cause:
+                lines.append(f"      cause: {f.cause}")
+            if f.fix:
+                lines.append(f"      fix:   {f.fix}")
+        return "\n".join(lines)
+
+    def to_markdown(self) -> str:
+        """A markdown table (with the blank line before it that TensorBoard needs)."""
+        if not self.findings:
+            return "**leafwatch**: no findings."
+        rows = [
+            f"**leafwatch**: {len(self.open)} open finding(s)"
+            + (f" at step {self.step}" if self.step is not None else ""),
+            "",
+            "| severity | kind | name | status | cause | fix | since step |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for f in self.findings:
+            cells = [
+                f.severity,
+                f.kind,
+                f"`{f.name}`",
+                f.status,
+                f.cause or f.message,
+                f.fix,
+                "" if f.first_step is None else str(f.first_step),
+            ]
+            rows.append("| " + " | ".join(_escape_markdown(c) for c in cells) + " |")
+        return "\n".join(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``."""
+        return {
+            "step": self.step,
+            "counts": self.counts(),
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        return cls((Finding.from_dict(f) for f in data.get("findings", ())), step=data.get("step"))
+
+    def raise_for_findings(self, min_severity: str = "error") -> None:
+        """Raise :class:`LeafwatchError` with the table when an open finding is that severe.
+
+        Raises:
+            LeafwatchError: when at least one open finding is at least ``min_severity``.
+            ValueError: for an unknown ``min_severity``.
+        """
+        failing = self.at_least(min_severity)
+        if failing:
+            raise LeafwatchError(str(Report(failing, step=self.step)), report=self)

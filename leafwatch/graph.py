@@ -1,0 +1,173 @@
+"""Autograd introspection: why a tensor is not a leaf, and which leaves a graph reaches.
+
+Everything here walks ``grad_fn`` nodes only when asked (for a tensor that failed, or once for
+a loss), never on the per-step path, and returns plain data: no node or tensor is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+
+import torch
+
+# grad_fn class names (without the trailing version digit) grouped by what the user wrote.
+_COPY_OPS = {"ToCopyBackward"}
+_CLONE_OPS = {"CloneBackward"}
+_ARITHMETIC_OPS = {
+    "MulBackward", "DivBackward", "AddBackward", "SubBackward", "NegBackward", "PowBackward",
+    "RsubBackward", "ExpBackward", "LogBackward", "SqrtBackward", "AbsBackward", "ClampBackward",
+    "SigmoidBackward", "TanhBackward", "SoftplusBackward",
+}
+_VIEW_OPS = {
+    "ViewBackward", "SliceBackward", "SelectBackward", "UnsqueezeBackward", "SqueezeBackward",
+    "TBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "AsStridedBackward",
+    "ReshapeAliasBackward", "UnsafeViewBackward", "IndexBackward", "NarrowBackward",
+    "SplitBackward", "UnbindBackward", "AliasBackward", "UnfoldBackward", "DiagonalBackward",
+}
+
+#: How many autograd nodes one walk may visit before it gives up.
+MAX_NODES = 20_000
+
+
+def op_name(node: object) -> str:
+    """``ToCopyBackward0`` -> ``ToCopyBackward``."""
+    return type(node).__name__.rstrip("0123456789")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafInfo:
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    is_parameter: bool
+    tensor_id: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Why a tensor is a non-leaf: the op that made it, and the leaf that gets its gradient."""
+
+    op: str
+    what: str
+    leaf: LeafInfo | None
+    fix_hint: str
+
+    def cause(self, name: str, known_names: dict[int, str] | None = None) -> str:
+        text = f"`{name}` is the result of {self.what} (autograd op `{self.op}`), so it is not a leaf"
+        if self.leaf is None:
+            return text + "."
+        leaf_name = (known_names or {}).get(self.leaf.tensor_id)
+        who = f"`{leaf_name}`" if leaf_name else "an unnamed temporary leaf that nothing in your code holds"
+        return (
+            f"{text}: backward() puts the gradient into {who} "
+            f"(shape {tuple(self.leaf.shape)}, {self.leaf.dtype}, {self.leaf.device}), "
+            f"and `{name}.grad` stays None."
+        )
+
+
+def _describe_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def leaf_info(tensor: torch.Tensor) -> LeafInfo:
+    return LeafInfo(
+        shape=tuple(tensor.shape),
+        dtype=_describe_dtype(tensor.dtype),
+        device=str(tensor.device),
+        is_parameter=isinstance(tensor, torch.nn.Parameter),
+        tensor_id=id(tensor),
+    )
+
+
+def iter_nodes(root: object, limit: int = MAX_NODES) -> Iterator[object]:
+    """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``)."""
+    if root is None:
+        return
+    seen: set[int] = set()
+    stack = [root]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        for child, _ in getattr(node, "next_functions", ()):
+            if child is not None and id(child) not in seen:
+                stack.append(child)
+
+
+def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tensor], bool]:
+    """The leaf tensors a graph accumulates into, and whether the walk was complete."""
+    leaves: list[torch.Tensor] = []
+    count = 0
+    for node in iter_nodes(grad_fn, limit):
+        count += 1
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, torch.Tensor):
+            leaves.append(variable)
+    return leaves, count < limit
+
+
+def reachable_leaf_ids(loss: torch.Tensor) -> set[int] | None:
+    """The ``id`` of every leaf that a backward from ``loss`` reaches; None when unknown."""
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
+        return None
+    leaves, complete = leaves_of(loss.grad_fn, limit=10 * MAX_NODES)
+    return {id(t) for t in leaves} if complete else None
+
+
+def origin(tensor: torch.Tensor) -> Origin | None:
+    """Explain a non-leaf: the op that made it and the leaf that receives its gradient."""
+    grad_fn = tensor.grad_fn
+    if grad_fn is None:
+        return None
+    op = type(grad_fn).__name__
+    base = op_name(grad_fn)
+    leaves, _ = leaves_of(grad_fn, limit=256)
+    leaf = leaves[0] if leaves else None
+    info = leaf_info(leaf) if leaf is not None else None
+    if base in _COPY_OPS:
+        if leaf is not None and leaf.device != tensor.device:
+            what = (
+                f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
+                "made after `requires_grad=True`"
+            )
+            hint = "device"
+        elif leaf is not None and leaf.dtype != tensor.dtype:
+            what = (
+                f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`"
+            )
+            hint = "dtype"
+        else:
+            what = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`"
+            hint = "device"
+    elif base in _CLONE_OPS:
+        what, hint = "`.clone()` of a tensor that requires grad", "clone"
+    elif base in _ARITHMETIC_OPS:
+        what, hint = "arithmetic on a leaf (for example `randn(..., requires_grad=True) * 0.01`)", "arithmetic"
+    elif base in _VIEW_OPS:
+        what, hint = "a view, slice or reshape of a leaf (`t[0]`, `.view()`, `.t()`)", "view"
+    else:
+        what, hint = f"an operation on a tensor that requires grad", "other"
+    return Origin(op=op, what=what, leaf=info, fix_hint=hint)
+
+
+def fix_for_non_leaf(name: str, found: Origin | None, device: str = "device") -> str:
+    """The one-line fix for a non-leaf, by what made it non-leaf."""
+    hint = found.fix_hint if found is not None else "other"
+    if hint == "device":
+        return (
+            f"create it where it lives: `{name} = torch.tensor(..., device={device!r}, requires_grad=True)`, "
+            f"or move first and then `{name} = {name}.detach().requires_grad_()`, "
+            f"or register it: `self.{name} = nn.Parameter(t.to(device))`"
+        )
+    if hint == "dtype":
+        return f"convert first, then ask for grad: `{name} = t.to(dtype).requires_grad_()`, or pass `dtype=` when creating it"
+    if hint == "clone":
+        return f"make the copy a leaf: `{name} = t.detach().clone().requires_grad_()`"
+    if hint == "arithmetic":
+        return f"do the arithmetic first, then ask for grad: `{name} = (torch.randn(...) * 0.01).requires_grad_()`"
+    if hint == "view":
+        return f"make the slice its own leaf: `{name} = t[...].detach().clone().requires_grad_()`, or slice the leaf where it is used"
+    return f"make it a leaf: `{name} = {name}.detach().requires_grad_()`, or use `nn.Parameter`"

@@ -1,0 +1,267 @@
+"""Who owns which tensor: qualified names and aliases, optimizer sets, and orphans.
+
+Built once from a model and its optimizers and rebuilt only when the parameter sets change
+(see :func:`structure_generation`). Nothing here runs per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import graph
+
+# A counter bumped by global registration hooks whenever any module registers a parameter or
+# a submodule; a Monitor compares it (and the optimizers' group sizes) to know when to rebuild.
+_generation = itertools.count(1)
+_current_generation = 0
+_hooks_installed = False
+
+
+def _bump(*_: Any) -> None:
+    global _current_generation
+    _current_generation = next(_generation)
+
+
+def structure_generation() -> int:
+    """A number that changes whenever any module in the process registers a parameter or module."""
+    _install_registration_hooks()
+    return _current_generation
+
+
+def _install_registration_hooks() -> None:
+    global _hooks_installed
+    if _hooks_installed:
+        return
+    _hooks_installed = True
+    module_mod = torch.nn.modules.module
+    for name in (
+        "register_module_parameter_registration_hook",
+        "register_module_module_registration_hook",
+    ):
+        register = getattr(module_mod, name, None)
+        if register is not None:
+            register(lambda *args: _bump())
+
+
+def _wrapper_types() -> tuple[type, ...]:
+    types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+
+        types.append(OptimizedModule)
+    except Exception:  # torch without dynamo
+        pass
+    return tuple(types)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP/DataParallel/torch.compile wrappers."""
+    wrappers = _wrapper_types()
+    while isinstance(model, wrappers):
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            break
+        model = inner
+    return model
+
+
+def clean_name(name: str) -> str:
+    """Drop ``torch.compile``'s ``_orig_mod.`` from a qualified name."""
+    return name.replace("_orig_mod.", "")
+
+
+@dataclasses.dataclass
+class ParamInfo:
+    name: str
+    module: str
+    attribute: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass
+class Orphan:
+    name: str
+    tensor: torch.Tensor
+    container: str  # "attribute", "list", "dict"
+    module_in_container: bool = False
+
+
+def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
+    return {
+        "shape": tuple(t.shape),
+        "dtype": str(t.dtype).replace("torch.", ""),
+        "device": str(t.device),
+    }
+
+
+_MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) | {"training"}
+_MAX_CONTAINER_ITEMS = 64
+
+
+class Inventory:
+    """Names, owners and optimizer membership of every tensor leafwatch looks at."""
+
+    def __init__(
+        self,
+        model: nn.Module | Mapping[str, nn.Module] | None,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+    ) -> None:
+        # Several roots (``leafwatch run`` finds them by watching modules run) get a name prefix each.
+        roots = model if isinstance(model, Mapping) else ({"": model} if model is not None else {})
+        self.roots: dict[str, nn.Module] = {prefix: unwrap(m) for prefix, m in roots.items()}
+        self.model = next(iter(self.roots.values()), None)
+        self.params: dict[int, ParamInfo] = {}
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.buffers: set[int] = set()
+        self.module_names: dict[int, str] = {}
+        self.modules: dict[str, nn.Module] = {}
+        for prefix, root in self.roots.items():
+            self._read_model(root, prefix)
+        self.optimizers = list(optimizers)
+        self.optimizer_params: list[list[torch.Tensor]] = [
+            [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
+        ]
+        self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
+
+    # -- the model ---------------------------------------------------------------------------
+    def _read_model(self, model: nn.Module, prefix: str = "") -> None:
+        for module_name, module in model.named_modules(remove_duplicate=False, prefix=prefix):
+            name = clean_name(module_name)
+            self.modules.setdefault(name, module)
+            self.module_names.setdefault(id(module), name)
+            for attr, p in module._parameters.items():
+                if p is None:
+                    continue
+                qualified = f"{name}.{attr}" if name else attr
+                info = self.params.get(id(p))
+                if info is None:
+                    self.params[id(p)] = ParamInfo(qualified, name, attr)
+                    self.tensors[id(p)] = p
+                elif qualified != info.name and qualified not in info.aliases:
+                    info.aliases += (qualified,)
+            for b in module._buffers.values():
+                if b is not None:
+                    self.buffers.add(id(b))
+
+    def name(self, t: torch.Tensor) -> str | None:
+        info = self.params.get(id(t))
+        return info.name if info is not None else None
+
+    def known_names(self) -> dict[int, str]:
+        return {k: v.name for k, v in self.params.items()}
+
+    def trainable(self) -> list[tuple[ParamInfo, torch.Tensor]]:
+        return [(self.params[k], t) for k, t in self.tensors.items() if t.requires_grad]
+
+    # -- orphans -----------------------------------------------------------------------------
+    def orphans(self) -> list[Orphan]:
+        """Tensors that need grad but are not registered: plain attributes, Python lists/dicts."""
+        if self.model is None:
+            return []
+        registered = set(self.tensors) | self.buffers
+        found: list[Orphan] = []
+        seen: set[int] = set()
+
+        def consider(name: str, value: Any, container: str) -> None:
+            if isinstance(value, torch.Tensor):
+                if id(value) in registered or id(value) in seen or not value.requires_grad:
+                    return
+                if not value.is_leaf and self._derived_from_parameters(value):
+                    return  # weight_norm / spectral_norm / pruning: computed from registered leaves
+                seen.add(id(value))
+                found.append(Orphan(name, value, container))
+            elif isinstance(value, nn.Module) and container != "attribute":
+                for sub, p in value.named_parameters():
+                    if id(p) in registered or id(p) in seen or not p.requires_grad:
+                        continue
+                    seen.add(id(p))
+                    found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True))
+
+        for module_name, module in self.modules.items():
+            prefix = f"{module_name}." if module_name else ""
+            for attr, value in vars(module).items():
+                if attr in _MODULE_INTERNALS:
+                    continue
+                if isinstance(value, torch.Tensor):
+                    consider(prefix + attr, value, "attribute")
+                elif isinstance(value, (list, tuple)):
+                    for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]):
+                        consider(f"{prefix}{attr}[{i}]", item, "list")
+                elif isinstance(value, dict) and not isinstance(value, nn.Module):
+                    for key, item in itertools.islice(value.items(), _MAX_CONTAINER_ITEMS):
+                        consider(f"{prefix}{attr}[{key!r}]", item, "dict")
+        return found
+
+    def _derived_from_parameters(self, t: torch.Tensor) -> bool:
+        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
+        if not complete:
+            return True
+        return bool(leaves) and all(id(leaf) in self.tensors for leaf in leaves)
+
+    # -- the optimizers ----------------------------------------------------------------------
+    def foreign_optimizer_tensors(self) -> list[tuple[int, torch.Tensor]]:
+        """Tensors an optimizer holds that the model does not register, with the optimizer index."""
+        out = []
+        for i, ps in enumerate(self.optimizer_params):
+            for p in ps:
+                if id(p) not in self.tensors:
+                    out.append((i, p))
+        return out
+
+
+def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[torch.optim.Optimizer]:
+    """One optimizer or a sequence of them -> a list; anything else is a TypeError."""
+    if optimizers is None:
+        return []
+    if isinstance(optimizers, torch.optim.Optimizer):
+        return [optimizers]
+    if isinstance(optimizers, (list, tuple)):
+        out = []
+        for i, opt in enumerate(optimizers):
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(
+                    f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
+                    f"got {type(opt).__name__} at index {i}: {opt!r:.80}"
+                )
+            out.append(opt)
+        return out
+    raise TypeError(
+        f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
+        f"got {type(optimizers).__name__}: {optimizers!r:.80}"
+    )
+
+
+def normalize_model(model: Any, argument: str = "model") -> nn.Module | None:
+    if model is None or isinstance(model, nn.Module):
+        return model
+    raise TypeError(f"`{argument}` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+
+
+def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torch.Tensor]:
+    """A mapping name -> tensor, or a sequence of tensors (named ``tensors[i]``)."""
+    if tensors is None:
+        return {}
+    if isinstance(tensors, torch.Tensor):
+        raise TypeError(f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got a single Tensor; pass [t] or {{'name': t}}")
+    if isinstance(tensors, Mapping):
+        items: Iterable[tuple[Any, Any]] = tensors.items()
+    elif isinstance(tensors, (list, tuple)):
+        items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
+    else:
+        raise TypeError(
+            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {type(tensors).__name__}: {tensors!r:.80}"
+        )
+    out: dict[str, torch.Tensor] = {}
+    for name, t in items:
+        if not isinstance(name, str):
+            raise TypeError(f"`{argument}` keys must be str, got {type(name).__name__}: {name!r:.80}")
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {type(t).__name__}: {t!r:.80}")
+        out[name] = t
+    return out

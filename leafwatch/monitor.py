@@ -1,0 +1,601 @@
+"""``Monitor``: the checks across steps, with history, patience and diagnostic hooks.
+
+Per optimizer step the Monitor does only what can change per step: one pass over a
+precomputed list reading ``p.grad``. Names, ownership and the structural checks are rebuilt
+only when the parameter sets change (a cheap fingerprint), and causes are worked out only for
+the few tensors that miss a gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import checks, graph, inventory, tracing, watch
+from .findings import Finding, LeafwatchError, LeafwatchWarning, Report, check_severity
+from .values import ValueChecker
+
+#: How often (in checks) the structure is re-read even when nothing signalled a change, to see
+#: parameters frozen or unfrozen mid-run.
+REBUILD_EVERY = 1000
+DEFAULT_VALUE_CHECK_EVERY = 10
+_STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
+                               "orphan_tensor", "device_mismatch", "non_leaf"})
+
+
+@dataclasses.dataclass
+class CheckEvent:
+    """What a sink gets after each check. ``names`` keeps its identity until the lists change."""
+
+    step: int
+    optimizer: int | None
+    report: Report
+    changed: bool
+    names: tuple[str, ...]
+    missing: list[int]
+    coverage: float | None
+
+
+@dataclasses.dataclass
+class _CheckList:
+    """The tensors checked when one optimizer (or, without optimizers, the model) steps."""
+
+    params: list[torch.Tensor]
+    names: tuple[str, ...]
+    infos: list[inventory.ParamInfo | None]
+    ids: frozenset[int]
+    checks: int = 0
+    added_at: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def _validate_ignore(ignore: Any) -> dict[str, str]:
+    if ignore is None:
+        return {}
+    if isinstance(ignore, str):
+        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got a str: {ignore!r}; wrap it in a list")
+    if isinstance(ignore, Mapping):
+        items = list(ignore.items())
+    elif isinstance(ignore, (list, tuple, set, frozenset)):
+        items = [(p, "ignored by the user") for p in ignore]
+    else:
+        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got {type(ignore).__name__}: {ignore!r:.80}")
+    out = {}
+    for pattern, reason in items:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"`ignore` patterns must be non-empty str, got {pattern!r}")
+        if not isinstance(reason, str):
+            raise TypeError(f"`ignore` reasons must be str, got {type(reason).__name__} for pattern {pattern!r}")
+        out[pattern] = reason
+    return out
+
+
+def _validate_int(value: Any, argument: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{argument}` must be an int, got {type(value).__name__}: {value!r:.80}")
+    if value < minimum:
+        raise ValueError(f"`{argument}` must be >= {minimum}, got {value}")
+    return value
+
+
+def apply_ignore(findings: Sequence[Finding], ignore: Mapping[str, str]) -> list[Finding]:
+    """Mark the findings whose name or alias matches an ``ignore`` pattern as ignored."""
+    if not ignore:
+        return list(findings)
+    out = []
+    for f in findings:
+        for pattern, reason in ignore.items():
+            if any(fnmatch.fnmatchcase(n, pattern) for n in (f.name, *f.aliases)):
+                f = f.replace(status="ignored", details={**f.details, "ignored_because": reason, "pattern": pattern})
+                break
+        out.append(f)
+    return out
+
+
+class _WarnOnce:
+    """Internal failures warn once per place and never stop training."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def __call__(self, where: str, error: BaseException) -> None:
+        if where in self.seen:
+            return
+        self.seen.add(where)
+        warnings.warn(
+            f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); "
+            "training goes on, leafwatch skips this part.",
+            LeafwatchWarning,
+            stacklevel=3,
+        )
+
+
+class Monitor:
+    """Checks every optimizer step and keeps each finding's history.
+
+    Create it before the first forward pass: until its first :meth:`check` it arms forward hooks
+    on every module so that the first step's missing gradients are fully explained. Afterwards
+    hooks stay only on modules that missed a gradient.
+
+    Args:
+        model: The model (DDP and ``torch.compile`` wrappers are unwrapped).
+        optimizers: One optimizer or a sequence; without them every trainable parameter is checked.
+        tensors: Extra tensors to check, name -> tensor (they are ``watch()``-ed until ``close()``).
+        patience: Consecutive checks a trainable parameter may go without a gradient before
+            ``missing_grad`` is reported.
+        ignore: Glob patterns on names (``{"head.*": "why"}`` or ``["head.*"]``); matching findings
+            are reported as ``ignored`` with the reason.
+        check_values_every_n_steps: Run the batched NaN/Inf check every N checks (0 turns it off).
+        writer: A ``SummaryWriter`` to log each check to TensorBoard.
+        strict: Raise :class:`LeafwatchError` at the first check with an open error finding.
+        diagnose: Arm the diagnostic forward hooks (on by default).
+        sinks: Extra callables taking a :class:`CheckEvent`.
+
+    Example::
+
+        >>> import torch, leafwatch
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with leafwatch.Monitor(model, opt) as monitor:
+        ...     model(torch.ones(4, 2)).sum().backward()
+        ...     report = monitor.check()
+        >>> report.findings
+        []
+    """
+
+    def __init__(
+        self,
+        model: nn.Module | None = None,
+        optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer] | None = None,
+        *,
+        tensors: Mapping[str, torch.Tensor] | Sequence[torch.Tensor] | None = None,
+        patience: int = 1,
+        ignore: Mapping[str, str] | Sequence[str] | None = None,
+        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
+        writer: Any = None,
+        strict: bool = False,
+        diagnose: bool = True,
+        sinks: Sequence[Callable[[CheckEvent], Any]] = (),
+        _roots: Mapping[str, nn.Module] | None = None,
+    ) -> None:
+        self.model = inventory.normalize_model(model)
+        self.optimizers = inventory.normalize_optimizers(optimizers)
+        self.patience = _validate_int(patience, "patience", 1)
+        self.check_values_every_n_steps = _validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.ignore = _validate_ignore(ignore)
+        if not isinstance(strict, bool):
+            raise TypeError(f"`strict` must be a bool, got {type(strict).__name__}: {strict!r}")
+        if not isinstance(diagnose, bool):
+            raise TypeError(f"`diagnose` must be a bool, got {type(diagnose).__name__}: {diagnose!r}")
+        self.strict = strict
+        self.diagnose = diagnose
+        self._roots = dict(_roots) if _roots is not None else None
+        self._own_watches = []
+        for name, t in inventory.normalize_tensors(tensors).items():
+            watch.watch(t, name=name)
+            self._own_watches.append(name)
+        self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
+        if writer is not None:
+            from .tensorboard import TensorBoardSink
+
+            self._sinks.append(TensorBoardSink(writer))
+        self.step = 0
+        self._warn = _WarnOnce()
+        self._records: dict[tuple[str, str], Finding] = {}
+        self._report = Report(step=0)
+        self._dirty = self._stale = True
+        self._stale = True
+        self._in_check = False
+        self._handles: list[Any] = []
+        self._inventory: inventory.Inventory | None = None
+        self._fingerprint: Any = None
+        self._built_at = 0
+        self._lists: dict[int | None, _CheckList] = {}
+        self._streak: dict[int, int] = {}
+        self._misses: dict[int, int] = {}
+        self._pending_reason: dict[int, str] = {}
+        self._watch_counts: dict[str, int] = {}
+        self._values = ValueChecker()
+        self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
+        self._previous_names: dict[int, str] = {}
+        self._restored_misses: dict[str, int] = {}
+        self._tracer = tracing.Tracer()
+        self._closed = False
+        if self.diagnose and self._has_model():
+            try:
+                self._tracer.arm(self._all_modules())
+            except Exception as error:  # never stop training for a diagnostic
+                self._warn("arming the diagnostic hooks", error)
+
+    # -- public ------------------------------------------------------------------------------
+    def check(self, optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,
+              loss: torch.Tensor | None = None) -> Report:
+        """Check after ``backward()`` and before ``optimizer.step()``; returns the current report.
+
+        Args:
+            optimizer: The optimizer about to step: only its parameters are checked for a
+                gradient (alternating GAN optimizers). None checks every optimizer's parameters.
+            step: The step number to record (defaults to a count of checks).
+            loss: The loss, if at hand: explains missing gradients by walking its graph.
+
+        Raises:
+            LeafwatchError: in strict mode, when an error finding is open.
+        """
+        if self._in_check or self._closed:
+            return self._report
+        self._in_check = True
+        try:
+            event = self._check(optimizer, step, loss)
+        except Exception as error:
+            self._warn("Monitor.check", error)
+            return self._report
+        finally:
+            self._in_check = False
+        self._emit(event)
+        if self.strict:
+            event.report.raise_for_findings("error")
+        return event.report
+
+    def attach(self) -> Monitor:
+        """Check automatically before each ``optimizer.step()`` of the optimizers given.
+
+        Returns:
+            self, so that ``monitor = Monitor(model, opt).attach()`` reads naturally.
+        """
+        if not self.optimizers:
+            raise ValueError("`optimizers` must be given to attach(): got none")
+        for opt in self.optimizers:
+            self._handles.append(opt.register_step_pre_hook(self._step_pre_hook))
+        return self
+
+    def _step_pre_hook(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.check(optimizer)
+
+    @property
+    def report(self) -> Report:
+        """The report of the last check."""
+        return self._report
+
+    @property
+    def history(self) -> dict[tuple[str, str], Finding]:
+        """Every finding seen so far by ``(kind, name)``, with first/last step and status."""
+        return dict(self._records)
+
+    def close(self) -> Report:
+        """Remove every hook leafwatch installed, flush pending value checks, close sinks."""
+        if self._closed:
+            return self._report
+        self._closed = True
+        try:
+            self._record_values(*self._values.flush())
+            if self._dirty:
+                self._report = self._build_report()
+        except Exception as error:
+            self._warn("Monitor.close", error)
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._tracer.disarm()
+        for name in self._own_watches:
+            watch.unwatch(name)
+        for sink in self._sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                try:
+                    close(self._report)
+                except Exception as error:
+                    self._warn(f"closing {type(sink).__name__}", error)
+        return self._report
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data: the step, every finding's history and the per-name miss counts."""
+        names = self._inventory.known_names() if self._inventory else {}
+        return {
+            "step": self.step,
+            "records": [f.to_dict() for f in self._records.values()],
+            "misses": {names.get(k, ""): v for k, v in self._misses.items() if k in names},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not isinstance(state, Mapping):
+            raise TypeError(f"`state` must be a mapping from state_dict(), got {type(state).__name__}")
+        self.step = int(state.get("step", 0))
+        self._records = {}
+        for data in state.get("records", ()):
+            f = Finding.from_dict(data)
+            self._records[f.key] = f
+        self._restored_misses = dict(state.get("misses", {}))
+        self._fingerprint = None
+        self._dirty = self._stale = True
+        self._report = self._build_report()
+
+    # -- structure ---------------------------------------------------------------------------
+    def _has_model(self) -> bool:
+        return self.model is not None or bool(self._roots)
+
+    def _model_arg(self) -> Any:
+        return self._roots if self._roots is not None else self.model
+
+    def _all_modules(self) -> dict[str, nn.Module]:
+        return inventory.Inventory(self._model_arg()).modules
+
+    def _current_fingerprint(self) -> Any:
+        return (
+            inventory.structure_generation(),
+            tuple((id(opt), tuple(len(g["params"]) for g in opt.param_groups)) for opt in self.optimizers),
+        )
+
+    def _rebuild(self) -> None:
+        old = self._inventory
+        if old is not None:
+            self._previous_names.update(old.known_names())
+        inv = self._inventory = inventory.Inventory(self._model_arg(), self.optimizers)
+        # Old names matter only while an optimizer still holds the tensor.
+        self._previous_names = {k: v for k, v in self._previous_names.items()
+                                if k in inv.in_optimizer and k not in inv.tensors}
+        old_lists = self._lists
+        self._lists = {}
+        if self.optimizers:
+            for i, params in enumerate(inv.optimizer_params):
+                self._lists[i] = self._make_list(params, inv, old_lists.get(i))
+        else:
+            self._lists[None] = self._make_list(
+                [t for t in inv.tensors.values() if t.requires_grad], inv, old_lists.get(None))
+        if self._restored_misses:
+            for k, info in inv.params.items():
+                if info.name in self._restored_misses:
+                    self._misses[k] = self._restored_misses[info.name]
+            self._restored_misses = {}
+        structural = checks.structural(inv, step=self.step, previous_names=self._previous_names)
+        self._replace_structural(structural)
+        self._check_ignore_patterns(inv)
+        self._built_at = self.step
+
+    def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
+                   old: _CheckList | None) -> _CheckList:
+        infos = [inv.params.get(id(p)) for p in params]
+        names = tuple(info.name if info else f"tensor of shape {tuple(p.shape)}" for info, p in zip(infos, params))
+        checks_done = old.checks if old is not None else 0
+        added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
+        return _CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)
+
+    def _replace_structural(self, found: list[Finding]) -> None:
+        new = {f.key: f for f in found}
+        for key, old in list(self._records.items()):
+            if old.kind in _STRUCTURAL_KINDS and key not in new and old.status == "open":
+                self._records[key] = old.replace(status="resolved", last_step=self.step)
+                self._dirty = self._stale = True
+        for key, f in new.items():
+            self._upsert(f)
+
+    def _check_ignore_patterns(self, inv: inventory.Inventory) -> None:
+        if not self.ignore or getattr(self, "_ignore_checked", False):
+            return
+        self._ignore_checked = True
+        names = {info.name for info in inv.params.values()}
+        names |= {a for info in inv.params.values() for a in info.aliases}
+        names |= {o.name for o in inv.orphans()} | set(watch.watched())
+        for pattern in self.ignore:
+            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                warnings.warn(
+                    f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
+                    f"(for example {sorted(names)[:3]})",
+                    LeafwatchWarning,
+                    stacklevel=4,
+                )
+
+    # -- the check ---------------------------------------------------------------------------
+    def _upsert(self, f: Finding) -> None:
+        self._stale = True
+        old = self._records.get(f.key)
+        if old is None:
+            self._records[f.key] = f
+            self._dirty = self._stale = True
+            return
+        status = f.status
+        updated = f.replace(
+            first_step=old.first_step if old.first_step is not None else f.first_step,
+            steps_seen=old.steps_seen + 1,
+            status=status,
+        )
+        if (old.status, old.cause, old.severity, old.message) != (updated.status, updated.cause, updated.severity, updated.message):
+            self._dirty = self._stale = True
+        self._records[f.key] = updated
+
+    def _list_for(self, optimizer: torch.optim.Optimizer | None) -> list[_CheckList]:
+        if optimizer is None:
+            return list(self._lists.values())
+        for i, opt in enumerate(self.optimizers):
+            if opt is optimizer:
+                return [self._lists[i]]
+        # An optimizer the Monitor was not given: adopt it.
+        self.optimizers.append(optimizer)
+        self._rebuild()
+        self._fingerprint = self._current_fingerprint()
+        return [self._lists[len(self.optimizers) - 1]]
+
+    def _check(self, optimizer: torch.optim.Optimizer | None, step: int | None,
+               loss: torch.Tensor | None) -> CheckEvent:
+        self.step = step if step is not None else self.step + 1
+        fingerprint = self._current_fingerprint()
+        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY:
+            self._fingerprint = fingerprint
+            self._rebuild()
+        lists = self._list_for(optimizer)
+        reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
+        all_missing: list[int] = []
+        offset = 0
+        for clist in lists:
+            # The hot path: one read of each p.grad.
+            missing = [i for i, p in enumerate(clist.params) if p.grad is None]
+            clist.checks += 1
+            if missing or self._streak:
+                self._update_missing(clist, missing, reachable)
+            all_missing.extend(i + offset for i in missing)
+            offset += len(clist.params)
+        self._check_watched()
+        if self.check_values_every_n_steps and (self.step == 1 or self.step % self.check_values_every_n_steps == 0):
+            self._check_values(lists)
+        if self._tracer.handles or self._streak:
+            self._retarget_tracer()
+        self._tracer.reset()
+        if self._stale:
+            self._report = self._build_report()
+            self._stale = False
+        else:
+            self._report.step = self.step
+        names = lists[0].names if len(lists) == 1 else tuple(n for c in lists for n in c.names)
+        total = len(names)
+        coverage = None if total == 0 else 1.0 - len(all_missing) / total
+        changed, self._dirty = self._dirty, False
+        return CheckEvent(self.step, self._optimizer_index(optimizer), self._report, changed,
+                          names, all_missing, coverage)
+
+    def _optimizer_index(self, optimizer: torch.optim.Optimizer | None) -> int | None:
+        if optimizer is None:
+            return None
+        return next((i for i, o in enumerate(self.optimizers) if o is optimizer), None)
+
+    def _update_missing(self, clist: _CheckList, missing: list[int], reachable: set[int] | None) -> None:
+        now: set[int] = set()
+        for i in missing:
+            p = clist.params[i]
+            if not p.requires_grad:
+                continue
+            pid = id(p)
+            now.add(pid)
+            streak = self._streak[pid] = self._streak.get(pid, 0) + 1
+            misses = self._misses[pid] = self._misses.get(pid, 0) + 1
+            if streak < self.patience:
+                continue
+            name, info = clist.names[i], clist.infos[i]
+            checks_of_p = clist.checks - clist.added_at.get(pid, 0)
+            key = ("missing_grad", name)
+            old = self._records.get(key)
+            explanation = None
+            if info is not None:
+                explanation = tracing.explain_missing(
+                    name, info.module, info.attribute, self._tracer.records, self._tracer.armed_since_reset)
+            if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
+                self._upsert(old.replace(step=self.step, last_step=self.step,
+                                         status="open" if old.status != "intermittent" else "intermittent",
+                                         details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}))
+                continue
+            f = checks.missing_grad(
+                name, p, step=self.step, explanation=explanation, info=info,
+                reachable=None if reachable is None else pid in reachable,
+                checks=checks_of_p, misses=misses)
+            if explanation is None and reachable is None and self.diagnose and info is not None:
+                f = f.replace(
+                    cause=f"being traced: leafwatch armed forward hooks on `{info.module or 'the model'}` "
+                    "and will say why at the next check.",
+                    details={**f.details, "reason": "pending"})
+            if misses < checks_of_p:
+                f = checks.intermittent(f, checks_of_p, misses, self.step)
+            elif old is not None and old.status == "intermittent":
+                f = f.replace(status="intermittent", severity="info")
+            self._upsert(f)
+        for pid in [k for k in self._streak if k in clist.ids and k not in now]:
+            del self._streak[pid]
+            name = self._name_of(clist, pid)
+            key = ("missing_grad", name)
+            old = self._records.get(key)
+            if old is not None and old.status == "open":
+                checks_of_p = clist.checks - clist.added_at.get(pid, 0)
+                self._records[key] = checks.intermittent(old, checks_of_p, self._misses.get(pid, 0), self.step)
+                self._dirty = self._stale = True
+
+    @staticmethod
+    def _name_of(clist: _CheckList, pid: int) -> str:
+        for p, name in zip(clist.params, clist.names):
+            if id(p) == pid:
+                return name
+        return ""
+
+    def _retarget_tracer(self) -> None:
+        """Keep hooks only on the modules (and their ancestors) owning a parameter that misses."""
+        if not self.diagnose or self._inventory is None:
+            return
+        wanted: dict[str, nn.Module] = {}
+        for clist in self._lists.values():
+            for p, info in zip(clist.params, clist.infos):
+                if info is None or id(p) not in self._streak:
+                    continue
+                parts = info.module.split(".") if info.module else []
+                for depth in range(len(parts) + 1):
+                    name = ".".join(parts[:depth])
+                    module = self._inventory.modules.get(name)
+                    if module is not None:
+                        wanted[name] = module
+        armed = self._tracer.armed
+        self._tracer.disarm(armed - set(wanted))
+        self._tracer.arm({k: v for k, v in wanted.items() if k not in armed})
+
+    def _check_watched(self) -> None:
+        entries = watch.entries()
+        current: set[tuple[str, str]] = set()
+        if entries:
+            got = {}
+            for e in entries:
+                last = self._watch_counts.get(e.name, 0)
+                t = e.tensor()
+                got[e.name] = e.grads_seen > last or (
+                    e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
+                self._watch_counts[e.name] = e.grads_seen
+            for f in checks.watched_findings(entries, self.step, got, self._inventory):
+                current.add(f.key)
+                self._upsert(f)
+        # A watched finding that did not recur is resolved (a gradient arrived, or the tensor is gone).
+        for key, f in list(self._records.items()):
+            if f.status == "open" and f.details.get("source") == "watch" and key not in current:
+                self._records[key] = f.replace(status="resolved", last_step=self.step)
+                self._dirty = self._stale = True
+
+    def _check_values(self, lists: list[_CheckList]) -> None:
+        names = tuple(n for c in lists for n in c.names)
+        params = [p for c in lists for p in c.params]
+        grads = [p.grad for p in params]
+        self._value_names[self.step] = (names, params)
+        completed, bad = self._values.check(grads, self.step)
+        self._record_values(completed, bad)
+        # Keep the names of steps whose CUDA results are still on their way, and no others.
+        pending = {p.step for p in self._values._pending}
+        for s in [s for s in self._value_names if s not in pending]:
+            del self._value_names[s]
+
+    def _record_values(self, completed: list[int], bad: list[tuple[int, int]]) -> None:
+        flagged: set[str] = set()
+        for step, index in bad:
+            names, params = self._value_names.get(step, ((), []))
+            if index < len(names):
+                flagged.add(names[index])
+                self._upsert(checks.nonfinite_grad(names[index], params[index], step))
+        if not completed:
+            return
+        latest = max(completed)
+        for key, f in list(self._records.items()):
+            if f.kind == "nonfinite_grad" and f.status == "open" and f.name not in flagged \
+                    and (f.last_step or 0) < latest:
+                self._records[key] = f.replace(status="resolved", last_step=latest)
+                self._dirty = self._stale = True
+
+    def _build_report(self) -> Report:
+        return Report(apply_ignore(list(self._records.values()), self.ignore), step=self.step)
+
+    def _emit(self, event: CheckEvent) -> None:
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception as error:
+                self._warn(f"the {type(sink).__name__} sink", error)

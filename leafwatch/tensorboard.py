@@ -1,0 +1,212 @@
+"""The TensorBoard sink: scalars, a findings table, a custom-scalars layout and tab records.
+
+What it writes, all under the ``leafwatch/`` prefix:
+
+- scalars ``leafwatch/open/<kind>`` (open findings per kind) when the counts change and every
+  ``log_every_n_steps``; ``leafwatch/grad_coverage`` (share of the checked trainable tensors
+  that got a gradient) every ``log_every_n_steps``;
+- text ``leafwatch/findings``: the markdown findings table, when the set of findings changes;
+- a custom-scalars layout "leafwatch", in its own sub-run ``<log_dir>/leafwatch-layout`` so
+  that it never replaces the user's own layout;
+- records for the Leafwatch tab, tensor summaries with ``plugin_name="leafwatch"`` and
+  ``DATA_CLASS_TENSOR`` holding UTF-8 JSON (see :data:`RECORD_FORMAT`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from .findings import KINDS, Report
+from .monitor import CheckEvent
+
+PLUGIN_NAME = "leafwatch"
+FINDINGS_TAG = "leafwatch/report"
+COVERAGE_TAG = "leafwatch/coverage/{chunk:06d}"
+LAYOUT_RUN = "leafwatch-layout"
+
+#: The records the Leafwatch tab reads. Each is one JSON document in a string tensor.
+RECORD_FORMAT = """
+leafwatch/report          latest wins; written when the findings change and at close:
+    {"version": 1, "step": int, "counts": {kind: int}, "findings": [Finding.to_dict(), ...]}
+leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
+    sampling never drops history); the latest sample of a tag is the whole chunk so far:
+    {"version": 1, "chunk": int, "groups": {group: {
+        "names": [qualified names of the tensors checked when this group steps],
+        "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
+        "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
+    }}}
+    A group is the index of the optimizer that stepped ("all" when none was given).
+"""
+
+
+def _ranges_append(ranges: list[list[int]], value: int) -> None:
+    if ranges and ranges[-1][1] == value - 1:
+        ranges[-1][1] = value
+    else:
+        ranges.append([value, value])
+
+
+class _Group:
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.steps: list[list[int]] = []
+        self.count = 0
+        self.missed: dict[int, list[list[int]]] = {}
+
+    def add(self, step: int, missing: list[int]) -> None:
+        _ranges_append(self.steps, step)
+        for i in missing:
+            _ranges_append(self.missed.setdefault(i, []), self.count)
+        self.count += 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "steps": self.steps,
+                "missed": {str(k): v for k, v in self.missed.items()}}
+
+
+def tensor_summary(tag: str, payload: str) -> Any:
+    """A ``Summary`` proto holding one UTF-8 string, tagged for the Leafwatch plugin."""
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+    metadata = summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"1"),
+        data_class=summary_pb2.DATA_CLASS_TENSOR,
+    )
+    tensor = tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING,
+        string_val=[payload.encode("utf-8")],
+        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+    )
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
+
+
+def layout() -> dict[str, Any]:
+    return {
+        "leafwatch": {
+            "open findings per kind": ["Multiline", [r"leafwatch/open/.*"]],
+            "grad coverage": ["Multiline", [r"leafwatch/grad_coverage"]],
+        }
+    }
+
+
+class TensorBoardSink:
+    """Writes each :class:`~leafwatch.CheckEvent` to a ``SummaryWriter``.
+
+    Args:
+        writer: A ``torch.utils.tensorboard.SummaryWriter`` (or one with the same methods).
+        log_every_n_steps: Cadence of the coverage scalar and of refreshing the tab's records.
+        chunk_steps: Steps per coverage record (one tag per chunk).
+        write_layout: Write the custom-scalars layout to the ``leafwatch-layout`` sub-run.
+
+    Example::
+
+        >>> import tempfile, torch, leafwatch
+        >>> from torch.utils.tensorboard import SummaryWriter
+        >>> writer = SummaryWriter(tempfile.mkdtemp())
+        >>> model = torch.nn.Linear(2, 1)
+        >>> monitor = leafwatch.Monitor(model, writer=writer)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> _ = monitor.check(); _ = monitor.close()
+    """
+
+    def __init__(self, writer: Any, *, log_every_n_steps: int = 50, chunk_steps: int = 1000,
+                 write_layout: bool = True) -> None:
+        for attr in ("add_scalar", "add_text"):
+            if not callable(getattr(writer, attr, None)):
+                raise TypeError(f"`writer` must be a SummaryWriter (with `{attr}`), got {type(writer).__name__}")
+        for argument, value in (("log_every_n_steps", log_every_n_steps), ("chunk_steps", chunk_steps)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{argument}` must be an int >= 1, got {value!r}")
+        self.writer = writer
+        self.log_every_n_steps = log_every_n_steps
+        self.chunk_steps = chunk_steps
+        self._write_layout = write_layout
+        self._layout_written = False
+        self._counts: dict[str, int] | None = None
+        self._chunk: int | None = None
+        self._groups: dict[str, _Group] = {}
+        self._current: dict[str, str] = {}
+        self._last_step = 0
+        self._last_report: Report | None = None
+
+    # -- the sink ----------------------------------------------------------------------------
+    def __call__(self, event: CheckEvent) -> None:
+        step = event.step
+        self._last_step = step
+        if self._write_layout and not self._layout_written:
+            self._layout_written = True
+            self._add_layout()
+        counts = event.report.counts()
+        periodic = step == 1 or step % self.log_every_n_steps == 0
+        if counts != self._counts or periodic:
+            for kind in KINDS:
+                self.writer.add_scalar(f"leafwatch/open/{kind}", counts.get(kind, 0), step)
+            self._counts = counts
+        if event.coverage is not None and (periodic or event.changed):
+            self.writer.add_scalar("leafwatch/grad_coverage", event.coverage, step)
+        self._add_coverage(event)
+        if event.changed:
+            self._write_report(event.report, step)
+        if periodic or event.changed:
+            self._flush_chunk()
+
+    def close(self, report: Report | None = None) -> None:
+        if report is not None:
+            self._write_report(report, self._last_step)
+        self._flush_chunk()
+        self.writer.flush()
+
+    # -- records -----------------------------------------------------------------------------
+    def _write_report(self, report: Report, step: int) -> None:
+        if report is self._last_report and self._last_report is not None and report.step == step:
+            return
+        self._last_report = report
+        self.writer.add_text("leafwatch/findings", report.to_markdown(), step)
+        data = report.to_dict()
+        data["version"] = 1
+        self._add_record(FINDINGS_TAG, json.dumps(data), step)
+
+    def _add_coverage(self, event: CheckEvent) -> None:
+        chunk = (event.step - 1) // self.chunk_steps
+        if self._chunk is not None and chunk != self._chunk:
+            self._flush_chunk()
+            self._groups, self._current = {}, {}
+        self._chunk = chunk
+        base = "all" if event.optimizer is None else str(event.optimizer)
+        key = self._current.get(base, base)
+        group = self._groups.get(key)
+        if group is None or (group.names is not event.names and group.names != event.names):
+            if group is not None:
+                # The checked set changed mid-chunk: go on in a new group of this chunk.
+                key = f"{base}@{event.step}"
+            group = self._groups[key] = _Group(event.names)
+            self._current[base] = key
+        group.add(event.step, event.missing)
+
+    def _flush_chunk(self) -> None:
+        if self._chunk is None or not self._groups:
+            return
+        record = {"version": 1, "chunk": self._chunk,
+                  "groups": {k: g.to_dict() for k, g in self._groups.items()}}
+        self._add_record(COVERAGE_TAG.format(chunk=self._chunk), json.dumps(record, separators=(",", ":")),
+                         self._last_step)
+
+    def _add_record(self, tag: str, payload: str, step: int) -> None:
+        get_writer = getattr(self.writer, "_get_file_writer", None)
+        if get_writer is None:
+            return
+        get_writer().add_summary(tensor_summary(tag, payload), step)
+
+    def _add_layout(self) -> None:
+        log_dir = getattr(self.writer, "log_dir", None) or getattr(self.writer, "logdir", None)
+        if not log_dir:
+            return
+        from torch.utils.tensorboard import SummaryWriter
+
+        sub = SummaryWriter(os.path.join(str(log_dir), LAYOUT_RUN))
+        try:
+            sub.add_custom_scalars(layout())
+        finally:
+            sub.close()

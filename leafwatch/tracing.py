@@ -1,0 +1,256 @@
+"""Diagnostic forward hooks: what happened to a module during the forward pass.
+
+Armed on every module from a Monitor's creation until its first check, so the first step is
+fully explained; afterwards only on the modules that own a parameter that missed a gradient.
+A hook records plain facts (it ran, with grad mode on or off, its output required grad, and a
+tensor hook on that output tells whether backward reached it); the causes are worked out only
+for the parameters that failed, when they failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+_CHECKPOINT_FILE = "torch/utils/checkpoint.py"
+_MAX_ORDER = 100_000
+
+
+@dataclasses.dataclass
+class RunRecord:
+    name: str
+    calls: int = 0
+    grad_enabled: bool = False
+    grad_disabled: bool = False
+    in_checkpoint: bool = False
+    output_requires_grad: bool = False
+    inputs_require_grad: bool = False
+    backward_reached: bool = False
+    order: int = -1
+    output_storage: int = 0
+    detached_inputs: frozenset[int] = frozenset()
+
+
+def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad else None
+    if depth > 3:
+        return None
+    if isinstance(value, (list, tuple)):
+        items = value
+    elif isinstance(value, dict):
+        items = list(value.values())
+    else:
+        return None
+    for item in items:
+        found = _first_tensor(item, depth + 1)
+        if found is not None:
+            return found
+    return None
+
+
+def _inputs_require_grad(args: tuple[Any, ...]) -> bool:
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+def _storage(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # tensor subclasses without storage
+        return 0
+
+
+def _first_any_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    return None
+
+
+def _in_reentrant_checkpoint() -> bool:
+    frame = sys._getframe(2)
+    for _ in range(40):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.replace("\\", "/").endswith(_CHECKPOINT_FILE):
+            return True
+        frame = frame.f_back
+    return False
+
+
+class Tracer:
+    """Forward hooks on chosen modules, and what they saw since the last :meth:`reset`."""
+
+    def __init__(self) -> None:
+        self.records: dict[str, RunRecord] = {}
+        self.handles: dict[str, Any] = {}
+        self._counter = 0
+        self.armed_since_reset: set[str] = set()
+
+    @property
+    def armed(self) -> set[str]:
+        return set(self.handles)
+
+    def arm(self, modules: dict[str, nn.Module]) -> None:
+        for name, module in modules.items():
+            if name in self.handles:
+                continue
+            self.handles[name] = module.register_forward_hook(self._make_hook(name))
+            self.armed_since_reset.add(name)
+
+    def disarm(self, names: set[str] | None = None) -> None:
+        for name in list(self.handles) if names is None else list(names):
+            handle = self.handles.pop(name, None)
+            if handle is not None:
+                handle.remove()
+
+    def reset(self) -> None:
+        """Forget what was seen; the armed modules stay armed."""
+        self.records = {}
+        self._counter = 0
+        self.armed_since_reset = set()
+
+    def _make_hook(self, name: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            grad_on = torch.is_grad_enabled()
+            if not grad_on and not module.training:
+                return  # an evaluation pass between steps: not what the training step did
+            record = self.records.get(name)
+            if record is None:
+                record = self.records[name] = RunRecord(name)
+            record.calls += 1
+            if self._counter < _MAX_ORDER:
+                self._counter += 1
+                record.order = self._counter
+            if grad_on:
+                record.grad_enabled = True
+            else:
+                record.grad_disabled = True
+                record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
+            if _inputs_require_grad(args):
+                record.inputs_require_grad = True
+            no_grad_inputs = {_storage(a) for a in args if isinstance(a, torch.Tensor) and not a.requires_grad}
+            if no_grad_inputs:
+                record.detached_inputs = record.detached_inputs | no_grad_inputs
+            produced = _first_any_tensor(output)
+            if produced is not None:
+                record.output_storage = _storage(produced)
+            out = _first_tensor(output)
+            if out is not None and grad_on:
+                record.output_requires_grad = True
+                try:
+                    out.register_hook(_reached(record))
+                except RuntimeError:
+                    pass
+
+        return hook
+
+
+def _reached(record: RunRecord):
+    def mark(grad: torch.Tensor) -> None:
+        record.backward_reached = True
+
+    return mark
+
+
+def _is_descendant(name: str, ancestor: str) -> bool:
+    return ancestor == "" or name.startswith(ancestor + ".")
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    cause: str
+    fix: str
+    reason: str  # a short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, unused
+
+
+def explain_missing(
+    param_name: str,
+    module_name: str,
+    attribute: str,
+    records: dict[str, RunRecord],
+    armed: set[str],
+) -> Explanation | None:
+    """Why a parameter of ``module_name`` got no gradient, from what the hooks saw; None if unknown."""
+    if module_name not in armed:
+        return None
+    record = records.get(module_name)
+    shown = f"`{module_name}`" if module_name else "the root module"
+    if record is None:
+        ran_below = [r for n, r in records.items() if n != module_name and _is_descendant(n, module_name)]
+        if ran_below or module_name == "":
+            return Explanation(
+                cause=f"`{param_name}` is never used in the computation of the loss "
+                f"({shown} did not run a forward of its own that uses it).",
+                fix=f"use `{param_name}` in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)",
+                reason="unused",
+            )
+        parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
+        parent = max(parents, key=lambda r: len(r.name), default=None)
+        parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
+        where = f" (its parent {parent_name} ran without calling it)" if parent else ""
+        return Explanation(
+            cause=f"module {shown} never ran in this step's forward{where}.",
+            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            reason="never_ran",
+        )
+    if not record.grad_enabled:
+        if record.in_checkpoint:
+            return Explanation(
+                cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
+                "require grad, so it ran without autograd and backward never recomputes it.",
+                fix="use `checkpoint(fn, x, use_reentrant=False)`, or make the checkpoint's input require grad",
+                reason="checkpoint",
+            )
+        return Explanation(
+            cause=f"{shown} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`).",
+            fix=f"call {shown} outside `torch.no_grad()` during training",
+            reason="grad_disabled",
+        )
+    if not record.output_requires_grad:
+        return Explanation(
+            cause=f"{shown} ran with gradients on, but its output does not require grad: `{param_name}` "
+            "is used through `.data` or `.detach()` inside its forward.",
+            fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()`",
+            reason="data_access",
+        )
+    if not record.backward_reached:
+        cut = _cut_after(record, records)
+        where = (
+            f" The cut is between {shown} and `{cut.name}`, which received {shown}'s output detached."
+            if cut is not None
+            else ""
+        )
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
+            "it was cut from the loss by `.detach()`, `torch.no_grad()`, a NumPy round trip "
+            f"(`.numpy()`, `.tolist()`, `.item()`) or a `torch.tensor(...)` rewrap, or not used at all.{where}",
+            fix="keep the computation in torch ops from the module's output to the loss: remove the `.detach()`/NumPy/`torch.tensor(...)` step",
+            reason="detached",
+        )
+    return Explanation(
+        cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
+        f"(or uses it through `.data` / `.detach()`).",
+        fix=f"use `{attribute}` in {shown}'s forward, or delete it",
+        reason="unused",
+    )
+
+
+def _cut_after(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
+    """The later module that received ``record``'s output detached (same storage, no grad)."""
+    if not record.output_storage:
+        return None
+    later = [
+        r
+        for r in records.values()
+        if r.order > record.order
+        and record.output_storage in r.detached_inputs
+        and not _is_descendant(r.name, record.name)
+        and not _is_descendant(record.name, r.name)
+    ]
+    return min(later, key=lambda r: r.order, default=None)

@@ -241,6 +241,28 @@ class Monitor:
             event.report.raise_for_findings("error")
         return event.report
 
+    def scan(self) -> Report:
+        """Read the structure now, before any gradient exists, and return the report.
+
+        Finds what needs no backward pass (left out of the optimizer, frozen in it, stale,
+        orphan tensors, device mismatches, watched non-leaves) at the current step; gradient
+        checks wait for :meth:`check`. The diagnostic hooks stay armed.
+        """
+        if self._closed:
+            return self._report
+        try:
+            self._fingerprint = self._current_fingerprint()
+            self._rebuild()
+            entries = watch.entries()
+            # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
+            for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries}, self._inventory):
+                self._upsert(f)
+            self._report = self._build_report()
+            self._stale = False
+        except Exception as error:
+            self._warn("Monitor.scan", error)
+        return self._report
+
     def attach(self) -> Monitor:
         """Check automatically before each ``optimizer.step()`` of the optimizers given.
 

@@ -1,0 +1,348 @@
+"""The PyTorch Lightning callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
+
+The callback stays thin; data flows one way:
+
+- ``on_fit_start``: build the Monitor with the LightningModule and ``trainer.optimizers`` (its
+  diagnostic hooks see the first training step) and report the structural findings at once;
+- ``on_before_optimizer_step``: ``monitor.check(optimizer, step=...)`` — after gradient
+  accumulation and AMP unscaling, for that optimizer's parameters only;
+- ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
+  print the summary table on global rank zero.
+
+One class serves both namespaces: ``LeafWatch`` subclasses the ``Callback`` of every installed
+Lightning namespace (``pytorch_lightning`` and ``lightning.pytorch``), so either Trainer accepts
+it. :func:`callback_class` builds the same callback on another ``Callback`` base.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from typing_extensions import override
+
+from .findings import KINDS, LeafwatchWarning, Report
+from .monitor import CheckEvent, Monitor, _validate_ignore, _validate_int
+
+if TYPE_CHECKING:
+    import pytorch_lightning as pl
+
+INSTALL_HINT = 'pip install "leafwatch[lightning]"'
+
+
+def _callback_bases() -> tuple[type, ...]:
+    bases: list[type] = []
+    try:
+        from pytorch_lightning import Callback as PLCallback
+
+        bases.append(PLCallback)
+    except ImportError:
+        pass
+    try:
+        from lightning.pytorch import Callback as LCallback
+
+        bases.append(LCallback)
+    except ImportError:
+        pass
+    return tuple(bases)
+
+
+def _rank_zero_warn(message: str) -> None:
+    try:
+        from lightning_fabric.utilities.rank_zero import rank_zero_warn
+    except ImportError:
+        try:
+            from lightning.fabric.utilities.rank_zero import rank_zero_warn
+        except ImportError:  # pragma: no cover - every Lightning ships one of the two
+            warnings.warn(message, LeafwatchWarning, stacklevel=3)
+            return
+    rank_zero_warn(message, category=LeafwatchWarning)
+
+
+def _is_summary_writer(experiment: Any) -> bool:
+    if type(experiment).__name__ != "SummaryWriter":
+        return False
+    return all(callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
+
+
+def _finding_line(f: Any) -> str:
+    text = f"leafwatch: {f.severity} {f.kind} `{f.name}` (step {f.first_step}): {f.message}"
+    if f.cause:
+        text += f" Cause: {f.cause}"
+    if f.fix:
+        text += f" Fix: {f.fix}"
+    return text
+
+
+class _ConsoleSink:
+    """One warning per new open finding, from rank zero only."""
+
+    def __init__(self) -> None:
+        self.warned: set[tuple[str, str]] = set()
+
+    def __call__(self, event: CheckEvent) -> None:
+        self.report(event.report)
+
+    def report(self, report: Report) -> None:
+        for f in report.open:
+            if f.key in self.warned:
+                continue
+            self.warned.add(f.key)
+            _rank_zero_warn(_finding_line(f))
+
+
+class _MetricsSink:
+    """Logs the open findings per kind and the gradient coverage through ``logger.log_metrics``."""
+
+    def __init__(self, loggers: Sequence[Any], log_every_n_steps: int) -> None:
+        self.loggers = list(loggers)
+        self.log_every_n_steps = log_every_n_steps
+        self._counts: dict[str, int] | None = None
+
+    def __call__(self, event: CheckEvent) -> None:
+        counts = event.report.counts()
+        periodic = event.step == 1 or event.step % self.log_every_n_steps == 0
+        if counts == self._counts and not periodic and not event.changed:
+            return
+        self._counts = counts
+        metrics: dict[str, float] = {f"leafwatch/open/{kind}": float(counts.get(kind, 0)) for kind in KINDS}
+        if event.coverage is not None:
+            metrics["leafwatch/grad_coverage"] = float(event.coverage)
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=event.step)
+
+
+class _LeafWatchMixin:
+    """The callback's behaviour; :func:`callback_class` puts it on a Lightning ``Callback`` base."""
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        patience: int = 1,
+        ignore: Mapping[str, str] | Sequence[str] | None = None,
+        check_values_every_n_steps: int = 10,
+        log_every_n_steps: int | None = None,
+        verbose: bool = True,
+    ) -> None:
+        for argument, value in (("strict", strict), ("verbose", verbose)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+        self.strict = strict
+        self.verbose = verbose
+        self.patience = _validate_int(patience, "patience", 1)
+        self.ignore = _validate_ignore(ignore)
+        self.check_values_every_n_steps = _validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.log_every_n_steps = (
+            None if log_every_n_steps is None else _validate_int(log_every_n_steps, "log_every_n_steps", 1)
+        )
+        self.monitor: Monitor | None = None
+        self._console: _ConsoleSink | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._last_report: Report | None = None
+
+    # -- identity and state --------------------------------------------------------------------
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(  # type: ignore[attr-defined]
+            patience=self.patience, ignore=sorted(self.ignore),
+            check_values_every_n_steps=self.check_values_every_n_steps,
+        )
+
+    @property
+    def report(self) -> Report:
+        """The latest report: the live one during fit, the final one after it."""
+        if self.monitor is not None:
+            return self.monitor.report
+        if self._last_report is not None:
+            return self._last_report
+        if self._pending_state is not None:
+            return Report.from_dict({"findings": self._pending_state.get("monitor", {}).get("records", []),
+                                     "step": self._pending_state.get("monitor", {}).get("step")})
+        return Report()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (the Monitor's history), saved in checkpoints under :attr:`state_key`."""
+        if self.monitor is not None:
+            return {"monitor": self.monitor.state_dict()}
+        if self._pending_state is not None:
+            return dict(self._pending_state)
+        if self._last_report is not None:
+            return {"monitor": {"step": self._last_report.step or 0,
+                                "records": [f.to_dict() for f in self._last_report.findings], "misses": {}}}
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"`state_dict` must be a mapping from state_dict(), got {type(state_dict).__name__}")
+        if not state_dict:
+            return
+        self._pending_state = dict(state_dict)
+        if self.monitor is not None:
+            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
+            self._pending_state = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        saved = self.state_dict()
+        state["monitor"] = None
+        state["_console"] = None
+        state["_pending_state"] = saved or None
+        state["_last_report"] = None
+        return state
+
+    # -- the Trainer hooks ---------------------------------------------------------------------
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close(trainer, print_table=False)
+        log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        sinks: list[Any] = []
+        if self.verbose:
+            self._console = _ConsoleSink()
+            sinks.append(self._console)
+        writers, others = self._split_loggers(trainer)
+        if others:
+            sinks.append(_MetricsSink(others, log_every))
+        if writers:
+            from .tensorboard import TensorBoardSink
+
+            sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
+        self.monitor = Monitor(
+            pl_module,
+            list(trainer.optimizers),
+            patience=self.patience,
+            ignore=self.ignore,
+            check_values_every_n_steps=self.check_values_every_n_steps,
+            strict=self.strict,
+            sinks=sinks,
+        )
+        if self._pending_state is not None:
+            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
+            self._pending_state = None
+        report = self.monitor.scan()
+        if self._console is not None:
+            self._console.report(report)
+
+    @override
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
+        monitor = self.monitor
+        if monitor is None:
+            return
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch one
+        step = int(trainer.global_step) + 1
+        toggled = self._untoggle(pl_module)
+        try:
+            monitor.check(optimizer, step=step)
+        finally:
+            for p in toggled:
+                p.requires_grad_(False)
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._close(trainer, print_table=True)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._close(trainer, print_table=False)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._close(trainer, print_table=False)
+
+    # -- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _untoggle(pl_module: Any) -> list[Any]:
+        """Undo ``toggle_optimizer`` for the length of a check, so the structure is read as configured.
+
+        ``toggle_optimizer`` sets ``requires_grad=False`` on the other optimizers' parameters;
+        read at that moment, they would look frozen. Returns what to set back.
+        """
+        saved = getattr(pl_module, "_param_requires_grad_state", None)
+        if not saved:
+            return []
+        toggled = [p for p, requires in saved.items() if requires and not p.requires_grad]
+        for p in toggled:
+            p.requires_grad_(True)
+        return toggled
+
+    @staticmethod
+    def _split_loggers(trainer: Any) -> tuple[list[Any], list[Any]]:
+        """SummaryWriters of the TensorBoard loggers, and the other loggers."""
+        writers, others = [], []
+        for logger in getattr(trainer, "loggers", None) or []:
+            try:
+                experiment = logger.experiment
+            except Exception:
+                experiment = None
+            if _is_summary_writer(experiment):
+                writers.append(experiment)
+            elif type(experiment).__name__ != "DummyExperiment":
+                others.append(logger)
+        return writers, others
+
+    def _close(self, trainer: Any, *, print_table: bool) -> None:
+        monitor, self.monitor = self.monitor, None
+        if monitor is None:
+            return
+        report = monitor.close()
+        self._last_report = report
+        if print_table and self.verbose and getattr(trainer, "is_global_zero", True):
+            print(report)
+
+
+def callback_class(base: type, name: str = "LeafWatch") -> type:
+    """Build the leafwatch callback on a given Lightning ``Callback`` base (or several).
+
+    Args:
+        base: ``pytorch_lightning.Callback``, ``lightning.pytorch.Callback``, or a tuple of them.
+        name: The class name.
+
+    Returns:
+        A callback class taking the arguments of :class:`LeafWatch`.
+    """
+    bases = base if isinstance(base, tuple) else (base,)
+    cls = type(name, (_LeafWatchMixin, *bases), {"__doc__": _DOC, "__module__": __name__})
+    cls.__qualname__ = name
+    return cls
+
+
+_DOC = """Names every tensor that will not train during ``Trainer.fit``, says why, and gives the fix.
+
+    A thin adapter: it builds a :class:`~leafwatch.Monitor` at fit start and checks at every
+    optimizer step (after gradient accumulation and AMP unscaling, only the parameters of the
+    optimizer about to step). Each new finding is warned once on rank zero, the summary table
+    is printed at fit end, and the scalars go to the Trainer's loggers: a TensorBoard logger gets
+    the full :class:`~leafwatch.TensorBoardSink` (scalars, findings table, Leafwatch tab records),
+    any other logger ``leafwatch/open/<kind>`` and ``leafwatch/grad_coverage`` through
+    ``log_metrics``. Steps are numbered ``trainer.global_step + 1`` (the optimizer step taken).
+
+    Args:
+        strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first
+            check that has an open error finding.
+        patience: Consecutive checks a trainable parameter may go without a gradient before
+            ``missing_grad`` is reported.
+        ignore: Glob patterns on qualified names, ``{"pattern": "reason"}`` or ``["pattern"]``.
+        check_values_every_n_steps: Run the NaN/Inf check on the gradients every N steps
+            (0 turns it off).
+        log_every_n_steps: Logging cadence of the scalars (default: the Trainer's).
+        verbose: Warn about each new finding and print the table at fit end.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range.
+
+    Example::
+
+        >>> from pytorch_lightning import Trainer
+        >>> from leafwatch import LeafWatch
+        >>> trainer = Trainer(callbacks=[LeafWatch(strict=True)], max_steps=1, logger=False)
+"""
+
+_BASES = _callback_bases()
+if not _BASES:
+    raise ImportError(f"the leafwatch Lightning callback needs PyTorch Lightning: {INSTALL_HINT}")
+
+#: The callback; a ``Callback`` of every installed namespace, so either Trainer accepts it.
+LeafWatch = callback_class(_BASES)
+
+__all__ = ["INSTALL_HINT", "LeafWatch", "callback_class"]

@@ -1,0 +1,140 @@
+"""The ``leafwatch`` command: ``leafwatch demo`` (and room for ``run`` and ``report``).
+
+Each subcommand is one entry of :data:`SUBCOMMANDS`: a function that adds its arguments to its
+parser, and the module and function that run it (imported only when that subcommand runs, so
+``leafwatch --help`` stays fast).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NamedTuple
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_tensorboard.py"
+
+
+class Subcommand(NamedTuple):
+    """One subcommand: its help line, how to add its arguments, and ``module:function`` to run."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    target: str  # "module:function"; the function takes the parsed args and returns an exit code
+
+
+def _demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--logdir", default="runs", help="where TensorBoard event files go (default: runs)")
+    parser.add_argument("--steps", type=_positive_int, default=20, help="training steps (default: 20)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
+#: The subcommands. ``run`` and ``report`` plug in here as one entry each, e.g.
+#: ``"run": Subcommand("...", runner.add_arguments, "leafwatch.runner:run_main")``.
+SUBCOMMANDS: dict[str, Subcommand] = {
+    "demo": Subcommand(
+        "train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
+        _demo_arguments,
+        "leafwatch.cli:demo_main",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="leafwatch",
+        description="Name every PyTorch tensor that will not train, say why, and give the one-line fix.",
+    )
+    parser.add_argument("--version", action="version", version=f"leafwatch {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, command in SUBCOMMANDS.items():
+        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+    return parser
+
+
+def _load_target(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, _, function = target.partition(":")
+    return getattr(importlib.import_module(module_name), function)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``leafwatch`` command line; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    return int(_load_target(SUBCOMMANDS[args.command].target)(args) or 0)
+
+
+# -- demo ---------------------------------------------------------------------------------------
+def load_example(path: Path = EXAMPLE) -> ModuleType:
+    """Import ``examples/lightning_tensorboard.py`` from the source tree."""
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the demo needs {path.name} from the leafwatch source tree's examples/ folder; "
+            f"it is not at {path}"
+        )
+    spec = importlib.util.spec_from_file_location("leafwatch_example_lightning_tensorboard", path)
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def demo_main(args: argparse.Namespace) -> int:
+    """Train the seeded-bug example, print the findings table and the TensorBoard command."""
+    try:
+        from .lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
+    except ImportError as error:
+        print(f"leafwatch demo: {error}", file=sys.stderr)
+        return 1
+    try:
+        example = load_example()
+    except FileNotFoundError as error:
+        print(f"leafwatch demo: {error}", file=sys.stderr)
+        return 1
+    for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)  # keep the demo's output to the findings
+    logdir = Path(args.logdir)
+    print(f"leafwatch demo: training a small classifier with {len(example.BUGS)} seeded bugs "
+          f"({', '.join(example.BUGS)}) for {args.steps} steps on CPU ...", flush=True)
+    started = time.perf_counter()
+    report: Any = example.train(logdir, max_steps=args.steps, verbose=False)
+    elapsed = time.perf_counter() - started
+    print()
+    print(report)
+    print()
+    print(f"Trained in {elapsed:.1f} s; the findings are also in TensorBoard (scalars, text and the Leafwatch tab).")
+    print("Open the dashboard with:")
+    print()
+    print(f"    tensorboard --logdir {_quote(str(logdir))}")
+    print()
+    return 0
+
+
+def _quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

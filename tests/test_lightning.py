@@ -1,0 +1,371 @@
+"""The Lightning callback with real Trainers: findings, loggers, strict mode, resume, namespaces."""
+
+from __future__ import annotations
+
+import csv
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import pytorch_lightning as pl
+import torch
+from pytorch_lightning.callbacks import ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import leafwatch
+from leafwatch import LeafWatch, LeafwatchError
+from leafwatch.lightning import callback_class
+
+
+def loader(n: int = 16, batch_size: int = 4) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(TensorDataset(torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)),
+                      batch_size=batch_size)
+
+
+def trainer(tmp_path: Path, callback: LeafWatch, *, logger=None, max_steps: int = 3, **kwargs) -> pl.Trainer:
+    return pl.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=TensorBoardLogger(tmp_path) if logger is None else logger,
+        callbacks=[callback],
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        **kwargs,
+    )
+
+
+class Boring(pl.LightningModule):
+    """One linear layer, MSE loss, SGD over every parameter: nothing to find."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self(x), y))
+
+    def test_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("test_loss", nn.functional.mse_loss(self(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class Buggy(Boring):
+    """Three seeded bugs: an unused head, a loss weight left out of the optimizer, a moved temperature."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 1)  # never used
+        self.loss_weight = nn.Parameter(torch.ones(1))  # not in the optimizer
+        self.temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) / self.temperature.to(x.dtype)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return self.loss_weight * nn.functional.mse_loss(self(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([p for n, p in self.named_parameters() if n != "loss_weight"], lr=0.01)
+
+
+class UnusedHead(Boring):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 1)
+
+
+def assert_seeded_bugs(report: leafwatch.Report) -> None:
+    assert report.names("missing_grad") == {"head.weight", "head.bias"}
+    assert report.names("not_in_optimizer") == {"loss_weight"}
+    assert report.names("orphan_tensor") == {"temperature"}
+    by_key = {f.key: f for f in report}
+    assert "never ran" in by_key[("missing_grad", "head.weight")].cause
+    assert "left out" in by_key[("not_in_optimizer", "loss_weight")].cause
+    temperature = by_key[("orphan_tensor", "temperature")]
+    assert "ToCopyBackward" in temperature.cause and "not a leaf" in temperature.cause
+    assert "nn.Parameter" in temperature.fix
+
+
+def assert_no_hooks(model: nn.Module) -> None:
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def event_accumulator(log_dir: str) -> EventAccumulator:
+    acc = EventAccumulator(log_dir, size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
+    model, callback = Buggy(), LeafWatch(log_every_n_steps=1)
+    t = trainer(tmp_path, callback)
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"missing_grad `head.weight`"):
+        t.fit(model, loader())
+    report = callback.report
+    assert_seeded_bugs(report)
+    assert report.step == 3
+    by_key = {f.key: f for f in report}
+    assert by_key[("missing_grad", "head.weight")].first_step == 1
+    assert by_key[("not_in_optimizer", "loss_weight")].first_step == 0  # found at fit start
+    assert callback.monitor is None
+    assert_no_hooks(model)
+
+    acc = event_accumulator(t.logger.log_dir)
+    missing = acc.Scalars("leafwatch/open/missing_grad")
+    assert [e.step for e in missing] == [1, 2, 3] and missing[-1].value == 2
+    assert acc.Scalars("leafwatch/open/not_in_optimizer")[-1].value == 1
+    coverage = acc.Scalars("leafwatch/grad_coverage")
+    assert coverage[-1].value == pytest.approx(0.5)  # head.weight and head.bias of the 4 tensors miss
+    text = acc.Tensors("leafwatch/findings/text_summary")[-1].tensor_proto.string_val[0].decode()
+    for name in ("head.weight", "loss_weight", "temperature"):
+        assert name in text
+    record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
+    assert record["counts"]["missing_grad"] == 2 and record["version"] == 1
+
+
+def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path):
+    model, callback = Boring(), LeafWatch(log_every_n_steps=1)
+    t = pl.Trainer(
+        max_steps=4, accelerator="cpu", devices=1, logger=TensorBoardLogger(tmp_path), callbacks=[callback],
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        limit_val_batches=1, val_check_interval=1, gradient_clip_val=0.5,
+    )
+    t.fit(model, loader(), loader())
+    assert callback.report.findings == []
+    assert callback.report.step == 4
+    t.test(model, loader())
+    assert callback.monitor is None and callback.report.findings == []
+    acc = event_accumulator(t.logger.log_dir)
+    assert all(e.value == 0 for e in acc.Scalars("leafwatch/open/missing_grad"))
+    assert [e.value for e in acc.Scalars("leafwatch/grad_coverage")] == [1.0] * 4
+
+
+class GAN(pl.LightningModule):
+    """Manual optimization with two optimizers and ``toggle_optimizer``."""
+
+    def __init__(self, rebuild_while_toggled: bool = True) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+        self.generator = nn.Linear(4, 8)
+        self.discriminator = nn.Linear(8, 1)
+        self.rebuild_while_toggled = rebuild_while_toggled
+
+    def training_step(self, batch, batch_idx):
+        real, _ = batch
+        g_opt, d_opt = self.optimizers()
+        z = torch.randn(real.shape[0], 4)
+
+        self.toggle_optimizer(g_opt)
+        if self.rebuild_while_toggled:
+            # Registering any parameter makes leafwatch re-read the structure at the next check,
+            # which happens while the discriminator's parameters are toggled off.
+            nn.Linear(1, 1)
+        g_loss = -self.discriminator(self.generator(z)).mean()
+        self.manual_backward(g_loss)
+        g_opt.step()
+        g_opt.zero_grad()
+        self.untoggle_optimizer(g_opt)
+
+        self.toggle_optimizer(d_opt)
+        fake = self.generator(z).detach()
+        d_loss = self.discriminator(fake).mean() - self.discriminator(real).mean()
+        self.manual_backward(d_loss)
+        d_opt.step()
+        d_opt.zero_grad()
+        self.untoggle_optimizer(d_opt)
+
+    def configure_optimizers(self):
+        return (torch.optim.SGD(self.generator.parameters(), lr=0.01),
+                torch.optim.SGD(self.discriminator.parameters(), lr=0.01))
+
+
+def test_manual_optimization_with_toggled_optimizers_has_no_false_alarm(tmp_path):
+    model, callback = GAN(), LeafWatch()
+    t = trainer(tmp_path, callback, max_steps=4)
+    t.fit(model, DataLoader(TensorDataset(torch.randn(16, 8), torch.zeros(16)), batch_size=4))
+    assert callback.report.findings == []
+    assert callback.report.step == 4  # one check per optimizer step, two per batch
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_accumulate_grad_batches_checks_only_at_optimizer_steps(tmp_path):
+    model, callback = Boring(), LeafWatch(log_every_n_steps=1)
+    t = trainer(tmp_path, callback, max_steps=3, accumulate_grad_batches=2)
+    t.fit(model, loader(n=32))
+    assert callback.report.findings == []
+    acc = event_accumulator(t.logger.log_dir)
+    assert [e.step for e in acc.Scalars("leafwatch/grad_coverage")] == [1, 2, 3]  # 6 batches, 3 steps
+
+
+def test_bf16_mixed_precision_on_cpu(tmp_path):
+    model, callback = UnusedHead(), LeafWatch(verbose=False)
+    t = trainer(tmp_path, callback, precision="bf16-mixed")
+    t.fit(model, loader())
+    report = callback.report
+    assert report.names() == {"head.weight", "head.bias"}
+    assert all(f.kind == "missing_grad" and "never ran" in f.cause for f in report)
+
+
+def test_csv_logger_gets_the_leafwatch_columns(tmp_path):
+    model, callback = UnusedHead(), LeafWatch(verbose=False, log_every_n_steps=1)
+    logger = CSVLogger(tmp_path)
+    t = trainer(tmp_path, callback, logger=logger)
+    t.fit(model, loader())
+    with open(Path(logger.log_dir) / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    rows = [r for r in rows if r.get("leafwatch/open/missing_grad")]
+    assert [int(r["step"]) for r in rows] == [1, 2, 3]
+    assert float(rows[-1]["leafwatch/open/missing_grad"]) == 2
+    assert float(rows[-1]["leafwatch/grad_coverage"]) == pytest.approx(1 / 2)  # head.* of the 4 tensors miss
+
+
+def test_without_a_logger_it_reports_on_the_console(tmp_path, capsys):
+    model, callback = UnusedHead(), LeafWatch()
+    t = trainer(tmp_path, callback, logger=False)
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"head.bias"):
+        t.fit(model, loader())
+    assert callback.report.names("missing_grad") == {"head.weight", "head.bias"}
+    out = capsys.readouterr().out
+    assert "missing_grad" in out and "head.weight" in out  # the table at fit end
+
+
+def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):
+    model, callback = Buggy(), LeafWatch(strict=True, verbose=False)
+    t = trainer(tmp_path, callback, logger=False)
+    with pytest.raises(LeafwatchError, match=r"head\.weight") as raised:
+        t.fit(model, loader())
+    message = str(raised.value)
+    for name in ("head.bias", "loss_weight", "temperature"):
+        assert name in message
+    assert raised.value.report.step == 1
+    assert callback.monitor is None
+    assert_no_hooks(model)
+
+
+def test_resume_from_a_checkpoint_keeps_the_history(tmp_path):
+    checkpoints = tmp_path / "ckpt"
+    first = LeafWatch(verbose=False, ignore={"temperature": "a known demo bug"})
+    t = pl.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, callbacks=[first,
+                   ModelCheckpoint(dirpath=checkpoints, save_last=True)],
+                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    t.fit(UnusedHead(), loader())
+    assert {f.first_step for f in first.report.by_kind("missing_grad")} == {1}
+    checkpoint = torch.load(checkpoints / "last.ckpt", weights_only=False)
+    assert first.state_key in checkpoint["callbacks"]
+
+    second = LeafWatch(verbose=False, ignore={"temperature": "a known demo bug"})
+    t = trainer(tmp_path, second, logger=False, max_steps=4)
+    t.fit(UnusedHead(), loader(), ckpt_path=checkpoints / "last.ckpt")
+    report = second.report
+    assert report.step == 4
+    weight = next(f for f in report if f.key == ("missing_grad", "head.weight"))
+    assert weight.first_step == 1 and weight.last_step == 4
+    assert weight.steps_seen == 4  # steps 1-2 before the resume, 3-4 after
+
+
+def test_lightning_pytorch_namespace_trainer(tmp_path):
+    import lightning.pytorch as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(8, 1)
+            self.head = nn.Linear(8, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    callback = LeafWatch(verbose=False)
+    assert isinstance(callback, L.Callback) and isinstance(callback, pl.Callback)
+    t = L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=L.loggers.TensorBoardLogger(tmp_path),
+                  callbacks=[callback], enable_progress_bar=False, enable_model_summary=False,
+                  enable_checkpointing=False)
+    t.fit(Module(), loader())
+    assert callback.report.names("missing_grad") == {"head.weight", "head.bias"}
+    acc = event_accumulator(t.logger.log_dir)
+    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
+
+
+def test_callback_class_builds_on_one_namespace():
+    import lightning.pytorch as L
+
+    only_lightning = callback_class(L.Callback, "LightningLeafWatch")
+    callback = only_lightning(patience=2)
+    assert isinstance(callback, L.Callback) and not isinstance(callback, pl.Callback)
+    assert callback.state_key.startswith("LightningLeafWatch")
+
+
+def test_state_is_plain_and_picklable(tmp_path):
+    model, callback = UnusedHead(), LeafWatch(verbose=False)
+    trainer(tmp_path, callback, logger=False, max_steps=2).fit(model, loader())
+    state = callback.state_dict()
+    json.dumps(state)  # plain data only
+    restored = pickle.loads(pickle.dumps(callback))
+    assert restored.monitor is None
+    assert restored.report.names("missing_grad") == {"head.weight", "head.bias"}
+    assert restored.state_dict() == state
+
+
+def test_two_instances_have_distinct_state_keys():
+    assert LeafWatch(patience=1).state_key != LeafWatch(patience=3).state_key
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"strict": "yes"}, TypeError, r"`strict` must be a bool, got str"),
+        ({"verbose": 1}, TypeError, r"`verbose` must be a bool, got int"),
+        ({"patience": 0}, ValueError, r"`patience` must be >= 1, got 0"),
+        ({"patience": 1.5}, TypeError, r"`patience` must be an int, got float"),
+        ({"log_every_n_steps": 0}, ValueError, r"`log_every_n_steps` must be >= 1, got 0"),
+        ({"check_values_every_n_steps": -1}, ValueError, r"`check_values_every_n_steps` must be >= 0, got -1"),
+        ({"ignore": "head.*"}, TypeError, r"`ignore` must be a mapping"),
+        ({"ignore": {"": "why"}}, ValueError, r"`ignore` patterns must be non-empty str"),
+    ],
+)
+def test_bad_options_are_rejected_with_the_argument_named(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        LeafWatch(**kwargs)
+
+
+def test_without_lightning_the_callback_says_how_to_install_it():
+    code = (
+        "import sys\n"
+        "sys.modules['pytorch_lightning'] = None\n"
+        "sys.modules['lightning'] = None\n"
+        "import leafwatch\n"
+        "try:\n"
+        "    leafwatch.LeafWatch\n"
+        "except ImportError as error:\n"
+        "    print('ImportError:', error)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert 'ImportError: the leafwatch Lightning callback needs PyTorch Lightning: pip install "leafwatch[lightning]"' in out.stdout

@@ -1,0 +1,87 @@
+"""The examples and ``leafwatch demo``, end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from leafwatch import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def event_dirs(logdir: Path) -> list[Path]:
+    return sorted({p.parent for p in logdir.rglob("events.out.tfevents.*")})
+
+
+def assert_demo_findings(report) -> None:
+    assert report.names("missing_grad") == {"aux_head.weight", "aux_head.bias"}
+    assert report.names("not_in_optimizer") == {"loss_weight"}
+    assert report.names("orphan_tensor") == {"temperature"}
+    by_key = {f.key: f for f in report}
+    assert "never ran" in by_key[("missing_grad", "aux_head.weight")].cause
+    assert "left out" in by_key[("not_in_optimizer", "loss_weight")].cause
+    assert "ToCopyBackward" in by_key[("orphan_tensor", "temperature")].cause
+
+
+def test_demo_command_end_to_end(tmp_path):
+    logdir = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "leafwatch", "demo", "--logdir", str(logdir), "--steps", "6"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    for words in ("missing_grad", "aux_head.weight", "not_in_optimizer", "loss_weight",
+                  "orphan_tensor", "temperature", "never ran", "ToCopyBackward"):
+        assert words in out
+    assert f"tensorboard --logdir {logdir}" in out
+    runs = event_dirs(logdir)
+    assert runs, "no event files were written"
+    main_run = next(d for d in runs if d.name != "leafwatch-layout")
+    acc = EventAccumulator(str(main_run), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
+    assert "leafwatch/report" in acc.Tags()["tensors"]
+
+
+def test_cli_without_a_command_prints_help(capsys):
+    assert cli.main([]) == 2
+    assert "demo" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "match"), [(["demo", "--steps", "0"], "must be an int >= 1, got 0"),
+                                             (["demo", "--steps", "x"], "must be an int >= 1, got 'x'"),
+                                             (["nope"], "invalid choice: 'nope'")])
+def test_cli_rejects_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    assert exited.value.code == 2
+    assert match in capsys.readouterr().err
+
+
+def test_lightning_example_train_finds_the_bugs_and_nothing_when_clean(tmp_path):
+    example = cli.load_example()
+    assert_demo_findings(example.train(tmp_path / "buggy", max_steps=3, verbose=False))
+    assert example.train(tmp_path / "clean", bugs=(), max_steps=3, verbose=False).findings == []
+
+
+def test_plain_loop_example_writes_the_findings_to_tensorboard(tmp_path):
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import plain_loop
+    finally:
+        sys.path.remove(str(ROOT / "examples"))
+    assert_demo_findings(plain_loop.train(tmp_path / "buggy", max_steps=3))
+    acc = EventAccumulator(str(tmp_path / "buggy"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    missing = acc.Scalars("leafwatch/open/missing_grad")
+    assert (missing[0].step, missing[0].value) == (1, 2)
+    assert acc.Scalars("leafwatch/open/orphan_tensor")[-1].value == 1
+    assert plain_loop.train(tmp_path / "clean", bugs=(), max_steps=3).findings == []

@@ -204,6 +204,7 @@ class Monitor:
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
         self._restored_misses: dict[str, int] = {}
+        self._restored_checks: dict[int | None, int] = {}
         self._tracer = tracing.Tracer()
         self._closed = False
         if self.diagnose and self._has_model():
@@ -327,6 +328,7 @@ class Monitor:
             "step": self.step,
             "records": [f.to_dict() for f in self._records.values()],
             "misses": {names.get(k, ""): v for k, v in self._misses.items() if k in names},
+            "checks": {str(k): c.checks for k, c in self._lists.items()},
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -338,6 +340,7 @@ class Monitor:
             f = Finding.from_dict(data)
             self._records[f.key] = f
         self._restored_misses = dict(state.get("misses", {}))
+        self._restored_checks = {int(k) if k != "None" else None: int(v) for k, v in state.get("checks", {}).items()}
         self._fingerprint = None
         self._dirty = self._stale = True
         self._report = self._build_report()
@@ -374,10 +377,18 @@ class Monitor:
         else:
             self._lists[None] = self._make_list(
                 [t for t in inv.tensors.values() if t.requires_grad], inv, old_lists.get(None))
+        for key, count in self._restored_checks.items():
+            if key in self._lists:
+                self._lists[key].checks = count
+        self._restored_checks = {}
         if self._restored_misses:
             for k, info in inv.params.items():
                 if info.name in self._restored_misses:
                     self._misses[k] = self._restored_misses[info.name]
+                    record = self._records.get(("missing_grad", info.name))
+                    if record is not None and record.status == "open":
+                        # Still missing when saved: a gradient after the resume ends it as usual.
+                        self._streak[k] = self.patience
             self._restored_misses = {}
         structural = checks.structural(inv, step=self.step, previous_names=self._previous_names)
         self._replace_structural(structural)

@@ -141,6 +141,7 @@ class _LeafWatchMixin:
         self._console: _ConsoleSink | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
+        self._final_state: dict[str, Any] = {}
 
     # -- identity and state --------------------------------------------------------------------
     @property
@@ -168,10 +169,7 @@ class _LeafWatchMixin:
             return {"monitor": self.monitor.state_dict()}
         if self._pending_state is not None:
             return dict(self._pending_state)
-        if self._last_report is not None:
-            return {"monitor": {"step": self._last_report.step or 0,
-                                "records": [f.to_dict() for f in self._last_report.findings], "misses": {}}}
-        return {}
+        return dict(self._final_state)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not isinstance(state_dict, Mapping):
@@ -190,6 +188,7 @@ class _LeafWatchMixin:
         state["_console"] = None
         state["_pending_state"] = saved or None
         state["_last_report"] = None
+        state["_final_state"] = {}
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -287,6 +286,7 @@ class _LeafWatchMixin:
             return
         report = monitor.close()
         self._last_report = report
+        self._final_state = {"monitor": monitor.state_dict()}
         if print_table and self.verbose and getattr(trainer, "is_global_zero", True):
             print(report)
 

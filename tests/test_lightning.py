@@ -285,6 +285,27 @@ def test_resume_from_a_checkpoint_keeps_the_history(tmp_path):
     assert weight.steps_seen == 4  # steps 1-2 before the resume, 3-4 after
 
 
+class HeadUsed(UnusedHead):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x) + self.head(x)
+
+
+def test_resume_after_the_bug_is_fixed_closes_the_finding(tmp_path):
+    first = LeafWatch(verbose=False)
+    path = tmp_path / "unused.ckpt"
+    checkpoint_trainer = trainer(tmp_path, first, logger=False, max_steps=2)
+    checkpoint_trainer.fit(UnusedHead(), loader())
+    checkpoint_trainer.save_checkpoint(path)
+    assert first.report.names("missing_grad") == {"head.weight", "head.bias"}
+
+    second = LeafWatch(verbose=False)
+    trainer(tmp_path, second, logger=False, max_steps=4).fit(HeadUsed(), loader(), ckpt_path=path)
+    report = second.report
+    assert not report  # nothing open once the head gets gradients
+    assert {f.status for f in report.by_kind("missing_grad")} == {"intermittent"}
+    assert "2 of 3 checked steps" in report.by_kind("missing_grad")[0].message
+
+
 def test_lightning_pytorch_namespace_trainer(tmp_path):
     import lightning.pytorch as L
 

@@ -207,15 +207,20 @@ class _LeafWatchMixin:
             from .tensorboard import TensorBoardSink
 
             sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
-        self.monitor = Monitor(
-            pl_module,
-            list(trainer.optimizers),
-            patience=self.patience,
-            ignore=self.ignore,
-            check_values_every_n_steps=self.check_values_every_n_steps,
-            strict=self.strict,
-            sinks=sinks,
-        )
+        try:
+            self.monitor = Monitor(
+                pl_module,
+                list(trainer.optimizers),
+                patience=self.patience,
+                ignore=self.ignore,
+                check_values_every_n_steps=self.check_values_every_n_steps,
+                strict=self.strict,
+                sinks=sinks,
+            )
+        except Exception as error:  # never stop training for leafwatch
+            warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
+                          "training goes on without it.", LeafwatchWarning, stacklevel=2)
+            return
         if self._pending_state is not None:
             self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
             self._pending_state = None

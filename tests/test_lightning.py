@@ -390,3 +390,17 @@ def test_without_lightning_the_callback_says_how_to_install_it():
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
     assert 'ImportError: the leafwatch Lightning callback needs PyTorch Lightning: pip install "leafwatch[lightning]"' in out.stdout
+
+
+def test_with_only_the_lightning_package_it_is_a_lightning_pytorch_callback(tmp_path):
+    code = (
+        "import sys\n"
+        "sys.modules['pytorch_lightning'] = None\n"
+        "import lightning.pytorch as L\n"
+        "from leafwatch import LeafWatch\n"
+        "print(isinstance(LeafWatch(), L.Callback), [b.__module__ for b in LeafWatch.__mro__[2:-1]])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True ['lightning.pytorch.callbacks.callback']"

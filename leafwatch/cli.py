@@ -22,11 +22,19 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_tenso
 
 
 class Subcommand(NamedTuple):
-    """One subcommand: its help line, how to add its arguments, and ``module:function`` to run."""
+    """One subcommand.
+
+    Attributes:
+        help: The one-line help.
+        add_arguments: Adds the subcommand's arguments to its parser: a function, or
+            ``"module:function"`` imported when the parser is built.
+        target: ``"module:function"`` run with the parsed arguments; returns the exit code. Imported
+            only when the subcommand runs.
+    """
 
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None]
-    target: str  # "module:function"; the function takes the parsed args and returns an exit code
+    add_arguments: Callable[[argparse.ArgumentParser], None] | str
+    target: str
 
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +53,8 @@ def _positive_int(text: str) -> int:
 
 
 #: The subcommands. ``run`` and ``report`` plug in here as one entry each, e.g.
-#: ``"run": Subcommand("...", runner.add_arguments, "leafwatch.runner:run_main")``.
+#: ``"run": Subcommand("...", "leafwatch.runner:add_arguments", "leafwatch.runner:run_main")`` and
+#: ``"report": Subcommand("...", "leafwatch.report_cli:add_arguments", "leafwatch.report_cli:report_main")``.
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand(
         "train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
@@ -65,11 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"leafwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in SUBCOMMANDS.items():
-        command.add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+        add_arguments = command.add_arguments
+        if isinstance(add_arguments, str):
+            add_arguments = _load_target(add_arguments)
+        add_arguments(sub.add_parser(name, help=command.help, description=command.help))
     return parser
 
 
-def _load_target(target: str) -> Callable[[argparse.Namespace], int]:
+def _load_target(target: str) -> Callable[..., Any]:
     module_name, _, function = target.partition(":")
     return getattr(importlib.import_module(module_name), function)
 

@@ -321,6 +321,12 @@ _DOC = """Names every tensor that will not train during ``Trainer.fit``, says wh
     the full :class:`~leafwatch.TensorBoardSink` (scalars, findings table, Leafwatch tab records),
     any other logger ``leafwatch/open/<kind>`` and ``leafwatch/grad_coverage`` through
     ``log_metrics``. Steps are numbered ``trainer.global_step + 1`` (the optimizer step taken).
+    The history is saved in checkpoints (``state_dict``), so a resumed run keeps it; a new
+    ``fit`` that does not resume starts a fresh one.
+
+    The class subclasses the ``Callback`` of every installed Lightning namespace, so it works
+    with ``pytorch_lightning.Trainer`` and ``lightning.pytorch.Trainer`` alike;
+    :func:`leafwatch.lightning.callback_class` builds it on one chosen base.
 
     Args:
         strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first

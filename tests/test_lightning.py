@@ -228,6 +228,20 @@ def test_bf16_mixed_precision_on_cpu(tmp_path):
     assert all(f.kind == "missing_grad" and "never ran" in f.cause for f in report)
 
 
+class NaNLoss(Boring):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx) * float("nan")
+
+
+def test_nonfinite_gradients_are_found_at_the_step(tmp_path):
+    callback = LeafWatch(verbose=False, check_values_every_n_steps=1)
+    trainer(tmp_path, callback, logger=False, max_steps=2).fit(NaNLoss(), loader())
+    report = callback.report
+    assert report.names("nonfinite_grad") == {"layer.weight", "layer.bias"}
+    finding = report.by_kind("nonfinite_grad")[0]
+    assert finding.first_step == 1 and "NaN or Inf" in finding.message
+
+
 def test_csv_logger_gets_the_leafwatch_columns(tmp_path):
     model, callback = UnusedHead(), LeafWatch(verbose=False, log_every_n_steps=1)
     logger = CSVLogger(tmp_path)

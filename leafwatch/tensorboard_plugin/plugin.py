@@ -18,6 +18,8 @@ import bisect
 import json
 import math
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -72,6 +74,13 @@ def finding_sort_key(finding: Mapping[str, Any]) -> tuple[int, int, str, str]:
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
     """Maps ranges of positions in a group's list of checks onto ranges of steps."""
+    positions = list(positions)
+    if len(steps) == 1:  # the usual case: the group was checked at every step of the chunk
+        first, last = steps[0]
+        top = last - first
+        if all(0 <= i <= j <= top for i, j in positions):
+            return [[first + i, first + j] for i, j in positions]
+        return [[first + max(i, 0), first + min(j, top)] for i, j in positions if i <= top and j >= 0 and i <= j]
     starts = []  # position of the first check of each step range
     total = 0
     for first, last in steps:
@@ -79,7 +88,7 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
         total += last - first + 1
     out: list[list[int]] = []
     for i, j in positions:
-        i, j = max(int(i), 0), min(int(j), total - 1)
+        i, j = max(i, 0), min(j, total - 1)
         k = bisect.bisect_right(starts, i) - 1
         while i <= j and 0 <= k < len(steps):
             first, last = steps[k]
@@ -98,10 +107,13 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
 def _add_range(counts: list[int], first: int, last: int, origin: int, width: int) -> None:
     """Adds, per column, how many steps of ``first..last`` fall in it."""
     col_a, col_b = (first - origin) // width, (last - origin) // width
-    for col in range(col_a, col_b + 1):
-        lo = max(first, origin + col * width)
-        hi = min(last, origin + (col + 1) * width - 1)
-        counts[col] += hi - lo + 1
+    if col_a == col_b:
+        counts[col_a] += last - first + 1
+        return
+    counts[col_a] += origin + (col_a + 1) * width - first
+    for col in range(col_a + 1, col_b):
+        counts[col] += width
+    counts[col_b] += last - (origin + col_b * width) + 1
 
 
 def _clip(ranges: Iterable[list[int]], lo: int, hi: int) -> list[list[int]]:
@@ -143,7 +155,7 @@ def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS
     for record in sorted(records, key=lambda r: int(r.get("chunk", 0))):
         chunks.append(int(record.get("chunk", 0)))
         for group in (record.get("groups") or {}).values():
-            steps = [[int(a), int(b)] for a, b in group.get("steps", [])]
+            steps = group.get("steps") or []
             missed = {int(k): _ranges_to_steps(steps, v) for k, v in (group.get("missed") or {}).items()}
             if first is not None or last is not None:
                 lo = first if first is not None else -(2**62)
@@ -189,11 +201,14 @@ def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS
             profiles.append(counts)
         missed_counts = [0] * ncols
         merged: list[list[int]] = []
-        for a, b in sorted(row["missed_steps"]):
+        ranges = row["missed_steps"]
+        if len(key) > 1:
+            ranges.sort()
+        for a, b in ranges:
             _add_range(missed_counts, a, b, origin, width)
             if merged and merged[-1][1] >= a - 1:
                 merged[-1][1] = max(merged[-1][1], b)
-            else:
+            elif len(merged) <= MAX_MISSED_RANGES:
                 merged.append([a, b])
         rows.append({
             "name": name,
@@ -229,6 +244,11 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     def __init__(self, context: base_plugin.TBContext) -> None:
         self._data_provider = context.data_provider
+        self._lock = threading.Lock()
+        # Decoded coverage records by (experiment, run, tag), with the (max_step, max_wall_time)
+        # they were read at: a reload reads again only the chunks that changed.
+        self._records: dict[tuple[str, str, str], tuple[Any, dict[str, Any]]] = {}
+        self._grids: OrderedDict[Any, dict[str, Any]] = OrderedDict()
 
     # -- TBPlugin ----------------------------------------------------------------------------
     def get_plugin_apps(self) -> dict[str, Any]:
@@ -338,8 +358,29 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         listing = self._list(experiment, ctx)
         if not run or run not in listing:
             return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
-        tags = sorted(t for t in listing[run] if t.startswith(COVERAGE_PREFIX))
-        records = list(self._latest(ctx, experiment, [run], tags).get(run, {}).values())
-        grid = coverage_grid(records, bins, first=first, last=last)
-        grid["run"] = run
+        series = listing[run]
+        stamps = {t: (getattr(series[t], "max_step", None), getattr(series[t], "max_wall_time", None))
+                  for t in sorted(series) if t.startswith(COVERAGE_PREFIX)}
+        key = (experiment, run, bins, first, last, tuple(stamps.items()))
+        with self._lock:
+            grid = self._grids.get(key)
+        if grid is None:
+            grid = coverage_grid(self._coverage_records(ctx, experiment, run, stamps), bins, first=first, last=last)
+            grid["run"] = run
+            with self._lock:
+                self._grids[key] = grid
+                while len(self._grids) > 16:
+                    self._grids.popitem(last=False)
         return _json_response(request, grid)
+
+    def _coverage_records(self, ctx: Any, experiment: str, run: str, stamps: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The latest record of each coverage chunk of ``run``, reading only those that changed."""
+        with self._lock:
+            known = {t: self._records.get((experiment, run, t)) for t in stamps}
+        stale = [t for t, stamp in stamps.items() if known[t] is None or known[t][0] != stamp]
+        fresh = self._latest(ctx, experiment, [run], stale).get(run, {}) if stale else {}
+        with self._lock:
+            for tag in stale:
+                if tag in fresh:
+                    self._records[(experiment, run, tag)] = (stamps[tag], fresh[tag])
+            return [self._records[(experiment, run, t)][1] for t in stamps if (experiment, run, t) in self._records]

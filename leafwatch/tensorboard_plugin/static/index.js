@@ -54,6 +54,12 @@ function richText(text) {
   return parts.map((part, i) => (i % 2 ? el("code", {}, part) : part)).filter((p) => p !== "");
 }
 
+function compact(n) {
+  if (n >= 1e6) return `${+(n / 1e6).toFixed(n >= 1e7 ? 0 : 1)}M`;
+  if (n >= 1e4) return `${+(n / 1e3).toFixed(n >= 1e5 ? 0 : 1)}k`;
+  return `${n}`;
+}
+
 function stepRange(a, b) {
   if (a === null || a === undefined) return "";
   return a === b || b === null || b === undefined ? `${a}` : `${a}\u2013${b}`;
@@ -154,6 +160,7 @@ async function load() {
       return;
     }
     const names = runs.map((r) => r.run);
+    if (state.run === null) state.run = new URLSearchParams(window.location.search).get("run");
     if (state.run !== ALL && !names.includes(state.run)) state.run = names[0];
     fillSelect(ui["lw-run"], names, state.run, "All runs");
     state.run = ui["lw-run"].value;
@@ -401,7 +408,9 @@ function renderGrid() {
   const ticks = Math.min(ncols, 6);
   for (let t = 0; t < ticks; t++) {
     const c = ticks === 1 ? 0 : Math.round((t * (ncols - 1)) / (ticks - 1));
-    axisInner.append(el("span", { class: "tick", style: `left:${c * cell}px` }, `${grid.columns[c][0]}`));
+    const last = t === ticks - 1 && ticks > 1;
+    axisInner.append(el("span", { class: last ? "tick end" : "tick", style: `left:${(c + (last ? 1 : 0)) * cell}px` },
+      `${last ? grid.columns[c][1] : grid.columns[c][0]}`));
   }
   axis.append(axisInner, el("span", { class: "axis-label" }, "step"));
 
@@ -429,8 +438,8 @@ function renderGrid() {
       const p = node.param;
       stat = p.missed
         ? el("span", { class: "stat bad", title: `no gradient at steps ${rangesText(p.missed_steps, p.missed_steps_truncated)}` },
-            `missed ${p.missed}/${p.checks}`)
-        : el("span", { class: "stat ok" }, `${p.checks} ok`);
+            `missed ${compact(p.missed)}/${compact(p.checks)}`)
+        : el("span", { class: "stat ok", title: `a gradient at each of ${p.checks} checks` }, "ok");
     } else {
       stat = node.missedTensors
         ? el("span", { class: "stat bad" }, `${node.missedTensors} missed`)
@@ -439,7 +448,7 @@ function renderGrid() {
     const canvas = el("canvas", { class: "cells", width: ncols * cell, height: ROW_HEIGHT - 6,
       style: `width:${ncols * cell}px;height:${ROW_HEIGHT - 6}px` });
     const ctx = canvas.getContext("2d");
-    const gap = cell >= 5 ? 1 : 0;
+    const gap = cell >= 8 ? 1 : 0;
     for (let c = 0; c < ncols; c++) {
       ctx.fillStyle = palette[cellClass(node.checks[c], node.missedCols[c])];
       ctx.fillRect(c * cell, 0, cell - gap, ROW_HEIGHT - 6);

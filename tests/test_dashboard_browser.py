@@ -1,0 +1,104 @@
+"""The Leafwatch tab rendered by a real headless Chromium from a real TensorBoard server.
+
+Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from the screenshot.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from _tensorboard_runs import REPO_ROOT, get_json, tensorboard_server, wait_for, write_buggy_run, write_gan_run
+
+CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                                   shutil.which("google-chrome"), "/usr/bin/chromium")
+                 if path and os.path.exists(path)), None)
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)")
+
+STEPS = 60
+ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step
+SCREENSHOT = REPO_ROOT / "docs" / "leafwatch-tab.png"
+
+
+@pytest.fixture(scope="module")
+def tab_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("leafwatch_logs")
+    write_buggy_run(root / "buggy", steps=STEPS)
+    write_gan_run(root / "gan")
+    with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 2, 120, "runs not loaded")
+        yield f"{url}/data/plugin_entry.html?name=leafwatch"
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=15000", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
+
+
+class _Elements(HTMLParser):
+    """Collects the attributes of every element, and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def having(self, tag: str, css_class: str) -> list[dict[str, str]]:
+        return [a for t, a in self.elements if t == tag and css_class in a.get("class", "").split()]
+
+
+@pytest.fixture(scope="module")
+def page(tab_url: str, tmp_path_factory: pytest.TempPathFactory) -> _Elements:
+    result = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", tab_url)
+    parsed = _Elements()
+    parsed.feed(result.stdout)
+    return parsed
+
+
+def test_tab_renders_the_findings_table_open_errors_first(page: _Elements) -> None:
+    rows = page.having("tr", "finding")
+    names = [r["data-name"] for r in rows]
+    assert set(names) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias",
+                          "unused.weight", "unused.bias", "experts.1.weight", "experts.1.bias"}
+    assert {r["data-kind"] for r in rows} == {"missing_grad"}
+    assert names[-2:] == ["experts.1.bias", "experts.1.weight"]  # intermittent after the open errors
+    text = " ".join(page.text)
+    assert "never ran" in text and "call " in text
+    assert "Could not load" not in text
+
+
+def test_tab_renders_the_coverage_grid_with_missed_steps(page: _Elements) -> None:
+    rows = {r["data-name"]: r for r in page.having("div", "row")}
+    # Modules with a miss open down to their tensors; healthy modules stay folded.
+    assert {"encoder", "encoder.0", "encoder.0.weight", "unused.weight", "experts", "experts.1.weight", "head"} <= set(rows)
+    assert "head.weight" not in rows
+    assert rows["unused.weight"]["data-missed-steps"] == f"1\u2013{STEPS}"
+    assert rows["unused.weight"]["data-missed"] == str(STEPS)
+    assert rows["experts.1.weight"]["data-missed-steps"] == ROUTED_MISSED
+    assert rows["head"]["data-missed"] == "0"
+    assert rows["encoder"]["data-missed"] == str(4 * STEPS)  # a module row sums its tensors
+    assert len(page.having("canvas", "cells")) == len(rows)
+
+
+def test_tab_screenshot(tab_url: str, tmp_path: Path) -> None:
+    shot = tmp_path / "leafwatch-tab.png"
+    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", tab_url)
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (1400, 900)
+    if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        SCREENSHOT.write_bytes(data)

@@ -89,6 +89,26 @@ def write_gan_run(log_dir: Path, rounds: int = 5) -> leafwatch.Report:
     return report
 
 
+def write_large_run(log_dir: Path, blocks: int = 500, steps: int = 2000) -> tuple[str, ...]:
+    """Drives the TensorBoard sink with the checks of a ``4 * blocks``-tensor model: one tensor
+    (``blocks.3.norm.bias``) never gets a gradient, one (``blocks.7.weight``) misses every
+    other step. Returns the tensor names."""
+    from leafwatch.monitor import CheckEvent
+    from leafwatch.tensorboard import TensorBoardSink
+
+    names = tuple(f"blocks.{i}.{part}" for i in range(blocks) for part in ("weight", "bias", "norm.weight", "norm.bias"))
+    never, alternate = names.index("blocks.3.norm.bias"), names.index("blocks.7.weight")
+    writer = SummaryWriter(str(log_dir))
+    sink = TensorBoardSink(writer)
+    report = leafwatch.Report(step=0)
+    for step in range(1, steps + 1):
+        missing = [never, alternate] if step % 2 else [never]
+        sink(CheckEvent(step, 0, report, step == 1, names, missing, 1 - len(missing) / len(names)))
+    sink.close(report)
+    writer.close()
+    return names
+
+
 def write_plain_run(log_dir: Path) -> None:
     """A run with scalars only, no Leafwatch records."""
     writer = SummaryWriter(str(log_dir))

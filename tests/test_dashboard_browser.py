@@ -13,7 +13,15 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from _tensorboard_runs import REPO_ROOT, get_json, tensorboard_server, wait_for, write_buggy_run, write_gan_run
+from _tensorboard_runs import (
+    REPO_ROOT,
+    get_json,
+    tensorboard_server,
+    wait_for,
+    write_buggy_run,
+    write_gan_run,
+    write_large_run,
+)
 
 CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
                                    shutil.which("google-chrome"), "/usr/bin/chromium")
@@ -30,8 +38,9 @@ def tab_url(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("leafwatch_logs")
     write_buggy_run(root / "buggy", steps=STEPS)
     write_gan_run(root / "gan")
+    write_large_run(root / "large")
     with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
-        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 2, 120, "runs not loaded")
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 3, 120, "runs not loaded")
         yield f"{url}/data/plugin_entry.html?name=leafwatch"
 
 
@@ -91,6 +100,21 @@ def test_tab_renders_the_coverage_grid_with_missed_steps(page: _Elements) -> Non
     assert rows["head"]["data-missed"] == "0"
     assert rows["encoder"]["data-missed"] == str(4 * STEPS)  # a module row sums its tensors
     assert len(page.having("canvas", "cells")) == len(rows)
+
+
+def test_tab_renders_a_large_grid_in_at_most_200_columns_drawing_only_visible_rows(tab_url: str, tmp_path: Path) -> None:
+    result = _chromium(tmp_path, "--window-size=1400,900", "--dump-dom", f"{tab_url}&run=large")
+    page = _Elements()
+    page.feed(result.stdout)
+    text = " ".join(page.text)
+    assert "2000 tensors \u00d7 steps 1\u20132000 in 200 columns of 10 steps" in text
+    rows = {r["data-name"]: r for r in page.having("div", "row")}
+    assert rows["blocks.3.norm.bias"]["data-missed-steps"] == "1\u20132000"
+    assert rows["blocks.7.weight"]["data-missed"] == "1000"
+    assert rows["blocks.7.weight"]["data-missed-steps"].startswith("1, 3, 5, ")
+    assert rows["blocks.7.weight"]["data-missed-steps"].endswith(", \u2026")  # the exact steps are capped
+    assert "blocks.0" in rows and "blocks.0.weight" not in rows  # healthy modules stay folded
+    assert len(rows) < 100  # 500 module rows, only those in view are drawn
 
 
 def test_tab_screenshot(tab_url: str, tmp_path: Path) -> None:

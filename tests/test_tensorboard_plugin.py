@@ -139,6 +139,7 @@ def test_plugin_entry_page_loads_the_tab_module(server: str) -> None:
         assert "export async function render()" in response.read().decode()
     with urllib.request.urlopen(f"{server}/data/plugin/leafwatch/style.css", timeout=30) as response:
         assert response.headers["Content-Type"].startswith("text/css")
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
 def test_runs_route_lists_runs_with_leafwatch_records(server: str) -> None:

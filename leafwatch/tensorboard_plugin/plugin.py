@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tensorboard import plugin_util
+from tensorboard.backend import http_util
 from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
@@ -45,9 +46,7 @@ _STATUS_RANK = {"open": 0, "intermittent": 1, "resolved": 2, "ignored": 3}
 
 def _json_response(request: wrappers.Request, data: Any, code: int = 200) -> wrappers.Response:
     body = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    response = wrappers.Response(body, status=code, content_type="application/json")
-    response.headers["Cache-Control"] = "no-cache"
-    return response
+    return http_util.Respond(request, body, "application/json", code=code)
 
 
 def _decode(datum: Any) -> dict[str, Any] | None:
@@ -305,12 +304,10 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         route = request.path[request.path.rfind("/"):]
         mimetype = _STATIC_FILES.get(route)
         if mimetype is None:
-            return wrappers.Response("not found", status=404, content_type="text/plain")
+            return http_util.Respond(request, "not found", "text/plain", code=404)
         with open(os.path.join(_STATIC_DIR, route.lstrip("/")), "rb") as handle:
             body = handle.read()
-        response = wrappers.Response(body, content_type=mimetype)
-        response.headers["Cache-Control"] = "no-cache"
-        return response
+        return http_util.Respond(request, body, mimetype)
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:

@@ -233,3 +233,21 @@ def test_logdir_without_leafwatch_records_lists_the_tab_disabled(plain_server: s
     assert get_json(f"{plain_server}/data/plugin/leafwatch/runs") == {"runs": []}
     scalars = get_json(f"{plain_server}/data/plugin/scalars/scalars?run=run&tag=loss")
     assert [step for _, step, _ in scalars] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(("with_records", "expected"), [(True, True), (False, False)])
+def test_is_active_only_when_a_run_holds_leafwatch_records(tmp_path: Path, with_records: bool, expected: bool) -> None:
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+    from tensorboard.plugins import base_plugin
+
+    from leafwatch.tensorboard_plugin import LeafwatchPlugin
+
+    if with_records:
+        write_buggy_run(tmp_path / "buggy", steps=2)
+    write_plain_run(tmp_path / "plain")
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
+    plugin = LeafwatchPlugin(base_plugin.TBContext(data_provider=provider, logdir=str(tmp_path)))
+    assert plugin.is_active() is expected

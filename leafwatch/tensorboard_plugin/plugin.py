@@ -23,6 +23,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tensorboard import context as tb_context
 from tensorboard import plugin_util
 from tensorboard.backend import http_util
 from tensorboard.data import provider
@@ -262,7 +263,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         if self._data_provider is None:
             return False
         try:
-            return bool(self._list(""))
+            return bool(self._list("", tb_context.RequestContext()))
         except Exception:  # never break TensorBoard's plugin listing
             return False
 

@@ -405,7 +405,7 @@ function renderGrid() {
 
   const axis = el("div", { class: "axis", style: `padding-left:${labelWidth}px` });
   const axisInner = el("div", { class: "axis-inner", style: `width:${ncols * cell}px` });
-  const ticks = Math.min(ncols, 6);
+  const ticks = Math.max(1, Math.min(ncols, 7, Math.floor((ncols * cell) / 80) + 1));
   for (let t = 0; t < ticks; t++) {
     const c = ticks === 1 ? 0 : Math.round((t * (ncols - 1)) / (ticks - 1));
     const last = t === ticks - 1 && ticks > 1;

@@ -165,7 +165,7 @@ def tensorboard_server(log_dir: Path, scratch: Path, timeout: float = 120) -> It
     finally:
         process.terminate()
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=15)

@@ -22,6 +22,7 @@ const state = {
   grid: null,
   tree: null,
   expanded: new Set(),
+  expandedFor: null,
   onlyMissed: false,
   window: { first: null, last: null },
 };
@@ -289,7 +290,10 @@ async function loadGrid() {
     return;
   }
   state.tree = buildTree(grid);
-  state.expanded = defaultExpanded(state.tree);
+  if (state.expandedFor !== state.run) {
+    state.expanded = defaultExpanded(state.tree);
+    state.expandedFor = state.run;
+  }
   const missedRows = grid.rows.filter((r) => r.missed).length;
   ui.coverageNote.textContent =
     `${grid.rows.length} tensors \u00d7 steps ${stepRange(grid.first_step, grid.last_step)}` +
@@ -503,6 +507,7 @@ function showTip(event, node, cell) {
 }
 
 let resizeTimer = null;
+const AUTO_RELOAD_MS = 30000;
 
 export async function render() {
   buildPage();
@@ -510,5 +515,7 @@ export async function render() {
     clearTimeout(resizeTimer);
     resizeTimer = setTimeout(renderGrid, 150);
   });
+  // TensorBoard's reload button does not reach an iframed tab: reload on a timer while visible.
+  setInterval(() => { if (!document.hidden && state.runs.length) load(); }, AUTO_RELOAD_MS);
   await load();
 }

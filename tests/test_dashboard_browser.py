@@ -26,7 +26,10 @@ from _tensorboard_runs import (
 CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
                                    shutil.which("google-chrome"), "/usr/bin/chromium")
                  if path and os.path.exists(path)), None)
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)"),
+]
 
 STEPS = 60
 ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step

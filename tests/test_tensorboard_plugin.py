@@ -121,6 +121,7 @@ def test_static_files_make_no_external_requests() -> None:
 
 
 # -- the real server -----------------------------------------------------------------------
+@pytest.mark.slow
 def test_plugins_listing_enables_the_leafwatch_tab(server: str) -> None:
     listing = get_json(f"{server}/data/plugins_listing")
     leafwatch = listing["leafwatch"]
@@ -129,6 +130,7 @@ def test_plugins_listing_enables_the_leafwatch_tab(server: str) -> None:
     assert leafwatch["loading_mechanism"] == {"type": "IFRAME", "module_path": "/data/plugin/leafwatch/index.js"}
 
 
+@pytest.mark.slow
 def test_plugin_entry_page_loads_the_tab_module(server: str) -> None:
     with urllib.request.urlopen(f"{server}/data/plugin_entry.html?name=leafwatch", timeout=30) as response:
         page = response.read().decode()
@@ -142,6 +144,7 @@ def test_plugin_entry_page_loads_the_tab_module(server: str) -> None:
         assert response.headers["X-Content-Type-Options"] == "nosniff"
 
 
+@pytest.mark.slow
 def test_runs_route_lists_runs_with_leafwatch_records(server: str) -> None:
     runs = {r["run"]: r for r in get_json(f"{server}/data/plugin/leafwatch/runs")["runs"]}
     assert set(runs) == {"buggy", "gan"}  # the leafwatch-layout sub-runs hold no records
@@ -150,6 +153,7 @@ def test_runs_route_lists_runs_with_leafwatch_records(server: str) -> None:
     assert runs["buggy"]["last_step"] == 12
 
 
+@pytest.mark.slow
 def test_findings_route_returns_the_latest_report_open_errors_first(server: str) -> None:
     data = get_json(f"{server}/data/plugin/leafwatch/findings?run=buggy")
     assert data["step"] == 12
@@ -167,6 +171,7 @@ def test_findings_route_returns_the_latest_report_open_errors_first(server: str)
     assert data["counts"]["missing_grad"] == 6
 
 
+@pytest.mark.slow
 def test_findings_route_without_a_run_returns_every_run(server: str) -> None:
     runs = get_json(f"{server}/data/plugin/leafwatch/findings")["runs"]
     assert set(runs) == {"buggy", "gan"}
@@ -174,6 +179,7 @@ def test_findings_route_without_a_run_returns_every_run(server: str) -> None:
     assert gan == {("missing_grad", "generator_unused.weight"), ("missing_grad", "generator_unused.bias")}
 
 
+@pytest.mark.slow
 def test_coverage_route_marks_the_missed_cells_at_their_steps(server: str) -> None:
     grid = get_json(f"{server}/data/plugin/leafwatch/coverage?run=buggy")
     assert grid["columns"] == [[s, s] for s in range(1, 13)]
@@ -189,6 +195,7 @@ def test_coverage_route_marks_the_missed_cells_at_their_steps(server: str) -> No
         assert (rows[name]["missed"], rows[name]["checks"]) == (0, 12), name
 
 
+@pytest.mark.slow
 def test_coverage_route_bins_steps_into_columns(server: str) -> None:
     grid = get_json(f"{server}/data/plugin/leafwatch/coverage?run=buggy&bins=4")
     assert grid["columns"] == [[1, 3], [4, 6], [7, 9], [10, 12]]
@@ -197,12 +204,14 @@ def test_coverage_route_bins_steps_into_columns(server: str) -> None:
     assert row["missed_cols"] == [[0, 2], [1, 2], [2, 2], [3, 2]]  # a share of 1/3 got a gradient
 
 
+@pytest.mark.slow
 def test_coverage_route_zooms_into_a_window_of_steps(server: str) -> None:
     grid = get_json(f"{server}/data/plugin/leafwatch/coverage?run=buggy&first=4&last=8")
     assert grid["columns"] == [[s, s] for s in range(4, 9)]
     assert _rows(grid)["experts.1.bias"]["missed_steps"] == [[4, 5], [7, 8]]
 
 
+@pytest.mark.slow
 def test_coverage_route_leaves_the_other_optimizers_steps_unchecked(server: str) -> None:
     grid = get_json(f"{server}/data/plugin/leafwatch/coverage?run=gan")
     rows = _rows(grid)
@@ -214,6 +223,7 @@ def test_coverage_route_leaves_the_other_optimizers_steps_unchecked(server: str)
     assert rows["discriminator.weight"]["missed"] == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("query", "code", "words"), [
     ("run=buggy&bins=0", 400, "`bins` must be between 1 and"),
     ("run=buggy&bins=many", 400, "`bins` must be an integer, got 'many'"),
@@ -226,6 +236,7 @@ def test_coverage_route_rejects_bad_queries(server: str, query: str, code: int, 
     assert words in raised.value.read().decode()
 
 
+@pytest.mark.slow
 def test_logdir_without_leafwatch_records_lists_the_tab_disabled(plain_server: str) -> None:
     listing = get_json(f"{plain_server}/data/plugins_listing")
     assert listing["leafwatch"]["enabled"] is False

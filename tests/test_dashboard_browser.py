@@ -37,14 +37,20 @@ SCREENSHOT = REPO_ROOT / "docs" / "leafwatch-tab.png"
 
 
 @pytest.fixture(scope="module")
-def tab_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+def server(tmp_path_factory: pytest.TempPathFactory) -> str:
     root = tmp_path_factory.mktemp("leafwatch_logs")
     write_buggy_run(root / "buggy", steps=STEPS)
     write_gan_run(root / "gan")
     write_large_run(root / "large")
     with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
         wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 3, 120, "runs not loaded")
-        yield f"{url}/data/plugin_entry.html?name=leafwatch"
+        yield url
+
+
+@pytest.fixture(scope="module")
+def tab_url(server: str) -> str:
+    """The page TensorBoard loads in the tab's iframe."""
+    return f"{server}/data/plugin_entry.html?name=leafwatch"
 
 
 def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -120,9 +126,17 @@ def test_tab_renders_a_large_grid_in_at_most_200_columns_drawing_only_visible_ro
     assert len(rows) < 100  # 500 module rows, only those in view are drawn
 
 
-def test_tab_screenshot(tab_url: str, tmp_path: Path) -> None:
+def test_tensorboard_app_shows_the_leafwatch_tab_in_an_iframe(server: str, tmp_path: Path) -> None:
+    result = _chromium(tmp_path, "--dump-dom", f"{server}/#leafwatch")
+    page = _Elements()
+    page.feed(result.stdout)
+    assert any(a.get("data-plugin-id") == "leafwatch" for _, a in page.elements)
+    assert [a["src"] for t, a in page.elements if t == "iframe"] == ["data/plugin_entry.html?name=leafwatch"]
+
+
+def test_tab_screenshot(server: str, tmp_path: Path) -> None:
     shot = tmp_path / "leafwatch-tab.png"
-    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", tab_url)
+    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", f"{server}/#leafwatch")
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)

@@ -102,7 +102,13 @@ function buildPage() {
   const root = el("main", { class: "lw" },
     el("header", { class: "bar" },
       el("h1", {}, "Leafwatch"),
-      select("lw-run", "Run", () => { state.run = ui["lw-run"].value; state.window = { first: null, last: null }; refresh(); }),
+      select("lw-run", "Run", () => {
+        state.run = ui["lw-run"].value;
+        state.window = { first: null, last: null };
+        ui.first.value = "";
+        ui.last.value = "";
+        refresh();
+      }),
       select("lw-kind", "Kind", () => { state.kind = ui["lw-kind"].value; renderTable(); }),
       select("lw-severity", "Severity", () => { state.severity = ui["lw-severity"].value; renderTable(); }),
       select("lw-status", "Status", () => { state.status = ui["lw-status"].value; renderTable(); }),
@@ -237,6 +243,7 @@ function renderTable() {
   renderSummary();
   const rows = findingRows();
   const allRuns = state.run === ALL;
+  const scrollTop = ui.table.scrollTop;
   clear(ui.table);
   if (!rows.length) {
     const any = Object.values(state.reports).some((r) => r.findings.length);
@@ -263,6 +270,7 @@ function renderTable() {
   const table = el("table", { class: "findings" },
     el("thead", {}, el("tr", {}, head.map((h) => el("th", { scope: "col" }, h)))), body);
   ui.table.append(table);
+  ui.table.scrollTop = scrollTop;
   if (rows.length > state.tableLimit) {
     ui.table.append(el("button", { type: "button", class: "more",
       onclick: () => { state.tableLimit += 5 * TABLE_PAGE; renderTable(); } },
@@ -272,9 +280,9 @@ function renderTable() {
 
 // -- coverage grid -------------------------------------------------------------------------
 async function loadGrid() {
-  clear(ui.grid);
-  state.grid = null;
   if (state.run === ALL) {
+    clear(ui.grid);
+    state.grid = null;
     ui.coverageNote.textContent = "Choose one run to see which tensors got a gradient at which step.";
     return;
   }
@@ -286,6 +294,7 @@ async function loadGrid() {
   const grid = await getJson(query);
   state.grid = grid;
   if (!grid.rows.length) {
+    clear(ui.grid);
     ui.coverageNote.textContent = "No coverage records for this run (or for these steps).";
     return;
   }
@@ -397,7 +406,10 @@ function colors() {
 }
 
 function renderGrid() {
+  const previous = ui.grid.querySelector(".grid-body");
+  const scrollTop = previous && ui.grid.dataset.run === state.run ? previous.scrollTop : 0;
   clear(ui.grid);
+  ui.grid.dataset.run = state.run;
   const grid = state.grid;
   if (!grid || !state.tree) return;
   const ncols = grid.columns.length;
@@ -486,6 +498,7 @@ function renderGrid() {
     for (let i = from; i < to; i++) spacer.append(drawRow(nodes[i], i));
   };
   body.addEventListener("scroll", () => requestAnimationFrame(paint));
+  body.scrollTop = scrollTop;
   paint();
 }
 

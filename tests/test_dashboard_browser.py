@@ -5,10 +5,12 @@ Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import struct
 import subprocess
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -132,6 +134,124 @@ def test_tensorboard_app_shows_the_leafwatch_tab_in_an_iframe(server: str, tmp_p
     page.feed(result.stdout)
     assert any(a.get("data-plugin-id") == "leafwatch" for _, a in page.elements)
     assert [a["src"] for t, a in page.elements if t == "iframe"] == ["data/plugin_entry.html?name=leafwatch"]
+
+
+class _DevTools:
+    """Chromium driven through the DevTools protocol over ``--remote-debugging-pipe`` (fds 3, 4)."""
+
+    def __init__(self, profile: Path) -> None:
+        to_child, self._out = os.pipe()
+        self._in, from_child = os.pipe()
+
+        def wire() -> None:  # in the child: its fd 3 reads our commands, its fd 4 writes replies
+            read, write = os.dup(to_child), os.dup(from_child)
+            os.dup2(read, 3)
+            os.dup2(write, 4)
+
+        self._process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--remote-debugging-pipe",
+             f"--user-data-dir={profile}", "--window-size=1400,900", "about:blank"],
+            preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer = b""
+        self._id = 0
+        self._session: str | None = None
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params or {}}
+        if self._session and not method.startswith("Target."):
+            message["sessionId"] = self._session
+        os.write(self._out, json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = os.read(self._in, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("Chromium closed the DevTools pipe")
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def open(self, url: str) -> None:
+        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        deadline = time.monotonic() + 60
+        while self.evaluate("document.readyState === 'complete' && location.href", retry=True) != url:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not load")
+            time.sleep(0.1)
+
+    def evaluate(self, expression: str, retry: bool = False) -> object:
+        try:
+            result = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                    "returnByValue": True, "timeout": 60000})
+        except RuntimeError:
+            if retry:
+                return None
+            raise
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"])
+        return result["result"].get("value")
+
+    def close(self) -> None:
+        os.close(self._out)
+        os.close(self._in)
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=10)
+
+
+_INTERACT = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  const rows = () => [...document.querySelectorAll(".row")].map((r) => r.dataset.name);
+  const findings = () => [...document.querySelectorAll("tr.finding")].map((r) => r.dataset.name);
+  const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
+  await until(() => document.querySelector('.row[data-name="unused.weight"]'));
+  const out = { findings: findings() };
+  choose("lw-severity", "info");
+  out.info = findings();
+  choose("lw-severity", "__all__");
+  document.getElementById("lw-search").value = "unused";
+  document.getElementById("lw-search").dispatchEvent(new Event("input"));
+  out.search = findings();
+  document.querySelector('.row[data-name="encoder"] .toggle').click();
+  out.folded = rows();
+  document.getElementById("lw-only-missed").click();
+  out.onlyMissed = rows();
+  choose("lw-run", "gan");
+  await until(() => document.querySelector('.row[data-name="generator_unused.weight"]'));
+  out.gan = rows();
+  out.ganFindings = findings();
+  return out;
+})()"""
+
+
+def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -> None:
+    browser = _DevTools(tmp_path / "profile")
+    try:
+        browser.open(tab_url)
+        out = browser.evaluate(_INTERACT)
+    finally:
+        browser.close()
+    assert len(out["findings"]) == 8
+    assert out["info"] == ["experts.1.bias", "experts.1.weight"]  # the severity filter
+    assert out["search"] == ["unused.bias", "unused.weight"]  # the name filter
+    assert "encoder" in out["folded"] and "encoder.0.weight" not in out["folded"]  # folding a module
+    assert "head" not in out["onlyMissed"] and "unused.weight" in out["onlyMissed"]
+    assert out["gan"] == ["generator_unused", "generator_unused.weight", "generator_unused.bias"]
+    assert out["ganFindings"] == ["generator_unused.bias", "generator_unused.weight"]  # the name filter stays
 
 
 def test_tab_screenshot(server: str, tmp_path: Path) -> None:

@@ -278,6 +278,8 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         """The latest JSON document of each (run, tag)."""
         if not runs or not tags:
             return {}
+        # Every record holds the whole state of its tag (the report, or a chunk so far), so the
+        # latest sample is all the tab needs; downsampling always keeps the latest one.
         data = self._data_provider.read_tensors(
             ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME, downsample=1,
             run_tag_filter=provider.RunTagFilter(runs=runs, tags=tags))
@@ -290,14 +292,18 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
                         out.setdefault(run, {})[tag] = decoded
         return out
 
-    def _report(self, ctx: Any, experiment: str, run: str) -> dict[str, Any] | None:
-        report = self._latest(ctx, experiment, [run], [REPORT_TAG]).get(run, {}).get(REPORT_TAG)
-        if report is None:
-            return None
-        findings = [f for f in report.get("findings", []) if isinstance(f, dict)]
-        findings.sort(key=finding_sort_key)
-        return {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
-                "findings": findings}
+    def _reports(self, ctx: Any, experiment: str, runs: list[str]) -> dict[str, dict[str, Any]]:
+        """The latest report of each run that has one, findings sorted open errors first."""
+        out = {}
+        for run, records in self._latest(ctx, experiment, runs, [REPORT_TAG]).items():
+            report = records.get(REPORT_TAG)
+            if report is None:
+                continue
+            findings = [f for f in report.get("findings", []) if isinstance(f, dict)]
+            findings.sort(key=finding_sort_key)
+            out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
+                        "findings": findings}
+        return out
 
     # -- routes ------------------------------------------------------------------------------
     @wrappers.Request.application
@@ -331,14 +337,10 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         if run:
             if run not in listing:
                 return _json_response(request, {"error": f"no Leafwatch records in run {run!r}"}, 404)
-            report = self._report(ctx, experiment, run)
+            report = self._reports(ctx, experiment, [run]).get(run)
             return _json_response(request, report or {"run": run, "step": None, "counts": {}, "findings": []})
-        reports = {}
-        for name in sorted(listing):
-            report = self._report(ctx, experiment, name)
-            if report is not None:
-                reports[name] = report
-        return _json_response(request, {"runs": reports})
+        reports = self._reports(ctx, experiment, sorted(listing))
+        return _json_response(request, {"runs": dict(sorted(reports.items()))})
 
     @wrappers.Request.application
     def _serve_coverage(self, request: wrappers.Request) -> wrappers.Response:

@@ -1,0 +1,386 @@
+"""The TensorBoard plugin behind the Leafwatch tab: routes that serve the tab and its JSON.
+
+Routes, under ``/data/plugin/leafwatch``:
+
+- ``/index.js``, ``/style.css``: the page (plain JS and CSS, no build step, nothing external);
+- ``/runs``: the runs with Leafwatch records;
+- ``/findings?run=R``: the latest ``leafwatch/report`` of run R (every run without ``run``);
+- ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R, steps binned into at
+  most N columns (200 by default), optionally only the steps from A to B.
+
+The records are the ones :class:`leafwatch.tensorboard.TensorBoardSink` writes (see its
+``RECORD_FORMAT``). This module imports nothing of torch or of the rest of leafwatch.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tensorboard import context as tb_context
+from tensorboard import plugin_util
+from tensorboard.backend import http_util
+from tensorboard.data import provider
+from tensorboard.plugins import base_plugin
+from werkzeug import wrappers
+
+PLUGIN_NAME = "leafwatch"
+REPORT_TAG = "leafwatch/report"
+COVERAGE_PREFIX = "leafwatch/coverage/"
+#: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
+DEFAULT_BINS = 200
+MAX_BINS = 2000
+#: Exact missed-step ranges sent per row (the binned counts are always complete).
+MAX_MISSED_RANGES = 50
+
+_STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
+_STATIC_FILES = {"/index.js": "application/javascript", "/style.css": "text/css"}
+_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+_STATUS_RANK = {"open": 0, "intermittent": 1, "resolved": 2, "ignored": 3}
+
+
+def _json_response(request: wrappers.Request, data: Any, code: int = 200) -> wrappers.Response:
+    body = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return http_util.Respond(request, body, "application/json", code=code)
+
+
+def _decode(datum: Any) -> dict[str, Any] | None:
+    """The JSON document held by one ``TensorDatum`` (None when it is not one)."""
+    try:
+        value = datum.numpy.item()
+        if isinstance(value, bytes):
+            value = value.decode("utf-8")
+        data = json.loads(value)
+    except (AttributeError, ValueError, TypeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def finding_sort_key(finding: Mapping[str, Any]) -> tuple[int, int, str, str]:
+    """Open errors first: by status, then severity, then kind and name."""
+    return (
+        _STATUS_RANK.get(str(finding.get("status")), 9),
+        _SEVERITY_RANK.get(str(finding.get("severity")), 9),
+        str(finding.get("kind", "")),
+        str(finding.get("name", "")),
+    )
+
+
+def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
+    """Maps ranges of positions in a group's list of checks onto ranges of steps."""
+    positions = list(positions)
+    if len(steps) == 1:  # the usual case: the group was checked at every step of the chunk
+        first, last = steps[0]
+        top = last - first
+        if all(0 <= i <= j <= top for i, j in positions):
+            return [[first + i, first + j] for i, j in positions]
+        return [[first + max(i, 0), first + min(j, top)] for i, j in positions if i <= top and j >= 0 and i <= j]
+    starts = []  # position of the first check of each step range
+    total = 0
+    for first, last in steps:
+        starts.append(total)
+        total += last - first + 1
+    out: list[list[int]] = []
+    for i, j in positions:
+        i, j = max(i, 0), min(j, total - 1)
+        k = bisect.bisect_right(starts, i) - 1
+        while i <= j and 0 <= k < len(steps):
+            first, last = steps[k]
+            offset = i - starts[k]
+            length = min(j - i, last - first - offset)
+            a, b = first + offset, first + offset + length
+            if out and out[-1][1] == a - 1:
+                out[-1][1] = b
+            else:
+                out.append([a, b])
+            i += length + 1
+            k += 1
+    return out
+
+
+def _add_range(counts: list[int], first: int, last: int, origin: int, width: int) -> None:
+    """Adds, per column, how many steps of ``first..last`` fall in it."""
+    col_a, col_b = (first - origin) // width, (last - origin) // width
+    if col_a == col_b:
+        counts[col_a] += last - first + 1
+        return
+    counts[col_a] += origin + (col_a + 1) * width - first
+    for col in range(col_a + 1, col_b):
+        counts[col] += width
+    counts[col_b] += last - (origin + col_b * width) + 1
+
+
+def _clip(ranges: Iterable[list[int]], lo: int, hi: int) -> list[list[int]]:
+    return [[max(a, lo), min(b, hi)] for a, b in ranges if b >= lo and a <= hi]
+
+
+def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS, *,
+                  first: int | None = None, last: int | None = None) -> dict[str, Any]:
+    """Bins coverage records into a grid: one row per tensor, at most ``bins`` step columns.
+
+    A cell counts, for its steps, the checks of that tensor (``profiles[row.profile][col]``)
+    and those without a gradient (``row.missed_cols``); a step at which the tensor was not
+    checked (another optimizer stepped) counts in neither.
+
+    Args:
+        records: The latest ``leafwatch/coverage/NNNNNN`` record of each chunk.
+        bins: The most columns.
+        first, last: Keep only these steps (inclusive); None keeps all.
+
+    Returns:
+        ``{"first_step", "last_step", "width", "columns": [[a, b], ...], "profiles": [[checks
+        per column], ...], "rows": [{"name", "profile", "checks", "missed", "missed_cols":
+        [[col, n], ...], "missed_steps": [[a, b], ...], "missed_steps_truncated"}], "chunks"}``.
+
+    Raises:
+        ValueError: when ``bins`` is not an int >= 1.
+
+    Example::
+
+        >>> grid = coverage_grid([{"version": 1, "chunk": 0, "groups": {"all": {
+        ...     "names": ["a", "b"], "steps": [[1, 4]], "missed": {"1": [[2, 3]]}}}}])
+        >>> [(r["name"], r["missed_steps"]) for r in grid["rows"]]
+        [('a', []), ('b', [[3, 4]])]
+    """
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"`bins` must be an int >= 1, got {bins!r}")
+    groups = []  # (names, step ranges, {name index: missed step ranges})
+    chunks = []
+    for record in sorted(records, key=lambda r: int(r.get("chunk", 0))):
+        chunks.append(int(record.get("chunk", 0)))
+        for group in (record.get("groups") or {}).values():
+            steps = group.get("steps") or []
+            missed = {int(k): _ranges_to_steps(steps, v) for k, v in (group.get("missed") or {}).items()}
+            if first is not None or last is not None:
+                lo = first if first is not None else -(2**62)
+                hi = last if last is not None else 2**62
+                steps = _clip(steps, lo, hi)
+                missed = {k: _clip(v, lo, hi) for k, v in missed.items()}
+            if steps:
+                groups.append((list(group.get("names", [])), steps, missed))
+    if not groups:
+        return {"first_step": None, "last_step": None, "width": 1, "columns": [], "profiles": [],
+                "rows": [], "chunks": chunks}
+    origin = min(s[0][0] for _, s, _ in groups)
+    end = max(s[-1][1] for _, s, _ in groups)
+    width = max(1, math.ceil((end - origin + 1) / bins))
+    ncols = (end - origin) // width + 1
+    columns = [[origin + c * width, min(end, origin + (c + 1) * width - 1)] for c in range(ncols)]
+
+    group_checks = []
+    for _, steps, _ in groups:
+        counts = [0] * ncols
+        for a, b in steps:
+            _add_range(counts, a, b, origin, width)
+        group_checks.append(counts)
+
+    order: dict[str, dict[str, Any]] = {}
+    for g, (names, _, missed) in enumerate(groups):
+        for index, name in enumerate(names):
+            row = order.setdefault(name, {"groups": [], "missed_steps": []})
+            row["groups"].append(g)
+            row["missed_steps"].extend(missed.get(index, ()))
+
+    profiles: list[list[int]] = []
+    profile_index: dict[tuple[int, ...], int] = {}
+    rows = []
+    for name, row in order.items():
+        key = tuple(row["groups"])
+        if key not in profile_index:
+            counts = [0] * ncols
+            for g in key:
+                for col, n in enumerate(group_checks[g]):
+                    counts[col] += n
+            profile_index[key] = len(profiles)
+            profiles.append(counts)
+        missed_counts = [0] * ncols
+        merged: list[list[int]] = []
+        ranges = row["missed_steps"]
+        if len(key) > 1:
+            ranges.sort()
+        for a, b in ranges:
+            _add_range(missed_counts, a, b, origin, width)
+            if merged and merged[-1][1] >= a - 1:
+                merged[-1][1] = max(merged[-1][1], b)
+            elif len(merged) <= MAX_MISSED_RANGES:
+                merged.append([a, b])
+        rows.append({
+            "name": name,
+            "profile": profile_index[key],
+            "checks": sum(profiles[profile_index[key]]),
+            "missed": sum(missed_counts),
+            "missed_cols": [[c, n] for c, n in enumerate(missed_counts) if n],
+            "missed_steps": merged[:MAX_MISSED_RANGES],
+            "missed_steps_truncated": len(merged) > MAX_MISSED_RANGES,
+        })
+    return {"first_step": origin, "last_step": end, "width": width, "columns": columns,
+            "profiles": profiles, "rows": rows, "chunks": chunks}
+
+
+def _int_arg(request: wrappers.Request, name: str, default: int | None) -> int | None:
+    value = request.args.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"`{name}` must be an integer, got {value!r}") from None
+
+
+class LeafwatchPlugin(base_plugin.TBPlugin):
+    """The Leafwatch tab: findings per run and which tensors got a gradient at which step.
+
+    Args:
+        context: The ``base_plugin.TBContext`` TensorBoard gives each plugin.
+    """
+
+    plugin_name = PLUGIN_NAME
+
+    def __init__(self, context: base_plugin.TBContext) -> None:
+        self._data_provider = context.data_provider
+        self._lock = threading.Lock()
+        # Decoded coverage records by (experiment, run, tag), with the (max_step, max_wall_time)
+        # they were read at: a reload reads again only the chunks that changed.
+        self._records: dict[tuple[str, str, str], tuple[Any, dict[str, Any]]] = {}
+        self._grids: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+
+    # -- TBPlugin ----------------------------------------------------------------------------
+    def get_plugin_apps(self) -> dict[str, Any]:
+        apps: dict[str, Any] = {route: self._serve_static for route in _STATIC_FILES}
+        apps.update({"/runs": self._serve_runs, "/findings": self._serve_findings,
+                     "/coverage": self._serve_coverage})
+        return apps
+
+    def is_active(self) -> bool:
+        # TensorBoard already lists the tab as enabled when a run holds data of this plugin
+        # name; this answers for the default experiment when it asks anyway.
+        if self._data_provider is None:
+            return False
+        try:
+            return bool(self._list("", tb_context.RequestContext()))
+        except Exception:  # never break TensorBoard's plugin listing
+            return False
+
+    def frontend_metadata(self) -> base_plugin.FrontendMetadata:
+        return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name="Leafwatch")
+
+    # -- data --------------------------------------------------------------------------------
+    def _list(self, experiment: str, ctx: Any = None) -> Mapping[str, Mapping[str, Any]]:
+        return self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME)
+
+    def _latest(self, ctx: Any, experiment: str, runs: list[str], tags: list[str]) -> dict[str, dict[str, Any]]:
+        """The latest JSON document of each (run, tag)."""
+        if not runs or not tags:
+            return {}
+        # Every record holds the whole state of its tag (the report, or a chunk so far), so the
+        # latest sample is all the tab needs; downsampling always keeps the latest one.
+        data = self._data_provider.read_tensors(
+            ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME, downsample=1,
+            run_tag_filter=provider.RunTagFilter(runs=runs, tags=tags))
+        out: dict[str, dict[str, Any]] = {}
+        for run, by_tag in data.items():
+            for tag, datums in by_tag.items():
+                if datums:
+                    decoded = _decode(datums[-1])
+                    if decoded is not None:
+                        out.setdefault(run, {})[tag] = decoded
+        return out
+
+    def _reports(self, ctx: Any, experiment: str, runs: list[str]) -> dict[str, dict[str, Any]]:
+        """The latest report of each run that has one, findings sorted open errors first."""
+        out = {}
+        for run, records in self._latest(ctx, experiment, runs, [REPORT_TAG]).items():
+            report = records.get(REPORT_TAG)
+            if report is None:
+                continue
+            findings = [f for f in report.get("findings", []) if isinstance(f, dict)]
+            findings.sort(key=finding_sort_key)
+            out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
+                        "findings": findings}
+        return out
+
+    # -- routes ------------------------------------------------------------------------------
+    @wrappers.Request.application
+    def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
+        route = request.path[request.path.rfind("/"):]
+        mimetype = _STATIC_FILES.get(route)
+        if mimetype is None:
+            return http_util.Respond(request, "not found", "text/plain", code=404)
+        with open(os.path.join(_STATIC_DIR, route.lstrip("/")), "rb") as handle:
+            body = handle.read()
+        return http_util.Respond(request, body, mimetype)
+
+    @wrappers.Request.application
+    def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
+        ctx = plugin_util.context(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        runs = []
+        for run, tags in sorted(self._list(experiment, ctx).items()):
+            coverage = sorted(t for t in tags if t.startswith(COVERAGE_PREFIX))
+            last_step = max((getattr(ts, "max_step", 0) or 0 for ts in tags.values()), default=0)
+            runs.append({"run": run, "report": REPORT_TAG in tags, "coverage_chunks": len(coverage),
+                         "last_step": last_step})
+        return _json_response(request, {"runs": runs})
+
+    @wrappers.Request.application
+    def _serve_findings(self, request: wrappers.Request) -> wrappers.Response:
+        ctx = plugin_util.context(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        listing = self._list(experiment, ctx)
+        run = request.args.get("run")
+        if run:
+            if run not in listing:
+                return _json_response(request, {"error": f"no Leafwatch records in run {run!r}"}, 404)
+            report = self._reports(ctx, experiment, [run]).get(run)
+            return _json_response(request, report or {"run": run, "step": None, "counts": {}, "findings": []})
+        reports = self._reports(ctx, experiment, sorted(listing))
+        return _json_response(request, {"runs": dict(sorted(reports.items()))})
+
+    @wrappers.Request.application
+    def _serve_coverage(self, request: wrappers.Request) -> wrappers.Response:
+        ctx = plugin_util.context(request.environ)
+        experiment = plugin_util.experiment_id(request.environ)
+        run = request.args.get("run")
+        try:
+            bins = _int_arg(request, "bins", DEFAULT_BINS)
+            first = _int_arg(request, "first", None)
+            last = _int_arg(request, "last", None)
+            if bins is None or not 1 <= bins <= MAX_BINS:
+                raise ValueError(f"`bins` must be between 1 and {MAX_BINS}, got {bins!r}")
+        except ValueError as error:
+            return _json_response(request, {"error": str(error)}, 400)
+        listing = self._list(experiment, ctx)
+        if not run or run not in listing:
+            return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
+        series = listing[run]
+        stamps = {t: (getattr(series[t], "max_step", None), getattr(series[t], "max_wall_time", None))
+                  for t in sorted(series) if t.startswith(COVERAGE_PREFIX)}
+        key = (experiment, run, bins, first, last, tuple(stamps.items()))
+        with self._lock:
+            grid = self._grids.get(key)
+        if grid is None:
+            grid = coverage_grid(self._coverage_records(ctx, experiment, run, stamps), bins, first=first, last=last)
+            grid["run"] = run
+            with self._lock:
+                self._grids[key] = grid
+                while len(self._grids) > 16:
+                    self._grids.popitem(last=False)
+        return _json_response(request, grid)
+
+    def _coverage_records(self, ctx: Any, experiment: str, run: str, stamps: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The latest record of each coverage chunk of ``run``, reading only those that changed."""
+        with self._lock:
+            known = {t: self._records.get((experiment, run, t)) for t in stamps}
+        stale = [t for t, stamp in stamps.items() if known[t] is None or known[t][0] != stamp]
+        fresh = self._latest(ctx, experiment, [run], stale).get(run, {}) if stale else {}
+        with self._lock:
+            for tag in stale:
+                if tag in fresh:
+                    self._records[(experiment, run, tag)] = (stamps[tag], fresh[tag])
+            return [self._records[(experiment, run, t)][1] for t in stamps if (experiment, run, t) in self._records]

@@ -1,0 +1,534 @@
+// The Leafwatch tab: the findings table and the gradient coverage grid of each run.
+// Plain JS (an ES module TensorBoard loads in an iframe), no build step, nothing external.
+
+const ROW_HEIGHT = 22;
+const OVERSCAN = 12;
+const TABLE_PAGE = 200;
+const SEVERITIES = ["error", "warning", "info"];
+const STATUSES = ["open", "intermittent", "resolved", "ignored"];
+const STATUS_RANK = { open: 0, intermittent: 1, resolved: 2, ignored: 3 };
+const SEVERITY_RANK = { error: 0, warning: 1, info: 2 };
+const ALL = "__all__";
+
+const state = {
+  runs: [],
+  run: null,
+  kind: ALL,
+  severity: ALL,
+  status: ALL,
+  search: "",
+  reports: {},
+  tableLimit: TABLE_PAGE,
+  grid: null,
+  tree: null,
+  expanded: new Set(),
+  expandedFor: null,
+  onlyMissed: false,
+  window: { first: null, last: null },
+};
+
+// -- small DOM helpers --------------------------------------------------------------------
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function clear(node) {
+  while (node.firstChild) node.removeChild(node.firstChild);
+  return node;
+}
+
+// Text with `code` spans (the causes and fixes quote code that way) as DOM nodes.
+function richText(text) {
+  const parts = String(text || "").split("`");
+  return parts.map((part, i) => (i % 2 ? el("code", {}, part) : part)).filter((p) => p !== "");
+}
+
+function compact(n) {
+  if (n >= 1e6) return `${+(n / 1e6).toFixed(n >= 1e7 ? 0 : 1)}M`;
+  if (n >= 1e4) return `${+(n / 1e3).toFixed(n >= 1e5 ? 0 : 1)}k`;
+  return `${n}`;
+}
+
+function stepRange(a, b) {
+  if (a === null || a === undefined) return "";
+  return a === b || b === null || b === undefined ? `${a}` : `${a}\u2013${b}`;
+}
+
+function rangesText(ranges, truncated) {
+  const text = ranges.map(([a, b]) => stepRange(a, b)).join(", ");
+  return truncated ? `${text}, \u2026` : text;
+}
+
+async function getJson(path) {
+  const response = await fetch(path, { headers: { Accept: "application/json" } });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error || `${path}: HTTP ${response.status}`);
+  return data;
+}
+
+// -- layout --------------------------------------------------------------------------------
+const ui = {};
+
+function buildPage() {
+  const link = el("link", { rel: "stylesheet", href: "./style.css" });
+  document.head.append(link, el("meta", { name: "color-scheme", content: "light dark" }));
+  document.title = "Leafwatch";
+  const select = (id, label, onchange) =>
+    el("label", { class: "field" }, label, (ui[id] = el("select", { id, onchange })));
+  ui.search = el("input", {
+    id: "lw-search", type: "search", placeholder: "name contains\u2026",
+    oninput: () => { state.search = ui.search.value.trim(); state.tableLimit = TABLE_PAGE; renderTable(); },
+  });
+  ui.status = el("div", { class: "status", role: "status" });
+  ui.summary = el("div", { class: "summary", id: "lw-summary" });
+  ui.table = el("div", { class: "table-wrap", id: "lw-findings" });
+  ui.coverageNote = el("p", { class: "note", id: "lw-coverage-note" });
+  ui.grid = el("div", { class: "grid", id: "lw-grid" });
+  ui.tooltip = el("div", { class: "tooltip", hidden: true, role: "tooltip" });
+  ui.first = el("input", { type: "number", id: "lw-first", placeholder: "first", min: 0 });
+  ui.last = el("input", { type: "number", id: "lw-last", placeholder: "last", min: 0 });
+  const root = el("main", { class: "lw" },
+    el("header", { class: "bar" },
+      el("h1", {}, "Leafwatch"),
+      select("lw-run", "Run", () => {
+        state.run = ui["lw-run"].value;
+        state.window = { first: null, last: null };
+        ui.first.value = "";
+        ui.last.value = "";
+        refresh();
+      }),
+      select("lw-kind", "Kind", () => { state.kind = ui["lw-kind"].value; renderTable(); }),
+      select("lw-severity", "Severity", () => { state.severity = ui["lw-severity"].value; renderTable(); }),
+      select("lw-status", "Status", () => { state.status = ui["lw-status"].value; renderTable(); }),
+      el("label", { class: "field" }, "Name", ui.search),
+      el("button", { type: "button", onclick: () => load() }, "Reload"),
+      ui.status),
+    el("section", { class: "panel", "aria-labelledby": "lw-findings-title" },
+      el("h2", { id: "lw-findings-title" }, "Findings"), ui.summary, ui.table),
+    el("section", { class: "panel", "aria-labelledby": "lw-coverage-title" },
+      el("div", { class: "panel-head" },
+        el("h2", { id: "lw-coverage-title" }, "Gradient coverage"),
+        legend(),
+        el("div", { class: "controls" },
+          el("button", { type: "button", onclick: () => expandAll(true) }, "Expand all"),
+          el("button", { type: "button", onclick: () => expandAll(false) }, "Collapse all"),
+          el("label", { class: "check" },
+            el("input", { type: "checkbox", id: "lw-only-missed",
+              onchange: (e) => { state.onlyMissed = e.target.checked; renderGrid(); } }),
+            "only tensors that missed a gradient"),
+          el("form", { class: "window", onsubmit: (e) => { e.preventDefault(); applyWindow(); } },
+            "steps ", ui.first, " to ", ui.last,
+            el("button", { type: "submit" }, "Zoom"),
+            el("button", { type: "button", onclick: () => { ui.first.value = ""; ui.last.value = ""; applyWindow(); } }, "All")))),
+      ui.coverageNote, ui.grid),
+    ui.tooltip);
+  document.body.append(root);
+}
+
+function legend() {
+  const item = (cls, text) => el("span", { class: "legend-item" }, el("span", { class: `swatch ${cls}` }), text);
+  return el("div", { class: "legend", "aria-label": "legend" },
+    item("got", "got a gradient"),
+    item("partial", "some checks without"),
+    item("missed", "no gradient"),
+    item("unchecked", "not checked (another optimizer stepped)"));
+}
+
+function fillSelect(select, values, current, allLabel) {
+  clear(select);
+  if (allLabel) select.append(el("option", { value: ALL }, allLabel));
+  for (const value of values) select.append(el("option", { value }, value));
+  select.value = values.includes(current) || current === ALL ? current : (allLabel ? ALL : values[0]);
+}
+
+// -- data ----------------------------------------------------------------------------------
+async function load() {
+  ui.status.textContent = "Loading\u2026";
+  try {
+    const { runs } = await getJson("./runs");
+    state.runs = runs;
+    if (!runs.length) {
+      ui.status.textContent = "";
+      clear(ui.summary).append(el("p", { class: "note" },
+        "No Leafwatch records in this log directory yet. Pass writer=SummaryWriter(log_dir) to " +
+        "leafwatch.Monitor, or use the LeafWatch callback with a TensorBoard logger."));
+      return;
+    }
+    const names = runs.map((r) => r.run);
+    if (state.run === null) state.run = new URLSearchParams(window.location.search).get("run");
+    if (state.run !== ALL && !names.includes(state.run)) state.run = names[0];
+    fillSelect(ui["lw-run"], names, state.run, "All runs");
+    state.run = ui["lw-run"].value;
+    await refresh();
+  } catch (error) {
+    ui.status.textContent = `Could not load: ${error.message}`;
+  }
+}
+
+async function refresh() {
+  ui.status.textContent = "Loading\u2026";
+  try {
+    if (state.run === ALL) state.reports = (await getJson("./findings")).runs;
+    else state.reports = { [state.run]: await getJson(`./findings?run=${encodeURIComponent(state.run)}`) };
+    updateFilters();
+    state.tableLimit = TABLE_PAGE;
+    renderTable();
+    await loadGrid();
+    ui.status.textContent = "";
+  } catch (error) {
+    ui.status.textContent = `Could not load: ${error.message}`;
+  }
+}
+
+function updateFilters() {
+  const kinds = new Set();
+  const severities = new Set();
+  for (const report of Object.values(state.reports)) {
+    for (const f of report.findings) { kinds.add(f.kind); severities.add(f.severity); }
+  }
+  fillSelect(ui["lw-kind"], [...kinds].sort(), state.kind, "All kinds");
+  state.kind = ui["lw-kind"].value;
+  fillSelect(ui["lw-severity"], SEVERITIES.filter((s) => severities.has(s)), state.severity, "All severities");
+  state.severity = ui["lw-severity"].value;
+  fillSelect(ui["lw-status"], STATUSES, state.status, "All statuses");
+  state.status = ui["lw-status"].value;
+}
+
+// -- findings table ------------------------------------------------------------------------
+function findingRows() {
+  const rows = [];
+  for (const [run, report] of Object.entries(state.reports)) {
+    for (const f of report.findings) {
+      if (state.kind !== ALL && f.kind !== state.kind) continue;
+      if (state.severity !== ALL && f.severity !== state.severity) continue;
+      if (state.status !== ALL && f.status !== state.status) continue;
+      if (state.search && !f.name.toLowerCase().includes(state.search.toLowerCase())) continue;
+      rows.push({ run, f });
+    }
+  }
+  rows.sort((x, y) =>
+    (STATUS_RANK[x.f.status] ?? 9) - (STATUS_RANK[y.f.status] ?? 9) ||
+    (SEVERITY_RANK[x.f.severity] ?? 9) - (SEVERITY_RANK[y.f.severity] ?? 9) ||
+    x.f.kind.localeCompare(y.f.kind) || x.f.name.localeCompare(y.f.name) || x.run.localeCompare(y.run));
+  return rows;
+}
+
+function renderSummary() {
+  clear(ui.summary);
+  for (const [run, report] of Object.entries(state.reports)) {
+    const counts = {};
+    for (const f of report.findings) counts[f.status] = (counts[f.status] || 0) + 1;
+    const errors = report.findings.filter((f) => f.status === "open" && f.severity === "error").length;
+    const parts = STATUSES.filter((s) => counts[s]).map((s) => `${counts[s]} ${s}`);
+    ui.summary.append(el("p", { class: "run-summary" },
+      el("strong", {}, run), ` \u2014 report at step ${report.step ?? "?"}: `,
+      report.findings.length ? parts.join(", ") : "no findings",
+      errors ? el("span", { class: "badge sev-error" }, `${errors} open error${errors > 1 ? "s" : ""}`) : null));
+  }
+}
+
+function renderTable() {
+  renderSummary();
+  const rows = findingRows();
+  const allRuns = state.run === ALL;
+  const scrollTop = ui.table.scrollTop;
+  clear(ui.table);
+  if (!rows.length) {
+    const any = Object.values(state.reports).some((r) => r.findings.length);
+    ui.table.append(el("p", { class: "note" }, any ? "No finding matches the filters." : "No findings: every checked tensor trains."));
+    return;
+  }
+  const head = ["Severity", "Status", "Kind", "Name", "Cause", "Fix", "Steps"];
+  if (allRuns) head.unshift("Run");
+  const body = el("tbody");
+  for (const { run, f } of rows.slice(0, state.tableLimit)) {
+    const seen = f.first_step === null || f.first_step === undefined ? "" : stepRange(f.first_step, f.last_step);
+    body.append(el("tr", { class: `finding st-${f.status}`, "data-kind": f.kind, "data-name": f.name, "data-run": run },
+      allRuns ? el("td", {}, run) : null,
+      el("td", {}, el("span", { class: `badge sev-${f.severity}` }, f.severity)),
+      el("td", {}, el("span", { class: `status-${f.status}` }, f.status)),
+      el("td", { class: "kind" }, f.kind),
+      el("td", { class: "name", title: f.message || "" }, el("code", {}, f.name),
+        f.aliases && f.aliases.length ? el("div", { class: "aliases" }, `also ${f.aliases.join(", ")}`) : null,
+        f.shape ? el("div", { class: "meta" }, `[${f.shape.join(", ")}] ${f.dtype || ""} ${f.device || ""}`) : null),
+      el("td", { class: "cause" }, richText(f.cause || f.message)),
+      el("td", { class: "fix" }, richText(f.fix)),
+      el("td", { class: "steps", title: `seen in ${f.steps_seen ?? "?"} check(s)` }, seen)));
+  }
+  const table = el("table", { class: "findings" },
+    el("thead", {}, el("tr", {}, head.map((h) => el("th", { scope: "col" }, h)))), body);
+  ui.table.append(table);
+  ui.table.scrollTop = scrollTop;
+  if (rows.length > state.tableLimit) {
+    ui.table.append(el("button", { type: "button", class: "more",
+      onclick: () => { state.tableLimit += 5 * TABLE_PAGE; renderTable(); } },
+      `Show more (${rows.length - state.tableLimit} of ${rows.length} not shown)`));
+  }
+}
+
+// -- coverage grid -------------------------------------------------------------------------
+async function loadGrid() {
+  if (state.run === ALL) {
+    clear(ui.grid);
+    state.grid = null;
+    ui.coverageNote.textContent = "Choose one run to see which tensors got a gradient at which step.";
+    return;
+  }
+  const width = ui.grid.clientWidth || document.documentElement.clientWidth || 1000;
+  const bins = Math.max(20, Math.min(200, Math.floor((width - 364) / 4)));
+  let query = `./coverage?run=${encodeURIComponent(state.run)}&bins=${bins}`;
+  if (state.window.first !== null) query += `&first=${state.window.first}`;
+  if (state.window.last !== null) query += `&last=${state.window.last}`;
+  const grid = await getJson(query);
+  state.grid = grid;
+  if (!grid.rows.length) {
+    clear(ui.grid);
+    ui.coverageNote.textContent = "No coverage records for this run (or for these steps).";
+    return;
+  }
+  state.tree = buildTree(grid);
+  if (state.expandedFor !== state.run) {
+    state.expanded = defaultExpanded(state.tree);
+    state.expandedFor = state.run;
+  }
+  const missedRows = grid.rows.filter((r) => r.missed).length;
+  ui.coverageNote.textContent =
+    `${grid.rows.length} tensors \u00d7 steps ${stepRange(grid.first_step, grid.last_step)}` +
+    (grid.width > 1 ? ` in ${grid.columns.length} columns of ${grid.width} steps` : "") +
+    ` \u2014 ${missedRows} tensor${missedRows === 1 ? "" : "s"} missed a gradient at least once.`;
+  renderGrid();
+}
+
+function applyWindow() {
+  const value = (input) => (input.value === "" ? null : Math.max(0, parseInt(input.value, 10)));
+  state.window = { first: value(ui.first), last: value(ui.last) };
+  loadGrid().catch((error) => { ui.coverageNote.textContent = `Could not load: ${error.message}`; });
+}
+
+function buildTree(grid) {
+  const ncols = grid.columns.length;
+  const root = { path: "", label: "", children: new Map(), depth: -1, param: null };
+  for (const row of grid.rows) {
+    const parts = row.name.split(".");
+    let node = root;
+    parts.forEach((part, i) => {
+      let child = node.children.get(part);
+      if (!child) {
+        child = { path: parts.slice(0, i + 1).join("."), label: part, children: new Map(), depth: i, param: null };
+        node.children.set(part, child);
+      }
+      node = child;
+    });
+    node.param = row;
+  }
+  const aggregate = (node) => {
+    node.checks = new Array(ncols).fill(0);
+    node.missedCols = new Array(ncols).fill(0);
+    node.count = 0;
+    if (node.param) {
+      const profile = grid.profiles[node.param.profile];
+      for (let c = 0; c < ncols; c++) node.checks[c] += profile[c];
+      for (const [c, n] of node.param.missed_cols) node.missedCols[c] += n;
+      node.count += 1;
+    }
+    for (const child of node.children.values()) {
+      aggregate(child);
+      for (let c = 0; c < ncols; c++) { node.checks[c] += child.checks[c]; node.missedCols[c] += child.missedCols[c]; }
+      node.count += child.count;
+    }
+    node.totalChecks = node.checks.reduce((a, b) => a + b, 0);
+    node.totalMissed = node.missedCols.reduce((a, b) => a + b, 0);
+    node.missedTensors = (node.param && node.param.missed ? 1 : 0) +
+      [...node.children.values()].reduce((a, ch) => a + ch.missedTensors, 0);
+  };
+  aggregate(root);
+  return root;
+}
+
+function defaultExpanded(root) {
+  // Open the way to every tensor that missed a gradient; keep healthy modules folded.
+  const open = new Set();
+  const walk = (node) => {
+    for (const child of node.children.values()) {
+      if (child.children.size && child.totalMissed > 0) { open.add(child.path); walk(child); }
+    }
+  };
+  walk(root);
+  if (root.children.size === 1) open.add([...root.children.values()][0].path);
+  return open;
+}
+
+function expandAll(on) {
+  if (!state.tree) return;
+  state.expanded = new Set();
+  if (on) {
+    const walk = (node) => { for (const ch of node.children.values()) if (ch.children.size) { state.expanded.add(ch.path); walk(ch); } };
+    walk(state.tree);
+  }
+  renderGrid();
+}
+
+function visibleNodes() {
+  const out = [];
+  const walk = (node) => {
+    for (const child of node.children.values()) {
+      if (state.onlyMissed && !child.totalMissed) continue;
+      out.push(child);
+      if (child.children.size && state.expanded.has(child.path)) walk(child);
+    }
+  };
+  walk(state.tree);
+  return out;
+}
+
+function cellClass(checks, missed) {
+  if (!checks) return "unchecked";
+  if (!missed) return "got";
+  return missed >= checks ? "missed" : "partial";
+}
+
+function colors() {
+  const style = getComputedStyle(document.documentElement);
+  const get = (name) => style.getPropertyValue(name).trim();
+  return { got: get("--got"), partial: get("--partial"), missed: get("--missed"), unchecked: get("--unchecked") };
+}
+
+function renderGrid() {
+  const previous = ui.grid.querySelector(".grid-body");
+  const scrollTop = previous && ui.grid.dataset.run === state.run ? previous.scrollTop : 0;
+  clear(ui.grid);
+  ui.grid.dataset.run = state.run;
+  const grid = state.grid;
+  if (!grid || !state.tree) return;
+  const ncols = grid.columns.length;
+  const labelWidth = 340;
+  const available = Math.max(200, (ui.grid.clientWidth || document.documentElement.clientWidth || 1000) - labelWidth - 24);
+  const cell = Math.max(2, Math.min(16, Math.floor(available / ncols)));
+  const nodes = visibleNodes();
+  const palette = colors();
+
+  const axis = el("div", { class: "axis", style: `padding-left:${labelWidth}px` });
+  const axisInner = el("div", { class: "axis-inner", style: `width:${ncols * cell}px` });
+  const ticks = Math.max(1, Math.min(ncols, 7, Math.floor((ncols * cell) / 80) + 1));
+  for (let t = 0; t < ticks; t++) {
+    const c = ticks === 1 ? 0 : Math.round((t * (ncols - 1)) / (ticks - 1));
+    const last = t === ticks - 1 && ticks > 1;
+    axisInner.append(el("span", { class: last ? "tick end" : "tick", style: `left:${(c + (last ? 1 : 0)) * cell}px` },
+      `${last ? grid.columns[c][1] : grid.columns[c][0]}`));
+  }
+  axis.append(axisInner, el("span", { class: "axis-label" }, "step"));
+
+  const body = el("div", { class: "grid-body", tabindex: "0", "aria-label": "coverage grid" });
+  const spacer = el("div", { class: "spacer", style: `height:${nodes.length * ROW_HEIGHT}px` });
+  body.append(spacer);
+  ui.grid.append(axis, body);
+
+  const drawRow = (node, index) => {
+    const isParam = !!node.param && !node.children.size;
+    const expandable = node.children.size > 0;
+    const open = state.expanded.has(node.path);
+    const toggle = expandable
+      ? el("button", { type: "button", class: "toggle", "aria-expanded": open ? "true" : "false",
+          "aria-label": `${open ? "collapse" : "expand"} ${node.path}`,
+          onclick: () => { if (open) state.expanded.delete(node.path); else state.expanded.add(node.path); renderGrid(); } },
+          open ? "\u25be" : "\u25b8")
+      : el("span", { class: "toggle-space" });
+    const prefix = node.path.slice(0, node.path.length - node.label.length);
+    const name = isParam
+      ? el("code", { class: "tensor" }, el("span", { class: "prefix" }, prefix), node.label)
+      : el("span", { class: "module" }, el("code", {}, node.label), el("span", { class: "meta" }, ` ${node.count} tensor${node.count === 1 ? "" : "s"}`));
+    let stat;
+    if (isParam) {
+      const p = node.param;
+      stat = p.missed
+        ? el("span", { class: "stat bad", title: `no gradient at steps ${rangesText(p.missed_steps, p.missed_steps_truncated)}` },
+            `missed ${compact(p.missed)}/${compact(p.checks)}`)
+        : el("span", { class: "stat ok", title: `a gradient at each of ${p.checks} checks` }, "ok");
+    } else {
+      stat = node.missedTensors
+        ? el("span", { class: "stat bad" }, `${node.missedTensors} missed`)
+        : el("span", { class: "stat ok" }, "all ok");
+    }
+    const canvas = el("canvas", { class: "cells", width: ncols * cell, height: ROW_HEIGHT - 6,
+      style: `width:${ncols * cell}px;height:${ROW_HEIGHT - 6}px` });
+    const ctx = canvas.getContext("2d");
+    const gap = cell >= 8 ? 1 : 0;
+    for (let c = 0; c < ncols; c++) {
+      ctx.fillStyle = palette[cellClass(node.checks[c], node.missedCols[c])];
+      ctx.fillRect(c * cell, 0, cell - gap, ROW_HEIGHT - 6);
+    }
+    canvas.addEventListener("mousemove", (event) => showTip(event, node, cell));
+    canvas.addEventListener("mouseleave", () => { ui.tooltip.hidden = true; });
+    const attrs = {
+      class: `row ${isParam ? "param" : "group"}${node.totalMissed ? " has-missed" : ""}`,
+      style: `top:${index * ROW_HEIGHT}px`,
+      role: "row",
+      "data-name": node.path,
+      "data-missed": isParam ? node.param.missed : node.totalMissed,
+      "data-checks": node.totalChecks,
+    };
+    if (isParam && node.param.missed) attrs["data-missed-steps"] = rangesText(node.param.missed_steps, node.param.missed_steps_truncated);
+    return el("div", attrs,
+      el("div", { class: "label", style: `width:${labelWidth}px;padding-left:${6 + node.depth * 14}px`, title: node.path },
+        toggle, name, stat),
+      canvas);
+  };
+
+  let drawn = [-1, -1];
+  const paint = () => {
+    const top = body.scrollTop;
+    const height = body.clientHeight || 600;
+    const from = Math.max(0, Math.floor(top / ROW_HEIGHT) - OVERSCAN);
+    const to = Math.min(nodes.length, Math.ceil((top + height) / ROW_HEIGHT) + OVERSCAN);
+    if (from === drawn[0] && to === drawn[1]) return;
+    drawn = [from, to];
+    clear(spacer);
+    for (let i = from; i < to; i++) spacer.append(drawRow(nodes[i], i));
+  };
+  body.addEventListener("scroll", () => requestAnimationFrame(paint));
+  body.scrollTop = scrollTop;
+  paint();
+}
+
+function showTip(event, node, cell) {
+  const grid = state.grid;
+  const rect = event.target.getBoundingClientRect();
+  const c = Math.min(grid.columns.length - 1, Math.max(0, Math.floor((event.clientX - rect.left) / cell)));
+  const [a, b] = grid.columns[c];
+  const checks = node.checks[c];
+  const missed = node.missedCols[c];
+  const what = !checks
+    ? "not checked (another optimizer stepped)"
+    : `gradient in ${checks - missed} of ${checks} check${checks === 1 ? "" : "s"}` +
+      (node.param ? "" : ` (over ${node.count} tensors)`);
+  ui.tooltip.textContent = `${node.path} \u2014 steps ${stepRange(a, b)}: ${what}`;
+  ui.tooltip.hidden = false;
+  ui.tooltip.style.left = `${Math.min(event.clientX + 12, window.innerWidth - 360)}px`;
+  ui.tooltip.style.top = `${event.clientY + 14}px`;
+}
+
+let resizeTimer = null;
+const AUTO_RELOAD_MS = 30000;
+
+export async function render() {
+  buildPage();
+  window.addEventListener("resize", () => {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(renderGrid, 150);
+  });
+  // TensorBoard's reload button does not reach an iframed tab: reload on a timer while visible.
+  setInterval(() => { if (!document.hidden && state.runs.length) load(); }, AUTO_RELOAD_MS);
+  await load();
+}

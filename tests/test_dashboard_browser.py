@@ -1,0 +1,265 @@
+"""The Leafwatch tab rendered by a real headless Chromium from a real TensorBoard server.
+
+Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from the screenshot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from _tensorboard_runs import (
+    REPO_ROOT,
+    get_json,
+    tensorboard_server,
+    wait_for,
+    write_buggy_run,
+    write_gan_run,
+    write_large_run,
+)
+
+CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
+                                   shutil.which("google-chrome"), "/usr/bin/chromium")
+                 if path and os.path.exists(path)), None)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)"),
+]
+
+STEPS = 60
+ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step
+SCREENSHOT = REPO_ROOT / "docs" / "leafwatch-tab.png"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> str:
+    root = tmp_path_factory.mktemp("leafwatch_logs")
+    write_buggy_run(root / "buggy", steps=STEPS)
+    write_gan_run(root / "gan")
+    write_large_run(root / "large")
+    with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 3, 120, "runs not loaded")
+        yield url
+
+
+@pytest.fixture(scope="module")
+def tab_url(server: str) -> str:
+    """The page TensorBoard loads in the tab's iframe."""
+    return f"{server}/data/plugin_entry.html?name=leafwatch"
+
+
+def _chromium(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+               f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=15000", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, check=True)
+
+
+class _Elements(HTMLParser):
+    """Collects the attributes of every element, and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.elements.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def having(self, tag: str, css_class: str) -> list[dict[str, str]]:
+        return [a for t, a in self.elements if t == tag and css_class in a.get("class", "").split()]
+
+
+@pytest.fixture(scope="module")
+def page(tab_url: str, tmp_path_factory: pytest.TempPathFactory) -> _Elements:
+    result = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", tab_url)
+    parsed = _Elements()
+    parsed.feed(result.stdout)
+    return parsed
+
+
+def test_tab_renders_the_findings_table_open_errors_first(page: _Elements) -> None:
+    rows = page.having("tr", "finding")
+    names = [r["data-name"] for r in rows]
+    assert set(names) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias",
+                          "unused.weight", "unused.bias", "experts.1.weight", "experts.1.bias"}
+    assert {r["data-kind"] for r in rows} == {"missing_grad"}
+    assert names[-2:] == ["experts.1.bias", "experts.1.weight"]  # intermittent after the open errors
+    text = " ".join(page.text)
+    assert "never ran" in text and "call " in text
+    assert "Could not load" not in text
+
+
+def test_tab_renders_the_coverage_grid_with_missed_steps(page: _Elements) -> None:
+    rows = {r["data-name"]: r for r in page.having("div", "row")}
+    # Modules with a miss open down to their tensors; healthy modules stay folded.
+    assert {"encoder", "encoder.0", "encoder.0.weight", "unused.weight", "experts", "experts.1.weight", "head"} <= set(rows)
+    assert "head.weight" not in rows
+    assert rows["unused.weight"]["data-missed-steps"] == f"1\u2013{STEPS}"
+    assert rows["unused.weight"]["data-missed"] == str(STEPS)
+    assert rows["experts.1.weight"]["data-missed-steps"] == ROUTED_MISSED
+    assert rows["head"]["data-missed"] == "0"
+    assert rows["encoder"]["data-missed"] == str(4 * STEPS)  # a module row sums its tensors
+    assert len(page.having("canvas", "cells")) == len(rows)
+
+
+def test_tab_renders_a_large_grid_in_at_most_200_columns_drawing_only_visible_rows(tab_url: str, tmp_path: Path) -> None:
+    result = _chromium(tmp_path, "--window-size=1400,900", "--dump-dom", f"{tab_url}&run=large")
+    page = _Elements()
+    page.feed(result.stdout)
+    text = " ".join(page.text)
+    assert "2000 tensors \u00d7 steps 1\u20132000 in 200 columns of 10 steps" in text
+    rows = {r["data-name"]: r for r in page.having("div", "row")}
+    assert rows["blocks.3.norm.bias"]["data-missed-steps"] == "1\u20132000"
+    assert rows["blocks.7.weight"]["data-missed"] == "1000"
+    assert rows["blocks.7.weight"]["data-missed-steps"].startswith("1, 3, 5, ")
+    assert rows["blocks.7.weight"]["data-missed-steps"].endswith(", \u2026")  # the exact steps are capped
+    assert "blocks.0" in rows and "blocks.0.weight" not in rows  # healthy modules stay folded
+    assert len(rows) < 100  # 500 module rows, only those in view are drawn
+
+
+def test_tensorboard_app_shows_the_leafwatch_tab_in_an_iframe(server: str, tmp_path: Path) -> None:
+    result = _chromium(tmp_path, "--dump-dom", f"{server}/#leafwatch")
+    page = _Elements()
+    page.feed(result.stdout)
+    assert any(a.get("data-plugin-id") == "leafwatch" for _, a in page.elements)
+    assert [a["src"] for t, a in page.elements if t == "iframe"] == ["data/plugin_entry.html?name=leafwatch"]
+
+
+class _DevTools:
+    """Chromium driven through the DevTools protocol over ``--remote-debugging-pipe`` (fds 3, 4)."""
+
+    def __init__(self, profile: Path) -> None:
+        to_child, self._out = os.pipe()
+        self._in, from_child = os.pipe()
+
+        def wire() -> None:  # in the child: its fd 3 reads our commands, its fd 4 writes replies
+            read, write = os.dup(to_child), os.dup(from_child)
+            os.dup2(read, 3)
+            os.dup2(write, 4)
+
+        self._process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run", "--remote-debugging-pipe",
+             f"--user-data-dir={profile}", "--window-size=1400,900", "about:blank"],
+            preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        os.close(to_child)
+        os.close(from_child)
+        self._buffer = b""
+        self._id = 0
+        self._session: str | None = None
+
+    def call(self, method: str, params: dict | None = None) -> dict:
+        self._id += 1
+        message = {"id": self._id, "method": method, "params": params or {}}
+        if self._session and not method.startswith("Target."):
+            message["sessionId"] = self._session
+        os.write(self._out, json.dumps(message).encode() + b"\0")
+        while True:
+            while b"\0" not in self._buffer:
+                chunk = os.read(self._in, 1 << 16)
+                if not chunk:
+                    raise RuntimeError("Chromium closed the DevTools pipe")
+                self._buffer += chunk
+            raw, self._buffer = self._buffer.split(b"\0", 1)
+            reply = json.loads(raw)
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply["result"]
+
+    def open(self, url: str) -> None:
+        target = self.call("Target.createTarget", {"url": url})["targetId"]
+        self._session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+        deadline = time.monotonic() + 60
+        while self.evaluate("document.readyState === 'complete' && location.href", retry=True) != url:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not load")
+            time.sleep(0.1)
+
+    def evaluate(self, expression: str, retry: bool = False) -> object:
+        try:
+            result = self.call("Runtime.evaluate", {"expression": expression, "awaitPromise": True,
+                                                    "returnByValue": True, "timeout": 60000})
+        except RuntimeError:
+            if retry:
+                return None
+            raise
+        if "exceptionDetails" in result:
+            raise RuntimeError(result["exceptionDetails"])
+        return result["result"].get("value")
+
+    def close(self) -> None:
+        os.close(self._out)
+        os.close(self._in)
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait(timeout=10)
+
+
+_INTERACT = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  const rows = () => [...document.querySelectorAll(".row")].map((r) => r.dataset.name);
+  const findings = () => [...document.querySelectorAll("tr.finding")].map((r) => r.dataset.name);
+  const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
+  await until(() => document.querySelector('.row[data-name="unused.weight"]'));
+  const out = { findings: findings() };
+  choose("lw-severity", "info");
+  out.info = findings();
+  choose("lw-severity", "__all__");
+  document.getElementById("lw-search").value = "unused";
+  document.getElementById("lw-search").dispatchEvent(new Event("input"));
+  out.search = findings();
+  document.querySelector('.row[data-name="encoder"] .toggle').click();
+  out.folded = rows();
+  document.getElementById("lw-only-missed").click();
+  out.onlyMissed = rows();
+  choose("lw-run", "gan");
+  await until(() => document.querySelector('.row[data-name="generator_unused.weight"]'));
+  out.gan = rows();
+  out.ganFindings = findings();
+  return out;
+})()"""
+
+
+def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -> None:
+    browser = _DevTools(tmp_path / "profile")
+    try:
+        browser.open(tab_url)
+        out = browser.evaluate(_INTERACT)
+    finally:
+        browser.close()
+    assert len(out["findings"]) == 8
+    assert out["info"] == ["experts.1.bias", "experts.1.weight"]  # the severity filter
+    assert out["search"] == ["unused.bias", "unused.weight"]  # the name filter
+    assert "encoder" in out["folded"] and "encoder.0.weight" not in out["folded"]  # folding a module
+    assert "head" not in out["onlyMissed"] and "unused.weight" in out["onlyMissed"]
+    assert out["gan"] == ["generator_unused", "generator_unused.weight", "generator_unused.bias"]
+    assert out["ganFindings"] == ["generator_unused.bias", "generator_unused.weight"]  # the name filter stays
+
+
+def test_tab_screenshot(server: str, tmp_path: Path) -> None:
+    shot = tmp_path / "leafwatch-tab.png"
+    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", f"{server}/#leafwatch")
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", data[16:24]) == (1400, 900)
+    if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
+        SCREENSHOT.parent.mkdir(exist_ok=True)
+        SCREENSHOT.write_bytes(data)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any
 
 from .findings import KINDS, Report
@@ -31,7 +32,8 @@ RECORD_FORMAT = """
 leafwatch/report          latest wins; written when the findings change and at close:
     {"version": 1, "step": int, "counts": {kind: int}, "findings": [Finding.to_dict(), ...]}
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
-    sampling never drops history); the latest sample of a tag is the whole chunk so far:
+    sampling never drops history); the latest sample of a tag is the whole chunk so far,
+    zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
     {"version": 1, "chunk": int, "groups": {group: {
         "names": [qualified names of the tensors checked when this group steps],
         "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
@@ -66,8 +68,9 @@ class _Group:
                 "missed": {str(k): v for k, v in self.missed.items()}}
 
 
-def tensor_summary(tag: str, payload: str) -> Any:
-    """A ``Summary`` proto holding one UTF-8 string, tagged for the Leafwatch plugin."""
+def tensor_summary(tag: str, payload: str | bytes) -> Any:
+    """A ``Summary`` proto holding one string (UTF-8 JSON, or zlib-compressed JSON), tagged for
+    the Leafwatch plugin."""
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
     metadata = summary_pb2.SummaryMetadata(
@@ -76,7 +79,7 @@ def tensor_summary(tag: str, payload: str) -> Any:
     )
     tensor = tensor_pb2.TensorProto(
         dtype=types_pb2.DT_STRING,
-        string_val=[payload.encode("utf-8")],
+        string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload],
         tensor_shape=tensor_shape_pb2.TensorShapeProto(),
     )
     return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
@@ -122,6 +125,8 @@ class TensorBoardSink:
         self.writer = writer
         self.log_every_n_steps = log_every_n_steps
         self.chunk_steps = chunk_steps
+        # A live run's grid is refreshed a few times per chunk: every rewrite repeats the chunk so far.
+        self.refresh_every_n_steps = max(log_every_n_steps, chunk_steps // 4)
         self._write_layout = write_layout
         self._layout_written = False
         self._counts: dict[str, int] | None = None
@@ -149,7 +154,7 @@ class TensorBoardSink:
         self._add_coverage(event)
         if event.changed:
             self._write_report(event.report, step)
-        if periodic or event.changed:
+        if event.changed or step % self.refresh_every_n_steps == 0:
             self._flush_chunk()
 
     def close(self, report: Report | None = None) -> None:
@@ -190,10 +195,10 @@ class TensorBoardSink:
             return
         record = {"version": 1, "chunk": self._chunk,
                   "groups": {k: g.to_dict() for k, g in self._groups.items()}}
-        self._add_record(COVERAGE_TAG.format(chunk=self._chunk), json.dumps(record, separators=(",", ":")),
-                         self._last_step)
+        payload = zlib.compress(json.dumps(record, separators=(",", ":")).encode("utf-8"), 6)
+        self._add_record(COVERAGE_TAG.format(chunk=self._chunk), payload, self._last_step)
 
-    def _add_record(self, tag: str, payload: str, step: int) -> None:
+    def _add_record(self, tag: str, payload: str | bytes, step: int) -> None:
         get_writer = getattr(self.writer, "_get_file_writer", None)
         if get_writer is None:
             return

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -55,9 +56,10 @@ def _decode(datum: Any) -> dict[str, Any] | None:
     try:
         value = datum.numpy.item()
         if isinstance(value, bytes):
-            value = value.decode("utf-8")
+            # Coverage records are zlib-compressed JSON (zlib streams start with 0x78).
+            value = (zlib.decompress(value) if value[:1] == b"x" else value).decode("utf-8")
         data = json.loads(value)
-    except (AttributeError, ValueError, TypeError):
+    except (AttributeError, ValueError, TypeError, zlib.error):
         return None
     return data if isinstance(data, dict) else None
 

@@ -42,6 +42,8 @@ from .monitor import CheckEvent, Monitor, apply_ignore
 STABLE_STEPS = 2
 #: Exit code of a run stopped by ``--strict``.
 STRICT_EXIT_CODE = 1
+_MAX_FRAMES = 30
+_MAX_LOCALS = 1000
 _DEFAULT_IGNORE_REASON = "ignored on the command line"
 
 
@@ -213,9 +215,10 @@ class Session:
         new_params = self._opt_keys.get(oid) != key
         self._opt_keys[oid] = key
         if new_params:
-            unknown = self._unknown_params(optimizer)
-            if unknown - self._accepted_unknown:
+            unknown = self._unknown_params(optimizer) - self._accepted_unknown
+            if unknown:
                 self._arm_module_hooks()
+                self._find_owners(unknown)
         if self._module_handles or new_params:
             self._update_roots()
         if self.monitor is None:
@@ -236,6 +239,35 @@ class Session:
     def _unknown_params(self, optimizer: torch.optim.Optimizer) -> set[int]:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
         return ids - self._owned
+
+    def _find_owners(self, unknown: set[int]) -> None:
+        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``.
+
+        A container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are
+        called one by one) is found there: the training loop holds it in a variable.
+        """
+        frame: Any = sys._getframe(1)
+        package = os.path.dirname(os.path.abspath(__file__))
+        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                break
+            filename = frame.f_code.co_filename
+            if filename.startswith((package, torch_dir)):
+                frame = frame.f_back
+                continue
+            values = list(frame.f_locals.values())
+            owner = frame.f_locals.get("self")
+            if owner is not None and not isinstance(owner, nn.Module):
+                try:
+                    values.extend(vars(owner).values())
+                except TypeError:
+                    pass
+            for value in values[:_MAX_LOCALS]:
+                if isinstance(value, nn.Module) and id(value) not in self._seen:
+                    if any(id(p) in unknown for p in value.parameters()):
+                        self._remember(value)
+            frame = frame.f_back
 
     # -- roots -------------------------------------------------------------------------------
     def _candidate_roots(self) -> list[nn.Module]:
@@ -459,7 +491,7 @@ def _print_script_traceback() -> None:
     """The traceback without leafwatch's and runpy's own frames on top."""
     etype, value, tb = sys.exc_info()
     here = os.path.dirname(os.path.abspath(__file__))
-    skip = (here, os.path.dirname(runpy.__file__) + os.sep + "runpy.py")
+    skip = (here, os.path.dirname(runpy.__file__) + os.sep + "runpy.py", "<frozen runpy>")
     while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
         tb = tb.tb_next
     traceback.print_exception(etype, value, tb)
@@ -501,14 +533,10 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     finally:
         report = session.close()
     if stopped is not None:
-        failing = Report(stopped.report.at_least("error"), step=stopped.step)
-        first = failing.findings[0]
+        first = stopped.report.at_least("error")[0]
         session._write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
-                       f"{first.kind} `{first.name}`.")
-        session._write(str(failing))
-        session._write(session.summary(report))
-    else:
-        session._write(session.summary(report))
+                       f"{first.severity.upper()} {first.kind} `{first.name}`.")
+    session._write(session.summary(report))
     return code
 
 

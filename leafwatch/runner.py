@@ -146,6 +146,7 @@ class Session:
         self._owned: set[int] = set()
         self._accepted_unknown: set[int] = set()
         self._stable = 0
+        self._closure_steps: set[int] = set()
         self._checking = False
         self._printed: set[tuple[str, str]] = set()
         self._warned: set[str] = set()
@@ -154,9 +155,10 @@ class Session:
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._handles.append(register_optimizer_step_pre_hook(self._on_step))
+        self._handles.append(register_optimizer_step_post_hook(self._on_step_done))
         self._arm_module_hooks()
 
     def _arm_module_hooks(self) -> None:
@@ -192,6 +194,19 @@ class Session:
             pass
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        closure = args[0] if args else kwargs.get("closure")
+        if closure is not None:
+            # LBFGS and friends compute the gradients inside step(): check after it.
+            self._closure_steps.add(id(optimizer))
+            return
+        self._checked_step(optimizer)
+
+    def _on_step_done(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self._closure_steps:
+            self._closure_steps.discard(id(optimizer))
+            self._checked_step(optimizer)
+
+    def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._checking or self._closed:
             return
         self._checking = True

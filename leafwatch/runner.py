@@ -403,6 +403,9 @@ class Session:
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()
+                if self._sink is not None:
+                    # The last record carries the final step, even when nothing changed since.
+                    self._sink.close(Report(report.findings, step=report.step))
             elif self._optimizers:
                 # Too few steps for a check: only what the structure says.
                 report = self._structural_report()

@@ -146,6 +146,7 @@ def test_gan_with_alternating_optimizers_gives_no_false_alarm(runs):
     assert "not_in_optimizer" not in result.stderr
     (gan,) = [r for r in read_reports(str(runs["logdir"])) if r.run == "exp/gan"]
     assert gan.report.findings == []
+    assert gan.report.step == 8
 
 
 def test_clean_script_gives_no_findings_and_identical_stdout():

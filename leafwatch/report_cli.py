@@ -1,0 +1,170 @@
+"""``leafwatch report``: read leafwatch's records back from TensorBoard event files.
+
+Every run folder under the log directory (nested folders too) that holds a ``leafwatch/report``
+record gets its findings table, from the latest such record; ``--json`` prints them as JSON.
+The exit code says whether a finding at or above ``--fail-on`` is open, so that CI can gate on
+a training run. Only TensorBoard's event file reader is used: no torch needed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .findings import Report
+
+REPORT_TAG = "leafwatch/report"  # the tag TensorBoardSink writes (leafwatch.tensorboard.FINDINGS_TAG)
+FAIL_ON = ("error", "warning", "never")
+#: Exit codes: findings at or above --fail-on open; no leafwatch data (or no such folder).
+EXIT_FINDINGS, EXIT_NO_DATA = 1, 2
+
+
+@dataclasses.dataclass
+class RunReport:
+    """The latest leafwatch record of one run folder."""
+
+    run: str
+    path: str
+    wall_time: float
+    data: dict[str, Any]
+
+    @property
+    def report(self) -> Report:
+        return Report.from_dict(self.data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "path": self.path, "wall_time": self.wall_time, **self.data}
+
+
+def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
+    """Each folder under ``logdir`` (itself included) with its event files, sorted by name."""
+    from tensorboard.backend.event_processing import io_wrapper
+
+    for folder, subfolders, files in os.walk(logdir):
+        subfolders.sort()
+        events = sorted(f for f in files if io_wrapper.IsTensorFlowEventsFile(f))
+        if events:
+            yield folder, [os.path.join(folder, f) for f in events]
+
+
+def _string_of(value: Any) -> str | None:
+    tensor = value.tensor if value.HasField("tensor") else None
+    if tensor is None or not tensor.string_val:
+        return None
+    return tensor.string_val[0].decode("utf-8")
+
+
+def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
+    from tensorboard.backend.event_processing import event_file_loader
+
+    best: tuple[tuple[float, int, int], dict[str, Any]] | None = None
+    for file_index, path in enumerate(files):
+        for event_index, event in enumerate(event_file_loader.EventFileLoader(path).Load()):
+            if not event.HasField("summary"):
+                continue
+            for value in event.summary.value:
+                if value.tag != REPORT_TAG:
+                    continue
+                payload = _string_of(value)
+                if payload is None:
+                    continue
+                try:
+                    data = json.loads(payload)
+                except ValueError:
+                    continue
+                key = (event.wall_time, file_index, event_index)
+                if isinstance(data, dict) and (best is None or key >= best[0]):
+                    best = (key, data)
+    return None if best is None else (best[0][0], best[1])
+
+
+def read_reports(logdir: str) -> list[RunReport]:
+    """The latest leafwatch record of every run under ``logdir``, in folder order.
+
+    Raises:
+        ValueError: ``logdir`` is not a folder.
+    """
+    if not os.path.isdir(logdir):
+        raise ValueError(f"`logdir` must be a folder, got {logdir!r} (no such folder)")
+    out = []
+    for folder, files in _run_folders(logdir):
+        found = _latest_record(files)
+        if found is None:
+            continue
+        wall_time, data = found
+        run = os.path.relpath(folder, logdir)
+        out.append(RunReport(run=run, path=folder, wall_time=wall_time, data=data))
+    return out
+
+
+def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
+    """Whether a finding at least as severe as ``fail_on`` is open in any run."""
+    if fail_on not in FAIL_ON:
+        raise ValueError(f"`fail_on` can be one of {', '.join(FAIL_ON)}, got {fail_on!r}")
+    if fail_on == "never":
+        return False
+    return any(r.report.at_least(fail_on) for r in reports)
+
+
+def format_text(reports: Sequence[RunReport]) -> str:
+    blocks = []
+    for r in reports:
+        name = "." if r.run == os.curdir else r.run
+        blocks.append(f"run: {name}\n{r.report}")
+    return "\n\n".join(blocks)
+
+
+def format_json(logdir: str, reports: Sequence[RunReport]) -> str:
+    return json.dumps({"logdir": logdir, "runs": [r.to_dict() for r in reports]}, indent=2)
+
+
+# -- the command line -----------------------------------------------------------------------
+def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("logdir", metavar="LOGDIR", help="a TensorBoard log directory (searched recursively)")
+    parser.add_argument("--json", action="store_true", help="print the reports as JSON")
+    parser.add_argument("--fail-on", choices=FAIL_ON, default="error",
+                        help="exit 1 when a finding at least this severe is open (default: error)")
+    parser.set_defaults(handler=report_main)
+    return parser
+
+
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``report`` to the subparsers of the ``leafwatch`` command."""
+    parser = subparsers.add_parser(
+        "report", help="print the findings leafwatch wrote to TensorBoard logs",
+        description="Print the latest leafwatch findings of every run under LOGDIR. Exit codes: 0 clean, "
+        f"{EXIT_FINDINGS} when a finding at or above --fail-on is open, {EXIT_NO_DATA} when LOGDIR holds no leafwatch data.",
+    )
+    return configure_report_parser(parser)
+
+
+def report_main(args: argparse.Namespace) -> int:
+    """Print the reports found under ``args.logdir``; the exit code."""
+    try:
+        reports = read_reports(args.logdir)
+    except ValueError as error:
+        sys.stderr.write(f"leafwatch report: {error}\n")
+        return EXIT_NO_DATA
+    if not reports:
+        sys.stderr.write(
+            f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
+            f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
+            "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n"
+        )
+        return EXIT_NO_DATA
+    sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
+    return EXIT_FINDINGS if failing(reports, args.fail_on) else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = configure_report_parser(argparse.ArgumentParser(prog="leafwatch report"))
+    return report_main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -52,14 +52,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-#: The subcommands. ``run`` and ``report`` plug in here as one entry each, e.g.
-#: ``"run": Subcommand("...", "leafwatch.runner:add_arguments", "leafwatch.runner:run_main")`` and
-#: ``"report": Subcommand("...", "leafwatch.report_cli:add_arguments", "leafwatch.report_cli:report_main")``.
+#: The subcommands: the help, what adds their arguments, and what runs them.
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand(
         "train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
         _demo_arguments,
         "leafwatch.cli:demo_main",
+    ),
+    "run": Subcommand(
+        "run an unmodified PyTorch script and name every tensor that does not train",
+        "leafwatch.runner:configure_run_parser",
+        "leafwatch.runner:run_main",
+    ),
+    "report": Subcommand(
+        "print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
+        "leafwatch.report_cli:configure_report_parser",
+        "leafwatch.report_cli:report_main",
     ),
 }
 

@@ -134,7 +134,7 @@ class TensorBoardSink:
         self._groups: dict[str, _Group] = {}
         self._current: dict[str, str] = {}
         self._last_step = 0
-        self._last_report: Report | None = None
+        self._written: tuple[int, int] | None = None  # (id of the report, step) last written
 
     # -- the sink ----------------------------------------------------------------------------
     def __call__(self, event: CheckEvent) -> None:
@@ -165,9 +165,11 @@ class TensorBoardSink:
 
     # -- records -----------------------------------------------------------------------------
     def _write_report(self, report: Report, step: int) -> None:
-        if report is self._last_report and self._last_report is not None and report.step == step:
+        # A Monitor updates its unchanged report's step in place: the same object at a new step
+        # is written again, so the last record carries the last step.
+        if self._written == (id(report), step):
             return
-        self._last_report = report
+        self._written = (id(report), step)
         self.writer.add_text("leafwatch/findings", report.to_markdown(), step)
         data = report.to_dict()
         data["version"] = 1

@@ -90,7 +90,9 @@ def audit(
         t = e.tensor()
         got[e.name] = e.grads_seen > 0 or (t is not None and e.is_leaf and t.grad is not None)
     findings += checks.watched_findings(entries, step, got, inv)
-    findings += checks.tensor_findings(named, step, inv)
+    # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
+    findings += checks.tensor_findings(
+        {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv)
 
     if check_values:
         grads = [p.grad for _, p in checked]

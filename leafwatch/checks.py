@@ -62,8 +62,11 @@ def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
             out.append(make(
                 "missing_grad", name, "error",
                 f"`{name}` does not require grad: it will never get a gradient.",
-                f"`{name}` was created without `requires_grad=True`.",
-                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()`",
+                f"`{name}` does not require grad: it was created without `requires_grad=True`, or it is "
+                "the result of `.detach()` (or of an op under `torch.no_grad()`), which returns a new "
+                "leaf that does not require grad.",
+                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()` "
+                "(drop the `.detach()` if it is meant to share the original's gradient)",
                 tensor=t, step=step, reason="requires_grad_false",
             ))
         elif t.grad is None:
@@ -90,7 +93,9 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
             out.append(make(
                 "missing_grad", entry.name, "error",
                 f"`{entry.name}` does not require grad: it will never get a gradient.",
-                f"`{entry.name}` was created without `requires_grad=True` (or frozen with requires_grad_(False)).",
+                f"`{entry.name}` does not require grad: it was created without `requires_grad=True`, "
+                "frozen with `requires_grad_(False)`, or it is the result of `.detach()` (or of an op "
+                "under `torch.no_grad()`), which returns a new leaf that does not require grad.",
                 f"create it with `requires_grad=True`, or call `{entry.name}.requires_grad_()`",
                 tensor=t, step=step, reason="requires_grad_false", source="watch",
             ))

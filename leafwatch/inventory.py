@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -51,12 +52,11 @@ def _install_registration_hooks() -> None:
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-
-        types.append(OptimizedModule)
-    except Exception:  # torch without dynamo
-        pass
+    # Importing dynamo takes seconds; a model can only be compiled once something imported it.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if isinstance(optimized, type):
+        types.append(optimized)
     return tuple(types)
 
 

@@ -173,7 +173,9 @@ class Inventory:
                 if id(value) in registered or id(value) in seen or not value.requires_grad:
                     return
                 if not value.is_leaf and self._derived_from_parameters(value):
-                    return  # weight_norm / spectral_norm / pruning: computed from registered leaves
+                    # weight_norm / spectral_norm / pruning weights, and stored outputs or losses:
+                    # computed from the model's own parameters, not would-be parameters.
+                    return
                 seen.add(id(value))
                 found.append(Orphan(name, value, container))
             elif isinstance(value, nn.Module) and container != "attribute":
@@ -199,10 +201,15 @@ class Inventory:
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
+        """Whether a non-leaf was computed from at least one registered parameter.
+
+        Any one is enough: a loss kept in ``self.outputs`` that also depends on an orphan is
+        not a parameter itself (the orphan is reported on its own).
+        """
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
         if not complete:
             return True
-        return bool(leaves) and all(id(leaf) in self.tensors for leaf in leaves)
+        return any(id(leaf) in self.tensors for leaf in leaves)
 
     # -- the optimizers ----------------------------------------------------------------------
     def foreign_optimizer_tensors(self) -> list[tuple[int, torch.Tensor]]:

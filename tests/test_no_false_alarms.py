@@ -397,3 +397,23 @@ def test_compiled_model():
     compiled = torch.compile(model, backend="aot_eager")
     opt = torch.optim.SGD(compiled.parameters(), lr=0.1)
     _assert_no_findings(_train(compiled, opt))
+
+
+class StoresLossesWithAnOrphan(StoresLosses):
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = torch.ones(1, requires_grad=True)
+
+    def forward(self, x):
+        return super().forward(x) * self.temperature
+
+
+def test_stored_losses_are_not_orphans_even_when_they_depend_on_one():
+    model = StoresLossesWithAnOrphan()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        loss = model(_batch()).sum()
+        loss.backward()
+        model.outputs.append(loss)
+    (finding,) = leafwatch.audit(model, opt).findings
+    assert (finding.kind, finding.name) == ("orphan_tensor", "temperature")

@@ -90,6 +90,8 @@ class Tracer:
         self.records: dict[str, RunRecord] = {}
         self.handles: dict[str, Any] = {}
         self._counter = 0
+        # The modules armed since the last reset, so whose hooks saw the whole step: the ones
+        # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
 
     @property
@@ -110,10 +112,10 @@ class Tracer:
                 handle.remove()
 
     def reset(self) -> None:
-        """Forget what was seen; the armed modules stay armed."""
+        """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
         self._counter = 0
-        self.armed_since_reset = set()
+        self.armed_since_reset = set(self.handles)
 
     def _make_hook(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -177,7 +179,9 @@ def explain_missing(
     armed: set[str],
 ) -> Explanation | None:
     """Why a parameter of ``module_name`` got no gradient, from what the hooks saw; None if unknown."""
-    if module_name not in armed:
+    if module_name not in armed or not records:
+        # Not watched for the whole step, or no armed module ran at all: the forward pass may
+        # have happened before the hooks were armed, so nothing can be said.
         return None
     record = records.get(module_name)
     shown = f"`{module_name}`" if module_name else "the root module"

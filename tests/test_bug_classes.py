@@ -585,3 +585,45 @@ def test_ignore_matches_a_tied_weight_by_its_alias():
     assert finding.status == "ignored"
     assert finding.details["ignored_because"] == "trained elsewhere"
     assert not report
+
+
+# -- Monitor causes after the first step --------------------------------------------------------------------
+class CutFromStepThree(TwoLayer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def middle(self, x):
+        self.calls += 1
+        out = self.a(x)
+        return out.detach() if self.calls >= 3 else out
+
+
+def test_monitor_explains_a_gradient_lost_after_the_first_step():
+    model = CutFromStepThree()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    reasons = []
+    with leafwatch.Monitor(model, opt) as monitor:
+        for _ in range(4):
+            opt.zero_grad(set_to_none=True)
+            model(torch.randn(4, 3)).sum().backward()
+            reasons.append({f.details["reason"] for f in monitor.check().by_kind("missing_grad")})
+    # Hooks are armed on `a` when it first misses; the next step says why.
+    assert reasons == [set(), set(), {"pending"}, {"detached"}]
+    finding = monitor.history[("missing_grad", "a.weight")]
+    assert "backward never reached that output" in finding.cause
+
+
+def test_monitor_created_after_the_forward_does_not_guess_the_cause():
+    model = Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    with leafwatch.Monitor(model, opt) as monitor:
+        first = monitor.check()
+        opt.zero_grad(set_to_none=True)
+        model(torch.randn(4, 3)).sum().backward()
+        second = monitor.check()
+    assert {f.details["reason"] for f in first.by_kind("missing_grad")} == {"pending"}
+    assert "never ran" not in str(first)
+    assert {f.details["reason"] for f in second.by_kind("missing_grad")} == {"detached"}
+    assert second.names("missing_grad") == {"a.weight", "a.bias"}

@@ -627,3 +627,13 @@ def test_monitor_created_after_the_forward_does_not_guess_the_cause():
     assert "never ran" not in str(first)
     assert {f.details["reason"] for f in second.by_kind("missing_grad")} == {"detached"}
     assert second.names("missing_grad") == {"a.weight", "a.bias"}
+
+
+def test_parameter_on_another_device_is_a_mismatch():
+    # The meta device stands in for a second device (tests/test_cuda.py uses a real GPU).
+    model = TwoLayer()
+    model.b.bias = nn.Parameter(torch.zeros(1, device="meta"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (finding,) = leafwatch.audit(model, opt, check_values=False).by_kind("device_mismatch")
+    assert (finding.name, finding.device) == ("b.bias", "meta")
+    assert "on meta while the other trainable parameters are on cpu" in finding.message

@@ -143,3 +143,13 @@ def test_detached_leaf_cause_mentions_detach(name, ops):
     (finding,) = leafwatch.audit(tensors={name: t}).findings
     assert (finding.kind, finding.name) == ("missing_grad", name)
     assert ".detach()" in finding.cause
+
+
+def test_device_copy_is_explained_as_a_device_copy():
+    # The meta device stands in for CUDA here: the same ToCopyBackward0 across devices.
+    h = torch.tensor([1.0], requires_grad=True).to("meta")
+    (finding,) = leafwatch.audit(tensors={"h": h}).findings
+    assert (finding.kind, finding.name, finding.device) == ("non_leaf", "h", "meta")
+    assert "device copy" in finding.cause
+    assert "unnamed temporary leaf that nothing in your code holds (shape (1,), float32, cpu)" in finding.cause
+    assert "device='meta'" in finding.fix

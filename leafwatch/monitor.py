@@ -469,9 +469,11 @@ class Monitor:
 
     def _update_missing(self, clist: _CheckList, missing: list[int], reachable: set[int] | None) -> None:
         now: set[int] = set()
+        # Watched tensors are reported under their watch name, replaced ones as stale_param.
+        skip = {id(e.tensor()) for e in watch.entries()} | self._previous_names.keys()
         for i in missing:
             p = clist.params[i]
-            if not p.requires_grad:
+            if not p.requires_grad or id(p) in skip:
                 continue
             pid = id(p)
             now.add(pid)

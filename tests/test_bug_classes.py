@@ -395,6 +395,7 @@ def test_monitor_pairs_a_resized_layer_by_its_remembered_name():
     assert weight.shape == (5, 3)
     assert weight.details["old_shape"] == [3, 3]
     assert not report.by_kind("not_in_optimizer")
+    assert not report.by_kind("missing_grad"), "the old tensors are reported once, as stale"
 
 
 # -- nonfinite_grad ----------------------------------------------------------------------------------------
@@ -637,3 +638,14 @@ def test_parameter_on_another_device_is_a_mismatch():
     (finding,) = leafwatch.audit(model, opt, check_values=False).by_kind("device_mismatch")
     assert (finding.name, finding.device) == ("b.bias", "meta")
     assert "on meta while the other trainable parameters are on cpu" in finding.message
+
+
+def test_watched_parameter_is_reported_once_under_its_watch_name():
+    model = TwoLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    leafwatch.watch(model.a.weight, name="encoder weight")
+    with leafwatch.Monitor(model, opt) as monitor:
+        model.b(torch.randn(4, 3)).sum().backward()  # `a` is skipped
+        reports = [monitor.check(), leafwatch.audit(model, opt)]
+    for report in reports:
+        assert report.names("missing_grad") == {"encoder weight", "a.bias"}

@@ -197,8 +197,9 @@ def _optimizer_membership(inv: Inventory, step: int | None,
             match = None
             if old_name is not None:
                 match = next((k for k, (info, _) in unpaired.items() if info.name == old_name), None)
-            if match is None and isinstance(old, torch.nn.Parameter):
-                match = next((k for k, (_, t) in unpaired.items() if t.shape == old.shape), None)
+            if match is None and isinstance(old, torch.nn.Parameter) and not torch.nn.parameter.is_lazy(old):
+                match = next((k for k, (_, t) in unpaired.items()
+                              if not torch.nn.parameter.is_lazy(t) and t.shape == old.shape), None)
             if match is None and old_name is None:
                 continue
             info, new = unpaired.pop(match) if match is not None else (None, None)

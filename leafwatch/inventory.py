@@ -94,7 +94,8 @@ class Orphan:
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     return {
-        "shape": tuple(t.shape),
+        # A lazy module's parameter has no shape until its first forward.
+        "shape": None if nn.parameter.is_lazy(t) else tuple(t.shape),
         "dtype": str(t.dtype).replace("torch.", ""),
         "device": str(t.device),
     }

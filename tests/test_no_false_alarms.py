@@ -417,3 +417,44 @@ def test_stored_losses_are_not_orphans_even_when_they_depend_on_one():
         model.outputs.append(loss)
     (finding,) = leafwatch.audit(model, opt).findings
     assert (finding.kind, finding.name) == ("orphan_tensor", "temperature")
+
+
+def test_pruning_made_permanent_during_training():
+    model = _pruned()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def make_permanent(step: int) -> None:
+        if step == 0:
+            nn.utils.prune.remove(model.a, "weight")
+
+    _assert_no_findings(_train(model, opt, between_steps=make_permanent))
+    assert isinstance(model.a.weight, nn.Parameter)
+
+
+def test_lazy_modules_before_and_after_their_first_forward():
+    model = nn.Sequential(nn.LazyLinear(3), nn.ReLU(), nn.LazyLinear(1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = leafwatch.audit(model, opt)
+    assert before.names("missing_grad") == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert {f.shape for f in before} == {None}
+    model.extra = nn.LazyLinear(2)  # never materialized, not in the optimizer
+    report = leafwatch.audit(model, torch.optim.SGD([nn.Parameter(torch.ones(2, 3))], lr=0.1))
+    assert report.names("not_in_optimizer") >= {"extra.weight"}
+    del model.extra
+    _assert_no_findings(_train(model, opt, loss_of=lambda m: m(torch.randn(4, 5)).sum()))
+
+
+@pytest.mark.parametrize(
+    ("module", "loss_of"),
+    [
+        (lambda: nn.LSTM(3, 4, num_layers=2, batch_first=True), lambda m: m(torch.randn(2, 5, 3))[0].sum()),
+        (lambda: nn.GRU(3, 4, bidirectional=True), lambda m: m(torch.randn(5, 2, 3))[0].sum()),
+        (lambda: nn.MultiheadAttention(4, 2), lambda m: m(*(torch.randn(5, 2, 4),) * 3)[0].sum()),
+        (lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0), lambda m: m(torch.randn(5, 2, 4)).sum()),
+        (lambda: nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.GroupNorm(1, 2), nn.Flatten(), nn.Linear(18, 1)),
+         lambda m: m(torch.randn(2, 1, 5, 5)).sum()),
+    ],
+)
+def test_common_layers(module, loss_of):
+    model = module()
+    _assert_no_findings(_train(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_of=loss_of))

@@ -73,15 +73,16 @@ def test_monitor_reports_a_non_leaf_from_tensors_with_its_cause():
     model = nn.Linear(3, 1)
     scale = (torch.randn(1, requires_grad=True) * 0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LeafwatchWarning)
+    with pytest.warns(LeafwatchWarning, match="'scale' is not a leaf") as record:
         monitor = leafwatch.Monitor(model, opt, tensors={"scale": scale})
+    assert record[0].filename == __file__
     (model(torch.randn(4, 3)) * scale).sum().backward()
     report = monitor.check()
     monitor.close()
     (finding,) = report.findings
     assert (finding.kind, finding.name) == ("non_leaf", "scale")
     assert "arithmetic" in finding.cause and "MulBackward0" in finding.cause
+    assert f"(watched at {__file__}:" in finding.message
 
 
 # -- missing_grad with a Monitor --------------------------------------------------------------------

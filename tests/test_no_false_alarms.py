@@ -458,3 +458,22 @@ def test_lazy_modules_before_and_after_their_first_forward():
 def test_common_layers(module, loss_of):
     model = module()
     _assert_no_findings(_train(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_of=loss_of))
+
+
+def test_mixed_precision_overflow_steps_skipped_by_the_grad_scaler():
+    model = TwoLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    events = []
+    monitor = leafwatch.Monitor(model, opt, check_values_every_n_steps=1, sinks=[events.append]).attach()
+    for step in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(model(_batch()).sum()).backward()
+        if step == 1:
+            model.a.weight.grad[0, 0] = float("inf")  # an overflow: the scaler skips this step
+        scaler.step(opt)
+        scaler.update()
+    report = monitor.close()
+    assert scaler.get_scale() == 2.0**15, "the overflow step was skipped"
+    assert len(events) == STEPS - 1, "the skipped step is not checked"
+    _assert_no_findings([report] + [e.report for e in events])

@@ -17,6 +17,7 @@ from . import graph
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
+from . import watch as watch_registry
 from .watch import WatchEntry
 
 UNKNOWN_CAUSE = (
@@ -41,7 +42,11 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
              found: graph.Origin | None = None, where: str = "") -> Finding:
     found = found if found is not None else graph.origin(t)
-    known = inventory.known_names() if inventory is not None else None
+    known = inventory.known_names() if inventory is not None else {}
+    for entry in watch_registry.entries():  # a watched leaf has a name too
+        leaf = entry.tensor()
+        if leaf is not None and entry.is_leaf:
+            known.setdefault(id(leaf), entry.name)
     cause = found.cause(name, known) if found is not None else f"`{name}` is not a leaf."
     return make(
         "non_leaf", name, "error",

@@ -650,3 +650,14 @@ def test_watched_parameter_is_reported_once_under_its_watch_name():
         reports = [monitor.check(), leafwatch.audit(model, opt)]
     for report in reports:
         assert report.names("missing_grad") == {"encoder weight", "a.bias"}
+
+
+def test_slice_of_a_named_leaf_names_the_leaf_that_gets_the_gradient():
+    model = TwoLayer()
+    table = leafwatch.watch(torch.randn(5, requires_grad=True), name="table")
+    report = leafwatch.audit(model, tensors={"row": model.a.weight[0], "head": table[:2],
+                                             "part": torch.randn(5, requires_grad=True)[1:]})
+    causes = {f.name: f.cause for f in report.by_kind("non_leaf")}
+    assert "backward() puts the gradient into `a.weight` (shape (3, 3), float32, cpu)" in causes["row"]
+    assert "backward() puts the gradient into `table` (shape (5,), float32, cpu)" in causes["head"]
+    assert "backward() puts the gradient into the leaf it is a view of (shape (5,), float32, cpu)" in causes["part"]

@@ -34,11 +34,12 @@ class TwoLayer(nn.Module):
         return self.b(self.middle(x))
 
 
-def _monitor_step(model: nn.Module, opt: torch.optim.Optimizer | None = None, **kwargs) -> leafwatch.Report:
+def _monitor_step(model: nn.Module, opt: torch.optim.Optimizer | None = None, x: torch.Tensor | None = None,
+                  **kwargs) -> leafwatch.Report:
     """One training step with a Monitor created before the first forward; the Monitor's report."""
     opt = opt if opt is not None else torch.optim.SGD(model.parameters(), lr=0.1)
     with leafwatch.Monitor(model, opt, **kwargs) as monitor:
-        model(torch.randn(4, 3)).sum().backward()
+        model(torch.randn(4, 3) if x is None else x).sum().backward()
         return monitor.check()
 
 
@@ -576,6 +577,19 @@ def test_tied_weight_gives_one_finding_listing_every_alias():
     (finding,) = leafwatch.audit(model, opt).by_kind("not_in_optimizer")
     assert finding.name == "embed.weight"
     assert finding.aliases == ("decoder.weight",)
+
+
+class TiedDetached(Tied):
+    def forward(self, x):
+        return self.head(self.decoder(self.embed(x)).detach())
+
+
+def test_tied_weight_missing_a_gradient_is_one_monitor_finding_with_its_alias():
+    model = TiedDetached()
+    report = _monitor_step(model, x=torch.tensor([0, 1]))
+    (finding,) = _only(report, "missing_grad")
+    assert (finding.name, finding.aliases) == ("embed.weight", ("decoder.weight",))
+    assert finding.details["reason"] == "detached"
 
 
 def test_ignore_matches_a_tied_weight_by_its_alias():

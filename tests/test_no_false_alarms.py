@@ -393,6 +393,8 @@ def test_stored_losses_in_a_module_attribute_are_not_orphans():
 
 
 def test_compiled_model():
+    # The default inductor backend took about 90 s to compile this model on a loaded 2-core
+    # machine; aot_eager (about 13 s) still runs the model through dynamo and AOT autograd.
     model = TwoLayer()
     compiled = torch.compile(model, backend="aot_eager")
     opt = torch.optim.SGD(compiled.parameters(), lr=0.1)

@@ -312,6 +312,8 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
         if p.device != main_device:
             what, fix = f"on {p.device} while the other trainable parameters are on {main_device}", "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
         elif p.dtype != main_dtype:
+            if _kept_in_float32(inv, info, p, main_dtype):
+                continue
             what = f"{str(p.dtype).replace('torch.', '')} while the other trainable parameters are {str(main_dtype).replace('torch.', '')}"
             fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
         else:
@@ -323,3 +325,18 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
             fix, tensor=p, step=step, aliases=info.aliases,
         ))
     return out
+
+
+_NORM_TYPES = (
+    torch.nn.modules.batchnorm._NormBase,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
+)
+
+
+def _kept_in_float32(inv: Inventory, info: ParamInfo, p: torch.Tensor, main_dtype: torch.dtype) -> bool:
+    """A normalization layer kept in float32 in a half-precision model: common and intended."""
+    if p.dtype != torch.float32 or main_dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return isinstance(inv.modules.get(info.module), _NORM_TYPES)

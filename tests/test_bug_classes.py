@@ -675,3 +675,12 @@ def test_slice_of_a_named_leaf_names_the_leaf_that_gets_the_gradient():
     assert "backward() puts the gradient into `a.weight` (shape (3, 3), float32, cpu)" in causes["row"]
     assert "backward() puts the gradient into `table` (shape (5,), float32, cpu)" in causes["head"]
     assert "backward() puts the gradient into the leaf it is a view of (shape (5,), float32, cpu)" in causes["part"]
+
+
+def test_float32_linear_in_a_bfloat16_model_is_still_a_mismatch():
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
+    model.to(torch.bfloat16)
+    model[3].float()  # a norm layer kept in float32: intended
+    model[4].float()  # a Linear layer left in float32: reported
+    report = leafwatch.audit(model, torch.optim.SGD(model.parameters(), lr=0.1), check_values=False)
+    assert report.names("device_mismatch") == {"4.weight", "4.bias"}

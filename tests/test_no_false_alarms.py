@@ -479,3 +479,12 @@ def test_mixed_precision_overflow_steps_skipped_by_the_grad_scaler():
     assert scaler.get_scale() == 2.0**15, "the overflow step was skipped"
     assert len(events) == STEPS - 1, "the skipped step is not checked"
     _assert_no_findings([report] + [e.report for e in events])
+
+
+def test_half_precision_model_with_normalization_layers_kept_in_float32():
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.LayerNorm(4), nn.Linear(4, 1)).to(torch.bfloat16)
+    model[1].float()
+    model[2].float()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    reports = _train(model, opt, loss_of=lambda m: m(_batch().to(torch.bfloat16)).float().sum())
+    _assert_no_findings(reports)

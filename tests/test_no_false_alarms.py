@@ -488,3 +488,11 @@ def test_half_precision_model_with_normalization_layers_kept_in_float32():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     reports = _train(model, opt, loss_of=lambda m: m(_batch().to(torch.bfloat16)).float().sum())
     _assert_no_findings(reports)
+
+
+def test_learnable_parameter_held_outside_the_model():
+    model = TwoLayer()
+    temperature = nn.Parameter(torch.ones(1))  # the training loop owns it, not the model
+    opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.1)
+    reports = _train(model, opt, loss_of=lambda m: (m(_batch()) / temperature).sum())
+    _assert_no_findings(reports)

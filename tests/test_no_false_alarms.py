@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.utils.parametrize as parametrize
 import torch.nn.utils.prune
+import torch.utils.checkpoint
 from torch import nn
 
 import leafwatch
@@ -496,3 +497,21 @@ def test_learnable_parameter_held_outside_the_model():
     opt = torch.optim.SGD([*model.parameters(), temperature], lr=0.1)
     reports = _train(model, opt, loss_of=lambda m: (m(_batch()) / temperature).sum())
     _assert_no_findings(reports)
+
+
+class Checkpointed(TwoLayer):
+    def __init__(self, use_reentrant: bool) -> None:
+        super().__init__()
+        self.use_reentrant = use_reentrant
+        self.block = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3))
+
+    def forward(self, x):
+        h = self.a(x)  # requires grad, so even the reentrant variant records the graph
+        h = torch.utils.checkpoint.checkpoint(self.block, h, use_reentrant=self.use_reentrant)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing(use_reentrant):
+    model = Checkpointed(use_reentrant)
+    _assert_no_findings(_train(model, torch.optim.SGD(model.parameters(), lr=0.1)))

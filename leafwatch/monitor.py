@@ -25,6 +25,9 @@ from .values import ValueChecker
 #: parameters frozen or unfrozen mid-run.
 REBUILD_EVERY = 1000
 DEFAULT_VALUE_CHECK_EVERY = 10
+#: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
+#: without a gradient, and at least twice its longest gap before: it stopped training.
+STALLED_AFTER = 100
 _STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
                                "orphan_tensor", "device_mismatch", "non_leaf"})
 
@@ -198,6 +201,7 @@ class Monitor:
         self._lists: dict[int | None, _CheckList] = {}
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
+        self._longest_streak: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
         self._watch_counts: dict[str, int] = {}
         self._values = ValueChecker()
@@ -490,9 +494,11 @@ class Monitor:
                 explanation = tracing.explain_missing(
                     name, info.module, info.attribute, self._tracer.records, self._tracer.armed_since_reset)
             if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
-                self._upsert(old.replace(step=self.step, last_step=self.step,
-                                         status="open" if old.status != "intermittent" else "intermittent",
-                                         details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}))
+                self._upsert(self._mark_stalled(
+                    old.replace(step=self.step, last_step=self.step,
+                                status="open" if old.status != "intermittent" else "intermittent",
+                                details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
+                    pid, streak, checks_of_p, misses))
                 continue
             f = checks.missing_grad(
                 name, p, step=self.step, explanation=explanation, info=info,
@@ -507,9 +513,9 @@ class Monitor:
                 f = checks.intermittent(f, checks_of_p, misses, self.step)
             elif old is not None and old.status == "intermittent":
                 f = f.replace(status="intermittent", severity="info")
-            self._upsert(f)
+            self._upsert(self._mark_stalled(f, pid, streak, checks_of_p, misses))
         for pid in [k for k in self._streak if k in clist.ids and k not in now]:
-            del self._streak[pid]
+            self._longest_streak[pid] = max(self._longest_streak.get(pid, 0), self._streak.pop(pid))
             name = self._name_of(clist, pid)
             key = ("missing_grad", name)
             old = self._records.get(key)
@@ -517,6 +523,17 @@ class Monitor:
                 checks_of_p = clist.checks - clist.added_at.get(pid, 0)
                 self._records[key] = checks.intermittent(old, checks_of_p, self._misses.get(pid, 0), self.step)
                 self._dirty = self._stale = True
+
+    def _mark_stalled(self, f: Finding, pid: int, streak: int, checks_of_p: int, misses: int) -> Finding:
+        """An intermittent tensor without a gradient for long: open again, as a warning."""
+        limit = max(self.patience, STALLED_AFTER, 2 * self._longest_streak.get(pid, 0))
+        if misses >= checks_of_p or streak < limit:
+            return f
+        return f.replace(
+            status="open", severity="warning",
+            message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
+            "it stopped training.",
+            details={**f.details, "stalled_for": streak})
 
     @staticmethod
     def _name_of(clist: _CheckList, pid: int) -> str:

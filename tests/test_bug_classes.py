@@ -17,6 +17,7 @@ from torch import nn
 import leafwatch
 from leafwatch import LeafwatchWarning
 from leafwatch.checks import UNKNOWN_CAUSE
+from leafwatch.monitor import STALLED_AFTER
 
 
 class TwoLayer(nn.Module):
@@ -684,3 +685,22 @@ def test_float32_linear_in_a_bfloat16_model_is_still_a_mismatch():
     model[4].float()  # a Linear layer left in float32: reported
     report = leafwatch.audit(model, torch.optim.SGD(model.parameters(), lr=0.1), check_values=False)
     assert report.names("device_mismatch") == {"4.weight", "4.bias"}
+
+
+def test_intermittent_parameter_that_stops_getting_gradients_is_reported_again():
+    model = CutFromStepThree()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    statuses = []
+    with leafwatch.Monitor(model, opt, check_values_every_n_steps=0) as monitor:
+        for _ in range(2 + STALLED_AFTER):
+            model.zero_grad(set_to_none=True)
+            model(torch.randn(2, 3)).sum().backward()
+            monitor.check()
+            finding = monitor.history.get(("missing_grad", "a.weight"))
+            statuses.append(None if finding is None else (finding.status, finding.severity))
+    assert statuses[:2] == [None, None]
+    assert set(statuses[2:-1]) == {("intermittent", "info")}
+    assert statuses[-1] == ("open", "warning")
+    finding = monitor.report.by_kind("missing_grad")[0]
+    assert f"none in {STALLED_AFTER} or more checks in a row: it stopped training" in finding.message
+    assert finding.details["reason"] == "detached"

@@ -24,6 +24,8 @@ from .values import ValueChecker
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
 REBUILD_EVERY = 1000
+#: How often (in checks) the frozen parameters are looked at, to see one unfrozen mid-run.
+UNFROZEN_CHECK_EVERY = 10
 DEFAULT_VALUE_CHECK_EVERY = 10
 #: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
 #: without a gradient, and at least twice its longest gap before: it stopped training.
@@ -366,6 +368,12 @@ class Monitor:
         self._check_ignore_patterns(inv)
         self._built_at = self.step
 
+    def _unfrozen(self) -> bool:
+        """Every few checks: whether a frozen parameter now requires grad (unfrozen mid-run)."""
+        if self._inventory is None or self.step % UNFROZEN_CHECK_EVERY:
+            return False
+        return any(t.requires_grad for t in self._inventory.frozen)
+
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: _CheckList | None) -> _CheckList:
         infos = [inv.params.get(id(p)) for p in params]
@@ -433,7 +441,7 @@ class Monitor:
                loss: torch.Tensor | None) -> CheckEvent:
         self.step = step if step is not None else self.step + 1
         fingerprint = self._current_fingerprint()
-        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY:
+        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY or self._unfrozen():
             self._fingerprint = fingerprint
             self._rebuild()
         lists = self._list_for(optimizer)

@@ -704,3 +704,21 @@ def test_intermittent_parameter_that_stops_getting_gradients_is_reported_again()
     finding = monitor.report.by_kind("missing_grad")[0]
     assert f"none in {STALLED_AFTER} or more checks in a row: it stopped training" in finding.message
     assert finding.details["reason"] == "detached"
+
+
+def test_layer_unfrozen_mid_run_but_not_added_to_the_optimizer():
+    model = TwoLayer()
+    model.a.requires_grad_(False)
+    opt = torch.optim.SGD(model.b.parameters(), lr=0.1)
+    found_at = None
+    with leafwatch.Monitor(model, opt) as monitor:
+        for step in range(1, 16):
+            if step == 4:
+                model.a.requires_grad_(True)  # the classic fine-tuning slip: opt never hears of it
+            opt.zero_grad(set_to_none=True)
+            model(torch.randn(4, 3)).sum().backward()
+            report = monitor.check()
+            if found_at is None and report.names("not_in_optimizer"):
+                found_at = step
+    assert found_at == 10  # seen at the next look at the frozen parameters
+    assert report.names("not_in_optimizer") == {"a.weight", "a.bias"}

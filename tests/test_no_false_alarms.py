@@ -515,3 +515,16 @@ class Checkpointed(TwoLayer):
 def test_activation_checkpointing(use_reentrant):
     model = Checkpointed(use_reentrant)
     _assert_no_findings(_train(model, torch.optim.SGD(model.parameters(), lr=0.1)))
+
+
+def test_backbone_unfrozen_mid_run_and_added_to_the_optimizer():
+    model = TwoLayer()
+    model.a.requires_grad_(False)
+    opt = torch.optim.SGD(model.b.parameters(), lr=0.1)
+
+    def unfreeze(step: int) -> None:
+        if step == 1:
+            model.a.requires_grad_(True)
+            opt.add_param_group({"params": list(model.a.parameters()), "lr": 0.01})
+
+    _assert_no_findings(_train(model, opt, steps=12, between_steps=unfreeze))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
 import torch
 import torch.utils.checkpoint

@@ -33,21 +33,26 @@ class RunRecord:
     order: int = -1
     output_storage: int = 0
     detached_inputs: frozenset[int] = frozenset()
+    output_opaque: bool = False  # its output held no tensor the hook could see
 
 
-def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value if value.requires_grad else None
-    if depth > 3:
-        return None
+def _items(value: Any) -> list[Any] | None:
+    """The parts of a container output (sequence, mapping, dataclass); None for anything else."""
     if isinstance(value, (list, tuple)):
-        items = value
-    elif isinstance(value, dict):
-        items = list(value.values())
-    else:
-        return None
-    for item in items:
-        found = _first_tensor(item, depth + 1)
+        return list(value)
+    if isinstance(value, dict):
+        return list(value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    return None
+
+
+def _first_tensor(value: Any, depth: int = 0, requires_grad: bool = True) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad or not requires_grad else None
+    items = _items(value) if depth <= 3 else None
+    for item in items or ():
+        found = _first_tensor(item, depth + 1, requires_grad)
         if found is not None:
             return found
     return None
@@ -143,6 +148,8 @@ class Tracer:
             if produced is not None:
                 record.output_storage = _storage(produced)
             out = _first_tensor(output)
+            if out is None and _first_tensor(output, requires_grad=False) is None:
+                record.output_opaque = True
             if out is not None and grad_on:
                 record.output_requires_grad = True
                 try:
@@ -217,6 +224,8 @@ def explain_missing(
             reason="grad_disabled",
         )
     if not record.output_requires_grad:
+        if record.output_opaque:
+            return None  # an output of a type the hook cannot look into: nothing to conclude
         return Explanation(
             cause=f"{shown} ran with gradients on, but its output does not require grad: `{param_name}` "
             "is used through `.data` or `.detach()` inside its forward.",

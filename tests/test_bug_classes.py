@@ -6,6 +6,7 @@ Each test builds the bug in a tiny model, runs a real forward/backward, and asse
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -721,3 +722,51 @@ def test_layer_unfrozen_mid_run_but_not_added_to_the_optimizer():
                 found_at = step
     assert found_at == 10  # seen at the next look at the frozen parameters
     assert report.names("not_in_optimizer") == {"a.weight", "a.bias"}
+
+
+@dataclasses.dataclass
+class EncoderOutput:
+    hidden: torch.Tensor
+
+
+class Opaque:
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+class ScaleTo(nn.Module):
+    """Owns its weight and returns its output wrapped by ``wrap`` (a dataclass or an object)."""
+
+    def __init__(self, wrap) -> None:
+        super().__init__()
+        self.wrap = wrap
+        self.weight = nn.Parameter(torch.ones(3))
+
+    def forward(self, x):
+        return self.wrap(x * self.weight)
+
+
+class WrappedOutput(nn.Module):
+    def __init__(self, wrap) -> None:
+        super().__init__()
+        self.encoder = ScaleTo(wrap)
+        self.b = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.b(self.encoder(x).hidden.detach())
+
+
+def test_module_returning_a_dataclass_is_traced_into():
+    report = _monitor_step(WrappedOutput(EncoderOutput))
+    (finding,) = report.by_kind("missing_grad")
+    assert finding.name == "encoder.weight"
+    assert finding.details["reason"] == "detached"
+    assert "backward never reached that output" in finding.cause
+
+
+def test_module_returning_an_opaque_object_is_not_blamed_for_data_access():
+    report = _monitor_step(WrappedOutput(Opaque))
+    (finding,) = report.by_kind("missing_grad")
+    assert finding.name == "encoder.weight"
+    assert finding.details["reason"] == "pending"
+    assert ".data" not in finding.cause

@@ -152,6 +152,11 @@ class Tracer:
                 record.output_opaque = True
             if out is not None and grad_on:
                 record.output_requires_grad = True
+                if out.is_leaf:
+                    # A module that returns a leaf (its own parameter): a hook there would stay on
+                    # that tensor for good. It is explained only when its .grad stays None, that
+                    # is when backward did not reach it.
+                    return
                 try:
                     out.register_hook(_reached(record))
                 except RuntimeError:

@@ -770,3 +770,36 @@ def test_module_returning_an_opaque_object_is_not_blamed_for_data_access():
     assert finding.name == "encoder.weight"
     assert finding.details["reason"] == "pending"
     assert ".data" not in finding.cause
+
+
+class ReturnsItsWeight(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(3))
+
+    def forward(self):
+        return self.weight
+
+
+class PositionalModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = ReturnsItsWeight()
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.head(x + self.positions().detach())
+
+
+def test_module_returning_its_own_parameter_gets_no_lasting_hook():
+    model = PositionalModel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt) as monitor:
+        for _ in range(3):
+            opt.zero_grad(set_to_none=True)
+            model(torch.randn(4, 3)).sum().backward()
+            report = monitor.check()
+    (finding,) = report.by_kind("missing_grad")
+    assert finding.name == "positions.weight"
+    assert finding.details["reason"] == "detached"
+    assert not model.positions.weight._backward_hooks, "no hook left on the parameter"

@@ -76,8 +76,10 @@ def audit(
     else:
         checked = [(info.name, t) for info, t in inv.trainable()]
     watched_ids = {id(e.tensor()) for e in watch.entries()}
+    # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
+    named_ids = watched_ids | {id(t) for t in named.values()}
     for name, p in checked:
-        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in watched_ids:
+        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in named_ids:
             continue
         info = inv.params.get(id(p))
         findings.append(checks.missing_grad(

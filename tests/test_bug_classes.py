@@ -803,3 +803,11 @@ def test_module_returning_its_own_parameter_gets_no_lasting_hook():
     assert finding.name == "positions.weight"
     assert finding.details["reason"] == "detached"
     assert not model.positions.weight._backward_hooks, "no hook left on the parameter"
+
+
+def test_parameter_passed_in_tensors_is_reported_once_under_that_name():
+    model = TwoLayer()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.b(torch.randn(4, 3)).sum().backward()  # `a` is skipped
+    report = leafwatch.audit(model, opt, tensors={"encoder weight": model.a.weight})
+    assert report.names("missing_grad") == {"encoder weight", "a.bias"}

@@ -76,8 +76,10 @@ def audit(
     else:
         checked = [(info.name, t) for info, t in inv.trainable()]
     watched_ids = {id(e.tensor()) for e in watch.entries()}
+    # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
+    named_ids = watched_ids | {id(t) for t in named.values()}
     for name, p in checked:
-        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in watched_ids:
+        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in named_ids:
             continue
         info = inv.params.get(id(p))
         findings.append(checks.missing_grad(
@@ -90,7 +92,9 @@ def audit(
         t = e.tensor()
         got[e.name] = e.grads_seen > 0 or (t is not None and e.is_leaf and t.grad is not None)
     findings += checks.watched_findings(entries, step, got, inv)
-    findings += checks.tensor_findings(named, step, inv)
+    # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
+    findings += checks.tensor_findings(
+        {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv)
 
     if check_values:
         grads = [p.grad for _, p in checked]

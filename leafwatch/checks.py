@@ -17,6 +17,7 @@ from . import graph
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
+from . import watch as watch_registry
 from .watch import WatchEntry
 
 UNKNOWN_CAUSE = (
@@ -41,7 +42,11 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
              found: graph.Origin | None = None, where: str = "") -> Finding:
     found = found if found is not None else graph.origin(t)
-    known = inventory.known_names() if inventory is not None else None
+    known = inventory.known_names() if inventory is not None else {}
+    for entry in watch_registry.entries():  # a watched leaf has a name too
+        leaf = entry.tensor()
+        if leaf is not None and entry.is_leaf:
+            known.setdefault(id(leaf), entry.name)
     cause = found.cause(name, known) if found is not None else f"`{name}` is not a leaf."
     return make(
         "non_leaf", name, "error",
@@ -62,8 +67,11 @@ def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
             out.append(make(
                 "missing_grad", name, "error",
                 f"`{name}` does not require grad: it will never get a gradient.",
-                f"`{name}` was created without `requires_grad=True`.",
-                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()`",
+                f"`{name}` does not require grad: it was created without `requires_grad=True`, or it is "
+                "the result of `.detach()` (or of an op under `torch.no_grad()`), which returns a new "
+                "leaf that does not require grad.",
+                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()` "
+                "(drop the `.detach()` if it is meant to share the original's gradient)",
                 tensor=t, step=step, reason="requires_grad_false",
             ))
         elif t.grad is None:
@@ -90,7 +98,9 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
             out.append(make(
                 "missing_grad", entry.name, "error",
                 f"`{entry.name}` does not require grad: it will never get a gradient.",
-                f"`{entry.name}` was created without `requires_grad=True` (or frozen with requires_grad_(False)).",
+                f"`{entry.name}` does not require grad: it was created without `requires_grad=True`, "
+                "frozen with `requires_grad_(False)`, or it is the result of `.detach()` (or of an op "
+                "under `torch.no_grad()`), which returns a new leaf that does not require grad.",
                 f"create it with `requires_grad=True`, or call `{entry.name}.requires_grad_()`",
                 tensor=t, step=step, reason="requires_grad_false", source="watch",
             ))
@@ -192,8 +202,9 @@ def _optimizer_membership(inv: Inventory, step: int | None,
             match = None
             if old_name is not None:
                 match = next((k for k, (info, _) in unpaired.items() if info.name == old_name), None)
-            if match is None and isinstance(old, torch.nn.Parameter):
-                match = next((k for k, (_, t) in unpaired.items() if t.shape == old.shape), None)
+            if match is None and isinstance(old, torch.nn.Parameter) and not torch.nn.parameter.is_lazy(old):
+                match = next((k for k, (_, t) in unpaired.items()
+                              if not torch.nn.parameter.is_lazy(t) and t.shape == old.shape), None)
             if match is None and old_name is None:
                 continue
             info, new = unpaired.pop(match) if match is not None else (None, None)
@@ -301,6 +312,8 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
         if p.device != main_device:
             what, fix = f"on {p.device} while the other trainable parameters are on {main_device}", "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
         elif p.dtype != main_dtype:
+            if _kept_in_float32(inv, info, p, main_dtype):
+                continue
             what = f"{str(p.dtype).replace('torch.', '')} while the other trainable parameters are {str(main_dtype).replace('torch.', '')}"
             fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
         else:
@@ -312,3 +325,18 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
             fix, tensor=p, step=step, aliases=info.aliases,
         ))
     return out
+
+
+_NORM_TYPES = (
+    torch.nn.modules.batchnorm._NormBase,
+    torch.nn.LayerNorm,
+    torch.nn.GroupNorm,
+    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
+)
+
+
+def _kept_in_float32(inv: Inventory, info: ParamInfo, p: torch.Tensor, main_dtype: torch.dtype) -> bool:
+    """A normalization layer kept in float32 in a half-precision model: common and intended."""
+    if p.dtype != torch.float32 or main_dtype not in (torch.float16, torch.bfloat16):
+        return False
+    return isinstance(inv.modules.get(info.module), _NORM_TYPES)

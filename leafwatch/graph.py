@@ -58,7 +58,12 @@ class Origin:
         if self.leaf is None:
             return text + "."
         leaf_name = (known_names or {}).get(self.leaf.tensor_id)
-        who = f"`{leaf_name}`" if leaf_name else "an unnamed temporary leaf that nothing in your code holds"
+        if leaf_name:
+            who = f"`{leaf_name}`"
+        elif self.fix_hint == "view":
+            who = "the leaf it is a view of"  # usually a tensor the caller still holds
+        else:
+            who = "an unnamed temporary leaf that nothing in your code holds"
         return (
             f"{text}: backward() puts the gradient into {who} "
             f"(shape {tuple(self.leaf.shape)}, {self.leaf.dtype}, {self.leaf.device}), "

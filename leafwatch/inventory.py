@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -51,12 +52,11 @@ def _install_registration_hooks() -> None:
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    try:
-        from torch._dynamo.eval_frame import OptimizedModule
-
-        types.append(OptimizedModule)
-    except Exception:  # torch without dynamo
-        pass
+    # Importing dynamo takes seconds; a model can only be compiled once something imported it.
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    optimized = getattr(eval_frame, "OptimizedModule", None)
+    if isinstance(optimized, type):
+        types.append(optimized)
     return tuple(types)
 
 
@@ -94,7 +94,8 @@ class Orphan:
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     return {
-        "shape": tuple(t.shape),
+        # A lazy module's parameter has no shape until its first forward.
+        "shape": None if nn.parameter.is_lazy(t) else tuple(t.shape),
         "dtype": str(t.dtype).replace("torch.", ""),
         "device": str(t.device),
     }
@@ -128,6 +129,8 @@ class Inventory:
             [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
         ]
         self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
+        #: The model's frozen parameters, to notice one unfrozen later without a full rebuild.
+        self.frozen: list[torch.Tensor] = [t for t in self.tensors.values() if not t.requires_grad]
 
     # -- the model ---------------------------------------------------------------------------
     def _read_model(self, model: nn.Module, prefix: str = "") -> None:
@@ -173,7 +176,9 @@ class Inventory:
                 if id(value) in registered or id(value) in seen or not value.requires_grad:
                     return
                 if not value.is_leaf and self._derived_from_parameters(value):
-                    return  # weight_norm / spectral_norm / pruning: computed from registered leaves
+                    # weight_norm / spectral_norm / pruning weights, and stored outputs or losses:
+                    # computed from the model's own parameters, not would-be parameters.
+                    return
                 seen.add(id(value))
                 found.append(Orphan(name, value, container))
             elif isinstance(value, nn.Module) and container != "attribute":
@@ -199,10 +204,15 @@ class Inventory:
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
+        """Whether a non-leaf was computed from at least one registered parameter.
+
+        Any one is enough: a loss kept in ``self.outputs`` that also depends on an orphan is
+        not a parameter itself (the orphan is reported on its own).
+        """
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
         if not complete:
             return True
-        return bool(leaves) and all(id(leaf) in self.tensors for leaf in leaves)
+        return any(id(leaf) in self.tensors for leaf in leaves)
 
     # -- the optimizers ----------------------------------------------------------------------
     def foreign_optimizer_tensors(self) -> list[tuple[int, torch.Tensor]]:

@@ -24,7 +24,12 @@ from .values import ValueChecker
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
 REBUILD_EVERY = 1000
+#: How often (in checks) the frozen parameters are looked at, to see one unfrozen mid-run.
+UNFROZEN_CHECK_EVERY = 10
 DEFAULT_VALUE_CHECK_EVERY = 10
+#: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
+#: without a gradient, and at least twice its longest gap before: it stopped training.
+STALLED_AFTER = 100
 _STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
                                "orphan_tensor", "device_mismatch", "non_leaf"})
 
@@ -198,6 +203,7 @@ class Monitor:
         self._lists: dict[int | None, _CheckList] = {}
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
+        self._longest_streak: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
         self._watch_counts: dict[str, int] = {}
         self._values = ValueChecker()
@@ -395,6 +401,12 @@ class Monitor:
         self._check_ignore_patterns(inv)
         self._built_at = self.step
 
+    def _unfrozen(self) -> bool:
+        """Every few checks: whether a frozen parameter now requires grad (unfrozen mid-run)."""
+        if self._inventory is None or self.step % UNFROZEN_CHECK_EVERY:
+            return False
+        return any(t.requires_grad for t in self._inventory.frozen)
+
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: _CheckList | None) -> _CheckList:
         infos = [inv.params.get(id(p)) for p in params]
@@ -462,7 +474,7 @@ class Monitor:
                loss: torch.Tensor | None) -> CheckEvent:
         self.step = step if step is not None else self.step + 1
         fingerprint = self._current_fingerprint()
-        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY:
+        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY or self._unfrozen():
             self._fingerprint = fingerprint
             self._rebuild()
         lists = self._list_for(optimizer)
@@ -502,9 +514,11 @@ class Monitor:
 
     def _update_missing(self, clist: _CheckList, missing: list[int], reachable: set[int] | None) -> None:
         now: set[int] = set()
+        # Watched tensors are reported under their watch name, replaced ones as stale_param.
+        skip = {id(e.tensor()) for e in watch.entries()} | self._previous_names.keys()
         for i in missing:
             p = clist.params[i]
-            if not p.requires_grad:
+            if not p.requires_grad or id(p) in skip:
                 continue
             pid = id(p)
             now.add(pid)
@@ -521,9 +535,11 @@ class Monitor:
                 explanation = tracing.explain_missing(
                     name, info.module, info.attribute, self._tracer.records, self._tracer.armed_since_reset)
             if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
-                self._upsert(old.replace(step=self.step, last_step=self.step,
-                                         status="open" if old.status != "intermittent" else "intermittent",
-                                         details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}))
+                self._upsert(self._mark_stalled(
+                    old.replace(step=self.step, last_step=self.step,
+                                status="open" if old.status != "intermittent" else "intermittent",
+                                details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
+                    pid, streak, checks_of_p, misses))
                 continue
             f = checks.missing_grad(
                 name, p, step=self.step, explanation=explanation, info=info,
@@ -538,9 +554,9 @@ class Monitor:
                 f = checks.intermittent(f, checks_of_p, misses, self.step)
             elif old is not None and old.status == "intermittent":
                 f = f.replace(status="intermittent", severity="info")
-            self._upsert(f)
+            self._upsert(self._mark_stalled(f, pid, streak, checks_of_p, misses))
         for pid in [k for k in self._streak if k in clist.ids and k not in now]:
-            del self._streak[pid]
+            self._longest_streak[pid] = max(self._longest_streak.get(pid, 0), self._streak.pop(pid))
             name = self._name_of(clist, pid)
             key = ("missing_grad", name)
             old = self._records.get(key)
@@ -548,6 +564,17 @@ class Monitor:
                 checks_of_p = clist.checks - clist.added_at.get(pid, 0)
                 self._records[key] = checks.intermittent(old, checks_of_p, self._misses.get(pid, 0), self.step)
                 self._dirty = self._stale = True
+
+    def _mark_stalled(self, f: Finding, pid: int, streak: int, checks_of_p: int, misses: int) -> Finding:
+        """An intermittent tensor without a gradient for long: open again, as a warning."""
+        limit = max(self.patience, STALLED_AFTER, 2 * self._longest_streak.get(pid, 0))
+        if misses >= checks_of_p or streak < limit:
+            return f
+        return f.replace(
+            status="open", severity="warning",
+            message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
+            "it stopped training.",
+            details={**f.details, "stalled_for": streak})
 
     @staticmethod
     def _name_of(clist: _CheckList, pid: int) -> str:

@@ -33,21 +33,26 @@ class RunRecord:
     order: int = -1
     output_storage: int = 0
     detached_inputs: frozenset[int] = frozenset()
+    output_opaque: bool = False  # its output held no tensor the hook could see
 
 
-def _first_tensor(value: Any, depth: int = 0) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value if value.requires_grad else None
-    if depth > 3:
-        return None
+def _items(value: Any) -> list[Any] | None:
+    """The parts of a container output (sequence, mapping, dataclass); None for anything else."""
     if isinstance(value, (list, tuple)):
-        items = value
-    elif isinstance(value, dict):
-        items = list(value.values())
-    else:
-        return None
-    for item in items:
-        found = _first_tensor(item, depth + 1)
+        return list(value)
+    if isinstance(value, dict):
+        return list(value.values())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    return None
+
+
+def _first_tensor(value: Any, depth: int = 0, requires_grad: bool = True) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad or not requires_grad else None
+    items = _items(value) if depth <= 3 else None
+    for item in items or ():
+        found = _first_tensor(item, depth + 1, requires_grad)
         if found is not None:
             return found
     return None
@@ -90,6 +95,8 @@ class Tracer:
         self.records: dict[str, RunRecord] = {}
         self.handles: dict[str, Any] = {}
         self._counter = 0
+        # The modules armed since the last reset, so whose hooks saw the whole step: the ones
+        # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
 
     @property
@@ -110,10 +117,10 @@ class Tracer:
                 handle.remove()
 
     def reset(self) -> None:
-        """Forget what was seen; the armed modules stay armed."""
+        """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
         self._counter = 0
-        self.armed_since_reset = set()
+        self.armed_since_reset = set(self.handles)
 
     def _make_hook(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -141,8 +148,15 @@ class Tracer:
             if produced is not None:
                 record.output_storage = _storage(produced)
             out = _first_tensor(output)
+            if out is None and _first_tensor(output, requires_grad=False) is None:
+                record.output_opaque = True
             if out is not None and grad_on:
                 record.output_requires_grad = True
+                if out.is_leaf:
+                    # A module that returns a leaf (its own parameter): a hook there would stay on
+                    # that tensor for good. It is explained only when its .grad stays None, that
+                    # is when backward did not reach it.
+                    return
                 try:
                     out.register_hook(_reached(record))
                 except RuntimeError:
@@ -177,7 +191,9 @@ def explain_missing(
     armed: set[str],
 ) -> Explanation | None:
     """Why a parameter of ``module_name`` got no gradient, from what the hooks saw; None if unknown."""
-    if module_name not in armed:
+    if module_name not in armed or not records:
+        # Not watched for the whole step, or no armed module ran at all: the forward pass may
+        # have happened before the hooks were armed, so nothing can be said.
         return None
     record = records.get(module_name)
     shown = f"`{module_name}`" if module_name else "the root module"
@@ -213,6 +229,8 @@ def explain_missing(
             reason="grad_disabled",
         )
     if not record.output_requires_grad:
+        if record.output_opaque:
+            return None  # an output of a type the hook cannot look into: nothing to conclude
         return Explanation(
             cause=f"{shown} ran with gradients on, but its output does not require grad: `{param_name}` "
             "is used through `.data` or `.detach()` inside its forward.",

@@ -9,6 +9,7 @@ the watched tensors that are still alive.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import threading
 import warnings
@@ -39,14 +40,15 @@ class WatchEntry:
         return self.ref()
 
 
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 _lock = threading.Lock()
 _entries: dict[str, WatchEntry] = {}
 
 
 def _caller_location() -> str:
+    """``file:line`` of the first frame outside leafwatch (``Monitor(tensors=...)`` watches too)."""
     frame = sys._getframe(1)
-    here = __file__
-    while frame is not None and frame.f_code.co_filename in (here,):
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
@@ -57,8 +59,7 @@ def _stacklevel_outside() -> int:
     """The warnings stacklevel that points at the first frame outside leafwatch."""
     level = 1
     frame = sys._getframe(1)
-    package_dir = __file__.rsplit("/", 1)[0]
-    while frame is not None and frame.f_code.co_filename.startswith(package_dir):
+    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
         level += 1
     return level
@@ -91,6 +92,7 @@ def watch(
         >>> import torch, leafwatch
         >>> w = leafwatch.watch(torch.zeros(3, requires_grad=True), name="w")
         >>> leafwatch.unwatch(w)
+        True
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"`tensor` must be a torch.Tensor, got {type(tensor).__name__}: {tensor!r:.80}")

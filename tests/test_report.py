@@ -1,0 +1,154 @@
+"""Report: text and markdown tables, the JSON round trip, raising, truthiness and counts."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+import leafwatch
+from leafwatch import KINDS, Finding, LeafwatchError, Report
+
+
+def _finding(kind: str = "missing_grad", name: str = "a.weight", severity: str = "error", **changes) -> Finding:
+    values = dict(
+        kind=kind, name=name, severity=severity, message=f"`{name}` got no gradient.",
+        cause="it is cut by `a | b`", fix="use it", step=3, first_step=1, last_step=3,
+        shape=(3, 2), dtype="float32", device="cpu", aliases=("tied.weight",),
+        details={"reason": "detached", "checks": 3},
+    )
+    values.update(changes)
+    return Finding(**values)
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+        self.extra = nn.Linear(3, 3)  # never used
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def _real_report() -> Report:
+    model = _Model()
+    model.extra.bias.requires_grad_(False)
+    opt = torch.optim.SGD([*model.body[0].parameters(), *model.extra.parameters()], lr=0.1)
+    model(torch.randn(2, 3)).sum().backward()
+    model.body[0].bias.grad[0] = float("nan")
+    return leafwatch.audit(model, opt, step=7)
+
+
+def test_report_lists_findings_most_severe_first():
+    report = Report([_finding(severity="info", name="z"), _finding(name="b"),
+                     _finding(kind="non_leaf", name="c", severity="error"),
+                     _finding(name="a", status="resolved")])
+    assert [(f.kind, f.name) for f in report] == [
+        ("non_leaf", "c"), ("missing_grad", "b"), ("missing_grad", "z"), ("missing_grad", "a")]
+
+
+def test_str_is_a_table_with_cause_and_fix():
+    text = str(Report([_finding(), _finding(name="x", status="intermittent", severity="info")], step=5))
+    lines = text.splitlines()
+    assert lines[0] == "leafwatch: 1 open of 2 finding(s) at step 5"
+    assert "ERROR" in lines[1] and "missing_grad" in lines[1] and "a.weight" in lines[1] and "(since step 1)" in lines[1]
+    assert "cause: it is cut by `a | b`" in text
+    assert "fix:   use it" in text
+    assert "x [intermittent]" in text
+
+
+def test_str_of_an_empty_report():
+    assert str(Report(step=2)) == "leafwatch: no findings at step 2"
+    assert str(Report()) == "leafwatch: no findings"
+
+
+def test_markdown_escapes_pipes_and_has_a_blank_line_before_the_table():
+    markdown = Report([_finding(cause="a | b\nnext line")], step=4).to_markdown()
+    lines = markdown.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| severity"))
+    assert lines[header - 1] == ""
+    assert lines[header + 1].startswith("|---")
+    (row,) = lines[header + 2:]
+    assert "a \\| b next line" in row
+    assert row.count(" | ") == 6  # seven cells, no extra column from the escaped pipe
+    assert "`a.weight`" in row
+    assert lines[0] == "**leafwatch**: 1 open finding(s) at step 4"
+
+
+def test_markdown_of_an_empty_report():
+    assert Report().to_markdown() == "**leafwatch**: no findings."
+
+
+def test_to_dict_from_dict_round_trip_through_json():
+    report = _real_report()
+    assert len(report) >= 3
+    data = json.loads(json.dumps(report.to_dict()))
+    again = Report.from_dict(data)
+    assert again.findings == report.findings
+    assert again.step == 7
+    assert data["counts"] == report.counts()
+    assert json.loads(report.to_json()) == data
+
+
+def test_finding_round_trip_keeps_tuples_and_details():
+    f = _finding()
+    again = Finding.from_dict(json.loads(json.dumps(f.to_dict())))
+    assert again == f
+    assert again.shape == (3, 2) and again.aliases == ("tied.weight",)
+
+
+def test_report_pickles():
+    report = _real_report()
+    assert pickle.loads(pickle.dumps(report)).findings == report.findings
+
+
+def test_raise_for_findings_with_min_severity():
+    report = Report([_finding(severity="warning", kind="device_mismatch", name="w")], step=1)
+    report.raise_for_findings()  # no error: nothing raised
+    with pytest.raises(LeafwatchError, match="device_mismatch +w") as error:
+        report.raise_for_findings(min_severity="warning")
+    assert error.value.report is report
+    with pytest.raises(LeafwatchError):
+        report.raise_for_findings("info")
+
+
+def test_raise_for_findings_ignores_findings_that_are_not_open():
+    report = Report([_finding(status="resolved"), _finding(name="b", status="ignored")])
+    report.raise_for_findings("info")
+
+
+@pytest.mark.parametrize("bad", ["fatal", "ERROR", None, 2])
+def test_bad_min_severity_is_a_value_error_naming_it(bad):
+    with pytest.raises(ValueError, match=rf"`min_severity` can be one of error, warning, info, got {bad!r}"):
+        Report([_finding()]).raise_for_findings(min_severity=bad)
+
+
+def test_bool_is_true_only_with_an_open_finding():
+    assert not Report()
+    assert not Report([_finding(status="resolved"), _finding(status="intermittent", severity="info")])
+    assert Report([_finding(status="resolved"), _finding(name="b")])
+    assert Report([_finding(severity="info", kind="frozen_in_optimizer")])
+
+
+def test_counts_has_every_kind_and_counts_open_findings_only():
+    report = Report([_finding(), _finding(name="b"), _finding(name="c", status="resolved"),
+                     _finding(kind="orphan_tensor", name="d")])
+    counts = report.counts()
+    assert list(counts) == list(KINDS)
+    assert counts["missing_grad"] == 2 and counts["orphan_tensor"] == 1
+    assert sum(counts.values()) == 3
+
+
+def test_names_and_by_kind():
+    report = _real_report()
+    assert report.names("not_in_optimizer") == {"body.1.weight", "body.1.bias"}
+    assert report.names("frozen_in_optimizer") == {"extra.bias"}
+    assert report.names("nonfinite_grad") == {"body.0.bias"}
+    assert report.names("missing_grad") == {"extra.weight"}
+    assert [f.name for f in report.by_kind("nonfinite_grad")] == ["body.0.bias"]
+    assert report.names() == report.names(status="open")
+    assert len(report.names(status=None)) == len(report)

@@ -230,13 +230,15 @@ class Monitor:
             return self._report
         self._in_check = True
         try:
-            event = self._check(optimizer, step, loss)
-        except Exception as error:
-            self._warn("Monitor.check", error)
-            return self._report
+            try:
+                event = self._check(optimizer, step, loss)
+            except Exception as error:
+                self._warn("Monitor.check", error)
+                return self._report
+            # Still inside the guard: a sink that calls check() gets the current report back.
+            self._emit(event)
         finally:
             self._in_check = False
-        self._emit(event)
         if self.strict:
             event.report.raise_for_findings("error")
         return event.report

@@ -204,7 +204,7 @@ class Monitor:
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
         self._restored_misses: dict[str, int] = {}
-        self._tracer = tracing.Tracer()
+        self._tracer = tracing.Tracer(on_error=self._warn)
         self._closed = False
         if self.diagnose and self._has_model():
             try:

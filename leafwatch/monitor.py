@@ -205,6 +205,7 @@ class Monitor:
         self._previous_names: dict[int, str] = {}
         self._restored_misses: dict[str, int] = {}
         self._tracer = tracing.Tracer(on_error=self._warn)
+        self._traced_optimizers: set[int | None] = set()
         self._closed = False
         if self.diagnose and self._has_model():
             try:
@@ -451,7 +452,12 @@ class Monitor:
             self._check_values(lists)
         if self._tracer.handles or self._streak:
             self._retarget_tracer()
-        self._tracer.reset()
+        # With several optimizers checked one at a time, one forward pass can serve all their
+        # checks: forget what the hooks saw only once every optimizer has been checked.
+        self._traced_optimizers.add(self._optimizer_index(optimizer))
+        if None in self._traced_optimizers or len(self._traced_optimizers) >= len(self.optimizers):
+            self._tracer.reset()
+            self._traced_optimizers.clear()
         if self._stale:
             self._report = self._build_report()
             self._stale = False

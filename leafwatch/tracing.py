@@ -112,10 +112,10 @@ class Tracer:
                 handle.remove()
 
     def reset(self) -> None:
-        """Forget what was seen; the armed modules stay armed."""
+        """Forget what was seen; the armed modules stay armed, so they watch all of the next step."""
         self.records = {}
         self._counter = 0
-        self.armed_since_reset = set()
+        self.armed_since_reset = set(self.handles)
 
     def _make_hook(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:

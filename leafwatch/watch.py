@@ -125,8 +125,24 @@ def watch(
             is_leaf=tensor.is_leaf,
             origin=graph.origin(tensor) if not tensor.is_leaf else None,
         )
-        entry.handle = _install_hook(tensor, entry)
+        try:
+            entry.handle = _install_hook(tensor, entry)
+        except Exception as error:  # an exotic tensor subclass: watch without counting gradients
+            hook_error = error
+            if not entry.is_leaf:
+                entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
+        else:
+            hook_error = None
         _entries[name] = entry
+    if hook_error is not None:
+        warnings.warn(
+            f"leafwatch: internal failure in watch({name!r}): cannot hook {type(tensor).__name__} "
+            f"({type(hook_error).__name__}: {hook_error}); "
+            + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
+               else "leafwatch cannot tell whether gradients flow through it."),
+            LeafwatchWarning,
+            stacklevel=_stacklevel_outside(),
+        )
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         warnings.warn(

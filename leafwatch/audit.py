@@ -8,13 +8,14 @@ hook: it sees the end state, so it says plainly when the cause of a missing grad
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import checks, graph, inventory, watch
-from .findings import Finding, Report
+from .findings import Finding, LeafwatchWarning, Report
 from .monitor import _validate_ignore, apply_ignore
 from .values import ValueChecker
 
@@ -95,7 +96,16 @@ def audit(
     if check_values:
         grads = [p.grad for _, p in checked]
         values = ValueChecker()
-        _, bad = values.check(grads, step or 0)
-        bad += values.flush()[1]
+        try:
+            _, bad = values.check(grads, step or 0)
+            bad += values.flush()[1]
+        except Exception as error:  # an exotic gradient type: report the rest, never stop training
+            warnings.warn(
+                f"leafwatch: internal failure in the NaN/Inf gradient check ({type(error).__name__}: {error}); "
+                "audit() reports everything else.",
+                LeafwatchWarning,
+                stacklevel=2,
+            )
+            bad = []
         findings += [checks.nonfinite_grad(checked[i][0], checked[i][1], step or 0) for _, i in bad]
     return Report(apply_ignore(findings, ignore_map), step=step)

@@ -449,7 +449,10 @@ class Monitor:
             offset += len(clist.params)
         self._check_watched()
         if self.check_values_every_n_steps and (self.step == 1 or self.step % self.check_values_every_n_steps == 0):
-            self._check_values(lists)
+            try:
+                self._check_values(lists)
+            except Exception as error:  # the gradient checks above still count
+                self._warn("the NaN/Inf gradient check", error)
         if self._tracer.handles or self._streak:
             self._retarget_tracer()
         # With several optimizers checked one at a time, one forward pass can serve all their

@@ -16,7 +16,7 @@ from torch import nn
 
 from . import checks, graph, inventory, watch
 from .findings import Finding, LeafwatchWarning, Report
-from .monitor import _validate_ignore, apply_ignore
+from .monitor import _validate_ignore, apply_ignore, warn_unmatched_ignore
 from .values import ValueChecker
 
 
@@ -67,6 +67,7 @@ def audit(
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
     inv = inventory.Inventory(model, opts)
+    warn_unmatched_ignore(ignore_map, inv, extra_names=list(named))
     findings: list[Finding] = checks.structural(inv, step=step)
     stale = {f.name for f in findings if f.kind == "stale_param"}
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None

@@ -97,6 +97,24 @@ def apply_ignore(findings: Sequence[Finding], ignore: Mapping[str, str]) -> list
     return out
 
 
+def warn_unmatched_ignore(ignore: Mapping[str, str], inv: inventory.Inventory, extra_names: Sequence[str] = (),
+                          stacklevel: int = 3) -> None:
+    """Warn for each ``ignore`` pattern that matches no parameter or tensor name (a likely typo)."""
+    if not ignore:
+        return
+    names = {info.name for info in inv.params.values()}
+    names |= {a for info in inv.params.values() for a in info.aliases}
+    names |= {o.name for o in inv.orphans()} | set(watch.watched()) | set(extra_names)
+    for pattern in ignore:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            warnings.warn(
+                f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
+                f"(for example {sorted(names)[:3]})",
+                LeafwatchWarning,
+                stacklevel=stacklevel,
+            )
+
+
 class _WarnOnce:
     """Internal failures warn once per place and never stop training."""
 
@@ -386,17 +404,7 @@ class Monitor:
         if not self.ignore or getattr(self, "_ignore_checked", False):
             return
         self._ignore_checked = True
-        names = {info.name for info in inv.params.values()}
-        names |= {a for info in inv.params.values() for a in info.aliases}
-        names |= {o.name for o in inv.orphans()} | set(watch.watched())
-        for pattern in self.ignore:
-            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-                warnings.warn(
-                    f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
-                    f"(for example {sorted(names)[:3]})",
-                    LeafwatchWarning,
-                    stacklevel=4,
-                )
+        warn_unmatched_ignore(self.ignore, inv, stacklevel=6)
 
     # -- the check ---------------------------------------------------------------------------
     def _upsert(self, f: Finding) -> None:

@@ -244,7 +244,14 @@ class Monitor:
 
         Raises:
             LeafwatchError: in strict mode, when an error finding is open.
+            TypeError: an argument of the wrong type.
         """
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}: {optimizer!r:.80}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"`step` must be an int or None, got {type(step).__name__}: {step!r:.80}")
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            raise TypeError(f"`loss` must be a torch.Tensor or None, got {type(loss).__name__}: {loss!r:.80}")
         if self._in_check or self._closed:
             return self._report
         self._in_check = True

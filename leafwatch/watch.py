@@ -200,7 +200,8 @@ def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
             return True
         if not isinstance(tensor_or_name, torch.Tensor):
             raise TypeError(
-                f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}"
+                f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
+                f"{tensor_or_name!r:.80}"
             )
         removed = False
         for entry in list(_entries.values()):

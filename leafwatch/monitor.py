@@ -24,6 +24,9 @@ from .values import ValueChecker
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
 REBUILD_EVERY = 1000
+#: How often (in checks) the parameters' requires_grad flags are compared with the last build, so
+#: that a parameter unfrozen mid-run but left out of the optimizer is named within a few steps.
+REQUIRES_GRAD_EVERY = 10
 DEFAULT_VALUE_CHECK_EVERY = 10
 _STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
                                "orphan_tensor", "device_mismatch", "non_leaf"})
@@ -213,6 +216,8 @@ class Monitor:
         self._inventory: inventory.Inventory | None = None
         self._fingerprint: Any = None
         self._built_at = 0
+        self._flags_read_at = 0
+        self._requires_grad_flags: tuple[bool, ...] = ()
         self._lists: dict[int | None, _CheckList] = {}
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
@@ -388,7 +393,18 @@ class Monitor:
         structural = checks.structural(inv, step=self.step, previous_names=self._previous_names)
         self._replace_structural(structural)
         self._check_ignore_patterns(inv)
-        self._built_at = self.step
+        self._built_at = self._flags_read_at = self.step
+        self._requires_grad_flags = self._read_requires_grad()
+
+    def _read_requires_grad(self) -> tuple[bool, ...]:
+        return tuple(t.requires_grad for t in self._inventory.tensors.values()) if self._inventory else ()
+
+    def _requires_grad_changed(self) -> bool:
+        """Every few checks: was a parameter frozen or unfrozen since the last build?"""
+        if abs(self.step - self._flags_read_at) < REQUIRES_GRAD_EVERY:
+            return False
+        self._flags_read_at = self.step
+        return self._read_requires_grad() != self._requires_grad_flags
 
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: _CheckList | None) -> _CheckList:
@@ -447,7 +463,8 @@ class Monitor:
                loss: torch.Tensor | None) -> CheckEvent:
         self.step = step if step is not None else self.step + 1
         fingerprint = self._current_fingerprint()
-        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY:
+        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY \
+                or self._requires_grad_changed():
             self._fingerprint = fingerprint
             self._rebuild()
         lists = self._list_for(optimizer)

@@ -409,7 +409,9 @@ class Monitor:
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: _CheckList | None) -> _CheckList:
         infos = [inv.params.get(id(p)) for p in params]
-        names = tuple(info.name if info else f"tensor of shape {tuple(p.shape)}" for info, p in zip(infos, params))
+        # A tensor the model no longer holds keeps the name it had (it is a stale_param finding).
+        names = tuple(info.name if info else self._previous_names.get(id(p), f"tensor of shape {tuple(p.shape)}")
+                      for info, p in zip(infos, params))
         checks_done = old.checks if old is not None else 0
         added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
         return _CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)
@@ -523,6 +525,8 @@ class Monitor:
             if streak < self.patience:
                 continue
             name, info = clist.names[i], clist.infos[i]
+            if info is None and self._is_open(("stale_param", name)):
+                continue  # the replaced tensor: its stale_param finding already says it will not train
             checks_of_p = clist.checks - clist.added_at.get(pid, 0)
             key = ("missing_grad", name)
             old = self._records.get(key)
@@ -558,6 +562,10 @@ class Monitor:
                 checks_of_p = clist.checks - clist.added_at.get(pid, 0)
                 self._records[key] = checks.intermittent(old, checks_of_p, self._misses.get(pid, 0), self.step)
                 self._dirty = self._stale = True
+
+    def _is_open(self, key: tuple[str, str]) -> bool:
+        found = self._records.get(key)
+        return found is not None and found.status == "open"
 
     @staticmethod
     def _name_of(clist: _CheckList, pid: int) -> str:

@@ -93,8 +93,9 @@ class Orphan:
 
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
+    uninitialized = isinstance(t, nn.parameter.UninitializedTensorMixin)  # a lazy module's, before its forward
     return {
-        "shape": tuple(t.shape),
+        "shape": None if uninitialized else tuple(t.shape),
         "dtype": str(t.dtype).replace("torch.", ""),
         "device": str(t.device),
     }

@@ -445,7 +445,11 @@ class Monitor:
             steps_seen=old.steps_seen + 1,
             status=status,
         )
-        if (old.status, old.cause, old.severity, old.message) != (updated.status, updated.cause, updated.severity, updated.message):
+        # An intermittent finding's message counts the steps: that count alone is no change worth
+        # logging again (it would rewrite the whole report every other step of a routed model).
+        counted = old.status == updated.status == "intermittent"
+        if (old.status, old.cause, old.severity) != (updated.status, updated.cause, updated.severity) \
+                or (old.message != updated.message and not counted):
             self._dirty = self._stale = True
         self._records[f.key] = updated
 

@@ -8,6 +8,7 @@ the watched tensors that are still alive.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import threading
@@ -41,6 +42,19 @@ class WatchEntry:
 
 _lock = threading.Lock()
 _entries: dict[str, WatchEntry] = {}
+# Weak-reference callbacks run wherever the garbage collector runs, also inside ``with _lock``
+# in this very thread: they only queue the dead entry (deque.append is atomic), and the next
+# locked call drops it.
+_dead: collections.deque[tuple[str, weakref.ReferenceType]] = collections.deque()
+
+
+def _purge_dead() -> None:
+    """Drop the entries whose tensor was freed; call with ``_lock`` held."""
+    while _dead:
+        name, ref = _dead.popleft()
+        entry = _entries.get(name)
+        if entry is not None and entry.ref is ref:
+            del _entries[name]
 
 
 def _caller_location() -> str:
@@ -104,6 +118,7 @@ def watch(
     if not name:
         raise ValueError("`name` must not be empty, got ''")
     with _lock:
+        _purge_dead()
         existing = _entries.get(name)
         if existing is not None:
             live = existing.tensor()
@@ -156,10 +171,7 @@ def watch(
 
 def _make_finalizer(name: str):
     def finalize(ref: weakref.ReferenceType) -> None:
-        with _lock:
-            entry = _entries.get(name)
-            if entry is not None and entry.ref is ref:
-                del _entries[name]
+        _dead.append((name, ref))  # never take _lock here: the collector may run while it is held
 
     return finalize
 
@@ -192,6 +204,7 @@ def _remove(entry: WatchEntry) -> None:
 def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
     """Stop watching a tensor (by the tensor or its name); True when something was removed."""
     with _lock:
+        _purge_dead()
         if isinstance(tensor_or_name, str):
             entry = _entries.get(tensor_or_name)
             if entry is None:
@@ -214,6 +227,7 @@ def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
 def unwatch_all() -> None:
     """Stop watching every tensor."""
     with _lock:
+        _purge_dead()
         for entry in list(_entries.values()):
             _remove(entry)
 
@@ -221,6 +235,7 @@ def unwatch_all() -> None:
 def watched() -> dict[str, torch.Tensor]:
     """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
     with _lock:
+        _purge_dead()
         out = {}
         for name, entry in _entries.items():
             t = entry.tensor()
@@ -231,4 +246,5 @@ def watched() -> dict[str, torch.Tensor]:
 
 def entries() -> list[WatchEntry]:
     with _lock:
+        _purge_dead()
         return [e for e in _entries.values() if e.tensor() is not None]

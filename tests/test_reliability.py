@@ -766,3 +766,33 @@ def test_state_dict_round_trip_and_pickling_keep_the_history() -> None:
     extra = next(f for f in report if f.name == "extra.weight")
     assert extra.first_step == 1 and extra.status == "open"
     resumed.close()
+
+
+_CYCLE_SCRIPT = """
+import faulthandler, gc, torch, leafwatch
+faulthandler.dump_traceback_later(30, exit=True)  # a deadlock fails instead of hanging
+
+class Holder:
+    pass
+
+for i in range(500):
+    holder = Holder()
+    holder.self = holder  # a cycle: freed by the collector, whenever it runs (inside leafwatch too)
+    holder.scale = leafwatch.watch(torch.zeros(2, requires_grad=True), name=f"scale{i}")
+    del holder
+gc.collect()
+print("watched after collection:", len(leafwatch.watched()))
+"""
+
+
+def test_watched_tensors_freed_by_the_garbage_collector_never_deadlock(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    script = tmp_path / "cycles.py"
+    script.write_text(_CYCLE_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "watched after collection: 0" in done.stdout

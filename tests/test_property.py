@@ -29,7 +29,7 @@ from torch import nn
 import leafwatch
 
 SETTINGS = settings(
-    max_examples=150,
+    max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -234,3 +234,42 @@ def test_audit_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(ca
     _assert_matches_truth(report, truth, case.model)
     expected_reason = "unreachable" if with_loss else "unknown"
     assert {f.details["reason"] for f in report.by_kind("missing_grad")} <= {expected_reason}, str(report)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases())
+def test_monitor_over_several_steps_stays_exact_and_resolves_what_was_fixed(case: Case) -> None:
+    model, optimizer = case.model, case.optimizer
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitor = leafwatch.Monitor(model, optimizer)
+        if optimizer is not None:
+            monitor.attach()
+        try:
+            for step in range(1, 4):
+                _, truth = _forward_backward(case)
+                if optimizer is None:
+                    monitor.check()
+                else:
+                    optimizer.step()  # the attached pre-hook checks
+                    optimizer.zero_grad(set_to_none=True)
+                report = monitor.report
+                assert monitor.step == step
+                _assert_matches_truth(report, truth, model)
+                for f in report.by_kind("missing_grad"):
+                    assert (f.status, f.first_step, f.steps_seen) == ("open", 1, step), f
+            if optimizer is None or not truth.not_in_optimizer:
+                return
+            # The fix the finding gives: hand the left-out parameters to the optimizer.
+            event("left-out parameters handed to the optimizer")
+            left_out = [truth.params[k] for k in truth.not_in_optimizer]
+            optimizer.add_param_group({"params": left_out})
+            _, truth = _forward_backward(case)
+            optimizer.step()
+            report = monitor.report
+        finally:
+            monitor.close()
+    assert report.names("not_in_optimizer") == set(), str(report)
+    assert _ids(report, "missing_grad", model) == truth.missing, str(report)
+    resolved = {f.name for f in monitor.history.values() if f.kind == "not_in_optimizer"}
+    assert {monitor.history[("not_in_optimizer", n)].status for n in resolved} == {"resolved"}

@@ -273,3 +273,32 @@ def test_monitor_over_several_steps_stays_exact_and_resolves_what_was_fixed(case
     assert _ids(report, "missing_grad", model) == truth.missing, str(report)
     resolved = {f.name for f in monitor.history.values() if f.kind == "not_in_optimizer"}
     assert {monitor.history[("not_in_optimizer", n)].status for n in resolved} == {"resolved"}
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=cases(), use_monitor=st.booleans())
+def test_watched_activations_miss_a_gradient_exactly_when_autograd_says_so(case: Case, use_monitor: bool) -> None:
+    model = case.model
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitor = leafwatch.Monitor(model, case.optimizer) if use_monitor else None
+        try:
+            x, outputs = case.x, {}
+            for i, block in enumerate(model.blocks):
+                if block.used:
+                    x = outputs[f"out{i}"] = leafwatch.watch(block.linear(x), name=f"out{i}", expect_leaf=False)
+                    if block.detach:
+                        x = x.detach()
+            loss = x.sum() + model.anchor
+            flowing = [t for t in outputs.values() if t.requires_grad]
+            grads = torch.autograd.grad(loss, flowing, allow_unused=True, retain_graph=True) if flowing else ()
+            expected = {n for n, t in outputs.items() if not t.requires_grad}
+            expected |= {n for (n, t) in outputs.items() for f, g in zip(flowing, grads) if f is t and g is None}
+            loss.backward()
+            report = monitor.check() if monitor is not None else leafwatch.audit(model, case.optimizer)
+        finally:
+            if monitor is not None:
+                monitor.close()
+    watched_missing = {f.name for f in report.by_kind("missing_grad") if f.name.startswith("out")}
+    assert watched_missing == expected, str(report)
+    assert report.names("non_leaf") == set()  # expect_leaf=False: an activation is not a leaf by design

@@ -98,7 +98,8 @@ def watch(
 
     Raises:
         TypeError: ``tensor`` is not a tensor, or ``name`` not a string.
-        ValueError: ``name`` already names another live watched tensor.
+        ValueError: ``name`` already names another live watched tensor. Without ``name``, the
+            tensor watched at the same line is another step's: the new tensor replaces it.
 
     Example::
 
@@ -114,6 +115,7 @@ def watch(
         if not isinstance(value, bool):
             raise TypeError(f"`{arg}` must be a bool, got {type(value).__name__}: {value!r:.80}")
     location = _caller_location()
+    named_by_caller = name is not None
     name = name if name is not None else f"tensor@{location}"
     if not name:
         raise ValueError("`name` must not be empty, got ''")
@@ -125,7 +127,7 @@ def watch(
             if live is tensor:
                 existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
                 return tensor
-            if live is not None:
+            if live is not None and named_by_caller:
                 raise ValueError(
                     f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
                     "pick a unique name or unwatch() the other one first"

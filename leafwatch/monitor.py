@@ -222,7 +222,7 @@ class Monitor:
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
-        self._watch_counts: dict[str, int] = {}
+        self._watch_counts: dict[str, tuple[watch.WatchEntry, int]] = {}
         self._values = ValueChecker()
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
@@ -600,17 +600,21 @@ class Monitor:
     def _check_watched(self) -> None:
         entries = watch.entries()
         current: set[tuple[str, str]] = set()
+        counts: dict[str, tuple[watch.WatchEntry, int]] = {}
         if entries:
             got = {}
             for e in entries:
-                last = self._watch_counts.get(e.name, 0)
+                seen = self._watch_counts.get(e.name)
+                # A name watched again (the next step's activation) is a new entry that counts from 0.
+                last = seen[1] if seen is not None and seen[0] is e else 0
                 t = e.tensor()
                 got[e.name] = e.grads_seen > last or (
                     e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
-                self._watch_counts[e.name] = e.grads_seen
+                counts[e.name] = (e, e.grads_seen)
             for f in checks.watched_findings(entries, self.step, got, self._inventory):
                 current.add(f.key)
                 self._upsert(f)
+        self._watch_counts = counts  # only the live entries: bounded by what is watched now
         # A watched finding that did not recur is resolved (a gradient arrived, or the tensor is gone).
         for key, f in list(self._records.items()):
             if f.status == "open" and f.details.get("source") == "watch" and key not in current:

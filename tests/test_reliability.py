@@ -323,7 +323,7 @@ def test_monitor_watched_tensors_and_their_graphs_are_freed_while_it_runs() -> N
         hidden = leafwatch.watch(model.layer(torch.ones(1, 2)) * saved, name="hidden", expect_leaf=False)
         del saved
         model.head(hidden).sum().backward()
-        monitor.check()
+        assert monitor.check().findings == []  # each step's `hidden` got its gradient
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         del hidden
@@ -796,3 +796,39 @@ def test_watched_tensors_freed_by_the_garbage_collector_never_deadlock(tmp_path)
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "watched after collection: 0" in done.stdout
+
+
+def test_watch_without_a_name_in_a_training_loop_replaces_the_previous_step() -> None:
+    class Watching(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(2, 2)
+            self.head = nn.Linear(2, 1)
+            self.cut = False
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            hidden = leafwatch.watch(self.layer(x), expect_leaf=False)  # named by this line
+            return self.head(hidden.detach() if self.cut else hidden), hidden
+
+    model = Watching()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []  # the activations are kept for logging: every step's stays alive
+    monitor = leafwatch.Monitor(model, optimizer)
+    for step in range(1, 5):
+        model.cut = step == 4
+        out, hidden = model(torch.ones(3, 2))
+        kept.append(hidden)
+        out.sum().backward()
+        report = monitor.check()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert list(leafwatch.watched().values()) == [hidden]
+        assert report.open == [] or step == 4
+    monitor.close()
+    # The cut at step 4 is named by the watch point's line, with the cause.
+    cut = [f for f in report.by_kind("missing_grad") if f.name.startswith("tensor@")]
+    assert len(cut) == 1 and cut[0].name.endswith(f"test_reliability.py:{Watching.forward.__code__.co_firstlineno + 1}")
+    assert "no gradient flowed through it" in cut[0].message
+    assert report.names("missing_grad") == {cut[0].name}
+    # The layer trained for three steps, so its first miss is intermittent.
+    assert report.names("missing_grad", status="intermittent") == {"layer.weight", "layer.bias"}

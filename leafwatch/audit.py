@@ -90,7 +90,9 @@ def audit(
     got = {}
     for e in entries:
         t = e.tensor()
-        got[e.name] = e.grads_seen > 0 or (t is not None and e.is_leaf and t.grad is not None)
+        # A leaf's end state is its .grad (as for parameters); a non-leaf's is whether any gradient
+        # flowed through it (an activation lives for one step).
+        got[e.name] = (t is not None and t.grad is not None) if e.is_leaf else e.grads_seen > 0
     findings += checks.watched_findings(entries, step, got, inv)
     findings += checks.tensor_findings(named, step, inv)
 

@@ -832,3 +832,21 @@ def test_watch_without_a_name_in_a_training_loop_replaces_the_previous_step() ->
     assert report.names("missing_grad") == {cut[0].name}
     # The layer trained for three steps, so its first miss is intermittent.
     assert report.names("missing_grad", status="intermittent") == {"layer.weight", "layer.bias"}
+
+
+def test_a_watched_leaf_that_stops_being_used_is_named_by_audit_and_monitor() -> None:
+    model = Healthy()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    temperature = leafwatch.watch(torch.ones(1, requires_grad=True), name="temperature")
+    monitor = leafwatch.Monitor(model, optimizer)
+    for step in range(1, 4):
+        out = model(torch.ones(3, 2))
+        (out * temperature if step == 1 else out).sum().backward()
+        audited, report = leafwatch.audit(model, optimizer), monitor.check()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        temperature.grad = None
+        expected = set() if step == 1 else {"temperature"}
+        assert audited.names("missing_grad") == expected
+        assert report.names("missing_grad", status=None) == expected
+    monitor.close()

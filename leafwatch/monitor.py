@@ -343,12 +343,21 @@ class Monitor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping):
             raise TypeError(f"`state` must be a mapping from state_dict(), got {type(state).__name__}")
-        self.step = int(state.get("step", 0))
-        self._records = {}
-        for data in state.get("records", ()):
-            f = Finding.from_dict(data)
-            self._records[f.key] = f
-        self._restored_misses = dict(state.get("misses", {}))
+        step = state.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"`state['step']` must be an int, got {type(step).__name__}: {step!r:.80}")
+        records = {}
+        for i, data in enumerate(state.get("records", ())):
+            try:
+                f = Finding.from_dict(data)
+            except (TypeError, AttributeError) as error:
+                raise ValueError(f"`state['records'][{i}]` is not a finding from state_dict(), got {data!r:.80}") from error
+            records[f.key] = f
+        misses = state.get("misses", {})
+        if not isinstance(misses, Mapping):
+            raise ValueError(f"`state['misses']` must be a mapping name -> count, got {type(misses).__name__}: {misses!r:.80}")
+        # Only a state that is whole replaces the current one.
+        self.step, self._records, self._restored_misses = step, records, dict(misses)
         self._fingerprint = None
         self._dirty = self._stale = True
         self._report = self._build_report()

@@ -256,3 +256,30 @@ def test_load_state_dict_rejects_something_that_is_not_a_mapping() -> None:
 def test_raise_for_findings_rejects_an_unknown_severity() -> None:
     with pytest.raises(ValueError, match=r"`min_severity` can be one of error, warning, info, got 'fatal'"):
         leafwatch.Report().raise_for_findings("fatal")
+
+
+@pytest.mark.parametrize(("state", "pattern"), [
+    ({"step": "12"}, r"`state\['step'\]` must be an int, got str: '12'"),
+    ({"step": 3, "records": [{"kind": "missing_grad"}]}, r"`state\['records'\]\[0\]` is not a finding .*'kind': 'missing_grad'"),
+    ({"step": 3, "records": ["missing_grad"]}, r"`state\['records'\]\[0\]` is not a finding .*got 'missing_grad'"),
+    ({"step": 3, "misses": [1, 2]}, r"`state\['misses'\]` must be a mapping name -> count, got list: \[1, 2\]"),
+])
+def test_load_state_dict_rejects_a_malformed_state_and_keeps_the_current_one(state, pattern) -> None:
+    model = TwoLayerModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, optimizer)
+    model(torch.ones(1, 2)).sum().backward()
+    monitor.check()
+    history = dict(monitor.history)
+    with pytest.raises(ValueError, match=pattern):
+        monitor.load_state_dict(state)
+    assert monitor.step == 1
+    assert monitor.history == history
+    assert set(history) == {("missing_grad", "spare.weight"), ("missing_grad", "spare.bias")}
+    monitor.close()
+
+
+class TwoLayerModel(TinyModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.spare = nn.Linear(2, 2)

@@ -850,3 +850,28 @@ def test_a_watched_leaf_that_stops_being_used_is_named_by_audit_and_monitor() ->
         assert audited.names("missing_grad") == expected
         assert report.names("missing_grad", status=None) == expected
     monitor.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive() -> None:
+    model = Healthy().cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = leafwatch.Monitor(model, optimizer, check_values_every_n_steps=1)
+    x = torch.ones(3, 2, device="cuda")
+    refs = []
+    for step in range(1, 201):
+        model(x).sum().backward()
+        refs.append(weakref.ref(model.layer.weight.grad))
+        if step == 200:
+            model.head.weight.grad.fill_(float("nan"))
+        monitor.check()
+        # Results still on their way, and their names, are bounded by how far the GPU lags.
+        assert len(monitor._values._pending) <= 50 and len(monitor._value_names) <= 50
+        if step < 200:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
+    report = monitor.close()  # waits for the last step's result
+    assert report.names("nonfinite_grad") == {"head.weight"}
+    assert monitor._values._pending == []

@@ -504,10 +504,15 @@ class Monitor:
             self._retarget_tracer()
         # With several optimizers checked one at a time, one forward pass can serve all their
         # checks: forget what the hooks saw only once every optimizer has been checked.
-        self._traced_optimizers.add(self._optimizer_index(optimizer))
-        if None in self._traced_optimizers or len(self._traced_optimizers) >= len(self.optimizers):
+        # An optimizer checked again before the others starts a new round, so what the hooks saw
+        # never piles up over steps (a loop that checks only one of its optimizers).
+        index = self._optimizer_index(optimizer)
+        if index is None or index in self._traced_optimizers \
+                or len(self._traced_optimizers) + 1 >= len(self.optimizers):
             self._tracer.reset()
             self._traced_optimizers.clear()
+        else:
+            self._traced_optimizers.add(index)
         if self._stale:
             self._report = self._build_report()
             self._stale = False

@@ -875,3 +875,29 @@ def test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive() ->
     report = monitor.close()  # waits for the last step's result
     assert report.names("nonfinite_grad") == {"head.weight"}
     assert monitor._values._pending == []
+
+
+def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounded() -> None:
+    class Pair(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+            self.critic = nn.Linear(2, 1)
+
+    model = Pair()
+    gen_opt = torch.optim.SGD(model.generator.parameters(), lr=0.1)
+    critic_opt = torch.optim.SGD(model.critic.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, [gen_opt, critic_opt])
+    for step in range(1, 101):
+        # generator.0 is always cut off, so its hooks stay armed; a new batch size every step.
+        hidden = model.generator[0](torch.randn(step % 7 + 1, 2)).detach()
+        model.critic(model.generator[1](hidden)).sum().backward()
+        report = monitor.check(gen_opt)  # the critic's optimizer is never checked
+        gen_opt.step()
+        gen_opt.zero_grad(set_to_none=True)
+        records = monitor._tracer.records
+        assert sum(len(r.detached_inputs) for r in records.values()) <= 2 * 7, step
+        assert all(r.calls <= 2 for r in records.values()), step
+    assert report.names("missing_grad") == {"generator.0.weight", "generator.0.bias"}
+    assert {f.details["reason"] for f in report.by_kind("missing_grad")} == {"detached"}
+    monitor.close()

@@ -8,14 +8,15 @@ hook: it sees the end state, so it says plainly when the cause of a missing grad
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import checks, graph, inventory, watch
-from .findings import Finding, Report
-from .monitor import _validate_ignore, apply_ignore
+from .findings import Finding, LeafwatchWarning, Report
+from .monitor import _validate_ignore, apply_ignore, warn_unmatched_ignore
 from .values import ValueChecker
 
 
@@ -66,6 +67,7 @@ def audit(
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
     inv = inventory.Inventory(model, opts)
+    warn_unmatched_ignore(ignore_map, inv, extra_names=list(named))
     findings: list[Finding] = checks.structural(inv, step=step)
     stale = {f.name for f in findings if f.kind == "stale_param"}
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
@@ -90,7 +92,9 @@ def audit(
     got = {}
     for e in entries:
         t = e.tensor()
-        got[e.name] = e.grads_seen > 0 or (t is not None and e.is_leaf and t.grad is not None)
+        # A leaf's end state is its .grad (as for parameters); a non-leaf's is whether any gradient
+        # flowed through it (an activation lives for one step).
+        got[e.name] = (t is not None and t.grad is not None) if e.is_leaf else e.grads_seen > 0
     findings += checks.watched_findings(entries, step, got, inv)
     # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
     findings += checks.tensor_findings(
@@ -99,7 +103,16 @@ def audit(
     if check_values:
         grads = [p.grad for _, p in checked]
         values = ValueChecker()
-        _, bad = values.check(grads, step or 0)
-        bad += values.flush()[1]
+        try:
+            _, bad = values.check(grads, step or 0)
+            bad += values.flush()[1]
+        except Exception as error:  # an exotic gradient type: report the rest, never stop training
+            warnings.warn(
+                f"leafwatch: internal failure in the NaN/Inf gradient check ({type(error).__name__}: {error}); "
+                "audit() reports everything else.",
+                LeafwatchWarning,
+                stacklevel=2,
+            )
+            bad = []
         findings += [checks.nonfinite_grad(checked[i][0], checked[i][1], step or 0) for _, i in bad]
     return Report(apply_ignore(findings, ignore_map), step=step)

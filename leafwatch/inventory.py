@@ -129,8 +129,6 @@ class Inventory:
             [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
         ]
         self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
-        #: The model's frozen parameters, to notice one unfrozen later without a full rebuild.
-        self.frozen: list[torch.Tensor] = [t for t in self.tensors.values() if not t.requires_grad]
 
     # -- the model ---------------------------------------------------------------------------
     def _read_model(self, model: nn.Module, prefix: str = "") -> None:

@@ -24,8 +24,9 @@ from .values import ValueChecker
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
 REBUILD_EVERY = 1000
-#: How often (in checks) the frozen parameters are looked at, to see one unfrozen mid-run.
-UNFROZEN_CHECK_EVERY = 10
+#: How often (in checks) the parameters' requires_grad flags are compared with the last build, so
+#: that a parameter unfrozen mid-run but left out of the optimizer is named within a few steps.
+REQUIRES_GRAD_EVERY = 10
 DEFAULT_VALUE_CHECK_EVERY = 10
 #: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
 #: without a gradient, and at least twice its longest gap before: it stopped training.
@@ -100,6 +101,24 @@ def apply_ignore(findings: Sequence[Finding], ignore: Mapping[str, str]) -> list
                 break
         out.append(f)
     return out
+
+
+def warn_unmatched_ignore(ignore: Mapping[str, str], inv: inventory.Inventory, extra_names: Sequence[str] = (),
+                          stacklevel: int = 3) -> None:
+    """Warn for each ``ignore`` pattern that matches no parameter or tensor name (a likely typo)."""
+    if not ignore:
+        return
+    names = {info.name for info in inv.params.values()}
+    names |= {a for info in inv.params.values() for a in info.aliases}
+    names |= {o.name for o in inv.orphans()} | set(watch.watched()) | set(extra_names)
+    for pattern in ignore:
+        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
+            warnings.warn(
+                f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
+                f"(for example {sorted(names)[:3]})",
+                LeafwatchWarning,
+                stacklevel=stacklevel,
+            )
 
 
 class _WarnOnce:
@@ -200,18 +219,21 @@ class Monitor:
         self._inventory: inventory.Inventory | None = None
         self._fingerprint: Any = None
         self._built_at = 0
+        self._flags_read_at = 0
+        self._requires_grad_flags: tuple[bool, ...] = ()
         self._lists: dict[int | None, _CheckList] = {}
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
         self._longest_streak: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
-        self._watch_counts: dict[str, int] = {}
+        self._watch_counts: dict[str, tuple[watch.WatchEntry, int]] = {}
         self._values = ValueChecker()
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
         self._restored_misses: dict[str, int] = {}
         self._restored_checks: dict[int | None, int] = {}
-        self._tracer = tracing.Tracer()
+        self._tracer = tracing.Tracer(on_error=self._warn)
+        self._traced_optimizers: set[int | None] = set()
         self._closed = False
         if self.diagnose and self._has_model():
             try:
@@ -232,18 +254,27 @@ class Monitor:
 
         Raises:
             LeafwatchError: in strict mode, when an error finding is open.
+            TypeError: an argument of the wrong type.
         """
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {type(optimizer).__name__}: {optimizer!r:.80}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise TypeError(f"`step` must be an int or None, got {type(step).__name__}: {step!r:.80}")
+        if loss is not None and not isinstance(loss, torch.Tensor):
+            raise TypeError(f"`loss` must be a torch.Tensor or None, got {type(loss).__name__}: {loss!r:.80}")
         if self._in_check or self._closed:
             return self._report
         self._in_check = True
         try:
-            event = self._check(optimizer, step, loss)
-        except Exception as error:
-            self._warn("Monitor.check", error)
-            return self._report
+            try:
+                event = self._check(optimizer, step, loss)
+            except Exception as error:
+                self._warn("Monitor.check", error)
+                return self._report
+            # Still inside the guard: a sink that calls check() gets the current report back.
+            self._emit(event)
         finally:
             self._in_check = False
-        self._emit(event)
         if self.strict:
             event.report.raise_for_findings("error")
         return event.report
@@ -340,13 +371,25 @@ class Monitor:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not isinstance(state, Mapping):
             raise TypeError(f"`state` must be a mapping from state_dict(), got {type(state).__name__}")
-        self.step = int(state.get("step", 0))
-        self._records = {}
-        for data in state.get("records", ()):
-            f = Finding.from_dict(data)
-            self._records[f.key] = f
-        self._restored_misses = dict(state.get("misses", {}))
-        self._restored_checks = {int(k) if k != "None" else None: int(v) for k, v in state.get("checks", {}).items()}
+        step = state.get("step", 0)
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ValueError(f"`state['step']` must be an int, got {type(step).__name__}: {step!r:.80}")
+        records = {}
+        for i, data in enumerate(state.get("records", ())):
+            try:
+                f = Finding.from_dict(data)
+            except (TypeError, AttributeError) as error:
+                raise ValueError(f"`state['records'][{i}]` is not a finding from state_dict(), got {data!r:.80}") from error
+            records[f.key] = f
+        misses = state.get("misses", {})
+        if not isinstance(misses, Mapping):
+            raise ValueError(f"`state['misses']` must be a mapping name -> count, got {type(misses).__name__}: {misses!r:.80}")
+        # Only a state that is whole replaces the current one.
+        checks_done = state.get("checks", {})
+        if not isinstance(checks_done, Mapping):
+            raise ValueError(f"`state['checks']` must be a mapping optimizer -> count, got {type(checks_done).__name__}: {checks_done!r:.80}")
+        self.step, self._records, self._restored_misses = step, records, dict(misses)
+        self._restored_checks = {int(k) if k != "None" else None: int(v) for k, v in checks_done.items()}
         self._fingerprint = None
         self._dirty = self._stale = True
         self._report = self._build_report()
@@ -399,18 +442,25 @@ class Monitor:
         structural = checks.structural(inv, step=self.step, previous_names=self._previous_names)
         self._replace_structural(structural)
         self._check_ignore_patterns(inv)
-        self._built_at = self.step
+        self._built_at = self._flags_read_at = self.step
+        self._requires_grad_flags = self._read_requires_grad()
 
-    def _unfrozen(self) -> bool:
-        """Every few checks: whether a frozen parameter now requires grad (unfrozen mid-run)."""
-        if self._inventory is None or self.step % UNFROZEN_CHECK_EVERY:
+    def _read_requires_grad(self) -> tuple[bool, ...]:
+        return tuple(t.requires_grad for t in self._inventory.tensors.values()) if self._inventory else ()
+
+    def _requires_grad_changed(self) -> bool:
+        """Every few checks: was a parameter frozen or unfrozen since the last build?"""
+        if abs(self.step - self._flags_read_at) < REQUIRES_GRAD_EVERY:
             return False
-        return any(t.requires_grad for t in self._inventory.frozen)
+        self._flags_read_at = self.step
+        return self._read_requires_grad() != self._requires_grad_flags
 
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: _CheckList | None) -> _CheckList:
         infos = [inv.params.get(id(p)) for p in params]
-        names = tuple(info.name if info else f"tensor of shape {tuple(p.shape)}" for info, p in zip(infos, params))
+        # A tensor the model no longer holds keeps the name it had (it is a stale_param finding).
+        names = tuple(info.name if info else self._previous_names.get(id(p), f"tensor of shape {tuple(p.shape)}")
+                      for info, p in zip(infos, params))
         checks_done = old.checks if old is not None else 0
         added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
         return _CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)
@@ -428,17 +478,7 @@ class Monitor:
         if not self.ignore or getattr(self, "_ignore_checked", False):
             return
         self._ignore_checked = True
-        names = {info.name for info in inv.params.values()}
-        names |= {a for info in inv.params.values() for a in info.aliases}
-        names |= {o.name for o in inv.orphans()} | set(watch.watched())
-        for pattern in self.ignore:
-            if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-                warnings.warn(
-                    f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
-                    f"(for example {sorted(names)[:3]})",
-                    LeafwatchWarning,
-                    stacklevel=4,
-                )
+        warn_unmatched_ignore(self.ignore, inv, stacklevel=6)
 
     # -- the check ---------------------------------------------------------------------------
     def _upsert(self, f: Finding) -> None:
@@ -454,7 +494,11 @@ class Monitor:
             steps_seen=old.steps_seen + 1,
             status=status,
         )
-        if (old.status, old.cause, old.severity, old.message) != (updated.status, updated.cause, updated.severity, updated.message):
+        # An intermittent finding's message counts the steps: that count alone is no change worth
+        # logging again (it would rewrite the whole report every other step of a routed model).
+        counted = old.status == updated.status == "intermittent"
+        if (old.status, old.cause, old.severity) != (updated.status, updated.cause, updated.severity) \
+                or (old.message != updated.message and not counted):
             self._dirty = self._stale = True
         self._records[f.key] = updated
 
@@ -474,7 +518,8 @@ class Monitor:
                loss: torch.Tensor | None) -> CheckEvent:
         self.step = step if step is not None else self.step + 1
         fingerprint = self._current_fingerprint()
-        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY or self._unfrozen():
+        if fingerprint != self._fingerprint or self.step - self._built_at >= REBUILD_EVERY \
+                or self._requires_grad_changed():
             self._fingerprint = fingerprint
             self._rebuild()
         lists = self._list_for(optimizer)
@@ -491,10 +536,23 @@ class Monitor:
             offset += len(clist.params)
         self._check_watched()
         if self.check_values_every_n_steps and (self.step == 1 or self.step % self.check_values_every_n_steps == 0):
-            self._check_values(lists)
+            try:
+                self._check_values(lists)
+            except Exception as error:  # the gradient checks above still count
+                self._warn("the NaN/Inf gradient check", error)
         if self._tracer.handles or self._streak:
             self._retarget_tracer()
-        self._tracer.reset()
+        # With several optimizers checked one at a time, one forward pass can serve all their
+        # checks: forget what the hooks saw only once every optimizer has been checked.
+        # An optimizer checked again before the others starts a new round, so what the hooks saw
+        # never piles up over steps (a loop that checks only one of its optimizers).
+        index = self._optimizer_index(optimizer)
+        if index is None or index in self._traced_optimizers \
+                or len(self._traced_optimizers) + 1 >= len(self.optimizers):
+            self._tracer.reset()
+            self._traced_optimizers.clear()
+        else:
+            self._traced_optimizers.add(index)
         if self._stale:
             self._report = self._build_report()
             self._stale = False
@@ -527,6 +585,8 @@ class Monitor:
             if streak < self.patience:
                 continue
             name, info = clist.names[i], clist.infos[i]
+            if info is None and self._is_open(("stale_param", name)):
+                continue  # the replaced tensor: its stale_param finding already says it will not train
             checks_of_p = clist.checks - clist.added_at.get(pid, 0)
             key = ("missing_grad", name)
             old = self._records.get(key)
@@ -576,6 +636,10 @@ class Monitor:
             "it stopped training.",
             details={**f.details, "stalled_for": streak})
 
+    def _is_open(self, key: tuple[str, str]) -> bool:
+        found = self._records.get(key)
+        return found is not None and found.status == "open"
+
     @staticmethod
     def _name_of(clist: _CheckList, pid: int) -> str:
         for p, name in zip(clist.params, clist.names):
@@ -605,17 +669,21 @@ class Monitor:
     def _check_watched(self) -> None:
         entries = watch.entries()
         current: set[tuple[str, str]] = set()
+        counts: dict[str, tuple[watch.WatchEntry, int]] = {}
         if entries:
             got = {}
             for e in entries:
-                last = self._watch_counts.get(e.name, 0)
+                seen = self._watch_counts.get(e.name)
+                # A name watched again (the next step's activation) is a new entry that counts from 0.
+                last = seen[1] if seen is not None and seen[0] is e else 0
                 t = e.tensor()
                 got[e.name] = e.grads_seen > last or (
                     e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
-                self._watch_counts[e.name] = e.grads_seen
+                counts[e.name] = (e, e.grads_seen)
             for f in checks.watched_findings(entries, self.step, got, self._inventory):
                 current.add(f.key)
                 self._upsert(f)
+        self._watch_counts = counts  # only the live entries: bounded by what is watched now
         # A watched finding that did not recur is resolved (a gradient arrived, or the tensor is gone).
         for key, f in list(self._records.items()):
             if f.status == "open" and f.details.get("source") == "watch" and key not in current:

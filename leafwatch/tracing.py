@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -91,7 +92,8 @@ def _in_reentrant_checkpoint() -> bool:
 class Tracer:
     """Forward hooks on chosen modules, and what they saw since the last :meth:`reset`."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_error: Callable[[str, BaseException], None] | None = None) -> None:
+        self.on_error = on_error
         self.records: dict[str, RunRecord] = {}
         self.handles: dict[str, Any] = {}
         self._counter = 0
@@ -124,6 +126,17 @@ class Tracer:
 
     def _make_hook(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+            # The hook runs inside the user's forward: a failure here must never stop training.
+            try:
+                record_run(module, args, output)
+            except Exception as error:
+                # What this hook saw is incomplete: explain nothing from it rather than guess.
+                self.records.pop(name, None)
+                self.armed_since_reset.discard(name)
+                if self.on_error is not None:
+                    self.on_error("a diagnostic forward hook", error)
+
+        def record_run(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             grad_on = torch.is_grad_enabled()
             if not grad_on and not module.training:
                 return  # an evaluation pass between steps: not what the training step did

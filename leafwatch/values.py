@@ -23,6 +23,9 @@ class _Pending:
 
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:
+    to_local = getattr(grad, "to_local", None)
+    if callable(to_local):  # a DTensor: each rank checks its own shard, with plain tensor ops
+        grad = to_local()
     return grad._values() if grad.is_sparse else grad
 
 

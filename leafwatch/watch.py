@@ -8,6 +8,7 @@ the watched tensors that are still alive.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 import sys
@@ -43,6 +44,19 @@ class WatchEntry:
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 _lock = threading.Lock()
 _entries: dict[str, WatchEntry] = {}
+# Weak-reference callbacks run wherever the garbage collector runs, also inside ``with _lock``
+# in this very thread: they only queue the dead entry (deque.append is atomic), and the next
+# locked call drops it.
+_dead: collections.deque[tuple[str, weakref.ReferenceType]] = collections.deque()
+
+
+def _purge_dead() -> None:
+    """Drop the entries whose tensor was freed; call with ``_lock`` held."""
+    while _dead:
+        name, ref = _dead.popleft()
+        entry = _entries.get(name)
+        if entry is not None and entry.ref is ref:
+            del _entries[name]
 
 
 def _caller_location() -> str:
@@ -85,7 +99,8 @@ def watch(
 
     Raises:
         TypeError: ``tensor`` is not a tensor, or ``name`` not a string.
-        ValueError: ``name`` already names another live watched tensor.
+        ValueError: ``name`` already names another live watched tensor. Without ``name``, the
+            tensor watched at the same line is another step's: the new tensor replaces it.
 
     Example::
 
@@ -102,17 +117,19 @@ def watch(
         if not isinstance(value, bool):
             raise TypeError(f"`{arg}` must be a bool, got {type(value).__name__}: {value!r:.80}")
     location = _caller_location()
+    named_by_caller = name is not None
     name = name if name is not None else f"tensor@{location}"
     if not name:
         raise ValueError("`name` must not be empty, got ''")
     with _lock:
+        _purge_dead()
         existing = _entries.get(name)
         if existing is not None:
             live = existing.tensor()
             if live is tensor:
                 existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
                 return tensor
-            if live is not None:
+            if live is not None and named_by_caller:
                 raise ValueError(
                     f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
                     "pick a unique name or unwatch() the other one first"
@@ -127,8 +144,24 @@ def watch(
             is_leaf=tensor.is_leaf,
             origin=graph.origin(tensor) if not tensor.is_leaf else None,
         )
-        entry.handle = _install_hook(tensor, entry)
+        try:
+            entry.handle = _install_hook(tensor, entry)
+        except Exception as error:  # an exotic tensor subclass: watch without counting gradients
+            hook_error = error
+            if not entry.is_leaf:
+                entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
+        else:
+            hook_error = None
         _entries[name] = entry
+    if hook_error is not None:
+        warnings.warn(
+            f"leafwatch: internal failure in watch({name!r}): cannot hook {type(tensor).__name__} "
+            f"({type(hook_error).__name__}: {hook_error}); "
+            + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
+               else "leafwatch cannot tell whether gradients flow through it."),
+            LeafwatchWarning,
+            stacklevel=_stacklevel_outside(),
+        )
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         warnings.warn(
@@ -142,10 +175,7 @@ def watch(
 
 def _make_finalizer(name: str):
     def finalize(ref: weakref.ReferenceType) -> None:
-        with _lock:
-            entry = _entries.get(name)
-            if entry is not None and entry.ref is ref:
-                del _entries[name]
+        _dead.append((name, ref))  # never take _lock here: the collector may run while it is held
 
     return finalize
 
@@ -178,6 +208,7 @@ def _remove(entry: WatchEntry) -> None:
 def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
     """Stop watching a tensor (by the tensor or its name); True when something was removed."""
     with _lock:
+        _purge_dead()
         if isinstance(tensor_or_name, str):
             entry = _entries.get(tensor_or_name)
             if entry is None:
@@ -186,7 +217,8 @@ def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
             return True
         if not isinstance(tensor_or_name, torch.Tensor):
             raise TypeError(
-                f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}"
+                f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
+                f"{tensor_or_name!r:.80}"
             )
         removed = False
         for entry in list(_entries.values()):
@@ -199,6 +231,7 @@ def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
 def unwatch_all() -> None:
     """Stop watching every tensor."""
     with _lock:
+        _purge_dead()
         for entry in list(_entries.values()):
             _remove(entry)
 
@@ -206,6 +239,7 @@ def unwatch_all() -> None:
 def watched() -> dict[str, torch.Tensor]:
     """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
     with _lock:
+        _purge_dead()
         out = {}
         for name, entry in _entries.items():
             t = entry.tensor()
@@ -216,4 +250,5 @@ def watched() -> dict[str, torch.Tensor]:
 
 def entries() -> list[WatchEntry]:
     with _lock:
+        _purge_dead()
         return [e for e in _entries.values() if e.tensor() is not None]

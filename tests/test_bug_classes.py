@@ -720,7 +720,8 @@ def test_layer_unfrozen_mid_run_but_not_added_to_the_optimizer():
             report = monitor.check()
             if found_at is None and report.names("not_in_optimizer"):
                 found_at = step
-    assert found_at == 10  # seen at the next look at the frozen parameters
+    # Seen at the next look at the requires_grad flags (every few checks), not at the 1000-check rebuild.
+    assert found_at is not None and 4 <= found_at <= 14
     assert report.names("not_in_optimizer") == {"a.weight", "a.bias"}
 
 

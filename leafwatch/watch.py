@@ -106,6 +106,7 @@ def watch(
         >>> import torch, leafwatch
         >>> w = leafwatch.watch(torch.zeros(3, requires_grad=True), name="w")
         >>> leafwatch.unwatch(w)
+        True
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"`tensor` must be a torch.Tensor, got {type(tensor).__name__}: {tensor!r:.80}")

@@ -222,7 +222,7 @@ def explain_missing(
         parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
         parent = max(parents, key=lambda r: len(r.name), default=None)
         parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
-        where = f" (its parent {parent_name} ran without calling it)" if parent else ""
+        where = f" ({parent_name} ran, but did not call it)" if parent else ""
         return Explanation(
             cause=f"module {shown} never ran in this step's forward{where}.",
             fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",

@@ -40,7 +40,8 @@ _ACTIVE_STATUSES = ("open", "intermittent")
 _STATUS_ORDER = {"open": 0, "intermittent": 1, "ignored": 2, "resolved": 3}
 _SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
-DDP_NEXT_STEP_ERROR = "Expected to have finished reduction in the prior iteration"
+# Quoted without its end: Lightning rewrites any exception whose message holds DDP's full text.
+DDP_NEXT_STEP_ERROR = "Expected to have finished reduction ..."
 DDP_FIX = (
     "remove the parameter (or freeze it with `requires_grad_(False)` before wrapping the model in "
     "DDP); if it is unused on purpose, pass `find_unused_parameters=True` (or `static_graph=True` "
@@ -196,7 +197,7 @@ def _ranks_words(ranks: Sequence[int]) -> str:
 
 
 def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
-          ddp_unused: bool | None = None) -> list[Finding]:
+          ddp_unused: bool | None = None, strategy: str = "plain") -> list[Finding]:
     """Merge the findings of every rank: one finding per ``(kind, name)`` with its ranks.
 
     A missing gradient on every rank is a dead parameter ("no gradient on any rank"). On some
@@ -208,6 +209,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         per_rank: The findings of each rank, indexed by rank.
         step: The step of the merged report.
         ddp_unused: DDP's ``find_unused_parameters`` when the model is wrapped in DDP, else None.
+        strategy: :attr:`GradientView.strategy`; DDP advice is given for ``"plain"`` only.
 
     Returns:
         The merged findings, each with ``ranks`` set.
@@ -226,28 +228,31 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
-                                     {r: seen[r].cause for r in active})
+                                     {r: seen[r].cause for r in active}, strategy == "plain")
         out.append(merged)
     return out
 
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,
-                    causes: Mapping[int, str]) -> Finding:
+                    causes: Mapping[int, str], plain: bool = True) -> Finding:
     name = f.name
     if f.details.get("reason") == "sharded_gradients":
         return f
     if len(active) == world_size:
-        note = ""
-        if f.status == "open" and ddp_unused is False:
+        note, fix = "", f.fix
+        if f.status == "open" and plain and ddp_unused is False:
             note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
                     f"with \"{DDP_NEXT_STEP_ERROR}\".")
-        elif f.status == "open" and ddp_unused is None:
-            note = (" Under DDP without find_unused_parameters=True, the next step fails with "
-                    f"\"{DDP_NEXT_STEP_ERROR}\".")
+            fix = DDP_FIX
+        elif f.status == "open" and plain and ddp_unused is None:
+            note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
+                    f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
+            fix = (f"{f.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
+                   "(or `static_graph=True`) to DistributedDataParallel")
         return f.replace(
             message=f.message.rstrip(".") + " (no gradient on any rank).",
             cause=f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {f.cause}{note}",
-            fix=DDP_FIX if (f.status == "open" and ddp_unused is not True) else f.fix,
+            fix=fix,
             details={**f.details, "ranks_without_grad": list(active), "world_size": world_size},
         )
     others = [r for r in range(world_size) if r not in active]
@@ -359,13 +364,15 @@ class Gatherer:
             self._group = torch.distributed.new_group(**kwargs)
         return self._group
 
-    def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None]) -> Report | None:
+    def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None],
+               strategy: str = "plain") -> Report | None:
         """Merge ``local`` with every rank's report. Call it on every rank at every check.
 
         Args:
             local: This rank's report (after a local failure, the last one).
             step: The step of the check.
             warn: Where internal failures go (warned once, training goes on).
+            strategy: :attr:`GradientView.strategy` of the model.
 
         Returns:
             The merged report, or None when gathering is off (it failed once).
@@ -390,7 +397,7 @@ class Gatherer:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, [f.to_dict() for f in findings], group=group)
                 per_rank = [[Finding.from_dict(d) for d in (g or [])] for g in gathered]
-                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused), step=step)
+                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy), step=step)
                 self._sent = digest
                 self.rounds += 1
             else:

@@ -310,10 +310,10 @@ class Monitor:
             close = getattr(sink, "close", None)
             if close is not None:
                 try:
-                    close(self._report)
+                    close(self.report)
                 except Exception as error:
                     self._warn(f"closing {type(sink).__name__}", error)
-        return self._report
+        return self.report
 
     def __enter__(self) -> Monitor:
         return self
@@ -634,7 +634,7 @@ class Monitor:
                 step: int | None) -> CheckEvent | None:
         assert self._gatherer is not None
         local = event.report if event is not None else self._report
-        merged = self._gatherer.gather(local, self.step, self._warn)
+        merged = self._gatherer.gather(local, self.step, self._warn, self._grad_view.strategy)
         if merged is None:
             return event
         changed = self._gatherer.changed

@@ -11,9 +11,11 @@ Two parts, both used by :class:`~leafwatch.Monitor`:
   NaN/Inf check reads the local shard).
 - :class:`Gatherer` merges the findings of every rank after each local check, so that rank
   zero logs each finding once with the ranks it was seen on, and strict mode raises on every
-  rank at the same step. Collectives are issued on every rank or on none: per check, ONE
-  all-reduce of a single int on a gloo side group ("did any rank's findings change?"); only
-  when the answer is yes, an all-gather of the (small, plain-data) findings.
+  rank at the same step. Collectives are issued on every rank or on none, on a gloo side group
+  (CPU tensors: no GPU sync, and never paired with DDP's own collectives): the first check
+  all-gathers the (small, plain-data) findings of every rank; afterwards each check starts ONE
+  all-reduce of a single int ("did any rank's findings change?") without waiting for it, and
+  reads it at the next check, where a yes (on every rank alike) triggers the next all-gather.
 
 Under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter that a
 rank did not use with the other ranks' average, so ``p.grad is None`` says nothing per rank;
@@ -290,10 +292,14 @@ class Gatherer:
             fills unused gradients (``find_unused_parameters=True``).
         timeout_s: Timeout of leafwatch's own gloo group; None keeps torch's default.
         ignore: The Monitor's ignore patterns, applied to the per-rank findings made here.
+        pipelined: Start each check's flag all-reduce without waiting and read it at the next
+            check, so a quiet step never waits on the network; a change is then merged one
+            check later (the first check always exchanges at once). False: wait at each check.
     """
 
     def __init__(self, model: Any, params: Sequence[tuple[torch.Tensor, str]] = (),
-                 timeout_s: float | None = None, ignore: Mapping[str, str] | None = None) -> None:
+                 timeout_s: float | None = None, ignore: Mapping[str, str] | None = None,
+                 pipelined: bool = True) -> None:
         self.rank, self.world_size = world()
         self.ignore = dict(ignore or {})
         self.timeout_s = timeout_s
@@ -309,6 +315,9 @@ class Gatherer:
         self._used: set[int] = set()
         self.rounds = 0
         self.changed = False
+        self.pipelined = pipelined
+        self._pending: Any = None
+        self._flag = torch.zeros(1, dtype=torch.int32)
         if self.ddp_unused:
             self._track_use(params)
 
@@ -390,9 +399,19 @@ class Gatherer:
                 findings += [f for f in extra if f.key not in known]
             digest = hash(tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings)))
             group = self._ensure_group()
-            flag = torch.tensor([0 if digest == self._sent else 1], dtype=torch.int32)
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=group)
-            self.changed = bool(flag.item()) or self._merged is None
+            if self._merged is None:
+                # The first check exchanges at once: DDP fails at the next step's forward pass.
+                self.changed = True
+            elif self.pipelined:
+                # The flag all-reduced at the previous check is long done: reading it costs no wait.
+                assert self._pending is not None
+                self._pending.wait()
+                self._pending = None
+                self.changed = bool(self._flag.item())
+            else:
+                self._flag.fill_(0 if digest == self._sent else 1)
+                torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, group=group)
+                self.changed = bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, [f.to_dict() for f in findings], group=group)
@@ -401,7 +420,12 @@ class Gatherer:
                 self._sent = digest
                 self.rounds += 1
             else:
+                assert self._merged is not None
                 self._merged.step = step
+            if self.pipelined:
+                self._flag.fill_(0 if digest == self._sent else 1)
+                self._pending = torch.distributed.all_reduce(
+                    self._flag, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
             return self._merged
         except Exception as error:
             self._disabled = True
@@ -409,6 +433,13 @@ class Gatherer:
             return None
 
     def close(self) -> None:
+        """Remove the hooks; wait for the flag in flight (every rank started it at its last check)."""
+        pending, self._pending = self._pending, None
+        if pending is not None and not self._disabled:
+            try:
+                pending.wait()
+            except Exception:  # a peer already gone: nothing left to agree on
+                pass
         for handle in self._handles:
             handle.remove()
         self._handles.clear()

@@ -1,7 +1,8 @@
 """Distributed training: findings merged across ranks, DDP's unused parameters, sharded gradients.
 
 The multi-process tests launch real 2-process jobs on CPU (gloo, bound to 127.0.0.1) with
-``python -m torch.distributed.run`` (plain torch) or a Lightning ``Trainer(strategy="ddp")``,
+the environment ``torch.distributed.run`` gives its workers (plain torch; the agent process
+itself is left out to save a torch import) or a Lightning ``Trainer(strategy="ddp")``,
 and read back what each rank wrote. A hang fails the test through the launch timeout.
 """
 
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -54,36 +56,51 @@ def _env(port: int) -> dict[str, str]:
     return env
 
 
-def _run(command: list[str], out: Path, port: int) -> dict[int, dict]:
-    """Run a 2-process job; a job still running after the timeout (a hang) fails the test."""
+def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None]) -> dict[int, dict]:
+    """Start the processes; one still running after the timeout (a hang) fails the test."""
     out.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(command, env=_env(port), cwd=out, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"the 2-process job hung (no exit within {LAUNCH_TIMEOUT_S} s):\n{log[-3000:]}")
+    procs = []
+    for command, rank in zip(commands, ranks):
+        env = _env(port)
+        if rank is not None:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        procs.append(subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    logs = []
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    hung = False
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            logs.append("")
+    if hung:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        pytest.fail(f"the 2-process job hung (no exit within {LAUNCH_TIMEOUT_S} s):\n{''.join(logs)[-3000:]}")
+    log = "\n".join(logs)
     results = {}
     for rank in (0, 1):
         path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing (exit code {proc.returncode}):\n{log[-3000:]}"
+        assert path.exists(), f"rank {rank} wrote nothing:\n{log[-3000:]}"
         results[rank] = json.loads(path.read_text())
     return results
 
 
 def _torchrun(scenario: str, tmp_path: Path, steps: int = 3) -> dict[int, dict]:
+    """The two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without its agent."""
     port = _free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(port),
-               str(SCRIPTS / "ddp_check.py"), scenario, str(tmp_path), str(steps)]
-    return _run(command, tmp_path, port)
+    command = [sys.executable, str(SCRIPTS / "ddp_check.py"), scenario, str(tmp_path), str(steps)]
+    return _run([command, command], tmp_path, port, [0, 1])
 
 
 def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
+    """Lightning starts the second process itself."""
     port = _free_port()
-    return _run([sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)], tmp_path, port)
+    return _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:

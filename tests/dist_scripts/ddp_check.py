@@ -1,6 +1,7 @@
-"""A multi-process leafwatch run, launched by tests/test_distributed.py with torch.distributed.run.
+"""A multi-process leafwatch run, launched by tests/test_distributed.py.
 
-Usage: ``python -m torch.distributed.run --nproc_per_node 2 ddp_check.py SCENARIO OUT_DIR``.
+Usage: ``python -m torch.distributed.run --nproc_per_node 2 ddp_check.py SCENARIO OUT_DIR [STEPS]``
+(or two processes with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as the tests do).
 Each rank writes ``OUT_DIR/rank{N}.json``: the report of each check, how many sink events the
 rank saw, and the error that stopped it (if any).
 """

@@ -26,17 +26,21 @@ to know which parameters each rank really used.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from .findings import Finding, LeafwatchWarning, Report
 
-if TYPE_CHECKING:
-    from .monitor import CheckEvent
+#: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
+#: gradient all-reduce, so they are seconds apart at most; a Monitor made on one rank only
+#: (``if rank == 0: Monitor(...)``) costs one stall of this length and a warning, not a hang.
+DEFAULT_TIMEOUT_S = 300.0
 
 _ACTIVE_STATUSES = ("open", "intermittent")
 _STATUS_ORDER = {"open": 0, "intermittent": 1, "ignored": 2, "resolved": 3}
@@ -112,7 +116,7 @@ def _chain(model: Any) -> list[Any]:
     return out
 
 
-def gradient_view(model: Any, params: Mapping[int, str] | Sequence[tuple[int, torch.Tensor, str]],
+def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
                   step: int | None = None) -> GradientView:
     """Detect the sharding strategy of ``model`` and say which gradients can be read per parameter.
 
@@ -124,7 +128,7 @@ def gradient_view(model: Any, params: Mapping[int, str] | Sequence[tuple[int, to
     Returns:
         A :class:`GradientView`; :data:`PLAIN` when nothing is sharded.
     """
-    entries = list(params) if not isinstance(params, Mapping) else []
+    entries = list(params)
     if not entries:
         return PLAIN
     tensors = [t for _, t, _ in entries]
@@ -290,7 +294,7 @@ class Gatherer:
         model: The Monitor's model (its DDP wrapper, if any, is found through it).
         params: ``(tensor, name)`` of the parameters whose per-rank use is tracked when DDP
             fills unused gradients (``find_unused_parameters=True``).
-        timeout_s: Timeout of leafwatch's own gloo group; None keeps torch's default.
+        timeout_s: Timeout of leafwatch's own gloo group; None: :data:`DEFAULT_TIMEOUT_S`.
         ignore: The Monitor's ignore patterns, applied to the per-rank findings made here.
         pipelined: Start each check's flag all-reduce without waiting and read it at the next
             check, so a quiet step never waits on the network; a change is then merged one
@@ -331,8 +335,6 @@ class Gatherer:
         return self._merged
 
     def _track_use(self, params: Sequence[tuple[torch.Tensor, str]]) -> None:
-        import weakref
-
         used = self._used
         for p, name in params:
             if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
@@ -365,12 +367,9 @@ class Gatherer:
 
     def _ensure_group(self) -> Any:
         if self._group is None:
-            import datetime
-
-            kwargs: dict[str, Any] = {"backend": "gloo"}
-            if self.timeout_s is not None:
-                kwargs["timeout"] = datetime.timedelta(seconds=self.timeout_s)
-            self._group = torch.distributed.new_group(**kwargs)
+            timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
+            self._group = torch.distributed.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=timeout))
         return self._group
 
     def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None],
@@ -429,7 +428,9 @@ class Gatherer:
             return self._merged
         except Exception as error:
             self._disabled = True
-            warn("gathering findings across ranks", error)
+            self._pending = None
+            warn("gathering findings across ranks (each rank must create its Monitor and check at "
+                 "the same steps; otherwise pass `distributed=False`)", error)
             return None
 
     def close(self) -> None:

@@ -171,6 +171,16 @@ def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
         assert results[rank]["rounds"] == 1
 
 
+def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(tmp_path: Path) -> None:
+    results = _torchrun("rank0_only", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+    assert len(results[0]["reports"]) == 3 and results[0]["reports"][0]["findings"] == []
+    assert results[1]["reports"] == []
+    warned = [w for w in results[0]["warnings"] if "gathering findings across ranks" in w]
+    assert len(warned) == 1 and "each rank must create its Monitor" in warned[0]
+
+
 # -- sharded strategies, 2 processes --------------------------------------------------------------
 def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Path) -> None:
     if not hasattr(torch.distributed.fsdp, "fully_shard"):

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -60,7 +61,7 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
         inner = TwoLayers(use_branch=rank != 1)
         del inner.unused
         return inner, ddp(inner, find_unused_parameters=True), {}
-    if scenario == "clean":
+    if scenario in ("clean", "rank0_only"):
         inner = Clean()
         return inner, ddp(inner), {}
     if scenario == "unused_fup":
@@ -91,22 +92,32 @@ def main() -> None:
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
     # The DDP wrapper is given to the Monitor for the DDP scenarios: names lose `module.`.
     model = trained if isinstance(trained, nn.parallel.DistributedDataParallel) else inner
-    monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda e: events.append(e.step)], **options)
+    monitor = None
+    if scenario == "rank0_only":
+        # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
+        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
+    if scenario != "rank0_only" or rank == 0:
+        monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda e: events.append(e.step)], **options)
     result: dict = {"rank": rank, "reports": [], "error": None, "error_type": None}
-    try:
-        for _ in range(steps):
-            optimizer.zero_grad()
-            trained(torch.randn(8, 4)).sum().backward()
-            report = monitor.check(optimizer)
-            result["reports"].append(report.to_dict())
-            optimizer.step()
-    except Exception as error:
-        result["error"] = str(error)
-        result["error_type"] = type(error).__name__
-        result["traceback"] = traceback.format_exc()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            for _ in range(steps):
+                optimizer.zero_grad()
+                trained(torch.randn(8, 4)).sum().backward()
+                if monitor is not None:
+                    result["reports"].append(monitor.check(optimizer).to_dict())
+                optimizer.step()
+        except Exception as error:
+            result["error"] = str(error)
+            result["error_type"] = type(error).__name__
+            result["traceback"] = traceback.format_exc()
+    result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
     result["sink_events"] = events
-    result["rounds"] = monitor._gatherer.rounds if monitor._gatherer is not None else None
-    monitor.close()
+    gatherer = monitor._gatherer if monitor is not None else None
+    result["rounds"] = gatherer.rounds if gatherer is not None else None
+    if monitor is not None:
+        monitor.close()
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
     dist.destroy_process_group()

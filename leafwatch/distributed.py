@@ -330,6 +330,11 @@ class Gatherer:
         return self.rank == 0
 
     @property
+    def runs_sinks(self) -> bool:
+        """Rank zero logs the merged findings; once gathering failed, every rank logs its own."""
+        return self.rank == 0 or self._disabled
+
+    @property
     def report(self) -> Report | None:
         """The last merged report (None before the first gather)."""
         return self._merged
@@ -432,6 +437,10 @@ class Gatherer:
             warn("gathering findings across ranks (each rank must create its Monitor and check at "
                  "the same steps; otherwise pass `distributed=False`)", error)
             return None
+
+    def alone(self, report: Report) -> Report:
+        """This rank's report with this rank on every finding, for when gathering failed."""
+        return Report((f.replace(ranks=(self.rank,)) for f in report.findings), step=report.step)
 
     def close(self) -> None:
         """Remove the hooks; wait for the flag in flight (every rank started it at its last check)."""

@@ -249,7 +249,7 @@ class Monitor:
         if self._gatherer is not None:
             # Every rank takes part, even after a local failure, so that no rank waits forever.
             event = self._gather(event, optimizer, step)
-            if event is None or not self._gatherer.is_zero:
+            if event is None or not self._gatherer.runs_sinks:
                 if event is not None and self.strict:
                     event.report.raise_for_findings("error")
                 return event.report if event is not None else self._report
@@ -636,7 +636,7 @@ class Monitor:
         local = event.report if event is not None else self._report
         merged = self._gatherer.gather(local, self.step, self._warn, self._grad_view.strategy)
         if merged is None:
-            return event
+            return event if event is None else dataclasses.replace(event, report=self._gatherer.alone(event.report))
         changed = self._gatherer.changed
         if event is None:
             return CheckEvent(self.step, self._optimizer_index(optimizer), merged, changed, (), [], None)

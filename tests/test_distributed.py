@@ -171,6 +171,18 @@ def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
         assert results[rank]["rounds"] == 1
 
 
+def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_that_skipped(
+        tmp_path: Path) -> None:
+    # Rank 0 waits in DDP's backward for the branch's gradient and never reaches the check;
+    # rank 1 gives up gathering after the (shortened) timeout and raises with its own findings.
+    results = _torchrun("branch_strict", tmp_path, steps=2)
+    assert results[1]["error_type"] == "LeafwatchError"
+    assert "branch.weight" in results[1]["error"] and "on rank(s) 1" in results[1]["error"]
+    assert "never ran" in results[1]["error"]
+    assert results[0]["error"] is not None  # DDP's own failure once rank 1 is gone: no hang
+    assert results[0]["reports"] == []
+
+
 def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(tmp_path: Path) -> None:
     results = _torchrun("rank0_only", tmp_path)
     for rank in (0, 1):

@@ -61,6 +61,11 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
         inner = TwoLayers(use_branch=rank != 1)
         del inner.unused
         return inner, ddp(inner, find_unused_parameters=True), {}
+    if scenario == "branch_strict":
+        # find_unused_parameters=False: rank 0 waits in DDP's backward for the branch's gradient.
+        inner = TwoLayers(use_branch=rank != 1)
+        del inner.unused
+        return inner, ddp(inner), {"strict": True}
     if scenario in ("clean", "rank0_only"):
         inner = Clean()
         return inner, ddp(inner), {}
@@ -93,6 +98,8 @@ def main() -> None:
     # The DDP wrapper is given to the Monitor for the DDP scenarios: names lose `module.`.
     model = trained if isinstance(trained, nn.parallel.DistributedDataParallel) else inner
     monitor = None
+    if scenario == "branch_strict":
+        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
     if scenario == "rank0_only":
         # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
         leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0

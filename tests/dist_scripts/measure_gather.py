@@ -43,6 +43,7 @@ def main() -> None:
     x = torch.randn(4, 16)
 
     def train_step() -> None:
+        # The current ``model``/``opt`` (rebound below for the find_unused_parameters run).
         opt.zero_grad()
         model(x).sum().backward()
 
@@ -58,6 +59,16 @@ def main() -> None:
         results[f"check_{label}_p90_us"] = sorted(times)[int(0.9 * n)] * 1e6
         if monitor._gatherer is not None:
             results[f"gather_rounds_{label}"] = monitor._gatherer.rounds
+        monitor.close()
+    # DDP(find_unused_parameters=True): one post-accumulate-grad hook per parameter tells which
+    # parameters each rank used; it costs on the backward pass, timed here.
+    model = nn.parallel.DistributedDataParallel(
+        nn.Sequential(*[nn.Linear(16, 16) for _ in range(8)]), find_unused_parameters=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for label, flag in (("local", False), ("distributed", True)):
+        monitor = leafwatch.Monitor(model, opt, distributed=flag, check_values_every_n_steps=0)
+        results[f"fup_backward_{label}_us"] = statistics.median(timed(train_step, n)) * 1e6
+        results["fup_hooks"] = len(monitor._gatherer._handles) if monitor._gatherer is not None else 0
         monitor.close()
     group = dist.new_group(backend="gloo")
     flag = torch.zeros(1, dtype=torch.int32)

@@ -56,12 +56,14 @@ def _env(port: int) -> dict[str, str]:
     return env
 
 
-def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None]) -> dict[int, dict]:
+def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None],
+         backend: str = "gloo") -> dict[int, dict]:
     """Start the processes; one still running after the timeout (a hang) fails the test."""
     out.mkdir(parents=True, exist_ok=True)
     procs = []
     for command, rank in zip(commands, ranks):
         env = _env(port)
+        env["LEAFWATCH_TEST_BACKEND"] = backend
         if rank is not None:
             env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
         procs.append(subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE,
@@ -90,11 +92,11 @@ def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None
     return results
 
 
-def _torchrun(scenario: str, tmp_path: Path, steps: int = 3) -> dict[int, dict]:
+def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "gloo") -> dict[int, dict]:
     """The two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without its agent."""
     port = _free_port()
     command = [sys.executable, str(SCRIPTS / "ddp_check.py"), scenario, str(tmp_path), str(steps)]
-    return _run([command, command], tmp_path, port, [0, 1])
+    return _run([command, command], tmp_path, port, [0, 1], backend)
 
 
 def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
@@ -169,6 +171,7 @@ def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
         assert results[rank]["error"] is None
         assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
         assert results[rank]["rounds"] == 1
+        assert results[rank]["warnings"] == []
 
 
 def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_that_skipped(
@@ -193,6 +196,23 @@ def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(tmp_path: Path
     assert len(warned) == 1 and "each rank must create its Monitor" in warned[0]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL")
+@pytest.mark.parametrize("scenario", ["unused", "strict", "branch", "clean"])
+def test_ddp_on_nccl_gathers_over_a_gloo_side_group(tmp_path: Path, scenario: str) -> None:
+    results = _torchrun(scenario, tmp_path, backend="nccl")
+    for rank in (0, 1):
+        first = results[rank]["reports"][0] if results[rank]["reports"] else None
+        if scenario == "unused":
+            assert _findings(first, "missing_grad")["unused.weight"]["ranks"] == [0, 1]
+        elif scenario == "strict":
+            assert results[rank]["error_type"] == "LeafwatchError"
+        elif scenario == "branch":
+            assert _findings(first, "missing_grad")["branch.weight"]["ranks"] == [1]
+        else:
+            assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
+        assert results[rank]["warnings"] == []
+
+
 # -- sharded strategies, 2 processes --------------------------------------------------------------
 def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Path) -> None:
     if not hasattr(torch.distributed.fsdp, "fully_shard"):
@@ -206,6 +226,8 @@ def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Pa
             f = findings["unused.weight"]
             assert (f["kind"], f["severity"], f["ranks"]) == ("missing_grad", "error", [0, 1])
             assert "DDP" not in f["cause"]
+        # The NaN/Inf check at step 1 read the local shards: no internal failure.
+        assert results[rank]["warnings"] == []
 
 
 @pytest.mark.parametrize(("scenario", "name", "words"), [

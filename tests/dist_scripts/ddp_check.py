@@ -21,6 +21,10 @@ from torch import nn
 import leafwatch
 
 
+#: CPU with gloo; LEAFWATCH_TEST_BACKEND=nccl puts each rank on its own GPU.
+DEVICE = torch.device("cpu")
+
+
 class TwoLayers(nn.Module):
     """``layer`` is always used; ``unused`` never; ``branch`` only where ``use_branch`` says."""
 
@@ -50,7 +54,12 @@ class Clean(nn.Module):
 
 def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
     """The user's module, what is trained (a wrapper), and Monitor options."""
-    ddp = nn.parallel.DistributedDataParallel
+    def ddp(module: nn.Module, **kwargs: object) -> nn.Module:
+        if DEVICE.type == "cuda":
+            module.to(DEVICE)
+            kwargs["device_ids"] = [DEVICE.index]
+        return nn.parallel.DistributedDataParallel(module, **kwargs)
+
     if scenario == "unused":
         inner = TwoLayers()
         return inner, ddp(inner), {}
@@ -89,7 +98,13 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
 def main() -> None:
     scenario, out_dir = sys.argv[1], sys.argv[2]
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    dist.init_process_group("gloo")
+    global DEVICE
+    if os.environ.get("LEAFWATCH_TEST_BACKEND") == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
     inner, trained, options = build(scenario, rank)
@@ -111,7 +126,7 @@ def main() -> None:
         try:
             for _ in range(steps):
                 optimizer.zero_grad()
-                trained(torch.randn(8, 4)).sum().backward()
+                trained(torch.randn(8, 4, device=DEVICE)).sum().backward()
                 if monitor is not None:
                     result["reports"].append(monitor.check(optimizer).to_dict())
                 optimizer.step()

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from . import checks, graph, inventory, tracing, watch
+from . import distributed as _distributed
 from .findings import Finding, LeafwatchError, LeafwatchWarning, Report, check_severity
 from .values import ValueChecker
 
@@ -159,6 +160,9 @@ class Monitor:
         strict: Raise :class:`LeafwatchError` at the first check with an open error finding.
         diagnose: Arm the diagnostic forward hooks (on by default).
         sinks: Extra callables taking a :class:`CheckEvent`.
+        distributed: Merge the findings of every rank after each check (rank zero runs the
+            sinks, every rank gets the merged report and raises in strict mode). None: when
+            ``torch.distributed`` is initialized with more than one process.
 
     Example::
 
@@ -185,6 +189,7 @@ class Monitor:
         strict: bool = False,
         diagnose: bool = True,
         sinks: Sequence[Callable[[CheckEvent], Any]] = (),
+        distributed: bool | None = None,
         _roots: Mapping[str, nn.Module] | None = None,
     ) -> None:
         self.model = inventory.normalize_model(model)
@@ -196,6 +201,8 @@ class Monitor:
             raise TypeError(f"`strict` must be a bool, got {type(strict).__name__}: {strict!r}")
         if not isinstance(diagnose, bool):
             raise TypeError(f"`diagnose` must be a bool, got {type(diagnose).__name__}: {diagnose!r}")
+        if distributed is not None and not isinstance(distributed, bool):
+            raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
         self.strict = strict
         self.diagnose = diagnose
         self._roots = dict(_roots) if _roots is not None else None
@@ -235,6 +242,9 @@ class Monitor:
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._traced_optimizers: set[int | None] = set()
         self._closed = False
+        self._grad_view = _distributed.PLAIN
+        self._gatherer = _distributed.make_gatherer(
+            self._model_arg(), self._named_params, distributed, ignore=self.ignore)
         if self.diagnose and self._has_model():
             try:
                 self._tracer.arm(self._all_modules())
@@ -267,12 +277,18 @@ class Monitor:
         self._in_check = True
         try:
             try:
-                event = self._check(optimizer, step, loss)
+                event: CheckEvent | None = self._check(optimizer, step, loss)
             except Exception as error:
                 self._warn("Monitor.check", error)
+                event = None
+            if self._gatherer is not None:
+                # Every rank takes part, even after a local failure, so that no rank waits forever.
+                event = self._gather(event, optimizer, step)
+            if event is None:
                 return self._report
-            # Still inside the guard: a sink that calls check() gets the current report back.
-            self._emit(event)
+            if self._gatherer is None or self._gatherer.runs_sinks:
+                # Still inside the guard: a sink that calls check() gets the current report back.
+                self._emit(event)
         finally:
             self._in_check = False
         if self.strict:
@@ -318,7 +334,9 @@ class Monitor:
 
     @property
     def report(self) -> Report:
-        """The report of the last check."""
+        """The report of the last check (merged across ranks when distributed)."""
+        if self._gatherer is not None and self._gatherer.report is not None:
+            return self._gatherer.report
         return self._report
 
     @property
@@ -340,6 +358,8 @@ class Monitor:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._gatherer is not None:
+            self._gatherer.close()
         self._tracer.disarm()
         for name in self._own_watches:
             watch.unwatch(name)
@@ -347,10 +367,10 @@ class Monitor:
             close = getattr(sink, "close", None)
             if close is not None:
                 try:
-                    close(self._report)
+                    close(self.report)
                 except Exception as error:
                     self._warn(f"closing {type(sink).__name__}", error)
-        return self._report
+        return self.report
 
     def __enter__(self) -> Monitor:
         return self
@@ -420,12 +440,15 @@ class Monitor:
                                 if k in inv.in_optimizer and k not in inv.tensors}
         old_lists = self._lists
         self._lists = {}
+        view = self._grad_view = _distributed.gradient_view(
+            self._model_arg(), [(k, t, inv.params[k].name) for k, t in inv.tensors.items()], self.step)
         if self.optimizers:
             for i, params in enumerate(inv.optimizer_params):
+                params = [p for p in params if id(p) not in view.skip] if view.skip else params
                 self._lists[i] = self._make_list(params, inv, old_lists.get(i))
         else:
             self._lists[None] = self._make_list(
-                [t for t in inv.tensors.values() if t.requires_grad], inv, old_lists.get(None))
+                [t for k, t in inv.tensors.items() if t.requires_grad and k not in view.skip], inv, old_lists.get(None))
         for key, count in self._restored_checks.items():
             if key in self._lists:
                 self._lists[key].checks = count
@@ -441,6 +464,8 @@ class Monitor:
             self._restored_misses = {}
         structural = checks.structural(inv, step=self.step, previous_names=self._previous_names)
         self._replace_structural(structural)
+        if view.finding is not None and view.finding.key not in self._records:
+            self._upsert(view.finding)
         self._check_ignore_patterns(inv)
         self._built_at = self._flags_read_at = self.step
         self._requires_grad_flags = self._read_requires_grad()
@@ -694,6 +719,8 @@ class Monitor:
         names = tuple(n for c in lists for n in c.names)
         params = [p for c in lists for p in c.params]
         grads = [p.grad for p in params]
+        if self._grad_view.local_grads:
+            grads = [_distributed.local_tensor(g) for g in grads]
         self._value_names[self.step] = (names, params)
         completed, bad = self._values.check(grads, self.step)
         self._record_values(completed, bad)
@@ -720,6 +747,25 @@ class Monitor:
 
     def _build_report(self) -> Report:
         return Report(apply_ignore(list(self._records.values()), self.ignore), step=self.step)
+
+    # -- distributed -------------------------------------------------------------------------
+    def _named_params(self) -> list[tuple[torch.Tensor, str]]:
+        if not self._has_model():
+            return []
+        inv = inventory.Inventory(self._model_arg())
+        return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
+
+    def _gather(self, event: CheckEvent | None, optimizer: torch.optim.Optimizer | None,
+                step: int | None) -> CheckEvent | None:
+        assert self._gatherer is not None
+        local = event.report if event is not None else self._report
+        merged = self._gatherer.gather(local, self.step, self._warn, self._grad_view.strategy)
+        if merged is None:
+            return event if event is None else dataclasses.replace(event, report=self._gatherer.alone(event.report))
+        changed = self._gatherer.changed
+        if event is None:
+            return CheckEvent(self.step, self._optimizer_index(optimizer), merged, changed, (), [], None)
+        return dataclasses.replace(event, report=merged, changed=changed)
 
     def _emit(self, event: CheckEvent) -> None:
         for sink in self._sinks:

@@ -1,0 +1,365 @@
+"""Distributed training: findings merged across ranks, DDP's unused parameters, sharded gradients.
+
+The multi-process tests launch real 2-process jobs on CPU (gloo, bound to 127.0.0.1) with
+the environment ``torch.distributed.run`` gives its workers (plain torch; the agent process
+itself is left out to save a torch import) or a Lightning ``Trainer(strategy="ddp")``,
+and read back what each rank wrote. A hang fails the test through the launch timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import leafwatch
+from leafwatch import distributed
+from leafwatch.findings import Finding
+
+SCRIPTS = Path(__file__).parent / "dist_scripts"
+REPO = Path(__file__).resolve().parents[1]
+LAUNCH_TIMEOUT_S = 120
+
+try:
+    from leafwatch import LeafWatch  # noqa: F401
+
+    HAS_CALLBACK = True
+except (ImportError, AttributeError):
+    HAS_CALLBACK = False
+
+needs_callback = pytest.mark.skipif(not HAS_CALLBACK, reason="LeafWatch callback not available")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore::DeprecationWarning")
+    if os.path.exists("/sys/class/net/lo"):
+        env["GLOO_SOCKET_IFNAME"] = "lo"
+    return env
+
+
+def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None],
+         backend: str = "gloo") -> dict[int, dict]:
+    """Start the processes; one still running after the timeout (a hang) fails the test."""
+    out.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for command, rank in zip(commands, ranks):
+        env = _env(port)
+        env["LEAFWATCH_TEST_BACKEND"] = backend
+        if rank is not None:
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+        procs.append(subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    logs = []
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    hung = False
+    for proc in procs:
+        try:
+            logs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            hung = True
+            logs.append("")
+    if hung:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        pytest.fail(f"the 2-process job hung (no exit within {LAUNCH_TIMEOUT_S} s):\n{''.join(logs)[-3000:]}")
+    log = "\n".join(logs)
+    results = {}
+    for rank in (0, 1):
+        path = out / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing:\n{log[-3000:]}"
+        results[rank] = json.loads(path.read_text())
+    return results
+
+
+def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "gloo") -> dict[int, dict]:
+    """The two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without its agent."""
+    port = _free_port()
+    command = [sys.executable, str(SCRIPTS / "ddp_check.py"), scenario, str(tmp_path), str(steps)]
+    return _run([command, command], tmp_path, port, [0, 1], backend)
+
+
+def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
+    """Lightning starts the second process itself."""
+    port = _free_port()
+    return _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
+
+
+def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
+    return {f["name"]: f for f in report["findings"] if kind is None or f["kind"] == kind}
+
+
+# -- plain torch DDP, 2 processes -----------------------------------------------------------------
+def test_ddp_unused_layer_named_from_rank_zero_at_step_one(tmp_path: Path) -> None:
+    results = _torchrun("unused", tmp_path)
+    for rank in (0, 1):
+        first = results[rank]["reports"][0]
+        assert first["step"] == 1
+        missing = _findings(first, "missing_grad")
+        assert set(missing) == {"unused.weight", "unused.bias"}  # no `module.` prefix
+        f = missing["unused.weight"]
+        assert (f["severity"], f["status"], f["ranks"]) == ("error", "open", [0, 1])
+        assert "no gradient on any rank" in f["cause"] and "never ran" in f["cause"]
+        assert "find_unused_parameters=True" in f["fix"] and "remove the parameter" in f["fix"]
+        # leafwatch named them at step 1; DDP's own error comes at step 2.
+        assert len(results[rank]["reports"]) == 1
+        assert "Expected to have finished reduction" in results[rank]["error"]
+    # Logged once: only rank zero runs the sinks.
+    assert results[0]["sink_events"] == [1]
+    assert results[1]["sink_events"] == []
+
+
+def test_ddp_strict_raises_on_every_rank_without_hang(tmp_path: Path) -> None:
+    results = _torchrun("strict", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error_type"] == "LeafwatchError"
+        assert results[rank]["reports"] == []
+        message = results[rank]["error"]
+        assert "unused.weight" in message and "on rank(s) 0, 1" in message
+        assert "find_unused_parameters=True" in message
+        assert "Expected to have finished reduction in the prior" not in message
+
+
+def test_ddp_rank_dependent_branch_named_with_its_rank(tmp_path: Path) -> None:
+    results = _torchrun("branch", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        for report in results[rank]["reports"]:
+            missing = _findings(report, "missing_grad")
+            assert set(missing) == {"branch.weight", "branch.bias"}
+            f = missing["branch.weight"]
+            assert (f["severity"], f["status"], f["ranks"]) == ("info", "intermittent", [1])
+            assert "rank 1 only" in f["message"] and "per-rank branching" in f["message"]
+            assert "rank-dependent path" in f["cause"]
+            assert "find_unused_parameters=True" in f["cause"]  # DDP filled .grad on rank 1
+    # The finding set stays the same after step 1: one gather, then only the flag.
+    assert results[0]["rounds"] == results[1]["rounds"] == 1
+
+
+def test_ddp_unused_layer_with_find_unused_parameters_is_still_dead(tmp_path: Path) -> None:
+    results = _torchrun("unused_fup", tmp_path, steps=2)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        f = _findings(results[rank]["reports"][-1], "missing_grad")["unused.weight"]
+        assert (f["severity"], f["status"], f["ranks"]) == ("error", "open", [0, 1])
+        assert "no gradient on any rank" in f["cause"]
+
+
+def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
+    results = _torchrun("clean", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
+        assert results[rank]["rounds"] == 1
+        assert results[rank]["warnings"] == []
+
+
+def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_that_skipped(
+        tmp_path: Path) -> None:
+    # Rank 0 waits in DDP's backward for the branch's gradient and never reaches the check;
+    # rank 1 gives up gathering after the (shortened) timeout and raises with its own findings.
+    results = _torchrun("branch_strict", tmp_path, steps=2)
+    assert results[1]["error_type"] == "LeafwatchError"
+    assert "branch.weight" in results[1]["error"] and "on rank(s) 1" in results[1]["error"]
+    assert "never ran" in results[1]["error"]
+    assert results[0]["error"] is not None  # DDP's own failure once rank 1 is gone: no hang
+    assert results[0]["reports"] == []
+
+
+def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(tmp_path: Path) -> None:
+    results = _torchrun("rank0_only", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+    assert len(results[0]["reports"]) == 3 and results[0]["reports"][0]["findings"] == []
+    assert results[1]["reports"] == []
+    warned = [w for w in results[0]["warnings"] if "gathering findings across ranks" in w]
+    assert len(warned) == 1 and "each rank must create its Monitor" in warned[0]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL")
+@pytest.mark.parametrize("scenario", ["unused", "strict", "branch", "clean"])
+def test_ddp_on_nccl_gathers_over_a_gloo_side_group(tmp_path: Path, scenario: str) -> None:
+    results = _torchrun(scenario, tmp_path, backend="nccl")
+    for rank in (0, 1):
+        first = results[rank]["reports"][0] if results[rank]["reports"] else None
+        if scenario == "unused":
+            assert _findings(first, "missing_grad")["unused.weight"]["ranks"] == [0, 1]
+        elif scenario == "strict":
+            assert results[rank]["error_type"] == "LeafwatchError"
+        elif scenario == "branch":
+            assert _findings(first, "missing_grad")["branch.weight"]["ranks"] == [1]
+        else:
+            assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
+        assert results[rank]["warnings"] == []
+
+
+# -- sharded strategies, 2 processes --------------------------------------------------------------
+def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Path) -> None:
+    if not hasattr(torch.distributed.fsdp, "fully_shard"):
+        pytest.skip("this torch has no torch.distributed.fsdp.fully_shard")
+    results = _torchrun("fsdp2", tmp_path, steps=2)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        for report in results[rank]["reports"]:
+            findings = _findings(report)
+            assert set(findings) == {"unused.weight", "unused.bias"}
+            f = findings["unused.weight"]
+            assert (f["kind"], f["severity"], f["ranks"]) == ("missing_grad", "error", [0, 1])
+            assert "DDP" not in f["cause"]
+        # The NaN/Inf check at step 1 read the local shards: no internal failure.
+        assert results[rank]["warnings"] == []
+
+
+@pytest.mark.parametrize(("scenario", "name", "words"), [
+    ("fsdp_orig", "FSDP sharded parameters", "use_orig_params=True"),
+    ("fsdp_flat", "FSDP flat parameters", "use_orig_params=False"),
+])
+def test_fsdp_skips_the_gradient_check_with_one_info_finding(tmp_path: Path, scenario: str, name: str,
+                                                             words: str) -> None:
+    results = _torchrun(scenario, tmp_path, steps=2)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        for report in results[rank]["reports"]:
+            assert len(report["findings"]) == 1
+            f = report["findings"][0]
+            assert (f["kind"], f["name"], f["severity"], f["status"]) == ("missing_grad", name, "info", "ignored")
+            assert words in f["message"] and "fully_shard" in f["fix"]
+            assert f["details"]["reason"] == "sharded_gradients"
+
+
+# -- Lightning DDP (CPU, gloo, 2 processes) -------------------------------------------------------
+@needs_callback
+def test_lightning_ddp_unused_layer_warned_once_from_rank_zero(tmp_path: Path) -> None:
+    results = _lightning("unused", tmp_path)
+    assert any("unused.weight" in w for w in results[0]["warnings"])
+    assert not any("unused.weight" in w for w in results[1]["warnings"])
+    for rank in (0, 1):
+        f = _findings(results[rank]["report"], "missing_grad")["unused.weight"]
+        assert (f["severity"], f["ranks"], f["first_step"]) == ("error", [0, 1], 1)
+        assert "no gradient on any rank" in f["cause"]
+        assert "ddp_find_unused_parameters_true" in f["fix"]
+
+
+@needs_callback
+def test_lightning_ddp_strict_raises_on_every_rank(tmp_path: Path) -> None:
+    results = _lightning("strict", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error_type"] == "LeafwatchError"
+        assert "unused.weight" in results[rank]["error"]
+        assert "on rank(s) 0, 1" in results[rank]["error"]
+
+
+@needs_callback
+def test_lightning_ddp_rank_dependent_branch(tmp_path: Path) -> None:
+    results = _lightning("branch", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        f = _findings(results[rank]["report"], "missing_grad")["branch.weight"]
+        assert (f["severity"], f["status"], f["ranks"]) == ("info", "intermittent", [1])
+        assert "rank 1 only" in f["message"]
+
+
+@needs_callback
+def test_lightning_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
+    results = _lightning("clean", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        assert results[rank]["report"]["findings"] == []
+        assert results[rank]["warnings"] == []
+
+
+# -- merging, in one process ----------------------------------------------------------------------
+def _missing(name: str, status: str = "open", cause: str = "module `x` never ran") -> Finding:
+    return Finding("missing_grad", name, "error" if status == "open" else "info",
+                   f"`{name}` requires grad but got no gradient: it does not train.", cause=cause,
+                   fix="use it", step=1, status=status, details={"reason": "never_ran"})
+
+
+def test_merge_missing_on_every_rank_is_a_dead_parameter() -> None:
+    merged = distributed.merge([[_missing("x.weight")], [_missing("x.weight")]], step=1, ddp_unused=False)
+    assert len(merged) == 1
+    f = merged[0]
+    assert (f.name, f.severity, f.status, f.ranks) == ("x.weight", "error", "open", (0, 1))
+    assert "no gradient on any rank" in f.cause and "never ran" in f.cause
+    assert "Expected to have finished reduction" in f.cause
+    assert f.fix == distributed.DDP_FIX
+
+
+def test_merge_missing_on_one_rank_is_per_rank_branching() -> None:
+    merged = distributed.merge([[], [_missing("x.weight")]], step=3, ddp_unused=True)
+    f = merged[0]
+    assert (f.severity, f.status, f.ranks, f.step) == ("info", "intermittent", (1,), 3)
+    assert "on rank 1 only" in f.message and "got one on rank 0" in f.message
+    assert "rank-dependent path" in f.cause
+    assert f.details["ranks_without_grad"] == [1]
+
+
+def test_merge_per_rank_branching_without_find_unused_parameters_is_an_error() -> None:
+    f = distributed.merge([[_missing("x.weight")], []], ddp_unused=False)[0]
+    assert (f.severity, f.status, f.ranks) == ("error", "open", (0,))
+    assert "hangs" in f.cause and "find_unused_parameters=True" in f.fix
+
+
+def test_merge_keeps_other_kinds_with_their_ranks() -> None:
+    orphan = Finding("orphan_tensor", "blocks[0].weight", "error", "in a plain list", status="open")
+    resolved = _missing("y.weight", status="resolved")
+    merged = {f.key: f for f in distributed.merge([[orphan, resolved], [orphan]])}
+    assert merged[("orphan_tensor", "blocks[0].weight")].ranks == (0, 1)
+    assert merged[("missing_grad", "y.weight")].status == "resolved"
+    assert merged[("missing_grad", "y.weight")].ranks == (0,)
+
+
+def test_merge_of_no_findings_is_empty() -> None:
+    assert distributed.merge([[], []]) == []
+
+
+# -- single process ---------------------------------------------------------------------------------
+def test_monitor_outside_a_process_group_does_not_gather() -> None:
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        monitor = leafwatch.Monitor(model, opt, distributed=True)
+    assert any("not initialized" in str(w.message) for w in caught)
+    model(torch.ones(1, 2)).sum().backward()
+    assert monitor.check().findings == []
+    assert monitor._gatherer is None
+    monitor.close()
+
+
+def test_monitor_rejects_a_non_bool_distributed() -> None:
+    with pytest.raises(TypeError, match="`distributed` must be a bool or None, got str: 'yes'"):
+        leafwatch.Monitor(nn.Linear(2, 1), distributed="yes")
+
+
+def test_gradient_view_of_a_plain_model_reads_every_grad() -> None:
+    model = nn.Linear(2, 1)
+    view = distributed.gradient_view(model, [(id(p), p, n) for n, p in model.named_parameters()])
+    assert view == distributed.PLAIN
+    assert view.finding is None and not view.skip
+
+
+def test_local_tensor_passes_plain_tensors_through() -> None:
+    t = torch.ones(2)
+    assert distributed.local_tensor(t) is t
+    assert distributed.local_tensor(None) is None

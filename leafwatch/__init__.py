@@ -1,19 +1,31 @@
 """leafwatch: name every tensor that will not train, say why, and give the one-line fix.
 
-The core (``audit``, ``watch``, ``Monitor``) needs only torch; the Lightning callback and the
-TensorBoard parts are imported lazily, so ``import leafwatch`` stays cheap.
+The public names are imported on first use, so ``import leafwatch`` is cheap and does not import
+torch: TensorBoard imports the Leafwatch tab (``leafwatch.tensorboard_plugin``) through this
+package at start-up, and ``leafwatch report`` reads logs without torch.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .audit import audit
 from .findings import KINDS, SEVERITIES, Finding, LeafwatchError, LeafwatchWarning, Report
-from .monitor import CheckEvent, Monitor
-from .watch import unwatch, unwatch_all, watch, watched
 
 __version__ = "0.1.0"
+
+#: Public name -> the module that defines it (imported on first use).
+_LAZY = {
+    "audit": "auditing",
+    "watch": "watching",
+    "unwatch": "watching",
+    "unwatch_all": "watching",
+    "watched": "watching",
+    "Monitor": "monitor",
+    "CheckEvent": "monitor",
+    "LeafWatch": "lightning",
+    "TensorBoardSink": "tensorboard",
+}
 
 __all__ = [
     "KINDS",
@@ -36,12 +48,13 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LeafWatch":
-        from .lightning import LeafWatch
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'leafwatch' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
 
-        return LeafWatch
-    if name == "TensorBoardSink":
-        from .tensorboard import TensorBoardSink
 
-        return TensorBoardSink
-    raise AttributeError(f"module 'leafwatch' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

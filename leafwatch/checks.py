@@ -17,8 +17,8 @@ from . import graph
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
-from . import watch as watch_registry
-from .watch import WatchEntry
+from . import watching as watch_registry
+from .watching import WatchEntry
 
 UNKNOWN_CAUSE = (
     "unknown: leafwatch saw only the end state (no gradient after backward). To learn why, create "

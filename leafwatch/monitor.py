@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, tracing, watch
+from . import checks, graph, inventory, tracing, watching
 from . import distributed as _distributed
 from .findings import Finding, LeafwatchError, LeafwatchWarning, Report, check_severity
 from .values import ValueChecker
@@ -111,7 +111,7 @@ def warn_unmatched_ignore(ignore: Mapping[str, str], inv: inventory.Inventory, e
         return
     names = {info.name for info in inv.params.values()}
     names |= {a for info in inv.params.values() for a in info.aliases}
-    names |= {o.name for o in inv.orphans()} | set(watch.watched()) | set(extra_names)
+    names |= {o.name for o in inv.orphans()} | set(watching.watched()) | set(extra_names)
     for pattern in ignore:
         if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
             warnings.warn(
@@ -208,7 +208,7 @@ class Monitor:
         self._roots = dict(_roots) if _roots is not None else None
         self._own_watches = []
         for name, t in inventory.normalize_tensors(tensors).items():
-            watch.watch(t, name=name)
+            watching.watch(t, name=name)
             self._own_watches.append(name)
         self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
         if writer is not None:
@@ -233,7 +233,7 @@ class Monitor:
         self._misses: dict[int, int] = {}
         self._longest_streak: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
-        self._watch_counts: dict[str, tuple[watch.WatchEntry, int]] = {}
+        self._watch_counts: dict[str, tuple[watching.WatchEntry, int]] = {}
         self._values = ValueChecker()
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
@@ -307,7 +307,7 @@ class Monitor:
         try:
             self._fingerprint = self._current_fingerprint()
             self._rebuild()
-            entries = watch.entries()
+            entries = watching.entries()
             # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
             for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries}, self._inventory):
                 self._upsert(f)
@@ -362,7 +362,7 @@ class Monitor:
             self._gatherer.close()
         self._tracer.disarm()
         for name in self._own_watches:
-            watch.unwatch(name)
+            watching.unwatch(name)
         for sink in self._sinks:
             close = getattr(sink, "close", None)
             if close is not None:
@@ -598,7 +598,7 @@ class Monitor:
     def _update_missing(self, clist: _CheckList, missing: list[int], reachable: set[int] | None) -> None:
         now: set[int] = set()
         # Watched tensors are reported under their watch name, replaced ones as stale_param.
-        skip = {id(e.tensor()) for e in watch.entries()} | self._previous_names.keys()
+        skip = {id(e.tensor()) for e in watching.entries()} | self._previous_names.keys()
         for i in missing:
             p = clist.params[i]
             if not p.requires_grad or id(p) in skip:
@@ -692,9 +692,9 @@ class Monitor:
         self._tracer.arm({k: v for k, v in wanted.items() if k not in armed})
 
     def _check_watched(self) -> None:
-        entries = watch.entries()
+        entries = watching.entries()
         current: set[tuple[str, str]] = set()
-        counts: dict[str, tuple[watch.WatchEntry, int]] = {}
+        counts: dict[str, tuple[watching.WatchEntry, int]] = {}
         if entries:
             got = {}
             for e in entries:

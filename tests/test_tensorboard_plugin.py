@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -111,6 +113,19 @@ def test_plugin_modules_import_only_tensorboard_werkzeug_and_the_standard_librar
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 roots.add(node.module.split(".")[0])
         assert roots <= allowed, f"{path.name} imports {sorted(roots - allowed)}"
+
+
+def test_loading_the_plugin_entry_point_imports_neither_torch_nor_the_rest_of_leafwatch() -> None:
+    # TensorBoard loads `leafwatch.tensorboard_plugin:LeafwatchPlugin` at start-up, through the
+    # `leafwatch` package: a slow or broken torch must not reach TensorBoard.
+    code = (
+        "import sys; from leafwatch.tensorboard_plugin import LeafwatchPlugin; "
+        "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
+        "or m in ('leafwatch.monitor', 'leafwatch.checks', 'leafwatch.lightning')); print(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(PLUGIN_DIR.parent.parent)})
+    assert out.stdout.strip() == "[]"
 
 
 def test_static_files_make_no_external_requests() -> None:

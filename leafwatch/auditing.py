@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, watch
+from . import checks, graph, inventory, watching
 from .findings import Finding, LeafwatchWarning, Report
 from .monitor import _validate_ignore, apply_ignore, warn_unmatched_ignore
 from .values import ValueChecker
@@ -77,7 +77,7 @@ def audit(
                    for i, ps in enumerate(inv.optimizer_params) for p in ps]
     else:
         checked = [(info.name, t) for info, t in inv.trainable()]
-    watched_ids = {id(e.tensor()) for e in watch.entries()}
+    watched_ids = {id(e.tensor()) for e in watching.entries()}
     # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
     named_ids = watched_ids | {id(t) for t in named.values()}
     for name, p in checked:
@@ -88,7 +88,7 @@ def audit(
             name, p, step=step, explanation=None, info=info,
             reachable=None if reachable is None else id(p) in reachable))
 
-    entries = watch.entries()
+    entries = watching.entries()
     got = {}
     for e in entries:
         t = e.tensor()

@@ -45,6 +45,15 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
     return grad._values() if grad.is_sparse else grad
 
 
+def _plain(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The list itself when every tensor is a plain dense one (the usual case), else dense copies."""
+    plain = torch.Tensor
+    for t in tensors:
+        if type(t) is not plain or t.is_sparse:
+            return [_dense(t) for t in tensors]
+    return tensors
+
+
 def _is_finite(grad: torch.Tensor) -> bool:
     """One tensor, exactly (the slow path, used only to name what a batched check flagged)."""
     return bool(torch.isfinite(grad).all())
@@ -121,16 +130,14 @@ class ValueChecker:
         them with the names of that step.
         """
         completed, ready = self._collect()
-        present: list[int] = []
-        dense: list[torch.Tensor] = []
-        for i, g in enumerate(grads):
-            if g is not None:
-                present.append(i)
-                dense.append(_dense(g))
+        present = [g for g in grads if g is not None]
+        where = None if len(present) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
         checked_now = False
         deferred: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
-        for (device, _), (tensors, positions) in _group(dense).items():
-            indices = [present[j] for j in positions]
+        for (device, _), (tensors, indices) in _group(present).items():
+            tensors = _plain(tensors)
+            if where is not None:
+                indices = [where[j] for j in indices]
             if device.type == "cuda":
                 masks, all_indices = deferred.setdefault(device, ([], []))
                 masks.append(_norms_finite(tensors))

@@ -252,7 +252,7 @@ class Samples:
 
 
 def run_rounds(variants: list[Variant], rounds: int, steps: int, rng: random.Random) -> dict[str, Samples]:
-    """Warm up once, then ``rounds`` rounds of every variant in a shuffled order."""
+    """Warm up once (two steps each), then ``rounds`` rounds of every variant in a shuffled order."""
     samples = {v.name: Samples() for v in variants}
     plain = next(v for v in variants if v.name == "plain loop")
     for round_index in range(rounds + 1):
@@ -262,7 +262,7 @@ def run_rounds(variants: list[Variant], rounds: int, steps: int, rng: random.Ran
         means: dict[str, float] = {}
         checks: dict[str, list[float]] = {}
         for v in order:
-            n = max(2, steps // v.steps_divisor)
+            n = 2 if round_index == 0 else max(2, steps // v.steps_divisor)
             spent = []
             start = time.perf_counter()
             for _ in range(n):
@@ -458,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds of 10 steps, no Lightning rounds beyond 2")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 7, quick 3)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per variant per round (default 20, quick 10)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="steps per variant per round (default: a multiple of 10 near 1 s of training, "
+                             "0.4 s with --quick, at least 10)")
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, from {','.join(SHAPES)}")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: steadier on a shared machine)")
     parser.add_argument("--no-anchors", action="store_true", help="skip DDP, anomaly mode, histograms, naive .item()")
@@ -466,8 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", default=None, help="also write the table to this file")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    rounds = args.rounds or (3 if args.quick else 7)
-    steps = args.steps or (10 if args.quick else 20)
+    rounds = args.rounds or (3 if args.quick else 5)
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     for key in shapes:
         if key not in SHAPES:
@@ -480,10 +481,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmpdir, _single_process_group() as ddp:
         for key in shapes:
             shape = SHAPES[key]
+            work = Workload(shape)
+            steps = args.steps or steps_for(work, 0.4 if args.quick else 1.0)
+            variants = make_variants(work, anchors, ddp, tmpdir)
             print(f"[{time.perf_counter() - started:6.1f}s] {shape.title}: {rounds} rounds of {steps} steps",
                   file=sys.stderr)
-            work = Workload(shape)
-            variants = make_variants(work, anchors, ddp, tmpdir)
             samples = run_rounds(variants, rounds, steps, rng)
             for v in variants:
                 v.close()
@@ -499,15 +501,14 @@ def main(argv: list[str] | None = None) -> int:
                                  plain_step_seconds=plain_step)
             if key == "transformer" and not args.no_lightning:
                 print(f"[{time.perf_counter() - started:6.1f}s] {shape.title}: Lightning", file=sys.stderr)
-                result.lightning = lightning_rounds(shape, 2 if args.quick else max(3, rounds // 2),
-                                                    max(steps, 20), rng)
+                result.lightning = lightning_rounds(shape, 2 if args.quick else 3, max(steps, 20), rng)
             else:
                 result.lightning = {}
             results.append(result)
     elapsed = time.perf_counter() - started
     header = (f"### leafwatch overhead ({datetime.date.today().isoformat()}; {platform.system()} "
               f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-              f"torch {torch.__version__}, {args.threads} torch thread(s); {rounds} rounds × {steps} steps"
+              f"torch {torch.__version__}, {args.threads} torch thread(s); {rounds} rounds"
               f"{', --quick' if args.quick else ''}; {elapsed:.0f} s)")
     text = table(results, header)
     checked = budgets(results)
@@ -524,6 +525,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\nbudget missed: " + "; ".join(missed), file=sys.stderr)
         return 1
     return 0
+
+
+def steps_for(work: Workload, target_seconds: float) -> int:
+    """A multiple of 10 steps (the value-check cadence divides it) taking about ``target_seconds``."""
+    work.step()
+    start = time.perf_counter()
+    for _ in range(3):
+        work.step()
+    per_step = (time.perf_counter() - start) / 3
+    return int(min(40, max(10, round(target_seconds / per_step / 10) * 10)))
 
 
 def work_time(work: Workload) -> float:

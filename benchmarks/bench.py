@@ -344,7 +344,7 @@ def lightning_rounds(shape: Shape, rounds: int, steps: int, rng: random.Random) 
         callbacks: list[Any] = [clock]
         if with_callback:
             callbacks.append(timed(LeafWatch(), spent))
-        trainer = pl.Trainer(max_steps=steps + 3, accelerator="cpu", devices=1, logger=False,
+        trainer = pl.Trainer(max_steps=steps + 3, accelerator="cpu", devices=1, logger=False, callbacks=callbacks,
                              enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
         with warnings.catch_warnings():
@@ -392,7 +392,7 @@ class ShapeResult:
     elements: int
     samples: dict[str, Samples]
     notes: dict[str, str]
-    lightning: dict[str, Samples] | None = None
+    lightning: dict[str, Samples] | None = field(default_factory=dict)  # None: callback not available
     rebuild_seconds: float = 0.0
     plain_step_seconds: float = 0.0
 
@@ -499,12 +499,12 @@ def main(argv: list[str] | None = None) -> int:
             result = ShapeResult(shape, len(work.params), sum(p.numel() for p in work.params), samples,
                                  {v.name: v.note for v in variants}, rebuild_seconds=rebuild,
                                  plain_step_seconds=plain_step)
-            if key == "transformer" and not args.no_lightning:
-                print(f"[{time.perf_counter() - started:6.1f}s] {shape.title}: Lightning", file=sys.stderr)
-                result.lightning = lightning_rounds(shape, 2 if args.quick else 3, max(steps, 20), rng)
-            else:
-                result.lightning = {}
             results.append(result)
+    # Lightning runs after the process group of the DDP anchors is gone (a Trainer would see it).
+    for result in results:
+        if result.shape.key == "transformer" and not args.no_lightning:
+            print(f"[{time.perf_counter() - started:6.1f}s] {result.shape.title}: Lightning", file=sys.stderr)
+            result.lightning = lightning_rounds(result.shape, 2 if args.quick else 3, 20, rng)
     elapsed = time.perf_counter() - started
     header = (f"### leafwatch overhead ({datetime.date.today().isoformat()}; {platform.system()} "
               f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "

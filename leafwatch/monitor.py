@@ -335,9 +335,11 @@ class Monitor:
         return inventory.Inventory(self._model_arg()).modules
 
     def _current_fingerprint(self) -> Any:
+        # Read at every check: one number per param group, never a pass over the parameters
+        # (list comprehensions: half the cost of nested tuple(generator) calls).
         return (
             inventory.structure_generation(),
-            tuple((id(opt), tuple(len(g["params"]) for g in opt.param_groups)) for opt in self.optimizers),
+            [(id(opt), [len(g["params"]) for g in opt.param_groups]) for opt in self.optimizers],
         )
 
     def _rebuild(self) -> None:

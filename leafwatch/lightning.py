@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from .findings import KINDS, LeafwatchWarning, Report
-from .monitor import CheckEvent, Monitor, _validate_ignore, _validate_int
+from .monitor import DEFAULT_VALUE_CHECK_EVERY, CheckEvent, Monitor, _validate_ignore, _validate_int
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -122,7 +122,7 @@ class _LeafWatchMixin:
         strict: bool = False,
         patience: int = 1,
         ignore: Mapping[str, str] | Sequence[str] | None = None,
-        check_values_every_n_steps: int = 10,
+        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
         log_every_n_steps: int | None = None,
         verbose: bool = True,
     ) -> None:

@@ -28,7 +28,9 @@ REBUILD_EVERY = 1000
 #: How often (in checks) the parameters' requires_grad flags are compared with the last build, so
 #: that a parameter unfrozen mid-run but left out of the optimizer is named within a few steps.
 REQUIRES_GRAD_EVERY = 10
-DEFAULT_VALUE_CHECK_EVERY = 10
+#: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched
+#: check costs about 10% of a CPU training step (benchmarks/bench.py), so 20 keeps it near 0.5%.
+DEFAULT_VALUE_CHECK_EVERY = 20
 #: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
 #: without a gradient, and at least twice its longest gap before: it stopped training.
 STALLED_AFTER = 100
@@ -234,6 +236,8 @@ class Monitor:
         self._longest_streak: dict[int, int] = {}
         self._pending_reason: dict[int, str] = {}
         self._watch_counts: dict[str, tuple[watching.WatchEntry, int]] = {}
+        self._watch_scan = True  # whether an open watched finding may need resolving
+        self._joined: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]] = ((), ())
         self._values = ValueChecker()
         self._value_names: dict[int, tuple[tuple[str, ...], list[torch.Tensor | None]]] = {}
         self._previous_names: dict[int, str] = {}
@@ -425,9 +429,11 @@ class Monitor:
         return inventory.Inventory(self._model_arg()).modules
 
     def _current_fingerprint(self) -> Any:
+        # Read at every check: one number per param group, never a pass over the parameters
+        # (list comprehensions: half the cost of nested tuple(generator) calls).
         return (
             inventory.structure_generation(),
-            tuple((id(opt), tuple(len(g["params"]) for g in opt.param_groups)) for opt in self.optimizers),
+            [(id(opt), [len(g["params"]) for g in opt.param_groups]) for opt in self.optimizers],
         )
 
     def _rebuild(self) -> None:
@@ -583,12 +589,21 @@ class Monitor:
             self._stale = False
         else:
             self._report.step = self.step
-        names = lists[0].names if len(lists) == 1 else tuple(n for c in lists for n in c.names)
+        names = lists[0].names if len(lists) == 1 else self._joined_names(lists)
         total = len(names)
         coverage = None if total == 0 else 1.0 - len(all_missing) / total
         changed, self._dirty = self._dirty, False
         return CheckEvent(self.step, self._optimizer_index(optimizer), self._report, changed,
                           names, all_missing, coverage)
+
+    def _joined_names(self, lists: list[_CheckList]) -> tuple[str, ...]:
+        """The names of several lists, one tuple kept (same identity) until the lists change."""
+        parts, joined = self._joined
+        if len(parts) != len(lists) or any(a is not c.names for a, c in zip(parts, lists)):
+            parts = tuple(c.names for c in lists)
+            joined = tuple(n for part in parts for n in part)
+            self._joined = (parts, joined)
+        return joined
 
     def _optimizer_index(self, optimizer: torch.optim.Optimizer | None) -> int | None:
         if optimizer is None:
@@ -677,16 +692,18 @@ class Monitor:
         if not self.diagnose or self._inventory is None:
             return
         wanted: dict[str, nn.Module] = {}
-        for clist in self._lists.values():
-            for p, info in zip(clist.params, clist.infos):
-                if info is None or id(p) not in self._streak:
-                    continue
-                parts = info.module.split(".") if info.module else []
-                for depth in range(len(parts) + 1):
-                    name = ".".join(parts[:depth])
-                    module = self._inventory.modules.get(name)
-                    if module is not None:
-                        wanted[name] = module
+        # Only the few tensors that miss a gradient: no pass over every parameter.
+        lists = self._lists.values()
+        for pid in self._streak:
+            info = self._inventory.params.get(pid)
+            if info is None or not any(pid in clist.ids for clist in lists):
+                continue
+            parts = info.module.split(".") if info.module else []
+            for depth in range(len(parts) + 1):
+                name = ".".join(parts[:depth])
+                module = self._inventory.modules.get(name)
+                if module is not None:
+                    wanted[name] = module
         armed = self._tracer.armed
         self._tracer.disarm(armed - set(wanted))
         self._tracer.arm({k: v for k, v in wanted.items() if k not in armed})
@@ -710,6 +727,11 @@ class Monitor:
                 self._upsert(f)
         self._watch_counts = counts  # only the live entries: bounded by what is watched now
         # A watched finding that did not recur is resolved (a gradient arrived, or the tensor is gone).
+        # Looked for only while one can be open: with watched tensors, after one was found, or
+        # when the records changed (a restored state); not every step over every record.
+        if not (entries or self._watch_scan or self._dirty):
+            return
+        self._watch_scan = bool(current)
         for key, f in list(self._records.items()):
             if f.status == "open" and f.details.get("source") == "watch" and key not in current:
                 self._records[key] = f.replace(status="resolved", last_step=self.step)

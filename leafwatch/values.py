@@ -1,9 +1,18 @@
-"""Batched non-finite gradient check: one fused norm per device, never one sync per tensor.
+"""Batched non-finite gradient check: a few fused ops per device, never one sync per tensor.
 
-NaN and Inf both show in the L2 norm, so one ``torch._foreach_norm`` over the gradients of a
-device, stacked into one vector, tells which tensors hold a non-finite value. On CPU the answer
-is read at once. On CUDA it is copied with ``non_blocking=True`` into pinned memory behind an
-event and read at a later check, once the event says it is done: no host-device sync.
+The gradients are grouped by device and dtype (one C++ call). A healthy step costs, per group:
+
+- on CPU, where every op pays a fixed dispatch cost that dwarfs a small tensor's data, the
+  small gradients are flattened into one buffer (in chunks of bounded size); that buffer and
+  each large gradient (in place, no copy) get one ``aminmax`` (vectorized, and NaN/Inf show in
+  the minimum or the maximum). All of it is read on the host once. Only when something is not
+  finite is each tensor of the failing group checked on its own, to name it.
+- on CUDA, one fused ``torch._foreach_norm(ord=inf)`` over the group and one ``isfinite``; the
+  per-tensor mask is copied with ``non_blocking=True`` into pinned memory behind an event and
+  read at a later check, once the event says it is done: no host-device sync.
+
+The max-abs norm is NaN for a NaN anywhere and Inf for an Inf anywhere, and unlike the L2 norm
+it cannot overflow for a large but finite low-precision gradient: a flag is never a false alarm.
 """
 
 from __future__ import annotations
@@ -12,6 +21,12 @@ import dataclasses
 from collections.abc import Sequence
 
 import torch
+
+#: Gradients with at most this many elements are flattened together on CPU.
+SMALL_NUMEL = 1 << 16
+#: At most this many elements are copied into one flat buffer at a time.
+CHUNK_NUMEL = 1 << 22
+_INF = float("inf")
 
 
 @dataclasses.dataclass
@@ -23,23 +38,80 @@ class _Pending:
 
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:
-    to_local = getattr(grad, "to_local", None)
-    if callable(to_local):  # a DTensor: each rank checks its own shard, with plain tensor ops
-        grad = to_local()
+    if type(grad) is not torch.Tensor:  # a plain tensor skips the attribute lookup
+        to_local = getattr(grad, "to_local", None)
+        if callable(to_local):  # a DTensor: each rank checks its own shard, with plain tensor ops
+            grad = to_local()
     return grad._values() if grad.is_sparse else grad
 
 
-def _bad_mask(grads: list[torch.Tensor]) -> torch.Tensor:
+def _plain(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The list itself when every tensor is a plain dense one (the usual case), else dense copies."""
+    plain = torch.Tensor
+    for t in tensors:
+        if type(t) is not plain or t.is_sparse:
+            return [_dense(t) for t in tensors]
+    return tensors
+
+
+def _is_finite(grad: torch.Tensor) -> bool:
+    """One tensor, exactly (the slow path, used only to name what a batched check flagged)."""
+    return bool(torch.isfinite(grad).all())
+
+
+def _group(grads: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], tuple[list[torch.Tensor], list[int]]]:
+    """``{(device, dtype): (tensors, their indices in grads)}``, floating and complex only."""
     try:
-        norms = torch._foreach_norm(grads)
-    except (RuntimeError, TypeError):  # an exotic tensor subclass: fall back to one norm each
-        norms = [torch.linalg.vector_norm(g) for g in grads]
-    return ~torch.isfinite(torch.stack([n.float().reshape(()) for n in norms]))
+        grouped = torch._C._group_tensors_by_device_and_dtype([grads], True)
+        out = {key: (lists[0], list(indices)) for key, (lists, indices) in grouped.items()}
+    except (AttributeError, RuntimeError, TypeError):  # an older torch or an exotic tensor
+        out = {}
+        for i, g in enumerate(grads):
+            tensors, indices = out.setdefault((g.device, g.dtype), ([], []))
+            tensors.append(g)
+            indices.append(i)
+    return {key: value for key, value in out.items() if key[1].is_floating_point or key[1].is_complex}
 
 
-def _confirm(grad: torch.Tensor) -> bool:
-    """The L2 norm of a huge but finite low-precision grad can overflow: check the values."""
-    return not bool(torch.isfinite(_dense(grad)).all())
+def _norms_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A bool vector: which tensors are all finite (one fused max-abs norm)."""
+    try:
+        norms = torch._foreach_norm(tensors, _INF)
+    except (RuntimeError, TypeError):  # an exotic tensor subclass: one norm each
+        norms = [torch.linalg.vector_norm(t, _INF) for t in tensors]
+    return torch.isfinite(torch.stack(norms))
+
+
+def _extremes(t: torch.Tensor) -> torch.Tensor:
+    """The smallest and largest value of a non-empty CPU tensor: both finite iff every value is
+    (NaN propagates through min and max; unlike a sum or a norm, neither can overflow)."""
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return torch.stack(torch.aminmax(t))
+
+
+def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every tensor of one CPU dtype group is finite, with one read on the host."""
+    parts: list[torch.Tensor] = []
+    chunk: list[torch.Tensor] = []
+    chunk_numel = 0
+    for t in tensors:
+        n = t.numel()
+        if n > SMALL_NUMEL:
+            parts.append(_extremes(t))
+            continue
+        if n == 0:
+            continue
+        if chunk_numel + n > CHUNK_NUMEL:
+            parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+            chunk, chunk_numel = [], 0
+        chunk.append(t)
+        chunk_numel += n
+    if chunk:
+        parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+    if not parts:
+        return True
+    return bool(torch.isfinite(parts[0] if len(parts) == 1 else torch.cat(parts)).all())
 
 
 class ValueChecker:
@@ -58,26 +130,36 @@ class ValueChecker:
         them with the names of that step.
         """
         completed, ready = self._collect()
-        cpu_done = False
-        by_device: dict[torch.device, list[int]] = {}
-        for i, g in enumerate(grads):
-            if g is not None and (g.is_floating_point() or g.is_complex()):
-                by_device.setdefault(g.device, []).append(i)
-        for device, indices in by_device.items():
-            dense = [_dense(grads[i]) for i in indices]
-            bad = _bad_mask(dense)
+        present = [g for g in grads if g is not None]
+        where = None if len(present) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
+        checked_now = False
+        deferred: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
+        for (device, _), (tensors, indices) in _group(present).items():
+            tensors = _plain(tensors)
+            if where is not None:
+                indices = [where[j] for j in indices]
             if device.type == "cuda":
-                host = torch.empty(bad.shape, dtype=torch.bool, pin_memory=True)
-                host.copy_(bad, non_blocking=True)
-                event = torch.cuda.Event()
-                event.record()
-                self._pending.append(_Pending(step, indices, host, event))
-            else:
-                cpu_done = True
-                for j in bad.nonzero().flatten().tolist():
-                    if _confirm(grads[indices[j]]):
-                        ready.append((step, indices[j]))
-        if cpu_done and not any(p.step == step for p in self._pending):
+                masks, all_indices = deferred.setdefault(device, ([], []))
+                masks.append(_norms_finite(tensors))
+                all_indices.extend(indices)
+                continue
+            checked_now = True
+            if device.type == "cpu":
+                if _cpu_all_finite(tensors):
+                    continue
+                # Something is not finite: name it, one tensor at a time.
+                ready.extend((step, i) for t, i in zip(tensors, indices) if not _is_finite(t))
+            else:  # another accelerator: the mask, read at once
+                bad = (~_norms_finite(tensors)).cpu().nonzero().flatten().tolist()
+                ready.extend((step, indices[j]) for j in bad)
+        for device, (masks, indices) in deferred.items():
+            bad = ~(masks[0] if len(masks) == 1 else torch.cat(masks))
+            host = torch.empty(bad.shape, dtype=torch.bool, pin_memory=True)
+            host.copy_(bad, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._pending.append(_Pending(step, indices, host, event))
+        if checked_now and not any(p.step == step for p in self._pending):
             completed.append(step)
         return completed, ready
 

@@ -1,0 +1,288 @@
+"""What keeps leafwatch cheap enough to leave on, as structural properties (no timings here:
+those live in ``benchmarks/bench.py``).
+
+- the default per-step check reads each ``p.grad`` once and runs no tensor op;
+- the NaN/Inf check reads the host once per device whatever the number of tensors, runs every
+  ``DEFAULT_VALUE_CHECK_EVERY`` checks, and on CUDA never synchronizes with the device;
+- the structure is not re-read while the parameter sets stay the same;
+- 10,000 checks leave memory and every internal structure the size they were.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import tracemalloc
+import warnings
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+import leafwatch
+from leafwatch import monitor as monitor_module
+from leafwatch.values import SMALL_NUMEL, ValueChecker
+
+#: Tensor methods that read a value on the host (on CUDA: a host-device sync).
+HOST_READS = frozenset({"item", "__bool__", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu"})
+
+
+class _TorchCalls(TorchFunctionMode):
+    """Counts every torch function and tensor method called while active, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: collections.Counter[str] = collections.Counter()
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.calls[getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))] += 1
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def host_reads(self) -> int:
+        return sum(n for name, n in self.calls.items() if name.rsplit(".", 1)[-1] in HOST_READS)
+
+    @property
+    def ops(self) -> collections.Counter[str]:
+        """Everything but attribute reads (``p.grad``, ``t.is_sparse``) and size queries."""
+        return collections.Counter({name: n for name, n in self.calls.items()
+                                    if not name.endswith(("__get__", "numel", "is_complex"))})
+
+
+class _Chain(nn.Module):
+    """``layers`` tiny linear layers: ``2 * layers`` parameter tensors."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*[nn.Linear(2, 2) for _ in range(layers)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def _trained_once(layers: int, **monitor_kwargs: Any) -> tuple[_Chain, torch.optim.Optimizer, leafwatch.Monitor]:
+    """A model whose gradients are set once, and a Monitor that has done its first check."""
+    model = _Chain(layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt, **monitor_kwargs)
+    model(torch.ones(4, 2)).sum().backward()
+    monitor.check()
+    return model, opt, monitor
+
+
+@pytest.mark.parametrize("layers", [5, 200])
+def test_default_check_reads_each_grad_once_and_runs_no_tensor_op(layers):
+    model, _, monitor = _trained_once(layers, check_values_every_n_steps=0)
+    with _TorchCalls() as seen:
+        for _ in range(3):
+            report = monitor.check()
+    assert report.findings == []
+    assert seen.calls == {"getset_descriptor.__get__": 3 * 2 * layers}  # one `p.grad` per tensor per check
+    assert seen.host_reads == 0
+    monitor.close()
+
+
+def test_value_check_reads_the_host_once_whatever_the_number_of_tensors():
+    counts = {}
+    for layers in (5, 300):
+        _, _, monitor = _trained_once(layers, check_values_every_n_steps=1)
+        with _TorchCalls() as seen:
+            report = monitor.check()
+        assert report.findings == []
+        counts[layers] = (seen.host_reads, seen.ops)
+        monitor.close()
+    (reads_small, ops_small), (reads_large, ops_large) = counts[5], counts[300]
+    assert reads_small == reads_large == 1
+    assert ops_small == ops_large  # the same few batched ops for 10 and for 600 tensors
+    assert sum(ops_large.values()) <= 8
+
+
+def test_default_value_checks_run_every_n_checks_and_on_the_first():
+    every = monitor_module.DEFAULT_VALUE_CHECK_EVERY
+    assert every >= 10
+    _, _, monitor = _trained_once(3)  # check 1: the first value check
+    reads = []
+    for _ in range(3 * every):
+        with _TorchCalls() as seen:
+            monitor.check()
+        reads.append(seen.host_reads)
+    checked_at = [step for step, n in enumerate(reads, start=2) if n]
+    assert checked_at == [every, 2 * every, 3 * every]
+    assert all(n == 1 for n in reads if n)
+    monitor.close()
+
+
+def test_nan_found_by_the_default_cadence_names_the_tensor():
+    model, opt, monitor = _trained_once(3)
+    model.layers[1].weight.grad[0, 1] = float("nan")
+    for _ in range(monitor_module.DEFAULT_VALUE_CHECK_EVERY - 1):
+        report = monitor.check()
+    assert report.names("nonfinite_grad") == {"layers.1.weight"}
+    assert "NaN or Inf" in report.by_kind("nonfinite_grad")[0].message
+    monitor.close()
+
+
+def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
+    grads: list[torch.Tensor | None] = [torch.randn(3, 3) for _ in range(50)]
+    grads += [
+        torch.randn(SMALL_NUMEL + 1),  # large: checked in place, not flattened
+        None,  # no gradient: skipped
+        torch.full((SMALL_NUMEL + 10,), 60000.0, dtype=torch.float16),  # huge but finite fp16
+        torch.full((7,), 60000.0, dtype=torch.float16),
+        torch.empty(0, 4),  # no elements
+        torch.randn(5, dtype=torch.complex64),
+        torch.sparse_coo_tensor([[0, 3]], [1.0, 2.0], (6,), check_invariants=True),
+        torch.arange(4),  # not floating: not checked
+    ]
+    checker = ValueChecker()
+    assert checker.check(grads, step=1) == ([1], [])
+    grads[7][1, 2] = float("nan")
+    grads[50][SMALL_NUMEL] = float("inf")
+    grads[53][3] = float("-inf")
+    grads[55][2] = complex(0.0, float("inf"))
+    grads[56] = torch.sparse_coo_tensor([[0, 3]], [1.0, float("nan")], (6,), check_invariants=True)
+    completed, bad = checker.check(grads, step=2)
+    assert completed == [2]
+    assert sorted(bad) == [(2, 7), (2, 50), (2, 53), (2, 55), (2, 56)]
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+def test_fingerprint_read_each_check_does_not_grow_with_the_parameters():
+    fingerprints = []
+    for layers in (5, 500):
+        _, _, monitor = _trained_once(layers, check_values_every_n_steps=0)
+        fingerprints.append(_leaves(monitor._current_fingerprint()))
+        monitor.close()
+    small, large = fingerprints
+    assert len(small) == len(large)
+    assert not any(isinstance(leaf, torch.Tensor) for leaf in large)
+
+
+class _WithHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _Chain(20)
+        self.head = nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(x))
+
+
+def test_structure_is_reread_only_when_the_parameter_sets_change():
+    model = _WithHead()
+    opt = torch.optim.SGD(model.body.parameters(), lr=0.1)  # the head is left out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitor = leafwatch.Monitor(model, opt, check_values_every_n_steps=0)
+        model(torch.ones(4, 2)).sum().backward()
+        report = monitor.check()
+        assert report.names("not_in_optimizer") == {"head.weight", "head.bias"}
+        inventory, lists = monitor._inventory, monitor._lists
+        for _ in range(100):
+            monitor.check()
+        assert monitor._inventory is inventory
+        assert monitor._lists is lists
+        opt.add_param_group({"params": list(model.head.parameters())})
+        report = monitor.check()
+    assert monitor._inventory is not inventory
+    assert report.names("not_in_optimizer") == set()
+    assert report.names("not_in_optimizer", status="resolved") == {"head.weight", "head.bias"}
+    monitor.close()
+
+
+def _sizes(monitor: leafwatch.Monitor) -> dict[str, int]:
+    return {
+        "records": len(monitor._records),
+        "value_names": len(monitor._value_names),
+        "pending": len(monitor._values._pending),
+        "streak": len(monitor._streak),
+        "misses": len(monitor._misses),
+        "watch_counts": len(monitor._watch_counts),
+        "tracer_records": len(monitor._tracer.records),
+        "tracer_handles": len(monitor._tracer.handles),
+        "handles": len(monitor._handles),
+    }
+
+
+class _OneUnused(nn.Module):
+    """A used layer and one that never gets a gradient: a finding updated at every check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.Linear(2, 2)
+        self.unused = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.used(x)
+
+
+@pytest.mark.parametrize("model_class", [_Chain, _OneUnused])
+def test_ten_thousand_checks_keep_memory_bounded(model_class):
+    model = model_class(3) if model_class is _Chain else model_class()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)  # the default: value checks every few checks
+    model(torch.ones(4, 2)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        for _ in range(100):
+            monitor.check()
+        sizes = _sizes(monitor)
+        gc.collect()
+        objects = len(gc.get_objects())
+        for _ in range(9_000):
+            monitor.check()
+        # The last 1,000 checks under tracemalloc (it slows every allocation down a lot).
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before, _ = tracemalloc.get_traced_memory()
+            for _ in range(1_000):
+                report = monitor.check()
+            gc.collect()
+            after, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert monitor.step == 10_100
+    assert _sizes(monitor) == sizes
+    assert len(gc.get_objects()) - objects < 100
+    assert after - before < 16 * 1024  # a leak of 16 bytes per check would show
+    expected = {"unused.weight", "unused.bias"} if model_class is _OneUnused else set()
+    assert report.names("missing_grad") == expected
+    assert all(f.steps_seen == 10_100 for f in report.findings)
+    monitor.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_monitor_never_synchronizes_with_the_device_on_cuda():
+    model = _OneUnused().cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(4, 2, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitors = [leafwatch.Monitor(model, opt), leafwatch.Monitor(model, opt, check_values_every_n_steps=1)]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step in range(12):
+                opt.zero_grad(set_to_none=True)
+                model(x).sum().backward()
+                if step == 5:
+                    model.used.weight.grad[0, 0] = float("nan")
+                for monitor in monitors:
+                    monitor.check()
+                opt.step()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        reports = [monitor.close() for monitor in monitors]
+    for report in reports:
+        assert report.names("missing_grad") == {"unused.weight", "unused.bias"}
+    # The NaN of step 6 is read a check or more later, or at close, never by a sync.
+    assert reports[1].names("nonfinite_grad", status=None) == {"used.weight"}
+    assert reports[0].names("nonfinite_grad", status=None) == set()  # step 6 is not one of its value checks

@@ -39,10 +39,11 @@ class Subcommand(NamedTuple):
 
 def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logdir", default="runs", help="where TensorBoard event files go (default: runs)")
-    parser.add_argument("--steps", type=_positive_int, default=20, help="training steps (default: 20)")
+    parser.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
     try:
         value = int(text)
     except ValueError:

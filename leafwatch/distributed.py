@@ -116,6 +116,10 @@ def _chain(model: Any) -> list[Any]:
     return out
 
 
+_FSDP2_FIX = ("use `torch.distributed.fsdp.fully_shard` (FSDP2), whose unused parameters keep "
+              ".grad None, or run a few steps with plain DDP to have every parameter checked")
+
+
 def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
                   step: int | None = None) -> GradientView:
     """Detect the sharding strategy of ``model`` and say which gradients can be read per parameter.
@@ -150,8 +154,7 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
             "FullyShardedDataParallel with use_orig_params=False flattens each wrapped module's "
             "parameters into one FlatParameter; its .grad is a shard of all of them, and the part "
             "of an unused parameter is filled with zeros.",
-            "use `torch.distributed.fsdp.fully_shard` (FSDP2), whose unused parameters keep "
-            ".grad None, or run a few steps with plain DDP to have every parameter checked",
+            _FSDP2_FIX,
             step))
     fsdp1 = [(k, t, n) for k, t, n in entries if getattr(t, "_fsdp_flattened", False)]
     if fsdp1:
@@ -161,8 +164,7 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
             "FullyShardedDataParallel gives each rank only its shard of each gradient: a "
             "parameter outside this rank's shard has .grad None even though it trains, and an "
             "unused parameter gets zeros on the rank that holds it.",
-            "use `torch.distributed.fsdp.fully_shard` (FSDP2), whose unused parameters keep "
-            ".grad None, or run a few steps with plain DDP to have every parameter checked",
+            _FSDP2_FIX,
             step))
     if any(_is_dtensor(t) for t in tensors):
         return GradientView("fsdp2", frozenset(), True, None)

@@ -133,16 +133,6 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
     return parser
 
 
-def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``report`` to the subparsers of the ``leafwatch`` command."""
-    parser = subparsers.add_parser(
-        "report", help="print the findings leafwatch wrote to TensorBoard logs",
-        description="Print the latest leafwatch findings of every run under LOGDIR. Exit codes: 0 clean, "
-        f"{EXIT_FINDINGS} when a finding at or above --fail-on is open, {EXIT_NO_DATA} when LOGDIR holds no leafwatch data.",
-    )
-    return configure_report_parser(parser)
-
-
 def report_main(args: argparse.Namespace) -> int:
     """Print the reports found under ``args.logdir``; the exit code."""
     try:
@@ -159,12 +149,3 @@ def report_main(args: argparse.Namespace) -> int:
         return EXIT_NO_DATA
     sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
     return EXIT_FINDINGS if failing(reports, args.fail_on) else 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = configure_report_parser(argparse.ArgumentParser(prog="leafwatch report"))
-    return report_main(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from . import checks, inventory
+from .cli import positive_int
 from .findings import Finding, LeafwatchWarning, Report
 from .monitor import CheckEvent, Monitor, apply_ignore
 
@@ -559,21 +560,11 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
 
 
 # -- the command line -----------------------------------------------------------------------
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {value}")
-    return value
-
-
 def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--logdir", metavar="DIR", help="write TensorBoard records to DIR")
     parser.add_argument("--strict", action="store_true",
                         help=f"stop at the first error finding and exit {STRICT_EXIT_CODE} with the table")
-    parser.add_argument("--patience", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--patience", type=positive_int, default=1, metavar="N",
                         help="checks a parameter may go without a gradient before it is reported (default 1)")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN[=REASON]",
                         help="report findings whose name matches the glob PATTERN as ignored (repeatable)")
@@ -583,15 +574,6 @@ def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="the script and its arguments")
     parser.set_defaults(handler=run_main)
     return parser
-
-
-def add_run_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``run`` to the subparsers of the ``leafwatch`` command."""
-    parser = subparsers.add_parser(
-        "run", help="run an unmodified PyTorch script and name every tensor that does not train",
-        description="Run a PyTorch script as `python script.py` would, checking every optimizer step.",
-    )
-    return configure_run_parser(parser)
 
 
 def run_main(args: argparse.Namespace) -> int:
@@ -620,12 +602,3 @@ def run_main(args: argparse.Namespace) -> int:
             return 2
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
                patience=args.patience, ignore=ignore)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = configure_run_parser(argparse.ArgumentParser(prog="leafwatch run"))
-    return run_main(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

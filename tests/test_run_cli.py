@@ -36,8 +36,7 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(command: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    module = {"run": "leafwatch.runner", "report": "leafwatch.report_cli"}[command]
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
                           env=_env(), cwd=cwd or REPO, timeout=240)
 
 

@@ -1,0 +1,24 @@
+"""The README's 30-second example runs and finds what the README says it finds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_quickstart_names_each_seeded_bug_with_its_cause() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")], capture_output=True,
+                         text=True, env=env, timeout=240, check=True)
+    text = out.stdout
+    assert "5 open of 5 finding(s) at step 1" in text
+    assert "ERROR   non_leaf            temperature" in text and "ToCopyBackward0" in text
+    assert "ERROR   missing_grad        aux_head.weight" in text
+    assert "module `aux_head` never ran in this step's forward" in text
+    assert "ERROR   orphan_tensor       blocks[0].weight" in text and "nn.ModuleList" in text
+    # watch() warned at once, at the user's line.
+    assert "quickstart.py:" in out.stderr and "LeafwatchWarning" in out.stderr

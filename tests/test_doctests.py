@@ -1,0 +1,27 @@
+"""Every ``Example::`` in leafwatch's docstrings runs and prints what it shows."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+import pkgutil
+
+import pytest
+
+import leafwatch
+
+MODULES = sorted(
+    info.name
+    for info in pkgutil.walk_packages(leafwatch.__path__, prefix="leafwatch.")
+    if not info.name.endswith("__main__")
+)
+WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.lightning", "leafwatch.monitor",
+                 "leafwatch.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    if name in WITH_EXAMPLES:
+        assert result.attempted > 0, f"{name} lost its examples"

@@ -561,6 +561,8 @@ class Monitor:
 
     def _check_watched(self) -> None:
         entries = watch.entries()
+        if not (entries or self._watch_scan or self._dirty):
+            return  # nothing watched and no watched finding open: nothing to do at all
         current: set[tuple[str, str]] = set()
         if entries:
             got = {}
@@ -574,10 +576,7 @@ class Monitor:
                 current.add(f.key)
                 self._upsert(f)
         # A watched finding that did not recur is resolved (a gradient arrived, or the tensor is gone).
-        # Looked for only while one can be open: with watched tensors, after one was found, or
-        # when the records changed (a restored state); not every step over every record.
-        if not (entries or self._watch_scan or self._dirty):
-            return
+        # Looked for only while one can be open (see the top): not every step over every record.
         self._watch_scan = bool(current)
         for key, f in list(self._records.items()):
             if f.status == "open" and f.details.get("source") == "watch" and key not in current:

@@ -1,6 +1,6 @@
 """Overhead of ``leafwatch run`` on a plain training loop: the loop's own time, with and without.
 
-Runs ``train_mlp.py`` alternately as ``python train_mlp.py`` and ``python -m leafwatch.runner
+Runs ``train_mlp.py`` alternately as ``python train_mlp.py`` and ``python -m leafwatch run
 train_mlp.py`` (interleaved, so that a busy machine slows both alike) and prints the median loop
 time of each and the overhead in percent. The loop times itself, so interpreter start-up and
 imports are not counted; leafwatch's own set-up at the first steps is.
@@ -85,7 +85,7 @@ def main() -> None:
     plain, watched = [], []
     for _ in range(pairs):
         plain.append(loop_seconds([sys.executable, *script]))
-        watched.append(loop_seconds([sys.executable, "-m", "leafwatch.runner", *script]))
+        watched.append(loop_seconds([sys.executable, "-m", "leafwatch", "run", *script]))
     p, w = statistics.median(plain), statistics.median(watched)
     print(json.dumps({
         "pairs": pairs, "steps": int(steps), "width": int(width),

@@ -248,6 +248,11 @@ def watched() -> dict[str, torch.Tensor]:
         return out
 
 
+def any_watched() -> bool:
+    """Whether anything is watched (dead entries included): a lock-free test for the hot path."""
+    return bool(_entries)
+
+
 def entries() -> list[WatchEntry]:
     with _lock:
         _purge_dead()

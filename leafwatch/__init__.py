@@ -8,6 +8,7 @@ package at start-up, and ``leafwatch report`` reads logs without torch.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from .findings import KINDS, SEVERITIES, Finding, LeafwatchError, LeafwatchWarning, Report
@@ -50,6 +51,9 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        # A submodule (``leafwatch.distributed``) reached as an attribute, as with an eager package.
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'leafwatch' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value

@@ -1,0 +1,111 @@
+"""`leafwatch demo` then `tensorboard --logdir runs`: the tab is enabled and shows the demo's bugs.
+
+The demo is a real Lightning ``Trainer`` with ``LeafWatch`` and a ``TensorBoardLogger``. Where
+leafwatch is installed (as CI installs it) the server is plain ``tensorboard``, which finds the
+tab through the package's entry point; with leafwatch only on ``PYTHONPATH``, the launcher that
+adds the tab stands in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _tensorboard_runs import REPO_ROOT, get_json, wait_for
+
+DEMO_BUGS = {
+    ("missing_grad", "aux_head.weight"),
+    ("missing_grad", "aux_head.bias"),
+    ("not_in_optimizer", "loss_weight"),
+    ("orphan_tensor", "temperature"),
+}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _tensorboard_command() -> list[str]:
+    installed = any(ep.name == "leafwatch" for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
+    binary = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
+    if installed and binary:
+        return [binary]
+    return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
+
+
+@contextlib.contextmanager
+def _serve(log_dir: Path, scratch: Path) -> Iterator[str]:
+    log = scratch / "tensorboard.log"
+    with open(log, "wb") as stderr:
+        process = subprocess.Popen(
+            [*_tensorboard_command(), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", "0",
+             "--reload_interval", "1"], stdout=subprocess.DEVNULL, stderr=stderr, env=_env())
+    try:
+        url: list[str] = []
+
+        def started() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"TensorBoard exited with {process.returncode}:\n{log.read_text()}")
+            match = re.search(r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+)/", log.read_text())
+            if match:
+                url.append(match.group(1))
+            return bool(match)
+
+        wait_for(started, 120, "no serving message")
+        yield url[0]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    runs = tmp_path_factory.mktemp("runs")
+    demo = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", str(runs), "--steps", "6"],
+                          capture_output=True, text=True, env=_env(), timeout=300)
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert f"tensorboard --logdir {runs}" in demo.stdout
+    with _serve(runs, tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: get_json(f"{url}/data/plugin/leafwatch/runs")["runs"], 120, "demo run not loaded")
+        yield url
+
+
+@pytest.mark.slow
+def test_the_demo_enables_the_leafwatch_tab(demo_server: str) -> None:
+    listing = get_json(f"{demo_server}/data/plugins_listing")
+    assert listing["leafwatch"]["enabled"] is True
+    assert listing["scalars"]["enabled"] is True
+
+
+@pytest.mark.slow
+def test_the_tab_shows_the_demo_findings(demo_server: str) -> None:
+    (run,) = get_json(f"{demo_server}/data/plugin/leafwatch/runs")["runs"]
+    data = get_json(f"{demo_server}/data/plugin/leafwatch/findings?run={run['run']}")
+    assert {(f["kind"], f["name"]) for f in data["findings"] if f["status"] == "open"} == DEMO_BUGS
+    by_name = {f["name"]: f for f in data["findings"]}
+    assert "never ran" in by_name["aux_head.weight"]["cause"]
+    assert "ToCopyBackward0" in by_name["temperature"]["cause"]
+
+
+@pytest.mark.slow
+def test_the_grid_shows_the_unused_head_missing_every_step(demo_server: str) -> None:
+    (run,) = get_json(f"{demo_server}/data/plugin/leafwatch/runs")["runs"]
+    grid = get_json(f"{demo_server}/data/plugin/leafwatch/coverage?run={run['run']}")
+    rows = {row["name"]: row for row in grid["rows"]}
+    assert rows["aux_head.weight"]["missed_steps"] == [[1, 6]]
+    trained = [name for name, row in rows.items() if not row["missed_steps"]]
+    assert trained and all(not name.startswith("aux_head") for name in trained)

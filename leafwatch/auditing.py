@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import warnings
-from typing import Any
 
 import torch
 from torch import nn

@@ -154,7 +154,7 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     elif base in _VIEW_OPS:
         what, hint = "a view, slice or reshape of a leaf (`t[0]`, `.view()`, `.t()`)", "view"
     else:
-        what, hint = f"an operation on a tensor that requires grad", "other"
+        what, hint = "an operation on a tensor that requires grad", "other"
     return Origin(op=op, what=what, leaf=info, fix_hint=hint)
 
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from . import checks, graph, inventory, tracing, watching
 from . import distributed as _distributed
-from .findings import Finding, LeafwatchError, LeafwatchWarning, Report, check_severity
+from .findings import Finding, LeafwatchWarning, Report
 from .values import ValueChecker
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
@@ -234,7 +234,6 @@ class Monitor:
         self._streak: dict[int, int] = {}
         self._misses: dict[int, int] = {}
         self._longest_streak: dict[int, int] = {}
-        self._pending_reason: dict[int, str] = {}
         self._watch_counts: dict[str, tuple[watching.WatchEntry, int]] = {}
         self._watch_scan = True  # whether an open watched finding may need resolving
         self._joined: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]] = ((), ())

@@ -135,18 +135,20 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 @contextlib.contextmanager
-def tensorboard_server(log_dir: Path, scratch: Path, timeout: float = 120) -> Iterator[str]:
+def tensorboard_server(log_dir: Path, scratch: Path, timeout: float = 120,
+                       command: list[str] | None = None) -> Iterator[str]:
     """Starts TensorBoard with the Leafwatch tab on 127.0.0.1 (a free port); yields its URL.
 
-    Uses ``python -m leafwatch.tensorboard_plugin`` so that it works whether leafwatch is
-    installed or only on ``PYTHONPATH``; the server is always stopped on exit.
+    By default uses ``python -m leafwatch.tensorboard_plugin`` so that it works whether leafwatch
+    is installed or only on ``PYTHONPATH``; ``command`` starts another TensorBoard (plain
+    ``tensorboard``). The server is always stopped on exit.
     """
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     stderr_path = scratch / f"tensorboard-{log_dir.name}.log"
     with open(stderr_path, "wb") as stderr:
         process = subprocess.Popen(
-            [sys.executable, "-m", "leafwatch.tensorboard_plugin", "--logdir", str(log_dir),
+            [*(command or [sys.executable, "-m", "leafwatch.tensorboard_plugin"]), "--logdir", str(log_dir),
              "--host", "127.0.0.1", "--port", "0", "--reload_interval", "1"],
             stdout=subprocess.DEVNULL, stderr=stderr, env=env)
     try:

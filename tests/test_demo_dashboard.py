@@ -8,18 +8,15 @@ adds the tab stands in.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import re
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from _tensorboard_runs import REPO_ROOT, get_json, wait_for
+from _tensorboard_runs import REPO_ROOT, get_json, tensorboard_server, wait_for
 
 DEMO_BUGS = {
     ("missing_grad", "aux_head.weight"),
@@ -43,35 +40,6 @@ def _tensorboard_command() -> list[str]:
     return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
 
 
-@contextlib.contextmanager
-def _serve(log_dir: Path, scratch: Path) -> Iterator[str]:
-    log = scratch / "tensorboard.log"
-    with open(log, "wb") as stderr:
-        process = subprocess.Popen(
-            [*_tensorboard_command(), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", "0",
-             "--reload_interval", "1"], stdout=subprocess.DEVNULL, stderr=stderr, env=_env())
-    try:
-        url: list[str] = []
-
-        def started() -> bool:
-            if process.poll() is not None:
-                raise RuntimeError(f"TensorBoard exited with {process.returncode}:\n{log.read_text()}")
-            match = re.search(r"TensorBoard \S+ at (http://127\.0\.0\.1:\d+)/", log.read_text())
-            if match:
-                url.append(match.group(1))
-            return bool(match)
-
-        wait_for(started, 120, "no serving message")
-        yield url[0]
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=15)
-
-
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     runs = tmp_path_factory.mktemp("runs")
@@ -79,7 +47,7 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                           capture_output=True, text=True, env=_env(), timeout=300)
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert f"tensorboard --logdir {runs}" in demo.stdout
-    with _serve(runs, tmp_path_factory.mktemp("tensorboard")) as url:
+    with tensorboard_server(runs, tmp_path_factory.mktemp("tensorboard"), command=_tensorboard_command()) as url:
         wait_for(lambda: get_json(f"{url}/data/plugin/leafwatch/runs")["runs"], 120, "demo run not loaded")
         yield url
 

@@ -616,7 +616,8 @@ class Monitor:
     def _update_missing(self, clist: _CheckList, missing: list[int], reachable: set[int] | None) -> None:
         now: set[int] = set()
         # Watched tensors are reported under their watch name, replaced ones as stale_param.
-        skip = {id(e.tensor()) for e in watching.entries()} | self._previous_names.keys()
+        watched = watching.entries() if watching.any_watched() else ()
+        skip = {id(e.tensor()) for e in watched} | self._previous_names.keys()
         for i in missing:
             p = clist.params[i]
             if not p.requires_grad or id(p) in skip:

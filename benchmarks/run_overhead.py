@@ -6,7 +6,7 @@ time of each and the overhead in percent. The loop times itself, so interpreter 
 imports are not counted; leafwatch's own set-up at the first steps is.
 
 ``--in-process`` measures the same inside one process instead: blocks of steps alternately
-plain and under a fresh ``leafwatch.runner.Session`` (its hooks, its Monitor, its set-up at the
+plain and under a fresh ``leafwatch.integrations.runner.Session`` (its hooks, its Monitor, its set-up at the
 first steps), which is far less noisy on a shared machine than whole processes.
 
 Usage: python benchmarks/run_overhead.py [--in-process] [pairs] [steps] [width]
@@ -37,7 +37,7 @@ def in_process(pairs: int, steps: int, width: int) -> dict[str, object]:
     import torch
     from torch import nn
 
-    from leafwatch.runner import Session
+    from leafwatch.integrations.runner import Session
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

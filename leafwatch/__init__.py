@@ -11,7 +11,19 @@ import importlib
 import importlib.util
 from typing import Any
 
-from .findings import KINDS, SEVERITIES, Finding, LeafwatchError, LeafwatchWarning, Report
+from .events import CheckEvent
+from .findings import (
+    KINDS,
+    SEVERITIES,
+    Finding,
+    Kind,
+    LeafwatchError,
+    LeafwatchInternalWarning,
+    LeafwatchWarning,
+    Report,
+    Severity,
+    Status,
+)
 
 __version__ = "0.1.0"
 
@@ -23,9 +35,8 @@ _LAZY = {
     "unwatch_all": "watching",
     "watched": "watching",
     "Monitor": "monitor",
-    "CheckEvent": "monitor",
-    "LeafWatch": "lightning",
-    "TensorBoardSink": "tensorboard",
+    "LeafWatch": "integrations.lightning",
+    "TensorBoardSink": "integrations.tensorboard",
 }
 
 __all__ = [
@@ -33,11 +44,15 @@ __all__ = [
     "SEVERITIES",
     "CheckEvent",
     "Finding",
+    "Kind",
     "LeafWatch",
     "LeafwatchError",
+    "LeafwatchInternalWarning",
     "LeafwatchWarning",
     "Monitor",
     "Report",
+    "Severity",
+    "Status",
     "TensorBoardSink",
     "__version__",
     "audit",

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from . import checks, graph, inventory, watching
-from .findings import Finding, LeafwatchWarning, Report
-from .monitor import _validate_ignore, apply_ignore, warn_unmatched_ignore
+from .findings import Finding, LeafwatchInternalWarning, Report
+from .options import apply_ignore, validate_ignore, warn_unmatched_ignore
 from .values import ValueChecker
 
 
@@ -59,14 +59,14 @@ def audit(
     model = inventory.normalize_model(model)
     opts = inventory.normalize_optimizers(optimizers)
     named = inventory.normalize_tensors(tensors)
-    ignore_map = _validate_ignore(ignore)
+    ignore_map = validate_ignore(ignore)
     if loss is not None and not isinstance(loss, torch.Tensor):
         raise TypeError(f"`loss` must be a torch.Tensor or None, got {type(loss).__name__}: {loss!r:.80}")
     if not isinstance(check_values, bool):
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
     inv = inventory.Inventory(model, opts)
-    warn_unmatched_ignore(ignore_map, inv, extra_names=list(named))
+    warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | set(watching.watched()))
     findings: list[Finding] = checks.structural(inv, step=step)
     stale = {f.name for f in findings if f.kind == "stale_param"}
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
@@ -109,7 +109,7 @@ def audit(
             warnings.warn(
                 f"leafwatch: internal failure in the NaN/Inf gradient check ({type(error).__name__}: {error}); "
                 "audit() reports everything else.",
-                LeafwatchWarning,
+                LeafwatchInternalWarning,
                 stacklevel=2,
             )
             bad = []

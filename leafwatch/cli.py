@@ -18,6 +18,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from .options import positive_int
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_tensorboard.py"
 
 
@@ -42,15 +44,6 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
-    return value
 
 
 #: The subcommands: the help, what adds their arguments, and what runs them.
@@ -62,8 +55,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "run": Subcommand(
         "run an unmodified PyTorch script and name every tensor that does not train",
-        "leafwatch.runner:configure_run_parser",
-        "leafwatch.runner:run_main",
+        "leafwatch.integrations.runner:configure_run_parser",
+        "leafwatch.integrations.runner:run_main",
     ),
     "report": Subcommand(
         "print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
@@ -123,7 +116,7 @@ def load_example(path: Path = EXAMPLE) -> ModuleType:
 def demo_main(args: argparse.Namespace) -> int:
     """Train the seeded-bug example, print the findings table and the TensorBoard command."""
     try:
-        from .lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
+        from .integrations.lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
     except ImportError as error:
         print(f"leafwatch demo: {error}", file=sys.stderr)
         return 1

@@ -7,31 +7,77 @@ kept, pickled, logged or sent across ranks without keeping anything of the user'
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+class _WordEnum(str, enum.Enum):
+    """A closed set of words that compare, print, format and serialise as the plain str."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Kind(_WordEnum):
+    """What is wrong with a tensor, in the order a report lists them."""
+
+    NON_LEAF = "non_leaf"
+    MISSING_GRAD = "missing_grad"
+    NOT_IN_OPTIMIZER = "not_in_optimizer"
+    FROZEN_IN_OPTIMIZER = "frozen_in_optimizer"
+    STALE_PARAM = "stale_param"
+    ORPHAN_TENSOR = "orphan_tensor"
+    NONFINITE_GRAD = "nonfinite_grad"
+    DEVICE_MISMATCH = "device_mismatch"
+
+
+class Severity(_WordEnum):
+    """How sure leafwatch is that the tensor will not train, most severe first."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+
+class Status(_WordEnum):
+    """Where a finding stands: ``open`` (an error or warning that holds now), ``intermittent``
+    (sometimes no gradient: routing, LayerDrop), ``pending`` (a suspicion waiting for evidence;
+    kept in the history, not in reports), ``resolved``, ``ignored`` (matched an ``ignore`` pattern)."""
+
+    OPEN = "open"
+    INTERMITTENT = "intermittent"
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    IGNORED = "ignored"
+
+
 #: The stable kinds, in the order a report lists them.
-KINDS = (
-    "non_leaf",
-    "missing_grad",
-    "not_in_optimizer",
-    "frozen_in_optimizer",
-    "stale_param",
-    "orphan_tensor",
-    "nonfinite_grad",
-    "device_mismatch",
-)
+KINDS = tuple(k.value for k in Kind)
 
 #: Severities, most severe first.
-SEVERITIES = ("error", "warning", "info")
+SEVERITIES = tuple(s.value for s in Severity)
 
-#: Statuses a finding can have in a report.
-STATUSES = ("open", "intermittent", "resolved", "ignored")
+#: Statuses a finding can have.
+STATUSES = tuple(s.value for s in Status)
 
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 _STATUS_RANK = {s: i for i, s in enumerate(STATUSES)}
 _KIND_RANK = {k: i for i, k in enumerate(KINDS)}
+
+
+def _word(enum_type: type[_WordEnum], value: Any) -> Any:
+    """``value`` as a member of ``enum_type`` when it names one (else as given: a newer log's word)."""
+    try:
+        return enum_type(value)
+    except ValueError:
+        return value
 
 
 class LeafwatchError(RuntimeError):
@@ -44,6 +90,14 @@ class LeafwatchError(RuntimeError):
 
 class LeafwatchWarning(UserWarning):
     """The category of every warning leafwatch emits, so users can filter them."""
+
+
+class LeafwatchInternalWarning(LeafwatchWarning):
+    """leafwatch's own failure (never a finding): training goes on without the part that failed.
+
+    A test suite can make these errors without touching the warnings about findings:
+    ``filterwarnings = ["error::leafwatch.LeafwatchInternalWarning"]``.
+    """
 
 
 def check_severity(value: Any, argument: str = "min_severity") -> str:
@@ -75,14 +129,14 @@ class Finding:
         details: Extra plain data (strings, numbers, lists).
     """
 
-    kind: str
+    kind: Kind
     name: str
-    severity: str
+    severity: Severity
     message: str
     cause: str = ""
     fix: str = ""
     step: int | None = None
-    status: str = "open"
+    status: Status = Status.OPEN
     first_step: int | None = None
     last_step: int | None = None
     steps_seen: int = 1
@@ -93,6 +147,11 @@ class Finding:
     ranks: tuple[int, ...] = ()
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", _word(Kind, self.kind))
+        object.__setattr__(self, "severity", _word(Severity, self.severity))
+        object.__setattr__(self, "status", _word(Status, self.status))
+
     @property
     def key(self) -> tuple[str, str]:
         """What identifies a finding across steps: ``(kind, name)``."""
@@ -100,13 +159,17 @@ class Finding:
 
     @property
     def is_open(self) -> bool:
-        return self.status == "open"
+        """Open: a warning or an error that holds now (neither resolved, ignored, intermittent,
+        pending, nor info). The one meaning of "open" for ``bool(report)``, the counts, the
+        ``leafwatch/open/<kind>`` scalars, the console summary and ``leafwatch report``'s exit code."""
+        return self.status == Status.OPEN and self.severity != Severity.INFO
 
     def replace(self, **changes: Any) -> Finding:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["kind"], data["severity"], data["status"] = str(self.kind), str(self.severity), str(self.status)
         data["shape"] = list(self.shape) if self.shape is not None else None
         data["aliases"] = list(self.aliases)
         data["ranks"] = list(self.ranks)

@@ -9,8 +9,6 @@ the few tensors that miss a gradient.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -18,8 +16,10 @@ import torch
 from torch import nn
 
 from . import checks, graph, inventory, tracing, watching
-from . import distributed as _distributed
-from .findings import Finding, LeafwatchWarning, Report
+from .events import CheckEvent
+from .findings import Finding, Report
+from .integrations import distributed as _distributed
+from .options import WarnOnce, apply_ignore, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
 from .values import ValueChecker
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
@@ -39,19 +39,6 @@ _STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale
 
 
 @dataclasses.dataclass
-class CheckEvent:
-    """What a sink gets after each check. ``names`` keeps its identity until the lists change."""
-
-    step: int
-    optimizer: int | None
-    report: Report
-    changed: bool
-    names: tuple[str, ...]
-    missing: list[int]
-    coverage: float | None
-
-
-@dataclasses.dataclass
 class _CheckList:
     """The tensors checked when one optimizer (or, without optimizers, the model) steps."""
 
@@ -61,85 +48,6 @@ class _CheckList:
     ids: frozenset[int]
     checks: int = 0
     added_at: dict[int, int] = dataclasses.field(default_factory=dict)
-
-
-def _validate_ignore(ignore: Any) -> dict[str, str]:
-    if ignore is None:
-        return {}
-    if isinstance(ignore, str):
-        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got a str: {ignore!r}; wrap it in a list")
-    if isinstance(ignore, Mapping):
-        items = list(ignore.items())
-    elif isinstance(ignore, (list, tuple, set, frozenset)):
-        items = [(p, "ignored by the user") for p in ignore]
-    else:
-        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got {type(ignore).__name__}: {ignore!r:.80}")
-    out = {}
-    for pattern, reason in items:
-        if not isinstance(pattern, str) or not pattern:
-            raise ValueError(f"`ignore` patterns must be non-empty str, got {pattern!r}")
-        if not isinstance(reason, str):
-            raise TypeError(f"`ignore` reasons must be str, got {type(reason).__name__} for pattern {pattern!r}")
-        out[pattern] = reason
-    return out
-
-
-def _validate_int(value: Any, argument: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{argument}` must be an int, got {type(value).__name__}: {value!r:.80}")
-    if value < minimum:
-        raise ValueError(f"`{argument}` must be >= {minimum}, got {value}")
-    return value
-
-
-def apply_ignore(findings: Sequence[Finding], ignore: Mapping[str, str]) -> list[Finding]:
-    """Mark the findings whose name or alias matches an ``ignore`` pattern as ignored."""
-    if not ignore:
-        return list(findings)
-    out = []
-    for f in findings:
-        for pattern, reason in ignore.items():
-            if any(fnmatch.fnmatchcase(n, pattern) for n in (f.name, *f.aliases)):
-                f = f.replace(status="ignored", details={**f.details, "ignored_because": reason, "pattern": pattern})
-                break
-        out.append(f)
-    return out
-
-
-def warn_unmatched_ignore(ignore: Mapping[str, str], inv: inventory.Inventory, extra_names: Sequence[str] = (),
-                          stacklevel: int = 3) -> None:
-    """Warn for each ``ignore`` pattern that matches no parameter or tensor name (a likely typo)."""
-    if not ignore:
-        return
-    names = {info.name for info in inv.params.values()}
-    names |= {a for info in inv.params.values() for a in info.aliases}
-    names |= {o.name for o in inv.orphans()} | set(watching.watched()) | set(extra_names)
-    for pattern in ignore:
-        if not any(fnmatch.fnmatchcase(n, pattern) for n in names):
-            warnings.warn(
-                f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
-                f"(for example {sorted(names)[:3]})",
-                LeafwatchWarning,
-                stacklevel=stacklevel,
-            )
-
-
-class _WarnOnce:
-    """Internal failures warn once per place and never stop training."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-
-    def __call__(self, where: str, error: BaseException) -> None:
-        if where in self.seen:
-            return
-        self.seen.add(where)
-        warnings.warn(
-            f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); "
-            "training goes on, leafwatch skips this part.",
-            LeafwatchWarning,
-            stacklevel=3,
-        )
 
 
 class Monitor:
@@ -196,13 +104,11 @@ class Monitor:
     ) -> None:
         self.model = inventory.normalize_model(model)
         self.optimizers = inventory.normalize_optimizers(optimizers)
-        self.patience = _validate_int(patience, "patience", 1)
-        self.check_values_every_n_steps = _validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
-        self.ignore = _validate_ignore(ignore)
-        if not isinstance(strict, bool):
-            raise TypeError(f"`strict` must be a bool, got {type(strict).__name__}: {strict!r}")
-        if not isinstance(diagnose, bool):
-            raise TypeError(f"`diagnose` must be a bool, got {type(diagnose).__name__}: {diagnose!r}")
+        self.patience = validate_int(patience, "patience", 1)
+        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.ignore = validate_ignore(ignore)
+        validate_bool(strict, "strict")
+        validate_bool(diagnose, "diagnose")
         if distributed is not None and not isinstance(distributed, bool):
             raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
         self.strict = strict
@@ -214,11 +120,11 @@ class Monitor:
             self._own_watches.append(name)
         self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
         if writer is not None:
-            from .tensorboard import TensorBoardSink
+            from .integrations.tensorboard import TensorBoardSink
 
             self._sinks.append(TensorBoardSink(writer))
         self.step = 0
-        self._warn = _WarnOnce()
+        self._warn = WarnOnce()
         self._records: dict[tuple[str, str], Finding] = {}
         self._report = Report(step=0)
         self._dirty = self._stale = True
@@ -511,7 +417,7 @@ class Monitor:
         if not self.ignore or getattr(self, "_ignore_checked", False):
             return
         self._ignore_checked = True
-        warn_unmatched_ignore(self.ignore, inv, stacklevel=6)
+        warn_unmatched_ignore(self.ignore, inv.all_names() | set(watching.watched()), stacklevel=6)
 
     # -- the check ---------------------------------------------------------------------------
     def _upsert(self, f: Finding) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from .findings import Report
 
-REPORT_TAG = "leafwatch/report"  # the tag TensorBoardSink writes (leafwatch.tensorboard.FINDINGS_TAG)
+REPORT_TAG = "leafwatch/report"  # the tag TensorBoardSink writes (leafwatch.integrations.tensorboard.FINDINGS_TAG)
 FAIL_ON = ("error", "warning", "never")
 #: Exit codes: findings at or above --fail-on open; no leafwatch data (or no such folder).
 EXIT_FINDINGS, EXIT_NO_DATA = 1, 2

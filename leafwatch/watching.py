@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import graph
-from .findings import LeafwatchWarning
+from .findings import LeafwatchInternalWarning, LeafwatchWarning
 
 
 @dataclasses.dataclass(eq=False)
@@ -159,7 +159,7 @@ def watch(
             f"({type(hook_error).__name__}: {hook_error}); "
             + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
                else "leafwatch cannot tell whether gradients flow through it."),
-            LeafwatchWarning,
+            LeafwatchInternalWarning,
             stacklevel=_stacklevel_outside(),
         )
     if expect_leaf and not tensor.is_leaf:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch.tensorboard import TensorBoardSink
+from leafwatch.integrations.tensorboard import TensorBoardSink
 
 
 class TinyModel(nn.Module):

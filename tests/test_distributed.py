@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch import distributed
+from leafwatch.integrations import distributed
 from leafwatch.findings import Finding
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"

@@ -15,8 +15,8 @@ MODULES = sorted(
     for info in pkgutil.walk_packages(leafwatch.__path__, prefix="leafwatch.")
     if not info.name.endswith("__main__")
 )
-WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.lightning", "leafwatch.monitor",
-                 "leafwatch.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
+WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning", "leafwatch.monitor",
+                 "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
 
 @pytest.mark.parametrize("name", MODULES)

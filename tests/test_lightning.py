@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
 from leafwatch import LeafWatch, LeafwatchError
-from leafwatch.lightning import callback_class
+from leafwatch.integrations.lightning import callback_class
 
 
 def loader(n: int = 16, batch_size: int = 4) -> DataLoader:

@@ -179,7 +179,7 @@ def test_a_log_dir_leafwatch_cannot_write_warns_and_the_scalars_still_arrive(tmp
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from leafwatch.tensorboard import LAYOUT_RUN
+    from leafwatch.integrations.tensorboard import LAYOUT_RUN
 
     # The layout's sub-run directory cannot be created: a plain file is in its way.
     (tmp_path / LAYOUT_RUN).write_text("not a directory")

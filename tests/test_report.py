@@ -131,7 +131,15 @@ def test_bool_is_true_only_with_an_open_finding():
     assert not Report()
     assert not Report([_finding(status="resolved"), _finding(status="intermittent", severity="info")])
     assert Report([_finding(status="resolved"), _finding(name="b")])
-    assert Report([_finding(severity="info", kind="frozen_in_optimizer")])
+    assert Report([_finding(severity="warning", kind="orphan_tensor")])
+
+
+def test_info_findings_are_listed_but_never_open():
+    info = _finding(severity="info", kind="frozen_in_optimizer")
+    report = Report([info])
+    assert not report and report.open == [] and list(report) == [info]
+    assert report.counts()["frozen_in_optimizer"] == 0
+    assert "0 open of 1 finding(s)" in str(report)
 
 
 def test_counts_has_every_kind_and_counts_open_findings_only():

@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from leafwatch import runner
+from leafwatch.integrations import runner
 from leafwatch.report_cli import read_reports
 
 REPO = Path(__file__).resolve().parent.parent

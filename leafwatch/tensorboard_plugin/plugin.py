@@ -8,7 +8,7 @@ Routes, under ``/data/plugin/leafwatch``:
 - ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R, steps binned into at
   most N columns (200 by default), optionally only the steps from A to B.
 
-The records are the ones :class:`leafwatch.tensorboard.TensorBoardSink` writes (see its
+The records are the ones :class:`leafwatch.integrations.tensorboard.TensorBoardSink` writes (see its
 ``RECORD_FORMAT``). This module imports nothing of torch or of the rest of leafwatch.
 """
 

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .findings import Finding, LeafwatchWarning, Report
+from ..findings import Finding, LeafwatchWarning, Report
+from ..options import apply_ignore
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
 #: gradient all-reduce, so they are seconds apart at most; a Monitor made on one rank only
@@ -398,7 +399,6 @@ class Gatherer:
             findings = list(local.findings)
             extra = self._locally_unused(step)
             if extra:
-                from .monitor import apply_ignore
 
                 extra = apply_ignore(extra, self.ignore)
                 known = {f.key for f in findings}

@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from .findings import KINDS, LeafwatchWarning, Report
-from .monitor import DEFAULT_VALUE_CHECK_EVERY, CheckEvent, Monitor, _validate_ignore, _validate_int
+from ..findings import KINDS, LeafwatchInternalWarning, LeafwatchWarning, Report
+from ..events import CheckEvent
+from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
+from ..options import validate_ignore, validate_int
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -131,11 +133,11 @@ class _LeafWatchMixin:
                 raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
         self.strict = strict
         self.verbose = verbose
-        self.patience = _validate_int(patience, "patience", 1)
-        self.ignore = _validate_ignore(ignore)
-        self.check_values_every_n_steps = _validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.patience = validate_int(patience, "patience", 1)
+        self.ignore = validate_ignore(ignore)
+        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
         self.log_every_n_steps = (
-            None if log_every_n_steps is None else _validate_int(log_every_n_steps, "log_every_n_steps", 1)
+            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
         )
         self.monitor: Monitor | None = None
         self._console: _ConsoleSink | None = None
@@ -219,7 +221,7 @@ class _LeafWatchMixin:
             )
         except Exception as error:  # never stop training for leafwatch
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
-                          "training goes on without it.", LeafwatchWarning, stacklevel=2)
+                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=2)
             return
         if self._pending_state is not None:
             self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
@@ -326,7 +328,7 @@ _DOC = """Names every tensor that will not train during ``Trainer.fit``, says wh
 
     The class subclasses the ``Callback`` of every installed Lightning namespace, so it works
     with ``pytorch_lightning.Trainer`` and ``lightning.pytorch.Trainer`` alike;
-    :func:`leafwatch.lightning.callback_class` builds it on one chosen base.
+    :func:`leafwatch.integrations.lightning.callback_class` builds it on one chosen base.
 
     Args:
         strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first

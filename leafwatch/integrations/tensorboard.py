@@ -19,8 +19,8 @@ import os
 import zlib
 from typing import Any
 
-from .findings import KINDS, Report
-from .monitor import CheckEvent
+from ..findings import KINDS, Report
+from ..events import CheckEvent
 
 PLUGIN_NAME = "leafwatch"
 FINDINGS_TAG = "leafwatch/report"

@@ -34,10 +34,11 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from . import checks, inventory
-from .cli import positive_int
-from .findings import Finding, LeafwatchWarning, Report
-from .monitor import CheckEvent, Monitor, apply_ignore
+from .. import checks, inventory
+from ..findings import Finding, LeafwatchWarning, Report
+from ..events import CheckEvent
+from ..monitor import Monitor
+from ..options import WarnOnce, apply_ignore, parse_ignore, positive_int
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
@@ -45,7 +46,6 @@ STABLE_STEPS = 2
 STRICT_EXIT_CODE = 1
 _MAX_FRAMES = 30
 _MAX_LOCALS = 1000
-_DEFAULT_IGNORE_REASON = "ignored on the command line"
 
 
 class StrictStop(BaseException):
@@ -55,22 +55,6 @@ class StrictStop(BaseException):
         super().__init__(f"leafwatch --strict: an error finding at optimizer step {step}")
         self.report = report
         self.step = step
-
-
-def parse_ignore(values: Sequence[str] | None) -> dict[str, str]:
-    """``["head.*=frozen on purpose", "aux.*"]`` -> ``{"head.*": "frozen on purpose", "aux.*": ...}``.
-
-    Raises:
-        ValueError: for an empty pattern.
-    """
-    out: dict[str, str] = {}
-    for value in values or ():
-        pattern, sep, reason = value.partition("=")
-        pattern = pattern.strip()
-        if not pattern:
-            raise ValueError(f"`--ignore` takes PATTERN[=REASON] with a non-empty pattern, got {value!r}")
-        out[pattern] = reason.strip() if sep and reason.strip() else _DEFAULT_IGNORE_REASON
-    return out
 
 
 def _is_builtin(module: nn.Module) -> bool:
@@ -150,7 +134,7 @@ class Session:
         self._closure_steps: set[int] = set()
         self._checking = False
         self._printed: set[tuple[str, str]] = set()
-        self._warned: set[str] = set()
+        self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
         self._closed = False
         self.report: Report | None = None
 
@@ -382,13 +366,6 @@ class Session:
                 continue  # its cause comes at the next check
             self._printed.add(f.key)
             self._write(format_finding(f))
-
-    def _warn(self, where: str, error: BaseException) -> None:
-        if where in self._warned:
-            return
-        self._warned.add(where)
-        warnings.warn(f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); "
-                      "the script goes on, leafwatch skips this part.", LeafwatchWarning, stacklevel=2)
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> Report:

@@ -1,0 +1,169 @@
+"""Argument validation, ``ignore`` patterns and warn-once: shared by every front-end.
+
+Torch-free. ``ignore`` patterns are matched against a finding's name and aliases: a pattern equal
+to a name matches it literally (so ``gains[0]`` ignores the orphan ``gains[0]``); otherwise it is a
+glob (``*`` any run of characters, ``?`` one character, ``[abc]`` one of a set, as in
+:mod:`fnmatch`). The first matching pattern wins and gives the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .findings import Finding, LeafwatchInternalWarning, LeafwatchWarning, Status
+
+#: The reason given to patterns passed without one.
+DEFAULT_IGNORE_REASON = "ignored by the user"
+
+
+def validate_int(value: Any, argument: str, minimum: int) -> int:
+    """``value`` if it is an int >= ``minimum``.
+
+    Raises:
+        TypeError: not an int (a bool is not one).
+        ValueError: below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{argument}` must be an int, got {type(value).__name__}: {value!r:.80}")
+    if value < minimum:
+        raise ValueError(f"`{argument}` must be >= {minimum}, got {value}")
+    return value
+
+
+def validate_bool(value: Any, argument: str) -> bool:
+    """``value`` if it is a bool.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+    return value
+
+
+def validate_ignore(ignore: Any, default_reason: str = DEFAULT_IGNORE_REASON) -> dict[str, str]:
+    """``ignore`` as a dict pattern -> reason (a sequence of patterns gets ``default_reason``).
+
+    Raises:
+        TypeError: a str, or neither a mapping nor a sequence; a reason that is not a str.
+        ValueError: an empty or non-str pattern.
+    """
+    if ignore is None:
+        return {}
+    if isinstance(ignore, str):
+        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got a str: {ignore!r}; wrap it in a list")
+    if isinstance(ignore, Mapping):
+        items = list(ignore.items())
+    elif isinstance(ignore, (list, tuple, set, frozenset)):
+        items = [(p, default_reason) for p in ignore]
+    else:
+        raise TypeError(f"`ignore` must be a mapping pattern -> reason or a sequence of patterns, got {type(ignore).__name__}: {ignore!r:.80}")
+    out = {}
+    for pattern, reason in items:
+        if not isinstance(pattern, str) or not pattern:
+            raise ValueError(f"`ignore` patterns must be non-empty str, got {pattern!r}")
+        if not isinstance(reason, str):
+            raise TypeError(f"`ignore` reasons must be str, got {type(reason).__name__} for pattern {pattern!r}")
+        out[pattern] = reason
+    return out
+
+
+def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on the command line") -> dict[str, str]:
+    """``["head.*=frozen on purpose", "aux.*"]`` -> ``{"head.*": "frozen on purpose", "aux.*": ...}``.
+
+    The command-line form of ``ignore`` (``--ignore PATTERN[=REASON]``).
+
+    Raises:
+        ValueError: for an empty pattern.
+    """
+    out: dict[str, str] = {}
+    for value in values or ():
+        pattern, sep, reason = value.partition("=")
+        pattern = pattern.strip()
+        if not pattern:
+            raise ValueError(f"`--ignore` takes PATTERN[=REASON] with a non-empty pattern, got {value!r}")
+        out[pattern] = reason.strip() if sep and reason.strip() else default_reason
+    return out
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+    return value
+
+
+def pattern_matches(pattern: str, name: str) -> bool:
+    """Whether an ``ignore`` pattern matches a name: literally when equal, else as a glob."""
+    return pattern == name or fnmatch.fnmatchcase(name, pattern)
+
+
+def matching_pattern(ignore: Mapping[str, str], names: Iterable[str]) -> str | None:
+    """The first pattern of ``ignore`` (in its order) that matches one of ``names``."""
+    names = tuple(names)
+    for pattern in ignore:
+        if any(pattern_matches(pattern, n) for n in names):
+            return pattern
+    return None
+
+
+def apply_ignore(findings: Iterable[Finding], ignore: Mapping[str, str]) -> list[Finding]:
+    """Mark the findings whose name or alias matches an ``ignore`` pattern as ignored, with the reason."""
+    if not ignore:
+        return list(findings)
+    out = []
+    for f in findings:
+        pattern = matching_pattern(ignore, (f.name, *f.aliases))
+        if pattern is not None:
+            f = f.replace(status=Status.IGNORED, details={**f.details, "ignored_because": ignore[pattern],
+                                                           "pattern": pattern})
+        out.append(f)
+    return out
+
+
+def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[str]:
+    """The patterns of ``ignore`` that match none of ``names`` (likely typos)."""
+    names = set(names)
+    return [p for p in ignore if not any(pattern_matches(p, n) for n in names)]
+
+
+def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int = 3) -> None:
+    """Warn for each ``ignore`` pattern that matches none of ``names``."""
+    names = set(names)
+    for pattern in unmatched_patterns(ignore, names):
+        warnings.warn(
+            f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
+            f"(for example {sorted(names)[:3]})",
+            LeafwatchWarning,
+            stacklevel=stacklevel,
+        )
+
+
+class WarnOnce:
+    """Internal failures warn once per place (a :class:`LeafwatchInternalWarning`) and never stop training.
+
+    Args:
+        goes_on: What the warning says happens next.
+    """
+
+    def __init__(self, goes_on: str = "training goes on, leafwatch skips this part.") -> None:
+        self.seen: set[str] = set()
+        self.goes_on = goes_on
+
+    def __call__(self, where: str, error: BaseException, stacklevel: int = 3) -> None:
+        if where in self.seen:
+            return
+        self.seen.add(where)
+        warnings.warn(
+            f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); {self.goes_on}",
+            LeafwatchInternalWarning,
+            stacklevel=stacklevel,
+        )

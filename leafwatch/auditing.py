@@ -66,7 +66,8 @@ def audit(
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
     inv = inventory.Inventory(model, opts)
-    warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | set(watching.watched()))
+    entries = watching.entries()
+    warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | {e.name for e in entries})
     findings: list[Finding] = checks.structural(inv, step=step)
     stale = {f.name for f in findings if f.kind == "stale_param"}
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
@@ -76,7 +77,7 @@ def audit(
                    for i, ps in enumerate(inv.optimizer_params) for p in ps]
     else:
         checked = [(info.name, t) for info, t in inv.trainable()]
-    watched_ids = {id(e.tensor()) for e in watching.entries()}
+    watched_ids = {id(e.tensor()) for e in entries}
     # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
     named_ids = watched_ids | {id(t) for t in named.values()}
     for name, p in checked:
@@ -87,7 +88,6 @@ def audit(
             name, p, step=step, explanation=None, info=info,
             reachable=None if reachable is None else id(p) in reachable))
 
-    entries = watching.entries()
     got = {}
     for e in entries:
         t = e.tensor()
@@ -97,7 +97,7 @@ def audit(
     findings += checks.watched_findings(entries, step, got, inv)
     # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
     findings += checks.tensor_findings(
-        {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv)
+        {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
 
     if check_values:
         grads = [p.grad for _, p in checked]

@@ -17,7 +17,6 @@ from . import graph
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
-from . import watching as watch_registry
 from .watching import WatchEntry
 
 UNKNOWN_CAUSE = (
@@ -40,10 +39,10 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
 
 # -- non-leaf ---------------------------------------------------------------------------------
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
-             found: graph.Origin | None = None, where: str = "") -> Finding:
+             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = ()) -> Finding:
     found = found if found is not None else graph.origin(t)
     known = inventory.known_names() if inventory is not None else {}
-    for entry in watch_registry.entries():  # a watched leaf has a name too
+    for entry in watched:  # a watched leaf has a name too
         leaf = entry.tensor()
         if leaf is not None and entry.is_leaf:
             known.setdefault(id(leaf), entry.name)
@@ -57,12 +56,12 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
 
 
 def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
-                    inventory: Inventory | None = None) -> list[Finding]:
+                    inventory: Inventory | None = None, watched: Iterable[WatchEntry] = ()) -> list[Finding]:
     """Findings for tensors handed to ``audit(tensors=...)``: non-leaf or no gradient."""
     out = []
     for name, t in tensors.items():
         if not t.is_leaf:
-            out.append(non_leaf(name, t, step=step, inventory=inventory))
+            out.append(non_leaf(name, t, step=step, inventory=inventory, watched=watched))
         elif not t.requires_grad:
             out.append(make(
                 "missing_grad", name, "error",
@@ -83,13 +82,14 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
                      got_grad: Mapping[str, bool], inventory: Inventory | None = None) -> list[Finding]:
     """Findings for tensors flagged with ``watch()``; ``got_grad`` says which saw a gradient."""
     out = []
+    entries = list(entries)
     for entry in entries:
         t = entry.tensor()
         if t is None:
             continue
         if entry.expect_leaf and not entry.is_leaf:
             f = non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
-                         where=f" (watched at {entry.location})")
+                         where=f" (watched at {entry.location})", watched=entries)
             out.append(f.replace(details={**f.details, "source": "watch"}))
             continue
         if not entry.expect_grad:

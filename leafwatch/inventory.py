@@ -1,7 +1,7 @@
 """Who owns which tensor: qualified names and aliases, optimizer sets, and orphans.
 
 Built once from a model and its optimizers and rebuilt only when the parameter sets change
-(see :func:`structure_generation`). Nothing here runs per step.
+(see :mod:`leafwatch.structure`). Nothing here runs per step.
 """
 
 from __future__ import annotations
@@ -16,39 +16,6 @@ import torch
 from torch import nn
 
 from . import graph
-
-# A counter bumped by global registration hooks whenever any module registers a parameter or
-# a submodule; a Monitor compares it (and the optimizers' group sizes) to know when to rebuild.
-_generation = itertools.count(1)
-_current_generation = 0
-_hooks_installed = False
-
-
-def _bump(*_: Any) -> None:
-    global _current_generation
-    _current_generation = next(_generation)
-
-
-def structure_generation() -> int:
-    """A number that changes whenever any module in the process registers a parameter or module."""
-    _install_registration_hooks()
-    return _current_generation
-
-
-def _install_registration_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    module_mod = torch.nn.modules.module
-    for name in (
-        "register_module_parameter_registration_hook",
-        "register_module_module_registration_hook",
-    ):
-        register = getattr(module_mod, name, None)
-        if register is not None:
-            register(lambda *args: _bump())
-
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]

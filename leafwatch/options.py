@@ -10,14 +10,26 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
+import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .findings import Finding, LeafwatchInternalWarning, LeafwatchWarning, Status
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: The reason given to patterns passed without one.
 DEFAULT_IGNORE_REASON = "ignored by the user"
+
+
+def got(value: Any) -> str:
+    """How an error message shows a wrong value: ``type: repr`` on one line (the type alone
+    when the repr spans lines, as an optimizer's or a module's does)."""
+    text = repr(value)
+    if "\n" in text:
+        return type(value).__name__
+    return f"{type(value).__name__}: {text:.80}"
 
 
 def validate_int(value: Any, argument: str, minimum: int) -> int:
@@ -135,9 +147,24 @@ def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[
     return [p for p in ignore if not any(pattern_matches(p, n) for n in names)]
 
 
-def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int = 3) -> None:
-    """Warn for each ``ignore`` pattern that matches none of ``names``."""
+def stacklevel_outside(skip: tuple[str, ...] = ()) -> int:
+    """The ``warnings.warn`` stacklevel (for a call made by the caller of this function) that
+    points at the first frame outside leafwatch and outside the folders ``skip``
+    (a framework's, e.g. Lightning's, so that a warning names the user's own line)."""
+    level = 1
+    frame = sys._getframe(1)
+    prefixes = (_PACKAGE_DIR, *skip)
+    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int | None = None) -> None:
+    """Warn for each ``ignore`` pattern that matches none of ``names`` (at the user's line by default)."""
     names = set(names)
+    if stacklevel is None:
+        stacklevel = stacklevel_outside()
     for pattern in unmatched_patterns(ignore, names):
         warnings.warn(
             f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from .inventory import Inventory
 
 _CHECKPOINT_FILE = "torch/utils/checkpoint.py"
 _MAX_ORDER = 100_000
@@ -100,10 +103,31 @@ class Tracer:
         # The modules armed since the last reset, so whose hooks saw the whole step: the ones
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
+        self._checked_in_round: set[int | None] = set()
 
     @property
     def armed(self) -> set[str]:
         return set(self.handles)
+
+    def retarget(self, wanted: dict[str, nn.Module]) -> None:
+        """Keep hooks on exactly the ``wanted`` modules (arming the new ones)."""
+        armed = self.armed
+        self.disarm(armed - set(wanted))
+        self.arm({k: v for k, v in wanted.items() if k not in armed})
+
+    def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
+        """After a check: forget what the hooks saw once every optimizer has been checked.
+
+        With several optimizers checked one at a time, one forward pass can serve all their
+        checks. An optimizer checked again before the others starts a new round, so what the
+        hooks saw never piles up over steps (a loop that checks only one of its optimizers).
+        """
+        if optimizer_index is None or optimizer_index in self._checked_in_round \
+                or len(self._checked_in_round) + 1 >= n_optimizers:
+            self.reset()
+            self._checked_in_round.clear()
+        else:
+            self._checked_in_round.add(optimizer_index)
 
     def arm(self, modules: dict[str, nn.Module]) -> None:
         for name, module in modules.items():
@@ -176,6 +200,22 @@ class Tracer:
                     pass
 
         return hook
+
+
+def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:
+    """The modules (with their ancestors) that own the parameters ``ids``, by qualified name."""
+    wanted: dict[str, nn.Module] = {}
+    for pid in ids:
+        info = inv.params.get(pid)
+        if info is None:
+            continue
+        parts = info.module.split(".") if info.module else []
+        for depth in range(len(parts) + 1):
+            name = ".".join(parts[:depth])
+            module = inv.modules.get(name)
+            if module is not None:
+                wanted[name] = module
+    return wanted
 
 
 def _reached(record: RunRecord):

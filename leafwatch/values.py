@@ -182,3 +182,45 @@ class ValueChecker:
         for pending in self._pending:
             pending.event.synchronize()  # type: ignore[attr-defined]
         return self._collect()
+
+    def pending_steps(self) -> set[int]:
+        """The steps whose CUDA results are still on their way."""
+        return {p.step for p in self._pending}
+
+
+class NamedValueCheck:
+    """The batched check over named tensors: each flagged gradient comes back with its name.
+
+    Keeps the names and tensors of a step only while its results are on their way (CUDA).
+    """
+
+    def __init__(self) -> None:
+        self.checker = ValueChecker()
+        self._launched: dict[int, tuple[tuple[str, ...], list[torch.Tensor]]] = {}
+
+    def check(self, names: tuple[str, ...], params: list[torch.Tensor], grads: Sequence[torch.Tensor | None],
+              step: int) -> tuple[list[int], list[tuple[int, str, torch.Tensor]]]:
+        """Launch a check of ``grads`` (of ``params``, named ``names``); the steps whose results
+        are in, and ``(step, name, tensor)`` for each non-finite gradient among them."""
+        self._launched[step] = (names, params)
+        completed, bad = self.checker.check(grads, step)
+        return completed, self._named(bad)
+
+    def launched(self) -> int:
+        """How many steps' names are kept (while their CUDA results are on their way)."""
+        return len(self._launched)
+
+    def flush(self) -> tuple[list[int], list[tuple[int, str, torch.Tensor]]]:
+        completed, bad = self.checker.flush()
+        return completed, self._named(bad)
+
+    def _named(self, bad: list[tuple[int, int]]) -> list[tuple[int, str, torch.Tensor]]:
+        out = []
+        for step, index in bad:
+            names, params = self._launched.get(step, ((), []))
+            if index < len(names):
+                out.append((step, names[index], params[index]))
+        pending = self.checker.pending_steps()
+        for s in [s for s in self._launched if s not in pending]:
+            del self._launched[s]
+        return out

@@ -42,21 +42,156 @@ class WatchEntry:
 
 
 _PACKAGE_DIR = os.path.dirname(__file__) + os.sep
-_lock = threading.Lock()
-_entries: dict[str, WatchEntry] = {}
-# Weak-reference callbacks run wherever the garbage collector runs, also inside ``with _lock``
-# in this very thread: they only queue the dead entry (deque.append is atomic), and the next
-# locked call drops it.
-_dead: collections.deque[tuple[str, weakref.ReferenceType]] = collections.deque()
 
 
-def _purge_dead() -> None:
-    """Drop the entries whose tensor was freed; call with ``_lock`` held."""
-    while _dead:
-        name, ref = _dead.popleft()
-        entry = _entries.get(name)
-        if entry is not None and entry.ref is ref:
-            del _entries[name]
+def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
+    if not tensor.requires_grad:
+        return None
+    entry_ref = weakref.ref(entry)
+
+    def count(*_: Any) -> None:
+        e = entry_ref()
+        if e is not None:
+            e.grads_seen += 1
+
+    if tensor.is_leaf:
+        return tensor.register_post_accumulate_grad_hook(count)
+    return tensor.register_hook(count)
+
+
+class WatchSet:
+    """Watched tensors by name, held weakly, each with a hook counting its gradients.
+
+    ``leafwatch.watch()`` adds to the process-wide :data:`DEFAULT` set that every check consults;
+    ``Monitor(tensors=...)`` keeps a set of its own that only that Monitor checks.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, WatchEntry] = {}
+        # Weak-reference callbacks run wherever the garbage collector runs, also inside
+        # ``with self._lock`` in this very thread: they only queue the dead entry
+        # (deque.append is atomic), and the next locked call drops it.
+        self._dead: collections.deque[tuple[str, weakref.ReferenceType]] = collections.deque()
+
+    def __bool__(self) -> bool:
+        """Whether anything is watched (dead entries included): a lock-free test for the hot path."""
+        return bool(self._entries)
+
+    def _purge_dead(self) -> None:
+        """Drop the entries whose tensor was freed; call with the lock held."""
+        while self._dead:
+            name, ref = self._dead.popleft()
+            entry = self._entries.get(name)
+            if entry is not None and entry.ref is ref:
+                del self._entries[name]
+
+    def _finalizer(self, name: str) -> Any:
+        dead = self._dead
+
+        def finalize(ref: weakref.ReferenceType) -> None:
+            dead.append((name, ref))  # never take the lock here: the collector may run while it is held
+
+        return finalize
+
+    def add(self, tensor: torch.Tensor, name: str, *, named_by_caller: bool, expect_leaf: bool,
+            expect_grad: bool, location: str) -> tuple[WatchEntry, BaseException | None]:
+        """Watch ``tensor`` as ``name``; the entry and the error of hooking it, if any.
+
+        Raises:
+            ValueError: ``name`` (given by the caller) names another live watched tensor.
+        """
+        with self._lock:
+            self._purge_dead()
+            existing = self._entries.get(name)
+            if existing is not None:
+                live = existing.tensor()
+                if live is tensor:
+                    existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
+                    return existing, None
+                if live is not None and named_by_caller:
+                    raise ValueError(
+                        f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
+                        "pick a unique name or unwatch() the other one first"
+                    )
+                self._remove(existing)
+            entry = WatchEntry(
+                name=name,
+                ref=weakref.ref(tensor, self._finalizer(name)),
+                expect_leaf=expect_leaf,
+                expect_grad=expect_grad,
+                location=location,
+                is_leaf=tensor.is_leaf,
+                origin=graph.origin(tensor) if not tensor.is_leaf else None,
+            )
+            try:
+                entry.handle = _make_hook(tensor, entry)
+            except Exception as error:  # an exotic tensor subclass: watch without counting gradients
+                hook_error: BaseException | None = error
+                if not entry.is_leaf:
+                    entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
+            else:
+                hook_error = None
+            self._entries[name] = entry
+        return entry, hook_error
+
+    def _remove(self, entry: WatchEntry) -> None:
+        if entry.handle is not None:
+            try:
+                entry.handle.remove()
+            except Exception:
+                pass
+            entry.handle = None
+        self._entries.pop(entry.name, None)
+
+    def remove(self, tensor_or_name: torch.Tensor | str) -> bool:
+        """Stop watching a tensor (by the tensor or its name); True when something was removed."""
+        with self._lock:
+            self._purge_dead()
+            if isinstance(tensor_or_name, str):
+                entry = self._entries.get(tensor_or_name)
+                if entry is None:
+                    return False
+                self._remove(entry)
+                return True
+            if not isinstance(tensor_or_name, torch.Tensor):
+                raise TypeError(
+                    f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
+                    f"{tensor_or_name!r:.80}"
+                )
+            removed = False
+            for entry in list(self._entries.values()):
+                if entry.tensor() is tensor_or_name:
+                    self._remove(entry)
+                    removed = True
+            return removed
+
+    def clear(self) -> None:
+        """Stop watching every tensor of this set."""
+        with self._lock:
+            self._purge_dead()
+            for entry in list(self._entries.values()):
+                self._remove(entry)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
+        with self._lock:
+            self._purge_dead()
+            out = {}
+            for name, entry in self._entries.items():
+                t = entry.tensor()
+                if t is not None:
+                    out[name] = t
+            return out
+
+    def entries(self) -> list[WatchEntry]:
+        with self._lock:
+            self._purge_dead()
+            return [e for e in self._entries.values() if e.tensor() is not None]
+
+
+#: The set ``leafwatch.watch()`` adds to; every ``audit()`` and Monitor check consults it.
+DEFAULT = WatchSet()
 
 
 def _caller_location() -> str:
@@ -116,43 +251,19 @@ def watch(
     for arg, value in (("expect_leaf", expect_leaf), ("expect_grad", expect_grad)):
         if not isinstance(value, bool):
             raise TypeError(f"`{arg}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+    return add_watch(DEFAULT, tensor, name, expect_leaf=expect_leaf, expect_grad=expect_grad)
+
+
+def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_leaf: bool = True,
+              expect_grad: bool = True) -> torch.Tensor:
+    """Watch ``tensor`` in the set ``into``; warns at the caller's line as :func:`watch` does."""
     location = _caller_location()
     named_by_caller = name is not None
     name = name if name is not None else f"tensor@{location}"
     if not name:
         raise ValueError("`name` must not be empty, got ''")
-    with _lock:
-        _purge_dead()
-        existing = _entries.get(name)
-        if existing is not None:
-            live = existing.tensor()
-            if live is tensor:
-                existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
-                return tensor
-            if live is not None and named_by_caller:
-                raise ValueError(
-                    f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
-                    "pick a unique name or unwatch() the other one first"
-                )
-            _remove(existing)
-        entry = WatchEntry(
-            name=name,
-            ref=weakref.ref(tensor, _make_finalizer(name)),
-            expect_leaf=expect_leaf,
-            expect_grad=expect_grad,
-            location=location,
-            is_leaf=tensor.is_leaf,
-            origin=graph.origin(tensor) if not tensor.is_leaf else None,
-        )
-        try:
-            entry.handle = _install_hook(tensor, entry)
-        except Exception as error:  # an exotic tensor subclass: watch without counting gradients
-            hook_error = error
-            if not entry.is_leaf:
-                entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
-        else:
-            hook_error = None
-        _entries[name] = entry
+    entry, hook_error = into.add(tensor, name, named_by_caller=named_by_caller, expect_leaf=expect_leaf,
+                                 expect_grad=expect_grad, location=location)
     if hook_error is not None:
         warnings.warn(
             f"leafwatch: internal failure in watch({name!r}): cannot hook {type(tensor).__name__} "
@@ -166,94 +277,33 @@ def watch(
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         warnings.warn(
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
-            f"Fix: {graph.fix_for_non_leaf(name, entry.origin)}",
+            f"Fix: {graph.fix_for_non_leaf(name, entry.origin, device=str(tensor.device))}",
             LeafwatchWarning,
             stacklevel=_stacklevel_outside(),
         )
     return tensor
 
 
-def _make_finalizer(name: str):
-    def finalize(ref: weakref.ReferenceType) -> None:
-        _dead.append((name, ref))  # never take _lock here: the collector may run while it is held
-
-    return finalize
-
-
-def _install_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
-    if not tensor.requires_grad:
-        return None
-    entry_ref = weakref.ref(entry)
-
-    def count(*_: Any) -> None:
-        e = entry_ref()
-        if e is not None:
-            e.grads_seen += 1
-
-    if tensor.is_leaf:
-        return tensor.register_post_accumulate_grad_hook(count)
-    return tensor.register_hook(count)
-
-
-def _remove(entry: WatchEntry) -> None:
-    if entry.handle is not None:
-        try:
-            entry.handle.remove()
-        except Exception:
-            pass
-        entry.handle = None
-    _entries.pop(entry.name, None)
-
-
 def unwatch(tensor_or_name: torch.Tensor | str) -> bool:
     """Stop watching a tensor (by the tensor or its name); True when something was removed."""
-    with _lock:
-        _purge_dead()
-        if isinstance(tensor_or_name, str):
-            entry = _entries.get(tensor_or_name)
-            if entry is None:
-                return False
-            _remove(entry)
-            return True
-        if not isinstance(tensor_or_name, torch.Tensor):
-            raise TypeError(
-                f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
-                f"{tensor_or_name!r:.80}"
-            )
-        removed = False
-        for entry in list(_entries.values()):
-            if entry.tensor() is tensor_or_name:
-                _remove(entry)
-                removed = True
-        return removed
+    return DEFAULT.remove(tensor_or_name)
 
 
 def unwatch_all() -> None:
-    """Stop watching every tensor."""
-    with _lock:
-        _purge_dead()
-        for entry in list(_entries.values()):
-            _remove(entry)
+    """Stop watching every tensor watched with :func:`watch`."""
+    DEFAULT.clear()
 
 
 def watched() -> dict[str, torch.Tensor]:
     """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
-    with _lock:
-        _purge_dead()
-        out = {}
-        for name, entry in _entries.items():
-            t = entry.tensor()
-            if t is not None:
-                out[name] = t
-        return out
+    return DEFAULT.tensors()
 
 
 def any_watched() -> bool:
-    """Whether anything is watched (dead entries included): a lock-free test for the hot path."""
-    return bool(_entries)
+    """Whether anything is watched with :func:`watch` (dead entries included): lock-free."""
+    return bool(DEFAULT)
 
 
 def entries() -> list[WatchEntry]:
-    with _lock:
-        _purge_dead()
-        return [e for e in _entries.values() if e.tensor() is not None]
+    """The live entries of the default set."""
+    return DEFAULT.entries()

@@ -17,7 +17,8 @@ from torch import nn
 import leafwatch
 from leafwatch import LeafwatchWarning
 from leafwatch.checks import UNKNOWN_CAUSE
-from leafwatch.monitor import REQUIRES_GRAD_EVERY, STALLED_AFTER
+from leafwatch.grads import STALLED_AFTER
+from leafwatch.structure import REQUIRES_GRAD_EVERY
 
 
 class TwoLayer(nn.Module):

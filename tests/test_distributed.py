@@ -343,7 +343,7 @@ def test_monitor_outside_a_process_group_does_not_gather() -> None:
     assert any("not initialized" in str(w.message) for w in caught)
     model(torch.ones(1, 2)).sum().backward()
     assert monitor.check().findings == []
-    assert monitor._gatherer is None
+    assert not monitor.is_distributed
     monitor.close()
 
 

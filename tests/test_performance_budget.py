@@ -158,7 +158,7 @@ def test_fingerprint_read_each_check_does_not_grow_with_the_parameters():
     fingerprints = []
     for layers in (5, 500):
         _, _, monitor = _trained_once(layers, check_values_every_n_steps=0)
-        fingerprints.append(_leaves(monitor._current_fingerprint()))
+        fingerprints.append(_leaves(monitor.structure.fingerprint()))
         monitor.close()
     small, large = fingerprints
     assert len(small) == len(large)
@@ -184,31 +184,20 @@ def test_structure_is_reread_only_when_the_parameter_sets_change():
         model(torch.ones(4, 2)).sum().backward()
         report = monitor.check()
         assert report.names("not_in_optimizer") == {"head.weight", "head.bias"}
-        inventory, lists = monitor._inventory, monitor._lists
+        rebuilds = monitor.structure.rebuilds
         for _ in range(100):
             monitor.check()
-        assert monitor._inventory is inventory
-        assert monitor._lists is lists
+        assert monitor.structure.rebuilds == rebuilds
         opt.add_param_group({"params": list(model.head.parameters())})
         report = monitor.check()
-    assert monitor._inventory is not inventory
+    assert monitor.structure.rebuilds == rebuilds + 1
     assert report.names("not_in_optimizer") == set()
     assert report.names("not_in_optimizer", status="resolved") == {"head.weight", "head.bias"}
     monitor.close()
 
 
 def _sizes(monitor: leafwatch.Monitor) -> dict[str, int]:
-    return {
-        "records": len(monitor._records),
-        "value_names": len(monitor._value_names),
-        "pending": len(monitor._values._pending),
-        "streak": len(monitor._streak),
-        "misses": len(monitor._misses),
-        "watch_counts": len(monitor._watch_counts),
-        "tracer_records": len(monitor._tracer.records),
-        "tracer_handles": len(monitor._tracer.handles),
-        "handles": len(monitor._handles),
-    }
+    return monitor.stats()
 
 
 class _OneUnused(nn.Module):

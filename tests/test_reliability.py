@@ -20,6 +20,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import inventory
+from leafwatch.integrations.tensorboard import TensorBoardSink
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -408,7 +409,6 @@ def test_close_removes_every_hook_leafwatch_installed() -> None:
     scale = nn.Parameter(torch.ones(1))
     optimizer = torch.optim.SGD([*model.parameters(), scale], lr=0.1)
     tensors = [*model.parameters(), scale]
-    inventory.structure_generation()  # the process-wide registration hooks, installed once
     before = _hook_snapshot(model, [optimizer], tensors)
     monitor = leafwatch.Monitor(model, optimizer, tensors={"scale": scale}).attach()
     during = _hook_snapshot(model, [optimizer], tensors)
@@ -457,22 +457,12 @@ class Routed(nn.Module):
         return self.odd(x) if self.step % 2 else x
 
 
-def _monitor_sizes(monitor: leafwatch.Monitor) -> dict[str, int]:
-    sink = monitor._sinks[0]
+def _monitor_sizes(monitor: leafwatch.Monitor, sink: TensorBoardSink) -> dict[str, int]:
     return {
-        "records": len(monitor._records),
+        **monitor.stats(),
         "history": len(monitor.history),
-        "streak": len(monitor._streak),
-        "misses": len(monitor._misses),
-        "watch_counts": len(monitor._watch_counts),
-        "value_names": len(monitor._value_names),
-        "pending_values": len(monitor._values._pending),
-        "previous_names": len(monitor._previous_names),
-        "tracer_records": len(monitor._tracer.records),
-        "tracer_handles": len(monitor._tracer.handles),
-        "lists": len(monitor._lists),
         "report": len(monitor.report),
-        "sink_groups": len(sink._groups),
+        "sink_groups": sink.stats()["coverage_groups"],
         "watched": len(leafwatch.watched()),
     }
 
@@ -484,7 +474,8 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     writer = SummaryWriter(str(tmp_path))
     scale = torch.ones(2, requires_grad=True)
-    monitor = leafwatch.Monitor(model, optimizer, writer=writer, tensors={"scale": scale})
+    sink = TensorBoardSink(writer)
+    monitor = leafwatch.Monitor(model, optimizer, sinks=[sink], tensors={"scale": scale})
     x = torch.ones(1, 2)
     sizes: dict[int, dict[str, int]] = {}
     objects: dict[int, int] = {}
@@ -495,7 +486,7 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
         scale.grad = None
         if step in (2_000, 10_000):
             gc.collect()
-            sizes[step] = _monitor_sizes(monitor)
+            sizes[step] = _monitor_sizes(monitor, sink)
             objects[step] = len(gc.get_objects())
     report = monitor.close()
     writer.close()
@@ -503,14 +494,14 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
     assert event_bytes < 2_000_000, event_bytes  # the findings table is rewritten only when it changes
     assert monitor.step == 10_000
     assert sizes[10_000] == sizes[2_000]
-    assert sizes[10_000]["records"] == 4  # odd.* intermittent, spare.* missing
+    assert sizes[10_000]["findings"] == 4  # odd.* intermittent, spare.* missing
     assert objects[10_000] - objects[2_000] < 500, objects
     assert report.names("missing_grad") == {"spare.weight", "spare.bias"}
     assert report.names("missing_grad", status="intermittent") == {"odd.weight", "odd.bias"}
     odd = next(f for f in report if f.name == "odd.weight")
     assert odd.details["checks"] == 10_000 and odd.details["steps_without_grad"] == 5_000
     # The sink's per-chunk coverage state is reset at every chunk: bounded by chunk_steps.
-    assert all(len(g.steps) <= 1 for g in monitor._sinks[0]._groups.values())
+    assert sink.stats()["max_steps_in_a_group"] <= 1
 
 
 # -- two monitors, re-entrancy, changing models -------------------------------------------------
@@ -539,8 +530,7 @@ def test_a_sink_that_calls_check_again_gets_the_current_report_without_recursion
     model = TwoLayer()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     nested: list[leafwatch.Report] = []
-    monitor = leafwatch.Monitor(model, optimizer)
-    monitor._sinks.append(lambda event: nested.append(monitor.check()))
+    monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda event: nested.append(monitor.check())])
     with warnings.catch_warnings():
         warnings.simplefilter("error", leafwatch.LeafwatchWarning)
         for _ in range(3):
@@ -869,7 +859,8 @@ def test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive() ->
             model.head.weight.grad.fill_(float("nan"))
         monitor.check()
         # Results still on their way, and their names, are bounded by how far the GPU lags.
-        assert len(monitor._values._pending) <= 50 and len(monitor._value_names) <= 50
+        stats = monitor.stats()
+        assert stats["value_checks_in_flight"] <= 50 and stats["value_names_kept"] <= 50
         if step < 200:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -877,7 +868,7 @@ def test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive() ->
     assert [r for r in refs if r() is not None] == []
     report = monitor.close()  # waits for the last step's result
     assert report.names("nonfinite_grad") == {"head.weight"}
-    assert monitor._values._pending == []
+    assert monitor.stats()["value_checks_in_flight"] == 0
 
 
 def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounded() -> None:
@@ -898,9 +889,9 @@ def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounde
         report = monitor.check(gen_opt)  # the critic's optimizer is never checked
         gen_opt.step()
         gen_opt.zero_grad(set_to_none=True)
-        records = monitor._tracer.records
-        assert sum(len(r.detached_inputs) for r in records.values()) <= 2 * 7, step
-        assert all(r.calls <= 2 for r in records.values()), step
+        stats = monitor.stats()
+        assert stats["diagnostic_records"] <= 3, step
+        assert stats["diagnostic_inputs_kept"] <= 2 * 7 and stats["diagnostic_max_calls"] <= 2, step
     assert report.names("missing_grad") == {"generator.0.weight", "generator.0.bias"}
     assert {f.details["reason"] for f in report.by_kind("missing_grad")} == {"detached"}
     monitor.close()

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..events import CheckEvent
 from ..findings import Finding, LeafwatchWarning, Report
 from ..options import apply_ignore
 
@@ -439,6 +440,17 @@ class Gatherer:
             warn("gathering findings across ranks (each rank must create its Monitor and check at "
                  "the same steps; otherwise pass `distributed=False`)", error)
             return None
+
+    def merge_event(self, event: CheckEvent | None, report: Report, step: int, optimizer: int | None,
+                    warn: Callable[[str, BaseException], None], strategy: str) -> CheckEvent | None:
+        """The Monitor's event with the report merged across ranks (``report``: this rank's
+        latest, used when the local check failed and ``event`` is None)."""
+        merged = self.gather(event.report if event is not None else report, step, warn, strategy)
+        if merged is None:
+            return event if event is None else dataclasses.replace(event, report=self.alone(event.report))
+        if event is None:
+            return CheckEvent(step, optimizer, merged, self.changed, (), [], None)
+        return dataclasses.replace(event, report=merged, changed=self.changed)
 
     def alone(self, report: Report) -> Report:
         """This rank's report with this rank on every finding, for when gathering failed."""

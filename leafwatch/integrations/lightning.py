@@ -9,9 +9,10 @@ The callback stays thin; data flows one way:
 - ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
   print the summary table on global rank zero.
 
-One class serves both namespaces: ``LeafWatch`` subclasses the ``Callback`` of every installed
-Lightning namespace (``pytorch_lightning`` and ``lightning.pytorch``), so either Trainer accepts
-it. :func:`callback_class` builds the same callback on another ``Callback`` base.
+One class serves both namespaces: ``LeafWatch`` is a class statement whose bases are the
+``Callback`` of every installed Lightning namespace (``pytorch_lightning`` and
+``lightning.pytorch``), so either Trainer accepts it. :func:`callback_class` builds the same
+callback on one chosen base.
 """
 
 from __future__ import annotations
@@ -298,23 +299,13 @@ class _LeafWatchMixin:
             print(report)
 
 
-def callback_class(base: type, name: str = "LeafWatch") -> type:
-    """Build the leafwatch callback on a given Lightning ``Callback`` base (or several).
-
-    Args:
-        base: ``pytorch_lightning.Callback``, ``lightning.pytorch.Callback``, or a tuple of them.
-        name: The class name.
-
-    Returns:
-        A callback class taking the arguments of :class:`LeafWatch`.
-    """
-    bases = base if isinstance(base, tuple) else (base,)
-    cls = type(name, (_LeafWatchMixin, *bases), {"__doc__": _DOC, "__module__": __name__})
-    cls.__qualname__ = name
-    return cls
+_BASES = _callback_bases()
+if not _BASES:
+    raise ImportError(f"the leafwatch Lightning callback needs PyTorch Lightning: {INSTALL_HINT}")
 
 
-_DOC = """Names every tensor that will not train during ``Trainer.fit``, says why, and gives the fix.
+class LeafWatch(_LeafWatchMixin, *_BASES):  # type: ignore[misc]  (the installed Callback bases)
+    """Names every tensor that will not train during ``Trainer.fit``, says why, and gives the fix.
 
     A thin adapter: it builds a :class:`~leafwatch.Monitor` at fit start and checks at every
     optimizer step (after gradient accumulation and AMP unscaling, only the parameters of the
@@ -349,13 +340,26 @@ _DOC = """Names every tensor that will not train during ``Trainer.fit``, says wh
         >>> from pytorch_lightning import Trainer
         >>> from leafwatch import LeafWatch
         >>> trainer = Trainer(callbacks=[LeafWatch(strict=True)], max_steps=1, logger=False)
-"""
+    """
 
-_BASES = _callback_bases()
-if not _BASES:
-    raise ImportError(f"the leafwatch Lightning callback needs PyTorch Lightning: {INSTALL_HINT}")
 
-#: The callback; a ``Callback`` of every installed namespace, so either Trainer accepts it.
-LeafWatch = callback_class(_BASES)
+def callback_class(base: type | tuple[type, ...], name: str = "LeafWatch") -> type:
+    """The same callback on chosen ``Callback`` base(s), e.g. one namespace only.
+
+    Args:
+        base: ``pytorch_lightning.Callback``, ``lightning.pytorch.Callback``, or a tuple of them.
+        name: The class name (it prefixes the checkpoint ``state_key``).
+
+    Returns:
+        A callback class taking the arguments of :class:`LeafWatch`.
+    """
+    bases = base if isinstance(base, tuple) else (base,)
+
+    class Callback(_LeafWatchMixin, *bases):  # type: ignore[misc]
+        __doc__ = LeafWatch.__doc__
+
+    Callback.__name__ = Callback.__qualname__ = name
+    return Callback
+
 
 __all__ = ["INSTALL_HINT", "LeafWatch", "callback_class"]

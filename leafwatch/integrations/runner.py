@@ -227,8 +227,7 @@ class Session:
         if self.report is None and count < 2:
             return  # not every optimizer has stepped yet: the first check waits for them
         for opt in self._optimizers:
-            if not any(o is opt for o in monitor.optimizers):
-                monitor.optimizers.append(opt)
+            monitor.add_optimizer(opt)
         report = monitor.check(optimizer, step=self.steps)
         self.report = report
         if self.strict:
@@ -301,8 +300,7 @@ class Session:
             self._roots_key = key
             self._roots = self._name_roots([i.module for i in kept])
             if self.monitor is not None:
-                self.monitor._roots = dict(self._roots)
-                self.monitor._fingerprint = None  # rebuild the inventory at the next check
+                self.monitor.set_roots(self._roots)  # rebuilt at the next check
         self._owned = owned
         if self._module_handles and self._stable >= STABLE_STEPS and self._step_counts:
             # Stable: what no root owns now is a tensor of the script's own (or a stale one).
@@ -334,7 +332,7 @@ class Session:
             self._sink = TensorBoardSink(writer)
             sinks.append(self._sink)
         return Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks,
-                       _roots=dict(self._roots))
+                       roots=dict(self._roots))
 
     def _get_writer(self) -> Any:
         if self.logdir is None or self._writer is not None:

@@ -136,6 +136,11 @@ class TensorBoardSink:
         self._last_step = 0
         self._written: tuple[int, int] | None = None  # (id of the report, step) last written
 
+    def stats(self) -> dict[str, int]:
+        """Sizes of the per-chunk coverage state (reset at every chunk), for tests of its bounds."""
+        return {"coverage_groups": len(self._groups),
+                "max_steps_in_a_group": max((len(g.steps) for g in self._groups.values()), default=0)}
+
     # -- the sink ----------------------------------------------------------------------------
     def __call__(self, event: CheckEvent) -> None:
         step = event.step

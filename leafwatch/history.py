@@ -1,0 +1,193 @@
+"""The finding history: every finding seen so far by ``(kind, name)``, with a version counter.
+
+One owner for the findings over time. Every change goes through :meth:`FindingHistory.upsert`,
+:meth:`~FindingHistory.resolve` or :meth:`~FindingHistory.put`, which bump :attr:`version` when
+what a user would see changes. "Changed since the last event" is ``version != emitted``, and the
+report is built once per version: there are no hand-kept dirty flags.
+
+A finding in the ``pending`` status is a suspicion waiting for evidence (an EMA target that may
+still move, a layer that may be dropped on purpose): it stays in the history, out of reports,
+until the evidence confirms it (:meth:`confirm`) or drops it (:meth:`drop`), or the run ends
+(:meth:`decide_pending`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+from .findings import Finding, Report, Status
+from .options import apply_ignore
+
+#: Kinds read off the structure (not per step): a rebuild replaces them all.
+STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
+                              "orphan_tensor", "device_mismatch", "non_leaf"})
+
+
+class FindingHistory:
+    """Findings over time; the report of the current version, with ``ignore`` applied.
+
+    Args:
+        ignore: Pattern -> reason (validated, see :mod:`leafwatch.options`).
+    """
+
+    def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
+        self.ignore = dict(ignore or {})
+        #: Bumped by every change a user would see (a sink logs the report again).
+        self.version = 0
+        #: Bumped by every write (the report is rebuilt: step counts and last steps too).
+        self._revision = 0
+        self._records: dict[tuple[str, str], Finding] = {}
+        self._report: Report = Report(step=0)
+        self._report_revision = 0
+
+    # -- reading -----------------------------------------------------------------------------
+    def get(self, key: tuple[str, str]) -> Finding | None:
+        return self._records.get(key)
+
+    def is_open(self, key: tuple[str, str]) -> bool:
+        found = self._records.get(key)
+        return found is not None and found.status == Status.OPEN
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def as_dict(self) -> dict[tuple[str, str], Finding]:
+        """Every finding by key, the ``ignore`` patterns applied (a new dict)."""
+        return {f.key: f for f in apply_ignore(self._records.values(), self.ignore)}
+
+    def report(self, step: int) -> Report:
+        """The current report (built once per change; pending findings left out)."""
+        if self._report_revision != self._revision:
+            shown = (f for f in self._records.values() if f.status != Status.PENDING)
+            self._report = Report(apply_ignore(shown, self.ignore), step=step)
+            self._report_revision = self._revision
+        else:
+            self._report.step = step
+        return self._report
+
+    def pending(self) -> list[Finding]:
+        return [f for f in self._records.values() if f.status == Status.PENDING]
+
+    # -- writing -----------------------------------------------------------------------------
+    def _changed(self) -> None:
+        self.version += 1
+        self._revision += 1
+
+    def upsert(self, f: Finding) -> None:
+        """Add a finding, or update the one of the same key (keeping its first step and count)."""
+        old = self._records.get(f.key)
+        if old is None:
+            self._records[f.key] = f
+            self._changed()
+            return
+        updated = f.replace(
+            first_step=old.first_step if old.first_step is not None else f.first_step,
+            steps_seen=old.steps_seen + 1,
+        )
+        self._records[f.key] = updated
+        self._revision += 1
+        # An intermittent finding's message counts the steps: that count alone is no change worth
+        # logging again (it would rewrite the whole report every other step of a routed model).
+        counted = old.status == updated.status == Status.INTERMITTENT
+        if (old.status, old.cause, old.severity) != (updated.status, updated.cause, updated.severity) \
+                or (old.message != updated.message and not counted):
+            self.version += 1
+
+    def put(self, f: Finding) -> None:
+        """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""
+        self._records[f.key] = f
+        self._changed()
+
+    def resolve(self, key: tuple[str, str], step: int | None) -> bool:
+        """Mark an open (or pending) finding resolved; True when it changed."""
+        old = self._records.get(key)
+        if old is None or old.status not in (Status.OPEN, Status.PENDING):
+            return False
+        if old.status == Status.PENDING:
+            del self._records[key]  # a suspicion that the evidence dropped was never shown
+        else:
+            self._records[key] = old.replace(status=Status.RESOLVED, last_step=step)
+        self._changed()
+        return True
+
+    def resolve_where(self, predicate: Callable[[Finding], bool], step: int | None) -> None:
+        """Resolve every open finding for which ``predicate`` is true."""
+        for key, f in list(self._records.items()):
+            if f.status == Status.OPEN and predicate(f):
+                self.resolve(key, step)
+
+    def replace_structural(self, found: Iterable[Finding], step: int | None) -> None:
+        """A new reading of the structure: open structural findings not in ``found`` are resolved."""
+        new = {f.key: f for f in found}
+        self.resolve_where(lambda f: f.kind in STRUCTURAL_KINDS and f.key not in new, step)
+        for f in new.values():
+            self.upsert(f)
+
+    def hold(self, f: Finding) -> None:
+        """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""
+        old = self._records.get(f.key)
+        if old is not None and old.status != Status.PENDING:
+            return  # already decided: a hold never takes back a shown finding
+        self.upsert(f.replace(status=Status.PENDING))
+
+    def confirm(self, key: tuple[str, str], **changes: Any) -> None:
+        """Turn a pending finding into an open one (with ``changes``, e.g. a better cause)."""
+        old = self._records.get(key)
+        if old is not None and old.status == Status.PENDING:
+            self.put(old.replace(status=Status.OPEN, **changes))
+
+    def drop(self, key: tuple[str, str]) -> None:
+        """Forget a pending finding: the evidence says it was intended."""
+        old = self._records.get(key)
+        if old is not None and old.status == Status.PENDING:
+            del self._records[key]
+            self._changed()
+
+    def decide_pending(self, decide: Callable[[Finding], Finding | None]) -> None:
+        """At the end of a run: each pending finding becomes what ``decide`` returns (None: dropped)."""
+        for f in self.pending():
+            decided = decide(f)
+            if decided is None:
+                self.drop(f.key)
+            else:
+                self.put(decided)
+
+    # -- state -------------------------------------------------------------------------------
+    def to_list(self) -> list[dict[str, Any]]:
+        return [f.to_dict() for f in self._records.values()]
+
+    def load(self, records: Iterable[Finding]) -> None:
+        self._records = {f.key: f for f in records}
+        self._changed()
+
+
+def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:
+    """Read a ``Monitor.state_dict()``: the step, the findings, miss counts by name, check counts.
+
+    Raises:
+        TypeError: ``state`` is not a mapping.
+        ValueError: a part of it is not what ``state_dict()`` writes.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(f"`state` must be a mapping from state_dict(), got {type(state).__name__}")
+    step = state.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"`state['step']` must be an int, got {type(step).__name__}: {step!r:.80}")
+    records = []
+    for i, data in enumerate(state.get("records", ())):
+        try:
+            records.append(Finding.from_dict(data))
+        except (TypeError, AttributeError) as error:
+            raise ValueError(f"`state['records'][{i}]` is not a finding from state_dict(), got {data!r:.80}") from error
+    misses = state.get("misses", {})
+    if not isinstance(misses, Mapping):
+        raise ValueError(f"`state['misses']` must be a mapping name -> count, got {type(misses).__name__}: {misses!r:.80}")
+    checks_done = state.get("checks", {})
+    if not isinstance(checks_done, Mapping):
+        raise ValueError(f"`state['checks']` must be a mapping optimizer -> count, got {type(checks_done).__name__}: {checks_done!r:.80}")
+    counts = {int(k) if k != "None" else None: int(v) for k, v in checks_done.items()}
+    return step, records, dict(misses), counts

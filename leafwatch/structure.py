@@ -1,0 +1,287 @@
+"""The structure cache: what the Monitor checks, rebuilt only when the parameter sets change.
+
+Owns the :class:`~leafwatch.inventory.Inventory` (names, aliases, optimizer sets, orphans), the
+optimizers, the per-optimizer :class:`CheckList` of tensors read at each step, the cheap
+fingerprint that says when to rebuild, and the process-wide registration hooks that bump the
+fingerprint when any module registers a parameter or a submodule. Those hooks are counted: the
+first Monitor installs them, the last ``close()`` removes them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import inventory
+from .integrations import distributed
+
+#: How often (in checks) the structure is re-read even when nothing signalled a change, to see
+#: parameters frozen or unfrozen mid-run.
+REBUILD_EVERY = 1000
+#: How often (in checks) the parameters' requires_grad flags are compared with the last build, so
+#: that a parameter unfrozen mid-run but left out of the optimizer is named within a few steps.
+REQUIRES_GRAD_EVERY = 10
+
+
+class SharedGlobalHooks:
+    """Global torch hooks shared by every user: installed by the first :meth:`acquire`, removed
+    by the last :meth:`release`, so that closing every Monitor leaves torch's global hook dicts
+    as they were.
+
+    Args:
+        install: Installs the hooks and returns their removable handles.
+    """
+
+    def __init__(self, install: Callable[[], list[Any]]) -> None:
+        self._install = install
+        self._lock = threading.Lock()
+        self._handles: list[Any] = []
+        self.users = 0
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self.users == 0:
+                self._handles = self._install()
+            self.users += 1
+
+    def release(self) -> None:
+        with self._lock:
+            if self.users == 0:
+                return
+            self.users -= 1
+            if self.users == 0:
+                for handle in self._handles:
+                    handle.remove()
+                self._handles = []
+
+
+_generation = itertools.count(1)
+_current_generation = 0
+
+
+def _bump(*_: Any) -> None:
+    global _current_generation
+    _current_generation = next(_generation)
+
+
+def _install_registration_hooks() -> list[Any]:
+    _bump()  # changes that happened while no hook was installed: rebuild once
+    module_mod = torch.nn.modules.module
+    handles = []
+    for name in ("register_module_parameter_registration_hook", "register_module_module_registration_hook"):
+        register = getattr(module_mod, name, None)
+        if register is not None:
+            handles.append(register(_bump))
+    return handles
+
+
+#: The hooks that bump :func:`structure_generation`; each Monitor holds them while it is open.
+REGISTRATION_HOOKS = SharedGlobalHooks(_install_registration_hooks)
+
+#: Every optimizer a Monitor was given or adopted, process-wide and weakly: a tensor watched with
+#: ``leafwatch.watch()`` is in an optimizer if any of these holds it.
+_known_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+
+
+def known_optimizers() -> list[torch.optim.Optimizer]:
+    return list(_known_optimizers)
+
+
+def structure_generation() -> int:
+    """A number that changes whenever any module registers a parameter or module (while hooked)."""
+    return _current_generation
+
+
+@dataclasses.dataclass
+class CheckList:
+    """The tensors checked when one optimizer (or, without optimizers, the model) steps."""
+
+    params: list[torch.Tensor]
+    names: tuple[str, ...]
+    infos: list[inventory.ParamInfo | None]
+    ids: frozenset[int]
+    checks: int = 0
+    added_at: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def name_of(self, pid: int) -> str:
+        for p, name in zip(self.params, self.names):
+            if id(p) == pid:
+                return name
+        return ""
+
+    def checks_of(self, pid: int) -> int:
+        """How many checks of this list the tensor ``pid`` has been part of."""
+        return self.checks - self.added_at.get(pid, 0)
+
+
+class StructureCache:
+    """The model (or the roots ``leafwatch run`` found), the optimizers and what they hold.
+
+    Args:
+        model: The unwrapped model, or None.
+        optimizers: The optimizers given (more may be added).
+        roots: Named root modules (``leafwatch run``); used instead of ``model`` when given.
+    """
+
+    def __init__(self, model: nn.Module | None, optimizers: list[torch.optim.Optimizer],
+                 roots: Mapping[str, nn.Module] | None = None) -> None:
+        self.model = model
+        self.optimizers = optimizers
+        self.roots = dict(roots) if roots is not None else None
+        self.inventory: inventory.Inventory | None = None
+        self.grad_view = distributed.PLAIN
+        self.lists: dict[int | None, CheckList] = {}
+        #: Names of tensors the model held before a change, while an optimizer still holds them.
+        self.previous_names: dict[int, str] = {}
+        self._fingerprint: Any = None
+        self._built_at = 0
+        self._flags_read_at = 0
+        self._requires_grad_flags: tuple[bool, ...] = ()
+        self._joined: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]] = ((), ())
+        self._restored_checks: dict[int | None, int] = {}
+        #: How many times the structure was read (for tests of the hot path).
+        self.rebuilds = 0
+        _known_optimizers.update(optimizers)
+
+    # -- what is checked ---------------------------------------------------------------------
+    @property
+    def source(self) -> Any:
+        """What the Inventory reads: the roots when ``leafwatch run`` named them, else the model."""
+        return self.roots if self.roots is not None else self.model
+
+    def has_model(self) -> bool:
+        return self.model is not None or bool(self.roots)
+
+    def modules(self) -> dict[str, nn.Module]:
+        return inventory.Inventory(self.source).modules
+
+    def named_params(self) -> list[tuple[torch.Tensor, str]]:
+        if not self.has_model():
+            return []
+        inv = inventory.Inventory(self.source)
+        return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
+
+    def optimizer_index(self, optimizer: torch.optim.Optimizer | None) -> int | None:
+        if optimizer is None:
+            return None
+        return next((i for i, o in enumerate(self.optimizers) if o is optimizer), None)
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Check ``optimizer`` too from now on; True when it was new (the next check rebuilds)."""
+        if self.optimizer_index(optimizer) is not None:
+            return False
+        self.optimizers.append(optimizer)
+        _known_optimizers.add(optimizer)
+        self.invalidate()
+        return True
+
+    def set_roots(self, roots: Mapping[str, nn.Module]) -> None:
+        """Read these named root modules instead of the model from the next check on."""
+        self.roots = dict(roots)
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Rebuild at the next :meth:`refresh`."""
+        self._fingerprint = None
+
+    def lists_for(self, optimizer: torch.optim.Optimizer | None) -> list[CheckList]:
+        if optimizer is None:
+            return list(self.lists.values())
+        return [self.lists[self.optimizer_index(optimizer)]]
+
+    def joined_names(self, lists: list[CheckList]) -> tuple[str, ...]:
+        """The names of several lists, one tuple kept (same identity) until the lists change."""
+        if len(lists) == 1:
+            return lists[0].names
+        parts, joined = self._joined
+        if len(parts) != len(lists) or any(a is not c.names for a, c in zip(parts, lists)):
+            parts = tuple(c.names for c in lists)
+            joined = tuple(n for part in parts for n in part)
+            self._joined = (parts, joined)
+        return joined
+
+    def restore_checks(self, counts: Mapping[int | None, int]) -> None:
+        """Check counts from a saved state, applied at the next rebuild."""
+        self._restored_checks = dict(counts)
+        self.invalidate()
+
+    def check_counts(self) -> dict[str, int]:
+        return {str(k): c.checks for k, c in self.lists.items()}
+
+    # -- rebuilding --------------------------------------------------------------------------
+    def fingerprint(self) -> list[Any]:
+        """What is compared at every check to know whether to rebuild (flat, small, no tensor)."""
+        # Read at every check, right after backward, when Python code runs cold: one flat list,
+        # one number per param group and never a pass over the parameters.
+        fingerprint = [_current_generation]
+        for opt in self.optimizers:
+            fingerprint.append(id(opt))
+            for group in opt.param_groups:
+                fingerprint.append(len(group["params"]))
+            fingerprint.append(-1)
+        return fingerprint
+
+    def refresh(self, step: int) -> inventory.Inventory | None:
+        """Rebuild when the structure changed (or is due a periodic look); the new inventory or None."""
+        fingerprint = self.fingerprint()
+        if fingerprint != self._fingerprint or step - self._built_at >= REBUILD_EVERY \
+                or self._requires_grad_changed(step):
+            self._fingerprint = fingerprint
+            return self.rebuild(step)
+        return None
+
+    def rebuild(self, step: int) -> inventory.Inventory:
+        old = self.inventory
+        if old is not None:
+            self.previous_names.update(old.known_names())
+        inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
+        # Old names matter only while an optimizer still holds the tensor.
+        self.previous_names = {k: v for k, v in self.previous_names.items()
+                               if k in inv.in_optimizer and k not in inv.tensors}
+        old_lists, self.lists = self.lists, {}
+        view = self.grad_view = distributed.gradient_view(
+            self.source, [(k, t, inv.params[k].name) for k, t in inv.tensors.items()], step)
+        if self.optimizers:
+            for i, params in enumerate(inv.optimizer_params):
+                params = [p for p in params if id(p) not in view.skip] if view.skip else params
+                self.lists[i] = self._make_list(params, inv, old_lists.get(i))
+        else:
+            self.lists[None] = self._make_list(
+                [t for k, t in inv.tensors.items() if t.requires_grad and k not in view.skip], inv,
+                old_lists.get(None))
+        for key, count in self._restored_checks.items():
+            if key in self.lists:
+                self.lists[key].checks = count
+        self._restored_checks = {}
+        self._fingerprint = self.fingerprint()
+        self.rebuilds += 1
+        self._built_at = self._flags_read_at = step
+        self._requires_grad_flags = self._read_requires_grad()
+        return inv
+
+    def _read_requires_grad(self) -> tuple[bool, ...]:
+        return tuple(t.requires_grad for t in self.inventory.tensors.values()) if self.inventory else ()
+
+    def _requires_grad_changed(self, step: int) -> bool:
+        """Every few checks: was a parameter frozen or unfrozen since the last build?"""
+        if abs(step - self._flags_read_at) < REQUIRES_GRAD_EVERY:
+            return False
+        self._flags_read_at = step
+        return self._read_requires_grad() != self._requires_grad_flags
+
+    def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
+                   old: CheckList | None) -> CheckList:
+        infos = [inv.params.get(id(p)) for p in params]
+        # A tensor the model no longer holds keeps the name it had (it is a stale_param finding).
+        names = tuple(info.name if info else self.previous_names.get(id(p), f"tensor of shape {tuple(p.shape)}")
+                      for info, p in zip(infos, params))
+        checks_done = old.checks if old is not None else 0
+        added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
+        return CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)

@@ -1,0 +1,178 @@
+"""The structure holds: no import cycle, no state shared between Monitors, no hook left behind."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import leafwatch
+
+PACKAGE = Path(leafwatch.__file__).parent
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the leafwatch modules it imports, at the top or inside functions alike."""
+    trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, tree in trees.items():
+        is_package = any(other.startswith(name + ".") for other in trees)
+        package = name if is_package else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[: len(parts) - (node.level - 1)]
+                    base = ".".join(parts + ([base] if base else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    found.add(full if full in trees else base)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+        graph[name] = {m for m in found if m in trees and m not in (name, "leafwatch")}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    cycles, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == "open":
+                cycles.append(path[path.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return cycles
+
+
+def test_the_import_graph_inside_leafwatch_has_no_cycle() -> None:
+    graph = _import_graph()
+    assert "leafwatch.monitor" in graph and "leafwatch.integrations.lightning" in graph
+    assert "leafwatch.history" in graph["leafwatch.monitor"]  # the walk sees relative imports
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_torch_free_modules_import_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history; "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+# -- two monitors ---------------------------------------------------------------------------
+def _step(model: nn.Module, optimizer: torch.optim.Optimizer, extra: torch.Tensor | None = None) -> None:
+    loss = model(torch.ones(1, 2)).sum()
+    if extra is not None:
+        loss = loss + extra.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+
+
+def test_two_monitors_on_two_models_do_not_see_each_others_tensors() -> None:
+    a, b = nn.Linear(2, 1), nn.Linear(2, 1)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf: a bug of A's
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)  # the watch-time warning
+        ma = leafwatch.Monitor(a, oa, tensors={"temp_of_a": temperature})
+    mb = leafwatch.Monitor(b, ob)
+    _step(a, oa, temperature)
+    report_a = ma.check(oa)
+    _step(b, ob)
+    report_b = mb.check(ob)
+    assert report_a.names("non_leaf") == {"temp_of_a"}
+    assert report_b.findings == []
+    assert leafwatch.audit(b, ob).findings == []  # nor does audit() of another model
+    assert leafwatch.watched() == {}  # tensors= is the Monitor's own, not the process-wide set
+    ma.close()
+    mb.close()
+
+
+def test_a_tensor_watched_with_watch_is_seen_by_every_check() -> None:
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    unused = leafwatch.watch(torch.ones(1, requires_grad=True), name="unused_scale")
+    try:
+        with leafwatch.Monitor(model, opt) as monitor:
+            _step(model, opt)
+            assert monitor.check(opt).names("missing_grad") == {"unused_scale"}
+        assert leafwatch.audit(model, opt).names("missing_grad") == {"unused_scale"}
+    finally:
+        leafwatch.unwatch(unused)
+
+
+# -- global hooks ---------------------------------------------------------------------------
+def _global_hooks() -> dict[str, int]:
+    import torch.optim.optimizer as optimizer
+
+    module = torch.nn.modules.module
+    names = [n for n in vars(module) if n.startswith("_global_") and n.endswith("_hooks")]
+    counts = {f"module.{n}": len(getattr(module, n)) for n in names if isinstance(getattr(module, n), dict)}
+    for n in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):
+        counts[f"optimizer.{n}"] = len(getattr(optimizer, n))
+    return counts
+
+
+def test_global_hook_dicts_are_back_to_the_start_after_the_last_close() -> None:
+    before = _global_hooks()
+    assert "module._global_parameter_registration_hooks" in before
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = leafwatch.Monitor(model, opt).attach()
+    second = leafwatch.Monitor(model, opt)
+    during = _global_hooks()
+    assert during["module._global_parameter_registration_hooks"] == \
+        before["module._global_parameter_registration_hooks"] + 1  # shared, counted
+    first.close()
+    # The second Monitor still sees a layer replaced after the first one closed.
+    model[1] = nn.Linear(2, 1)
+    _step(model, opt)
+    assert second.check().names("stale_param") | second.report.names("not_in_optimizer") >= {"1.weight"}
+    second.close()
+    assert _global_hooks() == before
+
+
+def test_leafwatch_run_sessions_leave_no_global_hook(tmp_path: Path) -> None:
+    from leafwatch.integrations.runner import Session
+
+    before = _global_hooks()
+    session = Session(stream=open(tmp_path / "out.txt", "w"))
+    session.install()
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        _step(model, opt)
+        opt.step()
+    session.close()
+    assert _global_hooks() == before
+
+
+@pytest.mark.parametrize("name", ["Monitor", "LeafWatch", "audit", "watch", "Report", "Kind", "Status"])
+def test_public_names_are_in_all(name: str) -> None:
+    assert name in leafwatch.__all__
+    assert getattr(leafwatch, name) is not None

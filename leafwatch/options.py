@@ -147,13 +147,29 @@ def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[
     return [p for p in ignore if not any(pattern_matches(p, n) for n in names)]
 
 
+#: Frameworks between the user's code and leafwatch's hooks: a warning skips their frames too.
+_FRAMEWORKS = ("torch", "pytorch_lightning", "lightning", "lightning_fabric", "transformers", "accelerate",
+               "runpy", "_pytest", "pluggy")
+
+
+def _framework_dirs() -> tuple[str, ...]:
+    dirs = []
+    for name in _FRAMEWORKS:
+        module = sys.modules.get(name)  # only what is imported already: never import one here
+        path = getattr(module, "__file__", None)
+        if path:  # a package: its folder; a single module (runpy): its file
+            path = os.path.abspath(path)
+            dirs.append(os.path.dirname(path) + os.sep if path.endswith("__init__.py") else path)
+    return tuple(dirs)
+
+
 def stacklevel_outside(skip: tuple[str, ...] = ()) -> int:
     """The ``warnings.warn`` stacklevel (for a call made by the caller of this function) that
-    points at the first frame outside leafwatch and outside the folders ``skip``
-    (a framework's, e.g. Lightning's, so that a warning names the user's own line)."""
+    points at the first frame outside leafwatch, torch and the training frameworks (Lightning,
+    transformers), and outside the folders ``skip``: the user's own line."""
     level = 1
     frame = sys._getframe(1)
-    prefixes = (_PACKAGE_DIR, *skip)
+    prefixes = (_PACKAGE_DIR, *_framework_dirs(), *skip)
     while frame is not None and frame.f_code.co_filename.startswith(prefixes):
         frame = frame.f_back
         level += 1

@@ -280,8 +280,8 @@ def test_several_roots_get_class_name_prefixes_and_hooks_go_once_stable():
             critic(fake).sum().backward()
             opt_g.step()
         assert not session.module_hooks_armed and _global_module_hooks() == before
-        assert set(session._roots) == {"_Generator", "_Critic"}
-        assert session._roots["_Critic"] is critic
+        assert set(session.roots) == {"_Generator", "_Critic"}
+        assert session.roots["_Critic"] is critic
     finally:
         report = session.close()
         session.stream.close()
@@ -315,7 +315,7 @@ def test_an_optimizer_with_parameters_of_no_known_module_rearms_the_hooks():
             opt.step()
             opt2.step()
         assert not session.module_hooks_armed
-        assert set(session._roots) == {"Linear", "Linear_1"}
+        assert set(session.roots) == {"Linear", "Linear_1"}
     finally:
         report = session.close()
         session.stream.close()

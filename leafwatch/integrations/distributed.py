@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import checks
 from ..events import CheckEvent
 from ..findings import Finding, LeafwatchWarning, Report
 from ..options import apply_ignore
@@ -80,21 +81,13 @@ PLAIN = GradientView()
 
 
 def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None) -> Finding:
-    return Finding(
-        kind="missing_grad",
-        name=name,
-        severity="info",
-        message=f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
+    return checks.make(
+        "missing_grad", name, "info",
+        f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
         "cannot tell a missing gradient from a zero one.",
-        cause=cause,
-        fix=fix,
-        step=step,
-        status="ignored",
-        first_step=step,
-        last_step=step,
-        details={"reason": "sharded_gradients", "strategy": strategy, "parameters": count,
-                 "ignored_because": f"gradients are sharded by {strategy}"},
-    )
+        cause, fix, step=step, reason="sharded_gradients", strategy=strategy, parameters=count,
+        ignored_because=f"gradients are sharded by {strategy}",
+    ).replace(status="ignored")
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -361,15 +354,13 @@ class Gatherer:
             p = ref()
             if p is None or id(p) in self._used or p.grad is None or not p.requires_grad:
                 continue
-            out.append(Finding(
-                kind="missing_grad", name=name, severity="error",
-                message=f"`{name}` requires grad but got no gradient on this rank.",
-                cause="its gradient was not computed on this rank in this step (its module did not "
+            out.append(checks.make(
+                "missing_grad", name, "error",
+                f"`{name}` requires grad but got no gradient on this rank.",
+                "its gradient was not computed on this rank in this step (its module did not "
                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
                 "filled its .grad with the average from the ranks that used it.",
-                fix="", step=step, first_step=step, last_step=step,
-                shape=tuple(p.shape), dtype=str(p.dtype).replace("torch.", ""), device=str(p.device),
-                details={"reason": "unused_on_rank", "source": "ddp_use"},
+                "", tensor=p, step=step, reason="unused_on_rank", source="ddp_use",
             ))
         self._used.clear()
         return out

@@ -159,6 +159,11 @@ class Session:
         self._module_handles.clear()
 
     @property
+    def roots(self) -> dict[str, nn.Module]:
+        """The named root modules found so far (a copy)."""
+        return dict(self._roots)
+
+    @property
     def module_hooks_armed(self) -> bool:
         """Whether the global module hooks are installed (they are removed once roots are stable)."""
         return bool(self._module_handles)

@@ -23,15 +23,20 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from ..findings import KINDS, LeafwatchInternalWarning, LeafwatchWarning, Report
+from .. import records
+from ..environment import install_command
 from ..events import CheckEvent
+from ..findings import KINDS, LeafwatchInternalWarning, LeafwatchWarning, Report
+from ..format import finding_line
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..options import validate_ignore, validate_int
+from ..options import stacklevel_outside, validate_ignore, validate_int
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-INSTALL_HINT = 'pip install "leafwatch[lightning]"'
+#: The command that installs Lightning for the way leafwatch is installed (from a checkout:
+#: ``pip install -e ".[lightning]"``; from PyPI: ``pip install "leafwatch[lightning]"``).
+INSTALL_HINT = install_command("lightning")
 
 
 def _callback_bases() -> tuple[type, ...]:
@@ -51,35 +56,16 @@ def _callback_bases() -> tuple[type, ...]:
     return tuple(bases)
 
 
-def _rank_zero_warn(message: str) -> None:
-    try:
-        from lightning_fabric.utilities.rank_zero import rank_zero_warn
-    except ImportError:
-        try:
-            from lightning.fabric.utilities.rank_zero import rank_zero_warn
-        except ImportError:  # pragma: no cover - every Lightning ships one of the two
-            warnings.warn(message, LeafwatchWarning, stacklevel=3)
-            return
-    rank_zero_warn(message, category=LeafwatchWarning)
-
-
 def _is_summary_writer(experiment: Any) -> bool:
     if type(experiment).__name__ != "SummaryWriter":
         return False
     return all(callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
 
 
-def _finding_line(f: Any) -> str:
-    text = f"leafwatch: {f.severity} {f.kind} `{f.name}` (step {f.first_step}): {f.message}"
-    if f.cause:
-        text += f" Cause: {f.cause}"
-    if f.fix:
-        text += f" Fix: {f.fix}"
-    return text
-
-
 class _ConsoleSink:
-    """One warning per new open finding, from rank zero only."""
+    """One short warning per new open finding (:func:`leafwatch.format.finding_line`), at the
+    user's line: the first frame outside leafwatch, Lightning and torch (the ``trainer.fit``
+    call, or the user's own ``optimizer_step``/``training_step``). Built on rank zero only."""
 
     def __init__(self) -> None:
         self.warned: set[tuple[str, str]] = set()
@@ -92,7 +78,7 @@ class _ConsoleSink:
             if f.key in self.warned:
                 continue
             self.warned.add(f.key)
-            _rank_zero_warn(_finding_line(f))
+            warnings.warn(finding_line(f), LeafwatchWarning, stacklevel=stacklevel_outside())
 
 
 class _MetricsSink:
@@ -109,9 +95,9 @@ class _MetricsSink:
         if counts == self._counts and not periodic and not event.changed:
             return
         self._counts = counts
-        metrics: dict[str, float] = {f"leafwatch/open/{kind}": float(counts.get(kind, 0)) for kind in KINDS}
+        metrics: dict[str, float] = {records.open_tag(kind): float(counts.get(kind, 0)) for kind in KINDS}
         if event.coverage is not None:
-            metrics["leafwatch/grad_coverage"] = float(event.coverage)
+            metrics[records.GRAD_COVERAGE_TAG] = float(event.coverage)
         for logger in self.loggers:
             logger.log_metrics(metrics, step=event.step)
 
@@ -200,7 +186,8 @@ class _LeafWatchMixin:
         self._close(trainer, print_table=False)
         log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         sinks: list[Any] = []
-        if self.verbose:
+        self._console = None
+        if self.verbose and getattr(trainer, "is_global_zero", True):
             self._console = _ConsoleSink()
             sinks.append(self._console)
         writers, others = self._split_loggers(trainer)
@@ -222,7 +209,7 @@ class _LeafWatchMixin:
             )
         except Exception as error:  # never stop training for leafwatch
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
-                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=2)
+                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=stacklevel_outside())
             return
         if self._pending_state is not None:
             self.monitor.load_state_dict(self._pending_state.get("monitor", {}))

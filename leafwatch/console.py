@@ -1,7 +1,10 @@
 """The console sink: one short warning per new open finding, at the user's line.
 
-The full table (causes included) is for summaries (``print(report)``); a finding's warning is
-short: severity, kind, name and the one-line fix.
+Used by ``Monitor(verbose=True)`` / ``attach()`` and the Lightning callback. The line is
+:func:`leafwatch.format.finding_line` (severity, kind, name, when, the one-line fix); the full
+table, causes included, is for summaries (``print(report)``). The warning points at the first
+frame outside leafwatch, torch and the training frameworks: the ``optimizer.step()`` or
+``trainer.fit(...)`` line.
 """
 
 from __future__ import annotations
@@ -10,15 +13,9 @@ import warnings
 from collections.abc import Callable
 
 from .events import CheckEvent
-from .findings import Finding, LeafwatchWarning, Report
+from .findings import LeafwatchWarning, Report
+from .format import finding_line
 from .options import stacklevel_outside
-
-
-def short_line(f: Finding) -> str:
-    """``leafwatch: ERROR missing_grad `head.weight` (step 3): <fix>`` — one line."""
-    step = f" (step {f.first_step})" if f.first_step is not None else ""
-    text = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{step}: {f.message}"
-    return text + (f" Fix: {f.fix}" if f.fix else "")
 
 
 class NewFindingWarnings:
@@ -41,6 +38,6 @@ class NewFindingWarnings:
                 continue  # a finding whose cause is being traced is warned once it is known
             self.warned.add(f.key)
             if self._warn is not None:
-                self._warn(short_line(f))
+                self._warn(finding_line(f))
             else:
-                warnings.warn(short_line(f), LeafwatchWarning, stacklevel=stacklevel_outside())
+                warnings.warn(finding_line(f), LeafwatchWarning, stacklevel=stacklevel_outside())

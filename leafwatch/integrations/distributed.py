@@ -46,8 +46,6 @@ from ..options import apply_ignore
 DEFAULT_TIMEOUT_S = 300.0
 
 _ACTIVE_STATUSES = ("open", "intermittent")
-_STATUS_ORDER = {"open": 0, "intermittent": 1, "ignored": 2, "resolved": 3}
-_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Quoted without its end: Lightning rewrites any exception whose message holds DDP's full text.
 DDP_NEXT_STEP_ERROR = "Expected to have finished reduction ..."
@@ -215,7 +213,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         strategy: :attr:`GradientView.strategy`; DDP advice is given for ``"plain"`` only.
 
     Returns:
-        The merged findings, each with ``ranks`` set.
+        The merged findings, each with ``ranks`` set, in :meth:`Finding.sort_key` order.
     """
     world_size = len(per_rank)
     by_key: dict[tuple[str, str], dict[int, Finding]] = {}
@@ -226,13 +224,14 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     for key, seen in by_key.items():
         active = sorted(r for r, f in seen.items() if f.status in _ACTIVE_STATUSES)
         ranks = tuple(active) if active else tuple(sorted(seen))
-        chosen = min(((r, seen[r]) for r in ranks),
-                     key=lambda rf: (_STATUS_ORDER.get(rf[1].status, 9), _SEVERITY_ORDER.get(rf[1].severity, 9), rf[0]))[1]
+        # The rank whose finding comes first in the one order of findings (Finding.sort_key).
+        chosen = min(((r, seen[r]) for r in ranks), key=lambda rf: (rf[1].sort_key(), rf[0]))[1]
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
                                      {r: seen[r].cause for r in active}, strategy == "plain")
         out.append(merged)
+    out.sort(key=Finding.sort_key)
     return out
 
 

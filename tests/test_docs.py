@@ -13,7 +13,9 @@ How a page's blocks are read (``markdown_blocks``):
 - a ```` ```text ```` block whose first line starts with ``$ `` is a shell session: each command
   runs with ``bash`` in the page's folder (this environment's ``leafwatch`` and ``python`` first
   on ``PATH``), standard output and error together, and prints what follows it up to the next
-  ``$ `` line.
+  ``$ `` line;
+- other blocks (``bash`` set-up commands, ``toml``, diagrams) are not run; a block tagged with any
+  other language fails, so that no python example escapes under another name.
 """
 
 from __future__ import annotations
@@ -96,7 +98,6 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
-    env.pop("PYTHONWARNINGS", None)
     return env
 
 
@@ -111,10 +112,14 @@ def _check_output(block: Block, want: str, got: str, folder: Path) -> None:
 
 def test_every_page_has_examples_and_each_marker_says_why() -> None:
     assert [p.name for p in PAGES[:1]] == ["README.md"] and len(PAGES) > 5
+    for block in BLOCKS:
+        # An example tagged `py` or `python3` would escape the checks below.
+        assert block.language in ("python", "text", "bash", "toml", ""), f"{block.where}: ```{block.language}"
     for block in PYTHON:
         if block.marker is not None:
             kind, value = block.marker
             assert value, f"{block.where}: `<!-- {kind}: ... -->` needs a reason or a file name"
+            assert block.output is None, f"{block.where}: shows an output but is not run, so nothing checks it"
     assert len(RUNNABLE) >= 5, "the pages lost their runnable examples"
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import time
@@ -15,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from _requirements import find_browser, require_browser
 from _tensorboard_runs import (
     REPO_ROOT,
     get_json,
@@ -26,13 +26,15 @@ from _tensorboard_runs import (
     write_mixed_run,
 )
 
-CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                                   shutil.which("google-chrome"), "/usr/bin/chromium")
-                 if path and os.path.exists(path)), None)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)"),
-]
+CHROMIUM = find_browser()
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser() -> str:
+    """Without a browser: skip locally, fail in CI (tests/_requirements.py)."""
+    return require_browser()
+
 
 STEPS = 60
 ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step

@@ -102,7 +102,10 @@ def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "glo
 def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
     """Lightning starts the second process itself."""
     port = _free_port()
-    return _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
+    results = _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
+    for rank in (0, 1):
+        assert results[rank]["internal"] == [], f"leafwatch failed internally on rank {rank}"
+    return results
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:

@@ -99,6 +99,7 @@ def test_two_monitors_on_two_models_do_not_see_each_others_tensors() -> None:
     temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf: a bug of A's
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)  # the watch-time warning
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         ma = leafwatch.Monitor(a, oa, tensors={"temp_of_a": temperature})
     mb = leafwatch.Monitor(b, ob)
     _step(a, oa, temperature)

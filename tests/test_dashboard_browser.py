@@ -5,6 +5,7 @@ Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import struct
@@ -322,12 +323,73 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     assert out["causes"]["kept.weight"].startswith("ignored: kept for later")
 
 
-def test_tab_screenshot(server: str, tmp_path: Path) -> None:
-    shot = tmp_path / "leafwatch-tab.png"
-    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", f"{server}/#leafwatch")
-    data = shot.read_bytes()
+_VISIBLE_BADGES = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  const frame = await until(() => document.querySelector("iframe"));
+  const doc = await until(() => frame.contentDocument && frame.contentDocument.querySelector('.row[data-name="unused.weight"]')
+                               && frame.contentDocument);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const origin = frame.getBoundingClientRect();
+  const inset = [origin.left + frame.clientLeft, origin.top + frame.clientTop];
+  const badges = [];
+  for (const badge of doc.querySelectorAll("tr.finding .sev-error")) {
+    const r = badge.getBoundingClientRect();
+    const inView = (x, y) => { const at = doc.elementFromPoint(x, y); return at && badge.contains(at); };
+    const [mx, my] = [r.left + r.width / 2, r.top + r.height / 2];
+    // Wholly in the picture: not scrolled out of the table's view, nor under its sticky header.
+    if (![[r.left + 3, my], [r.right - 3, my], [mx, r.top + 1], [mx, r.bottom - 1]].every(([x, y]) => inView(x, y))) continue;
+    badges.push({row: badge.closest("tr.finding").dataset.name, text: badge.textContent.trim(),
+                 color: getComputedStyle(badge).backgroundColor,
+                 box: [r.left + inset[0], r.top + inset[1], r.width, r.height]});
+  }
+  return {badges, ratio: devicePixelRatio, rows: doc.querySelectorAll("tr.finding").length,
+          text: doc.body.innerText.includes("Could not load")};
+})()"""
+
+_BADGE_PIXELS = """(async (png, badges) => {
+  const bytes = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+  const image = await createImageBitmap(new Blob([bytes], {type: "image/png"}));
+  const canvas = new OffscreenCanvas(image.width, image.height);
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  return badges.map(({color, box: [x, y, w, h]}) => {
+    const want = color.match(/\\d+/g).slice(0, 3).map(Number);
+    // Inset past the rounded corners; the white text covers part of the rest.
+    const left = Math.ceil(x + 4), top = Math.ceil(y + 1);
+    const data = context.getImageData(left, top, Math.floor(x + w - 4) - left, Math.floor(y + h - 1) - top).data;
+    let match = 0;
+    for (let i = 0; i < data.length; i += 4) {
+      if (Math.abs(data[i] - want[0]) <= 8 && Math.abs(data[i + 1] - want[1]) <= 8 && Math.abs(data[i + 2] - want[2]) <= 8) match++;
+    }
+    return match / (data.length / 4);
+  });
+})"""
+
+
+def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: str, tmp_path: Path) -> None:
+    browser = _DevTools(tmp_path / "profile")
+    try:
+        browser.open(f"{server}/#leafwatch")
+        browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+        seen = browser.evaluate(_VISIBLE_BADGES)
+        png = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
+        shares = browser.evaluate(f"{_BADGE_PIXELS}({json.dumps(png)}, {json.dumps(seen['badges'])})")
+    finally:
+        browser.close()
+    data = base64.b64decode(png)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)
+    assert seen["ratio"] == 1 and seen["rows"] == 8 and seen["text"] is False
+    # The DOM at the moment of the picture: the table's first open errors are in view...
+    assert len(seen["badges"]) >= 3, seen
+    assert {b["text"] for b in seen["badges"]} == {"error"}
+    assert {b["row"] for b in seen["badges"]} <= {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight",
+                                                  "encoder.2.bias", "unused.weight", "unused.bias"}
+    # ...and the picture shows them: each badge's pixels are the error colour, where the DOM puts it.
+    assert min(shares) > 0.5, list(zip([b["row"] for b in seen["badges"]], shares))
     if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(exist_ok=True)
         SCREENSHOT.write_bytes(data)

@@ -40,6 +40,7 @@ def test_demo_command_end_to_end(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "LeafwatchInternalWarning" not in done.stderr, done.stderr[-3000:]
     out = done.stdout
     for words in ("missing_grad", "aux_head.weight", "not_in_optimizer", "loss_weight",
                   "orphan_tensor", "temperature", "never ran", "ToCopyBackward"):

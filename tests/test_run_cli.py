@@ -36,13 +36,17 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(command: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
-                          env=_env(), cwd=cwd or REPO, timeout=240)
+    result = subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
+                            env=_env(), cwd=cwd or REPO, timeout=240)
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr  # leafwatch's own failure fails the test
+    return result
 
 
 def _python(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
-                          cwd=cwd or REPO, timeout=240)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
+                            cwd=cwd or REPO, timeout=240)
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
+    return result
 
 
 @pytest.fixture(scope="module")

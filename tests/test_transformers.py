@@ -9,6 +9,8 @@ named with its cause, clean runs stay quiet, the records under ``output_dir`` ar
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +35,9 @@ from leafwatch.integrations.transformers import LOG_SUBDIR, gradient_strategy
 from leafwatch.transformers import LeafWatchCallback
 
 VOCAB = 99
+REPO = Path(__file__).resolve().parents[1]
+DDP_SCRIPT = Path(__file__).parent / "dist_scripts" / "hf_ddp.py"
+DDP_TIMEOUT_S = 240
 
 
 def bert_config() -> BertConfig:
@@ -313,3 +318,63 @@ def test_ignore_marks_the_layer_ignored(tmp_path: Path) -> None:
 def test_bad_options_name_the_argument(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         LeafWatchCallback(**kwargs)
+
+
+# -- the Trainer's DDP (CPU, gloo, 2 processes) ---------------------------------------------------
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp(scenario: str, tmp_path: Path) -> dict[int, dict[str, Any]]:
+    """Two ranks started as torchrun starts its workers; a hang fails through the timeout."""
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        if os.path.exists("/sys/class/net/lo"):
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        procs.append(subprocess.Popen([sys.executable, str(DDP_SCRIPT), scenario, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    logs = []
+    try:
+        for proc in procs:
+            logs.append(proc.communicate(timeout=DDP_TIMEOUT_S)[0])
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        pytest.fail(f"the 2-process Trainer hung (no exit within {DDP_TIMEOUT_S} s)")
+    results = {}
+    for rank in (0, 1):
+        path = tmp_path / f"rank{rank}.json"
+        assert path.exists(), f"rank {rank} wrote nothing:\n{''.join(logs)[-3000:]}"
+        results[rank] = json.loads(path.read_text())
+    return results
+
+
+@pytest.mark.slow
+def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(tmp_path: Path) -> None:
+    results = _ddp("unused", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["world_size"] == 2 and results[rank]["error"] is None
+        f = next(f for f in results[rank]["report"]["findings"] if f["name"] == "unused_head.weight")
+        assert (f["kind"], f["severity"], f["ranks"], f["first_step"]) == ("missing_grad", "error", [0, 1], 1)
+        assert "no gradient on any rank" in f["cause"]
+    assert any("unused_head.weight" in w for w in results[0]["warnings"])
+    assert results[1]["warnings"] == []
+    events = [name for name in os.listdir(tmp_path / "run" / LOG_SUBDIR) if name.startswith("events.out")]
+    assert len(events) == 1  # one writer: the main process
+
+
+@pytest.mark.slow
+def test_ddp_strict_raises_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    results = _ddp("strict", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error_type"] == "LeafwatchError"
+        assert "unused_head.weight" in results[rank]["error"] and "on rank(s) 0, 1" in results[rank]["error"]
+        assert results[rank]["report"]["step"] == 1

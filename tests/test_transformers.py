@@ -188,6 +188,29 @@ def test_without_accumulation_the_alternating_head_is_intermittent(tmp_path: Pat
     assert not callback.report  # nothing open: it trains on every second step
 
 
+class BertWithEvalOnlyHead(BertWithUnusedHead):
+    """The second head runs in evaluation only: in training it is dead."""
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                **kwargs: Any) -> Any:
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        if not self.training:
+            out.logits = out.logits + self.unused_head(self.bert.embeddings.word_embeddings(input_ids).mean(dim=1))
+        return out
+
+
+def test_evaluation_between_steps_does_not_explain_away_a_dead_head(tmp_path: Path) -> None:
+    callback = LeafWatchCallback(verbose=False)
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", save_strategy="no",
+                             max_steps=3, per_device_train_batch_size=4, logging_strategy="no", disable_tqdm=True,
+                             eval_strategy="steps", eval_steps=1)
+    Trainer(model=BertWithEvalOnlyHead(bert_config()), args=args, train_dataset=Sentences(),
+            eval_dataset=Sentences(4), callbacks=[callback]).train()
+    weight = next(f for f in callback.report if f.key == ("missing_grad", "unused_head.weight"))
+    assert (weight.severity, weight.status, weight.first_step, weight.last_step) == ("error", "open", 1, 3)
+    assert "never ran" in weight.cause
+
+
 def test_strict_stops_training_at_the_first_step(tmp_path: Path) -> None:
     callback = LeafWatchCallback(strict=True, verbose=False)
     model = BertWithUnusedHead(bert_config())
@@ -378,3 +401,51 @@ def test_ddp_strict_raises_on_every_rank_at_the_same_step(tmp_path: Path) -> Non
         assert results[rank]["error_type"] == "LeafwatchError"
         assert "unused_head.weight" in results[rank]["error"] and "on rank(s) 0, 1" in results[rank]["error"]
         assert results[rank]["report"]["step"] == 1
+
+
+def test_declared_deepspeed_skips_the_gradient_check_with_one_info_finding() -> None:
+    import leafwatch
+    from leafwatch.integrations import distributed
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    unused = nn.Linear(4, 4)
+    model.add_module("unused", unused)
+    distributed.declare_gradients(model, "deepspeed")
+    try:
+        with leafwatch.Monitor(model) as monitor:
+            model[1](model[0](torch.ones(2, 4))).sum().backward()
+            report = monitor.check()
+    finally:
+        distributed.declare_gradients(model, None)
+    assert len(report.findings) == 1
+    f = report.findings[0]
+    assert (f.kind, f.name, f.severity, f.status) == ("missing_grad", "DeepSpeed gradients", "info", "ignored")
+    assert "partitioned buffers" in f.cause
+    with leafwatch.Monitor(model) as monitor:  # withdrawn: the unused layer is named again
+        model[1](model[0](torch.ones(2, 4))).sum().backward()
+        assert monitor.check().names("missing_grad") == {"unused.weight", "unused.bias"}
+
+
+@pytest.mark.parametrize(
+    ("model", "strategy", "error", "match"),
+    [(object(), "deepspeed", TypeError, "model"), (nn.Linear(1, 1), "zero2", ValueError, "strategy")],
+)
+def test_declare_gradients_bad_input(model: Any, strategy: str, error: type[Exception], match: str) -> None:
+    from leafwatch.integrations import distributed
+
+    with pytest.raises(error, match=match):
+        distributed.declare_gradients(model, strategy)
+
+
+def test_load_state_dict_carries_the_history_into_the_next_train(tmp_path: Path) -> None:
+    first = LeafWatchCallback(verbose=False)
+    train(BertWithUnusedHead(bert_config()), tmp_path / "a", first, max_steps=2)
+    saved = json.loads(json.dumps(first.state_dict()))  # plain, JSON-ready data
+    second = LeafWatchCallback(verbose=False)
+    second.load_state_dict(saved)
+    assert second.report.names("missing_grad") == {"unused_head.weight", "unused_head.bias"}
+    train(BertWithUnusedHead(bert_config()), tmp_path / "b", second, max_steps=1)
+    weight = next(f for f in second.report if f.key == ("missing_grad", "unused_head.weight"))
+    assert weight.steps_seen == 3 and weight.first_step == 1
+    with pytest.raises(TypeError, match="state_dict"):
+        second.load_state_dict([1, 2])

@@ -221,7 +221,7 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
         return dict(self._final_state)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Take up a history from :meth:`state_dict` (at the next ``on_train_begin`` if not running).
+        """Take up a history from :meth:`state_dict` (at the next ``on_train_begin`` if not training).
 
         Raises:
             TypeError: ``state_dict`` is not a mapping.
@@ -268,9 +268,9 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
         self._close(print_table=False)
-        # A resumed run (its global step restored from the checkpoint) keeps the saved history;
-        # a new one starts afresh.
-        saved = (self._saved_in(state) or self._pending_state) if state.global_step > 0 else None
+        # A resumed run (its global step restored from the checkpoint) keeps the saved history,
+        # and so does one given a history through load_state_dict(); a new one starts afresh.
+        saved = (self._saved_in(state) if state.global_step > 0 else None) or self._pending_state
         self._pending_state = None
         model = kwargs.get("model")
         if not isinstance(model, torch.nn.Module):

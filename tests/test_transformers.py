@@ -398,6 +398,18 @@ def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(tmp_path: 
 
 
 @pytest.mark.slow
+def test_ddp_rank_dependent_branch_named_with_the_rank_that_skipped(tmp_path: Path) -> None:
+    # The Trainer's DDP fills rank 0's gradient of the head (find_unused_parameters=True, its
+    # default for a PreTrainedModel): only watching which parameters each rank used tells.
+    results = _ddp("branch", tmp_path)
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        f = next(f for f in results[rank]["report"]["findings"] if f["name"] == "aux_head.weight")
+        assert (f["kind"], f["severity"], f["status"], f["ranks"]) == ("missing_grad", "info", "intermittent", [0])
+        assert "rank 0 only" in f["message"] and "per-rank branching" in f["message"]
+
+
+@pytest.mark.slow
 def test_ddp_strict_raises_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
     results = _ddp("strict", tmp_path)
     for rank in (0, 1):
@@ -427,6 +439,15 @@ def test_declared_deepspeed_skips_the_gradient_check_with_one_info_finding() -> 
     with leafwatch.Monitor(model) as monitor:  # withdrawn: the unused layer is named again
         model[1](model[0](torch.ones(2, 4))).sum().backward()
         assert monitor.check().names("missing_grad") == {"unused.weight", "unused.bias"}
+
+
+def test_declare_ddp_bad_input() -> None:
+    from leafwatch.integrations import distributed
+
+    with pytest.raises(TypeError, match="model"):
+        distributed.declare_ddp("model", True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="find_unused_parameters"):
+        distributed.declare_ddp(nn.Linear(1, 1), "yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -147,6 +147,46 @@ def declare_gradients(model: nn.Module, strategy: str | None) -> None:
     _DECLARED[model] = strategy
 
 
+#: Models wrapped in DDP by a front-end that does not hand the wrapper over (the Hugging Face
+#: Trainer gives callbacks the inner model): model -> DDP's find_unused_parameters, held weakly.
+_DDP_DECLARED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
+    """Say that ``model`` trains inside a ``DistributedDataParallel`` the Monitor cannot see.
+
+    With ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter a rank did not
+    use; knowing it, the Monitor's :class:`Gatherer` watches which parameters each rank really
+    used (as it does when it finds the wrapper itself). The model is held weakly and not
+    modified.
+
+    Args:
+        model: The module handed to the Monitor.
+        find_unused_parameters: DDP's setting (``static_graph=True`` counts as True), or None
+            to withdraw the declaration.
+
+    Raises:
+        TypeError: ``model`` is not a module, or the setting not a bool or None.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    if find_unused_parameters is None:
+        _DDP_DECLARED.pop(model, None)
+        return
+    if not isinstance(find_unused_parameters, bool):
+        raise TypeError(f"`find_unused_parameters` must be a bool or None, got "
+                        f"{type(find_unused_parameters).__name__}: {find_unused_parameters!r:.80}")
+    _DDP_DECLARED[model] = find_unused_parameters
+
+
+def _declared_ddp(model: Any) -> bool | None:
+    models = list(model.values()) if isinstance(model, Mapping) else [model]
+    for m in models:
+        if isinstance(m, nn.Module) and m in _DDP_DECLARED:
+            return _DDP_DECLARED[m]
+    return None
+
+
 def _declared(models: Sequence[Any]) -> str | None:
     for m in models:
         if isinstance(m, nn.Module) and m in _DECLARED:
@@ -364,7 +404,7 @@ class Gatherer:
         self._sent: Any = None
         self._merged: Report | None = None
         ddp = find_ddp(model)
-        self.ddp_unused: bool | None = None if ddp is None else bool(
+        self.ddp_unused: bool | None = _declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
         self._handles: list[Any] = []
         self._tracked: list[tuple[Any, str]] = []

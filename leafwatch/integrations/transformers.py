@@ -121,6 +121,40 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
     return None, inner
 
 
+def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool | None:
+    """DDP's ``find_unused_parameters`` as the Trainer sets it, or None when it wraps no DDP.
+
+    The Trainer hands callbacks its inner model, not the ``DistributedDataParallel`` around it;
+    this repeats the Trainer's choice: ``args.ddp_find_unused_parameters`` when set, else True
+    unless a ``PreTrainedModel`` uses activation checkpointing (``ddp_static_graph`` counts as
+    True).
+
+    Args:
+        model: The Trainer's model.
+        args: The ``TrainingArguments``.
+    """
+    if not distributed.is_distributed() or getattr(args, "deepspeed", None):
+        return None
+    named = [(id(p), p, n) for n, p in model.named_parameters()]
+    if distributed.gradient_view(model, named).strategy != "plain":
+        return None  # FSDP or DeepSpeed, not DDP
+    if getattr(args, "ddp_static_graph", None):
+        return True
+    chosen = getattr(args, "ddp_find_unused_parameters", None)
+    if chosen is not None:
+        return bool(chosen)
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is there: the callback imported it
+        return True
+    if not isinstance(model, PreTrainedModel):
+        return True
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers 4
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not (checkpointing or getattr(args, "activation_checkpointing", False))
+
+
 class LeafWatchCallback(TrainerCallback, ExportableState):
     """Names every tensor that will not train during ``Trainer.train``, says why, and gives the fix.
 
@@ -136,7 +170,9 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
     Under DeepSpeed, or with an optimizer that steps master copies of the parameters, the
     model's ``.grad`` cannot tell a missing gradient: the gradient check is skipped with one
     info finding. FSDP is handled as in :func:`leafwatch.integrations.distributed.gradient_view`,
-    and under DDP every rank checks its own gradients and the main process reports them merged.
+    and under DDP every rank checks its own gradients and the main process reports them merged;
+    with ``find_unused_parameters`` (the Trainer's default for a ``PreTrainedModel``) a
+    parameter that one rank skips is named with that rank.
 
     With ``restore_callback_states_from_checkpoint=True`` transformers replaces each stateful
     callback by a new instance when it resumes; read the report from that instance
@@ -284,6 +320,11 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
             if strategy is not None:
                 distributed.declare_gradients(model, strategy)
                 self._declared = model
+            else:
+                find_unused = ddp_find_unused_parameters(model, args)
+                if find_unused is not None:
+                    distributed.declare_ddp(model, find_unused)
+                    self._declared = model
             self.monitor = Monitor(
                 model,
                 [self._optimizer] if self._optimizer is not None else None,
@@ -357,8 +398,10 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
         finally:
             if declared is not None:
                 distributed.declare_gradients(declared, None)
+                distributed.declare_ddp(declared, None)
             if writer is not None:
                 writer.close()
 
 
-__all__ = ["INSTALL_HINT", "LOG_SUBDIR", "LeafWatchCallback", "gradient_strategy", "unwrap_optimizer"]
+__all__ = ["INSTALL_HINT", "LOG_SUBDIR", "LeafWatchCallback", "ddp_find_unused_parameters", "gradient_strategy",
+           "unwrap_optimizer"]

@@ -32,6 +32,21 @@ class UnusedHead(BertForSequenceClassification):
         self.unused_head = nn.Linear(config.hidden_size, config.num_labels)
 
 
+class RankBranch(BertForSequenceClassification):
+    """An auxiliary head that only rank 1 runs: a per-rank branch."""
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__(config)
+        self.aux_head = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                **kwargs: object) -> object:
+        out = super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+        if int(os.environ["RANK"]) == 1:
+            out.loss = out.loss + self.aux_head(self.bert.embeddings.word_embeddings(input_ids).mean(1)).pow(2).mean()
+        return out
+
+
 class Sentences(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 16
@@ -45,7 +60,8 @@ def main() -> None:
     scenario, out = sys.argv[1], sys.argv[2]
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
-    model = UnusedHead(config()) if scenario in ("unused", "strict") else BertForSequenceClassification(config())
+    models = {"unused": UnusedHead, "strict": UnusedHead, "branch": RankBranch}
+    model = models.get(scenario, BertForSequenceClassification)(config())
     callback = LeafWatchCallback(strict=scenario == "strict")
     args = TrainingArguments(output_dir=os.path.join(out, "run"), use_cpu=True, ddp_backend="gloo",
                              report_to="none", save_strategy="no", max_steps=2, per_device_train_batch_size=4,

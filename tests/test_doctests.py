@@ -15,7 +15,7 @@ MODULES = sorted(
     for info in pkgutil.walk_packages(leafwatch.__path__, prefix="leafwatch.")
     if not info.name.endswith("__main__")
 )
-WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.formatting", "leafwatch.integrations.lightning",
+WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning",
                  "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.transformers",
                  "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 

@@ -20,7 +20,7 @@ from torch import nn
 from . import checks, graph, inventory, structure, tracing, watching
 from .console import NewFindingWarnings
 from .events import CheckEvent
-from .findings import Finding, Report, Status
+from .findings import Finding, Report
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .integrations import distributed as _distributed

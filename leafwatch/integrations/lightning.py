@@ -26,7 +26,7 @@ from typing_extensions import override
 from .. import records
 from ..environment import install_command
 from ..events import CheckEvent
-from ..findings import KINDS, LeafwatchInternalWarning, LeafwatchWarning, Report
+from ..findings import KINDS, LeafwatchInternalWarning, Report
 from ..console import NewFindingWarnings
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import stacklevel_outside, validate_ignore, validate_int

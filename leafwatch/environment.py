@@ -44,13 +44,13 @@ def _installed_from() -> tuple[Path | None, bool]:
     from a local folder, ``(None, False)`` from a package index."""
     if (_CHECKOUT / "pyproject.toml").is_file() and (_CHECKOUT / DISTRIBUTION).is_dir():
         return _CHECKOUT, True
-    for dist in importlib.metadata.distributions(name=DISTRIBUTION):
-        try:
-            direct = json.loads(dist.read_text("direct_url.json") or "null")
-        except ValueError:
-            continue
-        if isinstance(direct, dict) and str(direct.get("url", "")).startswith("file:"):
-            return Path(urllib.request.url2pathname(urllib.parse.urlparse(direct["url"]).path)), False
+    try:
+        dist = importlib.metadata.distribution(DISTRIBUTION)  # the first on sys.path, as imported
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None, False
+    if isinstance(direct, dict) and str(direct.get("url", "")).startswith("file:"):
+        return Path(urllib.request.url2pathname(urllib.parse.urlparse(direct["url"]).path)), False
     return None, False
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shlex
 import shutil
@@ -122,3 +123,25 @@ def test_plain_loop_example_writes_the_findings_to_tensorboard(tmp_path):
     assert (missing[0].step, missing[0].value) == (1, 2)
     assert acc.Scalars("leafwatch/open/orphan_tensor")[-1].value == 1
     assert plain_loop.train(tmp_path / "clean", bugs=(), max_steps=3).findings == []
+
+
+@pytest.mark.parametrize(("direct_url", "target"), [
+    (None, "leafwatch[lightning]"),  # from a package index
+    ({"url": "file:///src/leafwatch", "dir_info": {}}, "/src/leafwatch[lightning]"),  # from a folder
+])
+def test_the_install_hint_follows_how_leafwatch_was_installed(direct_url, target, tmp_path):
+    # An installed copy: the package and its dist-info in a site folder, no checkout around it.
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "leafwatch", site / "leafwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "leafwatch-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: leafwatch\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+    code = ("import leafwatch.environment as e, leafwatch; "
+            "print(leafwatch.__file__); print(e.install_command('lightning'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    where, command = done.stdout.splitlines()
+    assert where.startswith(str(site))
+    assert shlex.split(command) == [sys.executable, "-m", "pip", "install", target]

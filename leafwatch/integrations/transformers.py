@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from ..events import CheckEvent
-from ..findings import LeafwatchError, LeafwatchInternalWarning, LeafwatchWarning, Report
-from ..format import finding_line
+from ..console import NewFindingWarnings
+from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import validate_ignore, validate_int
 from . import distributed
@@ -51,23 +50,6 @@ if TYPE_CHECKING:
 
 #: The folder under ``args.output_dir`` the records go to (a TensorBoard run of its own).
 LOG_SUBDIR = "leafwatch"
-
-
-class _ConsoleSink:
-    """One warning per new open finding (the callback makes it on the main process only)."""
-
-    def __init__(self) -> None:
-        self.warned: set[tuple[str, str]] = set()
-
-    def __call__(self, event: CheckEvent) -> None:
-        self.report(event.report)
-
-    def report(self, report: Report) -> None:
-        for f in report.open:
-            if f.key in self.warned:
-                continue
-            self.warned.add(f.key)
-            warnings.warn(finding_line(f), LeafwatchWarning, stacklevel=2)
 
 
 def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
@@ -230,7 +212,7 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
         self._optimizer: torch.optim.Optimizer | None = None
         self._declared: torch.nn.Module | None = None
         self._writer: Any = None
-        self._console: _ConsoleSink | None = None
+        self._console: NewFindingWarnings | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
         self._final_state: dict[str, Any] = {}
@@ -371,7 +353,7 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
             return []
         sinks: list[Any] = []
         if self.verbose:
-            self._console = _ConsoleSink()
+            self._console = NewFindingWarnings()
             sinks.append(self._console)
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter

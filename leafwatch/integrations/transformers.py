@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..console import NewFindingWarnings
+from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import validate_ignore, validate_int
 from . import distributed

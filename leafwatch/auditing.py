@@ -13,7 +13,7 @@ import warnings
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, watching
+from . import checks, graph, inventory, replaced, watching
 from .findings import Finding, LeafwatchInternalWarning, Report
 from .options import apply_ignore, validate_ignore, warn_unmatched_ignore
 from .values import ValueChecker
@@ -68,8 +68,9 @@ def audit(
     inv = inventory.Inventory(model, opts)
     entries = watching.entries()
     warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | {e.name for e in entries})
-    findings: list[Finding] = checks.structural(inv, step=step)
-    stale = {f.name for f in findings if f.kind == "stale_param"}
+    replaced_now = replaced.pair(inv)
+    findings: list[Finding] = checks.structural(inv, step=step, stale=replaced_now)
+    stale = replaced_now.old_ids()
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
 
     if opts:
@@ -81,7 +82,7 @@ def audit(
     # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
     named_ids = watched_ids | {id(t) for t in named.values()}
     for name, p in checked:
-        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in named_ids:
+        if p.grad is not None or not p.requires_grad or not p.is_leaf or id(p) in stale or id(p) in named_ids:
             continue
         info = inv.params.get(id(p))
         findings.append(checks.missing_grad(

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import graph
+from . import graph, replaced
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
@@ -120,7 +120,13 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
 # -- missing gradients ------------------------------------------------------------------------
 def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
                  info: ParamInfo | None = None, reachable: bool | None = None,
-                 checks: int | None = None, misses: int | None = None) -> Finding:
+                 checks: int | None = None, misses: int | None = None,
+                 watched_from_start: bool = False) -> Finding:
+    """A trainable tensor without a gradient.
+
+    ``watched_from_start`` says that a Monitor watched the run from its start, so the audit's
+    advice to create one would be wrong.
+    """
     if explanation is not None:
         cause, fix, reason = explanation.cause, explanation.fix, explanation.reason
     elif reachable is False:
@@ -132,6 +138,13 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         cause = (f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
                  "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
         fix, reason = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()", "not_backpropagated"
+    elif watched_from_start:
+        cause = (f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
+                 "how it is used. Pass `loss=` to check() to walk the loss's graph."
+                 if info is None else
+                 f"unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                 "walk the loss's graph.")
+        fix, reason = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     else:
         cause, fix, reason = UNKNOWN_CAUSE, f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     details: dict[str, Any] = {"reason": reason}
@@ -172,17 +185,21 @@ def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str]
 
 # -- structure --------------------------------------------------------------------------------
 def structural(inventory: Inventory, *, step: int | None,
-               previous_names: Mapping[int, str] | None = None) -> list[Finding]:
-    """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed."""
+               previous_names: Mapping[int, str] | None = None,
+               stale: replaced.Replaced | None = None) -> list[Finding]:
+    """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed.
+
+    ``stale`` is :func:`leafwatch.replaced.pair` of this inventory when the caller has it already.
+    """
     out: list[Finding] = []
-    out += _optimizer_membership(inventory, step, previous_names or {})
+    out += _optimizer_membership(inventory, step, previous_names or {}, stale)
     out += _orphans(inventory, step)
     out += _devices(inventory, step)
     return out
 
 
-def _optimizer_membership(inv: Inventory, step: int | None,
-                          previous_names: Mapping[int, str]) -> list[Finding]:
+def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
+                          stale: replaced.Replaced | None) -> list[Finding]:
     out: list[Finding] = []
     if not inv.optimizers:
         return out
@@ -193,33 +210,12 @@ def _optimizer_membership(inv: Inventory, step: int | None,
                 out.append(non_leaf(name, p, step=step, inventory=inv, where=" (held by an optimizer)"))
     excluded = {k: (info, inv.tensors[k]) for k, info in inv.params.items()
                 if k not in inv.in_optimizer and inv.tensors[k].requires_grad}
-    if inv.model is not None:
-        # An optimizer tensor that was once a model parameter, or a Parameter of the same shape as
-        # a parameter no optimizer holds, is what is left of a replaced parameter.
-        unpaired = dict(excluded)
-        for i, old in inv.foreign_optimizer_tensors():
-            old_name = previous_names.get(id(old))
-            match = None
-            if old_name is not None:
-                match = next((k for k, (info, _) in unpaired.items() if info.name == old_name), None)
-            if match is None and isinstance(old, torch.nn.Parameter) and not torch.nn.parameter.is_lazy(old):
-                match = next((k for k, (_, t) in unpaired.items()
-                              if not torch.nn.parameter.is_lazy(t) and t.shape == old.shape), None)
-            if match is None and old_name is None:
-                continue
-            info, new = unpaired.pop(match) if match is not None else (None, None)
-            name = info.name if info is not None else old_name
-            excluded.pop(match, None)
-            out.append(make(
-                "stale_param", name, "error",
-                f"optimizer {i} still holds the old `{name}`: the model's current `{name}` is never stepped.",
-                f"`{name}` was replaced (a new layer, a resize, pruning or a swapped module) after the "
-                f"optimizer was built; the optimizer updates the old tensor (shape {tuple(old.shape)}), "
-                "which the model no longer uses.",
-                "build the optimizer after the last change to the model, or rebuild it after replacing layers",
-                tensor=new if new is not None else old, step=step, optimizer=i,
-                old_shape=list(old.shape),
-            ))
+    found = stale if stale is not None else replaced.pair(inv, previous_names)
+    for pair in found.pairs:
+        excluded.pop(id(pair.new), None)
+        out.append(stale_param(pair, step))
+    for i, old in sorted(found.unpaired.items()):
+        out.append(stale_group(i, old, step))
     for info, p in excluded.values():
         out.append(make(
             "not_in_optimizer", info.name, "error",
@@ -248,6 +244,44 @@ def _optimizer_membership(inv: Inventory, step: int | None,
                 tensor=p, step=step, optimizer=i,
             ))
     return out
+
+
+_REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
+                "(`optimizer = torch.optim.AdamW(model.parameters())`), or give it the new parameters "
+                "with `optimizer.add_param_group({'params': [...]})`")
+
+
+def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
+    """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
+    name, old = pair.name, pair.old
+    resized = "" if old.shape == pair.new.shape else f", resized from {tuple(old.shape)} to {tuple(pair.new.shape)}"
+    return make(
+        "stale_param", name, "error",
+        f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
+        "optimizer and never changes.",
+        f"`{name}` was replaced after the optimizer was built{resized} (a new layer, a resize, a swapped "
+        "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
+        "model no longer uses and which gets no gradient.",
+        _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
+        old_shape=list(old.shape), paired_by=pair.how,
+    )
+
+
+def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
+    """The old tensors of one optimizer that no current parameter replaced: one finding for all."""
+    n = len(old)
+    names = [name for _, name in old if name is not None]
+    known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
+    return make(
+        "stale_param", f"optimizers[{optimizer}]", "error",
+        f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
+        f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
+        f"and get{'s' if n == 1 else ''} no gradient{known}.",
+        "the model changed after the optimizer was built (layers removed, replaced or swapped); the "
+        "optimizer still holds the old tensors, which nothing uses.",
+        _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names,
+        old_shapes=[list(t.shape) for t, _ in old],
+    )
 
 
 def _orphans(inv: Inventory, step: int | None) -> list[Finding]:

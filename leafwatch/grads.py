@@ -41,6 +41,8 @@ class GradientTracker:
         self.history = history
         self.patience = patience
         self.diagnose = diagnose
+        #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
+        self.from_start = True
         self.streak: dict[int, int] = {}
         self.misses: dict[int, int] = {}
         self.longest: dict[int, int] = {}
@@ -93,7 +95,7 @@ class GradientTracker:
             return
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
-                                checks=checks_of_p, misses=misses)
+                                checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
         if explanation is None and reachable is None and self.diagnose and info is not None:
             f = f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                           details={**f.details, "reason": "pending"})

@@ -119,9 +119,11 @@ class Monitor:
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
-        if self.diagnose and self.structure.has_model():
+        snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
+        self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
+        if self.diagnose and snapshot is not None:
             try:
-                self._tracer.arm(self.structure.modules())
+                self._tracer.arm(snapshot.modules)
             except Exception as error:  # never stop training for a diagnostic
                 self._warn("arming the diagnostic hooks", error)
 
@@ -350,7 +352,8 @@ class Monitor:
         """After a rebuild of the structure: its findings, and what waited for the names."""
         view = self.structure.grad_view
         self.history_store.replace_structural(
-            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names), self.step)
+            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
+                              stale=self.structure.stale), self.step)
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
@@ -380,7 +383,7 @@ class Monitor:
             if missing or self._grads:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
-                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.previous_names.keys()
+                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)

@@ -297,23 +297,25 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
     severity = "warning" if trains else "error"
     effect = ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
               if trains else "no optimizer built from `model.parameters()` sees it, so it never trains")
+    kinds = orphan.containers or ((orphan.container,) if orphan.container != "attribute" else ())
+    attr = name.split("[")[0].split(".")[-1]
     if orphan.module_in_container:
-        container = "a plain Python list" if orphan.container == "list" else "a plain Python dict"
-        cls = "nn.ModuleList" if orphan.container == "list" else "nn.ModuleDict"
+        where = _describe_containers(kinds)
         return make(
             "orphan_tensor", name, severity,
-            f"`{name}` belongs to a module kept in {container}: it is not registered, {effect}.",
-            f"the module is stored in {container}, which `nn.Module` does not look into.",
-            f"wrap the container: `self.{name.split('[')[0].split('.')[-1]} = {cls}(...)`",
-            tensor=t, step=step, container=orphan.container,
+            f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
+            f"the module is stored in {where}, which `nn.Module` does not look into.",
+            _container_fix(attr, kinds, modules=True),
+            tensor=t, step=step, container=orphan.container, containers=list(kinds),
         )
-    if orphan.container in ("list", "dict"):
-        cls = "nn.ParameterList" if orphan.container == "list" else "nn.ParameterDict"
+    if kinds:
+        where = _describe_containers(kinds)
         return make(
             "orphan_tensor", name, severity,
-            f"`{name}` requires grad but sits in a plain Python {orphan.container}: it is not registered, {effect}.",
-            f"tensors in a Python {orphan.container} are not parameters of the module.",
-            f"use `{cls}` for the container", tensor=t, step=step, container=orphan.container,
+            f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
+            f"tensors in {where} are not parameters of the module.",
+            _container_fix(attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
+            containers=list(kinds),
         )
     if not t.is_leaf:
         found = graph.origin(t)
@@ -332,6 +334,30 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
         f"`self.{name.split('.')[-1]} = nn.Parameter(tensor)`",
         tensor=t, step=step, container="attribute",
     )
+
+
+_CONTAINER_WORDS = {"list": "a plain Python list", "dict": "a plain Python dict",
+                    "dataclass": "a dataclass", "namedtuple": "a namedtuple"}
+
+
+def _describe_containers(kinds: tuple[str, ...]) -> str:
+    """``("dict", "dict")`` -> "a plain Python dict inside a plain Python dict" (innermost first)."""
+    return " inside ".join(_CONTAINER_WORDS.get(k, k) for k in reversed(kinds))
+
+
+def _container_fix(attr: str, kinds: tuple[str, ...], *, modules: bool) -> str:
+    """The registered containers that replace plain ones, nested as the plain ones were."""
+    if any(k in ("dataclass", "namedtuple") for k in kinds):
+        what = "modules" if modules else "tensors as `nn.Parameter`s"
+        return (f"register the {what}: assign them as module attributes, or keep them in "
+                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}")
+    inner = ("nn.ModuleList" if kinds[-1] == "list" else "nn.ModuleDict") if modules else \
+        ("nn.ParameterList" if kinds[-1] == "list" else "nn.ParameterDict")
+    if len(kinds) == 1:
+        return f"wrap the container: `self.{attr} = {inner}(...)`" if modules else f"use `{inner}` for the container"
+    outer = "".join(("nn.ModuleList([" if k == "list" else "nn.ModuleDict({") for k in kinds[:-1])
+    close = "".join(("])" if k == "list" else "})") for k in reversed(kinds[:-1]))
+    return f"register every level: `self.{attr} = {outer}... {inner}(...) ...{close}`"
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:

@@ -62,20 +62,16 @@ def _is_builtin(module: nn.Module) -> bool:
 
 
 def _contained_modules(module: nn.Module) -> list[nn.Module]:
-    """Every module below ``module``: registered submodules and modules kept in plain containers."""
+    """Every module below ``module``: registered submodules and modules kept in plain containers
+    (the walk :func:`leafwatch.inventory.contained` does for orphans)."""
     out: list[nn.Module] = []
     seen: set[int] = {id(module)}
     stack = [module]
     while stack:
         current = stack.pop()
         below: list[Any] = list(current._modules.values())
-        for attr, value in vars(current).items():
-            if attr == "_modules":
-                continue
-            if isinstance(value, (list, tuple)):
-                below.extend(value[:64])
-            elif isinstance(value, dict) and not isinstance(value, nn.Module):
-                below.extend(list(value.values())[:64])
+        below.extend(value for _, value, kinds in inventory.contained(current)
+                     if kinds and isinstance(value, nn.Module))
         for sub in below:
             if isinstance(sub, nn.Module) and id(sub) not in seen:
                 seen.add(id(sub))

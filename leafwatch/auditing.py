@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import warnings
+import weakref
 
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, replaced, watching
+from . import checks, graph, inventory, outside, replaced, structure, watching
 from .findings import Finding, LeafwatchInternalWarning, Report
 from .options import apply_ignore, validate_ignore, warn_unmatched_ignore
 from .values import ValueChecker
@@ -99,6 +100,21 @@ def audit(
     # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
     findings += checks.tensor_findings(
         {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
+
+    # Trainable tensors outside the model: watched leaves, ``tensors=`` and the loss's persistent leaves.
+    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))]
+    own_ids, all_ids = outside.optimizer_ids(opts), outside.optimizer_ids(judges)
+    if judges:
+        findings += outside.watched_in_no_optimizer(
+            entries, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in all_ids)
+    if opts:
+        own = [watching.WatchEntry(n, weakref.ref(t), True, True, "audit(tensors=)", t.is_leaf)
+               for n, t in named.items() if id(t) not in watched_ids]
+        findings += outside.watched_in_no_optimizer(
+            own, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in own_ids)
+    if loss is not None and judges:
+        findings += outside.AUDITS.observe(loss, step, exclude=lambda: outside.judged_elsewhere(
+            inv, judges, entries) | {id(t) for t in named.values()})
 
     if check_values:
         grads = [p.grad for _, p in checked]

@@ -10,11 +10,11 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
-from . import checks, inventory, tracing
+from . import checks, inventory, outside, tracing
 from .findings import Finding, Severity, Status
 from .history import FindingHistory
 from .structure import CheckList
@@ -161,9 +161,18 @@ class WatchedTracker:
     def __init__(self, history: FindingHistory) -> None:
         self.history = history
         self._counts: dict[str, tuple[WatchEntry, int]] = {}
+        self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
+        #: Set by the owner to anything that changes when the optimizers or their groups change.
+        self.optimizers_version: object = None
         self._may_be_open = True
 
-    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None) -> None:
+    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
+               in_optimizer: Callable[[WatchEntry], bool] | None = None) -> None:
+        """Record one check of the watched tensors.
+
+        ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
+        it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
+        """
         if not (entries or self._may_be_open):
             return  # nothing watched and no watched finding open: nothing to do at all
         current: set[tuple[str, str]] = set()
@@ -178,12 +187,27 @@ class WatchedTracker:
                 got[e.name] = e.grads_seen > last or (
                     e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
                 counts[e.name] = (e, e.grads_seen)
-            for f in checks.watched_findings(entries, step, got, inv):
+            found = checks.watched_findings(entries, step, got, inv)
+            if in_optimizer is not None:
+                found += outside.watched_in_no_optimizer(
+                    entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
+                    in_optimizer=self._cached(in_optimizer))
+            for f in found:
                 current.add(f.key)
                 self.history.upsert(f)
         self._counts = counts  # only the live entries: bounded by what is watched now
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
         self._may_be_open = bool(current)
         self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
+
+    def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
+        """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
+        def cached(entry: WatchEntry) -> bool:
+            verdict = self._verdicts.get(entry.name)
+            if verdict is None or verdict[0] is not entry or verdict[2] != self.optimizers_version:
+                verdict = self._verdicts[entry.name] = (entry, in_optimizer(entry), self.optimizers_version)
+            return verdict[1]
+        return cached
 
     def sizes(self) -> int:
         return len(self._counts)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, structure, tracing, watching
+from . import checks, graph, inventory, outside, structure, tracing, watching
 from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
@@ -109,6 +109,7 @@ class Monitor:
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
         self._values = NamedValueCheck()
+        self._loss_leaves = outside.LossLeaves()
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
@@ -372,7 +373,9 @@ class Monitor:
         if inv is not None:
             self._rebuilt(inv)
         lists = cache.lists_for(optimizer)
-        reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
+        reachable: set[int] | None = None
+        walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
+        streaks_before = len(self._grads.streak)
         all_missing: list[int] = []
         offset = 0
         skip: set[int] | None = None
@@ -384,10 +387,20 @@ class Monitor:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
                     skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
+                if missing and not walked:
+                    reachable, walked = graph.reachable_leaf_ids(loss), True
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)
-        self._watched.update(self._watch_entries(), self.step, cache.inventory)
+        entries = self._watch_entries()
+        if entries:
+            self._watched.optimizers_version = (cache.rebuilds, structure.structure_generation())
+        self._watched.update(entries, self.step, cache.inventory, self._in_judging_optimizer)
+        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > streaks_before):
+            for f in self._loss_leaves.observe(
+                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], entries)):
+                self.history_store.upsert(f)
         every = self.check_values_every_n_steps
         if every and (self.step == 1 or self.step % every == 0):
             try:
@@ -405,6 +418,13 @@ class Monitor:
         changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
         return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
                           all_missing, coverage)
+
+    def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
+        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
+        optimizer known in the process. Without optimizers, nothing is judged."""
+        own = any(e is entry for e in self.watches.entries())
+        optimizers = self.structure.optimizers if own else structure.known_optimizers()
+        return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
 
     def _check_values(self, lists: list[structure.CheckList]) -> None:
         params = [p for c in lists for p in c.params]

@@ -69,7 +69,7 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
         if t.grad is None and entry.grads_seen == 0:
             continue  # no gradient: that is missing_grad's business
         if not in_optimizer(entry):
-            out.append(_finding(entry.name, t, step, "error", "is watched and gets gradients",
+            out.append(_finding(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
                                 source="watch", watched_at=entry.location))
     return out
 

@@ -34,7 +34,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from .. import checks, inventory
+from .. import checks, graph, inventory
 from ..findings import Finding, LeafwatchWarning, Report
 from ..events import CheckEvent
 from ..monitor import Monitor
@@ -78,6 +78,12 @@ def _contained_modules(module: nn.Module) -> list[nn.Module]:
                 out.append(sub)
                 stack.append(sub)
     return out
+
+
+#: The first this many optimizer steps read the script's module-level variables (and each step
+#: that gives an optimizer new parameters).
+_SCRIPT_SCANS = 3
+_MAX_GLOBALS = 2_000
 
 
 class _RootInfo:
@@ -133,6 +139,10 @@ class Session:
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
         self._closed = False
         self.report: Report | None = None
+        self._script_tensors: dict[str, weakref.ReferenceType] = {}
+        self._script_watched: set[str] = set()
+        #: Whether the script holds an optimizer in a module-level variable (its loop is visible).
+        self.loop_at_module_level = False
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -220,6 +230,8 @@ class Session:
         if self.monitor is None:
             self.monitor = self._make_monitor()
         monitor = self.monitor
+        if self.steps <= _SCRIPT_SCANS or new_params:
+            self._scan_script_globals(monitor)
         if self.report is None and count < 2:
             return  # not every optimizer has stepped yet: the first check waits for them
         for opt in self._optimizers:
@@ -230,6 +242,37 @@ class Session:
             failing = report.at_least("error")
             if failing:
                 raise StrictStop(report, self.steps)
+
+    def _scan_script_globals(self, monitor: Monitor) -> None:
+        """Watch the script's module-level tensors that require grad and stay the same tensor
+        from one scan to the next (an activation or a loss is a new tensor each step): a leaf in
+        no optimizer is ``not_in_optimizer``, a non-leaf is ``non_leaf``, under its variable name."""
+        scope = getattr(sys.modules.get("__main__"), "__dict__", None)
+        if not isinstance(scope, dict):
+            return
+        found: dict[str, torch.Tensor] = {}
+        for name, value in list(scope.items())[:_MAX_GLOBALS]:
+            if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__") \
+                    and id(value) not in self._owned:
+                found[name] = value
+            elif isinstance(value, torch.optim.Optimizer):
+                self.loop_at_module_level = True
+        for name, t in found.items():
+            before = self._script_tensors.get(name)
+            if before is None or before() is not t or name in self._script_watched:
+                continue
+            if not t.is_leaf and self._derived_from_model(t):
+                continue  # an output or a loss kept at module level
+            # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
+            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=False,
+                                location="the script's module level")
+            self._script_watched.add(name)
+        self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}
+
+    def _derived_from_model(self, t: torch.Tensor) -> bool:
+        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
+        held = self._owned | {id(p) for opt in self._optimizers for g in opt.param_groups for p in g["params"]}
+        return not complete or any(id(leaf) in held for leaf in leaves)
 
     def _unknown_params(self, optimizer: torch.optim.Optimizer) -> set[int]:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -408,7 +451,13 @@ class Session:
         if not self._optimizers:
             return "leafwatch: no optimizer stepped, nothing was checked."
         plural = "s" if self.steps != 1 else ""
-        return f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        if not self.loop_at_module_level:
+            text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
+                     "that run and the optimizers that step, not tensors created inside functions. A tensor "
+                     "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
+                     "seen: flag it with `leafwatch.watch(t)`.")
+        return text
 
 
 def format_finding(f: Finding) -> str:

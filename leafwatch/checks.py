@@ -183,6 +183,20 @@ def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str]
     )
 
 
+def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+    """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
+    return make(
+        "nonfinite_grad", name, "error",
+        f"`{name}` holds NaN or Inf at the end of the run (step {step}): a non-finite gradient was applied to it.",
+        "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
+        "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
+        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+        "lower the learning rate, clip gradients, or use a GradScaler with fp16; to catch it at the step "
+        "it happens, lower `check_values_every_n_steps`",
+        tensor=t, step=step, aliases=aliases, where="parameter",
+    )
+
+
 # -- structure --------------------------------------------------------------------------------
 def structural(inventory: Inventory, *, step: int | None,
                previous_names: Mapping[int, str] | None = None,

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, outside, structure, tracing, watching
+from . import checks, graph, inventory, outside, structure, tracing, values, watching
 from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
@@ -110,6 +110,7 @@ class Monitor:
         self._watched = WatchedTracker(self.history_store)
         self._values = NamedValueCheck()
         self._loss_leaves = outside.LossLeaves()
+        self._last_value_step = -1
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
@@ -291,6 +292,8 @@ class Monitor:
         self._closed = True
         try:
             self._record_values(*self._values.flush())
+            if self.check_values_every_n_steps and self.step > 0:
+                self._final_values()
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
@@ -426,7 +429,23 @@ class Monitor:
         optimizers = self.structure.optimizers if own else structure.known_optimizers()
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
 
+    def _final_values(self) -> None:
+        """At the end of a run: the gradients not checked since the last value check, and the
+        parameters themselves (a short run may end between value checks, and gradients are often
+        cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+        lists = list(self.structure.lists.values())
+        if self._last_value_step != self.step:
+            self._check_values(lists)
+            self._record_values(*self._values.flush())
+        params = [p for c in lists for p in c.params]
+        names = [n for c in lists for n in c.names]
+        flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
+        for _, i in values.nonfinite(params, self.step):
+            if names[i] not in flagged:
+                self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
+
     def _check_values(self, lists: list[structure.CheckList]) -> None:
+        self._last_value_step = self.step
         params = [p for c in lists for p in c.params]
         grads = [p.grad for p in params]
         if self.structure.grad_view.local_grads:

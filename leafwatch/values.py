@@ -224,3 +224,10 @@ class NamedValueCheck:
         for s in [s for s in self._launched if s not in pending]:
             del self._launched[s]
         return out
+
+
+def nonfinite(tensors: Sequence[torch.Tensor | None], step: int) -> list[tuple[int, int]]:
+    """``(step, index)`` of each non-finite tensor, waiting for CUDA results (for the end of a run)."""
+    checker = ValueChecker()
+    _, bad = checker.check([t.detach() if t is not None else None for t in tensors], step)
+    return bad + checker.flush()[1]

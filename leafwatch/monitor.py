@@ -24,6 +24,7 @@ from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .integrations import distributed as _distributed
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
+from .dead import DeadGradTracker
 from .values import NamedValueCheck
 
 #: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched
@@ -108,7 +109,8 @@ class Monitor:
         self._warn = WarnOnce()
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
-        self._values = NamedValueCheck()
+        self._values = NamedValueCheck(track_zeros=True)
+        self._dead = DeadGradTracker(self.history_store)
         self._loss_leaves = outside.LossLeaves()
         self._last_value_step = -1
         self._tracer = tracing.Tracer(on_error=self._warn)
@@ -463,6 +465,7 @@ class Monitor:
             self.history_store.resolve_where(
                 lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
                 latest)
+        self._dead.record(self._values.take_zeros())
 
     # -- sinks --------------------------------------------------------------------------------
     def _emit(self, event: CheckEvent) -> None:

@@ -1,0 +1,58 @@
+"""Dead gradients: a gradient that exists but carries nothing, value check after value check.
+
+A trainable tensor whose ``.grad`` is exactly zero at several value checks in a row (a path
+multiplied by zero, a custom ``autograd.Function`` that returns zeros, DDP filling an unused
+parameter's gradient with zeros) is ``dead_grad``: a warning, never an error. The zero test rides
+on the batched NaN/Inf value check (the same reductions, no extra host read). Zero-initialised
+gates (LoRA's B = 0, adaLN-zero, ReZero) are zero at the first check only: their partners get
+gradients once the gate moves, which breaks the streak. A gradient that is None at a check
+(routing, sparse use) also breaks it; sparse gradients and ``padding_idx`` rows are never zero
+as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .findings import Finding
+from .history import FindingHistory
+
+#: Value checks in a row with an exactly-zero gradient before ``dead_grad`` is reported.
+DEAD_AFTER = 3
+
+
+def dead_grad(name: str, checks: int, step: int) -> Finding:
+    return Finding(
+        kind="dead_grad", name=name, severity="warning",
+        message=f"`{name}` gets a gradient, but it was exactly zero at {checks} value checks in a row: "
+        "it does not train.",
+        cause="every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
+        "that removes all of it), a custom `autograd.Function` returns zeros for it, or DDP fills the "
+        "gradient of a parameter unused on this rank with zeros.",
+        fix=f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
+        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
+        step=step, first_step=step, last_step=step, details={"zero_checks": checks},
+    )
+
+
+class DeadGradTracker:
+    """Per name, how many value checks in a row saw an exactly-zero gradient.
+
+    Args:
+        history: Where ``dead_grad`` findings go.
+    """
+
+    def __init__(self, history: FindingHistory) -> None:
+        self.history = history
+        self.streak: dict[str, int] = {}
+
+    def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> None:
+        """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
+        for step, checked, zero in results:
+            streak: dict[str, int] = {}
+            for name in zero:
+                count = streak[name] = self.streak.get(name, 0) + 1
+                if count >= DEAD_AFTER:
+                    self.history.upsert(dead_grad(name, count, step))
+            self.streak = streak  # a name not zero at this check (or without a gradient) starts over
+            self.history.resolve_where(lambda f: f.kind == "dead_grad" and f.name not in zero, step)

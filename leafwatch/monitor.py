@@ -439,8 +439,8 @@ class Monitor:
         if self._last_value_step != self.step:
             self._check_values(lists)
             self._record_values(*self._values.flush())
-        params = [p for c in lists for p in c.params]
-        names = [n for c in lists for n in c.names]
+        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if not nn.parameter.is_lazy(p)]
+        params, names = [p for p, _ in named], [n for _, n in named]
         flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
         for _, i in values.nonfinite(params, self.step):
             if names[i] not in flagged:

@@ -200,20 +200,22 @@ def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str
 # -- structure --------------------------------------------------------------------------------
 def structural(inventory: Inventory, *, step: int | None,
                previous_names: Mapping[int, str] | None = None,
-               stale: replaced.Replaced | None = None) -> list[Finding]:
+               stale: replaced.Replaced | None = None,
+               seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
     """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed.
 
     ``stale`` is :func:`leafwatch.replaced.pair` of this inventory when the caller has it already.
     """
     out: list[Finding] = []
-    out += _optimizer_membership(inventory, step, previous_names or {}, stale)
+    out += _optimizer_membership(inventory, step, previous_names or {}, stale, seen_frozen)
     out += _orphans(inventory, step)
     out += _devices(inventory, step)
     return out
 
 
 def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
-                          stale: replaced.Replaced | None) -> list[Finding]:
+                          stale: replaced.Replaced | None,
+                          seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     if not inv.optimizers:
         return out
@@ -230,14 +232,25 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
         out.append(stale_param(pair, step))
     for i, old in sorted(found.unpaired.items()):
         out.append(stale_group(i, old, step))
-    for info, p in excluded.values():
+    for k, (info, p) in excluded.items():
+        if k in seen_frozen:
+            out.append(make(
+                "not_in_optimizer", info.name, "error",
+                f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
+                f"`{info.name}` was frozen when the optimizer was built and unfrozen after it "
+                "(`requires_grad_(True)`), without being added to the optimizer.",
+                f"when unfreezing, add it: `optimizer.add_param_group({{'params': [...]}})` (Lightning: "
+                "`BaseFinetuning.unfreeze_and_add_param_group(modules, optimizer)` does both)",
+                tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
+            ))
+            continue
         out.append(make(
             "not_in_optimizer", info.name, "error",
             f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
             f"`{info.name}` was left out when the optimizer's parameter list was built.",
             "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
             "`configure_optimizers`), or freeze it with `requires_grad_(False)` if that is intended",
-            tensor=p, step=step, aliases=info.aliases,
+            tensor=p, step=step, aliases=info.aliases, reason="left_out",
         ))
     for i, params in enumerate(inv.optimizer_params):
         for p in params:

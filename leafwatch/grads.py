@@ -24,6 +24,12 @@ from .watching import WatchEntry
 #: without a gradient, and at least twice its longest gap before: it stopped training.
 STALLED_AFTER = 100
 
+_TRACED_NOTHING = ("unknown: the forward hooks on {shown} saw the whole step and found no module-level "
+                   "cause: `{name}` is probably used outside any module's forward (in a function or the "
+                   "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
+                   "cut it. Pass `loss=` to check() to walk the loss's graph.")
+_GOT_IT_LATER = ("`{name}` got no gradient at first and got one again at step {step}: it is used at some "
+                 "steps only (routing, branches, alternating optimizers).")
 _PENDING_CAUSE = ("being traced: leafwatch armed forward hooks on `{module}` and will say why at "
                   "the next check.")
 
@@ -96,9 +102,15 @@ class GradientTracker:
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
                                 checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
-        if explanation is None and reachable is None and self.diagnose and info is not None:
+        traced_before = old is not None and old.details.get("reason") == "pending"
+        if explanation is None and reachable is None and self.diagnose and info is not None and not traced_before:
             f = f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                           details={**f.details, "reason": "pending"})
+        elif explanation is None and reachable is None and traced_before:
+            # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
+            f = f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
+                                                       shown=f"`{info.module}`" if info and info.module else "the model"),
+                          details={**f.details, "reason": "unknown"})
         if misses < checks_of_p:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
@@ -110,6 +122,12 @@ class GradientTracker:
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)
+        if old is not None and old.details.get("reason") == "pending":
+            # The placeholder promised a cause at the next check: the gradient came instead.
+            old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
+                              details={**old.details, "reason": "came_back"})
+            if old.status != Status.OPEN:
+                self.history.put(old)
         if old is not None and old.status == Status.OPEN:
             self.history.put(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step))
 

@@ -359,7 +359,7 @@ class Monitor:
         view = self.structure.grad_view
         self.history_store.replace_structural(
             checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
-                              stale=self.structure.stale), self.step)
+                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), self.step)
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())

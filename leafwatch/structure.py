@@ -144,6 +144,8 @@ class StructureCache:
         self.stale = replaced.Replaced()
         #: Ids of the old tensors (reported as stale_param, never as missing_grad).
         self.stale_ids: frozenset[int] = frozenset()
+        #: Ids of the model's parameters seen with requires_grad=False (at creation or a rebuild).
+        self.seen_frozen: set[int] = set()
         self._fingerprint: Any = None
         self._built_at = 0
         self._flags_read_at = 0
@@ -227,6 +229,7 @@ class StructureCache:
             return None
         inv = inventory.Inventory(self.source)
         self.previous_names.update(inv.known_names())
+        self.seen_frozen = {k for k, t in inv.tensors.items() if not t.requires_grad}
         return inv
 
     def fingerprint(self) -> list[Any]:
@@ -258,6 +261,9 @@ class StructureCache:
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}
+        # Parameters seen frozen: one trainable now but in no optimizer was unfrozen after it was built.
+        self.seen_frozen = {k for k in self.seen_frozen if k in inv.tensors} | \
+            {k for k, t in inv.tensors.items() if not t.requires_grad}
         self.stale = replaced.pair(inv, self.previous_names)
         self.stale_ids = frozenset(self.stale.old_ids())
         old_lists, self.lists = self.lists, {}

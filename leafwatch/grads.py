@@ -78,17 +78,25 @@ class GradientTracker:
             name, info = clist.names[i], clist.infos[i]
             if info is None and self.history.is_open(("stale_param", name)):
                 continue  # the replaced tensor: its stale_param finding already says it will not train
-            self._report_miss(p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable)
+            self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable)
         for pid in [k for k in self.streak if k in clist.ids and k not in now]:
             self._recovered(clist, pid, step)
 
-    def _report_miss(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
+    @staticmethod
+    def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
+        return any(other is not None and other is not info and other.module == info.module and q.grad is not None
+                   for q, other in zip(clist.params, clist.infos))
+
+    def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
                      reachable: set[int] | None) -> None:
         pid = id(p)
         old = self.history.get(("missing_grad", name))
         explanation = None
-        if info is not None:
+        if info is not None and info.module not in tracer.records and self._siblings_got_grads(clist, info):
+            # The module never ran through its hooks, yet its other parameters got gradients.
+            explanation = tracing.called_directly(name, info.module)
+        elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
                                                   tracer.armed_since_reset)
         if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
@@ -102,7 +110,7 @@ class GradientTracker:
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
                                 checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
-        traced_before = old is not None and old.details.get("reason") == "pending"
+        traced_before = old is not None and old.details.get("reason") in ("pending", "unknown")
         if explanation is None and reachable is None and self.diagnose and info is not None and not traced_before:
             f = f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                           details={**f.details, "reason": "pending"})

@@ -251,6 +251,20 @@ class Explanation:
     reason: str  # a short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, unused
 
 
+def called_directly(param_name: str, module_name: str) -> Explanation:
+    """A module whose other parameters got gradients but whose forward hooks never fired: it is
+    called through ``.forward()`` directly, where module hooks cannot see."""
+    shown = f"`{module_name}`" if module_name else "the root module"
+    return Explanation(
+        cause=f"`{param_name}` is not used in the computation of the loss. {shown}'s other parameters got "
+        f"gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
+        "parameters are used outside its forward), so leafwatch cannot say more about where.",
+        fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
+        f"call the module itself (`{module_name or 'model'}(x)`, not `.forward(x)`) so that hooks see it",
+        reason="unused",
+    )
+
+
 def explain_missing(
     param_name: str,
     module_name: str,

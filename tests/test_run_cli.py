@@ -339,3 +339,15 @@ def test_run_says_where_it_cannot_see_tensors():
     assert result.returncode == 0, result.stderr
     assert "the training loop runs inside a function" in result.stderr
     assert "leafwatch.watch(t)" in result.stderr
+
+
+def test_run_names_parameters_of_modules_called_through_forward():
+    result = _leafwatch("run", str(SCRIPTS / "forward_forward.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR missing_grad `Layer_1.bias`" in result.stderr
+    assert "called through `.forward()` directly" in result.stderr
+    assert "call the module itself" in result.stderr
+    assert "weight" not in {line.split("`")[1].split(".")[-1] for line in result.stderr.splitlines()
+                            if line.startswith("leafwatch: ERROR")}
+    assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
+    assert "being traced" not in result.stderr.split("summary after")[1]

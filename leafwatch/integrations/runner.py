@@ -143,6 +143,8 @@ class Session:
         self._script_watched: set[str] = set()
         #: Whether the script holds an optimizer in a module-level variable (its loop is visible).
         self.loop_at_module_level = False
+        #: Whether any module ran through ``module(x)`` (hooks fire) rather than ``.forward(x)``.
+        self.saw_forward = False
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -170,6 +172,8 @@ class Session:
         return bool(self._module_handles)
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if module._parameters:  # a module with parameters of its own ran through module(x)
+            self.saw_forward = True
         if id(module) not in self._seen:
             self._remember(module)
 
@@ -452,6 +456,11 @@ class Session:
             return "leafwatch: no optimizer stepped, nothing was checked."
         plural = "s" if self.steps != 1 else ""
         text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        if not self.saw_forward:
+            text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
+                     "where module hooks cannot see. Parameters are named from the modules that own the "
+                     "optimizers' tensors (found in the calling frames), and the causes of missing gradients "
+                     "cannot say where in a forward pass they were lost.")
         if not self.loop_at_module_level:
             text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
                      "that run and the optimizers that step, not tensors created inside functions. A tensor "

@@ -108,7 +108,7 @@ _FOREACH_MEAN_NUMEL = 256
 
 def _segment_max(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     """The max of each consecutive segment of ``flat`` (NaN propagates), in a few ops."""
-    if len(flat) >= _FOREACH_MEAN_NUMEL * len(lengths):
+    if flat.numel() >= _FOREACH_MEAN_NUMEL * len(lengths):
         try:
             return torch.stack(torch._foreach_max(list(flat.split(lengths))))
         except (AttributeError, RuntimeError):  # an older torch without the fused max

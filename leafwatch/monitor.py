@@ -285,6 +285,7 @@ class Monitor:
             "value_names_kept": self._values.launched(),
             "step_hooks": len(self._handles),
             "sinks": len(self._sinks),
+            "loss_graph_walks": self._loss_leaves.walks,
         }
 
     def close(self) -> Report:

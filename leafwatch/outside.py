@@ -128,6 +128,8 @@ class LossLeaves:
     def __init__(self) -> None:
         self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
         self._walked = False
+        #: How many times the loss's graph was walked (for tests of the hot path).
+        self.walks = 0
 
     def wants_walk(self, new_miss: bool) -> bool:
         """Whether the next :meth:`observe` walks the graph (first check, suspects, a new miss)."""
@@ -147,6 +149,7 @@ class LossLeaves:
         if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not self.wants_walk(new_miss):
             return []
         self._walked = True
+        self.walks += 1
         users, _ = _leaf_users(loss)
         candidates = {k: v for k, v in users.items() if v[0].requires_grad}
         if not candidates:

@@ -121,3 +121,21 @@ def test_leaves_made_fresh_each_step_are_never_reported(kind: str) -> None:
         opt.step()
     monitor.close()
     assert report.findings == []
+
+
+def test_the_loss_graph_is_walked_only_at_the_first_check_and_after_a_new_miss() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)
+    for step in range(6):
+        opt.zero_grad()
+        x = torch.randn(2, 4)
+        loss = (model(x) if step < 4 else model[1](x)).sum()  # from step 5 on, model[0] misses
+        loss.backward()
+        monitor.check(loss=loss)
+        opt.step()
+        if step == 3:
+            assert monitor.stats()["loss_graph_walks"] == 1, "a healthy step walks nothing"
+    assert monitor.stats()["loss_graph_walks"] == 2, "walked again once, at the new miss"
+    monitor.close()
+    assert ("missing_grad", "0.weight") in monitor.history

@@ -22,7 +22,7 @@ The budgets (see ``BUDGETS``) are checked at the end; the exit status is 1 when 
 
 Usage::
 
-    python benchmarks/bench.py                    # the full run (the README table)
+    python benchmarks/bench.py                    # the full run (the table in docs/performance.md)
     python benchmarks/bench.py --quick            # fewer rounds and steps, for CI
     python benchmarks/bench.py --markdown out.md  # also write the table to a file
 """

@@ -8,7 +8,7 @@ missed a gradient. None of them keeps a tensor.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -157,6 +157,26 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         "missing_grad", name, "error",
         f"`{name}` requires grad but got no gradient: it does not train.",
         cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
+    )
+
+
+#: The name of the one finding that says no trainable tensor has a gradient at all.
+ALL_PARAMETERS = "<every trainable parameter>"
+
+
+def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
+    """One finding for a check that found no gradient on any trainable tensor (every name an alias,
+    so ``ignore=`` patterns on parameter names still apply)."""
+    return make(
+        "missing_grad", ALL_PARAMETERS, "error",
+        f"none of the {len(names)} trainable tensors has a gradient.",
+        "no gradient exists at all: the check ran before `loss.backward()` or after "
+        "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
+        "`step()` (then nothing trains).",
+        "check after `loss.backward()` and before `optimizer.step()`; if that is where it runs, call "
+        "`optimizer.zero_grad()` before the forward pass (or right after `step()`), never between "
+        "`backward()` and `step()`",
+        step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
     )
 
 
@@ -347,11 +367,16 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
     if not t.is_leaf:
         found = graph.origin(t)
         cause = found.cause(name, inv.known_names()) if found else f"`{name}` is not a leaf."
+        from_parameter = found is not None and found.leaf is not None and found.leaf.is_parameter
+        if from_parameter and found.fix_hint in ("device", "dtype"):
+            cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
+                      "tensor, not a Parameter.")
+        moved = {"device": "t.to(device)", "dtype": "t.to(dtype)"}.get(found.fix_hint if found else "", "t.detach()")
         return make(
             "orphan_tensor", name, severity,
             f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
-            cause + " Calling `.to()`/`.cuda()` on an `nn.Parameter` returns a plain non-leaf tensor.",
-            f"register the moved tensor: `self.{name.split('.')[-1]} = nn.Parameter(t.to(device))`",
+            cause,
+            f"register the converted tensor: `self.{name.split('.')[-1]} = nn.Parameter({moved})`",
             tensor=t, step=step, container="attribute", op=found.op if found else None,
         )
     return make(

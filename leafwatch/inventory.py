@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import graph
+from .options import got
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
@@ -257,20 +258,21 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(
                     f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-                    f"got {type(opt).__name__} at index {i}: {opt!r:.80}"
+                    f"got {got(opt)} at index {i}"
                 )
             out.append(opt)
         return out
     raise TypeError(
         f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-        f"got {type(optimizers).__name__}: {optimizers!r:.80}"
+        f"got {got(optimizers)}"
     )
 
 
 def normalize_model(model: Any, argument: str = "model") -> nn.Module | None:
     if model is None or isinstance(model, nn.Module):
         return model
-    raise TypeError(f"`{argument}` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    hint = " (an optimizer goes second: `Monitor(model, optimizer)`)" if isinstance(model, torch.optim.Optimizer) else ""
+    raise TypeError(f"`{argument}` must be a torch.nn.Module, got {got(model)}{hint}")
 
 
 def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torch.Tensor]:
@@ -285,13 +287,13 @@ def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torc
         items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
     else:
         raise TypeError(
-            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {type(tensors).__name__}: {tensors!r:.80}"
+            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {got(tensors)}"
         )
     out: dict[str, torch.Tensor] = {}
     for name, t in items:
         if not isinstance(name, str):
-            raise TypeError(f"`{argument}` keys must be str, got {type(name).__name__}: {name!r:.80}")
+            raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {type(t).__name__}: {t!r:.80}")
+            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {got(t)}")
         out[name] = t
     return out

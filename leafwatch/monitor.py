@@ -18,13 +18,14 @@ import torch
 from torch import nn
 
 from . import checks, graph, inventory, outside, structure, tracing, values, watching
+from .console import NewFindingWarnings
+from .dead import DeadGradTracker
 from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .integrations import distributed as _distributed
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
-from .dead import DeadGradTracker
 from .values import NamedValueCheck
 
 #: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched
@@ -58,6 +59,8 @@ class Monitor:
             sinks, every rank gets the merged report and raises in strict mode). None: when
             ``torch.distributed`` is initialized with more than one process.
         roots: Named root modules to read instead of ``model`` (``leafwatch run`` finds them).
+        verbose: Warn once about each new open finding as it appears (short: kind, name, fix).
+            None: on once :meth:`attach` is called, off for explicit :meth:`check` calls.
 
     Example::
 
@@ -86,6 +89,7 @@ class Monitor:
         sinks: Sequence[Callable[[CheckEvent], Any]] = (),
         distributed: bool | None = None,
         roots: Mapping[str, nn.Module] | None = None,
+        verbose: bool | None = None,
     ) -> None:
         model = inventory.normalize_model(model)
         optimizers = inventory.normalize_optimizers(optimizers)
@@ -93,6 +97,8 @@ class Monitor:
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
         self.strict = validate_bool(strict, "strict")
         self.diagnose = validate_bool(diagnose, "diagnose")
+        if verbose is not None:
+            validate_bool(verbose, "verbose")
         if distributed is not None and not isinstance(distributed, bool):
             raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
         self.history_store = FindingHistory(validate_ignore(ignore))
@@ -101,6 +107,9 @@ class Monitor:
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
         self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
+        self.verbose = verbose
+        if verbose:
+            self._sinks.insert(0, NewFindingWarnings())
         if writer is not None:
             from .integrations.tensorboard import TensorBoardSink
 
@@ -233,6 +242,9 @@ class Monitor:
         """
         if not self.structure.optimizers:
             raise ValueError("`optimizers` must be given to attach(): got none")
+        if self.verbose is None:
+            self.verbose = True
+            self._sinks.insert(0, NewFindingWarnings())
         for opt in self.structure.optimizers:
             self._handles.append(opt.register_step_pre_hook(self._before_step))
             self._handles.append(opt.register_step_post_hook(self._after_step))

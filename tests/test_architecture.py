@@ -78,7 +78,8 @@ def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history; "
+    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history, "
+            "leafwatch.records, leafwatch.format, leafwatch.environment, leafwatch.report_cli; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"

@@ -110,7 +110,7 @@ def test_audit_rejects_an_optimizer_of_the_wrong_type() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
     with pytest.raises(TypeError, match=r"`optimizers` must be a torch\.optim\.Optimizer .*got StepLR"):
         leafwatch.audit(model, scheduler)
-    with pytest.raises(TypeError, match=r"`optimizers` .*got str at index 1: 'adam'"):
+    with pytest.raises(TypeError, match=r"`optimizers` .*got str: 'adam' at index 1"):
         leafwatch.audit(model, [optimizer, "adam"])
     with pytest.raises(TypeError, match=r"`optimizers` .*got str: 'adam'"):
         leafwatch.audit(model, "adam")

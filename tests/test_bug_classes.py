@@ -278,7 +278,7 @@ class ConvertedParameter(TwoLayer):
         (ParamList, {"gains[0]", "gains[1]"}, "list", "nn.ParameterList"),
         (ParamDict, {"gains['k']"}, "dict", "nn.ParameterDict"),
         (BlockList, {"blocks[0].weight", "blocks[0].bias", "blocks[1].weight", "blocks[1].bias"}, "list", "nn.ModuleList"),
-        (ConvertedParameter, {"gain"}, "attribute", "nn.Parameter(t.to(device))"),
+        (ConvertedParameter, {"gain"}, "attribute", "nn.Parameter(t.to(dtype))"),
     ],
 )
 def test_orphans_are_named_by_their_attribute_path(model_cls, names, container, fix_words):

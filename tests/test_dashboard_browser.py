@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import struct
 import subprocess
 import time
@@ -15,6 +14,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from _requirements import find_browser, require_browser
 from _tensorboard_runs import (
     REPO_ROOT,
     get_json,
@@ -23,15 +23,18 @@ from _tensorboard_runs import (
     write_buggy_run,
     write_gan_run,
     write_large_run,
+    write_mixed_run,
 )
 
-CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                                   shutil.which("google-chrome"), "/usr/bin/chromium")
-                 if path and os.path.exists(path)), None)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)"),
-]
+CHROMIUM = find_browser()
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser() -> str:
+    """Without a browser: skip locally, fail in CI (tests/_requirements.py)."""
+    return require_browser()
+
 
 STEPS = 60
 ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step
@@ -39,13 +42,19 @@ SCREENSHOT = REPO_ROOT / "docs" / "leafwatch-tab.png"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> str:
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("leafwatch_logs")
     write_buggy_run(root / "buggy", steps=STEPS)
     write_gan_run(root / "gan")
     write_large_run(root / "large")
-    with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
-        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 3, 120, "runs not loaded")
+    write_mixed_run(root / "mixed")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(logs: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    with tensorboard_server(logs, tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 4, 120, "runs not loaded")
         yield url
 
 
@@ -252,6 +261,65 @@ def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -
     assert "head" not in out["onlyMissed"] and "unused.weight" in out["onlyMissed"]
     assert out["gan"] == ["generator_unused", "generator_unused.weight", "generator_unused.bias"]
     assert out["ganFindings"] == ["generator_unused.bias", "generator_unused.weight"]  # the name filter stays
+
+
+_TABLE = """(async () => {
+  for (let i = 0; i < 300 && !document.querySelector("tr.finding"); i++) await new Promise((r) => setTimeout(r, 100));
+  const rows = [...document.querySelectorAll("tr.finding")];
+  const wrap = document.getElementById("lw-findings");
+  const last = rows[rows.length - 1];
+  const box = wrap.getBoundingClientRect();
+  const row = last.getBoundingClientRect();
+  const out = {
+    order: rows.map((r) => [r.dataset.kind, r.dataset.name]),
+    steps: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.steps").textContent])),
+    causes: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.cause").textContent])),
+    lastInsideItsBox: row.top >= box.top && row.bottom <= box.bottom + 1,
+    boxScrolls: wrap.scrollHeight > wrap.clientHeight + 1,
+  };
+  last.scrollIntoView({ block: "end" });
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const seen = last.getBoundingClientRect();
+  const hit = document.elementFromPoint(seen.left + 20, seen.top + seen.height / 2);
+  out.lastRowOnTop = !!hit && last.contains(hit);
+  out.lastInViewport = seen.top >= 0 && seen.bottom <= window.innerHeight + 1;
+  return out;
+})()"""
+
+
+def _table(url: str, profile: Path) -> dict:
+    browser = _DevTools(profile)
+    try:
+        browser.open(url)
+        return browser.evaluate(_TABLE)
+    finally:
+        browser.close()
+
+
+def test_the_findings_tables_last_row_is_visible(tab_url: str, tmp_path: Path) -> None:
+    # Eight findings with long causes: taller than 40% of a 900 px window, where the old inner
+    # scroll box cut the last row off while the page below stood empty.
+    out = _table(f"{tab_url}&run=buggy", tmp_path / "profile")
+    assert len(out["order"]) == 8
+    assert out["lastInsideItsBox"] and not out["boxScrolls"]  # the table grows with the page
+    assert out["lastRowOnTop"] and out["lastInViewport"]  # scrolled to, nothing covers it
+
+
+def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reasons(
+        logs: Path, tab_url: str, tmp_path: Path) -> None:
+    from leafwatch.report_cli import read_reports
+
+    (cli,) = read_reports(str(logs / "mixed"))
+    cli_order = [[f.kind, f.name] for f in cli.report]
+    # Kinds in Finding.sort_key order (non_leaf first), not alphabetical (missing_grad first).
+    assert cli_order[:2] == [["non_leaf", "temperature"], ["missing_grad", "unused.bias"]]
+    out = _table(f"{tab_url}&run=mixed", tmp_path / "profile")
+    assert out["order"] == cli_order
+    # Found by the structure scan before the first step: "at start", not "0".
+    assert out["steps"]["loss_weight"] == "at start"
+    assert out["steps"]["scale"] == "at start"
+    assert out["steps"]["unused.weight"] == "1\u20133"
+    assert out["causes"]["kept.weight"].startswith("ignored: kept for later")
 
 
 def test_tab_screenshot(server: str, tmp_path: Path) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +45,11 @@ def test_demo_command_end_to_end(tmp_path):
                   "orphan_tensor", "temperature", "never ran", "ToCopyBackward"):
         assert words in out
     assert f"tensorboard --logdir {logdir}" in out
+    # The last line is a command that works here: this interpreter's TensorBoard (not on PATH when
+    # the venv is not activated), with the Leafwatch tab.
+    command = shlex.split(out.strip().splitlines()[-1])
+    assert command[-2:] == ["--logdir", str(logdir)]
+    assert command[:-2] == _expected_tensorboard(env["PATH"], tmp_path)
     runs = event_dirs(logdir)
     assert runs, "no event files were written"
     main_run = next(d for d in runs if d.name != "leafwatch-layout")
@@ -49,6 +57,34 @@ def test_demo_command_end_to_end(tmp_path):
     acc.Reload()
     assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
     assert "leafwatch/report" in acc.Tags()["tensors"]
+
+
+def _expected_tensorboard(path: str, cwd: Path) -> list[str]:
+    """How the TensorBoard of this interpreter, with the Leafwatch tab, is started from ``cwd``."""
+    installed = any(ep.name == "leafwatch" for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
+    beside = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
+    if not installed or beside is None:
+        return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
+    on_path = shutil.which("tensorboard", path=path)
+    if on_path is not None and os.path.samefile(on_path, beside):
+        return ["tensorboard"]
+    return [os.path.relpath(beside, cwd) if beside.startswith(str(cwd)) else beside]
+
+
+@pytest.mark.parametrize("on_path", [True, False])
+def test_the_tensorboard_command_is_the_one_next_to_this_interpreter(on_path, tmp_path, monkeypatch):
+    from leafwatch.environment import tensorboard_command
+
+    folder = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join([folder, "/usr/bin", "/bin"] if on_path else ["/usr/bin", "/bin"]))
+    monkeypatch.chdir(tmp_path)
+    command = shlex.split(tensorboard_command("my runs"))
+    assert command[-2:] == ["--logdir", "my runs"]
+    assert command[:-2] == _expected_tensorboard(os.environ["PATH"], tmp_path)
+    if command[0] != "tensorboard" and len(command) == 3:
+        assert os.access(command[0], os.X_OK)  # the venv's bin/tensorboard, by its path
+    if on_path and command[0] == "tensorboard":
+        assert shutil.which("tensorboard")  # it runs as printed
 
 
 def test_cli_without_a_command_prints_help(capsys):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _requirements import require_lightning_callback
 from torch import nn
 
 import leafwatch
@@ -30,14 +31,14 @@ SCRIPTS = Path(__file__).parent / "dist_scripts"
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 120
 
-try:
-    from leafwatch import LeafWatch  # noqa: F401
 
-    HAS_CALLBACK = True
-except (ImportError, AttributeError):
-    HAS_CALLBACK = False
+@pytest.fixture
+def lightning_callback() -> type:
+    """Without PyTorch Lightning: skip locally, fail in CI; a broken callback import is an error."""
+    return require_lightning_callback()
 
-needs_callback = pytest.mark.skipif(not HAS_CALLBACK, reason="LeafWatch callback not available")
+
+needs_callback = pytest.mark.usefixtures("lightning_callback")
 
 
 def _free_port() -> int:

@@ -74,6 +74,17 @@ def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
     assert "not_in_optimizer" not in result.stderr
 
 
+def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_summary(runs):
+    before, summary = runs["buggy"].stderr.split("leafwatch: summary after 4 optimizer steps")
+    lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
+    assert len(lines) == len(BUGGY_FINDINGS)  # one line each, nothing in between
+    assert "leafwatch: ERROR missing_grad `aux_head.weight` at step 2. Fix: call `aux_head` in forward()" in before
+    assert "leafwatch: ERROR orphan_tensor `blocks[0].weight` at step 2. Fix: wrap the container: " \
+        "`self.blocks = nn.ModuleList(...)`" in before
+    assert "cause" not in before and "never ran" not in before
+    assert "cause: module `aux_head` never ran" in summary
+
+
 def test_strict_stops_at_the_first_error_and_exits_non_zero():
     result = _leafwatch("run", "--strict", str(SCRIPTS / "buggy.py"))
     assert result.returncode == runner.STRICT_EXIT_CODE != 0
@@ -114,7 +125,7 @@ def test_report_fail_on_sets_the_exit_code(runs, fail_on, code):
 def test_report_of_a_clean_run_exits_0(runs):
     result = _leafwatch("report", str(runs["logdir"] / "exp" / "gan"))
     assert result.returncode == 0
-    assert result.stdout.startswith("run: .\nleafwatch: no findings")
+    assert result.stdout.startswith("run: gan\nleafwatch: no findings")  # the folder's name, not "."
 
 
 def test_report_without_leafwatch_data_exits_2(tmp_path):
@@ -210,7 +221,11 @@ def test_ignore_marks_findings_ignored_with_the_reason(tmp_path):
                         "--ignore", "blocks*", str(SCRIPTS / "buggy.py"))
     assert result.returncode == 0
     assert "ERROR missing_grad `aux_head.weight` at step" not in result.stderr
-    assert "aux_head.weight [ignored]" in result.stderr
+    # Shown as ignored, with the reason given on the command line (not "ERROR ... [ignored]").
+    assert "  IGNORED missing_grad        aux_head.weight (since step 2)\n" in result.stderr
+    assert "      ignored: kept for fine-tuning (pattern 'aux_head.*')\n" in result.stderr
+    assert "      ignored: ignored on the command line (pattern 'blocks*')\n" in result.stderr
+    assert "[ignored]" not in result.stderr
     (run,) = read_reports(str(tmp_path))
     statuses = {f.name: (f.status, f.details.get("ignored_because")) for f in run.report}
     assert statuses["aux_head.weight"] == ("ignored", "kept for fine-tuning")
@@ -280,8 +295,8 @@ def test_several_roots_get_class_name_prefixes_and_hooks_go_once_stable():
             critic(fake).sum().backward()
             opt_g.step()
         assert not session.module_hooks_armed and _global_module_hooks() == before
-        assert set(session._roots) == {"_Generator", "_Critic"}
-        assert session._roots["_Critic"] is critic
+        assert set(session.roots) == {"_Generator", "_Critic"}
+        assert session.roots["_Critic"] is critic
     finally:
         report = session.close()
         session.stream.close()
@@ -315,7 +330,7 @@ def test_an_optimizer_with_parameters_of_no_known_module_rearms_the_hooks():
             opt.step()
             opt2.step()
         assert not session.module_hooks_armed
-        assert set(session._roots) == {"Linear", "Linear_1"}
+        assert set(session.roots) == {"Linear", "Linear_1"}
     finally:
         report = session.close()
         session.stream.close()

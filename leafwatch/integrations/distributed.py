@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import checks
 from ..events import CheckEvent
 from ..findings import Finding, LeafwatchWarning, Report
 from ..options import apply_ignore
@@ -45,8 +46,6 @@ from ..options import apply_ignore
 DEFAULT_TIMEOUT_S = 300.0
 
 _ACTIVE_STATUSES = ("open", "intermittent")
-_STATUS_ORDER = {"open": 0, "intermittent": 1, "ignored": 2, "resolved": 3}
-_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Quoted without its end: Lightning rewrites any exception whose message holds DDP's full text.
 DDP_NEXT_STEP_ERROR = "Expected to have finished reduction ..."
@@ -80,21 +79,13 @@ PLAIN = GradientView()
 
 
 def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None) -> Finding:
-    return Finding(
-        kind="missing_grad",
-        name=name,
-        severity="info",
-        message=f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
+    return checks.make(
+        "missing_grad", name, "info",
+        f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
         "cannot tell a missing gradient from a zero one.",
-        cause=cause,
-        fix=fix,
-        step=step,
-        status="ignored",
-        first_step=step,
-        last_step=step,
-        details={"reason": "sharded_gradients", "strategy": strategy, "parameters": count,
-                 "ignored_because": f"gradients are sharded by {strategy}"},
-    )
+        cause, fix, step=step, reason="sharded_gradients", strategy=strategy, parameters=count,
+        ignored_because=f"gradients are sharded by {strategy}",
+    ).replace(status="ignored")
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -222,7 +213,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         strategy: :attr:`GradientView.strategy`; DDP advice is given for ``"plain"`` only.
 
     Returns:
-        The merged findings, each with ``ranks`` set.
+        The merged findings, each with ``ranks`` set, in :meth:`Finding.sort_key` order.
     """
     world_size = len(per_rank)
     by_key: dict[tuple[str, str], dict[int, Finding]] = {}
@@ -233,13 +224,14 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     for key, seen in by_key.items():
         active = sorted(r for r, f in seen.items() if f.status in _ACTIVE_STATUSES)
         ranks = tuple(active) if active else tuple(sorted(seen))
-        chosen = min(((r, seen[r]) for r in ranks),
-                     key=lambda rf: (_STATUS_ORDER.get(rf[1].status, 9), _SEVERITY_ORDER.get(rf[1].severity, 9), rf[0]))[1]
+        # The rank whose finding comes first in the one order of findings (Finding.sort_key).
+        chosen = min(((r, seen[r]) for r in ranks), key=lambda rf: (rf[1].sort_key(), rf[0]))[1]
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
                                      {r: seen[r].cause for r in active}, strategy == "plain")
         out.append(merged)
+    out.sort(key=Finding.sort_key)
     return out
 
 
@@ -361,15 +353,13 @@ class Gatherer:
             p = ref()
             if p is None or id(p) in self._used or p.grad is None or not p.requires_grad:
                 continue
-            out.append(Finding(
-                kind="missing_grad", name=name, severity="error",
-                message=f"`{name}` requires grad but got no gradient on this rank.",
-                cause="its gradient was not computed on this rank in this step (its module did not "
+            out.append(checks.make(
+                "missing_grad", name, "error",
+                f"`{name}` requires grad but got no gradient on this rank.",
+                "its gradient was not computed on this rank in this step (its module did not "
                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
                 "filled its .grad with the average from the ranks that used it.",
-                fix="", step=step, first_step=step, last_step=step,
-                shape=tuple(p.shape), dtype=str(p.dtype).replace("torch.", ""), device=str(p.device),
-                details={"reason": "unused_on_rank", "source": "ddp_use"},
+                "", tensor=p, step=step, reason="unused_on_rank", source="ddp_use",
             ))
         self._used.clear()
         return out

@@ -15,8 +15,9 @@ The structural checks (``not_in_optimizer`` above all) need every optimizer of t
 first check waits until some optimizer steps a second time, so that alternating optimizers
 (GANs) have all been seen.
 
-Findings go to stderr once each as they appear, and a table of all of them at exit; the script's
-stdout and exit code are its own.
+Findings go to stderr once each as they appear (one short line with the fix:
+:func:`leafwatch.format.finding_line`), and the table of all of them, causes included, at exit;
+the script's stdout and exit code are its own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import runpy
 import sys
 import traceback
-import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from .. import checks, graph, inventory
-from ..findings import Finding, LeafwatchWarning, Report
 from ..events import CheckEvent
+from ..findings import Report
+from ..format import finding_line
 from ..monitor import Monitor
 from ..options import WarnOnce, apply_ignore, parse_ignore, positive_int
 
@@ -165,6 +166,11 @@ class Session:
         for handle in self._module_handles:
             handle.remove()
         self._module_handles.clear()
+
+    @property
+    def roots(self) -> dict[str, nn.Module]:
+        """The named root modules found so far (a copy)."""
+        return dict(self._roots)
 
     @property
     def module_hooks_armed(self) -> bool:
@@ -406,7 +412,7 @@ class Session:
             if f.details.get("reason") == "pending":
                 continue  # its cause comes at the next check
             self._printed.add(f.key)
-            self._write(format_finding(f))
+            self._write(finding_line(f))
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> Report:
@@ -467,17 +473,6 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
-
-
-def format_finding(f: Finding) -> str:
-    """The lines printed when a finding first appears."""
-    step = f" at step {f.first_step}" if f.first_step is not None else ""
-    lines = [f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{step}: {f.message}"]
-    if f.cause:
-        lines.append(f"    cause: {f.cause}")
-    if f.fix:
-        lines.append(f"    fix:   {f.fix}")
-    return "\n".join(lines)
 
 
 # -- running the script ---------------------------------------------------------------------

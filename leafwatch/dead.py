@@ -45,6 +45,8 @@ class DeadGradTracker:
     def __init__(self, history: FindingHistory) -> None:
         self.history = history
         self.streak: dict[str, int] = {}
+        #: Names with an open dead_grad finding (the resolve pass runs only while there are some).
+        self.open_names: set[str] = set()
 
     def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> None:
         """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
@@ -52,7 +54,11 @@ class DeadGradTracker:
             streak: dict[str, int] = {}
             for name in zero:
                 count = streak[name] = self.streak.get(name, 0) + 1
-                if count >= DEAD_AFTER:
+                # Written once when the streak crosses the threshold (not at every value check after:
+                # a deep chain whose gradients underflow has hundreds of them).
+                if count >= DEAD_AFTER and not self.history.is_open(("dead_grad", name)):
                     self.history.upsert(dead_grad(name, count, step))
             self.streak = streak  # a name not zero at this check (or without a gradient) starts over
-            self.history.resolve_where(lambda f: f.kind == "dead_grad" and f.name not in zero, step)
+            if self.open_names:
+                self.history.resolve_where(lambda f: f.kind == "dead_grad" and f.name not in zero, step)
+            self.open_names = {n for n, c in streak.items() if c >= DEAD_AFTER}

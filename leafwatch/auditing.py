@@ -122,7 +122,8 @@ def audit(
         findings += outside.watched_in_no_optimizer(
             own, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in own_ids)
     if loss is not None and judges:
-        findings += outside.AUDITS.observe(loss, step, exclude=lambda: outside.judged_elsewhere(
+        # audit() walks the loss's graph at every call anyway (``reachable``): so does this.
+        findings += outside.AUDITS.observe(loss, step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
             inv, judges, entries) | {id(t) for t in named.values()})
 
     if check_values:

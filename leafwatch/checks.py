@@ -217,6 +217,37 @@ def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str
     )
 
 
+def dead_grad(name: str, checks: int, step: int) -> Finding:
+    """A gradient that exists but was exactly zero at ``checks`` value checks in a row."""
+    return make(
+        "dead_grad", name, "warning",
+        f"`{name}` gets a gradient, but it was exactly zero at {checks} value checks in a row: "
+        "it does not train.",
+        "every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
+        "that removes all of it, or gradients that underflow through a deep chain), a custom "
+        "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
+        "this rank with zeros.",
+        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
+        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
+        step=step, zero_checks=checks,
+    )
+
+
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str,
+                      **details: Any) -> Finding:
+    """A trainable tensor outside the model that gets gradients and is in no optimizer."""
+    return make(
+        "not_in_optimizer", name, severity,
+        f"`{name}` gets gradients but is in no optimizer: it never changes.",
+        f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
+        "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
+        f"add it to the optimizer (`torch.optim.AdamW([*model.parameters(), {name}])` or "
+        f"`optimizer.add_param_group({{'params': [{name}]}})`), better make it an `nn.Parameter` of the "
+        f"model; or, if it is fixed, `{name}.requires_grad_(False)`",
+        tensor=t, step=step, **{"source": "outside_model", "outside": True, **details},
+    )
+
+
 # -- structure --------------------------------------------------------------------------------
 def structural(inventory: Inventory, *, step: int | None,
                previous_names: Mapping[int, str] | None = None,

@@ -14,25 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .findings import Finding
+from .checks import dead_grad
 from .history import FindingHistory
 
 #: Value checks in a row with an exactly-zero gradient before ``dead_grad`` is reported.
 DEAD_AFTER = 3
-
-
-def dead_grad(name: str, checks: int, step: int) -> Finding:
-    return Finding(
-        kind="dead_grad", name=name, severity="warning",
-        message=f"`{name}` gets a gradient, but it was exactly zero at {checks} value checks in a row: "
-        "it does not train.",
-        cause="every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
-        "that removes all of it), a custom `autograd.Function` returns zeros for it, or DDP fills the "
-        "gradient of a parameter unused on this rank with zeros.",
-        fix=f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
-        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
-        step=step, first_step=step, last_step=step, details={"zero_checks": checks},
-    )
 
 
 class DeadGradTracker:

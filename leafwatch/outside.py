@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from . import graph
+from . import checks, graph
 from .findings import Finding
-from .inventory import Inventory, describe_tensor
+from .inventory import Inventory
 from .watching import WatchEntry
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -34,21 +34,6 @@ _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
     """The ids of every tensor the optimizers hold."""
     return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
-
-
-def _finding(name: str, t: torch.Tensor, step: int | None, severity: str, how: str, **details: object) -> Finding:
-    described = describe_tensor(t)
-    return Finding(
-        kind="not_in_optimizer", name=name, severity=severity,
-        message=f"`{name}` gets gradients but is in no optimizer: it never changes.",
-        cause=f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
-        "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
-        fix=f"add it to the optimizer (`torch.optim.AdamW([*model.parameters(), {name}])` or "
-        f"`optimizer.add_param_group({{'params': [{name}]}})`), better make it an `nn.Parameter` of the "
-        f"model; or, if it is fixed, `{name}.requires_grad_(False)`",
-        step=step, first_step=step, last_step=step, shape=described["shape"], dtype=described["dtype"],
-        device=described["device"], details={"source": "outside_model", "outside": True, **details},
-    )
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
@@ -69,7 +54,7 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
         if t.grad is None and entry.grads_seen == 0:
             continue  # no gradient: that is missing_grad's business
         if not in_optimizer(entry):
-            out.append(_finding(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
+            out.append(checks.outside_optimizer(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
                                 source="watch", watched_at=entry.location))
     return out
 
@@ -163,7 +148,7 @@ class LossLeaves:
             seen = self._suspects.get(k)
             if seen is not None and seen[0]() is t:
                 name = caller_name(t) or f"tensor of shape {tuple(t.shape)} used by {op}"
-                out.append(_finding(name, t, step, "warning", "is a leaf of the loss's graph at every step "
+                out.append(checks.outside_optimizer(name, t, step, "warning", "is a leaf of the loss's graph at every step "
                                     f"(used by `{op}`)", op=op, persistent=True))
             else:
                 suspects[k] = (weakref.ref(t), op)

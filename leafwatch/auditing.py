@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import warnings
+import weakref
 
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, watching
+from . import checks, graph, inventory, outside, replaced, structure, watching
 from .findings import Finding, LeafwatchInternalWarning, Report
 from .options import apply_ignore, got, validate_ignore, warn_unmatched_ignore
 from .values import ValueChecker
@@ -72,8 +73,9 @@ def audit(
                          "(or watch() a tensor first), got none of them")
     inv = inventory.Inventory(model, opts)
     warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | {e.name for e in entries})
-    findings: list[Finding] = checks.structural(inv, step=step)
-    stale = {f.name for f in findings if f.kind == "stale_param"}
+    replaced_now = replaced.pair(inv)
+    findings: list[Finding] = checks.structural(inv, step=step, stale=replaced_now)
+    stale = replaced_now.old_ids()
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
 
     if opts:
@@ -85,7 +87,7 @@ def audit(
     # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
     named_ids = watched_ids | {id(t) for t in named.values()}
     trainable = [(name, p) for name, p in checked
-                 if p.requires_grad and p.is_leaf and name not in stale and id(p) not in named_ids]
+                 if p.requires_grad and p.is_leaf and id(p) not in stale and id(p) not in named_ids]
     missing = [(name, p) for name, p in trainable if p.grad is None]
     if len(missing) > 1 and len(missing) == len(trainable) and reachable is None:
         # Not one finding per parameter with an unknown cause: one, that says what it means.
@@ -107,6 +109,22 @@ def audit(
     # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
     findings += checks.tensor_findings(
         {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
+
+    # Trainable tensors outside the model: watched leaves, ``tensors=`` and the loss's persistent leaves.
+    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))]
+    own_ids, all_ids = outside.optimizer_ids(opts), outside.optimizer_ids(judges)
+    if judges:
+        findings += outside.watched_in_no_optimizer(
+            entries, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in all_ids)
+    if opts:
+        own = [watching.WatchEntry(n, weakref.ref(t), True, True, "audit(tensors=)", t.is_leaf)
+               for n, t in named.items() if id(t) not in watched_ids]
+        findings += outside.watched_in_no_optimizer(
+            own, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in own_ids)
+    if loss is not None and judges:
+        # audit() walks the loss's graph at every call anyway (``reachable``): so does this.
+        findings += outside.AUDITS.observe(loss, step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+            inv, judges, entries) | {id(t) for t in named.values()})
 
     if check_values:
         grads = [p.grad for _, p in checked]

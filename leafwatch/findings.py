@@ -38,6 +38,7 @@ class Kind(_WordEnum):
     STALE_PARAM = "stale_param"
     ORPHAN_TENSOR = "orphan_tensor"
     NONFINITE_GRAD = "nonfinite_grad"
+    DEAD_GRAD = "dead_grad"
     DEVICE_MISMATCH = "device_mismatch"
 
 

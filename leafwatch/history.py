@@ -123,7 +123,9 @@ class FindingHistory:
     def replace_structural(self, found: Iterable[Finding], step: int | None) -> None:
         """A new reading of the structure: open structural findings not in ``found`` are resolved."""
         new = {f.key: f for f in found}
-        self.resolve_where(lambda f: f.kind in STRUCTURAL_KINDS and f.key not in new, step)
+        # A tensor outside the model (leafwatch.outside) is judged at checks, not from the structure.
+        self.resolve_where(lambda f: f.kind in STRUCTURAL_KINDS and f.key not in new
+                           and not f.details.get("outside"), step)
         for f in new.values():
             self.upsert(f)
 

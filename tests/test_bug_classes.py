@@ -135,7 +135,7 @@ class ReentrantCheckpoint(TwoLayer):
         (Detached, {"a.weight", "a.bias"}, "detached", "backward never reached that output"),
         (NoGrad, {"a.weight", "a.bias"}, "grad_disabled", "torch.no_grad()"),
         (NumpyRoundTrip, {"a.weight", "a.bias"}, "detached", "NumPy round trip"),
-        (ListRewrap, {"a.weight", "a.bias"}, "detached", "torch.tensor(...)"),
+        (ListRewrap, {"a.weight", "a.bias"}, "rewrapped", "torch.tensor(x.tolist())"),
         (ReentrantCheckpoint, {"a.weight", "a.bias"}, "checkpoint", "reentrant `torch.utils.checkpoint`"),
     ],
 )

@@ -493,9 +493,10 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     model = Routed()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    writer = SummaryWriter(str(tmp_path))
     scale = torch.ones(2, requires_grad=True)
+    # `scale` is trained too: a watched tensor in no optimizer would be a not_in_optimizer finding.
+    optimizer = torch.optim.SGD([*model.parameters(), scale], lr=0.01)
+    writer = SummaryWriter(str(tmp_path))
     sink = TensorBoardSink(writer)
     monitor = leafwatch.Monitor(model, optimizer, sinks=[sink], tensors={"scale": scale})
     x = torch.ones(1, 2)

@@ -339,3 +339,34 @@ def test_an_optimizer_with_parameters_of_no_known_module_rearms_the_hooks():
         report = session.close()
         session.stream.close()
     assert report.open == []
+
+
+def test_run_names_module_level_tensors_trained_outside_the_model():
+    result = _leafwatch("run", str(SCRIPTS / "outside_tensors.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR not_in_optimizer `temperature`" in result.stderr
+    assert "gets gradients but is in no optimizer" in result.stderr
+    assert "ERROR non_leaf `shift`" in result.stderr
+    assert "dtype conversion" in result.stderr
+    for name in ("out", "loss", "model"):
+        assert f"`{name}`" not in result.stderr, "an output or a loss kept at module level is no finding"
+    assert "runs inside a function" not in result.stderr
+
+
+def test_run_says_where_it_cannot_see_tensors():
+    result = _leafwatch("run", str(SCRIPTS / "loop_in_function.py"))
+    assert result.returncode == 0, result.stderr
+    assert "the training loop runs inside a function" in result.stderr
+    assert "leafwatch.watch(t)" in result.stderr
+
+
+def test_run_names_parameters_of_modules_called_through_forward():
+    result = _leafwatch("run", str(SCRIPTS / "forward_forward.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR missing_grad `Layer_1.bias`" in result.stderr
+    assert "called through `.forward()` directly" in result.stderr
+    assert "call the module itself" in result.stderr
+    assert "weight" not in {line.split("`")[1].split(".")[-1] for line in result.stderr.splitlines()
+                            if line.startswith("leafwatch: ERROR")}
+    assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
+    assert "being traced" not in result.stderr.split("summary after")[1]

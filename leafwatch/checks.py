@@ -142,7 +142,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         cause = (f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
                  "how it is used. Pass `loss=` to check() to walk the loss's graph."
                  if info is None else
-                 f"unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                 "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
                  "walk the loss's graph.")
         fix, reason = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     else:

@@ -21,7 +21,7 @@ from . import checks, graph, inventory, outside, structure, tracing, values, wat
 from .console import NewFindingWarnings
 from .dead import DeadGradTracker
 from .events import CheckEvent
-from .findings import Finding, Report
+from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .integrations import distributed as _distributed

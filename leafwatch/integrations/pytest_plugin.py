@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..findings import Finding, Report, Status
-from ..options import apply_ignore, parse_ignore, validate_ignore, validate_int
+from ..options import WarnOnce, apply_ignore, parse_ignore, validate_ignore, validate_int
 
 if TYPE_CHECKING:
     from .runner import Session
@@ -78,6 +78,7 @@ class LeafwatchAudit:
         self.ignore = dict(ignore)
         self.audited = 0
         self.failed: list[str] = []
+        self._warn = WarnOnce("the test goes on without leafwatch's judgement.")
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_header(self, config: pytest.Config) -> str:
@@ -89,13 +90,20 @@ class LeafwatchAudit:
     @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         if item.get_closest_marker("leafwatch_skip") is None:
-            options = _marker_options(item)
+            options = _marker_options(item)  # a bad marker is the test's error: its setup fails
+            self._start(item, options)
+        return (yield)
+
+    def _start(self, item: pytest.Item, options: dict[str, Any]) -> None:
+        try:
             from .runner import Session  # torch is imported only now
 
             session = Session(stream=io.StringIO(), **options)  # the table goes to the report
             session.install()
-            item.stash[_SESSION] = session
-        return (yield)
+        except Exception as error:  # leafwatch's own failure: the test runs unaudited
+            self._warn("installing the hooks", error)
+            return
+        item.stash[_SESSION] = session
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -110,18 +118,24 @@ class LeafwatchAudit:
         session = item.stash.get(_SESSION, None)
         if session is not None:
             del item.stash[_SESSION]
-            session.close()
+            try:
+                session.close()
+            except Exception as error:
+                self._warn("removing the hooks", error)
 
     def _finish(self, item: pytest.Item) -> None:
         session = item.stash.get(_SESSION, None)
         if session is None:
             return
         del item.stash[_SESSION]
-        report = session.close()
-        if session.steps == 0:
-            return  # no optimizer stepped: the test is left as it is
-        report = _ignore_more(report, self.ignore)
-        item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
+        try:
+            report = session.close()
+            if session.steps == 0:
+                return  # no optimizer stepped: the test is left as it is
+            report = _ignore_more(report, self.ignore)
+            item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
+        except Exception as error:  # leafwatch's own failure: the test keeps its own outcome
+            self._warn("judging the test", error)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:
@@ -129,6 +143,7 @@ class LeafwatchAudit:
         if report.when != "call" or _VERDICT not in item.stash:
             return report
         final, failing, steps = item.stash[_VERDICT]
+        del item.stash[_VERDICT]  # a rerun of the test is judged afresh
         plural = "s" if steps != 1 else ""
         report.sections.append((SECTION, f"leafwatch: the test's training, {steps} optimizer step{plural}\n{final}"))
         report.user_properties.append((VERDICT, "failed" if failing else "passed"))

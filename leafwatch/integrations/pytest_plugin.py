@@ -161,6 +161,7 @@ class LeafwatchAudit:
             self.failed.append(report.nodeid)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("=", "leafwatch")
         if not self.audited:
             terminalreporter.write_line("leafwatch: no test stepped an optimizer, nothing was checked.")
             return

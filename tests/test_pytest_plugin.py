@@ -164,6 +164,51 @@ def test_one_step():
                                  "*not_in_optimizer `loss_weight`*"])
 
 
+def test_a_one_step_test_with_an_unused_layer_fails_naming_it(inner):
+    inner.makepyfile(test_inner='''
+from models import Net, train
+
+def test_one_step():
+    train(Net(), steps=1)
+''')
+    result = inner.runpytest("--leafwatch")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*left 2 error finding(s) open after 1 optimizer step:*",
+        "*missing_grad `aux_head.bias`*",
+        "*cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once).*",
+    ])
+
+
+def test_one_step_of_each_optimizer_of_a_gan_gives_no_false_alarm(inner):
+    inner.makepyfile(test_inner='''
+import torch
+from torch import nn
+
+def test_gan_one_step_each():
+    generator, critic = nn.Linear(2, 4), nn.Linear(4, 1)
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    fake = generator(torch.randn(8, 2))
+    opt_c.zero_grad()
+    (critic(fake.detach()).mean() - critic(torch.randn(8, 4)).mean()).backward()
+    opt_c.step()
+    opt_g.zero_grad()
+    (-critic(fake).mean()).backward()
+    opt_g.step()
+
+def test_clean_one_step():
+    from models import Clean, train
+    train(Clean(), steps=1)
+''')
+    result = inner.runpytest("--leafwatch", "-rP")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert out.count("leafwatch: no findings at step 2") == 1  # the GAN: 2 steps, one per optimizer
+    assert out.count("leafwatch: no findings at step 1") == 1
+    assert "not_in_optimizer" not in out and "missing_grad" not in out
+
+
 def test_training_in_a_fixture_counts_for_the_test_that_uses_it(inner):
     inner.makepyfile(test_inner='''
 import pytest

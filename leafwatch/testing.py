@@ -76,27 +76,13 @@ def assert_trains(
 
     monitor = Monitor(model, optimizers, ignore=ignore, patience=patience, check_values_every_n_steps=1)
     stepped = [0] * len(optimizers)
-    after_step: set[int] = set()
-    handles = []
 
-    def before(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        index = _index(optimizers, opt)
-        stepped[index] += 1
-        if (args[0] if args else kwargs.get("closure")) is not None:
-            after_step.add(index)  # the closure computes the gradients inside step()
-            return
-        monitor.check(opt)
+    def counted(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        stepped[next(i for i, o in enumerate(optimizers) if o is opt)] += 1
 
-    def after(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        index = _index(optimizers, opt)
-        if index in after_step:
-            after_step.discard(index)
-            monitor.check(opt)
-
+    handles = [opt.register_step_post_hook(counted) for opt in optimizers]
     try:
-        for opt in optimizers:
-            handles.append(opt.register_step_pre_hook(before))
-            handles.append(opt.register_step_post_hook(after))
+        monitor.attach()  # checks before each step, after it for a closure (LBFGS)
         for _ in range(steps):
             step()
     finally:
@@ -133,6 +119,3 @@ def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
             raise TypeError(f"`optimizer[{i}]` must be a torch.optim.Optimizer, got {type(opt).__name__}: {opt!r:.80}")
     return list(optimizer)
 
-
-def _index(optimizers: list[torch.optim.Optimizer], optimizer: torch.optim.Optimizer) -> int:
-    return next(i for i, opt in enumerate(optimizers) if opt is optimizer)

@@ -63,8 +63,11 @@ def inner(pytester: pytest.Pytester) -> pytest.Pytester:
 
 
 def test_the_plugin_is_registered_through_the_pytest11_entry_point():
-    entry = [ep for ep in importlib.metadata.entry_points(group="pytest11") if ep.name == "leafwatch"]
-    assert [ep.value for ep in entry] == ["leafwatch.integrations.pytest_plugin"], \
+    # As pytest reads them: every installed distribution's entry points (a stale leafwatch.egg-info
+    # in the source tree may shadow the installed metadata for entry_points(group=...)).
+    values = {ep.value for dist in importlib.metadata.distributions()
+              for ep in dist.entry_points if ep.group == "pytest11" and ep.name == "leafwatch"}
+    assert values == {"leafwatch.integrations.pytest_plugin"}, \
         "reinstall leafwatch (pip install -e .) to register its pytest plugin"
 
 

@@ -74,7 +74,8 @@ def assert_trains(
         raise TypeError(f"`step` must be a callable that runs one training step, got {type(step).__name__}: {step!r:.80}")
     steps = validate_int(steps, "steps", 1)
 
-    monitor = Monitor(model, optimizers, ignore=ignore, patience=patience, check_values_every_n_steps=1)
+    monitor = Monitor(model, optimizers, ignore=ignore, patience=patience, check_values_every_n_steps=1,
+                      verbose=False)  # the failure carries the table
     stepped = [0] * len(optimizers)
 
     def counted(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -239,7 +239,8 @@ def test_trains():
     result = inner.runpytest("--leafwatch", "--leafwatch-ignore", "aux_head.*=auxiliary head, trained later", "-rP")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
-    assert "ERROR   missing_grad        aux_head.weight [ignored]" in out
+    assert "IGNORED missing_grad        aux_head.weight (since step 2)" in out
+    assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "ignoring aux_head.*" in out  # the header
 
 
@@ -284,7 +285,8 @@ def test_ignored_elsewhere():
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_ignored_elsewhere" in out
-    assert "ERROR   missing_grad        aux_head.weight [ignored]" in out
+    assert "IGNORED missing_grad        aux_head.weight (since step 2)" in out
+    assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "leafwatch: 2 tests stepped an optimizer; 1 left an error finding open" in out
 
 

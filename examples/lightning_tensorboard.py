@@ -12,7 +12,8 @@ Run it (CPU, a few seconds)::
     python examples/lightning_tensorboard.py --logdir runs
     tensorboard --logdir runs
 
-``leafwatch demo`` runs this file.
+``leafwatch demo`` runs the same code from the package (``leafwatch/demo.py``, kept equal to
+this file below the docstring by ``tests/test_demo.py``).
 """
 
 from __future__ import annotations

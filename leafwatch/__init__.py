@@ -17,6 +17,7 @@ from .findings import (
     SEVERITIES,
     Finding,
     Kind,
+    LeafwatchAssertionError,
     LeafwatchError,
     LeafwatchInternalWarning,
     LeafwatchWarning,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 #: Public name -> the module that defines it (imported on first use).
 _LAZY = {
     "audit": "auditing",
+    "assert_trains": "testing",
     "watch": "watching",
     "unwatch": "watching",
     "unwatch_all": "watching",
@@ -46,6 +48,7 @@ __all__ = [
     "Finding",
     "Kind",
     "LeafWatch",
+    "LeafwatchAssertionError",
     "LeafwatchError",
     "LeafwatchInternalWarning",
     "LeafwatchWarning",
@@ -55,6 +58,7 @@ __all__ = [
     "Status",
     "TensorBoardSink",
     "__version__",
+    "assert_trains",
     "audit",
     "unwatch",
     "unwatch_all",

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any, NamedTuple
 
 from .environment import tensorboard_command
 from .options import positive_int
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_tensorboard.py"
 
 
 class Subcommand(NamedTuple):
@@ -100,31 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- demo ---------------------------------------------------------------------------------------
-def load_example(path: Path = EXAMPLE) -> ModuleType:
-    """Import ``examples/lightning_tensorboard.py`` from the source tree."""
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"the demo needs {path.name} from the leafwatch source tree's examples/ folder; "
-            f"it is not at {path}"
-        )
-    spec = importlib.util.spec_from_file_location("leafwatch_example_lightning_tensorboard", path)
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(module)
-    return module
-
-
 def demo_main(args: argparse.Namespace) -> int:
-    """Train the seeded-bug example, print the findings table and, last, the command that opens
-    TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`)."""
+    """Train the seeded-bug demo (:mod:`leafwatch.demo`), print the findings table and, last, the
+    command that opens TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`)."""
     try:
         from .integrations.lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
+        from . import demo as example
     except ImportError as error:
-        print(f"leafwatch demo: {error}", file=sys.stderr)
-        return 1
-    try:
-        example = load_example()
-    except FileNotFoundError as error:
         print(f"leafwatch demo: {error}", file=sys.stderr)
         return 1
     for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric", "lightning.fabric"):

@@ -92,6 +92,11 @@ class LeafwatchError(RuntimeError):
         self.report = report
 
 
+class LeafwatchAssertionError(LeafwatchError, AssertionError):
+    """Raised by :func:`leafwatch.assert_trains`: a :class:`LeafwatchError` that test frameworks
+    also see as a failed assertion (``except AssertionError`` catches it)."""
+
+
 class LeafwatchWarning(UserWarning):
     """The category of every warning leafwatch emits, so users can filter them."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from leafwatch import cli
+from leafwatch import cli, demo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,10 +104,21 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
-def test_lightning_example_train_finds_the_bugs_and_nothing_when_clean(tmp_path):
-    example = cli.load_example()
-    assert_demo_findings(example.train(tmp_path / "buggy", max_steps=3, verbose=False))
-    assert example.train(tmp_path / "clean", bugs=(), max_steps=3, verbose=False).findings == []
+def test_lightning_demo_train_finds_the_bugs_and_nothing_when_clean(tmp_path):
+    assert_demo_findings(demo.train(tmp_path / "buggy", max_steps=3, verbose=False))
+    assert demo.train(tmp_path / "clean", bugs=(), max_steps=3, verbose=False).findings == []
+
+
+def _below_the_docstring(path: Path) -> str:
+    source = path.read_text()
+    return source[source.index('"""\n', 3) + 4:]
+
+
+def test_the_packaged_demo_is_the_lightning_example_below_its_docstring():
+    example = ROOT / "examples" / "lightning_tensorboard.py"
+    assert _below_the_docstring(Path(demo.__file__)) == _below_the_docstring(example), (
+        "leafwatch/demo.py and examples/lightning_tensorboard.py differ: copy one onto the other "
+        "(keeping each docstring)")
 
 
 def test_plain_loop_example_writes_the_findings_to_tensorboard(tmp_path):

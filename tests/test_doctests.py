@@ -16,7 +16,7 @@ MODULES = sorted(
     if not info.name.endswith("__main__")
 )
 WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning",
-                 "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.transformers",
+                 "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.testing", "leafwatch.transformers",
                  "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
 

@@ -163,6 +163,18 @@ def test_gan_with_alternating_optimizers_gives_no_false_alarm(runs):
     assert gan.report.step == 8
 
 
+def test_a_run_of_one_step_is_decided_at_its_end():
+    # The first check waits for an optimizer's second step; a run that ends before is still
+    # decided: the structure at the end, and what the only step said about its own tensors.
+    result = _leafwatch("run", str(SCRIPTS / "buggy.py"), "--steps", "1")
+    assert result.returncode == 0, result.stderr
+    summary = result.stderr.split("leafwatch: summary after 1 optimizer step\n", 1)[1]
+    assert summary.startswith("leafwatch: 7 open of 7 finding(s) at step 1")
+    for kind, name in BUGGY_FINDINGS:
+        assert f"ERROR   {kind:19} {name} (since step 1)" in summary
+    assert "cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once)." in summary
+
+
 def test_clean_script_gives_no_findings_and_identical_stdout():
     plain = _python(str(SCRIPTS / "clean.py"), "4")
     watched = _leafwatch("run", str(SCRIPTS / "clean.py"), "4")

@@ -13,7 +13,9 @@ The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds g
 
 The structural checks (``not_in_optimizer`` above all) need every optimizer of the script: the
 first check waits until some optimizer steps a second time, so that alternating optimizers
-(GANs) have all been seen.
+(GANs) have all been seen. A run that ends before any check (a test that steps once) is still
+decided when it ends: the structure then, every optimizer known, and the tensors that had no
+gradient when their optimizer made its only step.
 
 Findings go to stderr once each as they appear (one short line with the fix:
 :func:`leafwatch.format.finding_line`), and the table of all of them, causes included, at exit;
@@ -34,12 +36,13 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from .. import checks, graph, inventory
+from .. import checks, graph, inventory, watching
 from ..events import CheckEvent
-from ..findings import Report
+from ..findings import Finding, Report
 from ..format import finding_line
 from ..monitor import Monitor
 from ..options import WarnOnce, apply_ignore, parse_ignore, positive_int
+from ..tracing import Explanation
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
@@ -135,6 +138,7 @@ class Session:
         self._accepted_unknown: set[int] = set()
         self._stable = 0
         self._closure_steps: set[int] = set()
+        self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
         self._checking = False
         self._printed: set[tuple[str, str]] = set()
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
@@ -243,7 +247,10 @@ class Session:
         if self.steps <= _SCRIPT_SCANS or new_params:
             self._scan_script_globals(monitor)
         if self.report is None and count < 2:
-            return  # not every optimizer has stepped yet: the first check waits for them
+            # Not every optimizer has stepped yet: the first check waits for them. What this step
+            # says about its own tensors is kept, for a run that ends before any check (close()).
+            self._remember_first_misses(optimizer)
+            return
         for opt in self._optimizers:
             monitor.add_optimizer(opt)
         report = monitor.check(optimizer, step=self.steps)
@@ -283,6 +290,15 @@ class Session:
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
         held = self._owned | {id(p) for opt in self._optimizers for g in opt.param_groups for p in g["params"]}
         return not complete or any(id(leaf) in held for leaf in leaves)
+
+    def _remember_first_misses(self, optimizer: torch.optim.Optimizer) -> None:
+        """The trainable tensors of ``optimizer`` without a gradient at its first step (held weakly)."""
+        if self.patience > 1:
+            return  # one step is less than the patience asked for
+        missing = [weakref.ref(p) for g in optimizer.param_groups for p in g["params"]
+                   if p.requires_grad and p.grad is None]
+        if missing:
+            self._first_misses.append((self.steps, missing))
 
     def _unknown_params(self, optimizer: torch.optim.Optimizer) -> set[int]:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -453,9 +469,32 @@ class Session:
         return report
 
     def _structural_report(self) -> Report:
+        """The report of a run that ended before any check: the structure now, every optimizer
+        known, and the tensors that got no gradient at their optimizer's only step."""
         self._update_roots()
         inv = inventory.Inventory(self._roots, self._optimizers)
-        return Report(apply_ignore(checks.structural(inv, step=self.steps), self.ignore), step=self.steps)
+        found = checks.structural(inv, step=self.steps)
+        found += self._first_step_findings(inv, {f.name for f in found})
+        return Report(apply_ignore(found, self.ignore), step=self.steps)
+
+    def _first_step_findings(self, inv: inventory.Inventory, named: set[str]) -> list[Finding]:
+        if not self._first_misses or _distributed_run():
+            return []  # (across ranks the Monitor's merge decides; one local step cannot)
+        ran = {name for prefix, root in inv.roots.items()
+               for name, module in root.named_modules(remove_duplicate=False, prefix=prefix)
+               if id(module) in self._seen}
+        watched = {id(e.tensor()) for e in watching.entries()}
+        out: list[Finding] = []
+        for step, refs in self._first_misses:
+            for ref in refs:
+                p = ref()
+                info = inv.params.get(id(p)) if p is not None else None
+                if p is None or info is None or info.name in named or id(p) in watched or not p.requires_grad:
+                    continue  # gone, owned by no model (orphans are named above), or named already
+                named.add(info.name)
+                out.append(checks.missing_grad(info.name, p, step=step, info=info,
+                                               explanation=_one_step_explanation(info, ran)))
+        return out
 
     def summary(self, report: Report) -> str:
         if not self._optimizers:
@@ -473,6 +512,32 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
+
+
+def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanation:
+    """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
+    if info.module not in ran and any(n in ran for n in _ancestors(info.module)):
+        shown = f"`{info.module}`"
+        return Explanation(
+            cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
+            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            reason="never_ran")
+    return Explanation(
+        cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "
+        "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
+        "created before the first forward pass).",
+        fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
+        reason="unknown")
+
+
+def _ancestors(module_name: str) -> list[str]:
+    parts = module_name.split(".") if module_name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def _distributed_run() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 # -- running the script ---------------------------------------------------------------------

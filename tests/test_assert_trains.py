@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 from torch import nn
 
 import leafwatch
 from leafwatch import LeafwatchAssertionError, LeafwatchError
+
+
+@pytest.fixture(autouse=True)
+def _free_optimizers():
+    # A failure kept by pytest.raises holds the test's frame (and its optimizer) in a reference
+    # cycle; leafwatch knows every optimizer a Monitor was given while it lives, so free them here.
+    yield
+    gc.collect()
 
 
 class Net(nn.Module):

@@ -120,12 +120,23 @@ class FindingHistory:
             if f.status == Status.OPEN and predicate(f):
                 self.resolve(key, step)
 
-    def replace_structural(self, found: Iterable[Finding], step: int | None) -> None:
-        """A new reading of the structure: open structural findings not in ``found`` are resolved."""
+    def replace_structural(self, found: Iterable[Finding], step: int | None,
+                           held: Iterable[Finding] = ()) -> None:
+        """A new reading of the structure: open structural findings not in ``found`` are resolved.
+
+        ``held`` are structural suspicions that wait for a check (:meth:`hold`); one already
+        shown stays as it is.
+        """
         new = {f.key: f for f in found}
-        self.resolve_where(lambda f: f.kind in STRUCTURAL_KINDS and f.key not in new, step)
+        waiting = {f.key: f for f in held}
+        gone = [f.key for f in self._records.values()
+                if f.kind in STRUCTURAL_KINDS and f.key not in new and f.key not in waiting]
+        for key in gone:
+            self.resolve(key, step)
         for f in new.values():
             self.upsert(f)
+        for f in waiting.values():
+            self.hold(f)
 
     def hold(self, f: Finding) -> None:
         """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""

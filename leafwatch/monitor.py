@@ -22,6 +22,7 @@ from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
+from .membership import MembershipJudge
 from .integrations import distributed as _distributed
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
 from .values import NamedValueCheck
@@ -108,6 +109,7 @@ class Monitor:
         self._warn = WarnOnce()
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
+        self._membership = MembershipJudge(self.history_store)
         self._values = NamedValueCheck()
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._report = Report(step=0)
@@ -205,7 +207,7 @@ class Monitor:
         if self._closed:
             return self._report
         try:
-            self._rebuilt(self.structure.rebuild(self.step))
+            self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
             entries = self._watch_entries()
             # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
             for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
@@ -288,6 +290,7 @@ class Monitor:
         self._closed = True
         try:
             self._record_values(*self._values.flush())
+            self._decide_pending()
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
@@ -346,11 +349,38 @@ class Monitor:
         entries = watching.entries() if watching.any_watched() else []
         return entries + self.watches.entries() if self.watches else entries
 
-    def _rebuilt(self, inv: inventory.Inventory) -> None:
+    def wait_for_optimizers(self, checks_: int,
+                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+        """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
+
+        For front-ends that meet optimizers only when they step (``leafwatch run``): after that
+        many checks a tensor no stepping optimizer holds is a warning, and an error at
+        :meth:`close`. ``waiting`` returns the optimizers that exist but have not stepped.
+        """
+        self._membership.grace = validate_int(checks_, "checks", 0)
+        self._membership.waiting_optimizers = waiting
+
+    def _decide_pending(self) -> None:
+        """At the end of the run, whatever still waits for evidence is decided."""
+        inv = self.structure.inventory
+        self._membership.escalate_late(self.step)
+
+        def decide(f: Finding) -> Finding | None:
+            if f.kind == "missing_grad":
+                return self._grads.decide(f)
+            return self._membership.decide(f, inv, self._tracer, self.step)
+
+        self.history_store.decide_pending(decide)
+
+    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> None:
         """After a rebuild of the structure: its findings, and what waited for the names."""
         view = self.structure.grad_view
-        self.history_store.replace_structural(
-            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names), self.step)
+        self._grads.rebuilt(inv)
+        self._membership.rebuilt(inv)
+        shown, held = self._membership.split(
+            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names), inv,
+            before_gradients=before_gradients)
+        self.history_store.replace_structural(shown, self.step, held)
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
@@ -385,6 +415,7 @@ class Monitor:
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)
         self._watched.update(self._watch_entries(), self.step, cache.inventory)
+        self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
         if every and (self.step == 1 or self.step % every == 0):
             try:

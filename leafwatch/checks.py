@@ -236,7 +236,9 @@ def _optimizer_membership(inv: Inventory, step: int | None,
             name = name or f"optimizers[{i}] tensor of shape {tuple(p.shape)}"
             out.append(make(
                 "frozen_in_optimizer", name, "error" if plain else "info",
-                f"optimizer {i} holds `{name}`, which does not require grad: it will not train.",
+                f"optimizer {i} holds `{name}`, which does not require grad: it will not train."
+                if plain else f"optimizer {i} holds `{name}`, which is frozen (requires_grad=False): "
+                "the optimizer skips it.",
                 "a plain tensor created without `requires_grad=True` was passed to the optimizer"
                 if plain else f"`{name}` is frozen (requires_grad=False) but still listed in the optimizer.",
                 "create it with `requires_grad=True`" if plain

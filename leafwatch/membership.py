@@ -106,7 +106,7 @@ class MembershipJudge:
             decided = self._late(f, info, t, step, Severity.WARNING)
         else:
             decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
-        self.history.confirm(f.key, message=decided.message, severity=decided.severity,
+        self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
                              details=_without_pending(decided), step=step, last_step=step)
         return False
 

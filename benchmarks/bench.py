@@ -52,6 +52,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import monitor as monitor_module
+from leafwatch import structure as structure_module
 
 #: Budgets: what "cheap enough to leave on" means. The check per tensor is met when either the
 #: absolute bound or the bound relative to the bare ``p.grad`` loop holds (the absolute one is
@@ -61,6 +62,7 @@ BUDGETS = {
     "check_vs_grad_loop": 3.0,
     "values_amortized_fraction": 0.01,
     "lightning_fraction": 0.01,
+    "half_missing_vs_healthy": 2.0,
 }
 
 
@@ -76,6 +78,34 @@ class ManySmall(nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return x
+
+
+class HalfMissing(nn.Module):
+    """A chain of 250 small layers and its deep copy: half the tensors never get a gradient.
+
+    With ``ema`` the copy is a BYOL target network (run under ``no_grad``, in the optimizer,
+    updated by ``.data`` assignment after every step, as lightning-bolts does); without it the
+    copy is never called (500 open ``missing_grad`` errors).
+    """
+
+    def __init__(self, ema: bool) -> None:
+        super().__init__()
+        self.online = ManySmall(250)
+        self.target = copy.deepcopy(self.online)
+        self.ema = ema
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.online(x)
+        if self.ema:
+            with torch.no_grad():
+                target = self.target(x)
+            out = out - target
+        return out
+
+    def after_step(self) -> None:
+        if self.ema:
+            for o, t in zip(self.online.parameters(), self.target.parameters()):
+                t.data = 0.99 * t.data + 0.01 * o.data
 
 
 class SmallTransformer(nn.Module):
@@ -131,6 +161,7 @@ class Workload:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         self.x = shape.batch()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.after_step: Callable[[], None] | None = getattr(self.inner, "after_step", None)
 
     def step(self, between: Callable[[], None] | None = None) -> float:
         """One training step; returns the seconds spent in ``between`` (called after backward)."""
@@ -143,6 +174,8 @@ class Workload:
             between()
             spent = time.perf_counter() - start
         self.optimizer.step()
+        if self.after_step is not None:
+            self.after_step()
         return spent
 
 
@@ -194,6 +227,10 @@ def _single_process_group():
             dist.destroy_process_group()
 
 
+HALF_TARGET = "Monitor, half the tensors a BYOL target network (no gradient, EMA after each step)"
+HALF_UNUSED = "Monitor, half the tensors never used (500 open missing_grad errors)"
+
+
 def make_variants(work: Workload, anchors: bool, ddp: bool, tmpdir: str) -> list[Variant]:
     """Every variant of one shape. DDP copies come first: their wrappers register modules, and
     leafwatch Monitors rebuild when that happens."""
@@ -216,6 +253,11 @@ def make_variants(work: Workload, anchors: bool, ddp: bool, tmpdir: str) -> list
         kwargs = {} if every is None else {"check_values_every_n_steps": every}
         monitor = leafwatch.Monitor(work.inner, work.optimizer, **kwargs)
         variants.append(Variant(label, lambda m=monitor: work.step(m.check), close=monitor.close))
+    if work.shape.key == "many-small":
+        for label, ema in ((HALF_TARGET, True), (HALF_UNUSED, False)):
+            half = Workload(work.shape, HalfMissing(ema))
+            monitor = leafwatch.Monitor(half.inner, half.optimizer, check_values_every_n_steps=0)
+            variants.append(Variant(label, lambda w=half, m=monitor: w.step(m.check), close=monitor.close))
     if anchors:
         variants.append(Variant("naive: one `.item()` per tensor", lambda f=_naive_item(work.params): work.step(f),
                                 note="anchor"))
@@ -417,8 +459,8 @@ def table(results: list[ShapeResult], header: str) -> str:
             s = r.lightning["Lightning Trainer + LeafWatch"]
             lines.append(f"| | Lightning Trainer + LeafWatch (vs the same Trainer without it) | "
                          f"{_ratio_cell(s.step_ratio)} | {_share(statistics.median(s.in_step))} of a step |")
-        amortized = r.rebuild_seconds / monitor_module.REBUILD_EVERY / r.plain_step_seconds
-        lines.append(f"| | structure re-read (every {monitor_module.REBUILD_EVERY} checks or when the parameter "
+        amortized = r.rebuild_seconds / structure_module.REBUILD_EVERY / r.plain_step_seconds
+        lines.append(f"| | structure re-read (every {structure_module.REBUILD_EVERY} checks or when the parameter "
                      f"sets change) | | {r.rebuild_seconds * 1e3:.1f} ms once = {_share(amortized)} of a step amortized |")
     return "\n".join(lines)
 
@@ -437,6 +479,12 @@ def budgets(results: list[ShapeResult]) -> list[tuple[str, bool, str]]:
             out.append((f"{r.shape.title}: `Monitor.check()` ≤ {BUDGETS['check_us_per_tensor']} µs per tensor "
                         f"or ≤ {BUDGETS['check_vs_grad_loop']:.0f}x the bare `p.grad` loop", ok,
                         f"{per:.2f} µs per tensor, {relative:.2f}x the loop"))
+            for label in (HALF_TARGET, HALF_UNUSED):
+                if label in s:
+                    half = statistics.median(s[label].check_seconds) / check
+                    out.append((f"{r.shape.title}: {label.split(', ', 1)[1]}: the check ≤ "
+                                f"{BUDGETS['half_missing_vs_healthy']:.0f}x the healthy check",
+                                half <= BUDGETS["half_missing_vs_healthy"], f"{half:.2f}x"))
         values = statistics.median(s["Monitor, value checks every step"].in_step)
         no_values = statistics.median(s["Monitor, value checks off"].in_step)
         value_cost = max(0.0, values - no_values)
@@ -493,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
             monitor = leafwatch.Monitor(work.inner, work.optimizer)
             work.step(monitor.check)
             start = time.perf_counter()
-            monitor._rebuild()
+            monitor.structure.rebuild(monitor.step)
             rebuild = time.perf_counter() - start
             monitor.close()
             result = ShapeResult(shape, len(work.params), sum(p.numel() for p in work.params), samples,

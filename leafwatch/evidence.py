@@ -13,8 +13,12 @@ the few tensors under suspicion and never on a healthy step:
   that does not run while its siblings do. :class:`SiblingSkips` counts how often the siblings
   are skipped and, with the model's declared drop rate where there is one (a ``layerdrop``
   attribute or config field), says how likely it is that a layer skipped at every check so far
-  was dropped by chance. It is named (never ran) only once that chance is below
-  :data:`LAYERDROP_FALSE_ALARM`.
+  was dropped by chance (``rate ** checks``). It is named (never ran) only once that chance is
+  below :data:`LAYERDROP_FALSE_ALARM`: with Wav2Vec2's ``layerdrop=0.1`` after 9 checks, so a
+  12-layer model raises a false alarm in at most 12 * 0.1**9 = 1.2e-8 of its runs (a layer
+  that ran once is never named "never ran" again: it is intermittent). A stack with no
+  declared rate whose siblings were never seen both running and skipped has a rate of 0: a
+  layer left out of the loop is named at the first check.
 """
 
 from __future__ import annotations
@@ -173,6 +177,10 @@ def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> floa
     """The largest drop rate declared on the container or an ancestor (or its ``config``); 0 if none."""
     parts = container.split(".") if container else []
     rate = 0.0
+    holder = modules.get(container)
+    p = getattr(holder, "p", None)
+    if "drop" in type(holder).__name__.lower() and isinstance(p, float) and 0 < p < 1:
+        rate = p  # fairseq's LayerDropModuleList(p=...)
     for depth in range(len(parts) + 1):
         module = modules.get(".".join(parts[:depth]))
         if module is None:
@@ -190,7 +198,7 @@ class _Container:
     size: int
     declared: float
     first_check: int
-    skips: int = 0
+    skips: dict[int, int] = dataclasses.field(default_factory=dict)
     last_counted: int = -1
     counted_now: set[int] = dataclasses.field(default_factory=set)
 
@@ -216,22 +224,31 @@ class SiblingSkips:
             c.last_counted, c.counted_now = check, set()
         if index not in c.counted_now:
             c.counted_now.add(index)
-            c.skips += 1
+            c.skips[index] = c.skips.get(index, 0) + 1
 
-    def chance(self, container: str, skipped_checks: int, check: int) -> float:
-        """The chance that a layer is skipped at ``skipped_checks`` checks in a row by a random drop.
+    def all_skipped(self, container: str, check: int) -> bool:
+        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran)."""
+        c = self._containers.get(container)
+        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size
 
-        The drop rate is the declared one or, when larger, an estimate from the siblings: their
-        skips plus one over their observations plus two (so that no skip seen is never a rate of 0).
+    def chance(self, container: str, index: int, skipped_checks: int, check: int) -> float:
+        """The chance that layer ``index`` is skipped at ``skipped_checks`` checks in a row by a random drop.
+
+        The drop rate is the declared one or, when larger, the rate at which the siblings that
+        did run at some check were skipped: a sibling skipped at every check is no evidence of
+        a random drop (it may be unused too), so a stack with no declared rate and no sibling
+        seen both running and skipped gives 0 (the layer is named at once).
         """
         c = self._containers.get(container)
         if c is None:
             return 0.0
-        observed_checks = max(1, check - c.first_check + 1)
-        others = max(1, (c.size - 1) * observed_checks)
-        other_skips = max(0, c.skips - skipped_checks)
-        rate = max(c.declared, (other_skips + 1) / (others + 2))
-        return math.exp(skipped_checks * math.log(min(rate, 1.0))) if rate < 1 else 1.0
+        observed = max(1, check - c.first_check + 1)
+        others = max(1, (c.size - 1) * observed)
+        varying = sum(k for i, k in c.skips.items() if i != index and k < observed)
+        rate = max(c.declared, varying / others)
+        if rate <= 0.0:
+            return 0.0
+        return 1.0 if rate >= 1.0 else rate ** skipped_checks
 
     def declared(self, container: str) -> float:
         c = self._containers.get(container)

@@ -22,6 +22,14 @@ from .history import FindingHistory
 from .structure import CheckList
 from .watching import WatchEntry
 
+#: A finding that stays the same at every check (an open error whose tensor misses at every
+#: check) is not worked out again: its step and counts are brought up to date at each check
+#: while there are at most STEADY_EXACT of them, else every STEADY_REFRESH checks (and at
+#: ``state_dict()`` / ``close()``), so that a model with hundreds of dead tensors is not checked
+#: at hundreds of times the cost of a healthy one.
+STEADY_EXACT = 64
+STEADY_REFRESH = 50
+
 #: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
 #: without a gradient, and at least twice its longest gap before: it stopped training.
 STALLED_AFTER = 100
@@ -56,6 +64,15 @@ class GradientTracker:
         self._skips = evidence.SiblingSkips()
         self._modules: dict[str, torch.nn.Module] = {}
         self._layers: dict[str, tuple[str, int] | None] = {}
+        self._steady: dict[int, tuple[str, CheckList, int]] = {}
+        self._new_targets: set[int] = set()
+        #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
+        self.changes = 0
+
+    def take_new_targets(self) -> set[int]:
+        """Targets found since the last call (the structure cache leaves them out of the checks)."""
+        found, self._new_targets = self._new_targets, set()
+        return found
 
     def rebuilt(self, inv: inventory.Inventory) -> None:
         """A new reading of the structure: forget what was learnt about tensors that are gone."""
@@ -68,6 +85,7 @@ class GradientTracker:
         self._evidence.forget(gone)
         self._modules = inv.modules
         self._layers = {}
+        self._steady = {}
 
     def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
         if info is None:
@@ -87,31 +105,65 @@ class GradientTracker:
         ``skip`` holds ids reported elsewhere (watched tensors, replaced ones).
         """
         now: set[int] = set()
+        if self._modules:
+            # Count the skipped layers of each ModuleList first: a layer is judged with all its
+            # siblings of this check known.
+            for i in missing:
+                if id(clist.params[i]) in self._steady:
+                    continue
+                layer = self._layer(clist.infos[i])
+                if layer is not None:
+                    self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
+        steady, streaks, counts = self._steady, self.streak, self.misses
         for i in missing:
             p = clist.params[i]
             pid = id(p)
+            if pid in steady:
+                # The same open error as at the last check: counted, refreshed in bulk.
+                now.add(pid)
+                streaks[pid] += 1
+                counts[pid] += 1
+                continue
             if not p.requires_grad or pid in skip or pid in self.targets:
                 continue
             now.add(pid)
-            streak = self.streak[pid] = self.streak.get(pid, 0) + 1
-            misses = self.misses[pid] = self.misses.get(pid, 0) + 1
+            streak = streaks[pid] = streaks.get(pid, 0) + 1
+            misses = counts[pid] = counts.get(pid, 0) + 1
+            if streak == 1:
+                self.changes += 1
             name, info = clist.names[i], clist.infos[i]
             layer = self._layer(info)
-            if layer is not None:
-                self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
             if streak < self.patience:
                 continue
             if info is None and self.history.is_open(("stale_param", name)):
                 continue  # the replaced tensor: its stale_param finding already says it will not train
             self._report_miss(p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                              layer, clist.checks)
-        for pid in [k for k in self.streak if k in clist.ids and k not in now]:
-            self._recovered(clist, pid, step)
+                              layer, clist.checks, clist)
+        if len(now) != len(streaks):  # else every tensor in a streak missed again: none recovered
+            for pid in [k for k in streaks if k in clist.ids and k not in now]:
+                self._recovered(clist, pid, step)
+        if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
+            self.refresh(step)
+
+    def refresh(self, step: int) -> None:
+        """Bring the steps and counts of the steady findings up to date (they are not rebuilt per check)."""
+        for pid, (name, clist, written) in list(self._steady.items()):
+            old = self.history.get(("missing_grad", name))
+            if old is None or old.status != Status.OPEN:
+                del self._steady[pid]
+                continue
+            checks_of_p, misses = clist.checks_of(pid), self.misses.get(pid, 0)
+            if misses == written:
+                continue
+            self._steady[pid] = (name, clist, misses)
+            self.history.touch(old.replace(step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
+                                           details={**old.details, "checks": checks_of_p,
+                                                    "steps_without_grad": misses}))
 
     def _report_miss(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
                      reachable: set[int] | None, layer: tuple[str, int] | None = None,
-                     list_checks: int = 0) -> None:
+                     list_checks: int = 0, clist: CheckList | None = None) -> None:
         pid = id(p)
         old = self.history.get(("missing_grad", name))
         explanation = None
@@ -125,8 +177,9 @@ class GradientTracker:
                 # no_grad by mistake. Whether it changes between checks tells them apart.
                 self._judge_target(p, name, info, checks_of_p, misses, step, explanation, old)
                 return
-            if layer is not None and reason == "never_ran" and misses >= checks_of_p:
-                chance = self._skips.chance(layer[0], misses, list_checks)
+            if layer is not None and reason == "never_ran" and misses >= checks_of_p \
+                    and not self._skips.all_skipped(layer[0], list_checks):
+                chance = self._skips.chance(layer[0], layer[1], misses, list_checks)
                 f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                         checks=checks_of_p, misses=misses)
                 f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
@@ -160,11 +213,17 @@ class GradientTracker:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
             f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
-        self.history.upsert(self._stalled(f, pid, streak, checks_of_p, misses))
+        f = self._stalled(f, pid, streak, checks_of_p, misses)
+        self.history.upsert(f)
+        if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
+                and clist is not None:
+            self._steady[pid] = (name, clist, misses)
 
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
         """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
+        self._steady.pop(pid, None)
+        self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)
         if old is not None and old.status in (Status.OPEN, Status.PENDING):
@@ -181,6 +240,8 @@ class GradientTracker:
         if verdict == "changed":
             self._settled(pid)
             self.targets.add(pid)
+            self._new_targets.add(pid)
+            self.changes += 1
             self.streak.pop(pid, None)
             self.misses.pop(pid, None)
             self.history.drop(("missing_grad", name))

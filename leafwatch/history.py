@@ -97,6 +97,11 @@ class FindingHistory:
                 or (old.message != updated.message and not counted):
             self.version += 1
 
+    def touch(self, f: Finding) -> None:
+        """Replace the record of ``f.key`` with new steps and counts only: no version change."""
+        self._records[f.key] = f
+        self._revision += 1
+
     def put(self, f: Finding) -> None:
         """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""
         self._records[f.key] = f

@@ -118,6 +118,7 @@ class Monitor:
         self._in_check = self._closed = False
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
+        self._retargeted: tuple[int, int] | None = None
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
@@ -320,6 +321,7 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""
         inv = self.structure.inventory
+        self._grads.refresh(self.step)
         return {
             "step": self.step,
             "records": self.history_store.to_list(),
@@ -363,6 +365,7 @@ class Monitor:
     def _decide_pending(self) -> None:
         """At the end of the run, whatever still waits for evidence is decided."""
         inv = self.structure.inventory
+        self._grads.refresh(self.step)
         self._membership.escalate_late(self.step)
 
         def decide(f: Finding) -> Finding | None:
@@ -414,6 +417,8 @@ class Monitor:
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)
+        if self._grads.targets:
+            cache.leave_out(self._grads.take_new_targets())
         self._watched.update(self._watch_entries(), self.step, cache.inventory)
         self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
@@ -422,7 +427,10 @@ class Monitor:
                 self._check_values(lists)
             except Exception as error:  # the gradient checks above still count
                 self._warn("the NaN/Inf gradient check", error)
-        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None:
+        retarget = (self._grads.changes, cache.rebuilds)
+        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None \
+                and retarget != self._retargeted:
+            self._retargeted = retarget
             # Keep hooks only on the modules (and their ancestors) owning a parameter that misses.
             self._tracer.retarget(tracing.modules_owning(self._grads.missing_ids(cache.lists.values()),
                                                          cache.inventory))

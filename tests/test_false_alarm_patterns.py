@@ -914,3 +914,28 @@ def test_a_generator_whose_optimizer_never_steps_is_a_warning_then_an_error_at_t
     summary = result.stderr.split("leafwatch: summary")[1]
     assert re.search(r"ERROR\s+not_in_optimizer\s+generator\.0\.weight", summary), summary
     assert "step()` is never called on it" in summary
+
+
+# -- CUDA (skipped without a GPU) ---------------------------------------------------------------
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@needs_cuda
+def test_change_evidence_on_cuda_reads_the_fingerprint_one_look_later():
+    evidence = ChangeEvidence()
+    t = torch.zeros(1024, device="cuda")
+    assert evidence.verdict(t) == "unknown"
+    t.data.mul_(2.0).add_(1.0)  # neither the version nor the storage moves
+    torch.cuda.synchronize()
+    first = evidence.verdict(t)  # the second fingerprint is launched here, read at the next look
+    assert first in ("unknown", "changed")
+    torch.cuda.synchronize()
+    assert evidence.verdict(t) == "changed"
+
+
+@needs_cuda
+def test_embeddings_offloaded_to_the_cpu_are_no_device_mismatch_on_cuda():
+    model = Staged().cuda()
+    model.embed.cpu()  # CPU-offloaded embeddings
+    with leafwatch.Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1)) as monitor:
+        assert monitor.scan().findings == []

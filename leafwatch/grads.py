@@ -11,6 +11,7 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -327,7 +328,7 @@ class GradientTracker:
         self._restored = {}
 
 
-def _unchanged(f: Finding) -> dict:
+def _unchanged(f: Finding) -> dict[str, Any]:
     """The changes that confirm a no_grad miss: it did not change by other means either."""
     return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
                      "nothing trains it.",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
@@ -22,7 +23,7 @@ from . import checks, tracing
 from .evidence import ChangeEvidence
 from .findings import Finding, Severity, Status
 from .history import FindingHistory
-from .inventory import Inventory
+from .inventory import Inventory, ParamInfo
 
 #: The kinds that wait for the first check when read before any gradient exists.
 WAITING_KINDS = frozenset({"not_in_optimizer", "orphan_tensor"})
@@ -123,7 +124,7 @@ class MembershipJudge:
                 return True  # a fixed teacher in eval mode under no_grad
         return self._evidence.verdict(t) == "changed"
 
-    def _late(self, f: Finding, info, t: torch.Tensor, step: int, severity: str) -> Finding:
+    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         held_by_waiting = any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
         base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
@@ -165,5 +166,5 @@ class MembershipJudge:
                                            message=f.message.replace("has not stepped in", "never stepped in")))
 
 
-def _without_pending(f: Finding) -> dict:
+def _without_pending(f: Finding) -> dict[str, Any]:
     return {k: v for k, v in f.details.items() if k != "pending"}

@@ -22,7 +22,7 @@ The budgets (see ``BUDGETS``) are checked at the end; the exit status is 1 when 
 
 Usage::
 
-    python benchmarks/bench.py                    # the full run (the README table)
+    python benchmarks/bench.py                    # the full run (the table in docs/performance.md)
     python benchmarks/bench.py --quick            # fewer rounds and steps, for CI
     python benchmarks/bench.py --markdown out.md  # also write the table to a file
 """
@@ -544,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
             monitor.structure.rebuild(monitor.step)
             rebuild = time.perf_counter() - start
             monitor.close()
+            value_check_timings(work)
             result = ShapeResult(shape, len(work.params), sum(p.numel() for p in work.params), samples,
                                  {v.name: v.note for v in variants}, rebuild_seconds=rebuild,
                                  plain_step_seconds=plain_step)
@@ -573,6 +574,26 @@ def main(argv: list[str] | None = None) -> int:
         print("\nbudget missed: " + "; ".join(missed), file=sys.stderr)
         return 1
     return 0
+
+
+def value_check_timings(work: Workload, repeats: int = 50) -> None:
+    """The batched value check alone on this shape's gradients: NaN/Inf only, and with the
+    per-tensor zero test of ``dead_grad`` (one segmented max), printed to stderr."""
+    from leafwatch.values import ValueChecker
+
+    grads = [p.grad for p in work.params]
+    spent = {}
+    for track_zeros in (False, True):
+        checker = ValueChecker(track_zeros)
+        checker.check(grads, 0)
+        start = time.perf_counter()
+        for i in range(repeats):
+            checker.check(grads, i + 1)
+            checker.zeros.clear()
+        spent[track_zeros] = (time.perf_counter() - start) / repeats
+    print(f"    value check on {len(grads)} tensors: NaN/Inf only {spent[False] * 1e6:,.0f} µs, "
+          f"with the dead_grad zero test {spent[True] * 1e6:,.0f} µs "
+          f"(every {monitor_module.DEFAULT_VALUE_CHECK_EVERY} checks)", file=sys.stderr)
 
 
 def steps_for(work: Workload, target_seconds: float) -> int:

@@ -1,4 +1,4 @@
-"""The README's 30-second example: a plain loop with three seeded bugs, checked by a Monitor."""
+"""The README's quick start: a plain loop with three seeded bugs, checked by a Monitor."""
 
 import torch
 from torch import nn

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 import warnings
+import weakref
 
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, watching
+from . import checks, graph, inventory, outside, replaced, structure, watching
 from .findings import Finding, LeafwatchInternalWarning, Report
-from .options import apply_ignore, validate_ignore, warn_unmatched_ignore
+from .options import apply_ignore, got, validate_ignore, warn_unmatched_ignore
 from .values import ValueChecker
 
 
@@ -46,6 +47,7 @@ def audit(
 
     Raises:
         TypeError: an argument of the wrong type (the message names it and what was received).
+        ValueError: nothing to check (no model, optimizer, tensor or watched tensor).
 
     Example::
 
@@ -61,15 +63,19 @@ def audit(
     named = inventory.normalize_tensors(tensors)
     ignore_map = validate_ignore(ignore)
     if loss is not None and not isinstance(loss, torch.Tensor):
-        raise TypeError(f"`loss` must be a torch.Tensor or None, got {type(loss).__name__}: {loss!r:.80}")
+        raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
     if not isinstance(check_values, bool):
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
-    inv = inventory.Inventory(model, opts)
     entries = watching.entries()
+    if model is None and not opts and not named and not entries:
+        raise ValueError("audit() has nothing to check: pass `model`, `optimizers` or `tensors` "
+                         "(or watch() a tensor first), got none of them")
+    inv = inventory.Inventory(model, opts)
     warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | {e.name for e in entries})
-    findings: list[Finding] = checks.structural(inv, step=step)
-    stale = {f.name for f in findings if f.kind == "stale_param"}
+    replaced_now = replaced.pair(inv)
+    findings: list[Finding] = checks.structural(inv, step=step, stale=replaced_now)
+    stale = replaced_now.old_ids()
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
 
     if opts:
@@ -80,24 +86,45 @@ def audit(
     watched_ids = {id(e.tensor()) for e in entries}
     # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
     named_ids = watched_ids | {id(t) for t in named.values()}
-    for name, p in checked:
-        if p.grad is not None or not p.requires_grad or not p.is_leaf or name in stale or id(p) in named_ids:
-            continue
+    trainable = [(name, p) for name, p in checked
+                 if p.requires_grad and p.is_leaf and id(p) not in stale and id(p) not in named_ids]
+    missing = [(name, p) for name, p in trainable if p.grad is None]
+    if len(missing) > 1 and len(missing) == len(trainable) and reachable is None:
+        # Not one finding per parameter with an unknown cause: one, that says what it means.
+        findings.append(checks.no_grad_at_all([name for name, _ in missing], step=step))
+        missing = []
+    for name, p in missing:
         info = inv.params.get(id(p))
         findings.append(checks.missing_grad(
             name, p, step=step, explanation=None, info=info,
             reachable=None if reachable is None else id(p) in reachable))
 
-    got = {}
+    got_grad = {}
     for e in entries:
         t = e.tensor()
         # A leaf's end state is its .grad (as for parameters); a non-leaf's is whether any gradient
         # flowed through it (an activation lives for one step).
-        got[e.name] = (t is not None and t.grad is not None) if e.is_leaf else e.grads_seen > 0
-    findings += checks.watched_findings(entries, step, got, inv)
+        got_grad[e.name] = (t is not None and t.grad is not None) if e.is_leaf else e.grads_seen > 0
+    findings += checks.watched_findings(entries, step, got_grad, inv)
     # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
     findings += checks.tensor_findings(
         {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
+
+    # Trainable tensors outside the model: watched leaves, ``tensors=`` and the loss's persistent leaves.
+    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))]
+    own_ids, all_ids = outside.optimizer_ids(opts), outside.optimizer_ids(judges)
+    if judges:
+        findings += outside.watched_in_no_optimizer(
+            entries, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in all_ids)
+    if opts:
+        own = [watching.WatchEntry(n, weakref.ref(t), True, True, "audit(tensors=)", t.is_leaf)
+               for n, t in named.items() if id(t) not in watched_ids]
+        findings += outside.watched_in_no_optimizer(
+            own, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in own_ids)
+    if loss is not None and judges:
+        # audit() walks the loss's graph at every call anyway (``reachable``): so does this.
+        findings += outside.AUDITS.observe(loss, step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+            inv, judges, entries) | {id(t) for t in named.values()})
 
     if check_values:
         grads = [p.grad for _, p in checked]

@@ -8,12 +8,12 @@ missed a gradient. None of them keeps a tensor.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from . import graph
+from . import graph, replaced
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
 from .tracing import Explanation
@@ -120,7 +120,13 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
 # -- missing gradients ------------------------------------------------------------------------
 def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
                  info: ParamInfo | None = None, reachable: bool | None = None,
-                 checks: int | None = None, misses: int | None = None) -> Finding:
+                 checks: int | None = None, misses: int | None = None,
+                 watched_from_start: bool = False) -> Finding:
+    """A trainable tensor without a gradient.
+
+    ``watched_from_start`` says that a Monitor watched the run from its start, so the audit's
+    advice to create one would be wrong.
+    """
     if explanation is not None:
         cause, fix, reason = explanation.cause, explanation.fix, explanation.reason
     elif reachable is False:
@@ -132,6 +138,13 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         cause = (f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
                  "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
         fix, reason = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()", "not_backpropagated"
+    elif watched_from_start:
+        cause = (f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
+                 "how it is used. Pass `loss=` to check() to walk the loss's graph."
+                 if info is None else
+                 "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                 "walk the loss's graph.")
+        fix, reason = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     else:
         cause, fix, reason = UNKNOWN_CAUSE, f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     details: dict[str, Any] = {"reason": reason}
@@ -146,6 +159,26 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         "missing_grad", name, "error",
         f"`{name}` requires grad but got no gradient: it does not train.",
         cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
+    )
+
+
+#: The name of the one finding that says no trainable tensor has a gradient at all.
+ALL_PARAMETERS = "<every trainable parameter>"
+
+
+def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
+    """One finding for a check that found no gradient on any trainable tensor (every name an alias,
+    so ``ignore=`` patterns on parameter names still apply)."""
+    return make(
+        "missing_grad", ALL_PARAMETERS, "error",
+        f"none of the {len(names)} trainable tensors has a gradient.",
+        "no gradient exists at all: the check ran before `loss.backward()` or after "
+        "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
+        "`step()` (then nothing trains).",
+        "check after `loss.backward()` and before `optimizer.step()`; if that is where it runs, call "
+        "`optimizer.zero_grad()` before the forward pass (or right after `step()`), never between "
+        "`backward()` and `step()`",
+        step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
     )
 
 
@@ -173,19 +206,70 @@ def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str]
     )
 
 
+def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+    """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
+    return make(
+        "nonfinite_grad", name, "error",
+        f"`{name}` holds NaN or Inf at the end of the run (step {step}): a non-finite gradient was applied to it.",
+        "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
+        "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
+        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+        "lower the learning rate, clip gradients, or use a GradScaler with fp16; to catch it at the step "
+        "it happens, lower `check_values_every_n_steps`",
+        tensor=t, step=step, aliases=aliases, where="parameter",
+    )
+
+
+def dead_grad(name: str, checks: int, step: int) -> Finding:
+    """A gradient that exists but was exactly zero at ``checks`` value checks in a row."""
+    return make(
+        "dead_grad", name, "warning",
+        f"`{name}` gets a gradient, but it was exactly zero at {checks} value checks in a row: "
+        "it does not train.",
+        "every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
+        "that removes all of it, or gradients that underflow through a deep chain), a custom "
+        "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
+        "this rank with zeros.",
+        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
+        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
+        step=step, zero_checks=checks,
+    )
+
+
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str,
+                      **details: Any) -> Finding:
+    """A trainable tensor outside the model that gets gradients and is in no optimizer."""
+    return make(
+        "not_in_optimizer", name, severity,
+        f"`{name}` gets gradients but is in no optimizer: it never changes.",
+        f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
+        "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
+        f"add it to the optimizer (`torch.optim.AdamW([*model.parameters(), {name}])` or "
+        f"`optimizer.add_param_group({{'params': [{name}]}})`), better make it an `nn.Parameter` of the "
+        f"model; or, if it is fixed, `{name}.requires_grad_(False)`",
+        tensor=t, step=step, **{"source": "outside_model", "outside": True, **details},
+    )
+
+
 # -- structure --------------------------------------------------------------------------------
 def structural(inventory: Inventory, *, step: int | None,
-               previous_names: Mapping[int, str] | None = None) -> list[Finding]:
-    """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed."""
+               previous_names: Mapping[int, str] | None = None,
+               stale: replaced.Replaced | None = None,
+               seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
+    """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed.
+
+    ``stale`` is :func:`leafwatch.replaced.pair` of this inventory when the caller has it already.
+    """
     out: list[Finding] = []
-    out += _optimizer_membership(inventory, step, previous_names or {})
+    out += _optimizer_membership(inventory, step, previous_names or {}, stale, seen_frozen)
     out += _orphans(inventory, step)
     out += _devices(inventory, step)
     return out
 
 
-def _optimizer_membership(inv: Inventory, step: int | None,
-                          previous_names: Mapping[int, str]) -> list[Finding]:
+def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
+                          stale: replaced.Replaced | None,
+                          seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
     out: list[Finding] = []
     if not inv.optimizers:
         return out
@@ -196,34 +280,24 @@ def _optimizer_membership(inv: Inventory, step: int | None,
                 out.append(non_leaf(name, p, step=step, inventory=inv, where=" (held by an optimizer)"))
     excluded = {k: (info, inv.tensors[k]) for k, info in inv.params.items()
                 if k not in inv.in_optimizer and inv.tensors[k].requires_grad}
-    if inv.model is not None:
-        # An optimizer tensor that was once a model parameter, or a Parameter of the same shape as
-        # a parameter no optimizer holds, is what is left of a replaced parameter.
-        unpaired = dict(excluded)
-        for i, old in inv.foreign_optimizer_tensors():
-            old_name = previous_names.get(id(old))
-            match = None
-            if old_name is not None:
-                match = next((k for k, (info, _) in unpaired.items() if info.name == old_name), None)
-            if match is None and isinstance(old, torch.nn.Parameter) and not torch.nn.parameter.is_lazy(old):
-                match = next((k for k, (_, t) in unpaired.items()
-                              if not torch.nn.parameter.is_lazy(t) and t.shape == old.shape), None)
-            if match is None and old_name is None:
-                continue
-            info, new = unpaired.pop(match) if match is not None else (None, None)
-            name = info.name if info is not None else old_name
-            excluded.pop(match, None)
+    found = stale if stale is not None else replaced.pair(inv, previous_names)
+    for pair in found.pairs:
+        excluded.pop(id(pair.new), None)
+        out.append(stale_param(pair, step))
+    for i, old in sorted(found.unpaired.items()):
+        out.append(stale_group(i, old, step))
+    for k, (info, p) in excluded.items():
+        if k in seen_frozen:
             out.append(make(
-                "stale_param", name, "error",
-                f"optimizer {i} still holds the old `{name}`: the model's current `{name}` is never stepped.",
-                f"`{name}` was replaced (a new layer, a resize, pruning or a swapped module) after the "
-                f"optimizer was built; the optimizer updates the old tensor (shape {tuple(old.shape)}), "
-                "which the model no longer uses.",
-                "build the optimizer after the last change to the model, or rebuild it after replacing layers",
-                tensor=new if new is not None else old, step=step, optimizer=i,
-                old_shape=list(old.shape),
+                "not_in_optimizer", info.name, "error",
+                f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
+                f"`{info.name}` was frozen when the optimizer was built and unfrozen after it "
+                "(`requires_grad_(True)`), without being added to the optimizer.",
+                f"when unfreezing, add it: `optimizer.add_param_group({{'params': [...]}})` (Lightning: "
+                "`BaseFinetuning.unfreeze_and_add_param_group(modules, optimizer)` does both)",
+                tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
             ))
-    for info, p in excluded.values():
+            continue
         out.append(not_in_optimizer(info, p, step=step))
     for i, params in enumerate(inv.optimizer_params):
         for p in params:
@@ -271,8 +345,46 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
         "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
         "`configure_optimizers`), or freeze it with `requires_grad_(False)`; "
         + silence_hint(name, info.module),
-        tensor=p, step=step, aliases=info.aliases,
+        tensor=p, step=step, aliases=info.aliases, reason="left_out",
         **({} if got_grad is None else {"got_grad": got_grad}),
+    )
+
+
+_REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
+                "(`optimizer = torch.optim.AdamW(model.parameters())`), or give it the new parameters "
+                "with `optimizer.add_param_group({'params': [...]})`")
+
+
+def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
+    """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
+    name, old = pair.name, pair.old
+    resized = "" if old.shape == pair.new.shape else f", resized from {tuple(old.shape)} to {tuple(pair.new.shape)}"
+    return make(
+        "stale_param", name, "error",
+        f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
+        "optimizer and never changes.",
+        f"`{name}` was replaced after the optimizer was built{resized} (a new layer, a resize, a swapped "
+        "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
+        "model no longer uses and which gets no gradient.",
+        _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
+        old_shape=list(old.shape), paired_by=pair.how,
+    )
+
+
+def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
+    """The old tensors of one optimizer that no current parameter replaced: one finding for all."""
+    n = len(old)
+    names = [name for _, name in old if name is not None]
+    known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
+    return make(
+        "stale_param", f"optimizers[{optimizer}]", "error",
+        f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
+        f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
+        f"and get{'s' if n == 1 else ''} no gradient{known}.",
+        "the model changed after the optimizer was built (layers removed, replaced or swapped); the "
+        "optimizer still holds the old tensors, which nothing uses.",
+        _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names,
+        old_shapes=[list(t.shape) for t, _ in old],
     )
 
 
@@ -289,32 +401,39 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
     severity = "warning" if trains else "error"
     effect = ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
               if trains else "no optimizer built from `model.parameters()` sees it, so it never trains")
+    kinds = orphan.containers or ((orphan.container,) if orphan.container != "attribute" else ())
+    attr = name.split("[")[0].split(".")[-1]
     if orphan.module_in_container:
-        container = "a plain Python list" if orphan.container == "list" else "a plain Python dict"
-        cls = "nn.ModuleList" if orphan.container == "list" else "nn.ModuleDict"
+        where = _describe_containers(kinds)
         return make(
             "orphan_tensor", name, severity,
-            f"`{name}` belongs to a module kept in {container}: it is not registered, {effect}.",
-            f"the module is stored in {container}, which `nn.Module` does not look into.",
-            f"wrap the container: `self.{name.split('[')[0].split('.')[-1]} = {cls}(...)`",
-            tensor=t, step=step, container=orphan.container,
+            f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
+            f"the module is stored in {where}, which `nn.Module` does not look into.",
+            _container_fix(attr, kinds, modules=True),
+            tensor=t, step=step, container=orphan.container, containers=list(kinds),
         )
-    if orphan.container in ("list", "dict"):
-        cls = "nn.ParameterList" if orphan.container == "list" else "nn.ParameterDict"
+    if kinds:
+        where = _describe_containers(kinds)
         return make(
             "orphan_tensor", name, severity,
-            f"`{name}` requires grad but sits in a plain Python {orphan.container}: it is not registered, {effect}.",
-            f"tensors in a Python {orphan.container} are not parameters of the module.",
-            f"use `{cls}` for the container", tensor=t, step=step, container=orphan.container,
+            f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
+            f"tensors in {where} are not parameters of the module.",
+            _container_fix(attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
+            containers=list(kinds),
         )
     if not t.is_leaf:
         found = graph.origin(t)
         cause = found.cause(name, inv.known_names()) if found else f"`{name}` is not a leaf."
+        from_parameter = found is not None and found.leaf is not None and found.leaf.is_parameter
+        if from_parameter and found.fix_hint in ("device", "dtype"):
+            cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
+                      "tensor, not a Parameter.")
+        moved = {"device": "t.to(device)", "dtype": "t.to(dtype)"}.get(found.fix_hint if found else "", "t.detach()")
         return make(
             "orphan_tensor", name, severity,
             f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
-            cause + " Calling `.to()`/`.cuda()` on an `nn.Parameter` returns a plain non-leaf tensor.",
-            f"register the moved tensor: `self.{name.split('.')[-1]} = nn.Parameter(t.to(device))`",
+            cause,
+            f"register the converted tensor: `self.{name.split('.')[-1]} = nn.Parameter({moved})`",
             tensor=t, step=step, container="attribute", op=found.op if found else None,
         )
     return make(
@@ -324,6 +443,30 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
         f"`self.{name.split('.')[-1]} = nn.Parameter(tensor)`",
         tensor=t, step=step, container="attribute",
     )
+
+
+_CONTAINER_WORDS = {"list": "a plain Python list", "dict": "a plain Python dict",
+                    "dataclass": "a dataclass", "namedtuple": "a namedtuple"}
+
+
+def _describe_containers(kinds: tuple[str, ...]) -> str:
+    """``("dict", "dict")`` -> "a plain Python dict inside a plain Python dict" (innermost first)."""
+    return " inside ".join(_CONTAINER_WORDS.get(k, k) for k in reversed(kinds))
+
+
+def _container_fix(attr: str, kinds: tuple[str, ...], *, modules: bool) -> str:
+    """The registered containers that replace plain ones, nested as the plain ones were."""
+    if any(k in ("dataclass", "namedtuple") for k in kinds):
+        what = "modules" if modules else "tensors as `nn.Parameter`s"
+        return (f"register the {what}: assign them as module attributes, or keep them in "
+                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}")
+    inner = ("nn.ModuleList" if kinds[-1] == "list" else "nn.ModuleDict") if modules else \
+        ("nn.ParameterList" if kinds[-1] == "list" else "nn.ParameterDict")
+    if len(kinds) == 1:
+        return f"wrap the container: `self.{attr} = {inner}(...)`" if modules else f"use `{inner}` for the container"
+    outer = "".join(("nn.ModuleList([" if k == "list" else "nn.ModuleDict({") for k in kinds[:-1])
+    close = "".join(("])" if k == "list" else "})") for k in reversed(kinds[:-1]))
+    return f"register every level: `self.{attr} = {outer}... {inner}(...) ...{close}`"
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from .environment import tensorboard_command
 from .options import positive_int
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_tensorboard.py"
@@ -114,7 +115,8 @@ def load_example(path: Path = EXAMPLE) -> ModuleType:
 
 
 def demo_main(args: argparse.Namespace) -> int:
-    """Train the seeded-bug example, print the findings table and the TensorBoard command."""
+    """Train the seeded-bug example, print the findings table and, last, the command that opens
+    TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`)."""
     try:
         from .integrations.lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
     except ImportError as error:
@@ -139,15 +141,8 @@ def demo_main(args: argparse.Namespace) -> int:
     print(f"Trained in {elapsed:.1f} s; the findings are also in TensorBoard (scalars, text and the Leafwatch tab).")
     print("Open the dashboard with:")
     print()
-    print(f"    tensorboard --logdir {_quote(str(logdir))}")
-    print()
+    print(f"    {tensorboard_command(logdir)}")
     return 0
-
-
-def _quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 if __name__ == "__main__":

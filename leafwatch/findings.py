@@ -12,6 +12,9 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from .format import report_markdown, report_text
+
+
 class _WordEnum(str, enum.Enum):
     """A closed set of words that compare, print, format and serialise as the plain str."""
 
@@ -35,6 +38,7 @@ class Kind(_WordEnum):
     STALE_PARAM = "stale_param"
     ORPHAN_TENSOR = "orphan_tensor"
     NONFINITE_GRAD = "nonfinite_grad"
+    DEAD_GRAD = "dead_grad"
     DEVICE_MISMATCH = "device_mismatch"
 
 
@@ -187,16 +191,28 @@ class Finding:
         return cls(**values)
 
     def sort_key(self) -> tuple[int, int, int, str]:
-        return (
-            _STATUS_RANK.get(self.status, 9),
-            _SEVERITY_RANK.get(self.severity, 9),
-            _KIND_RANK.get(self.kind, 99),
-            self.name,
-        )
+        """The one order of findings, everywhere they are listed (reports, the console, the
+        distributed merge, the Leafwatch tab): by status (open first), then severity (errors
+        first), then kind (in :data:`KINDS` order), then name."""
+        return order_key(self.status, self.severity, self.kind, self.name)
 
 
-def _escape_markdown(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+def order_key(status: str, severity: str, kind: str, name: str) -> tuple[int, int, int, str]:
+    """:meth:`Finding.sort_key` from the four words it orders by (unknown words sort last)."""
+    return (_STATUS_RANK.get(status, 9), _SEVERITY_RANK.get(severity, 9), _KIND_RANK.get(kind, 99), name)
+
+
+def sort_key_of(data: Mapping[str, Any]) -> tuple[int, int, int, str]:
+    """:meth:`Finding.sort_key` of a finding as plain data (``Finding.to_dict()``, a record).
+
+    Example::
+
+        >>> f = Finding("missing_grad", "head.weight", "error", "no gradient")
+        >>> sort_key_of(f.to_dict()) == f.sort_key()
+        True
+    """
+    return order_key(str(data.get("status", Status.OPEN)), str(data.get("severity", "")),
+                     str(data.get("kind", "")), str(data.get("name", "")))
 
 
 class Report:
@@ -258,47 +274,12 @@ class Report:
         return [f for f in self.open if _SEVERITY_RANK.get(f.severity, 9) <= limit]
 
     def __str__(self) -> str:
-        if not self.findings:
-            return "leafwatch: no findings" + (f" at step {self.step}" if self.step is not None else "")
-        head = f"leafwatch: {len(self.open)} open of {len(self.findings)} finding(s)"
-        if self.step is not None:
-            head += f" at step {self.step}"
-        lines = [head]
-        for f in self.findings:
-            status = "" if f.status == "open" else f" [{f.status}]"
-            since = f" (since step {f.first_step})" if f.first_step is not None else ""
-            ranks = f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
-            lines.append(f"  {f.severity.upper():7} {f.kind:19} {f.name}{status}{since}{ranks}")
-            lines.append(f"      {f.message}")
-            if f.cause:
-                lines.append(f"      cause: {f.cause}")
-            if f.fix:
-                lines.append(f"      fix:   {f.fix}")
-        return "\n".join(lines)
+        """The findings table (:func:`leafwatch.format.report_text`)."""
+        return report_text(self.findings, self.step)
 
     def to_markdown(self) -> str:
         """A markdown table (with the blank line before it that TensorBoard needs)."""
-        if not self.findings:
-            return "**leafwatch**: no findings."
-        rows = [
-            f"**leafwatch**: {len(self.open)} open finding(s)"
-            + (f" at step {self.step}" if self.step is not None else ""),
-            "",
-            "| severity | kind | name | status | cause | fix | since step |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for f in self.findings:
-            cells = [
-                f.severity,
-                f.kind,
-                f"`{f.name}`",
-                f.status,
-                f.cause or f.message,
-                f.fix,
-                "" if f.first_step is None else str(f.first_step),
-            ]
-            rows.append("| " + " | ".join(_escape_markdown(c) for c in cells) + " |")
-        return "\n".join(rows)
+        return report_markdown(self.findings, self.step)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``."""

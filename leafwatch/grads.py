@@ -10,14 +10,13 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
-import weakref
-
-from . import checks, evidence, inventory, tracing
+from . import checks, evidence, inventory, outside, tracing
 from .findings import Finding, Severity, Status
 from .history import FindingHistory
 from .structure import CheckList
@@ -35,6 +34,12 @@ STEADY_REFRESH = 50
 #: without a gradient, and at least twice its longest gap before: it stopped training.
 STALLED_AFTER = 100
 
+_TRACED_NOTHING = ("unknown: the forward hooks on {shown} saw the whole step and found no module-level "
+                   "cause: `{name}` is probably used outside any module's forward (in a function or the "
+                   "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
+                   "cut it. Pass `loss=` to check() to walk the loss's graph.")
+_GOT_IT_LATER = ("`{name}` got no gradient at first and got one again at step {step}: it is used at some "
+                 "steps only (routing, branches, alternating optimizers).")
 _PENDING_CAUSE = ("being traced: leafwatch armed forward hooks on `{module}` and will say why at "
                   "the next check.")
 
@@ -52,6 +57,8 @@ class GradientTracker:
         self.history = history
         self.patience = patience
         self.diagnose = diagnose
+        #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
+        self.from_start = True
         self.streak: dict[int, int] = {}
         self.misses: dict[int, int] = {}
         self.longest: dict[int, int] = {}
@@ -138,8 +145,8 @@ class GradientTracker:
                 continue
             if info is None and self.history.is_open(("stale_param", name)):
                 continue  # the replaced tensor: its stale_param finding already says it will not train
-            self._report_miss(p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                              layer, clist.checks, clist)
+            self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
+                              layer, clist.checks)
         if len(now) != len(streaks):  # else every tensor in a streak missed again: none recovered
             for pid in [k for k in streaks if k in clist.ids and k not in now]:
                 self._recovered(clist, pid, step)
@@ -161,14 +168,22 @@ class GradientTracker:
                                            details={**old.details, "checks": checks_of_p,
                                                     "steps_without_grad": misses}))
 
-    def _report_miss(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
+    @staticmethod
+    def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
+        return any(other is not None and other is not info and other.module == info.module and q.grad is not None
+                   for q, other in zip(clist.params, clist.infos))
+
+    def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
                      reachable: set[int] | None, layer: tuple[str, int] | None = None,
-                     list_checks: int = 0, clist: CheckList | None = None) -> None:
+                     list_checks: int = 0) -> None:
         pid = id(p)
         old = self.history.get(("missing_grad", name))
         explanation = None
-        if info is not None:
+        if info is not None and info.module not in tracer.records and self._siblings_got_grads(clist, info):
+            # The module never ran through its hooks, yet its other parameters got gradients.
+            explanation = tracing.called_directly(name, info.module)
+        elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
                                                   tracer.armed_since_reset)
         reason = explanation.reason if explanation is not None else None
@@ -206,10 +221,16 @@ class GradientTracker:
             return
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
-                                checks=checks_of_p, misses=misses)
-        if explanation is None and reachable is None and self.diagnose and info is not None:
+                                checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
+        traced_before = old is not None and old.details.get("reason") in ("pending", "unknown")
+        if explanation is None and reachable is None and self.diagnose and info is not None and not traced_before:
             f = f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                           details={**f.details, "reason": "pending"})
+        elif explanation is None and reachable is None and traced_before:
+            # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
+            f = f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
+                                                       shown=f"`{info.module}`" if info and info.module else "the model"),
+                          details={**f.details, "reason": "unknown"})
         if misses < checks_of_p:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
@@ -227,6 +248,12 @@ class GradientTracker:
         self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)
+        if old is not None and old.details.get("reason") == "pending" and old.status != Status.PENDING:
+            # The placeholder promised a cause at the next check: the gradient came instead.
+            old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
+                              details={**old.details, "reason": "came_back"})
+            if old.status != Status.OPEN:
+                self.history.put(old)
         if old is not None and old.status in (Status.OPEN, Status.PENDING):
             self._suspects.pop(pid, None)
             old = old.replace(details={k: v for k, v in old.details.items() if k != "pending"})
@@ -345,9 +372,18 @@ class WatchedTracker:
     def __init__(self, history: FindingHistory) -> None:
         self.history = history
         self._counts: dict[str, tuple[WatchEntry, int]] = {}
+        self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
+        #: Set by the owner to anything that changes when the optimizers or their groups change.
+        self.optimizers_version: object = None
         self._may_be_open = True
 
-    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None) -> None:
+    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
+               in_optimizer: Callable[[WatchEntry], bool] | None = None) -> None:
+        """Record one check of the watched tensors.
+
+        ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
+        it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
+        """
         if not (entries or self._may_be_open):
             return  # nothing watched and no watched finding open: nothing to do at all
         current: set[tuple[str, str]] = set()
@@ -362,12 +398,27 @@ class WatchedTracker:
                 got[e.name] = e.grads_seen > last or (
                     e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
                 counts[e.name] = (e, e.grads_seen)
-            for f in checks.watched_findings(entries, step, got, inv):
+            found = checks.watched_findings(entries, step, got, inv)
+            if in_optimizer is not None:
+                found += outside.watched_in_no_optimizer(
+                    entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
+                    in_optimizer=self._cached(in_optimizer))
+            for f in found:
                 current.add(f.key)
                 self.history.upsert(f)
         self._counts = counts  # only the live entries: bounded by what is watched now
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
         self._may_be_open = bool(current)
         self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
+
+    def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
+        """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
+        def cached(entry: WatchEntry) -> bool:
+            verdict = self._verdicts.get(entry.name)
+            if verdict is None or verdict[0] is not entry or verdict[2] != self.optimizers_version:
+                verdict = self._verdicts[entry.name] = (entry, in_optimizer(entry), self.optimizers_version)
+            return verdict[1]
+        return cached
 
     def sizes(self) -> int:
         return len(self._counts)

@@ -134,8 +134,10 @@ class FindingHistory:
         """
         new = {f.key: f for f in found}
         waiting = {f.key: f for f in held}
+        # A tensor outside the model (leafwatch.outside) is judged at checks, not from the structure.
         gone = [f.key for f in self._records.values()
-                if f.kind in STRUCTURAL_KINDS and f.key not in new and f.key not in waiting]
+                if f.kind in STRUCTURAL_KINDS and f.key not in new and f.key not in waiting
+                and not f.details.get("outside")]
         for key in gone:
             self.resolve(key, step)
         for f in new.values():

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import graph
+from .options import got
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
@@ -55,8 +56,10 @@ class ParamInfo:
 class Orphan:
     name: str
     tensor: torch.Tensor
-    container: str  # "attribute", "list", "dict"
+    container: str  # "attribute", "list", "dict", "dataclass", "namedtuple"
     module_in_container: bool = False
+    #: The plain containers on the access path, outermost first (``("dict", "dict")``).
+    containers: tuple[str, ...] = ()
 
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
@@ -70,6 +73,57 @@ def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) | {"training"}
 _MAX_CONTAINER_ITEMS = 64
+#: How deep plain containers are looked into (a dict of dicts of Parameters is depth 2).
+_MAX_CONTAINER_DEPTH = 4
+
+
+def _container_kind(value: Any) -> str | None:
+    """``"list"``/``"dict"``/``"namedtuple"``/``"dataclass"`` for a plain container, else None."""
+    if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+        return "namedtuple"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    if isinstance(value, dict) and not isinstance(value, nn.Module):
+        return "dict"
+    if dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
+        return "dataclass"
+    return None
+
+
+def _container_items(value: Any, kind: str) -> Iterable[tuple[str, Any]]:
+    """The ``(access suffix, item)`` pairs of a plain container, at most a bounded number."""
+    if kind == "namedtuple":
+        return ((f".{f}", getattr(value, f)) for f in value._fields[:_MAX_CONTAINER_ITEMS])
+    if kind == "list":
+        return ((f"[{i}]", item) for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]))
+    if kind == "dict":
+        return ((f"[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_CONTAINER_ITEMS))
+    return ((f".{f.name}", getattr(value, f.name, None))
+            for f in dataclasses.fields(value)[:_MAX_CONTAINER_ITEMS])
+
+
+def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
+    """The tensors and modules a module keeps in plain containers among its attributes.
+
+    Walks lists, tuples, dicts, namedtuples and dataclass instances, nested up to a bounded
+    depth, without entering tensors or modules. Yields ``(access path, value, containers)``
+    where ``containers`` names the plain containers on the path, outermost first; a tensor or
+    module held directly as an attribute is yielded with no containers.
+    """
+    for attr, value in vars(module).items():
+        if attr in _MODULE_INTERNALS:
+            continue
+        stack: list[tuple[str, Any, tuple[str, ...]]] = [(attr, value, ())]
+        while stack:
+            path, item, kinds = stack.pop()
+            if isinstance(item, (torch.Tensor, nn.Module)):
+                yield path, item, kinds
+                continue
+            kind = _container_kind(item) if len(kinds) < _MAX_CONTAINER_DEPTH else None
+            if kind is None:
+                continue
+            # Reversed onto the stack: items come out in their order.
+            stack.extend(reversed([(path + suffix, sub, kinds + (kind,)) for suffix, sub in _container_items(item, kind)]))
 
 
 class Inventory:
@@ -142,7 +196,7 @@ class Inventory:
         found: list[Orphan] = []
         seen: set[int] = set()
 
-        def consider(name: str, value: Any, container: str) -> None:
+        def consider(name: str, value: Any, container: str, kinds: tuple[str, ...]) -> None:
             if isinstance(value, torch.Tensor):
                 if id(value) in registered or id(value) in seen or not value.requires_grad:
                     return
@@ -151,27 +205,23 @@ class Inventory:
                     # computed from the model's own parameters, not would-be parameters.
                     return
                 seen.add(id(value))
-                found.append(Orphan(name, value, container))
+                found.append(Orphan(name, value, container, containers=kinds))
             elif isinstance(value, nn.Module) and container != "attribute":
                 for sub, p in value.named_parameters():
                     if id(p) in registered or id(p) in seen or not p.requires_grad:
                         continue
                     seen.add(id(p))
-                    found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True))
+                    found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
+                                        containers=kinds))
 
         for module_name, module in self.modules.items():
             prefix = f"{module_name}." if module_name else ""
-            for attr, value in vars(module).items():
-                if attr in _MODULE_INTERNALS:
+            for path, value, kinds in contained(module):
+                if not kinds:
+                    if isinstance(value, torch.Tensor):
+                        consider(prefix + path, value, "attribute", kinds)
                     continue
-                if isinstance(value, torch.Tensor):
-                    consider(prefix + attr, value, "attribute")
-                elif isinstance(value, (list, tuple)):
-                    for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]):
-                        consider(f"{prefix}{attr}[{i}]", item, "list")
-                elif isinstance(value, dict) and not isinstance(value, nn.Module):
-                    for key, item in itertools.islice(value.items(), _MAX_CONTAINER_ITEMS):
-                        consider(f"{prefix}{attr}[{key!r}]", item, "dict")
+                consider(prefix + path, value, kinds[-1], kinds)
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
@@ -208,20 +258,21 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(
                     f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-                    f"got {type(opt).__name__} at index {i}: {opt!r:.80}"
+                    f"got {got(opt)} at index {i}"
                 )
             out.append(opt)
         return out
     raise TypeError(
         f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-        f"got {type(optimizers).__name__}: {optimizers!r:.80}"
+        f"got {got(optimizers)}"
     )
 
 
 def normalize_model(model: Any, argument: str = "model") -> nn.Module | None:
     if model is None or isinstance(model, nn.Module):
         return model
-    raise TypeError(f"`{argument}` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    hint = " (an optimizer goes second: `Monitor(model, optimizer)`)" if isinstance(model, torch.optim.Optimizer) else ""
+    raise TypeError(f"`{argument}` must be a torch.nn.Module, got {got(model)}{hint}")
 
 
 def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torch.Tensor]:
@@ -236,13 +287,13 @@ def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torc
         items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
     else:
         raise TypeError(
-            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {type(tensors).__name__}: {tensors!r:.80}"
+            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {got(tensors)}"
         )
     out: dict[str, torch.Tensor] = {}
     for name, t in items:
         if not isinstance(name, str):
-            raise TypeError(f"`{argument}` keys must be str, got {type(name).__name__}: {name!r:.80}")
+            raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {type(t).__name__}: {t!r:.80}")
+            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {got(t)}")
         out[name] = t
     return out

@@ -17,7 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, structure, tracing, watching
+from . import checks, graph, inventory, outside, structure, tracing, values, watching
+from .console import NewFindingWarnings
+from .dead import DeadGradTracker
 from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
@@ -58,6 +60,8 @@ class Monitor:
             sinks, every rank gets the merged report and raises in strict mode). None: when
             ``torch.distributed`` is initialized with more than one process.
         roots: Named root modules to read instead of ``model`` (``leafwatch run`` finds them).
+        verbose: Warn once about each new open finding as it appears (short: kind, name, fix).
+            None: on once :meth:`attach` is called, off for explicit :meth:`check` calls.
 
     Example::
 
@@ -86,6 +90,7 @@ class Monitor:
         sinks: Sequence[Callable[[CheckEvent], Any]] = (),
         distributed: bool | None = None,
         roots: Mapping[str, nn.Module] | None = None,
+        verbose: bool | None = None,
     ) -> None:
         model = inventory.normalize_model(model)
         optimizers = inventory.normalize_optimizers(optimizers)
@@ -93,6 +98,8 @@ class Monitor:
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
         self.strict = validate_bool(strict, "strict")
         self.diagnose = validate_bool(diagnose, "diagnose")
+        if verbose is not None:
+            validate_bool(verbose, "verbose")
         if distributed is not None and not isinstance(distributed, bool):
             raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
         self.history_store = FindingHistory(validate_ignore(ignore))
@@ -101,6 +108,9 @@ class Monitor:
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
         self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
+        self.verbose = verbose
+        if verbose:
+            self._sinks.insert(0, NewFindingWarnings())
         if writer is not None:
             from .integrations.tensorboard import TensorBoardSink
 
@@ -110,7 +120,10 @@ class Monitor:
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
         self._membership = MembershipJudge(self.history_store)
-        self._values = NamedValueCheck()
+        self._values = NamedValueCheck(track_zeros=True)
+        self._dead = DeadGradTracker(self.history_store)
+        self._loss_leaves = outside.LossLeaves()
+        self._last_value_step = -1
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
@@ -122,9 +135,11 @@ class Monitor:
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
-        if self.diagnose and self.structure.has_model():
+        snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
+        self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
+        if self.diagnose and snapshot is not None:
             try:
-                self._tracer.arm(self.structure.modules())
+                self._tracer.arm(snapshot.modules)
             except Exception as error:  # never stop training for a diagnostic
                 self._warn("arming the diagnostic hooks", error)
 
@@ -230,6 +245,9 @@ class Monitor:
         """
         if not self.structure.optimizers:
             raise ValueError("`optimizers` must be given to attach(): got none")
+        if self.verbose is None:
+            self.verbose = True
+            self._sinks.insert(0, NewFindingWarnings())
         for opt in self.structure.optimizers:
             self._handles.append(opt.register_step_pre_hook(self._before_step))
             self._handles.append(opt.register_step_post_hook(self._after_step))
@@ -282,6 +300,7 @@ class Monitor:
             "value_names_kept": self._values.launched(),
             "step_hooks": len(self._handles),
             "sinks": len(self._sinks),
+            "loss_graph_walks": self._loss_leaves.walks,
         }
 
     def close(self) -> Report:
@@ -291,6 +310,8 @@ class Monitor:
         self._closed = True
         try:
             self._record_values(*self._values.flush())
+            if self.check_values_every_n_steps and self.step > 0:
+                self._final_values()
             self._decide_pending()
             self._report = self.history_store.report(self.step)
         except Exception as error:
@@ -381,7 +402,8 @@ class Monitor:
         self._grads.rebuilt(inv)
         self._membership.rebuilt(inv)
         shown, held = self._membership.split(
-            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names), inv,
+            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
+                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
             before_gradients=before_gradients)
         self.history_store.replace_structural(shown, self.step, held)
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
@@ -402,7 +424,9 @@ class Monitor:
         if inv is not None:
             self._rebuilt(inv)
         lists = cache.lists_for(optimizer)
-        reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
+        reachable: set[int] | None = None
+        walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
+        streaks_before = len(self._grads.streak)
         all_missing: list[int] = []
         offset = 0
         skip: set[int] | None = None
@@ -413,13 +437,23 @@ class Monitor:
             if missing or self._grads:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
-                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.previous_names.keys()
+                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
+                if missing and not walked:
+                    reachable, walked = graph.reachable_leaf_ids(loss), True
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)
         if self._grads.targets:
             cache.leave_out(self._grads.take_new_targets())
-        self._watched.update(self._watch_entries(), self.step, cache.inventory)
+        entries = self._watch_entries()
+        if entries:
+            self._watched.optimizers_version = (cache.rebuilds, structure.structure_generation())
+        self._watched.update(entries, self.step, cache.inventory, self._in_judging_optimizer)
+        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > streaks_before):
+            for f in self._loss_leaves.observe(
+                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], entries)):
+                self.history_store.upsert(f)
         self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
         if every and (self.step == 1 or self.step % every == 0):
@@ -442,7 +476,30 @@ class Monitor:
         return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
                           all_missing, coverage)
 
+    def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
+        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
+        optimizer known in the process. Without optimizers, nothing is judged."""
+        own = any(e is entry for e in self.watches.entries())
+        optimizers = self.structure.optimizers if own else structure.known_optimizers()
+        return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
+
+    def _final_values(self) -> None:
+        """At the end of a run: the gradients not checked since the last value check, and the
+        parameters themselves (a short run may end between value checks, and gradients are often
+        cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+        lists = list(self.structure.lists.values())
+        if self._last_value_step != self.step:
+            self._check_values(lists)
+            self._record_values(*self._values.flush())
+        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if not nn.parameter.is_lazy(p)]
+        params, names = [p for p, _ in named], [n for _, n in named]
+        flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
+        for _, i in values.nonfinite(params, self.step):
+            if names[i] not in flagged:
+                self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
+
     def _check_values(self, lists: list[structure.CheckList]) -> None:
+        self._last_value_step = self.step
         params = [p for c in lists for p in c.params]
         grads = [p.grad for p in params]
         if self.structure.grad_view.local_grads:
@@ -460,6 +517,7 @@ class Monitor:
             self.history_store.resolve_where(
                 lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
                 latest)
+        self._dead.record(self._values.take_zeros())
 
     # -- sinks --------------------------------------------------------------------------------
     def _emit(self, event: CheckEvent) -> None:

@@ -17,8 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .findings import Report
-
-REPORT_TAG = "leafwatch/report"  # the tag TensorBoardSink writes (leafwatch.integrations.tensorboard.FINDINGS_TAG)
+from .records import REPORT_TAG, decode
 FAIL_ON = ("error", "warning", "never")
 #: Exit codes: findings at or above --fail-on open; no leafwatch data (or no such folder).
 EXIT_FINDINGS, EXIT_NO_DATA = 1, 2
@@ -52,11 +51,11 @@ def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
             yield folder, [os.path.join(folder, f) for f in events]
 
 
-def _string_of(value: Any) -> str | None:
+def _payload_of(value: Any) -> bytes | None:
     tensor = value.tensor if value.HasField("tensor") else None
     if tensor is None or not tensor.string_val:
         return None
-    return tensor.string_val[0].decode("utf-8")
+    return tensor.string_val[0]
 
 
 def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
@@ -70,17 +69,29 @@ def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
             for value in event.summary.value:
                 if value.tag != REPORT_TAG:
                     continue
-                payload = _string_of(value)
-                if payload is None:
-                    continue
-                try:
-                    data = json.loads(payload)
-                except ValueError:
+                payload = _payload_of(value)
+                data = None if payload is None else decode(payload)
+                if data is None:
                     continue
                 key = (event.wall_time, file_index, event_index)
-                if isinstance(data, dict) and (best is None or key >= best[0]):
+                if best is None or key >= best[0]:
                     best = (key, data)
     return None if best is None else (best[0][0], best[1])
+
+
+def run_label(folder: str, logdir: str) -> str:
+    """How a run is named: its path under ``logdir``, or the folder's own name when the event
+    files are in ``logdir`` itself (``leafwatch report runs/lit/version_0`` -> ``version_0``).
+
+    Example::
+
+        >>> run_label("runs/lit/version_0", "runs"), run_label("runs/lit/version_0", "runs/lit/version_0/")
+        ('lit/version_0', 'version_0')
+    """
+    run = os.path.relpath(folder, logdir)
+    if run == os.curdir:
+        run = os.path.basename(os.path.abspath(folder)) or os.path.abspath(folder)
+    return run.replace(os.sep, "/")
 
 
 def read_reports(logdir: str) -> list[RunReport]:
@@ -97,8 +108,7 @@ def read_reports(logdir: str) -> list[RunReport]:
         if found is None:
             continue
         wall_time, data = found
-        run = os.path.relpath(folder, logdir)
-        out.append(RunReport(run=run, path=folder, wall_time=wall_time, data=data))
+        out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=wall_time, data=data))
     return out
 
 
@@ -114,8 +124,7 @@ def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
 def format_text(reports: Sequence[RunReport]) -> str:
     blocks = []
     for r in reports:
-        name = "." if r.run == os.curdir else r.run
-        blocks.append(f"run: {name}\n{r.report}")
+        blocks.append(f"run: {r.run}\n{r.report}")
     return "\n\n".join(blocks)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import inventory
+from . import inventory, replaced
 from .integrations import distributed
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
@@ -140,6 +140,12 @@ class StructureCache:
         self.lists: dict[int | None, CheckList] = {}
         #: Names of tensors the model held before a change, while an optimizer still holds them.
         self.previous_names: dict[int, str] = {}
+        #: The optimizers' old tensors paired with the parameters that replaced them (at the last build).
+        self.stale = replaced.Replaced()
+        #: Ids of the old tensors (reported as stale_param, never as missing_grad).
+        self.stale_ids: frozenset[int] = frozenset()
+        #: Ids of the model's parameters seen with requires_grad=False (at creation or a rebuild).
+        self.seen_frozen: set[int] = set()
         self._fingerprint: Any = None
         self._built_at = 0
         self._flags_read_at = 0
@@ -224,6 +230,16 @@ class StructureCache:
         return {str(k): c.checks for k, c in self.lists.items()}
 
     # -- rebuilding --------------------------------------------------------------------------
+    def snapshot(self) -> inventory.Inventory | None:
+        """Remember the names the model's tensors have now (at the Monitor's creation), so that a
+        layer replaced before the first check is paired with its predecessor by name."""
+        if not self.has_model():
+            return None
+        inv = inventory.Inventory(self.source)
+        self.previous_names.update(inv.known_names())
+        self.seen_frozen = {k for k, t in inv.tensors.items() if not t.requires_grad}
+        return inv
+
     def fingerprint(self) -> list[Any]:
         """What is compared at every check to know whether to rebuild (flat, small, no tensor)."""
         # Read at every check, right after backward, when Python code runs cold: one flat list,
@@ -253,6 +269,11 @@ class StructureCache:
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}
+        # Parameters seen frozen: one trainable now but in no optimizer was unfrozen after it was built.
+        self.seen_frozen = {k for k in self.seen_frozen if k in inv.tensors} | \
+            {k for k, t in inv.tensors.items() if not t.requires_grad}
+        self.stale = replaced.pair(inv, self.previous_names)
+        self.stale_ids = frozenset(self.stale.old_ids())
         old_lists, self.lists = self.lists, {}
         view = self.grad_view = distributed.gradient_view(
             self.source, [(k, t, inv.params[k].name) for k, t in inv.tensors.items()], step)
@@ -289,9 +310,10 @@ class StructureCache:
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
                    old: CheckList | None) -> CheckList:
         infos = [inv.params.get(id(p)) for p in params]
-        # A tensor the model no longer holds keeps the name it had (it is a stale_param finding).
-        names = tuple(info.name if info else self.previous_names.get(id(p), f"tensor of shape {tuple(p.shape)}")
-                      for info, p in zip(infos, params))
+        # An old tensor is named by the parameter that replaced it (it is a stale_param finding).
+        current = self.stale.names()
+        names = tuple(info.name if info else current.get(id(p)) or self.previous_names.get(id(p))
+                      or f"tensor of shape {tuple(p.shape)}" for info, p in zip(infos, params))
         checks_done = old.checks if old is not None else 0
         added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
         return CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)

@@ -38,6 +38,11 @@ class RunRecord:
     output_storage: int = 0
     detached_inputs: frozenset[int] = frozenset()
     output_opaque: bool = False  # its output held no tensor the hook could see
+    output_shape: tuple[int, ...] | None = None
+    #: (shape, storage) of floating-point inputs without grad while grad was on.
+    fresh_input_shapes: frozenset[tuple[tuple[int, ...], int]] = frozenset()
+    #: Storages of the inputs that required grad (whose outputs this module used).
+    grad_inputs: frozenset[int] = frozenset()
 
 
 def _items(value: Any) -> list[Any] | None:
@@ -182,12 +187,22 @@ class Tracer:
                 record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
             if _inputs_require_grad(args):
                 record.inputs_require_grad = True
-            no_grad_inputs = {_storage(a) for a in args if isinstance(a, torch.Tensor) and not a.requires_grad}
-            if no_grad_inputs:
-                record.detached_inputs = record.detached_inputs | no_grad_inputs
+            with_grad = {_storage(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad}
+            if with_grad:
+                record.grad_inputs = record.grad_inputs | with_grad
+            no_grad = [a for a in args if isinstance(a, torch.Tensor) and not a.requires_grad]
+            if no_grad:
+                record.detached_inputs = record.detached_inputs | {_storage(a) for a in no_grad}
+                if grad_on:
+                    fresh = {(tuple(a.shape), _storage(a)) for a in no_grad if a.is_floating_point()}
+                    if fresh:
+                        record.fresh_input_shapes = record.fresh_input_shapes | fresh
             produced = _first_any_tensor(output)
+            if produced is None:
+                produced = _first_tensor(output, requires_grad=False)  # a dict or dataclass output
             if produced is not None:
                 record.output_storage = _storage(produced)
+                record.output_shape = tuple(produced.shape)
             out = _first_tensor(output)
             if out is None and _first_tensor(output, requires_grad=False) is None:
                 record.output_opaque = True
@@ -240,6 +255,20 @@ class Explanation:
     reason: str  # a short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, unused
 
 
+def called_directly(param_name: str, module_name: str) -> Explanation:
+    """A module whose other parameters got gradients but whose forward hooks never fired: it is
+    called through ``.forward()`` directly, where module hooks cannot see."""
+    shown = f"`{module_name}`" if module_name else "the root module"
+    return Explanation(
+        cause=f"`{param_name}` is not used in the computation of the loss. {shown}'s other parameters got "
+        f"gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
+        "parameters are used outside its forward), so leafwatch cannot say more about where.",
+        fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
+        f"call the module itself (`{module_name or 'model'}(x)`, not `.forward(x)`) so that hooks see it",
+        reason="unused",
+    )
+
+
 def explain_missing(
     param_name: str,
     module_name: str,
@@ -290,42 +319,103 @@ def explain_missing(
             return None  # an output of a type the hook cannot look into: nothing to conclude
         return Explanation(
             cause=f"{shown} ran with gradients on, but its output does not require grad: `{param_name}` "
-            "is used through `.data` or `.detach()` inside its forward.",
-            fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()`",
+            "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+            f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
+            fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
+            f"`torch.tensor({attribute}...)`",
             reason="data_access",
         )
     if not record.backward_reached:
-        cut = _cut_after(record, records)
-        where = (
-            f" The cut is between {shown} and `{cut.name}`, which received {shown}'s output detached."
-            if cut is not None
-            else ""
-        )
-        return Explanation(
-            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
-            "it was cut from the loss by `.detach()`, `torch.no_grad()`, a NumPy round trip "
-            f"(`.numpy()`, `.tolist()`, `.item()`) or a `torch.tensor(...)` rewrap, or not used at all.{where}",
-            fix="keep the computation in torch ops from the module's output to the loss: remove the `.detach()`/NumPy/`torch.tensor(...)` step",
-            reason="detached",
-        )
+        return _not_reached(shown, record, records)
     return Explanation(
         cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
-        f"(or uses it through `.data` / `.detach()`).",
-        fix=f"use `{attribute}` in {shown}'s forward, or delete it",
+        f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
+        f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
+        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute}...)`), or delete it",
         reason="unused",
     )
 
 
-def _cut_after(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
-    """The later module that received ``record``'s output detached (same storage, no grad)."""
-    if not record.output_storage:
-        return None
-    later = [
-        r
-        for r in records.values()
-        if r.order > record.order
-        and record.output_storage in r.detached_inputs
-        and not _is_descendant(r.name, record.name)
-        and not _is_descendant(record.name, r.name)
-    ]
-    return min(later, key=lambda r: r.order, default=None)
+def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord]) -> Explanation:
+    """Backward never reached a module's output: a cut (named where the hooks saw it), or an
+    output nothing used."""
+    cut, how = _cut_after(record, records)
+    if cut is not None and how == "detached":
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
+            f"`{cut.name}` received it detached (the same storage without grad). The cut is between {shown} "
+            f"and `{cut.name}`: a `.detach()`, `torch.no_grad()` or a NumPy round trip (`.numpy()` and "
+            "`torch.from_numpy()` share the storage).",
+            fix=f"pass {shown}'s output to `{cut.name}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step between them",
+            reason="detached",
+        )
+    if cut is not None:
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
+            f"`{cut.name}` received a new tensor of the same shape made from its values (no grad, new "
+            "storage): a `torch.tensor(x.tolist())`, `torch.from_numpy(x.numpy())` or `torch.tensor(x)` "
+            f"rewrap between {shown} and `{cut.name}` made a new leaf and cut it from the loss.",
+            fix=f"pass {shown}'s output to `{cut.name}` as a tensor: no `.tolist()`/`.numpy()`/`torch.tensor(...)` between them",
+            reason="rewrapped",
+        )
+    users = [r for r in _later(record, records) if record.output_storage and record.output_storage in r.grad_inputs]
+    if users:
+        user = min(users, key=lambda r: r.order)
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
+            f"reached it: the loss was cut after `{user.name}` (by `.detach()`, `torch.no_grad()`, a NumPy "
+            "round trip or a `torch.tensor(...)` rewrap), so nothing before the cut trains.",
+            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/NumPy/`torch.tensor(...)` step after it",
+            reason="detached",
+        )
+    after = _next_module(record, records)
+    between = f" between {shown} and `{after.name}` (the next module that ran)" if after is not None else \
+        f" after {shown}"
+    if after is None:
+        # Nothing ran after it: a cut and an unused output look the same to module hooks.
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, but backward never reached that output, and "
+            "no module ran after it. It was cut from the loss outside any module, where module hooks cannot "
+            "see (`.detach()`, `torch.no_grad()`, a NumPy round trip (`.numpy()`, `.tolist()`, `.item()`) or "
+            "a `torch.tensor(...)` rewrap), or nothing in the loss uses it.",
+            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/NumPy/`torch.tensor(...)` "
+            f"step after it), or remove {shown} if its output is not needed",
+            reason="detached",
+        )
+    return Explanation(
+        cause=f"{shown} ran and its output required grad, but backward never reached that output. Most "
+        "likely nothing in the loss uses it (an output computed and ignored, like a pooler whose output "
+        "the loss never reads); otherwise it was cut outside any module"
+        f"{between}, where module hooks cannot see: by `.detach()`, `torch.no_grad()`, a NumPy round "
+        "trip (`.numpy()`, `.tolist()`, `.item()`) or a `torch.tensor(...)` rewrap.",
+        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with `ignore=`) "
+        f"if its output is not needed; if it should feed the loss, look{between} for the cut",
+        reason="unused_output",
+    )
+
+
+def _later(record: RunRecord, records: dict[str, RunRecord]) -> list[RunRecord]:
+    return [r for r in records.values() if r.order > record.order
+            and not _is_descendant(r.name, record.name) and not _is_descendant(record.name, r.name)]
+
+
+def _next_module(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
+    return min(_later(record, records), key=lambda r: r.order, default=None)
+
+
+def _cut_after(record: RunRecord, records: dict[str, RunRecord]) -> tuple[RunRecord | None, str]:
+    """The later module that received ``record``'s output cut: ``"detached"`` (the same storage
+    without grad) or ``"rewrapped"`` (a fresh leaf of the same shape)."""
+    later = _later(record, records)
+    if record.output_storage:
+        detached = [r for r in later if record.output_storage in r.detached_inputs]
+        if detached:
+            return min(detached, key=lambda r: r.order), "detached"
+    if record.output_shape and not any(record.output_storage in r.grad_inputs for r in later):
+        # A fresh tensor of the same shape that is no module's (detached) output: a rewrap of values.
+        outputs = {r.output_storage for r in records.values()}
+        rewrapped = [r for r in later if any(shape == record.output_shape and storage not in outputs
+                                             for shape, storage in r.fresh_input_shapes)]
+        if rewrapped:
+            return min(rewrapped, key=lambda r: r.order), "rewrapped"
+    return None, ""

@@ -33,7 +33,7 @@ _INF = float("inf")
 class _Pending:
     step: int
     indices: list[int]
-    host: torch.Tensor
+    host: torch.Tensor  # per tensor: 1 = not finite, 2 = exactly zero
     event: object
 
 
@@ -73,13 +73,24 @@ def _group(grads: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], 
     return {key: value for key, value in out.items() if key[1].is_floating_point or key[1].is_complex}
 
 
-def _norms_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """A bool vector: which tensors are all finite (one fused max-abs norm)."""
+def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The max-abs norm of each tensor (one fused op)."""
     try:
         norms = torch._foreach_norm(tensors, _INF)
     except (RuntimeError, TypeError):  # an exotic tensor subclass: one norm each
         norms = [torch.linalg.vector_norm(t, _INF) for t in tensors]
-    return torch.isfinite(torch.stack(norms))
+    return torch.stack(norms)
+
+
+def _norms_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """A bool vector: which tensors are all finite (one fused max-abs norm)."""
+    return torch.isfinite(_norms(tensors))
+
+
+def _flags(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Per tensor, from its max-abs norm: 1 when not finite, 2 when exactly zero, else 0."""
+    norms = _norms(tensors)
+    return (~torch.isfinite(norms)).to(torch.uint8) + (norms == 0).to(torch.uint8) * 2
 
 
 def _extremes(t: torch.Tensor) -> torch.Tensor:
@@ -88,6 +99,73 @@ def _extremes(t: torch.Tensor) -> torch.Tensor:
     if t.is_complex():
         t = torch.view_as_real(t.resolve_conj())
     return torch.stack(torch.aminmax(t))
+
+
+#: Above this mean number of elements per tensor, one fused max per view of the flat buffer beats
+#: the segmented reduction (which pays per element, where the fused max pays per tensor).
+_FOREACH_MEAN_NUMEL = 256
+
+
+def _segment_max(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """The max of each consecutive segment of ``flat`` (NaN propagates), in a few ops."""
+    if flat.numel() >= _FOREACH_MEAN_NUMEL * len(lengths):
+        try:
+            return torch.stack(torch._foreach_max(list(flat.split(lengths))))
+        except (AttributeError, RuntimeError):  # an older torch without the fused max
+            pass
+    return torch.segment_reduce(flat, "max", lengths=torch.tensor(lengths, dtype=torch.long))
+
+
+def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
+    """The max-abs value of each non-empty tensor of one CPU dtype group, and their indices.
+
+    The small tensors are flattened into one buffer (in chunks), which is made absolute in place
+    and reduced per tensor with one segmented max, or one fused max over views of the buffer when
+    the tensors are not tiny (NaN propagates either way): a few ops whatever the number of tensors.
+    A large tensor gets its own ``aminmax`` (no copy).
+    """
+    norms: list[torch.Tensor] = []
+    index: list[int] = []
+    chunk: list[torch.Tensor] = []
+    chunk_index: list[int] = []
+    chunk_numel = 0
+
+    def flush() -> None:
+        flat = torch._utils._flatten_dense_tensors(chunk).abs_()
+        lengths = [t.numel() for t in chunk]
+        norms.append(_segment_max(flat, lengths))
+        index.extend(chunk_index)
+
+    for j, t in enumerate(tensors):
+        n = t.numel()
+        if n > SMALL_NUMEL:
+            norms.append(_extremes(t).abs().amax().view(1))
+            index.append(j)
+            continue
+        if n == 0:
+            continue
+        if chunk_numel + n > CHUNK_NUMEL:
+            flush()
+            chunk, chunk_index, chunk_numel = [], [], 0
+        chunk.append(t)
+        chunk_index.append(j)
+        chunk_numel += n
+    if chunk:
+        flush()
+    if not norms:
+        return None, []
+    return (norms[0] if len(norms) == 1 else torch.cat(norms)), index
+
+
+def _cpu_check(tensors: list[torch.Tensor]) -> tuple[list[int], list[int]]:
+    """The indices of the non-finite tensors and of the exactly-zero ones, with one host read."""
+    norms, index = _cpu_norms(tensors)
+    if norms is None:
+        return [], []
+    k = len(index)
+    # One vector, one read: positions below k are non-finite tensors, from k on zero ones.
+    flagged = torch.cat([~torch.isfinite(norms), norms == 0]).nonzero().flatten().tolist()
+    return [index[i] for i in flagged if i < k], [index[i - k] for i in flagged if i >= k]
 
 
 def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -117,8 +195,12 @@ def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
 class ValueChecker:
     """Finds non-finite gradients; results for CUDA tensors arrive at a later call."""
 
-    def __init__(self) -> None:
+    def __init__(self, track_zeros: bool = False) -> None:
         self._pending: list[_Pending] = []
+        #: Whether exactly-zero gradients are collected too.
+        self.track_zeros = track_zeros
+        #: step -> indices of exactly-zero gradients, for the completed steps (the caller pops them).
+        self.zeros: dict[int, set[int]] = {}
 
     def check(
         self, grads: Sequence[torch.Tensor | None], step: int
@@ -127,38 +209,50 @@ class ValueChecker:
         for every non-finite gradient among them.
 
         Indices refer to the ``grads`` sequence of the step they were launched at; callers map
-        them with the names of that step.
+        them with the names of that step. The exactly-zero gradients of the same steps are
+        collected in :attr:`zeros` (the same reductions, no extra host read).
         """
         completed, ready = self._collect()
         present = [g for g in grads if g is not None]
         where = None if len(present) == len(grads) else [i for i, g in enumerate(grads) if g is not None]
         checked_now = False
+        zeros_now: list[int] = []
         deferred: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
-        for (device, _), (tensors, indices) in _group(present).items():
+        for (device, dtype), (tensors, indices) in _group(present).items():
+            # A sparse gradient's zeros are rows it does not touch: never "carries nothing".
+            want_zeros = self.track_zeros and not dtype.is_complex and not any(t.is_sparse for t in tensors)
             tensors = _plain(tensors)
             if where is not None:
                 indices = [where[j] for j in indices]
             if device.type == "cuda":
                 masks, all_indices = deferred.setdefault(device, ([], []))
-                masks.append(_norms_finite(tensors))
+                flags = _flags(tensors)
+                masks.append(flags if want_zeros else flags & 1)
                 all_indices.extend(indices)
                 continue
             checked_now = True
             if device.type == "cpu":
-                if _cpu_all_finite(tensors):
-                    continue
-                # Something is not finite: name it, one tensor at a time.
-                ready.extend((step, i) for t, i in zip(tensors, indices) if not _is_finite(t))
-            else:  # another accelerator: the mask, read at once
-                bad = (~_norms_finite(tensors)).cpu().nonzero().flatten().tolist()
-                ready.extend((step, indices[j]) for j in bad)
+                if want_zeros:
+                    bad, zero = _cpu_check(tensors)
+                    zeros_now.extend(indices[j] for j in zero)
+                    ready.extend((step, indices[j]) for j in bad)
+                elif not _cpu_all_finite(tensors):
+                    # Something is not finite: name it, one tensor at a time.
+                    ready.extend((step, i) for t, i in zip(tensors, indices) if not _is_finite(t))
+            else:  # another accelerator: the flags, read at once
+                flags = _flags(tensors).cpu().tolist()
+                ready.extend((step, indices[j]) for j, f in enumerate(flags) if f & 1)
+                if want_zeros:
+                    zeros_now.extend(indices[j] for j, f in enumerate(flags) if f & 2)
         for device, (masks, indices) in deferred.items():
-            bad = ~(masks[0] if len(masks) == 1 else torch.cat(masks))
-            host = torch.empty(bad.shape, dtype=torch.bool, pin_memory=True)
-            host.copy_(bad, non_blocking=True)
+            flags = masks[0] if len(masks) == 1 else torch.cat(masks)
+            host = torch.empty(flags.shape, dtype=torch.uint8, pin_memory=True)
+            host.copy_(flags, non_blocking=True)
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
             self._pending.append(_Pending(step, indices, host, event))
+        if checked_now and self.track_zeros:
+            self.zeros.setdefault(step, set()).update(zeros_now)
         if checked_now and not any(p.step == step for p in self._pending):
             completed.append(step)
         return completed, ready
@@ -170,8 +264,12 @@ class ValueChecker:
         for pending in self._pending:
             if pending.event.query():  # type: ignore[attr-defined]
                 done.add(pending.step)
-                for j in pending.host.nonzero().flatten().tolist():
-                    ready.append((pending.step, pending.indices[j]))
+                flagged = pending.host.nonzero().flatten().tolist()
+                flags = pending.host[flagged].tolist() if flagged else []
+                ready.extend((pending.step, pending.indices[j]) for j, f in zip(flagged, flags) if f & 1)
+                if self.track_zeros:
+                    self.zeros.setdefault(pending.step, set()).update(
+                        pending.indices[j] for j, f in zip(flagged, flags) if f & 2)
             else:
                 still.append(pending)
         self._pending = still
@@ -194,15 +292,17 @@ class NamedValueCheck:
     Keeps the names and tensors of a step only while its results are on their way (CUDA).
     """
 
-    def __init__(self) -> None:
-        self.checker = ValueChecker()
-        self._launched: dict[int, tuple[tuple[str, ...], list[torch.Tensor]]] = {}
+    def __init__(self, track_zeros: bool = False) -> None:
+        self.checker = ValueChecker(track_zeros)
+        self._launched: dict[int, tuple[tuple[str, ...], list[torch.Tensor], list[int]]] = {}
+        self._zeros: list[tuple[int, list[str], set[str]]] = []
 
     def check(self, names: tuple[str, ...], params: list[torch.Tensor], grads: Sequence[torch.Tensor | None],
               step: int) -> tuple[list[int], list[tuple[int, str, torch.Tensor]]]:
         """Launch a check of ``grads`` (of ``params``, named ``names``); the steps whose results
         are in, and ``(step, name, tensor)`` for each non-finite gradient among them."""
-        self._launched[step] = (names, params)
+        present = [i for i, g in enumerate(grads) if g is not None] if self.checker.track_zeros else []
+        self._launched[step] = (names, params, present)
         completed, bad = self.checker.check(grads, step)
         return completed, self._named(bad)
 
@@ -214,13 +314,32 @@ class NamedValueCheck:
         completed, bad = self.checker.flush()
         return completed, self._named(bad)
 
+    def take_zeros(self) -> list[tuple[int, list[str], set[str]]]:
+        """``(step, names with a gradient, names whose gradient was exactly zero)`` per completed
+        value check since the last call (only with ``track_zeros``)."""
+        out, self._zeros = self._zeros, []
+        return out
+
     def _named(self, bad: list[tuple[int, int]]) -> list[tuple[int, str, torch.Tensor]]:
         out = []
         for step, index in bad:
-            names, params = self._launched.get(step, ((), []))
+            names, params, _ = self._launched.get(step, ((), [], []))
             if index < len(names):
                 out.append((step, names[index], params[index]))
+        in_flight = self.checker.pending_steps()
+        for step in sorted(s for s in self.checker.zeros if s not in in_flight):
+            zero = self.checker.zeros.pop(step)
+            if step in self._launched:
+                names, _, present = self._launched[step]
+                self._zeros.append((step, [names[i] for i in present], {names[i] for i in zero}))
         pending = self.checker.pending_steps()
         for s in [s for s in self._launched if s not in pending]:
             del self._launched[s]
         return out
+
+
+def nonfinite(tensors: Sequence[torch.Tensor | None], step: int) -> list[tuple[int, int]]:
+    """``(step, index)`` of each non-finite tensor, waiting for CUDA results (for the end of a run)."""
+    checker = ValueChecker()
+    _, bad = checker.check([t.detach() if t is not None else None for t in tensors], step)
+    return bad + checker.flush()[1]

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -84,6 +85,44 @@ def write_gan_run(log_dir: Path, rounds: int = 5) -> leafwatch.Report:
                 fake = fake.detach()
             model.discriminator(fake).sum().backward()
             optimizer.step()
+    report = monitor.close()
+    writer.close()
+    return report
+
+
+class MixedModel(nn.Module):
+    """Findings of several kinds: a layer that never runs, one ignored, a loss weight left out of
+    the optimizer, a plain tensor attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.unused = nn.Linear(4, 4)
+        self.kept = nn.Linear(4, 4)  # ignored: "kept for later"
+        self.loss_weight = nn.Parameter(torch.ones(1))  # left out of the optimizer
+        self.scale = torch.ones(1, requires_grad=True)  # not registered
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x) * self.scale * self.loss_weight
+
+
+def write_mixed_run(log_dir: Path, steps: int = 3) -> leafwatch.Report:
+    """A Monitor that scans the structure before the first step (findings "at start"), then
+    checks :class:`MixedModel` with a watched non-leaf ``temperature`` and ``kept.*`` ignored."""
+    model = MixedModel()
+    optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if n != "loss_weight"], lr=0.01)
+    temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf
+    writer = SummaryWriter(str(log_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitor = leafwatch.Monitor(model, optimizer, tensors={"temperature": temperature}, writer=writer,
+                                    ignore={"kept.*": "kept for later"})
+    monitor.scan()
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        (model(torch.randn(2, 4)).sum() + temperature.sum()).backward()
+        monitor.check()
+        optimizer.step()
     report = monitor.close()
     writer.close()
     return report

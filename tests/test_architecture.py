@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import leafwatch
+from leafwatch import structure
 
 PACKAGE = Path(leafwatch.__file__).parent
 
@@ -78,7 +79,8 @@ def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history; "
+    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history, "
+            "leafwatch.records, leafwatch.format, leafwatch.environment, leafwatch.report_cli; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
@@ -99,6 +101,7 @@ def test_two_monitors_on_two_models_do_not_see_each_others_tensors() -> None:
     temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf: a bug of A's
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)  # the watch-time warning
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         ma = leafwatch.Monitor(a, oa, tensors={"temp_of_a": temperature})
     mb = leafwatch.Monitor(b, ob)
     _step(a, oa, temperature)
@@ -140,20 +143,26 @@ def _global_hooks() -> dict[str, int]:
 
 def test_global_hook_dicts_are_back_to_the_start_after_the_last_close() -> None:
     before = _global_hooks()
+    users_before = structure.REGISTRATION_HOOKS.users
     assert "module._global_parameter_registration_hooks" in before
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     first = leafwatch.Monitor(model, opt).attach()
     second = leafwatch.Monitor(model, opt)
     during = _global_hooks()
+    # Shared and counted: installed by the first user in the process (an earlier test may still
+    # hold a Monitor it never closed), once for both Monitors.
+    installed = 1 if users_before == 0 else 0
+    assert structure.REGISTRATION_HOOKS.users == users_before + 2
     assert during["module._global_parameter_registration_hooks"] == \
-        before["module._global_parameter_registration_hooks"] + 1  # shared, counted
+        before["module._global_parameter_registration_hooks"] + installed
     first.close()
     # The second Monitor still sees a layer replaced after the first one closed.
     model[1] = nn.Linear(2, 1)
     _step(model, opt)
     assert second.check().names("stale_param") | second.report.names("not_in_optimizer") >= {"1.weight"}
     second.close()
+    assert structure.REGISTRATION_HOOKS.users == users_before
     assert _global_hooks() == before
 
 

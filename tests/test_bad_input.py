@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 import torch
@@ -110,7 +111,7 @@ def test_audit_rejects_an_optimizer_of_the_wrong_type() -> None:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
     with pytest.raises(TypeError, match=r"`optimizers` must be a torch\.optim\.Optimizer .*got StepLR"):
         leafwatch.audit(model, scheduler)
-    with pytest.raises(TypeError, match=r"`optimizers` .*got str at index 1: 'adam'"):
+    with pytest.raises(TypeError, match=r"`optimizers` .*got str: 'adam' at index 1"):
         leafwatch.audit(model, [optimizer, "adam"])
     with pytest.raises(TypeError, match=r"`optimizers` .*got str: 'adam'"):
         leafwatch.audit(model, "adam")
@@ -165,6 +166,17 @@ def test_monitor_warns_about_an_ignore_pattern_that_matches_nothing() -> None:
     with pytest.warns(leafwatch.LeafwatchWarning, match=r"`ignore` pattern 'layer\.wieght' matches no parameter"):
         monitor.check()
     monitor.close()
+
+
+def test_an_attached_monitors_unmatched_ignore_warning_points_at_the_step_call_not_into_torch() -> None:
+    model, optimizer = _trained_step()
+    monitor = leafwatch.Monitor(model, optimizer, ignore={"layer.wieght": "typo"}).attach()
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"'layer\.wieght' matches no parameter") as caught:
+        step_line = sys._getframe().f_lineno + 1
+        optimizer.step()  # the check runs in torch's optimizer step pre-hook
+    monitor.close()
+    (warning,) = [w for w in caught if "matches no parameter" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, step_line)
 
 
 def test_a_matching_ignore_pattern_does_not_warn(recwarn) -> None:

@@ -7,6 +7,7 @@ Each test builds the bug in a tiny model, runs a real forward/backward, and asse
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import warnings
 
 import pytest
@@ -117,6 +118,7 @@ class ListRewrap(TwoLayer):
     def middle(self, x):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
+            warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
             return torch.tensor(self.a(x).tolist())
 
 
@@ -124,6 +126,7 @@ class ReentrantCheckpoint(TwoLayer):
     def middle(self, x):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns that no input requires grad
+            warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
             return torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=True)
 
 
@@ -134,7 +137,7 @@ class ReentrantCheckpoint(TwoLayer):
         (Detached, {"a.weight", "a.bias"}, "detached", "backward never reached that output"),
         (NoGrad, {"a.weight", "a.bias"}, "grad_disabled", "torch.no_grad()"),
         (NumpyRoundTrip, {"a.weight", "a.bias"}, "detached", "NumPy round trip"),
-        (ListRewrap, {"a.weight", "a.bias"}, "detached", "torch.tensor(...)"),
+        (ListRewrap, {"a.weight", "a.bias"}, "rewrapped", "torch.tensor(x.tolist())"),
         (ReentrantCheckpoint, {"a.weight", "a.bias"}, "checkpoint", "reentrant `torch.utils.checkpoint`"),
     ],
 )
@@ -157,7 +160,9 @@ def test_detach_cause_names_where_the_graph_was_cut():
 
 def test_checkpoint_fix_says_use_reentrant_false():
     report = _monitor_step(ReentrantCheckpoint())
-    assert all("use_reentrant=False" in f.fix for f in _only(report, "missing_grad"))
+    found = _only(report, "missing_grad")
+    assert {f.name for f in found} == {"a.weight", "a.bias"}
+    assert all("use_reentrant=False" in f.fix for f in found)
 
 
 class DataInside(nn.Module):
@@ -243,6 +248,15 @@ class ParamList(TwoLayer):
         return self.a(x) * self.gains[0] * self.gains[1]
 
 
+class ParamTuple(TwoLayer):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gains = (nn.Parameter(torch.ones(3)), nn.Parameter(torch.ones(3)))
+
+    def middle(self, x):
+        return self.a(x) * self.gains[0] * self.gains[1]
+
+
 class ParamDict(TwoLayer):
     def __init__(self) -> None:
         super().__init__()
@@ -278,9 +292,10 @@ class ConvertedParameter(TwoLayer):
     [
         (PlainAttribute, {"temperature"}, "attribute", "nn.Parameter(tensor)"),
         (ParamList, {"gains[0]", "gains[1]"}, "list", "nn.ParameterList"),
+        (ParamTuple, {"gains[0]", "gains[1]"}, "list", "nn.ParameterList"),
         (ParamDict, {"gains['k']"}, "dict", "nn.ParameterDict"),
         (BlockList, {"blocks[0].weight", "blocks[0].bias", "blocks[1].weight", "blocks[1].bias"}, "list", "nn.ModuleList"),
-        (ConvertedParameter, {"gain"}, "attribute", "nn.Parameter(t.to(device))"),
+        (ConvertedParameter, {"gain"}, "attribute", "nn.Parameter(t.to(dtype))"),
     ],
 )
 def test_orphans_are_named_by_their_attribute_path(model_cls, names, container, fix_words):
@@ -318,6 +333,65 @@ def test_converted_parameter_attribute_explains_its_origin():
 def test_block_list_fix_names_the_attribute():
     (finding, *_) = _only(leafwatch.audit(BlockList()), "orphan_tensor")
     assert "self.blocks = nn.ModuleList(...)" in finding.fix
+
+
+class SharedOrphans(TwoLayer):
+    """One orphan tensor and one orphan module, each reachable from three places."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.temperature = torch.ones(1, requires_grad=True)
+        self.schedule = [self.temperature, self.temperature]
+        self.named = {"t": self.temperature}
+        block = nn.Linear(3, 3)
+        self.blocks = [block, block]
+        self.spares = (block,)
+
+    def middle(self, x):
+        return self.blocks[0](self.a(x)) * self.temperature
+
+
+def test_an_orphan_reachable_twice_is_one_finding_under_its_first_name():
+    model = SharedOrphans()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for report in (_monitor_step(model, opt), leafwatch.audit(model, opt)):
+        orphans = _only(report, "orphan_tensor")
+        assert sorted(f.name for f in orphans) == ["blocks[0].bias", "blocks[0].weight", "temperature"]
+        assert len(report.findings) == 3
+
+
+# -- ignore patterns ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("ignore", "reasons"), [
+    ({"gains*": "a glob, listed first", "gains[0]": "the exact name, listed second"},
+     {"gains[0]": "a glob, listed first", "gains[1]": "a glob, listed first"}),
+    ({"gains[0]": "the exact name, listed first", "gains*": "a glob, listed second"},
+     {"gains[0]": "the exact name, listed first", "gains[1]": "a glob, listed second"}),
+])
+def test_the_first_matching_ignore_pattern_wins_and_gives_its_reason(ignore, reasons):
+    model = ParamList()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for report in (_monitor_step(model, opt, ignore=ignore), leafwatch.audit(model, opt, ignore=ignore)):
+        orphans = report.by_kind("orphan_tensor")
+        assert {f.name: f.status for f in orphans} == dict.fromkeys(reasons, "ignored")
+        assert {f.name: f.details["ignored_because"] for f in orphans} == reasons
+        assert not report
+
+
+def test_an_orphan_named_with_brackets_is_ignored_by_its_exact_name():
+    model = ParamList()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ignore = {"gains[0]": "scaled by hand", "gains[2]": "a typo: there is no third gain"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reports = [_monitor_step(model, opt, ignore=ignore), leafwatch.audit(model, opt, ignore=ignore)]
+    for report in reports:
+        statuses = {f.name: f.status for f in report.by_kind("orphan_tensor")}
+        assert statuses == {"gains[0]": "ignored", "gains[1]": "open"}
+        (ignored,) = [f for f in report if f.status == "ignored"]
+        assert ignored.details["ignored_because"] == "scaled by hand"
+        assert ignored.details["pattern"] == "gains[0]"
+    unmatched = [str(w.message) for w in caught if issubclass(w.category, LeafwatchWarning)]
+    assert len(unmatched) == 2 and all("pattern 'gains[2]' matches no" in m for m in unmatched), unmatched
 
 
 # -- optimizer membership ----------------------------------------------------------------------------------
@@ -454,8 +528,9 @@ def test_float64_parameter_in_a_float32_model_is_a_mismatch():
 # -- watch() -----------------------------------------------------------------------------------------------
 def test_watch_warns_at_once_at_the_callers_line():
     with pytest.warns(LeafwatchWarning, match="'w' is not a leaf") as record:
+        line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.randn(3, requires_grad=True) * 0.01, name="w")
-    assert record[0].filename == __file__
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 def test_watch_reports_a_leaf_that_got_no_gradient():
@@ -470,9 +545,11 @@ def test_watch_reports_a_leaf_that_got_no_gradient():
 
 
 def test_watch_defaults_the_name_to_the_callers_line():
+    line = inspect.currentframe().f_lineno + 1
     t = leafwatch.watch(torch.randn(3, requires_grad=True))
     (finding,) = leafwatch.audit().findings
-    assert finding.name.startswith(f"tensor@{__file__}:")
+    assert finding.name == f"tensor@{__file__}:{line}"
+    assert list(leafwatch.watched()) == [finding.name]
     del t
 
 

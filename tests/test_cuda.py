@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -10,7 +11,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch import LeafwatchWarning
+from leafwatch import LeafwatchInternalWarning, LeafwatchWarning
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -31,6 +32,7 @@ def _grad_of(t: torch.Tensor) -> torch.Tensor | None:
 def test_cuda_rows_agree_with_torch(name, requires_grad, ops, is_leaf, gets_grad):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LeafwatchWarning)
+        warnings.simplefilter("error", LeafwatchInternalWarning)  # its own failures still fail
         t = leafwatch.watch(ops(torch.tensor([1.0], requires_grad=requires_grad)), name=name)
     if t.requires_grad:
         (t * 2).sum().backward()
@@ -57,8 +59,9 @@ def test_cuda_copy_is_explained_as_a_device_copy_with_the_leaf_on_cpu():
 
 def test_watch_warns_about_the_cuda_copy_at_the_callers_line():
     with pytest.warns(LeafwatchWarning, match=r"'h' is not a leaf.*device copy.*ToCopyBackward0") as record:
+        line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.tensor([1.0], requires_grad=True).cuda(), name="h")
-    assert record[0].filename == __file__
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 class _LeftOnCpu(nn.Module):

@@ -5,9 +5,9 @@ Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from
 
 from __future__ import annotations
 
+import base64
 import json
 import os
-import shutil
 import struct
 import subprocess
 import time
@@ -15,6 +15,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from _requirements import find_browser, require_browser
 from _tensorboard_runs import (
     REPO_ROOT,
     get_json,
@@ -23,15 +24,18 @@ from _tensorboard_runs import (
     write_buggy_run,
     write_gan_run,
     write_large_run,
+    write_mixed_run,
 )
 
-CHROMIUM = next((path for path in (shutil.which("chromium"), shutil.which("chromium-browser"),
-                                   shutil.which("google-chrome"), "/usr/bin/chromium")
-                 if path and os.path.exists(path)), None)
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (chromium, chromium-browser, google-chrome)"),
-]
+CHROMIUM = find_browser()
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _browser() -> str:
+    """Without a browser: skip locally, fail in CI (tests/_requirements.py)."""
+    return require_browser()
+
 
 STEPS = 60
 ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step
@@ -39,13 +43,19 @@ SCREENSHOT = REPO_ROOT / "docs" / "leafwatch-tab.png"
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> str:
+def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("leafwatch_logs")
     write_buggy_run(root / "buggy", steps=STEPS)
     write_gan_run(root / "gan")
     write_large_run(root / "large")
-    with tensorboard_server(root, tmp_path_factory.mktemp("tensorboard")) as url:
-        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 3, 120, "runs not loaded")
+    write_mixed_run(root / "mixed")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(logs: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    with tensorboard_server(logs, tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 4, 120, "runs not loaded")
         yield url
 
 
@@ -254,12 +264,132 @@ def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -
     assert out["ganFindings"] == ["generator_unused.bias", "generator_unused.weight"]  # the name filter stays
 
 
-def test_tab_screenshot(server: str, tmp_path: Path) -> None:
-    shot = tmp_path / "leafwatch-tab.png"
-    _chromium(tmp_path, "--window-size=1400,900", f"--screenshot={shot}", f"{server}/#leafwatch")
-    data = shot.read_bytes()
+_TABLE = """(async () => {
+  for (let i = 0; i < 300 && !document.querySelector("tr.finding"); i++) await new Promise((r) => setTimeout(r, 100));
+  const rows = [...document.querySelectorAll("tr.finding")];
+  const wrap = document.getElementById("lw-findings");
+  const last = rows[rows.length - 1];
+  const box = wrap.getBoundingClientRect();
+  const row = last.getBoundingClientRect();
+  const out = {
+    order: rows.map((r) => [r.dataset.kind, r.dataset.name]),
+    steps: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.steps").textContent])),
+    causes: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.cause").textContent])),
+    lastInsideItsBox: row.top >= box.top && row.bottom <= box.bottom + 1,
+    boxScrolls: wrap.scrollHeight > wrap.clientHeight + 1,
+  };
+  last.scrollIntoView({ block: "end" });
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const seen = last.getBoundingClientRect();
+  const hit = document.elementFromPoint(seen.left + 20, seen.top + seen.height / 2);
+  out.lastRowOnTop = !!hit && last.contains(hit);
+  out.lastInViewport = seen.top >= 0 && seen.bottom <= window.innerHeight + 1;
+  return out;
+})()"""
+
+
+def _table(url: str, profile: Path) -> dict:
+    browser = _DevTools(profile)
+    try:
+        browser.open(url)
+        return browser.evaluate(_TABLE)
+    finally:
+        browser.close()
+
+
+def test_the_findings_tables_last_row_is_visible(tab_url: str, tmp_path: Path) -> None:
+    # Eight findings with long causes: taller than 40% of a 900 px window, where the old inner
+    # scroll box cut the last row off while the page below stood empty.
+    out = _table(f"{tab_url}&run=buggy", tmp_path / "profile")
+    assert len(out["order"]) == 8
+    assert out["lastInsideItsBox"] and not out["boxScrolls"]  # the table grows with the page
+    assert out["lastRowOnTop"] and out["lastInViewport"]  # scrolled to, nothing covers it
+
+
+def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reasons(
+        logs: Path, tab_url: str, tmp_path: Path) -> None:
+    from leafwatch.report_cli import read_reports
+
+    (cli,) = read_reports(str(logs / "mixed"))
+    cli_order = [[f.kind, f.name] for f in cli.report]
+    # Kinds in Finding.sort_key order (non_leaf first), not alphabetical (missing_grad first).
+    assert cli_order[:2] == [["non_leaf", "temperature"], ["missing_grad", "unused.bias"]]
+    out = _table(f"{tab_url}&run=mixed", tmp_path / "profile")
+    assert out["order"] == cli_order
+    # Found by the structure scan before the first step: "at start", not "0".
+    assert out["steps"]["loss_weight"] == "at start"
+    assert out["steps"]["scale"] == "at start"
+    assert out["steps"]["unused.weight"] == "1\u20133"
+    assert out["causes"]["kept.weight"].startswith("ignored: kept for later")
+
+
+_VISIBLE_BADGES = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  const frame = await until(() => document.querySelector("iframe"));
+  const doc = await until(() => frame.contentDocument && frame.contentDocument.querySelector('.row[data-name="unused.weight"]')
+                               && frame.contentDocument);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  const origin = frame.getBoundingClientRect();
+  const inset = [origin.left + frame.clientLeft, origin.top + frame.clientTop];
+  const badges = [];
+  for (const badge of doc.querySelectorAll("tr.finding .sev-error")) {
+    const r = badge.getBoundingClientRect();
+    const inView = (x, y) => { const at = doc.elementFromPoint(x, y); return at && badge.contains(at); };
+    const [mx, my] = [r.left + r.width / 2, r.top + r.height / 2];
+    // Wholly in the picture: not scrolled out of the table's view, nor under its sticky header.
+    if (![[r.left + 3, my], [r.right - 3, my], [mx, r.top + 1], [mx, r.bottom - 1]].every(([x, y]) => inView(x, y))) continue;
+    badges.push({row: badge.closest("tr.finding").dataset.name, text: badge.textContent.trim(),
+                 color: getComputedStyle(badge).backgroundColor,
+                 box: [r.left + inset[0], r.top + inset[1], r.width, r.height]});
+  }
+  return {badges, ratio: devicePixelRatio, rows: doc.querySelectorAll("tr.finding").length,
+          text: doc.body.innerText.includes("Could not load")};
+})()"""
+
+_BADGE_PIXELS = """(async (png, badges) => {
+  const bytes = Uint8Array.from(atob(png), (c) => c.charCodeAt(0));
+  const image = await createImageBitmap(new Blob([bytes], {type: "image/png"}));
+  const canvas = new OffscreenCanvas(image.width, image.height);
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  return badges.map(({color, box: [x, y, w, h]}) => {
+    const want = color.match(/\\d+/g).slice(0, 3).map(Number);
+    // Inset past the rounded corners; the white text covers part of the rest.
+    const left = Math.ceil(x + 4), top = Math.ceil(y + 1);
+    const data = context.getImageData(left, top, Math.floor(x + w - 4) - left, Math.floor(y + h - 1) - top).data;
+    let match = 0;
+    for (let i = 0; i < data.length; i += 4) {
+      if (Math.abs(data[i] - want[0]) <= 8 && Math.abs(data[i + 1] - want[1]) <= 8 && Math.abs(data[i + 2] - want[2]) <= 8) match++;
+    }
+    return match / (data.length / 4);
+  });
+})"""
+
+
+def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: str, tmp_path: Path) -> None:
+    browser = _DevTools(tmp_path / "profile")
+    try:
+        browser.open(f"{server}/#leafwatch")
+        browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+        seen = browser.evaluate(_VISIBLE_BADGES)
+        png = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
+        shares = browser.evaluate(f"{_BADGE_PIXELS}({json.dumps(png)}, {json.dumps(seen['badges'])})")
+    finally:
+        browser.close()
+    data = base64.b64decode(png)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)
+    assert seen["ratio"] == 1 and seen["rows"] == 8 and seen["text"] is False
+    # The DOM at the moment of the picture: the table's first open errors are in view...
+    assert len(seen["badges"]) >= 3, seen
+    assert {b["text"] for b in seen["badges"]} == {"error"}
+    assert {b["row"] for b in seen["badges"]} <= {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight",
+                                                  "encoder.2.bias", "unused.weight", "unused.bias"}
+    # ...and the picture shows them: each badge's pixels are the error colour, where the DOM puts it.
+    assert min(shares) > 0.5, list(zip([b["row"] for b in seen["badges"]], shares))
     if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(exist_ok=True)
         SCREENSHOT.write_bytes(data)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,11 +41,17 @@ def test_demo_command_end_to_end(tmp_path):
         capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "LeafwatchInternalWarning" not in done.stderr, done.stderr[-3000:]
     out = done.stdout
     for words in ("missing_grad", "aux_head.weight", "not_in_optimizer", "loss_weight",
                   "orphan_tensor", "temperature", "never ran", "ToCopyBackward"):
         assert words in out
     assert f"tensorboard --logdir {logdir}" in out
+    # The last line is a command that works here: this interpreter's TensorBoard (not on PATH when
+    # the venv is not activated), with the Leafwatch tab.
+    command = shlex.split(out.strip().splitlines()[-1])
+    assert command[-2:] == ["--logdir", str(logdir)]
+    assert command[:-2] == _expected_tensorboard(env["PATH"], tmp_path)
     runs = event_dirs(logdir)
     assert runs, "no event files were written"
     main_run = next(d for d in runs if d.name != "leafwatch-layout")
@@ -49,6 +59,34 @@ def test_demo_command_end_to_end(tmp_path):
     acc.Reload()
     assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
     assert "leafwatch/report" in acc.Tags()["tensors"]
+
+
+def _expected_tensorboard(path: str, cwd: Path) -> list[str]:
+    """How the TensorBoard of this interpreter, with the Leafwatch tab, is started from ``cwd``."""
+    installed = any(ep.name == "leafwatch" for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
+    beside = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
+    if not installed or beside is None:
+        return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
+    on_path = shutil.which("tensorboard", path=path)
+    if on_path is not None and os.path.samefile(on_path, beside):
+        return ["tensorboard"]
+    return [os.path.relpath(beside, cwd) if beside.startswith(str(cwd)) else beside]
+
+
+@pytest.mark.parametrize("on_path", [True, False])
+def test_the_tensorboard_command_is_the_one_next_to_this_interpreter(on_path, tmp_path, monkeypatch):
+    from leafwatch.environment import tensorboard_command
+
+    folder = os.path.dirname(sys.executable)
+    monkeypatch.setenv("PATH", os.pathsep.join([folder, "/usr/bin", "/bin"] if on_path else ["/usr/bin", "/bin"]))
+    monkeypatch.chdir(tmp_path)
+    command = shlex.split(tensorboard_command("my runs"))
+    assert command[-2:] == ["--logdir", "my runs"]
+    assert command[:-2] == _expected_tensorboard(os.environ["PATH"], tmp_path)
+    if command[0] != "tensorboard" and len(command) == 3:
+        assert os.access(command[0], os.X_OK)  # the venv's bin/tensorboard, by its path
+    if on_path and command[0] == "tensorboard":
+        assert shutil.which("tensorboard")  # it runs as printed
 
 
 def test_cli_without_a_command_prints_help(capsys):
@@ -85,3 +123,25 @@ def test_plain_loop_example_writes_the_findings_to_tensorboard(tmp_path):
     assert (missing[0].step, missing[0].value) == (1, 2)
     assert acc.Scalars("leafwatch/open/orphan_tensor")[-1].value == 1
     assert plain_loop.train(tmp_path / "clean", bugs=(), max_steps=3).findings == []
+
+
+@pytest.mark.parametrize(("direct_url", "target"), [
+    (None, "leafwatch[lightning]"),  # from a package index
+    ({"url": "file:///src/leafwatch", "dir_info": {}}, "/src/leafwatch[lightning]"),  # from a folder
+])
+def test_the_install_hint_follows_how_leafwatch_was_installed(direct_url, target, tmp_path):
+    # An installed copy: the package and its dist-info in a site folder, no checkout around it.
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "leafwatch", site / "leafwatch", ignore=shutil.ignore_patterns("__pycache__"))
+    info = site / "leafwatch-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: leafwatch\nVersion: 0.1.0\n")
+    if direct_url is not None:
+        (info / "direct_url.json").write_text(json.dumps(direct_url))
+    code = ("import leafwatch.environment as e, leafwatch; "
+            "print(leafwatch.__file__); print(e.install_command('lightning'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    where, command = done.stdout.splitlines()
+    assert where.startswith(str(site))
+    assert shlex.split(command) == [sys.executable, "-m", "pip", "install", target]

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _requirements import require_lightning_callback
 from torch import nn
 
 import leafwatch
@@ -30,14 +31,14 @@ SCRIPTS = Path(__file__).parent / "dist_scripts"
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_TIMEOUT_S = 120
 
-try:
-    from leafwatch import LeafWatch  # noqa: F401
 
-    HAS_CALLBACK = True
-except (ImportError, AttributeError):
-    HAS_CALLBACK = False
+@pytest.fixture
+def lightning_callback() -> type:
+    """Without PyTorch Lightning: skip locally, fail in CI; a broken callback import is an error."""
+    return require_lightning_callback()
 
-needs_callback = pytest.mark.skipif(not HAS_CALLBACK, reason="LeafWatch callback not available")
+
+needs_callback = pytest.mark.usefixtures("lightning_callback")
 
 
 def _free_port() -> int:
@@ -102,7 +103,10 @@ def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "glo
 def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
     """Lightning starts the second process itself."""
     port = _free_port()
-    return _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
+    results = _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
+    for rank in (0, 1):
+        assert results[rank]["internal"] == [], f"leafwatch failed internally on rank {rank}"
+    return results
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
@@ -341,6 +345,7 @@ def test_monitor_outside_a_process_group_does_not_gather() -> None:
         warnings.simplefilter("always")
         monitor = leafwatch.Monitor(model, opt, distributed=True)
     assert any("not initialized" in str(w.message) for w in caught)
+    assert not [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
     model(torch.ones(1, 2)).sum().backward()
     assert monitor.check().findings == []
     assert not monitor.is_distributed

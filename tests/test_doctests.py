@@ -15,7 +15,8 @@ MODULES = sorted(
     for info in pkgutil.walk_packages(leafwatch.__path__, prefix="leafwatch.")
     if not info.name.endswith("__main__")
 )
-WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning", "leafwatch.monitor",
+WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning",
+                 "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.transformers",
                  "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import pickle
+import shlex
 import subprocess
 import sys
+import tomllib
+import warnings
 from pathlib import Path
 
 import pytest
@@ -265,6 +269,74 @@ def test_without_a_logger_it_reports_on_the_console(tmp_path, capsys):
     assert "missing_grad" in out and "head.weight" in out  # the table at fit end
 
 
+def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
+    model, callback = UnusedHead(), LeafWatch()
+    t = trainer(tmp_path, callback, logger=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_line = sys._getframe().f_lineno + 1
+        t.fit(model, loader())
+    ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    assert sorted(str(w.message) for w in ours) == [
+        "leafwatch: ERROR missing_grad `head.bias` at step 1. Fix: call `head` in forward(), or remove it "
+        "(or freeze it with requires_grad_(False) if that is intended)",
+        "leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: call `head` in forward(), or remove it "
+        "(or freeze it with requires_grad_(False) if that is intended)",
+    ]
+    for w in ours:
+        assert (w.filename, w.lineno) == (__file__, fit_line)  # the user's line, not leafwatch's or Lightning's
+        assert "cause" not in str(w.message).lower()  # the cause waits for the table
+
+
+class ManualUnusedHead(UnusedHead):
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(super().training_step(batch, batch_idx))
+        self.step_line = sys._getframe().f_lineno + 1
+        optimizer.step()
+
+
+def test_with_manual_optimization_the_warning_points_at_the_users_step_call(tmp_path):
+    model, callback = ManualUnusedHead(), LeafWatch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, callback, logger=False).fit(model, loader())
+    ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    assert {str(w.message).split("`")[1] for w in ours} == {"head.weight", "head.bias"}
+    assert {(w.filename, w.lineno) for w in ours} == {(__file__, model.step_line)}
+
+
+def test_an_unmatched_ignore_pattern_warns_at_the_fit_line_not_inside_lightning(tmp_path):
+    callback = LeafWatch(ignore={"haed.*": "typo"}, verbose=False)
+    t = trainer(tmp_path, callback, logger=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit_line = sys._getframe().f_lineno + 1
+        t.fit(Boring(), loader())
+    (w,) = [w for w in caught if "matches no parameter" in str(w.message)]
+    assert issubclass(w.category, leafwatch.LeafwatchWarning)
+    assert "'haed.*'" in str(w.message)
+    assert (w.filename, w.lineno) == (__file__, fit_line)
+
+
+def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
+    model, callback = Buggy(), LeafWatch()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer(tmp_path, callback, logger=False, max_steps=1).fit(model, loader())
+    lines = {str(w.message).split("`")[1]: str(w.message) for w in caught
+             if issubclass(w.category, leafwatch.LeafwatchWarning)}
+    assert lines["loss_weight"].startswith("leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix: ")
+    assert lines["head.weight"].startswith("leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: ")
+    table = str(callback.report)
+    assert "loss_weight (since start)" in table and "head.weight (since step 1)" in table
+
+
 def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):
     model, callback = Buggy(), LeafWatch(strict=True, verbose=False)
     t = trainer(tmp_path, callback, logger=False)
@@ -403,7 +475,17 @@ def test_without_lightning_the_callback_says_how_to_install_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          cwd=Path(__file__).resolve().parent.parent)
     assert out.returncode == 0, out.stderr
-    assert 'ImportError: the leafwatch Lightning callback needs PyTorch Lightning: pip install "leafwatch[lightning]"' in out.stdout
+    # Run from this checkout, the command that works is the checkout form with this interpreter's
+    # pip (the README's venv is not activated): `.venv/bin/python -m pip install -e ".[lightning]"`.
+    prefix = "ImportError: the leafwatch Lightning callback needs PyTorch Lightning: "
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith(prefix)]
+    command = shlex.split(line[len(prefix):])
+    assert command[1:5] == ["-m", "pip", "install", "-e"] and command[5] == ".[lightning]"
+    root = Path(__file__).resolve().parent.parent
+    assert os.path.samefile(root / command[0], sys.executable)
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == "leafwatch" and "lightning" in pyproject["project"]["optional-dependencies"]
+    assert subprocess.run([*command[:3], "--version"], capture_output=True, cwd=root).returncode == 0
 
 
 def test_with_only_the_lightning_package_it_is_a_lightning_pytorch_callback(tmp_path):

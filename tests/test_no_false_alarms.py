@@ -437,8 +437,10 @@ def test_pruning_made_permanent_during_training():
 def test_lazy_modules_before_and_after_their_first_forward():
     model = nn.Sequential(nn.LazyLinear(3), nn.ReLU(), nn.LazyLinear(1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = leafwatch.audit(model, opt)
-    assert before.names("missing_grad") == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    before = leafwatch.audit(model, opt)  # before any backward: one finding says so
+    (nothing,) = before.by_kind("missing_grad")
+    assert nothing.name == "<every trainable parameter>" and nothing.details["reason"] == "no_grad_at_all"
+    assert set(nothing.aliases) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert {f.shape for f in before} == {None}
     model.extra = nn.LazyLinear(2)  # never materialized, not in the optimizer
     report = leafwatch.audit(model, torch.optim.SGD([nn.Parameter(torch.ones(2, 3))], lr=0.1))

@@ -96,7 +96,8 @@ def test_value_check_reads_the_host_once_whatever_the_number_of_tensors():
     (reads_small, ops_small), (reads_large, ops_large) = counts[5], counts[300]
     assert reads_small == reads_large == 1
     assert ops_small == ops_large  # the same few batched ops for 10 and for 600 tensors
-    assert sum(ops_large.values()) <= 8
+    # flatten, abs_, one segmented max (NaN/Inf and the dead_grad zero test at once), one host read
+    assert sum(ops_large.values()) <= 11
 
 
 def test_default_value_checks_run_every_n_checks_and_on_the_first():
@@ -180,6 +181,7 @@ def test_structure_is_reread_only_when_the_parameter_sets_change():
     opt = torch.optim.SGD(model.body.parameters(), lr=0.1)  # the head is left out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitor = leafwatch.Monitor(model, opt, check_values_every_n_steps=0)
         model(torch.ones(4, 2)).sum().backward()
         report = monitor.check()
@@ -220,6 +222,7 @@ def test_ten_thousand_checks_keep_memory_bounded(model_class):
     model(torch.ones(4, 2)).sum().backward()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         for _ in range(100):
             monitor.check()
         sizes = _sizes(monitor)
@@ -255,6 +258,7 @@ def test_monitor_never_synchronizes_with_the_device_on_cuda():
     x = torch.ones(4, 2, device="cuda")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitors = [leafwatch.Monitor(model, opt), leafwatch.Monitor(model, opt, check_values_every_n_steps=1)]
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")

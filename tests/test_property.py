@@ -186,6 +186,7 @@ def _assert_matches_truth(report: leafwatch.Report, truth: Truth, model: nn.Modu
 def test_monitor_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(case: Case) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitor = leafwatch.Monitor(case.model, case.optimizer)
         try:
             _, truth = _forward_backward(case)
@@ -204,6 +205,7 @@ def test_monitor_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(
 def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Case) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitor = leafwatch.Monitor(case.model, case.optimizer)
         try:
             _, truth = _forward_backward(case)
@@ -230,6 +232,7 @@ def test_audit_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(ca
     loss, truth = _forward_backward(case)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         report = leafwatch.audit(case.model, case.optimizer, loss=loss if with_loss else None)
     _assert_matches_truth(report, truth, case.model)
     expected_reason = "unreachable" if with_loss else "unknown"
@@ -242,6 +245,7 @@ def test_monitor_over_several_steps_stays_exact_and_resolves_what_was_fixed(case
     model, optimizer = case.model, case.optimizer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitor = leafwatch.Monitor(model, optimizer)
         if optimizer is not None:
             monitor.attach()
@@ -281,6 +285,7 @@ def test_watched_activations_miss_a_gradient_exactly_when_autograd_says_so(case:
     model = case.model
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
         monitor = leafwatch.Monitor(model, case.optimizer) if use_monitor else None
         try:
             x, outputs = case.x, {}

@@ -1,4 +1,4 @@
-"""The README's 30-second example runs and finds what the README says it finds."""
+"""The README's quick start runs and finds what the README says it finds."""
 
 from __future__ import annotations
 

@@ -61,7 +61,11 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, monitor: lea
 
 
 def _leafwatch_warnings(record: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in record if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    """The messages of leafwatch's warnings; each internal failure must be a LeafwatchInternalWarning."""
+    messages = [str(w.message) for w in record if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    internal = [str(w.message) for w in record if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
+    assert internal == [m for m in messages if "internal failure" in m], messages
+    return messages
 
 
 # -- fault injection: a failure inside leafwatch warns once and training goes on -----------------
@@ -99,7 +103,7 @@ def test_strict_mode_raises_for_findings_only_never_for_internal_failures() -> N
     def broken_sink(event: leafwatch.CheckEvent) -> None:
         raise OSError(28, "No space left on device")
 
-    with pytest.warns(leafwatch.LeafwatchWarning, match=r"No space left on device"):
+    with pytest.warns(leafwatch.LeafwatchInternalWarning, match=r"No space left on device"):
         monitor = leafwatch.Monitor(model, optimizer, strict=True, sinks=[broken_sink])
         for _ in range(3):
             assert _train_step(model, optimizer, monitor).findings == []
@@ -282,11 +286,29 @@ def test_a_diagnostic_hook_that_fails_inside_forward_warns_once_and_training_goe
 
 
 def test_watch_of_a_tensor_that_refuses_hooks_warns_and_still_watches_it() -> None:
+    scale = torch.zeros(2).as_subclass(_HooklessTensor).requires_grad_()
+    with pytest.warns(leafwatch.LeafwatchInternalWarning,
+                      match=r"internal failure in watch\('scale'\): cannot hook _HooklessTensor.*checks only whether its \.grad is set"):
+        assert leafwatch.watch(scale, name="scale") is scale
+    assert leafwatch.watched()["scale"] is scale
+    # The watch still reports: a step that leaves it out names it, a step that uses it does not.
+    (torch.ones(2) * 3).sum()
+    (finding,) = leafwatch.audit().findings
+    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "scale", "unused")
+    (scale * 2).sum().backward()
+    assert leafwatch.audit().findings == []
+
+
+def test_watch_of_a_non_leaf_that_refuses_hooks_is_never_blamed_for_its_gradient() -> None:
     base = torch.zeros(2, requires_grad=True)
     hookless = base.as_subclass(_HooklessTensor)
-    with pytest.warns(leafwatch.LeafwatchWarning, match=r"internal failure in watch\('scale'\): cannot hook _HooklessTensor"):
+    with pytest.warns(leafwatch.LeafwatchInternalWarning,
+                      match=r"internal failure in watch\('scale'\).*cannot tell whether gradients flow through it"):
         assert leafwatch.watch(hookless, name="scale", expect_leaf=False) is hookless
     assert leafwatch.watched()["scale"] is hookless
+    assert leafwatch.audit().findings == []  # not yet used: no hook, so no guess
+    (hookless * 2).sum().backward()
+    assert leafwatch.audit().findings == []
 
 
 # -- never keep what the user owns -------------------------------------------------------------
@@ -471,9 +493,10 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
     model = Routed()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    writer = SummaryWriter(str(tmp_path))
     scale = torch.ones(2, requires_grad=True)
+    # `scale` is trained too: a watched tensor in no optimizer would be a not_in_optimizer finding.
+    optimizer = torch.optim.SGD([*model.parameters(), scale], lr=0.01)
+    writer = SummaryWriter(str(tmp_path))
     sink = TensorBoardSink(writer)
     monitor = leafwatch.Monitor(model, optimizer, sinks=[sink], tensors={"scale": scale})
     x = torch.ones(1, 2)
@@ -501,7 +524,8 @@ def test_ten_thousand_checks_keep_memory_bounded(tmp_path) -> None:
     odd = next(f for f in report if f.name == "odd.weight")
     assert odd.details["checks"] == 10_000 and odd.details["steps_without_grad"] == 5_000
     # The sink's per-chunk coverage state is reset at every chunk: bounded by chunk_steps.
-    assert sink.stats()["max_steps_in_a_group"] <= 1
+    stats = sink.stats()
+    assert stats["coverage_groups"] >= 1 and stats["max_steps_in_a_group"] <= 1
 
 
 # -- two monitors, re-entrancy, changing models -------------------------------------------------

@@ -160,3 +160,57 @@ def test_names_and_by_kind():
     assert [f.name for f in report.by_kind("nonfinite_grad")] == ["body.0.bias"]
     assert report.names() == report.names(status="open")
     assert len(report.names(status=None)) == len(report)
+
+
+# -- the words: leafwatch.format ------------------------------------------------------------
+def test_finding_line_is_short_severity_kind_name_when_and_fix():
+    from leafwatch.format import finding_line
+
+    line = finding_line(_finding(step=4, first_step=2))
+    assert line == "leafwatch: ERROR missing_grad `a.weight` at step 2. Fix: use it"
+    assert "cut by" not in line and "\n" not in line  # the cause waits for the table
+    assert finding_line(_finding(fix="", first_step=None)) == "leafwatch: ERROR missing_grad `a.weight`: `a.weight` got no gradient."
+    assert finding_line(_finding(severity="info", status="intermittent", ranks=(1,))) == \
+        "leafwatch: INFO missing_grad `a.weight` at step 1 (intermittent) on rank(s) 1. Fix: use it"
+
+
+def test_findings_of_the_scan_before_the_first_step_say_at_start():
+    from leafwatch.format import finding_line
+
+    f = _finding(kind="not_in_optimizer", name="loss_weight", step=0, first_step=0, last_step=0)
+    assert finding_line(f) == "leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix: use it"
+    text = str(Report([f], step=0))
+    assert text.splitlines()[:2] == ["leafwatch: 1 open of 1 finding(s) at start",
+                                     "  ERROR   not_in_optimizer    loss_weight (since start)"]
+    markdown = Report([f], step=0).to_markdown()
+    assert markdown.startswith("**leafwatch**: 1 open finding(s) at start")
+    assert markdown.splitlines()[-1].endswith("| start |")
+    assert "step 0" not in text + markdown
+
+
+def test_ignored_findings_print_as_ignored_with_the_reason_given():
+    from leafwatch.format import finding_line
+
+    ignored = _finding(status="ignored", details={"ignored_because": "kept for fine-tuning", "pattern": "a.*"})
+    text = str(Report([ignored], step=3))
+    assert text.splitlines() == [
+        "leafwatch: 0 open of 1 finding(s) at step 3",
+        "  IGNORED missing_grad        a.weight (since step 1)",
+        "      `a.weight` got no gradient.",
+        "      ignored: kept for fine-tuning (pattern 'a.*')",
+    ]
+    assert "ERROR" not in text and "[ignored]" not in text
+    row = Report([ignored]).to_markdown().splitlines()[-1]
+    assert "| ignored | ignored: kept for fine-tuning (pattern 'a.*') |" in row
+    assert finding_line(ignored) == "leafwatch: ignored missing_grad `a.weight`: kept for fine-tuning (pattern 'a.*')"
+
+
+def test_monitor_ignore_reason_reaches_the_printed_report():
+    model = _Model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt, ignore={"extra.*": "an auxiliary head for later"}) as monitor:
+        model(torch.randn(2, 3)).sum().backward()
+        text = str(monitor.check())
+    assert "  IGNORED missing_grad        extra.weight (since step 1)" in text
+    assert "      ignored: an auxiliary head for later (pattern 'extra.*')" in text
+    assert "cause:" not in text

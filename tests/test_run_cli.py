@@ -36,13 +36,17 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(command: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
-                          env=_env(), cwd=cwd or REPO, timeout=240)
+    result = subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
+                            env=_env(), cwd=cwd or REPO, timeout=240)
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr  # leafwatch's own failure fails the test
+    return result
 
 
 def _python(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
-                          cwd=cwd or REPO, timeout=240)
+    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
+                            cwd=cwd or REPO, timeout=240)
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +76,17 @@ def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
     assert "dtype conversion (`.to(torch.float64)`)" in result.stderr
     assert "leafwatch: summary after 4 optimizer steps" in result.stderr
     assert "not_in_optimizer" not in result.stderr
+
+
+def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_summary(runs):
+    before, summary = runs["buggy"].stderr.split("leafwatch: summary after 4 optimizer steps")
+    lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
+    assert len(lines) == len(BUGGY_FINDINGS)  # one line each, nothing in between
+    assert "leafwatch: ERROR missing_grad `aux_head.weight` at step 2. Fix: call `aux_head` in forward()" in before
+    assert "leafwatch: ERROR orphan_tensor `blocks[0].weight` at step 2. Fix: wrap the container: " \
+        "`self.blocks = nn.ModuleList(...)`" in before
+    assert "cause" not in before and "never ran" not in before
+    assert "cause: module `aux_head` never ran" in summary
 
 
 def test_strict_stops_at_the_first_error_and_exits_non_zero():
@@ -114,7 +129,7 @@ def test_report_fail_on_sets_the_exit_code(runs, fail_on, code):
 def test_report_of_a_clean_run_exits_0(runs):
     result = _leafwatch("report", str(runs["logdir"] / "exp" / "gan"))
     assert result.returncode == 0
-    assert result.stdout.startswith("run: .\nleafwatch: no findings")
+    assert result.stdout.startswith("run: gan\nleafwatch: no findings")  # the folder's name, not "."
 
 
 def test_report_without_leafwatch_data_exits_2(tmp_path):
@@ -210,7 +225,11 @@ def test_ignore_marks_findings_ignored_with_the_reason(tmp_path):
                         "--ignore", "blocks*", str(SCRIPTS / "buggy.py"))
     assert result.returncode == 0
     assert "ERROR missing_grad `aux_head.weight` at step" not in result.stderr
-    assert "aux_head.weight [ignored]" in result.stderr
+    # Shown as ignored, with the reason given on the command line (not "ERROR ... [ignored]").
+    assert "  IGNORED missing_grad        aux_head.weight (since step 2)\n" in result.stderr
+    assert "      ignored: kept for fine-tuning (pattern 'aux_head.*')\n" in result.stderr
+    assert "      ignored: ignored on the command line (pattern 'blocks*')\n" in result.stderr
+    assert "[ignored]" not in result.stderr
     (run,) = read_reports(str(tmp_path))
     statuses = {f.name: (f.status, f.details.get("ignored_because")) for f in run.report}
     assert statuses["aux_head.weight"] == ("ignored", "kept for fine-tuning")
@@ -280,8 +299,8 @@ def test_several_roots_get_class_name_prefixes_and_hooks_go_once_stable():
             critic(fake).sum().backward()
             opt_g.step()
         assert not session.module_hooks_armed and _global_module_hooks() == before
-        assert set(session._roots) == {"_Generator", "_Critic"}
-        assert session._roots["_Critic"] is critic
+        assert set(session.roots) == {"_Generator", "_Critic"}
+        assert session.roots["_Critic"] is critic
     finally:
         report = session.close()
         session.stream.close()
@@ -315,8 +334,39 @@ def test_an_optimizer_with_parameters_of_no_known_module_rearms_the_hooks():
             opt.step()
             opt2.step()
         assert not session.module_hooks_armed
-        assert set(session._roots) == {"Linear", "Linear_1"}
+        assert set(session.roots) == {"Linear", "Linear_1"}
     finally:
         report = session.close()
         session.stream.close()
     assert report.open == []
+
+
+def test_run_names_module_level_tensors_trained_outside_the_model():
+    result = _leafwatch("run", str(SCRIPTS / "outside_tensors.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR not_in_optimizer `temperature`" in result.stderr
+    assert "gets gradients but is in no optimizer" in result.stderr
+    assert "ERROR non_leaf `shift`" in result.stderr
+    assert "dtype conversion" in result.stderr
+    for name in ("out", "loss", "model"):
+        assert f"`{name}`" not in result.stderr, "an output or a loss kept at module level is no finding"
+    assert "runs inside a function" not in result.stderr
+
+
+def test_run_says_where_it_cannot_see_tensors():
+    result = _leafwatch("run", str(SCRIPTS / "loop_in_function.py"))
+    assert result.returncode == 0, result.stderr
+    assert "the training loop runs inside a function" in result.stderr
+    assert "leafwatch.watch(t)" in result.stderr
+
+
+def test_run_names_parameters_of_modules_called_through_forward():
+    result = _leafwatch("run", str(SCRIPTS / "forward_forward.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR missing_grad `Layer_1.bias`" in result.stderr
+    assert "called through `.forward()` directly" in result.stderr
+    assert "call the module itself" in result.stderr
+    assert "weight" not in {line.split("`")[1].split(".")[-1] for line in result.stderr.splitlines()
+                            if line.startswith("leafwatch: ERROR")}
+    assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
+    assert "being traced" not in result.stderr.split("summary after")[1]

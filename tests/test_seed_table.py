@@ -7,6 +7,7 @@ makes the same ``ToCopyBackward0`` node; ``tests/test_cuda.py`` runs the real ``
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Callable
 
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 import leafwatch
-from leafwatch import LeafwatchWarning
+from leafwatch import LeafwatchInternalWarning, LeafwatchWarning
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -82,6 +83,7 @@ def test_watch_agrees_with_torch(name, requires_grad, ops, is_leaf, gets_grad):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t = leafwatch.watch(_make(requires_grad, ops), name=name)
+    assert not [str(w.message) for w in caught if issubclass(w.category, LeafwatchInternalWarning)]
     warned = [w for w in caught if issubclass(w.category, LeafwatchWarning)]
     assert bool(warned) is (not is_leaf)
     _backward(t)
@@ -96,6 +98,7 @@ def test_watch_agrees_with_torch(name, requires_grad, ops, is_leaf, gets_grad):
 def test_watch_and_audit_tensors_together_report_each_tensor_once(name, requires_grad, ops, is_leaf, gets_grad):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LeafwatchWarning)
+        warnings.simplefilter("error", LeafwatchInternalWarning)  # its own failures still fail
         t = leafwatch.watch(_make(requires_grad, ops), name=name)
     _backward(t)
     report = leafwatch.audit(tensors={name: t})
@@ -126,14 +129,16 @@ def test_copy_is_explained_as_a_dtype_conversion_naming_the_temporary_leaf():
 
 def test_watch_warning_explains_the_clone_at_the_callers_line():
     with pytest.warns(LeafwatchWarning, match=r"'f' is not a leaf.*clone.*CloneBackward0") as record:
+        line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.tensor([1.0], requires_grad=True).clone(), name="f")
-    assert record[0].filename == __file__
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 def test_watch_warning_explains_the_copy_and_names_the_temporary_leaf():
     with pytest.warns(LeafwatchWarning, match=r"'h' is not a leaf.*ToCopyBackward0.*unnamed temporary leaf.*\(shape \(1,\), float32, cpu\)") as record:
+        line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(_copy(torch.tensor([1.0], requires_grad=True)), name="h")
-    assert record[0].filename == __file__
+    assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 @pytest.mark.parametrize(("name", "ops"), [("g", lambda t: t.detach()), ("i", lambda t: t.clone().detach()),

@@ -103,16 +103,22 @@ def test_coverage_grid_rejects_bad_bins(bins: object) -> None:
         coverage_grid([], bins=bins)  # type: ignore[arg-type]
 
 
-def test_plugin_modules_import_only_tensorboard_werkzeug_and_the_standard_library() -> None:
+def test_plugin_modules_import_only_tensorboard_werkzeug_the_standard_library_and_the_vocabulary() -> None:
+    # The tab shares the record format and the order of findings with the writer and the CLI
+    # (leafwatch.records, leafwatch.findings): torch-free modules, and nothing else of leafwatch.
     allowed = {"tensorboard", "werkzeug", "__future__"} | set(sys.stdlib_module_names)
+    vocabulary = {"records", "findings"}
     for path in sorted(PLUGIN_DIR.glob("*.py")):
-        roots = set()
+        roots, ours = set(), set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 roots |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 roots.add(node.module.split(".")[0])
+            elif isinstance(node, ast.ImportFrom) and node.level == 2:
+                ours.add(node.module or "")
         assert roots <= allowed, f"{path.name} imports {sorted(roots - allowed)}"
+        assert ours <= vocabulary, f"{path.name} imports leafwatch's {sorted(ours - vocabulary)}"
 
 
 def test_loading_the_plugin_entry_point_imports_neither_torch_nor_the_rest_of_leafwatch() -> None:

@@ -5,8 +5,10 @@ Two parts, both used by :class:`~leafwatch.Monitor`:
 - :func:`gradient_view` tells, from the model alone, where ``p.grad`` cannot be read per
   parameter: FSDP's ``FullyShardedDataParallel`` (flat parameters, or original parameters
   whose gradients are shards filled with zeros where a parameter was unused) and DeepSpeed
-  (gradients kept in the engine's partitioned buffers). Those parameters are left out of the
-  gradient check, and ONE info finding says why. ``fully_shard`` (FSDP2) needs nothing: its
+  (gradients kept in the engine's partitioned buffers), or what a front-end that sees the
+  optimizer declares (:func:`declare_gradients`: DeepSpeed ZeRO-1/2 behind a plain module, an
+  optimizer that steps master copies). Those parameters are left out of the gradient check,
+  and ONE info finding says why. ``fully_shard`` (FSDP2) needs nothing: its
   parameters are DTensors whose ``.grad`` stays None when unused, so it is read as is (the
   NaN/Inf check reads the local shard).
 - :class:`Gatherer` merges the findings of every rank after each local check, so that rank
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import checks
 from ..events import CheckEvent
 from ..findings import Finding, LeafwatchWarning, Report
 from ..options import apply_ignore
@@ -45,8 +48,6 @@ from ..options import apply_ignore
 DEFAULT_TIMEOUT_S = 300.0
 
 _ACTIVE_STATUSES = ("open", "intermittent")
-_STATUS_ORDER = {"open": 0, "intermittent": 1, "ignored": 2, "resolved": 3}
-_SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Quoted without its end: Lightning rewrites any exception whose message holds DDP's full text.
 DDP_NEXT_STEP_ERROR = "Expected to have finished reduction ..."
@@ -64,7 +65,8 @@ class GradientView:
     """How the gradients of one model can be read.
 
     Attributes:
-        strategy: ``"plain"``, ``"fsdp2"``, ``"fsdp"``, ``"fsdp_flat"`` or ``"deepspeed"``.
+        strategy: ``"plain"``, ``"fsdp2"``, ``"fsdp"``, ``"fsdp_flat"``, ``"deepspeed"`` or
+            ``"master_copies"`` (declared by a front-end, see :func:`declare_gradients`).
         skip: ids of the parameters whose ``.grad`` cannot tell a missing gradient.
         local_grads: The gradients are DTensors: value checks read their local shard.
         finding: The one info finding that says why ``skip`` is left out (None when empty).
@@ -79,22 +81,15 @@ class GradientView:
 PLAIN = GradientView()
 
 
-def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None) -> Finding:
-    return Finding(
-        kind="missing_grad",
-        name=name,
-        severity="info",
-        message=f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
+def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None,
+                  because: str | None = None) -> Finding:
+    return checks.make(
+        "missing_grad", name, "info",
+        f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
         "cannot tell a missing gradient from a zero one.",
-        cause=cause,
-        fix=fix,
-        step=step,
-        status="ignored",
-        first_step=step,
-        last_step=step,
-        details={"reason": "sharded_gradients", "strategy": strategy, "parameters": count,
-                 "ignored_because": f"gradients are sharded by {strategy}"},
-    )
+        cause, fix, step=step, reason="sharded_gradients", strategy=strategy, parameters=count,
+        ignored_because=because or f"gradients are sharded by {strategy}",
+    ).replace(status="ignored")
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -118,6 +113,92 @@ def _chain(model: Any) -> list[Any]:
     return out
 
 
+#: Models whose gradients a front-end knows cannot be read per parameter (it sees the optimizer,
+#: which the model does not show): model -> strategy, held weakly, set by :func:`declare_gradients`.
+_DECLARED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: The strategies :func:`declare_gradients` takes.
+DECLARED_STRATEGIES = ("deepspeed", "master_copies")
+
+
+def declare_gradients(model: nn.Module, strategy: str | None) -> None:
+    """Say how the gradients of ``model`` are kept, when the model alone cannot show it.
+
+    A front-end that sees the optimizer calls it before building the Monitor: under DeepSpeed
+    ZeRO-1/2 the model is a plain module whose ``.grad`` the engine empties into its own
+    buffers, and an optimizer that steps master copies of the parameters (fp32 copies, flat
+    buffers) never reads the model's ``.grad``. :func:`gradient_view` then skips the model's
+    parameters with one info finding. The model is held weakly and not modified.
+
+    Args:
+        model: The module handed to the Monitor.
+        strategy: ``"deepspeed"``, ``"master_copies"``, or None to withdraw the declaration.
+
+    Raises:
+        TypeError: ``model`` is not a module.
+        ValueError: an unknown ``strategy``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    if strategy is None:
+        _DECLARED.pop(model, None)
+        return
+    if strategy not in DECLARED_STRATEGIES:
+        raise ValueError(f"`strategy` can be {', '.join(DECLARED_STRATEGIES)} or None, got {strategy!r}")
+    _DECLARED[model] = strategy
+
+
+#: Models wrapped in DDP by a front-end that does not hand the wrapper over (the Hugging Face
+#: Trainer gives callbacks the inner model): model -> DDP's find_unused_parameters, held weakly.
+_DDP_DECLARED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
+    """Say that ``model`` trains inside a ``DistributedDataParallel`` the Monitor cannot see.
+
+    With ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter a rank did not
+    use; knowing it, the Monitor's :class:`Gatherer` watches which parameters each rank really
+    used (as it does when it finds the wrapper itself). The model is held weakly and not
+    modified.
+
+    Args:
+        model: The module handed to the Monitor.
+        find_unused_parameters: DDP's setting (``static_graph=True`` counts as True), or None
+            to withdraw the declaration.
+
+    Raises:
+        TypeError: ``model`` is not a module, or the setting not a bool or None.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    if find_unused_parameters is None:
+        _DDP_DECLARED.pop(model, None)
+        return
+    if not isinstance(find_unused_parameters, bool):
+        raise TypeError(f"`find_unused_parameters` must be a bool or None, got "
+                        f"{type(find_unused_parameters).__name__}: {find_unused_parameters!r:.80}")
+    _DDP_DECLARED[model] = find_unused_parameters
+
+
+def _declared_ddp(model: Any) -> bool | None:
+    models = list(model.values()) if isinstance(model, Mapping) else [model]
+    for m in models:
+        if isinstance(m, nn.Module) and m in _DDP_DECLARED:
+            return _DDP_DECLARED[m]
+    return None
+
+
+def _declared(models: Sequence[Any]) -> str | None:
+    for m in models:
+        if isinstance(m, nn.Module) and m in _DECLARED:
+            return _DECLARED[m]
+    return None
+
+
+_DEEPSPEED_CAUSE = ("DeepSpeed keeps gradients in its own partitioned buffers (ZeRO), not in each "
+                    "parameter's .grad, so a missing .grad does not mean a missing gradient.")
+_DEEPSPEED_FIX = ("nothing; to have leafwatch check gradients, run a few steps without DeepSpeed "
+                  "(or with plain DDP) once")
+
 _FSDP2_FIX = ("use `torch.distributed.fsdp.fully_shard` (FSDP2), whose unused parameters keep "
               ".grad None, or run a few steps with plain DDP to have every parameter checked")
 
@@ -139,15 +220,21 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
         return PLAIN
     tensors = [t for _, t, _ in entries]
     models = list(model.values()) if isinstance(model, Mapping) else [model]
-    if any(_is_deepspeed(m, tensors) for m in models if m is not None):
+    declared = _declared(models)
+    if declared == "deepspeed" or any(_is_deepspeed(m, tensors) for m in models if m is not None):
         skip = frozenset(k for k, _, _ in entries)
         return GradientView("deepspeed", skip, False, _skip_finding(
-            "DeepSpeed", "DeepSpeed gradients", len(skip),
-            "DeepSpeed keeps gradients in its own partitioned buffers (ZeRO), not in each "
-            "parameter's .grad, so a missing .grad does not mean a missing gradient.",
-            "nothing; to have leafwatch check gradients, run a few steps without DeepSpeed "
-            "(or with plain DDP) once",
-            step))
+            "DeepSpeed", "DeepSpeed gradients", len(skip), _DEEPSPEED_CAUSE, _DEEPSPEED_FIX, step))
+    if declared == "master_copies":
+        skip = frozenset(k for k, _, _ in entries)
+        return GradientView("master_copies", skip, False, _skip_finding(
+            "Master copies", "optimizer master copies", len(skip),
+            "the optimizer steps copies of the parameters (fp32 master weights or flat buffers), "
+            "not the model's own tensors, and may move or clear the model's .grad before it "
+            "steps, so a missing .grad does not mean a missing gradient.",
+            "nothing; to have leafwatch check gradients, run a few steps with a plain torch "
+            "optimizer over the model's parameters once",
+            step, because="the optimizer steps master copies of the parameters"))
     flat = [(k, t, n) for k, t, n in entries if getattr(t, "_is_flat_param", False)]
     if flat:
         skip = frozenset(k for k, _, _ in flat)
@@ -222,7 +309,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         strategy: :attr:`GradientView.strategy`; DDP advice is given for ``"plain"`` only.
 
     Returns:
-        The merged findings, each with ``ranks`` set.
+        The merged findings, each with ``ranks`` set, in :meth:`Finding.sort_key` order.
     """
     world_size = len(per_rank)
     by_key: dict[tuple[str, str], dict[int, Finding]] = {}
@@ -233,13 +320,14 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     for key, seen in by_key.items():
         active = sorted(r for r, f in seen.items() if f.status in _ACTIVE_STATUSES)
         ranks = tuple(active) if active else tuple(sorted(seen))
-        chosen = min(((r, seen[r]) for r in ranks),
-                     key=lambda rf: (_STATUS_ORDER.get(rf[1].status, 9), _SEVERITY_ORDER.get(rf[1].severity, 9), rf[0]))[1]
+        # The rank whose finding comes first in the one order of findings (Finding.sort_key).
+        chosen = min(((r, seen[r]) for r in ranks), key=lambda rf: (rf[1].sort_key(), rf[0]))[1]
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
                                      {r: seen[r].cause for r in active}, strategy == "plain")
         out.append(merged)
+    out.sort(key=Finding.sort_key)
     return out
 
 
@@ -316,7 +404,7 @@ class Gatherer:
         self._sent: Any = None
         self._merged: Report | None = None
         ddp = find_ddp(model)
-        self.ddp_unused: bool | None = None if ddp is None else bool(
+        self.ddp_unused: bool | None = _declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
         self._handles: list[Any] = []
         self._tracked: list[tuple[Any, str]] = []
@@ -361,15 +449,13 @@ class Gatherer:
             p = ref()
             if p is None or id(p) in self._used or p.grad is None or not p.requires_grad:
                 continue
-            out.append(Finding(
-                kind="missing_grad", name=name, severity="error",
-                message=f"`{name}` requires grad but got no gradient on this rank.",
-                cause="its gradient was not computed on this rank in this step (its module did not "
+            out.append(checks.make(
+                "missing_grad", name, "error",
+                f"`{name}` requires grad but got no gradient on this rank.",
+                "its gradient was not computed on this rank in this step (its module did not "
                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
                 "filled its .grad with the average from the ranks that used it.",
-                fix="", step=step, first_step=step, last_step=step,
-                shape=tuple(p.shape), dtype=str(p.dtype).replace("torch.", ""), device=str(p.device),
-                details={"reason": "unused_on_rank", "source": "ddp_use"},
+                "", tensor=p, step=step, reason="unused_on_rank", source="ddp_use",
             ))
         self._used.clear()
         return out

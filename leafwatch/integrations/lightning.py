@@ -23,15 +23,20 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from ..findings import KINDS, LeafwatchInternalWarning, LeafwatchWarning, Report
+from .. import records
+from ..environment import install_command
 from ..events import CheckEvent
+from ..findings import KINDS, LeafwatchInternalWarning, Report
+from ..console import NewFindingWarnings
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..options import validate_ignore, validate_int
+from ..options import stacklevel_outside, validate_ignore, validate_int
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
 
-INSTALL_HINT = 'pip install "leafwatch[lightning]"'
+#: The command that installs Lightning for the way leafwatch is installed (from a checkout:
+#: ``pip install -e ".[lightning]"``; from PyPI: ``pip install "leafwatch[lightning]"``).
+INSTALL_HINT = install_command("lightning")
 
 
 def _callback_bases() -> tuple[type, ...]:
@@ -51,52 +56,10 @@ def _callback_bases() -> tuple[type, ...]:
     return tuple(bases)
 
 
-def _rank_zero_warn(message: str) -> None:
-    try:
-        from lightning_fabric.utilities.rank_zero import rank_zero_warn
-    except ImportError:
-        try:
-            from lightning.fabric.utilities.rank_zero import rank_zero_warn
-        except ImportError:  # pragma: no cover - every Lightning ships one of the two
-            warnings.warn(message, LeafwatchWarning, stacklevel=3)
-            return
-    rank_zero_warn(message, category=LeafwatchWarning)
-
-
 def _is_summary_writer(experiment: Any) -> bool:
     if type(experiment).__name__ != "SummaryWriter":
         return False
     return all(callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
-
-
-def _finding_line(f: Any) -> str:
-    text = f"leafwatch: {f.severity} {f.kind} `{f.name}` (step {f.first_step}): {f.message}"
-    if f.cause:
-        text += f" Cause: {f.cause}"
-    if f.fix:
-        text += f" Fix: {f.fix}"
-    return text
-
-
-class _ConsoleSink:
-    """One warning per new open finding, from rank zero only."""
-
-    def __init__(self) -> None:
-        self.warned: set[tuple[str, str]] = set()
-
-    def __call__(self, event: CheckEvent) -> None:
-        self.report(event.report)
-
-    def close(self, report: Report) -> None:
-        """The end of the run: what it decided (a suspicion that waited for evidence) is warned too."""
-        self.report(report)
-
-    def report(self, report: Report) -> None:
-        for f in report.open:
-            if f.key in self.warned:
-                continue
-            self.warned.add(f.key)
-            _rank_zero_warn(_finding_line(f))
 
 
 class _MetricsSink:
@@ -113,9 +76,9 @@ class _MetricsSink:
         if counts == self._counts and not periodic and not event.changed:
             return
         self._counts = counts
-        metrics: dict[str, float] = {f"leafwatch/open/{kind}": float(counts.get(kind, 0)) for kind in KINDS}
+        metrics: dict[str, float] = {records.open_tag(kind): float(counts.get(kind, 0)) for kind in KINDS}
         if event.coverage is not None:
-            metrics["leafwatch/grad_coverage"] = float(event.coverage)
+            metrics[records.GRAD_COVERAGE_TAG] = float(event.coverage)
         for logger in self.loggers:
             logger.log_metrics(metrics, step=event.step)
 
@@ -145,7 +108,7 @@ class _LeafWatchMixin:
             None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
         )
         self.monitor: Monitor | None = None
-        self._console: _ConsoleSink | None = None
+        self._console: NewFindingWarnings | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
         self._final_state: dict[str, Any] = {}
@@ -204,8 +167,9 @@ class _LeafWatchMixin:
         self._close(trainer, print_table=False)
         log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
         sinks: list[Any] = []
-        if self.verbose:
-            self._console = _ConsoleSink()
+        self._console = None
+        if self.verbose and getattr(trainer, "is_global_zero", True):
+            self._console = NewFindingWarnings()
             sinks.append(self._console)
         writers, others = self._split_loggers(trainer)
         if others:
@@ -226,7 +190,7 @@ class _LeafWatchMixin:
             )
         except Exception as error:  # never stop training for leafwatch
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
-                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=2)
+                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=stacklevel_outside())
             return
         if self._pending_state is not None:
             self.monitor.load_state_dict(self._pending_state.get("monitor", {}))

@@ -20,8 +20,9 @@ alarm. A tensor that no stepping optimizer holds by then is a warning, and an er
 of the run; the optimizers the script holds (found in the calling frames) name the one that
 never stepped.
 
-Findings go to stderr once each as they appear, and a table of all of them at exit; the script's
-stdout and exit code are its own.
+Findings go to stderr once each as they appear (one short line with the fix:
+:func:`leafwatch.format.finding_line`), and the table of all of them, causes included, at exit;
+the script's stdout and exit code are its own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import os
 import runpy
 import sys
 import traceback
-import warnings
 import weakref
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -39,9 +39,10 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from .. import checks, inventory
-from ..findings import Finding, LeafwatchWarning, Report
+from .. import checks, graph, inventory
 from ..events import CheckEvent
+from ..findings import Report
+from ..format import finding_line
 from ..monitor import Monitor
 from ..options import WarnOnce, apply_ignore, parse_ignore, positive_int
 
@@ -69,26 +70,28 @@ def _is_builtin(module: nn.Module) -> bool:
 
 
 def _contained_modules(module: nn.Module) -> list[nn.Module]:
-    """Every module below ``module``: registered submodules and modules kept in plain containers."""
+    """Every module below ``module``: registered submodules and modules kept in plain containers
+    (the walk :func:`leafwatch.inventory.contained` does for orphans)."""
     out: list[nn.Module] = []
     seen: set[int] = {id(module)}
     stack = [module]
     while stack:
         current = stack.pop()
         below: list[Any] = list(current._modules.values())
-        for attr, value in vars(current).items():
-            if attr == "_modules":
-                continue
-            if isinstance(value, (list, tuple)):
-                below.extend(value[:64])
-            elif isinstance(value, dict) and not isinstance(value, nn.Module):
-                below.extend(list(value.values())[:64])
+        below.extend(value for _, value, kinds in inventory.contained(current)
+                     if kinds and isinstance(value, nn.Module))
         for sub in below:
             if isinstance(sub, nn.Module) and id(sub) not in seen:
                 seen.add(id(sub))
                 out.append(sub)
                 stack.append(sub)
     return out
+
+
+#: The first this many optimizer steps read the script's module-level variables (and each step
+#: that gives an optimizer new parameters).
+_SCRIPT_SCANS = 3
+_MAX_GLOBALS = 2_000
 
 
 class _RootInfo:
@@ -145,6 +148,12 @@ class Session:
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
         self._closed = False
         self.report: Report | None = None
+        self._script_tensors: dict[str, weakref.ReferenceType] = {}
+        self._script_watched: set[str] = set()
+        #: Whether the script holds an optimizer in a module-level variable (its loop is visible).
+        self.loop_at_module_level = False
+        #: Whether any module ran through ``module(x)`` (hooks fire) rather than ``.forward(x)``.
+        self.saw_forward = False
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
@@ -167,11 +176,18 @@ class Session:
         self._module_handles.clear()
 
     @property
+    def roots(self) -> dict[str, nn.Module]:
+        """The named root modules found so far (a copy)."""
+        return dict(self._roots)
+
+    @property
     def module_hooks_armed(self) -> bool:
         """Whether the global module hooks are installed (they are removed once roots are stable)."""
         return bool(self._module_handles)
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if module._parameters:  # a module with parameters of its own ran through module(x)
+            self.saw_forward = True
         if id(module) not in self._seen:
             self._remember(module)
 
@@ -234,6 +250,8 @@ class Session:
         if self.steps <= LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
             self._find_optimizers()
         monitor = self.monitor
+        if self.steps <= _SCRIPT_SCANS or new_params:
+            self._scan_script_globals(monitor)
         if self.report is None and count < 2:
             return  # not every optimizer has stepped yet: the first check waits for them
         for opt in self._optimizers:
@@ -244,6 +262,37 @@ class Session:
             failing = report.at_least("error")
             if failing:
                 raise StrictStop(report, self.steps)
+
+    def _scan_script_globals(self, monitor: Monitor) -> None:
+        """Watch the script's module-level tensors that require grad and stay the same tensor
+        from one scan to the next (an activation or a loss is a new tensor each step): a leaf in
+        no optimizer is ``not_in_optimizer``, a non-leaf is ``non_leaf``, under its variable name."""
+        scope = getattr(sys.modules.get("__main__"), "__dict__", None)
+        if not isinstance(scope, dict):
+            return
+        found: dict[str, torch.Tensor] = {}
+        for name, value in list(scope.items())[:_MAX_GLOBALS]:
+            if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__") \
+                    and id(value) not in self._owned:
+                found[name] = value
+            elif isinstance(value, torch.optim.Optimizer):
+                self.loop_at_module_level = True
+        for name, t in found.items():
+            before = self._script_tensors.get(name)
+            if before is None or before() is not t or name in self._script_watched:
+                continue
+            if not t.is_leaf and self._derived_from_model(t):
+                continue  # an output or a loss kept at module level
+            # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
+            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=False,
+                                location="the script's module level")
+            self._script_watched.add(name)
+        self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}
+
+    def _derived_from_model(self, t: torch.Tensor) -> bool:
+        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
+        held = self._owned | {id(p) for opt in self._optimizers for g in opt.param_groups for p in g["params"]}
+        return not complete or any(id(leaf) in held for leaf in leaves)
 
     def _unknown_params(self, optimizer: torch.optim.Optimizer) -> set[int]:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -400,7 +449,7 @@ class Session:
             if f.details.get("reason") == "pending":
                 continue  # its cause comes at the next check
             self._printed.add(f.key)
-            self._write(format_finding(f))
+            self._write(finding_line(f))
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> Report:
@@ -449,18 +498,18 @@ class Session:
         if not self._optimizers:
             return "leafwatch: no optimizer stepped, nothing was checked."
         plural = "s" if self.steps != 1 else ""
-        return f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
-
-
-def format_finding(f: Finding) -> str:
-    """The lines printed when a finding first appears."""
-    step = f" at step {f.first_step}" if f.first_step is not None else ""
-    lines = [f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{step}: {f.message}"]
-    if f.cause:
-        lines.append(f"    cause: {f.cause}")
-    if f.fix:
-        lines.append(f"    fix:   {f.fix}")
-    return "\n".join(lines)
+        text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        if not self.saw_forward:
+            text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
+                     "where module hooks cannot see. Parameters are named from the modules that own the "
+                     "optimizers' tensors (found in the calling frames), and the causes of missing gradients "
+                     "cannot say where in a forward pass they were lost.")
+        if not self.loop_at_module_level:
+            text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
+                     "that run and the optimizers that step, not tensors created inside functions. A tensor "
+                     "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
+                     "seen: flag it with `leafwatch.watch(t)`.")
+        return text
 
 
 # -- running the script ---------------------------------------------------------------------

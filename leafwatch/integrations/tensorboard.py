@@ -9,38 +9,21 @@ What it writes, all under the ``leafwatch/`` prefix:
 - a custom-scalars layout "leafwatch", in its own sub-run ``<log_dir>/leafwatch-layout`` so
   that it never replaces the user's own layout;
 - records for the Leafwatch tab, tensor summaries with ``plugin_name="leafwatch"`` and
-  ``DATA_CLASS_TENSOR`` holding UTF-8 JSON (see :data:`RECORD_FORMAT`).
+  ``DATA_CLASS_TENSOR`` holding one string (see :data:`leafwatch.records.RECORD_FORMAT`).
+
+The tag names and the record format live in :mod:`leafwatch.records`, shared with the Leafwatch
+tab and ``leafwatch report``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import zlib
 from typing import Any
 
-from ..findings import KINDS, Report
+from .. import records
 from ..events import CheckEvent
-
-PLUGIN_NAME = "leafwatch"
-FINDINGS_TAG = "leafwatch/report"
-COVERAGE_TAG = "leafwatch/coverage/{chunk:06d}"
-LAYOUT_RUN = "leafwatch-layout"
-
-#: The records the Leafwatch tab reads. Each is one JSON document in a string tensor.
-RECORD_FORMAT = """
-leafwatch/report          latest wins; written when the findings change and at close:
-    {"version": 1, "step": int, "counts": {kind: int}, "findings": [Finding.to_dict(), ...]}
-leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
-    sampling never drops history); the latest sample of a tag is the whole chunk so far,
-    zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
-    {"version": 1, "chunk": int, "groups": {group: {
-        "names": [qualified names of the tensors checked when this group steps],
-        "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
-        "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
-    }}}
-    A group is the index of the optimizer that stepped ("all" when none was given).
-"""
+from ..findings import KINDS, Report
+from ..records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
 
 
 def _ranges_append(ranges: list[list[int]], value: int) -> None:
@@ -74,7 +57,7 @@ def tensor_summary(tag: str, payload: str | bytes) -> Any:
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
     metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=b"1"),
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=records.PLUGIN_CONTENT),
         data_class=summary_pb2.DATA_CLASS_TENSOR,
     )
     tensor = tensor_pb2.TensorProto(
@@ -83,15 +66,6 @@ def tensor_summary(tag: str, payload: str | bytes) -> Any:
         tensor_shape=tensor_shape_pb2.TensorShapeProto(),
     )
     return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
-
-
-def layout() -> dict[str, Any]:
-    return {
-        "leafwatch": {
-            "open findings per kind": ["Multiline", [r"leafwatch/open/.*"]],
-            "grad coverage": ["Multiline", [r"leafwatch/grad_coverage"]],
-        }
-    }
 
 
 class TensorBoardSink:
@@ -152,10 +126,10 @@ class TensorBoardSink:
         periodic = step == 1 or step % self.log_every_n_steps == 0
         if counts != self._counts or periodic:
             for kind in KINDS:
-                self.writer.add_scalar(f"leafwatch/open/{kind}", counts.get(kind, 0), step)
+                self.writer.add_scalar(records.open_tag(kind), counts.get(kind, 0), step)
             self._counts = counts
         if event.coverage is not None and (periodic or event.changed):
-            self.writer.add_scalar("leafwatch/grad_coverage", event.coverage, step)
+            self.writer.add_scalar(records.GRAD_COVERAGE_TAG, event.coverage, step)
         self._add_coverage(event)
         if event.changed:
             self._write_report(event.report, step)
@@ -175,10 +149,8 @@ class TensorBoardSink:
         if self._written == (id(report), step):
             return
         self._written = (id(report), step)
-        self.writer.add_text("leafwatch/findings", report.to_markdown(), step)
-        data = report.to_dict()
-        data["version"] = 1
-        self._add_record(FINDINGS_TAG, json.dumps(data), step)
+        self.writer.add_text(records.FINDINGS_TEXT_TAG, report.to_markdown(), step)
+        self._add_record(REPORT_TAG, records.encode_report(report.to_dict()), step)
 
     def _add_coverage(self, event: CheckEvent) -> None:
         chunk = (event.step - 1) // self.chunk_steps
@@ -200,10 +172,8 @@ class TensorBoardSink:
     def _flush_chunk(self) -> None:
         if self._chunk is None or not self._groups:
             return
-        record = {"version": 1, "chunk": self._chunk,
-                  "groups": {k: g.to_dict() for k, g in self._groups.items()}}
-        payload = zlib.compress(json.dumps(record, separators=(",", ":")).encode("utf-8"), 6)
-        self._add_record(COVERAGE_TAG.format(chunk=self._chunk), payload, self._last_step)
+        payload = records.encode_coverage(self._chunk, {k: g.to_dict() for k, g in self._groups.items()})
+        self._add_record(records.coverage_tag(self._chunk), payload, self._last_step)
 
     def _add_record(self, tag: str, payload: str | bytes, step: int) -> None:
         get_writer = getattr(self.writer, "_get_file_writer", None)

@@ -8,8 +8,11 @@ Routes, under ``/data/plugin/leafwatch``:
 - ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R, steps binned into at
   most N columns (200 by default), optionally only the steps from A to B.
 
-The records are the ones :class:`leafwatch.integrations.tensorboard.TensorBoardSink` writes (see its
-``RECORD_FORMAT``). This module imports nothing of torch or of the rest of leafwatch.
+The records are the ones :class:`leafwatch.integrations.tensorboard.TensorBoardSink` writes; their
+tags and format are in :mod:`leafwatch.records`, and findings are listed in the order of
+:meth:`leafwatch.Finding.sort_key` (each served finding carries its ``sort_key``, so the page
+merges runs in that order too). This module imports TensorBoard, werkzeug and leafwatch's
+torch-free modules only.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import json
 import math
 import os
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,9 +33,9 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-PLUGIN_NAME = "leafwatch"
-REPORT_TAG = "leafwatch/report"
-COVERAGE_PREFIX = "leafwatch/coverage/"
+from ..findings import sort_key_of
+from ..records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
+
 #: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
 DEFAULT_BINS = 200
 MAX_BINS = 2000
@@ -42,8 +44,6 @@ MAX_MISSED_RANGES = 50
 
 _STATIC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")
 _STATIC_FILES = {"/index.js": "application/javascript", "/style.css": "text/css"}
-_SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
-_STATUS_RANK = {"open": 0, "intermittent": 1, "resolved": 2, "ignored": 3}
 
 
 def _json_response(request: wrappers.Request, data: Any, code: int = 200) -> wrappers.Response:
@@ -52,26 +52,20 @@ def _json_response(request: wrappers.Request, data: Any, code: int = 200) -> wra
 
 
 def _decode(datum: Any) -> dict[str, Any] | None:
-    """The JSON document held by one ``TensorDatum`` (None when it is not one)."""
+    """The record held by one ``TensorDatum`` (None when it is not one this version reads)."""
     try:
         value = datum.numpy.item()
-        if isinstance(value, bytes):
-            # Coverage records are zlib-compressed JSON (zlib streams start with 0x78).
-            value = (zlib.decompress(value) if value[:1] == b"x" else value).decode("utf-8")
-        data = json.loads(value)
-    except (AttributeError, ValueError, TypeError, zlib.error):
+    except (AttributeError, ValueError, TypeError):
         return None
-    return data if isinstance(data, dict) else None
+    return decode(value) if isinstance(value, (str, bytes)) else None
 
 
-def finding_sort_key(finding: Mapping[str, Any]) -> tuple[int, int, str, str]:
-    """Open errors first: by status, then severity, then kind and name."""
-    return (
-        _STATUS_RANK.get(str(finding.get("status")), 9),
-        _SEVERITY_RANK.get(str(finding.get("severity")), 9),
-        str(finding.get("kind", "")),
-        str(finding.get("name", "")),
-    )
+def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
+    """The finding dicts of a report record in :meth:`leafwatch.Finding.sort_key` order, each with
+    its ``sort_key`` (a list) added for the page."""
+    out = [{**f, "sort_key": list(sort_key_of(f))} for f in findings if isinstance(f, dict)]
+    out.sort(key=lambda f: tuple(f["sort_key"]))
+    return out
 
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
@@ -301,10 +295,8 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
             report = records.get(REPORT_TAG)
             if report is None:
                 continue
-            findings = [f for f in report.get("findings", []) if isinstance(f, dict)]
-            findings.sort(key=finding_sort_key)
             out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
-                        "findings": findings}
+                        "findings": sorted_findings(report.get("findings", []))}
         return out
 
     # -- routes ------------------------------------------------------------------------------
@@ -324,7 +316,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         experiment = plugin_util.experiment_id(request.environ)
         runs = []
         for run, tags in sorted(self._list(experiment, ctx).items()):
-            coverage = sorted(t for t in tags if t.startswith(COVERAGE_PREFIX))
+            coverage = sorted(t for t in tags if is_coverage_tag(t))
             last_step = max((getattr(ts, "max_step", 0) or 0 for ts in tags.values()), default=0)
             runs.append({"run": run, "report": REPORT_TAG in tags, "coverage_chunks": len(coverage),
                          "last_step": last_step})
@@ -362,7 +354,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
             return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
         series = listing[run]
         stamps = {t: (getattr(series[t], "max_step", None), getattr(series[t], "max_wall_time", None))
-                  for t in sorted(series) if t.startswith(COVERAGE_PREFIX)}
+                  for t in sorted(series) if is_coverage_tag(t)}
         key = (experiment, run, bins, first, last, tuple(stamps.items()))
         with self._lock:
             grid = self._grids.get(key)

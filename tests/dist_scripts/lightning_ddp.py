@@ -87,6 +87,7 @@ def main() -> None:
             result["traceback"] = traceback.format_exc()
     result["rank"] = trainer.global_rank
     result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    result["internal"] = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
     result["report"] = callback.report.to_dict()
     with open(os.path.join(out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(result, f)

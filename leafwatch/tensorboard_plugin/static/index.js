@@ -6,8 +6,6 @@ const OVERSCAN = 12;
 const TABLE_PAGE = 200;
 const SEVERITIES = ["error", "warning", "info"];
 const STATUSES = ["open", "intermittent", "resolved", "ignored"];
-const STATUS_RANK = { open: 0, intermittent: 1, resolved: 2, ignored: 3 };
-const SEVERITY_RANK = { error: 0, warning: 1, info: 2 };
 const ALL = "__all__";
 
 const state = {
@@ -207,6 +205,27 @@ function updateFilters() {
 }
 
 // -- findings table ------------------------------------------------------------------------
+function compareText(a, b) {
+  return a < b ? -1 : a > b ? 1 : 0;  // code-point order, as Python compares str
+}
+
+function compareKeys(a, b) {
+  for (let i = 0; i < Math.max(a.length, b.length); i++) {
+    if (a[i] === b[i]) continue;
+    if (a[i] === undefined) return -1;
+    if (b[i] === undefined) return 1;
+    return typeof a[i] === "number" && typeof b[i] === "number" ? a[i] - b[i] : compareText(String(a[i]), String(b[i]));
+  }
+  return 0;
+}
+
+// When a finding was seen: findings of the structure scan at fit start have step 0.
+function stepsText(first, last) {
+  if (first === null || first === undefined) return "";
+  if (first === 0 && (last === 0 || last === null || last === undefined)) return "at start";
+  return first === 0 ? `start\u2013${last}` : stepRange(first, last);
+}
+
 function findingRows() {
   const rows = [];
   for (const [run, report] of Object.entries(state.reports)) {
@@ -218,10 +237,9 @@ function findingRows() {
       rows.push({ run, f });
     }
   }
-  rows.sort((x, y) =>
-    (STATUS_RANK[x.f.status] ?? 9) - (STATUS_RANK[y.f.status] ?? 9) ||
-    (SEVERITY_RANK[x.f.severity] ?? 9) - (SEVERITY_RANK[y.f.severity] ?? 9) ||
-    x.f.kind.localeCompare(y.f.kind) || x.f.name.localeCompare(y.f.name) || x.run.localeCompare(y.run));
+  // The server gives each finding its Finding.sort_key (the one order, shared with the CLI):
+  // merging runs keeps it, then orders by run.
+  rows.sort((x, y) => compareKeys(x.f.sort_key || [], y.f.sort_key || []) || compareText(x.run, y.run));
   return rows;
 }
 
@@ -233,7 +251,7 @@ function renderSummary() {
     const errors = report.findings.filter((f) => f.status === "open" && f.severity === "error").length;
     const parts = STATUSES.filter((s) => counts[s]).map((s) => `${counts[s]} ${s}`);
     ui.summary.append(el("p", { class: "run-summary" },
-      el("strong", {}, run), ` \u2014 report at step ${report.step ?? "?"}: `,
+      el("strong", {}, run), ` \u2014 report ${report.step === 0 ? "at start" : `at step ${report.step ?? "?"}`}: `,
       report.findings.length ? parts.join(", ") : "no findings",
       errors ? el("span", { class: "badge sev-error" }, `${errors} open error${errors > 1 ? "s" : ""}`) : null));
   }
@@ -243,7 +261,6 @@ function renderTable() {
   renderSummary();
   const rows = findingRows();
   const allRuns = state.run === ALL;
-  const scrollTop = ui.table.scrollTop;
   clear(ui.table);
   if (!rows.length) {
     const any = Object.values(state.reports).some((r) => r.findings.length);
@@ -254,7 +271,7 @@ function renderTable() {
   if (allRuns) head.unshift("Run");
   const body = el("tbody");
   for (const { run, f } of rows.slice(0, state.tableLimit)) {
-    const seen = f.first_step === null || f.first_step === undefined ? "" : stepRange(f.first_step, f.last_step);
+    const seen = stepsText(f.first_step, f.last_step);
     body.append(el("tr", { class: `finding st-${f.status}`, "data-kind": f.kind, "data-name": f.name, "data-run": run },
       allRuns ? el("td", {}, run) : null,
       el("td", {}, el("span", { class: `badge sev-${f.severity}` }, f.severity)),
@@ -263,14 +280,16 @@ function renderTable() {
       el("td", { class: "name", title: f.message || "" }, el("code", {}, f.name),
         f.aliases && f.aliases.length ? el("div", { class: "aliases" }, `also ${f.aliases.join(", ")}`) : null,
         f.shape ? el("div", { class: "meta" }, `[${f.shape.join(", ")}] ${f.dtype || ""} ${f.device || ""}`) : null),
-      el("td", { class: "cause" }, richText(f.cause || f.message)),
+      el("td", { class: "cause" },
+        f.status === "ignored" && f.details && f.details.ignored_because
+          ? el("div", { class: "ignored-because" }, `ignored: ${f.details.ignored_because}`) : null,
+        richText(f.cause || f.message)),
       el("td", { class: "fix" }, richText(f.fix)),
       el("td", { class: "steps", title: `seen in ${f.steps_seen ?? "?"} check(s)` }, seen)));
   }
   const table = el("table", { class: "findings" },
     el("thead", {}, el("tr", {}, head.map((h) => el("th", { scope: "col" }, h)))), body);
   ui.table.append(table);
-  ui.table.scrollTop = scrollTop;
   if (rows.length > state.tableLimit) {
     ui.table.append(el("button", { type: "button", class: "more",
       onclick: () => { state.tableLimit += 5 * TABLE_PAGE; renderTable(); } },

@@ -1,0 +1,47 @@
+"""The console sink: one short warning per new open finding, at the user's line.
+
+Used by ``Monitor(verbose=True)`` / ``attach()`` and the Lightning callback. The line is
+:func:`leafwatch.format.finding_line` (severity, kind, name, when, the one-line fix); the full
+table, causes included, is for summaries (``print(report)``). The warning points at the first
+frame outside leafwatch, torch and the training frameworks: the ``optimizer.step()`` or
+``trainer.fit(...)`` line.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+from .events import CheckEvent
+from .findings import LeafwatchWarning, Report
+from .format import finding_line
+from .options import stacklevel_outside
+
+
+class NewFindingWarnings:
+    """A sink that warns once per new open finding (a :class:`~leafwatch.LeafwatchWarning`).
+
+    Args:
+        warn: Emits the text (default: ``warnings.warn`` at the first frame outside leafwatch).
+    """
+
+    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+        self.warned: set[tuple[str, str]] = set()
+        self._warn = warn
+
+    def __call__(self, event: CheckEvent) -> None:
+        self.report(event.report)
+
+    def close(self, report: Report) -> None:
+        """The end of the run: what it decided (a suspicion that waited for evidence) is warned too."""
+        self.report(report)
+
+    def report(self, report: Report) -> None:
+        for f in report.open:
+            if f.key in self.warned or f.details.get("reason") == "pending":
+                continue  # a finding whose cause is being traced is warned once it is known
+            self.warned.add(f.key)
+            if self._warn is not None:
+                self._warn(finding_line(f))
+            else:
+                warnings.warn(finding_line(f), LeafwatchWarning, stacklevel=stacklevel_outside())

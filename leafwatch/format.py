@@ -1,0 +1,190 @@
+"""The words of findings on a console and in markdown: one place for every front-end.
+
+Torch-free. ``str(report)``, ``report.to_markdown()``, the Lightning callback's warnings,
+``leafwatch run``'s lines and ``leafwatch report`` all render findings here:
+
+- :func:`finding_line`: one short line as a finding first appears (severity, kind, name, when,
+  the one-line fix), for a console warning or a progress bar;
+- :func:`report_text`: the full table (message, cause, fix per finding) for summaries;
+- :func:`report_markdown`: the same as a markdown table (TensorBoard's Text tab).
+
+An ignored finding prints as ``IGNORED`` with the reason given in ``ignore=`` / ``--ignore
+PATTERN=REASON``; a finding of the structure scan at fit start (step 0) says "at start".
+
+The functions read findings through :class:`FindingText` (what a :class:`~leafwatch.Finding`
+has), so that this module needs nothing else of leafwatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+#: How a finding's status and severity words are compared here (the ``Status`` and ``Severity``
+#: members of :mod:`leafwatch.findings` are these strings).
+OPEN, IGNORED, INFO = "open", "ignored", "info"
+
+
+class FindingText(Protocol):
+    """What rendering reads of a finding (a :class:`~leafwatch.Finding` has all of it)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def cause(self) -> str: ...
+    @property
+    def fix(self) -> str: ...
+    @property
+    def first_step(self) -> int | None: ...
+    @property
+    def ranks(self) -> tuple[int, ...]: ...
+    @property
+    def details(self) -> Mapping[str, Any]: ...
+    @property
+    def is_open(self) -> bool: ...
+
+
+def when(step: int | None) -> str:
+    """``"at step 3"``; ``"at start"`` for step 0 (the scan before the first optimizer step).
+
+    Example::
+
+        >>> when(3), when(0), when(None)
+        ('at step 3', 'at start', '')
+    """
+    if step is None:
+        return ""
+    return "at start" if step == 0 else f"at step {step}"
+
+
+def since(step: int | None) -> str:
+    """``"(since step 3)"``, ``"(since start)"``, or nothing when the step is unknown."""
+    if step is None:
+        return ""
+    return "(since start)" if step == 0 else f"(since step {step})"
+
+
+def ignored_because(f: FindingText) -> str:
+    """Why a finding is ignored: the reason given with its ``ignore`` pattern, and the pattern."""
+    reason = str(f.details.get("ignored_because") or "ignored by the user")
+    pattern = f.details.get("pattern")
+    return f"{reason} (pattern {pattern!r})" if pattern else reason
+
+
+def _ranks(f: FindingText) -> str:
+    return f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
+
+
+def finding_line(f: FindingText) -> str:
+    """The one short line said when a finding first appears: severity, kind, name, when, and
+    the one-line fix (the message when there is no fix). The cause waits for the table.
+
+    Example::
+
+        >>> from leafwatch import Finding
+        >>> print(finding_line(Finding("missing_grad", "head.weight", "error", "no gradient",
+        ...                            cause="never ran", fix="call `head` in forward()", first_step=0)))
+        leafwatch: ERROR missing_grad `head.weight` at start. Fix: call `head` in forward()
+    """
+    if f.status == IGNORED:
+        return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
+    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`"
+    step = when(f.first_step)
+    if step:
+        head += f" {step}"
+    if f.status != OPEN:
+        head += f" ({f.status})"
+    head += _ranks(f)
+    return f"{head}. Fix: {f.fix}" if f.fix else f"{head}: {f.message}"
+
+
+def _head(text: str, step: int | None) -> str:
+    moment = when(step)
+    return f"{text} {moment}" if moment else text
+
+
+def report_text(findings: Sequence[FindingText], step: int | None = None) -> str:
+    """The findings table: per finding its line, the message, the cause and the fix; an ignored
+    finding gives the reason it is ignored instead of the cause and the fix.
+
+    Example::
+
+        >>> from leafwatch import Finding
+        >>> print(report_text([Finding("missing_grad", "aux.bias", "error", "`aux.bias` got no gradient.",
+        ...     status="ignored", first_step=1, details={"ignored_because": "kept for fine-tuning"})], step=4))
+        leafwatch: 0 open of 1 finding(s) at step 4
+          IGNORED missing_grad        aux.bias (since step 1)
+              `aux.bias` got no gradient.
+              ignored: kept for fine-tuning
+    """
+    if not findings:
+        return _head("leafwatch: no findings", step)
+    n_open = sum(1 for f in findings if f.is_open)
+    lines = [_head(f"leafwatch: {n_open} open of {len(findings)} finding(s)", step)]
+    for f in findings:
+        ignored = f.status == IGNORED
+        label = "IGNORED" if ignored else f.severity.upper()
+        status = "" if f.status == OPEN or ignored else f" [{f.status}]"
+        seen = since(f.first_step)
+        lines.append(f"  {label:7} {f.kind:19} {f.name}{status}{' ' + seen if seen else ''}{_ranks(f)}")
+        lines.append(f"      {f.message}")
+        if ignored:
+            lines.append(f"      ignored: {ignored_because(f)}")
+            continue
+        if f.cause:
+            lines.append(f"      cause: {f.cause}")
+        if f.fix:
+            lines.append(f"      fix:   {f.fix}")
+    return "\n".join(lines)
+
+
+def escape_markdown(text: str) -> str:
+    """A table cell's text: pipes escaped, one line."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
+
+
+def report_markdown(findings: Sequence[FindingText], step: int | None = None) -> str:
+    """The findings as a markdown table (with the blank line before it that TensorBoard needs)."""
+    if not findings:
+        return "**leafwatch**: no findings."
+    n_open = sum(1 for f in findings if f.is_open)
+    rows = [
+        _head(f"**leafwatch**: {n_open} open finding(s)", step),
+        "",
+        "| severity | kind | name | status | cause | fix | seen since |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in findings:
+        ignored = f.status == IGNORED
+        seen = "" if f.first_step is None else ("start" if f.first_step == 0 else f"step {f.first_step}")
+        cells = [
+            str(f.severity),
+            str(f.kind),
+            f"`{f.name}`",
+            str(f.status),
+            f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
+            "" if ignored else f.fix,
+            seen,
+        ]
+        rows.append("| " + " | ".join(escape_markdown(c) for c in cells) + " |")
+    return "\n".join(rows)
+
+
+__all__ = [
+    "FindingText",
+    "escape_markdown",
+    "finding_line",
+    "ignored_because",
+    "report_markdown",
+    "report_text",
+    "since",
+    "when",
+]

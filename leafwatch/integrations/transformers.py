@@ -1,0 +1,389 @@
+"""The Hugging Face ``Trainer`` callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
+
+The callback stays thin; data flows one way:
+
+- ``on_train_begin``: build the Monitor with the Trainer's model and the optimizer that steps
+  (accelerate's wrapper unwrapped), before the first forward pass, and report the structural
+  findings at once;
+- ``on_pre_optimizer_step``: ``monitor.check(optimizer, step=global_step + 1)``, after gradient
+  accumulation, unscaling and clipping;
+- ``on_train_end``: close the Monitor (every hook removed), write the last records and print
+  the summary table on the main process.
+
+Findings go to leafwatch's own TensorBoard records under ``args.output_dir`` (``leafwatch/``
+beneath it), written by the main process only: they do not depend on ``report_to``, so
+``leafwatch report OUTPUT_DIR`` and the Leafwatch tab show them in every configuration.
+
+The history travels in checkpoints through transformers' ``ExportableState``
+(``trainer_state.json``, ``stateful_callbacks``), so ``resume_from_checkpoint`` keeps it.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+from typing_extensions import override
+
+from ..console import NewFindingWarnings
+from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
+from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
+from ..options import validate_ignore, validate_int
+from . import distributed
+
+INSTALL_HINT = 'pip install "leafwatch[transformers]"'
+
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
+except ImportError as error:  # pragma: no cover - the extra installs it
+    raise ImportError(f"the leafwatch Trainer callback needs transformers: {INSTALL_HINT}") from error
+
+if not hasattr(TrainerCallback, "on_pre_optimizer_step"):  # pragma: no cover - transformers < 4.46
+    raise ImportError(f"the leafwatch Trainer callback needs transformers >= 4.46 (on_pre_optimizer_step): {INSTALL_HINT}")
+
+if TYPE_CHECKING:
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+#: The folder under ``args.output_dir`` the records go to (a TensorBoard run of its own).
+LOG_SUBDIR = "leafwatch"
+
+
+def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
+    """The optimizer under accelerate's (and DeepSpeed's) wrappers, and whether DeepSpeed is one.
+
+    Args:
+        optimizer: What the Trainer steps (``AcceleratedOptimizer``, a DeepSpeed wrapper, or a
+            torch optimizer).
+
+    Returns:
+        ``(innermost, deepspeed)``: the last object of the ``.optimizer`` chain, and whether an
+        object of the chain comes from DeepSpeed.
+    """
+    seen: set[int] = set()
+    deepspeed = False
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        module = type(optimizer).__module__ or ""
+        deepspeed = deepspeed or module.startswith("deepspeed") or "DeepSpeed" in type(optimizer).__name__
+        inner = getattr(optimizer, "optimizer", None)
+        if inner is None or isinstance(inner, (str, bytes, Mapping)):
+            break
+        optimizer = inner
+    return optimizer, deepspeed
+
+
+def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) -> tuple[str | None, Any]:
+    """How the gradients of ``model`` can be read, judged from the optimizer the Trainer steps.
+
+    Args:
+        model: The Trainer's model.
+        optimizer: The Trainer's optimizer (wrapped or not), or None.
+        args: The ``TrainingArguments`` (their ``deepspeed`` setting is read).
+
+    Returns:
+        ``(strategy, optimizer)``: None and the torch optimizer to check when it steps the model's
+        own parameters; ``"deepspeed"`` or ``"master_copies"`` and None when it does not (see
+        :func:`leafwatch.integrations.distributed.declare_gradients`).
+    """
+    inner, deepspeed = unwrap_optimizer(optimizer)
+    if deepspeed or getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
+        return "deepspeed", None
+    if inner is None:
+        return None, None
+    if not isinstance(inner, torch.optim.Optimizer):
+        return "master_copies", None
+    own = {id(p) for p in model.parameters()}
+    stepped = [p for group in inner.param_groups for p in group["params"]]
+    if stepped and not any(id(p) in own for p in stepped):
+        return "master_copies", None
+    return None, inner
+
+
+def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool | None:
+    """DDP's ``find_unused_parameters`` as the Trainer sets it, or None when it wraps no DDP.
+
+    The Trainer hands callbacks its inner model, not the ``DistributedDataParallel`` around it;
+    this repeats the Trainer's choice: ``args.ddp_find_unused_parameters`` when set, else True
+    unless a ``PreTrainedModel`` uses activation checkpointing (``ddp_static_graph`` counts as
+    True).
+
+    Args:
+        model: The Trainer's model.
+        args: The ``TrainingArguments``.
+    """
+    if not distributed.is_distributed() or getattr(args, "deepspeed", None):
+        return None
+    named = [(id(p), p, n) for n, p in model.named_parameters()]
+    if distributed.gradient_view(model, named).strategy != "plain":
+        return None  # FSDP or DeepSpeed, not DDP
+    if getattr(args, "ddp_static_graph", None):
+        return True
+    chosen = getattr(args, "ddp_find_unused_parameters", None)
+    if chosen is not None:
+        return bool(chosen)
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers is there: the callback imported it
+        return True
+    if not isinstance(model, PreTrainedModel):
+        return True
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None:  # transformers 4
+        checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    return not (checkpointing or getattr(args, "activation_checkpointing", False))
+
+
+class LeafWatchCallback(TrainerCallback, ExportableState):
+    """Names every tensor that will not train during ``Trainer.train``, says why, and gives the fix.
+
+    A thin adapter: it builds a :class:`~leafwatch.Monitor` at train begin and checks at every
+    optimizer step (after gradient accumulation, unscaling and clipping; the parameters of the
+    optimizer that steps). Each new finding is warned once on the main process, the summary
+    table is printed at train end, and the findings are written as leafwatch's TensorBoard
+    records (scalars, findings table, Leafwatch tab records) to ``<output_dir>/leafwatch``,
+    whatever ``report_to`` is. Steps are numbered ``state.global_step + 1`` (the optimizer step
+    taken). The history is saved in checkpoints (``trainer_state.json``), so
+    ``resume_from_checkpoint`` keeps it; a ``train()`` that does not resume starts a fresh one.
+
+    Under DeepSpeed, or with an optimizer that steps master copies of the parameters, the
+    model's ``.grad`` cannot tell a missing gradient: the gradient check is skipped with one
+    info finding. FSDP is handled as in :func:`leafwatch.integrations.distributed.gradient_view`,
+    and under DDP every rank checks its own gradients and the main process reports them merged;
+    with ``find_unused_parameters`` (the Trainer's default for a ``PreTrainedModel``) a
+    parameter that one rank skips is named with that rank.
+
+    With ``restore_callback_states_from_checkpoint=True`` transformers replaces each stateful
+    callback by a new instance when it resumes; read the report from that instance
+    (``trainer.callback_handler.callbacks``) then.
+
+    Args:
+        strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first
+            check that has an open error finding; training stops there.
+        patience: Consecutive checks a trainable parameter may go without a gradient before
+            ``missing_grad`` is reported.
+        ignore: Glob patterns on qualified names, ``{"pattern": "reason"}`` or ``["pattern"]``.
+        check_values_every_n_steps: Run the NaN/Inf check on the gradients every N steps
+            (0 turns it off).
+        log_every_n_steps: Cadence of the TensorBoard scalars (default: ``logging_steps``).
+        log_dir: Where the records go (default: ``<output_dir>/leafwatch``).
+        verbose: Warn about each new finding and print the table at train end.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range.
+
+    Example::
+
+        >>> from leafwatch.transformers import LeafWatchCallback
+        >>> callback = LeafWatchCallback(strict=True, ignore={"pooler.*": "not used by this head"})
+        >>> callback.report.findings
+        []
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        patience: int = 1,
+        ignore: Mapping[str, str] | Sequence[str] | None = None,
+        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
+        log_every_n_steps: int | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        verbose: bool = True,
+    ) -> None:
+        for argument, value in (("strict", strict), ("verbose", verbose)):
+            if not isinstance(value, bool):
+                raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+        if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
+            raise TypeError(f"`log_dir` must be a path or None, got {type(log_dir).__name__}: {log_dir!r:.80}")
+        self.strict = strict
+        self.verbose = verbose
+        self.patience = validate_int(patience, "patience", 1)
+        self.ignore = validate_ignore(ignore)
+        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.log_every_n_steps = (
+            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
+        )
+        self.log_dir = None if log_dir is None else os.fspath(log_dir)
+        self.monitor: Monitor | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._declared: torch.nn.Module | None = None
+        self._writer: Any = None
+        self._console: NewFindingWarnings | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._last_report: Report | None = None
+        self._final_state: dict[str, Any] = {}
+
+    # -- identity and state --------------------------------------------------------------------
+    @property
+    def report(self) -> Report:
+        """The latest report: the live one during training, the final one after it."""
+        if self.monitor is not None:
+            return self.monitor.report
+        if self._last_report is not None:
+            return self._last_report
+        if self._pending_state is not None:
+            saved = self._pending_state.get("monitor", {})
+            return Report.from_dict({"findings": saved.get("records", []), "step": saved.get("step")})
+        return Report()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (the Monitor's history), JSON-ready."""
+        if self.monitor is not None:
+            return {"monitor": self.monitor.state_dict()}
+        if self._pending_state is not None:
+            return dict(self._pending_state)
+        return dict(self._final_state)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take up a history from :meth:`state_dict` (at the next ``on_train_begin`` if not training).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"`state_dict` must be a mapping from state_dict(), got {type(state_dict).__name__}")
+        if not state_dict:
+            return
+        self._pending_state = dict(state_dict)
+        if self.monitor is not None:
+            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
+            self._pending_state = None
+
+    @override
+    def state(self) -> dict[str, Any]:
+        """What ``Trainer`` saves in ``trainer_state.json`` (``ExportableState``)."""
+        return {
+            "args": {
+                "strict": self.strict,
+                "patience": self.patience,
+                "ignore": dict(self.ignore),
+                "check_values_every_n_steps": self.check_values_every_n_steps,
+                "log_every_n_steps": self.log_every_n_steps,
+                "log_dir": self.log_dir,
+                "verbose": self.verbose,
+            },
+            "attributes": {"_pending_state": self.state_dict() or None},
+        }
+
+    def _saved_in(self, state: TrainerState) -> dict[str, Any] | None:
+        """The history this callback saved in the checkpoint ``state`` was loaded from."""
+        saved = (getattr(state, "stateful_callbacks", None) or {}).get(type(self).__name__)
+        if isinstance(saved, list):  # several instances of the callback: the one with our options
+            mine = self.state()["args"]
+            saved = next((s for s in saved if isinstance(s, Mapping) and s.get("args") == mine),
+                         saved[0] if saved else None)
+        if not isinstance(saved, Mapping):
+            return None
+        data = (saved.get("attributes") or {}).get("_pending_state")
+        return dict(data) if isinstance(data, Mapping) and data else None
+
+    # -- the Trainer hooks ---------------------------------------------------------------------
+    @override
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self._close(print_table=False)
+        # A resumed run (its global step restored from the checkpoint) keeps the saved history,
+        # and so does one given a history through load_state_dict(); a new one starts afresh.
+        saved = (self._saved_in(state) if state.global_step > 0 else None) or self._pending_state
+        self._pending_state = None
+        model = kwargs.get("model")
+        if not isinstance(model, torch.nn.Module):
+            warnings.warn(f"leafwatch: the Trainer passed no model to the callback (got {type(model).__name__}); "
+                          "training goes on without leafwatch.", LeafwatchInternalWarning, stacklevel=2)
+            return
+        main = bool(getattr(state, "is_world_process_zero", True))
+        try:
+            strategy, self._optimizer = gradient_strategy(model, kwargs.get("optimizer"), args)
+            sinks = self._make_sinks(args, state, main)
+            if strategy is not None:
+                distributed.declare_gradients(model, strategy)
+                self._declared = model
+            else:
+                find_unused = ddp_find_unused_parameters(model, args)
+                if find_unused is not None:
+                    distributed.declare_ddp(model, find_unused)
+                    self._declared = model
+            self.monitor = Monitor(
+                model,
+                [self._optimizer] if self._optimizer is not None else None,
+                patience=self.patience,
+                ignore=self.ignore,
+                check_values_every_n_steps=self.check_values_every_n_steps,
+                strict=self.strict,
+                sinks=sinks,
+            )
+            if saved is not None:
+                self.monitor.load_state_dict(saved.get("monitor", {}))
+        except Exception as error:  # never stop training for leafwatch
+            self._close(print_table=False)
+            warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
+                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=2)
+            return
+        report = self.monitor.scan()
+        if self._console is not None:
+            self._console.report(report)
+
+    @override
+    def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                              **kwargs: Any) -> None:
+        monitor = self.monitor
+        if monitor is None:
+            return
+        try:
+            monitor.check(self._optimizer, step=int(state.global_step) + 1)
+        except LeafwatchError:
+            # Strict mode stops training here: remove the hooks and write the records first.
+            self._close(print_table=False)
+            raise
+
+    @override
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self._close(print_table=bool(getattr(state, "is_world_process_zero", True)))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _make_sinks(self, args: TrainingArguments, state: TrainerState, main: bool) -> list[Any]:
+        """The console and TensorBoard sinks, on the main process only."""
+        self._console = None
+        if not main:
+            return []
+        sinks: list[Any] = []
+        if self.verbose:
+            self._console = NewFindingWarnings()
+            sinks.append(self._console)
+        log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
+        from torch.utils.tensorboard import SummaryWriter
+
+        from .tensorboard import TensorBoardSink
+
+        self._writer = SummaryWriter(log_dir)
+        log_every = self.log_every_n_steps or max(1, int(getattr(state, "logging_steps", 0) or 50))
+        sinks.append(TensorBoardSink(self._writer, log_every_n_steps=log_every))
+        return sinks
+
+    def _close(self, *, print_table: bool) -> None:
+        monitor, self.monitor = self.monitor, None
+        writer, self._writer = self._writer, None
+        declared, self._declared = self._declared, None
+        self._optimizer = None
+        try:
+            if monitor is not None:
+                report = monitor.close()
+                self._last_report = report
+                self._final_state = {"monitor": monitor.state_dict()}
+                if print_table and self.verbose:
+                    print(report)
+        finally:
+            if declared is not None:
+                distributed.declare_gradients(declared, None)
+                distributed.declare_ddp(declared, None)
+            if writer is not None:
+                writer.close()
+
+
+__all__ = ["INSTALL_HINT", "LOG_SUBDIR", "LeafWatchCallback", "ddp_find_unused_parameters", "gradient_strategy",
+           "unwrap_optimizer"]

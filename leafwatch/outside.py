@@ -1,0 +1,160 @@
+"""Trainable tensors outside the model: they get gradients, but no optimizer steps them.
+
+Two ways leafwatch sees such a tensor:
+
+- a watched leaf (``leafwatch.watch()`` or ``Monitor(tensors=...)``) that got a gradient and is in
+  no optimizer (a ``logit_scale`` created beside the model and never given to the optimizer);
+- a leaf of the loss's graph (``check(loss=)``, ``audit(loss=)``) that requires grad, is in no
+  optimizer and is **the same tensor at consecutive checks**: a persistent, would-be trainable
+  tensor. Leaves made fresh each step (WGAN-GP's ``interpolates.requires_grad_(True)``,
+  adversarial inputs, input-gradient saliency) are never the same tensor twice, so they are
+  never reported. The graph is walked only at the first check, while a suspect waits for its
+  second sighting, and after a new missing gradient: never on a healthy step.
+
+Suspects are held weakly: nothing of the user's is kept alive.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from . import checks, graph
+from .findings import Finding
+from .inventory import Inventory
+from .watching import WatchEntry
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
+    """The ids of every tensor the optimizers hold."""
+    return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+
+
+def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
+                            in_optimizer: Callable[[WatchEntry], bool]) -> list[Finding]:
+    """``not_in_optimizer`` (error) for each watched leaf that got a gradient and no optimizer holds.
+
+    Args:
+        entries: The watched tensors.
+        step: The step to record.
+        model_ids: Ids of the model's parameters (judged by the structural checks instead).
+        in_optimizer: Whether an entry's tensor is in one of the optimizers that judge it.
+    """
+    out = []
+    for entry in entries:
+        t = entry.tensor()
+        if t is None or not entry.is_leaf or not t.requires_grad or id(t) in model_ids:
+            continue
+        if t.grad is None and entry.grads_seen == 0:
+            continue  # no gradient: that is missing_grad's business
+        if not in_optimizer(entry):
+            out.append(checks.outside_optimizer(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
+                                source="watch", watched_at=entry.location))
+    return out
+
+
+def _leaf_users(loss: torch.Tensor) -> tuple[dict[int, tuple[torch.Tensor, str]], bool]:
+    """Leaf id -> (leaf, the op that uses it) for every leaf the loss's graph accumulates into."""
+    out: dict[int, tuple[torch.Tensor, str]] = {}
+    count = 0
+    for node in graph.iter_nodes(loss.grad_fn, limit=10 * graph.MAX_NODES):
+        count += 1
+        for child, _ in getattr(node, "next_functions", ()):
+            variable = getattr(child, "variable", None)
+            if isinstance(variable, torch.Tensor) and id(variable) not in out:
+                out[id(variable)] = (variable, type(node).__name__)
+    return out, count < 10 * graph.MAX_NODES
+
+
+def caller_name(t: torch.Tensor) -> str | None:
+    """The name the first caller outside leafwatch has for ``t`` (a variable, or ``obj.attr`` one
+    level down), when exactly one name holds it."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    names: list[str] = []
+    for scope in (frame.f_locals, frame.f_globals):
+        for key, value in list(scope.items()):
+            if key.startswith("__"):
+                continue
+            if value is t:
+                names.append(key)
+            elif not isinstance(value, (torch.Tensor, type, type(sys))) and hasattr(value, "__dict__"):
+                try:
+                    attrs = vars(value)
+                except TypeError:
+                    continue
+                names.extend(f"{key}.{a}" for a, v in list(attrs.items())[:200] if v is t)
+    names = list(dict.fromkeys(names))
+    return names[0] if len(names) == 1 else None
+
+
+def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Optimizer],
+                     entries: Iterable[WatchEntry]) -> set[int]:
+    """Ids that other checks judge: the model's tensors and orphans, every optimizer's tensors,
+    watched tensors."""
+    ids = optimizer_ids(optimizers) | {id(e.tensor()) for e in entries}
+    if inv is not None:
+        ids |= set(inv.tensors) | inv.buffers | {id(o.tensor) for o in inv.orphans()}
+    return ids
+
+
+class LossLeaves:
+    """Persistent leaves of the loss's graph that no optimizer holds, across checks."""
+
+    def __init__(self) -> None:
+        self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+        self._walked = False
+        #: How many times the loss's graph was walked (for tests of the hot path).
+        self.walks = 0
+
+    def wants_walk(self, new_miss: bool) -> bool:
+        """Whether the next :meth:`observe` walks the graph (first check, suspects, a new miss)."""
+        return not self._walked or bool(self._suspects) or new_miss
+
+    def observe(self, loss: torch.Tensor, step: int | None, *, exclude: Callable[[], set[int]],
+                new_miss: bool = False) -> list[Finding]:
+        """Walk ``loss``'s graph when due; findings for suspects seen again as the same tensor.
+
+        Args:
+            loss: The loss of this step.
+            step: The step to record.
+            exclude: Ids judged elsewhere (model parameters, optimizer tensors, watched tensors,
+                orphans), computed only when the walk finds a candidate.
+            new_miss: A tensor started missing its gradient at this check.
+        """
+        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not self.wants_walk(new_miss):
+            return []
+        self._walked = True
+        self.walks += 1
+        users, _ = _leaf_users(loss)
+        candidates = {k: v for k, v in users.items() if v[0].requires_grad}
+        if not candidates:
+            self._suspects = {}
+            return []
+        excluded = exclude()
+        candidates = {k: v for k, v in candidates.items() if k not in excluded}
+        out = []
+        suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+        for k, (t, op) in candidates.items():
+            seen = self._suspects.get(k)
+            if seen is not None and seen[0]() is t:
+                name = caller_name(t) or f"tensor of shape {tuple(t.shape)} used by {op}"
+                out.append(checks.outside_optimizer(name, t, step, "warning", "is a leaf of the loss's graph at every step "
+                                    f"(used by `{op}`)", op=op, persistent=True))
+            else:
+                suspects[k] = (weakref.ref(t), op)
+        self._suspects = suspects
+        return out
+
+
+#: ``audit(loss=)`` has no state of its own: the suspects of the process's previous audits.
+AUDITS = LossLeaves()

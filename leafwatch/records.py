@@ -1,0 +1,142 @@
+"""What leafwatch writes to TensorBoard: every tag name and the versioned record format.
+
+The one place both sides agree on, torch-free (as TensorBoard's own ``plugins/text/metadata.py``
+is shared by its summary writer and its plugin): the sink
+(:mod:`leafwatch.integrations.tensorboard`) and the Lightning metrics sink write these tags, the
+Leafwatch tab (:mod:`leafwatch.tensorboard_plugin`) and ``leafwatch report``
+(:mod:`leafwatch.report_cli`) read them back.
+
+Tags, all under the ``leafwatch/`` prefix:
+
+- scalars ``leafwatch/open/<kind>`` (:func:`open_tag`) and ``leafwatch/grad_coverage``
+  (:data:`GRAD_COVERAGE_TAG`);
+- text ``leafwatch/findings`` (:data:`FINDINGS_TEXT_TAG`): the markdown findings table;
+- a custom-scalars layout (:func:`layout`) in the sub-run :data:`LAYOUT_RUN`;
+- records for the tab and for ``leafwatch report``: tensor summaries with
+  ``plugin_name=`` :data:`PLUGIN_NAME`, each one string (see :data:`RECORD_FORMAT`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+#: The TensorBoard plugin name of leafwatch's records (and of the Leafwatch tab).
+PLUGIN_NAME = "leafwatch"
+#: ``SummaryMetadata.plugin_data.content`` of every record.
+PLUGIN_CONTENT = b"1"
+#: The version of the records written now; a reader skips records of a newer version.
+RECORD_VERSION = 1
+
+#: The latest report of a run (JSON): what the tab's findings table and ``leafwatch report`` read.
+REPORT_TAG = "leafwatch/report"
+#: Prefix of the coverage records, one tag per chunk of steps (:func:`coverage_tag`).
+COVERAGE_PREFIX = "leafwatch/coverage/"
+#: The markdown findings table, for TensorBoard's Text tab.
+FINDINGS_TEXT_TAG = "leafwatch/findings"
+#: Prefix of the scalars of open findings per kind (:func:`open_tag`).
+OPEN_PREFIX = "leafwatch/open/"
+#: The scalar share of the checked trainable tensors that got a gradient.
+GRAD_COVERAGE_TAG = "leafwatch/grad_coverage"
+#: The sub-run (folder under the log directory) holding the custom-scalars layout, so that the
+#: user's own layout is never replaced.
+LAYOUT_RUN = "leafwatch-layout"
+
+#: The records, each one document in a string tensor.
+RECORD_FORMAT = """
+leafwatch/report          latest wins; written when the findings change and at close (UTF-8 JSON):
+    {"version": 1, "step": int, "counts": {kind: int}, "findings": [Finding.to_dict(), ...]}
+leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
+    sampling never drops history); the latest sample of a tag is the whole chunk so far,
+    zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
+    {"version": 1, "chunk": int, "groups": {group: {
+        "names": [qualified names of the tensors checked when this group steps],
+        "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
+        "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
+    }}}
+    A group is the index of the optimizer that stepped ("all" when none was given).
+"""
+
+
+def open_tag(kind: str) -> str:
+    """The scalar tag of the open findings of one kind: ``leafwatch/open/<kind>``."""
+    return f"{OPEN_PREFIX}{kind}"
+
+
+def coverage_tag(chunk: int) -> str:
+    """The tag of the coverage record of one chunk: ``leafwatch/coverage/000003``."""
+    return f"{COVERAGE_PREFIX}{chunk:06d}"
+
+
+def is_coverage_tag(tag: str) -> bool:
+    return tag.startswith(COVERAGE_PREFIX)
+
+
+def layout() -> dict[str, Any]:
+    """The custom-scalars layout: one chart of the open findings per kind, one of the coverage."""
+    return {
+        PLUGIN_NAME: {
+            "open findings per kind": ["Multiline", [rf"{OPEN_PREFIX}.*"]],
+            "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]],
+        }
+    }
+
+
+def encode_report(report: Mapping[str, Any]) -> str:
+    """The ``leafwatch/report`` record of a report's ``to_dict()``: JSON with the version."""
+    return json.dumps({"version": RECORD_VERSION, **report})
+
+
+def encode_coverage(chunk: int, groups: Mapping[str, Any]) -> bytes:
+    """The ``leafwatch/coverage/NNNNNN`` record of one chunk: zlib-compressed compact JSON."""
+    record = {"version": RECORD_VERSION, "chunk": chunk, "groups": dict(groups)}
+    return zlib.compress(json.dumps(record, separators=(",", ":")).encode("utf-8"), 6)
+
+
+def decode(payload: str | bytes) -> dict[str, Any] | None:
+    """The document of one record (report or coverage), or None when it is not one this
+    version of leafwatch can read (not JSON, not an object, or written by a newer version).
+
+    Example::
+
+        >>> decode(encode_report({"step": 3, "findings": []}))
+        {'version': 1, 'step': 3, 'findings': []}
+        >>> decode(encode_coverage(0, {}))["chunk"], decode(b"not json")
+        (0, None)
+    """
+    try:
+        if isinstance(payload, bytes):
+            # Coverage records are zlib-compressed (zlib streams start with 0x78, "x").
+            payload = (zlib.decompress(payload) if payload[:1] == b"x" else payload).decode("utf-8")
+        data = json.loads(payload)
+    except (ValueError, TypeError, zlib.error):
+        return None
+    if not isinstance(data, dict):
+        return None
+    version = data.get("version", RECORD_VERSION)
+    if isinstance(version, bool) or not isinstance(version, int) or version > RECORD_VERSION:
+        return None
+    return data
+
+
+__all__ = [
+    "COVERAGE_PREFIX",
+    "FINDINGS_TEXT_TAG",
+    "GRAD_COVERAGE_TAG",
+    "LAYOUT_RUN",
+    "OPEN_PREFIX",
+    "PLUGIN_CONTENT",
+    "PLUGIN_NAME",
+    "RECORD_FORMAT",
+    "RECORD_VERSION",
+    "REPORT_TAG",
+    "coverage_tag",
+    "decode",
+    "encode_coverage",
+    "encode_report",
+    "is_coverage_tag",
+    "layout",
+    "open_tag",
+]

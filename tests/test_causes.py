@@ -1,0 +1,139 @@
+"""Causes that say what happened: an ignored output is not a cut, a cut is named where it is,
+a rewrap is named, an unfrozen parameter is told from one left out, and the "being traced"
+placeholder never stays."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import leafwatch
+from leafwatch.structure import REQUIRES_GRAD_EVERY
+
+
+def _monitor_step(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> leafwatch.Report:
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt) as monitor:
+        model(torch.randn(4, 3)).sum().backward()
+        return monitor.check()
+
+
+class WithPooler(nn.Module):
+    """A pooler whose output the loss never reads (the head uses the encoder's output)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(3, 3)
+        self.pooler = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(x)
+        self.pooler(hidden)  # computed and ignored
+        return self.head(hidden)
+
+
+def test_an_output_nothing_uses_is_told_from_a_cut() -> None:
+    report = _monitor_step(WithPooler())
+    assert report.names() == {"pooler.weight", "pooler.bias"}
+    for f in report:
+        assert (f.kind, f.details["reason"]) == ("missing_grad", "unused_output")
+        assert "Most likely nothing in the loss uses it" in f.cause
+        assert "between `pooler` and `head`" in f.cause
+        assert "use `pooler`'s output in the loss, or remove `pooler`" in f.fix
+        assert "ignore=" in f.fix
+        assert "remove the `.detach()`" not in f.fix
+
+
+class ListRewrap(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tensor(self.a(x).tolist()))
+
+
+def test_a_rewrap_of_an_output_is_named_with_the_module_that_received_it() -> None:
+    report = _monitor_step(ListRewrap())
+    assert report.names() == {"a.weight", "a.bias"}
+    for f in report:
+        assert f.details["reason"] == "rewrapped"
+        assert "`b` received a new tensor of the same shape made from its values" in f.cause
+        assert "between `a` and `b`" in f.cause
+        assert "no `.tolist()`/`.numpy()`/`torch.tensor(...)` between them" in f.fix
+
+
+class Scaler(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.tensor(self.scale.tolist())
+
+
+def test_a_parameter_used_through_a_rewrap_names_the_rewrap() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), Scaler(), nn.Linear(3, 1))
+    report = _monitor_step(model)
+    (finding,) = report
+    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "1.scale", "unused")
+    assert "torch.tensor(scale.tolist())" in finding.cause
+    assert "torch.tensor(scale...)" in finding.fix
+
+
+def test_a_parameter_unfrozen_after_the_optimizer_was_built_is_told_from_one_left_out() -> None:
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    model[0].requires_grad_(False)  # a frozen backbone
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)
+    for step in range(1, 2 * REQUIRES_GRAD_EVERY + 2):
+        if step == 3:
+            model[0].requires_grad_(True)  # unfrozen, never added to the optimizer
+        opt.zero_grad()
+        model(torch.randn(4, 3)).sum().backward()
+        report = monitor.check()
+        opt.step()
+    monitor.close()
+    assert report.names("not_in_optimizer") == {"0.weight", "0.bias"}
+    for f in report.by_kind("not_in_optimizer"):
+        assert f.details["reason"] == "unfrozen_after"
+        assert "unfrozen after it" in f.cause
+        assert "add_param_group" in f.fix and "unfreeze_and_add_param_group" in f.fix
+    left_out = leafwatch.audit(model, opt).by_kind("not_in_optimizer")[0]
+    assert left_out.details["reason"] == "left_out"
+    assert "left out when the optimizer's parameter list was built" in left_out.cause
+
+
+class SkipsOnce(nn.Module):
+    """`a` is left out at step 3 only (when its hooks are no longer armed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 1)
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.b(x if self.calls == 3 else self.a(x))
+
+
+def test_the_being_traced_placeholder_is_replaced_when_the_gradient_comes_back() -> None:
+    model = SkipsOnce()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    causes = []
+    with leafwatch.Monitor(model, opt) as monitor:
+        for _ in range(4):
+            opt.zero_grad(set_to_none=True)
+            model(torch.randn(4, 3)).sum().backward()
+            report = monitor.check()
+            causes.append([f.cause for f in report.by_kind("missing_grad")])
+            opt.step()
+    assert any("being traced" in c for c in causes[2]), "step 3: traced, the cause comes next"
+    final = monitor.history[("missing_grad", "a.weight")]
+    assert "being traced" not in final.cause
+    assert "got one again at step 4" in final.cause
+    assert final.status == "intermittent"
+    assert all("being traced" not in f.cause for f in report)

@@ -1,0 +1,141 @@
+"""Trainable tensors outside the model: they get gradients, but no optimizer steps them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import leafwatch
+
+
+def _clip_like() -> tuple[nn.Module, torch.Tensor, torch.optim.Optimizer]:
+    model = nn.Linear(4, 4)
+    logit_scale = torch.ones([], requires_grad=True)  # created beside the model, never given to the optimizer
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    return model, logit_scale, opt
+
+
+def _assert_outside(finding: leafwatch.Finding, name: str, severity: str) -> None:
+    assert (finding.kind, finding.name, finding.severity) == ("not_in_optimizer", name, severity)
+    assert "gets gradients but is in no optimizer" in finding.message
+    assert "not passed to any optimizer" in finding.cause
+    assert f"optimizer.add_param_group({{'params': [{name}]}})" in finding.fix
+
+
+@pytest.mark.parametrize("how", ["watch", "tensors"])
+def test_a_watched_leaf_in_no_optimizer_is_not_in_optimizer(how: str) -> None:
+    model, logit_scale, opt = _clip_like()
+    if how == "watch":
+        leafwatch.watch(logit_scale, name="logit_scale")
+        monitor = leafwatch.Monitor(model, opt)
+    else:
+        monitor = leafwatch.Monitor(model, opt, tensors={"logit_scale": logit_scale})
+    (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
+    report = monitor.check()
+    monitor.close()
+    (finding,) = report
+    _assert_outside(finding, "logit_scale", "error")
+    audited = leafwatch.audit(model, opt, tensors={"logit_scale": logit_scale} if how == "tensors" else None)
+    _assert_outside(audited.findings[0], "logit_scale", "error")
+
+
+def test_a_watched_leaf_in_an_optimizer_is_no_finding() -> None:
+    model, logit_scale, _ = _clip_like()
+    opt = torch.optim.SGD([*model.parameters(), logit_scale], lr=0.1)
+    leafwatch.watch(logit_scale, name="logit_scale")
+    with leafwatch.Monitor(model, opt) as monitor:
+        (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
+        assert monitor.check().findings == []
+    assert leafwatch.audit(model, opt).findings == []
+
+
+def test_a_watched_leaf_in_another_known_optimizer_is_no_finding() -> None:
+    model, logit_scale, opt = _clip_like()
+    other = torch.optim.SGD([logit_scale], lr=0.1)
+    leafwatch.Monitor(nn.Linear(1, 1), other).close()  # leafwatch knows `other` from now on
+    leafwatch.watch(logit_scale, name="logit_scale")
+    with leafwatch.Monitor(model, opt) as monitor:
+        (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
+        assert monitor.check().findings == []
+
+
+def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_a_warning_named_by_its_variable() -> None:
+    model, logit_scale, opt = _clip_like()
+    monitor = leafwatch.Monitor(model, opt)
+    reports = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = (model(torch.randn(2, 4)) * logit_scale.exp()).sum()
+        loss.backward()
+        reports.append(monitor.check(loss=loss))
+        opt.step()
+    monitor.close()
+    assert reports[0].findings == [], "one sighting is no evidence: it may be made fresh each step"
+    (finding,) = reports[-1]
+    _assert_outside(finding, "logit_scale", "warning")
+    assert "is a leaf of the loss's graph at every step" in finding.cause
+    assert finding.details["op"].startswith("ExpBackward")
+
+
+def test_audit_with_loss_reports_a_persistent_leaf_at_the_second_call() -> None:
+    model, scale, opt = _clip_like()
+    found = []
+    for _ in range(2):
+        loss = (model(torch.randn(2, 4)) * scale).sum()
+        loss.backward()
+        found.append(leafwatch.audit(model, opt, loss=loss))
+    assert found[0].findings == []
+    _assert_outside(found[1].findings[0], "scale", "warning")
+
+
+def _wgan_gp_step(critic: nn.Module, real: torch.Tensor, fake: torch.Tensor) -> torch.Tensor:
+    alpha = torch.rand(real.shape[0], 1)
+    interpolates = (alpha * real + (1 - alpha) * fake).requires_grad_(True)
+    out = critic(interpolates)
+    grads = torch.autograd.grad(out.sum(), interpolates, create_graph=True)[0]
+    penalty = ((grads.norm(2, dim=1) - 1) ** 2).mean()
+    return critic(fake).mean() - critic(real).mean() + 10 * penalty
+
+
+@pytest.mark.parametrize("kind", ["wgan_gp", "adversarial", "saliency"])
+def test_leaves_made_fresh_each_step_are_never_reported(kind: str) -> None:
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = leafwatch.Monitor(model, opt)
+    for _ in range(4):
+        opt.zero_grad()
+        x = torch.randn(3, 4)
+        if kind == "wgan_gp":
+            loss = _wgan_gp_step(model, x, torch.randn(3, 4).detach())
+        elif kind == "adversarial":
+            x_adv = x.clone().requires_grad_(True)
+            grad = torch.autograd.grad(model(x_adv).sum(), x_adv)[0]
+            x_adv = (x + 0.1 * grad.sign()).requires_grad_(True)
+            loss = model(x_adv).pow(2).mean()
+        else:
+            x.requires_grad_(True)  # input-gradient saliency
+            loss = model(x).sum()
+        loss.backward()
+        report = monitor.check(loss=loss)
+        opt.step()
+    monitor.close()
+    assert report.findings == []
+
+
+def test_the_loss_graph_is_walked_only_at_the_first_check_and_after_a_new_miss() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)
+    for step in range(6):
+        opt.zero_grad()
+        x = torch.randn(2, 4)
+        loss = (model(x) if step < 4 else model[1](x)).sum()  # from step 5 on, model[0] misses
+        loss.backward()
+        monitor.check(loss=loss)
+        opt.step()
+        if step == 3:
+            assert monitor.stats()["loss_graph_walks"] == 1, "a healthy step walks nothing"
+    assert monitor.stats()["loss_graph_walks"] == 2, "walked again once, at the new miss"
+    monitor.close()
+    assert ("missing_grad", "0.weight") in monitor.history

@@ -238,7 +238,8 @@ class GradientTracker:
         f = self._stalled(f, pid, streak, checks_of_p, misses)
         self.history.upsert(f)
         if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
-                and clist is not None:
+                and old is not None and (old.status, old.cause) == (f.status, f.cause):
+            # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
 
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:

@@ -62,6 +62,7 @@ BUDGETS = {
     "check_vs_grad_loop": 3.0,
     "values_amortized_fraction": 0.01,
     "lightning_fraction": 0.01,
+    "half_missing_vs_healthy": 2.0,
 }
 
 
@@ -77,6 +78,34 @@ class ManySmall(nn.Module):
         for layer in self.layers:
             x = torch.tanh(layer(x))
         return x
+
+
+class HalfMissing(nn.Module):
+    """A chain of 250 small layers and its deep copy: half the tensors never get a gradient.
+
+    With ``ema`` the copy is a BYOL target network (run under ``no_grad``, in the optimizer,
+    updated by ``.data`` assignment after every step, as lightning-bolts does); without it the
+    copy is never called (500 open ``missing_grad`` errors).
+    """
+
+    def __init__(self, ema: bool) -> None:
+        super().__init__()
+        self.online = ManySmall(250)
+        self.target = copy.deepcopy(self.online)
+        self.ema = ema
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.online(x)
+        if self.ema:
+            with torch.no_grad():
+                target = self.target(x)
+            out = out - target
+        return out
+
+    def after_step(self) -> None:
+        if self.ema:
+            for o, t in zip(self.online.parameters(), self.target.parameters()):
+                t.data = 0.99 * t.data + 0.01 * o.data
 
 
 class SmallTransformer(nn.Module):
@@ -132,6 +161,7 @@ class Workload:
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-4)
         self.x = shape.batch()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.after_step: Callable[[], None] | None = getattr(self.inner, "after_step", None)
 
     def step(self, between: Callable[[], None] | None = None) -> float:
         """One training step; returns the seconds spent in ``between`` (called after backward)."""
@@ -144,6 +174,8 @@ class Workload:
             between()
             spent = time.perf_counter() - start
         self.optimizer.step()
+        if self.after_step is not None:
+            self.after_step()
         return spent
 
 
@@ -195,6 +227,10 @@ def _single_process_group():
             dist.destroy_process_group()
 
 
+HALF_TARGET = "Monitor, half the tensors a BYOL target network (no gradient, EMA after each step)"
+HALF_UNUSED = "Monitor, half the tensors never used (500 open missing_grad errors)"
+
+
 def make_variants(work: Workload, anchors: bool, ddp: bool, tmpdir: str) -> list[Variant]:
     """Every variant of one shape. DDP copies come first: their wrappers register modules, and
     leafwatch Monitors rebuild when that happens."""
@@ -217,6 +253,11 @@ def make_variants(work: Workload, anchors: bool, ddp: bool, tmpdir: str) -> list
         kwargs = {} if every is None else {"check_values_every_n_steps": every}
         monitor = leafwatch.Monitor(work.inner, work.optimizer, **kwargs)
         variants.append(Variant(label, lambda m=monitor: work.step(m.check), close=monitor.close))
+    if work.shape.key == "many-small":
+        for label, ema in ((HALF_TARGET, True), (HALF_UNUSED, False)):
+            half = Workload(work.shape, HalfMissing(ema))
+            monitor = leafwatch.Monitor(half.inner, half.optimizer, check_values_every_n_steps=0)
+            variants.append(Variant(label, lambda w=half, m=monitor: w.step(m.check), close=monitor.close))
     if anchors:
         variants.append(Variant("naive: one `.item()` per tensor", lambda f=_naive_item(work.params): work.step(f),
                                 note="anchor"))
@@ -438,6 +479,12 @@ def budgets(results: list[ShapeResult]) -> list[tuple[str, bool, str]]:
             out.append((f"{r.shape.title}: `Monitor.check()` ≤ {BUDGETS['check_us_per_tensor']} µs per tensor "
                         f"or ≤ {BUDGETS['check_vs_grad_loop']:.0f}x the bare `p.grad` loop", ok,
                         f"{per:.2f} µs per tensor, {relative:.2f}x the loop"))
+            for label in (HALF_TARGET, HALF_UNUSED):
+                if label in s:
+                    half = statistics.median(s[label].check_seconds) / check
+                    out.append((f"{r.shape.title}: {label.split(', ', 1)[1]}: the check ≤ "
+                                f"{BUDGETS['half_missing_vs_healthy']:.0f}x the healthy check",
+                                half <= BUDGETS["half_missing_vs_healthy"], f"{half:.2f}x"))
         values = statistics.median(s["Monitor, value checks every step"].in_step)
         no_values = statistics.median(s["Monitor, value checks off"].in_step)
         value_cost = max(0.0, values - no_values)

@@ -150,6 +150,8 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     details: dict[str, Any] = {"reason": reason}
     if info is not None:
         details["module"] = info.module
+        if reason in ("detached", "unused", "never_ran"):
+            fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
         details["checks"] = checks
         details["steps_without_grad"] = misses
@@ -186,7 +188,8 @@ def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -
         severity="info",
         status="intermittent",
         message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
-        "(routing, branches or alternation: expected for mixture-of-experts and GANs).",
+        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers "
+        "and GANs).",
         last_step=step,
         details={**finding.details, "checks": checks, "steps_without_grad": misses},
     )
@@ -295,14 +298,7 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
             ))
             continue
-        out.append(make(
-            "not_in_optimizer", info.name, "error",
-            f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
-            f"`{info.name}` was left out when the optimizer's parameter list was built.",
-            "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
-            "`configure_optimizers`), or freeze it with `requires_grad_(False)` if that is intended",
-            tensor=p, step=step, aliases=info.aliases, reason="left_out",
-        ))
+        out.append(not_in_optimizer(info, p, step=step))
     for i, params in enumerate(inv.optimizer_params):
         for p in params:
             if p.requires_grad:
@@ -314,7 +310,9 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
             name = name or f"optimizers[{i}] tensor of shape {tuple(p.shape)}"
             out.append(make(
                 "frozen_in_optimizer", name, "error" if plain else "info",
-                f"optimizer {i} holds `{name}`, which does not require grad: it will not train.",
+                f"optimizer {i} holds `{name}`, which does not require grad: it will not train."
+                if plain else f"optimizer {i} holds `{name}`, which is frozen (requires_grad=False): "
+                "the optimizer skips it.",
                 "a plain tensor created without `requires_grad=True` was passed to the optimizer"
                 if plain else f"`{name}` is frozen (requires_grad=False) but still listed in the optimizer.",
                 "create it with `requires_grad=True`" if plain
@@ -322,6 +320,34 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 tensor=p, step=step, optimizer=i,
             ))
     return out
+
+
+def silence_hint(name: str, module: str | None = None) -> str:
+    """The ``ignore=`` pattern that silences a finding that is true but intended."""
+    pattern = f"{module}.*" if module else name
+    return f'if that is intended, silence it: `ignore=["{pattern}"]`'
+
+
+def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
+                     got_grad: bool | None = None) -> Finding:
+    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
+    name = info.name
+    if got_grad is None:
+        message = f"`{name}` requires grad but is in no optimizer: nothing steps it."
+    elif got_grad:
+        message = f"`{name}` requires grad but is in no optimizer: it gets gradients and never changes."
+    else:
+        message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
+                   "step either: it never trains.")
+    return make(
+        "not_in_optimizer", name, "error", message,
+        f"`{name}` was left out when the optimizer's parameter list was built.",
+        "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
+        "`configure_optimizers`), or freeze it with `requires_grad_(False)`; "
+        + silence_hint(name, info.module),
+        tensor=p, step=step, aliases=info.aliases, reason="left_out",
+        **({} if got_grad is None else {"got_grad": got_grad}),
+    )
 
 
 _REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
@@ -444,6 +470,9 @@ def _container_fix(attr: str, kinds: tuple[str, ...], *, modules: bool) -> str:
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:
+    """Device and dtype differences that silently change training (see :func:`device_on_purpose`,
+    :func:`dtype_changes_training`); deliberate ones (an fp32 island in a half model, a module
+    placed on another device) are no finding."""
     trainable = [(info, p) for info, p in inv.trainable() if p.is_floating_point()]
     if len(trainable) < 2:
         return []
@@ -451,35 +480,80 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
     devices = Counter(p.device for _, p in trainable)
     dtypes = Counter(p.dtype for _, p in trainable)
     main_device, main_dtype = devices.most_common(1)[0][0], dtypes.most_common(1)[0][0]
+    below: dict[str, set[str]] = {}
+    if len(devices) > 1:
+        for info, p in trainable:
+            parts = info.module.split(".") if info.module else []
+            for depth in range(len(parts) + 1):
+                below.setdefault(".".join(parts[:depth]), set()).add(str(p.device))
+    spread = spread_on_purpose(inv)
     for info, p in trainable:
         if p.device != main_device:
-            what, fix = f"on {p.device} while the other trainable parameters are on {main_device}", "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
-        elif p.dtype != main_dtype:
-            if _kept_in_float32(inv, info, p, main_dtype):
+            if device_on_purpose(info.module, str(p.device), below, spread):
                 continue
-            what = f"{str(p.dtype).replace('torch.', '')} while the other trainable parameters are {str(main_dtype).replace('torch.', '')}"
+            what = f"on {p.device} while the other trainable parameters are on {main_device}"
+            cause = ("it was created or moved separately from the rest of its module: a tensor on "
+                     "another device than the module it belongs to is no placement plan (device_map "
+                     "and pipeline stages place whole modules), and a 0-dim one is silently moved "
+                     "at every use.")
+            fix = "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
+        elif p.dtype != main_dtype:
+            if not dtype_changes_training(p.dtype, main_dtype):
+                continue
+            short, main_short = str(p.dtype).replace("torch.", ""), str(main_dtype).replace("torch.", "")
+            what = f"{short} while the other trainable parameters are {main_short}"
+            if p.dtype == torch.float64:
+                cause = ("it was created separately from the rest of the model (a NumPy array is "
+                         "float64): it promotes whatever it touches to float64.")
+            else:
+                cause = (f"it was created or converted separately from the rest of the model: its updates "
+                         f"are rounded to {short}, so steps smaller than its resolution are lost "
+                         "without an error.")
             fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
         else:
             continue
         out.append(make(
-            "device_mismatch", info.name, "warning",
-            f"`{info.name}` is {what}.",
-            "it was created or moved separately from the rest of the model.",
-            fix, tensor=p, step=step, aliases=info.aliases,
+            "device_mismatch", info.name, "warning", f"`{info.name}` is {what}.",
+            cause, fix, tensor=p, step=step, aliases=info.aliases,
         ))
     return out
 
 
-_NORM_TYPES = (
-    torch.nn.modules.batchnorm._NormBase,
-    torch.nn.LayerNorm,
-    torch.nn.GroupNorm,
-    *((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ()),
-)
+def spread_on_purpose(inv: Inventory) -> bool:
+    """Whether a root module says it was spread over devices on purpose (``device_map``)."""
+    roots = inv.modules.get("")
+    candidates = [roots] if roots is not None else [m for n, m in inv.modules.items() if "." not in n]
+    return any(getattr(m, "hf_device_map", None) for m in candidates if m is not None)
 
 
-def _kept_in_float32(inv: Inventory, info: ParamInfo, p: torch.Tensor, main_dtype: torch.dtype) -> bool:
-    """A normalization layer kept in float32 in a half-precision model: common and intended."""
-    if p.dtype != torch.float32 or main_dtype not in (torch.float16, torch.bfloat16):
+def device_on_purpose(module: str, device: str, below: dict[str, set[str]], spread: bool) -> bool:
+    """A parameter on another device than most is placed there on purpose when the model says
+    so (``spread``: a ``device_map``), or when its whole module (every trainable tensor below
+    it) lives on that device and that module is not the root: pipeline stages, CPU-offloaded
+    embeddings. A tensor that differs from its own module, or a parameter of the root alone,
+    was moved by accident.
+
+    Args:
+        module: The qualified name of the module that owns the parameter ("" for the root).
+        device: The parameter's device, as a string.
+        below: Module name -> the devices of every trainable tensor at or below it.
+        spread: Whether the model declares a device map.
+    """
+    if spread:
+        return True
+    return module != "" and below.get(module) == {device}
+
+
+def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
+    """Whether a parameter kept in ``dtype`` in a model of ``main_dtype`` trains differently unsaid.
+
+    A more precise island in a half-precision model (float32 norms, router gates, `wo`, lm
+    heads, embeddings, CLIP's `logit_scale`) is what libraries do on purpose: no. A less precise
+    parameter loses its small updates (a float16 tensor in a float32 model): yes. A float64 one
+    (born from NumPy) promotes what it touches: yes.
+    """
+    if dtype == main_dtype or not (dtype.is_floating_point and main_dtype.is_floating_point):
         return False
-    return isinstance(inv.modules.get(info.module), _NORM_TYPES)
+    if dtype == torch.float64:
+        return True
+    return torch.finfo(dtype).eps > torch.finfo(main_dtype).eps

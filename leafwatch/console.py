@@ -32,6 +32,10 @@ class NewFindingWarnings:
     def __call__(self, event: CheckEvent) -> None:
         self.report(event.report)
 
+    def close(self, report: Report) -> None:
+        """The end of the run: what it decided (a suspicion that waited for evidence) is warned too."""
+        self.report(report)
+
     def report(self, report: Report) -> None:
         for f in report.open:
             if f.key in self.warned or f.details.get("reason") == "pending":

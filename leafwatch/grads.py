@@ -10,15 +10,25 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
-from . import checks, inventory, outside, tracing
+from . import checks, evidence, inventory, outside, tracing
 from .findings import Finding, Severity, Status
 from .history import FindingHistory
 from .structure import CheckList
 from .watching import WatchEntry
+
+#: A finding that stays the same at every check (an open error whose tensor misses at every
+#: check) is not worked out again: its step and counts are brought up to date at each check
+#: while there are at most STEADY_EXACT of them, else every STEADY_REFRESH checks (and at
+#: ``state_dict()`` / ``close()``), so that a model with hundreds of dead tensors is not checked
+#: at hundreds of times the cost of a healthy one.
+STEADY_EXACT = 64
+STEADY_REFRESH = 50
 
 #: An intermittent tensor is reported again (a warning) once it goes this many checks in a row
 #: without a gradient, and at least twice its longest gap before: it stopped training.
@@ -53,6 +63,44 @@ class GradientTracker:
         self.misses: dict[int, int] = {}
         self.longest: dict[int, int] = {}
         self._restored: dict[str, int] = {}
+        #: Tensors no gradient reaches that change by other means (EMA / target networks): not
+        #: followed any more, so a whole target network costs one set lookup per tensor.
+        self.targets: set[int] = set()
+        self._evidence = evidence.ChangeEvidence()
+        self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+        self._decided: set[int] = set()
+        self._skips = evidence.SiblingSkips()
+        self._modules: dict[str, torch.nn.Module] = {}
+        self._layers: dict[str, tuple[str, int] | None] = {}
+        self._steady: dict[int, tuple[str, CheckList, int]] = {}
+        self._new_targets: set[int] = set()
+        #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
+        self.changes = 0
+
+    def take_new_targets(self) -> set[int]:
+        """Targets found since the last call (the structure cache leaves them out of the checks)."""
+        found, self._new_targets = self._new_targets, set()
+        return found
+
+    def rebuilt(self, inv: inventory.Inventory) -> None:
+        """A new reading of the structure: forget what was learnt about tensors that are gone."""
+        alive = set(inv.tensors) | set(inv.in_optimizer)
+        self.targets &= alive
+        self._decided &= alive
+        gone = [pid for pid in self._suspects if pid not in alive]
+        for pid in gone:
+            del self._suspects[pid]
+        self._evidence.forget(gone)
+        self._modules = inv.modules
+        self._layers = {}
+        self._steady = {}
+
+    def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
+        if info is None:
+            return None
+        if info.module not in self._layers:
+            self._layers[info.module] = evidence.layer_of(info.module, self._modules)
+        return self._layers[info.module]
 
     def __bool__(self) -> bool:
         """Whether some tensor is in a streak of missing gradients now."""
@@ -65,22 +113,60 @@ class GradientTracker:
         ``skip`` holds ids reported elsewhere (watched tensors, replaced ones).
         """
         now: set[int] = set()
+        if self._modules:
+            # Count the skipped layers of each ModuleList first: a layer is judged with all its
+            # siblings of this check known.
+            for i in missing:
+                if id(clist.params[i]) in self._steady:
+                    continue
+                layer = self._layer(clist.infos[i])
+                if layer is not None:
+                    self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
+        steady, streaks, counts = self._steady, self.streak, self.misses
         for i in missing:
             p = clist.params[i]
             pid = id(p)
-            if not p.requires_grad or pid in skip:
+            if pid in steady:
+                # The same open error as at the last check: counted, refreshed in bulk.
+                now.add(pid)
+                streaks[pid] += 1
+                counts[pid] += 1
+                continue
+            if not p.requires_grad or pid in skip or pid in self.targets:
                 continue
             now.add(pid)
-            streak = self.streak[pid] = self.streak.get(pid, 0) + 1
-            misses = self.misses[pid] = self.misses.get(pid, 0) + 1
+            streak = streaks[pid] = streaks.get(pid, 0) + 1
+            misses = counts[pid] = counts.get(pid, 0) + 1
+            if streak == 1:
+                self.changes += 1
+            name, info = clist.names[i], clist.infos[i]
+            layer = self._layer(info)
             if streak < self.patience:
                 continue
-            name, info = clist.names[i], clist.infos[i]
             if info is None and self.history.is_open(("stale_param", name)):
                 continue  # the replaced tensor: its stale_param finding already says it will not train
-            self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable)
-        for pid in [k for k in self.streak if k in clist.ids and k not in now]:
-            self._recovered(clist, pid, step)
+            self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
+                              layer, clist.checks)
+        if len(now) != len(streaks):  # else every tensor in a streak missed again: none recovered
+            for pid in [k for k in streaks if k in clist.ids and k not in now]:
+                self._recovered(clist, pid, step)
+        if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
+            self.refresh(step)
+
+    def refresh(self, step: int) -> None:
+        """Bring the steps and counts of the steady findings up to date (they are not rebuilt per check)."""
+        for pid, (name, clist, written) in list(self._steady.items()):
+            old = self.history.get(("missing_grad", name))
+            if old is None or old.status != Status.OPEN:
+                del self._steady[pid]
+                continue
+            checks_of_p, misses = clist.checks_of(pid), self.misses.get(pid, 0)
+            if misses == written:
+                continue
+            self._steady[pid] = (name, clist, misses)
+            self.history.touch(old.replace(step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
+                                           details={**old.details, "checks": checks_of_p,
+                                                    "steps_without_grad": misses}))
 
     @staticmethod
     def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
@@ -89,7 +175,8 @@ class GradientTracker:
 
     def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                     reachable: set[int] | None) -> None:
+                     reachable: set[int] | None, layer: tuple[str, int] | None = None,
+                     list_checks: int = 0) -> None:
         pid = id(p)
         old = self.history.get(("missing_grad", name))
         explanation = None
@@ -99,6 +186,31 @@ class GradientTracker:
         elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
                                                   tracer.armed_since_reset)
+        reason = explanation.reason if explanation is not None else None
+        if pid not in self._decided:
+            if pid in self._suspects or reason == "grad_disabled":
+                # Ran only under no_grad: an EMA / target network, or an encoder run under
+                # no_grad by mistake. Whether it changes between checks tells them apart.
+                self._judge_target(p, name, info, checks_of_p, misses, step, explanation, old)
+                return
+            if layer is not None and reason == "never_ran" and misses >= checks_of_p \
+                    and not self._skips.all_skipped(layer[0], list_checks):
+                chance = self._skips.chance(layer[0], layer[1], misses, list_checks)
+                f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+                                        checks=checks_of_p, misses=misses)
+                f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
+                                       "declared_drop_rate": self._skips.declared(layer[0])})
+                if chance >= evidence.LAYERDROP_FALSE_ALARM:
+                    self.history.hold(f.replace(details={**f.details, "pending": "layerdrop"}))
+                    return
+                self._decided.add(pid)
+                self.history.hold(f)
+                self.history.confirm(f.key, cause=f"{f.cause} Its siblings in `{layer[0]}` ran: skipped at "
+                                     f"all {misses} checks, it is no layer dropped at random (chance "
+                                     f"{chance:.1e}).", step=step, last_step=step)
+                return
+        if old is not None and old.status == Status.PENDING:
+            old = None  # a suspicion the evidence settled: reported afresh below
         if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
             # Explained before and nothing new: keep the cause, update the counts.
             self.history.upsert(self._stalled(
@@ -123,21 +235,88 @@ class GradientTracker:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
             f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
-        self.history.upsert(self._stalled(f, pid, streak, checks_of_p, misses))
+        f = self._stalled(f, pid, streak, checks_of_p, misses)
+        self.history.upsert(f)
+        if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
+                and old is not None and (old.status, old.cause) == (f.status, f.cause):
+            # The same finding twice in a row: from now on it is counted, not worked out again.
+            self._steady[pid] = (name, clist, misses)
 
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
-        """A tensor in a streak got a gradient: an open finding becomes intermittent."""
+        """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
+        self._steady.pop(pid, None)
+        self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)
-        if old is not None and old.details.get("reason") == "pending":
+        if old is not None and old.details.get("reason") == "pending" and old.status != Status.PENDING:
             # The placeholder promised a cause at the next check: the gradient came instead.
             old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
                               details={**old.details, "reason": "came_back"})
             if old.status != Status.OPEN:
                 self.history.put(old)
-        if old is not None and old.status == Status.OPEN:
+        if old is not None and old.status in (Status.OPEN, Status.PENDING):
+            self._suspects.pop(pid, None)
+            old = old.replace(details={k: v for k, v in old.details.items() if k != "pending"})
             self.history.put(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step))
+
+    def _judge_target(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
+                      misses: int, step: int, explanation: tracing.Explanation | None,
+                      old: Finding | None) -> None:
+        """Hold a no_grad miss until the tensor is seen to change (a target) or not (an error)."""
+        pid = id(p)
+        verdict = self._evidence.verdict(p)
+        if verdict == "changed":
+            self._settled(pid)
+            self.targets.add(pid)
+            self._new_targets.add(pid)
+            self.changes += 1
+            self.streak.pop(pid, None)
+            self.misses.pop(pid, None)
+            self.history.drop(("missing_grad", name))
+            return
+        if explanation is None and old is not None:
+            f = old.replace(step=step, last_step=step)
+        else:
+            f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+                                    checks=checks_of_p, misses=misses)
+        if verdict == "unknown":
+            self._suspects[pid] = (weakref.ref(p), name)
+            self.history.hold(f.replace(details={**f.details, "pending": "target"}))
+            return
+        self._settled(pid)
+        self._decided.add(pid)
+        self.history.hold(f)
+        self.history.confirm(f.key, **_unchanged(f))
+
+    def _settled(self, pid: int) -> None:
+        self._suspects.pop(pid, None)
+        self._evidence.forget([pid])
+
+    def decide(self, f: Finding) -> Finding | None:
+        """What a finding still held at the end of the run becomes (None: dropped as intended)."""
+        waiting = f.details.get("pending")
+        details = {k: v for k, v in f.details.items() if k != "pending"}
+        if waiting == "target":
+            entry = next(((ref, n) for ref, n in self._suspects.values() if n == f.name), None)
+            t = entry[0]() if entry is not None else None
+            verdict = self._evidence.verdict(t, final=True) if t is not None else "unknown"
+            if verdict == "changed":
+                return None
+            if verdict == "unknown":
+                return f.replace(status=Status.OPEN, severity=Severity.WARNING, details=details,
+                                 message=f"`{f.name}` got no gradient, and the run ended before leafwatch "
+                                 "could tell whether something else updates it (an EMA target).")
+            return f.replace(status=Status.OPEN, **_unchanged(f))
+        if waiting == "layerdrop":
+            chance = float(f.details.get("chance", 1.0))
+            if chance < evidence.LAYERDROP_END_OF_RUN:
+                return f.replace(status=Status.OPEN, details=details)
+            return f.replace(status=Status.INTERMITTENT, severity=Severity.INFO, details=details,
+                             message=f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} "
+                             f"checked steps, which a random layer drop explains with chance {chance:.1e}: "
+                             "too short a run to tell LayerDrop from a layer that is never called.")
+        return f.replace(status=Status.OPEN, details=details)
 
     def _stalled(self, f: Finding, pid: int, streak: int, checks_of_p: int, misses: int) -> Finding:
         """An intermittent tensor without a gradient for long: open again, as a warning."""
@@ -175,6 +354,13 @@ class GradientTracker:
                     # Still missing when saved: a gradient after the resume ends it as usual.
                     self.streak[pid] = self.patience
         self._restored = {}
+
+
+def _unchanged(f: Finding) -> dict[str, Any]:
+    """The changes that confirm a no_grad miss: it did not change by other means either."""
+    return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
+                     "nothing trains it.",
+            "details": {**{k: v for k, v in f.details.items() if k != "pending"}, "changed": False}}
 
 
 class WatchedTracker:

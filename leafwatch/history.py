@@ -97,6 +97,11 @@ class FindingHistory:
                 or (old.message != updated.message and not counted):
             self.version += 1
 
+    def touch(self, f: Finding) -> None:
+        """Replace the record of ``f.key`` with new steps and counts only: no version change."""
+        self._records[f.key] = f
+        self._revision += 1
+
     def put(self, f: Finding) -> None:
         """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""
         self._records[f.key] = f
@@ -120,14 +125,25 @@ class FindingHistory:
             if f.status == Status.OPEN and predicate(f):
                 self.resolve(key, step)
 
-    def replace_structural(self, found: Iterable[Finding], step: int | None) -> None:
-        """A new reading of the structure: open structural findings not in ``found`` are resolved."""
+    def replace_structural(self, found: Iterable[Finding], step: int | None,
+                           held: Iterable[Finding] = ()) -> None:
+        """A new reading of the structure: open structural findings not in ``found`` are resolved.
+
+        ``held`` are structural suspicions that wait for a check (:meth:`hold`); one already
+        shown stays as it is.
+        """
         new = {f.key: f for f in found}
+        waiting = {f.key: f for f in held}
         # A tensor outside the model (leafwatch.outside) is judged at checks, not from the structure.
-        self.resolve_where(lambda f: f.kind in STRUCTURAL_KINDS and f.key not in new
-                           and not f.details.get("outside"), step)
+        gone = [f.key for f in self._records.values()
+                if f.kind in STRUCTURAL_KINDS and f.key not in new and f.key not in waiting
+                and not f.details.get("outside")]
+        for key in gone:
+            self.resolve(key, step)
         for f in new.values():
             self.upsert(f)
+        for f in waiting.values():
+            self.hold(f)
 
     def hold(self, f: Finding) -> None:
         """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""

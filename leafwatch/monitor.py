@@ -24,6 +24,7 @@ from .events import CheckEvent
 from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
+from .membership import MembershipJudge
 from .integrations import distributed as _distributed
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
 from .values import NamedValueCheck
@@ -118,6 +119,7 @@ class Monitor:
         self._warn = WarnOnce()
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
+        self._membership = MembershipJudge(self.history_store)
         self._values = NamedValueCheck(track_zeros=True)
         self._dead = DeadGradTracker(self.history_store)
         self._loss_leaves = outside.LossLeaves()
@@ -129,6 +131,7 @@ class Monitor:
         self._in_check = self._closed = False
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
+        self._retargeted: tuple[int, int] | None = None
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
@@ -220,7 +223,7 @@ class Monitor:
         if self._closed:
             return self._report
         try:
-            self._rebuilt(self.structure.rebuild(self.step))
+            self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
             entries = self._watch_entries()
             # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
             for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
@@ -309,6 +312,7 @@ class Monitor:
             self._record_values(*self._values.flush())
             if self.check_values_every_n_steps and self.step > 0:
                 self._final_values()
+            self._decide_pending()
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
@@ -338,6 +342,7 @@ class Monitor:
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""
         inv = self.structure.inventory
+        self._grads.refresh(self.step)
         return {
             "step": self.step,
             "records": self.history_store.to_list(),
@@ -367,12 +372,40 @@ class Monitor:
         entries = watching.entries() if watching.any_watched() else []
         return entries + self.watches.entries() if self.watches else entries
 
-    def _rebuilt(self, inv: inventory.Inventory) -> None:
+    def wait_for_optimizers(self, checks_: int,
+                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+        """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
+
+        For front-ends that meet optimizers only when they step (``leafwatch run``): after that
+        many checks a tensor no stepping optimizer holds is a warning, and an error at
+        :meth:`close`. ``waiting`` returns the optimizers that exist but have not stepped.
+        """
+        self._membership.grace = validate_int(checks_, "checks", 0)
+        self._membership.waiting_optimizers = waiting
+
+    def _decide_pending(self) -> None:
+        """At the end of the run, whatever still waits for evidence is decided."""
+        inv = self.structure.inventory
+        self._grads.refresh(self.step)
+        self._membership.escalate_late(self.step)
+
+        def decide(f: Finding) -> Finding | None:
+            if f.kind == "missing_grad":
+                return self._grads.decide(f)
+            return self._membership.decide(f, inv, self._tracer, self.step)
+
+        self.history_store.decide_pending(decide)
+
+    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> None:
         """After a rebuild of the structure: its findings, and what waited for the names."""
         view = self.structure.grad_view
-        self.history_store.replace_structural(
+        self._grads.rebuilt(inv)
+        self._membership.rebuilt(inv)
+        shown, held = self._membership.split(
             checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
-                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), self.step)
+                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
+            before_gradients=before_gradients)
+        self.history_store.replace_structural(shown, self.step, held)
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
@@ -410,6 +443,8 @@ class Monitor:
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
                 all_missing.extend(i + offset for i in missing)
             offset += len(clist.params)
+        if self._grads.targets:
+            cache.leave_out(self._grads.take_new_targets())
         entries = self._watch_entries()
         if entries:
             self._watched.optimizers_version = (cache.rebuilds, structure.structure_generation())
@@ -419,13 +454,17 @@ class Monitor:
                     loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
                         cache.inventory, [*cache.optimizers, *structure.known_optimizers()], entries)):
                 self.history_store.upsert(f)
+        self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
         if every and (self.step == 1 or self.step % every == 0):
             try:
                 self._check_values(lists)
             except Exception as error:  # the gradient checks above still count
                 self._warn("the NaN/Inf gradient check", error)
-        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None:
+        retarget = (self._grads.changes, cache.rebuilds)
+        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None \
+                and retarget != self._retargeted:
+            self._retargeted = retarget
             # Keep hooks only on the modules (and their ancestors) owning a parameter that misses.
             self._tracer.retarget(tracing.modules_owning(self._grads.missing_ids(cache.lists.values()),
                                                          cache.inventory))

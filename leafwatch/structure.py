@@ -152,6 +152,8 @@ class StructureCache:
         self._requires_grad_flags: tuple[bool, ...] = ()
         self._joined: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]] = ((), ())
         self._restored_checks: dict[int | None, int] = {}
+        #: Tensors left out of the per-step checks (target networks updated by other means).
+        self.left_out: set[int] = set()
         #: How many times the structure was read (for tests of the hot path).
         self.rebuilds = 0
         _known_optimizers.update(optimizers)
@@ -192,6 +194,12 @@ class StructureCache:
         """Read these named root modules instead of the model from the next check on."""
         self.roots = dict(roots)
         self.invalidate()
+
+    def leave_out(self, ids: set[int]) -> None:
+        """Stop reading these tensors' gradients (from the next check on, which rebuilds)."""
+        if ids - self.left_out:
+            self.left_out |= ids
+            self.invalidate()
 
     def invalidate(self) -> None:
         """Rebuild at the next :meth:`refresh`."""
@@ -269,13 +277,15 @@ class StructureCache:
         old_lists, self.lists = self.lists, {}
         view = self.grad_view = distributed.gradient_view(
             self.source, [(k, t, inv.params[k].name) for k, t in inv.tensors.items()], step)
+        self.left_out &= set(inv.tensors) | set(inv.in_optimizer)
+        skip = view.skip | self.left_out if self.left_out else view.skip
         if self.optimizers:
             for i, params in enumerate(inv.optimizer_params):
-                params = [p for p in params if id(p) not in view.skip] if view.skip else params
+                params = [p for p in params if id(p) not in skip] if skip else params
                 self.lists[i] = self._make_list(params, inv, old_lists.get(i))
         else:
             self.lists[None] = self._make_list(
-                [t for k, t in inv.tensors.items() if t.requires_grad and k not in view.skip], inv,
+                [t for k, t in inv.tensors.items() if t.requires_grad and k not in skip], inv,
                 old_lists.get(None))
         for key, count in self._restored_checks.items():
             if key in self.lists:

@@ -109,6 +109,8 @@ class Tracer:
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
         self._checked_in_round: set[int | None] = set()
+        #: Modules that ran in eval mode under no_grad since the last reset (a fixed teacher).
+        self.eval_runs: set[str] = set()
 
     @property
     def armed(self) -> set[str]:
@@ -150,6 +152,7 @@ class Tracer:
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
+        self.eval_runs = set()
         self._counter = 0
         self.armed_since_reset = set(self.handles)
 
@@ -168,6 +171,7 @@ class Tracer:
         def record_run(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             grad_on = torch.is_grad_enabled()
             if not grad_on and not module.training:
+                self.eval_runs.add(name)
                 return  # an evaluation pass between steps: not what the training step did
             record = self.records.get(name)
             if record is None:

@@ -279,9 +279,11 @@ def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
     ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
     assert sorted(str(w.message) for w in ours) == [
         "leafwatch: ERROR missing_grad `head.bias` at step 1. Fix: call `head` in forward(), or remove it "
-        "(or freeze it with requires_grad_(False) if that is intended)",
+        "(or freeze it with requires_grad_(False) if that is intended); if that is intended, silence it: "
+        '`ignore=["head.*"]`',
         "leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: call `head` in forward(), or remove it "
-        "(or freeze it with requires_grad_(False) if that is intended)",
+        "(or freeze it with requires_grad_(False) if that is intended); if that is intended, silence it: "
+        '`ignore=["head.*"]`',
     ]
     for w in ours:
         assert (w.filename, w.lineno) == (__file__, fit_line)  # the user's line, not leafwatch's or Lightning's

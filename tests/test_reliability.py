@@ -662,6 +662,7 @@ def test_a_branch_that_stops_running_mid_run_gets_its_cause_at_the_next_check() 
     assert {f.name for f in late} == {"branch.weight", "branch.bias"}
     assert {f.details["reason"] for f in late} == {"never_ran"}
     assert "module `branch` never ran in this step's forward" in late[0].cause
+    monitor.close()
 
 
 def test_no_grad_evaluation_between_steps_raises_no_finding() -> None:

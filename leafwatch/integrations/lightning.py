@@ -198,6 +198,11 @@ class _LeafWatchMixin:
         report = self.monitor.scan()
         if self._console is not None:
             self._console.report(report)
+        if self.strict:
+            # Only what no later evidence can overturn is in the report before any gradient (a
+            # non-leaf or a plain tensor held by an optimizer, a stale parameter): the rest waits
+            # for the first check.
+            report.raise_for_findings("error")
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:

@@ -13,9 +13,14 @@ The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds g
 
 The structural checks (``not_in_optimizer`` above all) need every optimizer of the script: the
 first check waits until some optimizer steps a second time, so that alternating optimizers
-(GANs) have all been seen. A run that ends before any check (a test that steps once) is still
-decided when it ends: the structure then, every optimizer known, and the tensors that had no
-gradient when their optimizer made its only step.
+(GANs) have all been seen, and optimizer membership stays pending for
+:data:`LATE_OPTIMIZER_CHECKS` checks, so that an optimizer that steps for the first time later
+(WGAN-GP's ``n_critic``, TD3's ``policy_delay``, a second optimizer after warm-up) is no false
+alarm. A tensor that no stepping optimizer holds by then is a warning, and an error at the end
+of the run; the optimizers the script holds (found in the calling frames) name the one that
+never stepped. A run that ends before any check (a test that steps once) is still decided when
+it ends: the structure then, every optimizer known, and the tensors that had no gradient when
+their optimizer made its only step.
 
 Findings go to stderr once each as they appear (one short line with the fix:
 :func:`leafwatch.format.finding_line`), and the table of all of them, causes included, at exit;
@@ -44,6 +49,8 @@ from ..monitor import Monitor
 from ..options import WarnOnce, apply_ignore, parse_ignore, positive_int
 from ..tracing import Explanation
 
+#: Checks during which optimizer membership stays pending (an optimizer may step late).
+LATE_OPTIMIZER_CHECKS = 25
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
 #: Exit code of a run stopped by ``--strict``.
@@ -139,6 +146,7 @@ class Session:
         self._stable = 0
         self._closure_steps: set[int] = set()
         self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
+        self._held_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._checking = False
         self._printed: set[tuple[str, str]] = set()
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
@@ -243,6 +251,8 @@ class Session:
             self._update_roots()
         if self.monitor is None:
             self.monitor = self._make_monitor()
+        if self.steps <= LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
+            self._find_optimizers()
         monitor = self.monitor
         if self.steps <= _SCRIPT_SCANS or new_params:
             self._scan_script_globals(monitor)
@@ -333,6 +343,31 @@ class Session:
                         self._remember(value)
             frame = frame.f_back
 
+    def _find_optimizers(self) -> None:
+        """Remember the optimizers the script holds in the calling frames, stepped or not."""
+        frame: Any = sys._getframe(1)
+        package = os.path.dirname(os.path.abspath(__file__))
+        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+        for _ in range(_MAX_FRAMES):
+            if frame is None:
+                break
+            if not frame.f_code.co_filename.startswith((package, torch_dir)):
+                values = list(frame.f_locals.values())
+                owner = frame.f_locals.get("self")
+                if owner is not None:
+                    try:
+                        values.extend(vars(owner).values())
+                    except TypeError:
+                        pass
+                for value in values[:_MAX_LOCALS]:
+                    if isinstance(value, torch.optim.Optimizer):
+                        self._held_optimizers.add(value)
+            frame = frame.f_back
+
+    def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Optimizers the script holds that have not stepped (yet)."""
+        return [o for o in list(self._held_optimizers) if id(o) not in self._step_counts]
+
     # -- roots -------------------------------------------------------------------------------
     def _candidate_roots(self) -> list[nn.Module]:
         seen = [m for m in (ref() for ref in list(self._seen.values())) if m is not None]
@@ -396,8 +431,10 @@ class Session:
 
             self._sink = TensorBoardSink(writer)
             sinks.append(self._sink)
-        return Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks,
-                       roots=dict(self._roots))
+        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks,
+                          roots=dict(self._roots))
+        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.waiting_optimizers)
+        return monitor
 
     def _get_writer(self) -> Any:
         if self.logdir is None or self._writer is not None:

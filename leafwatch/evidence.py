@@ -1,0 +1,255 @@
+"""Evidence that tells intent from accident for tensors that got no gradient.
+
+Real code does on purpose what a bug does by accident. Two such cases are judged here, only for
+the few tensors under suspicion and never on a healthy step:
+
+- **a tensor updated by other means** (an EMA / momentum target network, a mean teacher): no
+  gradient reaches it, yet it changes between checks. :class:`ChangeEvidence` looks, cheapest
+  first, at ``t._version`` (bumped by in-place ops under ``torch.no_grad()``), at
+  ``t.data_ptr()`` (``p.data = new``) and, when neither moved (``p.data.mul_()``), at a small
+  fingerprint of the values (the norm and the first elements) computed on the tensor's device
+  and read one check later, so that CUDA is never synchronised for it.
+- **a layer skipped on purpose** (LayerDrop, stochastic depth): a layer of an ``nn.ModuleList``
+  that does not run while its siblings do. :class:`SiblingSkips` counts how often the siblings
+  are skipped and, with the model's declared drop rate where there is one (a ``layerdrop``
+  attribute or config field), says how likely it is that a layer skipped at every check so far
+  was dropped by chance (``rate ** checks``). It is named (never ran) only once that chance is
+  below :data:`LAYERDROP_FALSE_ALARM`: with Wav2Vec2's ``layerdrop=0.1`` after 9 checks, so a
+  12-layer model raises a false alarm in at most 12 * 0.1**9 = 1.2e-8 of its runs (a layer
+  that ran once is never named "never ran" again: it is intermittent). A stack with no
+  declared rate whose siblings were never seen both running and skipped has a rate of 0: a
+  layer left out of the loop is named at the first check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+Verdict = Literal["changed", "unchanged", "unknown"]
+
+#: The fingerprint holds the norm and this many of the first elements.
+FINGERPRINT_ELEMENTS = 8
+
+#: A layer that never ran is named once the chance of it being skipped at every check by a
+#: random drop is below this (per layer): with 12 layers, 1.2e-8 per run.
+LAYERDROP_FALSE_ALARM = 1e-9
+#: At the end of a run, a layer never seen running is named when that chance is below this.
+LAYERDROP_END_OF_RUN = 1e-3
+#: Names of the attributes that declare a drop rate (on a module or on its ``config``).
+DROP_RATE_ATTRIBUTES = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "layer_drop")
+
+
+# -- change by other means ----------------------------------------------------------------------
+class _Fingerprint:
+    """A few values of a tensor, copied to the host behind an event (CUDA) or at once (CPU)."""
+
+    def __init__(self, t: torch.Tensor) -> None:
+        with torch.no_grad():
+            flat = t.detach().reshape(-1)
+            values = torch.cat([torch.linalg.vector_norm(flat.float()).reshape(1),
+                                flat[:FINGERPRINT_ELEMENTS].float()])
+            self.event: Any = None
+            if values.is_cuda:
+                host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+                host.copy_(values, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+                self.host = host
+            else:
+                self.host = values.cpu()
+
+    def ready(self, wait: bool = False) -> bool:
+        if self.event is None:
+            return True
+        if wait:
+            self.event.synchronize()
+            return True
+        return bool(self.event.query())
+
+    def equals(self, other: _Fingerprint) -> bool:
+        return self.host.shape == other.host.shape and bool(torch.equal(self.host, other.host))
+
+
+def _pointer(t: torch.Tensor) -> int:
+    try:
+        return t.data_ptr()
+    except Exception:  # a tensor subclass without storage
+        return 0
+
+
+def _fingerprint(t: torch.Tensor) -> _Fingerprint | None:
+    try:
+        return _Fingerprint(t)
+    except Exception:  # an exotic tensor: version and pointer only
+        return None
+
+
+@dataclasses.dataclass
+class _Snapshot:
+    ref: weakref.ReferenceType
+    version: int
+    pointer: int
+    first: _Fingerprint | None
+    second: _Fingerprint | None = None
+
+
+class ChangeEvidence:
+    """Whether each suspected tensor changed since it was first noted, without a per-step sync.
+
+    Example::
+
+        >>> import torch
+        >>> w = torch.zeros(3)
+        >>> evidence = ChangeEvidence()
+        >>> evidence.verdict(w)       # first look: noted
+        'unknown'
+        >>> w.data.add_(1.0)          # an EMA-style update through .data
+        tensor([1., 1., 1.])
+        >>> evidence.verdict(w)
+        'changed'
+    """
+
+    def __init__(self) -> None:
+        self._snapshots: dict[int, _Snapshot] = {}
+
+    def __len__(self) -> int:
+        return len(self._snapshots)
+
+    def __contains__(self, t: torch.Tensor) -> bool:
+        s = self._snapshots.get(id(t))
+        return s is not None and s.ref() is t
+
+    def note(self, t: torch.Tensor) -> None:
+        """Remember ``t`` as it is now (a no-op when it is already noted)."""
+        if t in self:
+            return
+        self._snapshots[id(t)] = _Snapshot(weakref.ref(t), t._version, _pointer(t), _fingerprint(t))
+
+    def verdict(self, t: torch.Tensor, *, final: bool = False) -> Verdict:
+        """``changed`` / ``unchanged`` since :meth:`note` (noting it first), or ``unknown`` yet.
+
+        The values are compared when neither the version nor the storage moved: the second
+        fingerprint is taken at this call and read at the next one on CUDA (``final=True``
+        waits for it instead: the run is over).
+        """
+        s = self._snapshots.get(id(t))
+        if s is None or s.ref() is not t:
+            self.note(t)
+            return "unknown"
+        if t._version != s.version or _pointer(t) != s.pointer:
+            return "changed"
+        if s.first is None:
+            return "unchanged"  # nothing more to compare: neither the version nor the storage moved
+        if s.second is None:
+            s.second = _fingerprint(t)
+            if s.second is None:
+                return "unchanged"
+        if not (s.first.ready(final) and s.second.ready(final)):
+            return "unknown"
+        return "unchanged" if s.first.equals(s.second) else "changed"
+
+    def forget(self, ids: Iterable[int]) -> None:
+        for pid in ids:
+            self._snapshots.pop(pid, None)
+
+
+# -- layers dropped on purpose --------------------------------------------------------------------
+def layer_of(module_name: str, modules: Mapping[str, nn.Module]) -> tuple[str, int] | None:
+    """``(container, index)`` when ``module_name`` (or an ancestor) is an item of an ``nn.ModuleList``."""
+    parts = module_name.split(".") if module_name else []
+    for depth in range(len(parts) - 1, 0, -1):
+        if not parts[depth].isdigit():
+            continue
+        container = ".".join(parts[:depth])
+        if isinstance(modules.get(container), nn.ModuleList):
+            return container, int(parts[depth])
+    return None
+
+
+def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> float:
+    """The largest drop rate declared on the container or an ancestor (or its ``config``); 0 if none."""
+    parts = container.split(".") if container else []
+    rate = 0.0
+    holder = modules.get(container)
+    p = getattr(holder, "p", None)
+    if "drop" in type(holder).__name__.lower() and isinstance(p, float) and 0 < p < 1:
+        rate = p  # fairseq's LayerDropModuleList(p=...)
+    for depth in range(len(parts) + 1):
+        module = modules.get(".".join(parts[:depth]))
+        if module is None:
+            continue
+        for owner in (module, getattr(module, "config", None)):
+            for attribute in DROP_RATE_ATTRIBUTES:
+                value = getattr(owner, attribute, None) if owner is not None else None
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
+                    rate = max(rate, float(value))
+    return rate
+
+
+@dataclasses.dataclass
+class _Container:
+    size: int
+    declared: float
+    first_check: int
+    skips: dict[int, int] = dataclasses.field(default_factory=dict)
+    last_counted: int = -1
+    counted_now: set[int] = dataclasses.field(default_factory=set)
+
+
+class SiblingSkips:
+    """How often the layers of each ``nn.ModuleList`` are skipped, fed by the missing gradients.
+
+    A layer counts as skipped at a check when its parameters missed a gradient there; the
+    checks where every layer ran cost nothing (the count of observations is the number of
+    checks times the number of layers).
+    """
+
+    def __init__(self) -> None:
+        self._containers: dict[str, _Container] = {}
+
+    def skipped(self, container: str, index: int, check: int, modules: Mapping[str, nn.Module]) -> None:
+        """Layer ``index`` of ``container`` missed a gradient at check number ``check``."""
+        c = self._containers.get(container)
+        if c is None:
+            size = len(modules[container]) if isinstance(modules.get(container), nn.ModuleList) else 1
+            c = self._containers[container] = _Container(size, declared_drop_rate(container, modules), check)
+        if c.last_counted != check:
+            c.last_counted, c.counted_now = check, set()
+        if index not in c.counted_now:
+            c.counted_now.add(index)
+            c.skips[index] = c.skips.get(index, 0) + 1
+
+    def all_skipped(self, container: str, check: int) -> bool:
+        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran)."""
+        c = self._containers.get(container)
+        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size
+
+    def chance(self, container: str, index: int, skipped_checks: int, check: int) -> float:
+        """The chance that layer ``index`` is skipped at ``skipped_checks`` checks in a row by a random drop.
+
+        The drop rate is the declared one or, when larger, the rate at which the siblings that
+        did run at some check were skipped: a sibling skipped at every check is no evidence of
+        a random drop (it may be unused too), so a stack with no declared rate and no sibling
+        seen both running and skipped gives 0 (the layer is named at once).
+        """
+        c = self._containers.get(container)
+        if c is None:
+            return 0.0
+        observed = max(1, check - c.first_check + 1)
+        others = max(1, (c.size - 1) * observed)
+        varying = sum(k for i, k in c.skips.items() if i != index and k < observed)
+        rate = max(c.declared, varying / others)
+        if rate <= 0.0:
+            return 0.0
+        return 1.0 if rate >= 1.0 else rate ** skipped_checks
+
+    def declared(self, container: str) -> float:
+        c = self._containers.get(container)
+        return c.declared if c is not None else 0.0

@@ -1,0 +1,170 @@
+"""Optimizer membership judged by what a check sees, not by the structure alone.
+
+A trainable tensor that no optimizer holds is read off the structure, but whether that is a bug
+depends on what happens at a step: a learnable weight left out of ``configure_optimizers``
+gets gradients and never changes (an error); a teacher or an EMA target kept as a submodule
+runs only under ``no_grad`` and is updated by other means (no finding); an optimizer created
+or stepped late (WGAN-GP's generator, TD3's actor, a second optimizer after warm-up) holds its
+tensors only from its first step on. So ``not_in_optimizer`` findings are *held* (pending in
+the :class:`~leafwatch.history.FindingHistory`) when the structure is read, and decided here at
+the next check, or after ``grace`` checks for front-ends that meet optimizers only when they
+step, or at the end of the run.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from . import checks, tracing
+from .evidence import ChangeEvidence
+from .findings import Finding, Severity, Status
+from .history import FindingHistory
+from .inventory import Inventory, ParamInfo
+
+#: The kinds that wait for the first check when read before any gradient exists.
+WAITING_KINDS = frozenset({"not_in_optimizer", "orphan_tensor"})
+
+
+class MembershipJudge:
+    """Holds ``not_in_optimizer`` suspicions and decides them from gradients and forward facts.
+
+    Args:
+        history: Where the findings are held and decided.
+    """
+
+    def __init__(self, history: FindingHistory) -> None:
+        self.history = history
+        #: Checks during which membership stays pending (optimizers may still appear).
+        self.grace = 0
+        #: Optimizers that exist but have not stepped yet (their tensors are named as such).
+        self.waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
+        self._tensors: dict[str, weakref.ReferenceType] = {}
+        self._quiet: set[int] = set()
+        self._evidence = ChangeEvidence()
+        self._checks = 0
+        self.waiting = False
+
+    def split(self, found: Iterable[Finding], inv: Inventory, *, before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
+        """The structural findings shown at once, and those held until a check decides them."""
+        shown, held = [], []
+        by_name = {info.name: inv.tensors[k] for k, info in inv.params.items()}
+        for f in found:
+            if f.kind == "not_in_optimizer":
+                t = by_name.get(f.name)
+                if t is None:
+                    shown.append(f)
+                    continue
+                if id(t) in self._quiet:
+                    continue  # judged intended before (a teacher, a target network)
+                self._tensors[f.name] = weakref.ref(t)
+                self._evidence.note(t)
+                held.append(f.replace(details={**f.details, "pending": "membership"}))
+            elif before_gradients and f.kind in WAITING_KINDS:
+                held.append(f.replace(details={**f.details, "pending": "structure"}))
+            else:
+                shown.append(f)
+        self.waiting = self.waiting or bool(held)
+        return shown, held
+
+    def rebuilt(self, inv: Inventory) -> None:
+        alive = set(inv.tensors)
+        self._quiet &= alive
+        self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
+
+    def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> None:
+        """At a check: decide the held findings (a no-op when none is held)."""
+        if not self.waiting:
+            return
+        self._checks += 1
+        still = False
+        for f in self.history.pending():
+            waiting = f.details.get("pending")
+            if waiting == "structure":
+                self.history.confirm(f.key, details=_without_pending(f))
+            elif waiting == "membership":
+                still = self._judge_one(f, inv, tracer, step) or still
+        self.waiting = still
+
+    def _judge_one(self, f: Finding, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> bool:
+        """Decide one held ``not_in_optimizer``; True when it stays held."""
+        ref = self._tensors.get(f.name)
+        t = ref() if ref is not None else None
+        info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
+        if t is None or info is None:
+            self.history.drop(f.key)
+            return False
+        if self._intended(t, info.module, info.attribute, tracer):
+            self._quiet.add(id(t))
+            self.history.drop(f.key)
+            return False
+        if self._checks <= self.grace:
+            return True  # an optimizer may still appear: wait
+        if self.grace:
+            decided = self._late(f, info, t, step, Severity.WARNING)
+        else:
+            decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
+                             details=_without_pending(decided), step=step, last_step=step)
+        return False
+
+    def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
+        """No gradient reached it and it ran only under no_grad, or it changes by other means."""
+        if t.grad is not None:
+            return False
+        armed = tracer.armed_since_reset
+        if module in armed:
+            explained = tracing.explain_missing("", module, attribute, tracer.records, armed)
+            if explained is not None and explained.reason == "grad_disabled":
+                return True
+            if module in tracer.eval_runs and module not in tracer.records:
+                return True  # a fixed teacher in eval mode under no_grad
+        return self._evidence.verdict(t) == "changed"
+
+    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
+        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
+        held_by_waiting = any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
+        base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        if held_by_waiting:
+            message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
+                       "checks: it never changes.")
+            cause = f"the optimizer holding `{f.name}` was created but `step()` is never called on it."
+        else:
+            message = (f"`{f.name}` requires grad but no optimizer that stepped in {self._checks} checks "
+                       "holds it: it never changes.")
+            cause = base.cause
+        return base.replace(severity=severity, message=message, cause=cause,
+                            details={**base.details, "late_optimizer": True})
+
+    def decide(self, f: Finding, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> Finding | None:
+        """At the end of the run: what a held (or late-optimizer) finding becomes."""
+        waiting = f.details.get("pending")
+        if waiting == "structure":
+            return f.replace(status=Status.OPEN, details=_without_pending(f))
+        ref = self._tensors.get(f.name)
+        t = ref() if ref is not None else None
+        info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
+        if t is None or info is None:
+            return None
+        if self._intended(t, info.module, info.attribute, tracer):
+            return None
+        if self.grace:
+            decided = self._late(f, info, t, step, Severity.ERROR)
+        else:
+            decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
+                         cause=decided.cause, details=_without_pending(decided))
+
+    def escalate_late(self, step: int) -> None:
+        """At the end of the run: a late-optimizer warning still open becomes an error."""
+        for f in list(self.history):
+            if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
+                self.history.put(f.replace(severity=Severity.ERROR, last_step=step,
+                                           message=f.message.replace("has not stepped in", "never stepped in")))
+
+
+def _without_pending(f: Finding) -> dict[str, Any]:
+    return {k: v for k, v in f.details.items() if k != "pending"}

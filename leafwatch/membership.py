@@ -106,9 +106,9 @@ class MembershipJudge:
         if self.grace:
             decided = self._late(f, info, t, step, Severity.WARNING)
         else:
-            decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+            decided = self._decided(f, info, t, step)
         self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                             details=_without_pending(decided), step=step, last_step=step)
+                             fix=decided.fix, details=_without_pending(decided), step=step, last_step=step)
         return False
 
     def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
@@ -154,9 +154,19 @@ class MembershipJudge:
         if self.grace:
             decided = self._late(f, info, t, step, Severity.ERROR)
         else:
-            decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+            decided = self._decided(f, info, t, step)
         return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                         cause=decided.cause, details=_without_pending(decided))
+                         cause=decided.cause, fix=decided.fix, details=_without_pending(decided))
+
+    @staticmethod
+    def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int) -> Finding:
+        """The held finding as the check decides it; a tensor unfrozen after the optimizer was
+        built keeps the cause and fix that say so."""
+        decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        if f.details.get("reason") == "unfrozen_after":
+            decided = decided.replace(cause=f.cause, fix=f.fix,
+                                      details={**decided.details, "reason": "unfrozen_after"})
+        return decided
 
     def escalate_late(self, step: int) -> None:
         """At the end of the run: a late-optimizer warning still open becomes an error."""

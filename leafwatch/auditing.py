@@ -111,7 +111,9 @@ def audit(
         {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
 
     # Trainable tensors outside the model: watched leaves, ``tensors=`` and the loss's persistent leaves.
-    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))]
+    # Judged only by a call that names optimizers (then against every optimizer known in the
+    # process too): what unrelated live optimizers hold must not change what audit() says.
+    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))] if opts else []
     own_ids, all_ids = outside.optimizer_ids(opts), outside.optimizer_ids(judges)
     if judges:
         findings += outside.watched_in_no_optimizer(

@@ -478,9 +478,10 @@ class Monitor:
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
         """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
-        optimizer known in the process. Without optimizers, nothing is judged."""
+        optimizer known in the process. A Monitor without optimizers judges nothing."""
         own = any(e is entry for e in self.watches.entries())
-        optimizers = self.structure.optimizers if own else structure.known_optimizers()
+        mine = self.structure.optimizers
+        optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
 
     def _final_values(self) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, structure, tracing, watching
+from . import checks, graph, inventory, stepping, structure, tracing, watching
 from .console import NewFindingWarnings
 from .events import CheckEvent
 from .findings import Finding, Report
@@ -119,6 +119,7 @@ class Monitor:
         self._watched = WatchedTracker(self.history_store)
         self._values = NamedValueCheck()
         self._tracer = tracing.Tracer(on_error=self._warn)
+        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
         self._ignore_checked = False
@@ -131,6 +132,7 @@ class Monitor:
         if self.diagnose and self.structure.has_model():
             try:
                 self._tracer.arm(self.structure.modules())
+                self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
             except Exception as error:  # never stop training for a diagnostic
                 self._warn("arming the diagnostic hooks", error)
 
@@ -245,7 +247,8 @@ class Monitor:
         return self
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if (args[0] if args else kwargs.get("closure")) is not None:
+        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
             self._closure_steps.add(id(optimizer))
             return
         self.check(optimizer)
@@ -290,6 +293,8 @@ class Monitor:
             "value_checks_in_flight": len(self._values.checker.pending_steps()),
             "value_names_kept": self._values.launched(),
             "step_hooks": len(self._handles),
+            "arrival_hooks": len(self._loop.arrivals.handles),
+            "step_watches": len(self._loop.skips),
             "sinks": len(self._sinks),
         }
 
@@ -309,6 +314,7 @@ class Monitor:
         if self._gatherer is not None:
             self._gatherer.close()
         self._tracer.disarm()
+        self._loop.close()
         self.watches.clear()
         structure.REGISTRATION_HOOKS.release()
         for sink in self._sinks:
@@ -366,6 +372,7 @@ class Monitor:
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
+        self._loop.skips.track(self.structure.optimizers, self.structure.lists)
         if self.history_store.ignore and not self._ignore_checked:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
@@ -381,14 +388,20 @@ class Monitor:
         if inv is not None:
             self._rebuilt(inv)
         lists = cache.lists_for(optimizer)
+        keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
         reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
         all_missing: list[int] = []
         offset = 0
         skip: set[int] | None = None
-        for clist in lists:
+        force_values = False
+        for key, clist in zip(keys, lists):
             # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
+            missing = self._loop.judge(clist, missing, key, self.step)
+            if key is not None:
+                force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
+                                                         cache.inventory)
             if missing or self._grads:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
@@ -398,15 +411,18 @@ class Monitor:
             offset += len(clist.params)
         self._watched.update(self._watch_entries(), self.step, cache.inventory)
         every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0):
+        if every and (self.step == 1 or self.step % every == 0 or force_values):
             try:
                 self._check_values(lists)
             except Exception as error:  # the gradient checks above still count
                 self._warn("the NaN/Inf gradient check", error)
-        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None:
-            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses.
-            self._tracer.retarget(tracing.modules_owning(self._grads.missing_ids(cache.lists.values()),
-                                                         cache.inventory))
+        if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
+                and cache.inventory is not None:
+            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
+            missing_ids = self._grads.missing_ids(cache.lists.values())
+            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
+            self._loop.rearm(missing_ids, cache.inventory.tensors)
         self._tracer.end_check(cache.optimizer_index(optimizer), len(cache.optimizers))
         self._report = self.history_store.report(self.step)
         names = cache.joined_names(lists)
@@ -414,6 +430,10 @@ class Monitor:
         changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
         return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
                           all_missing, coverage)
+
+    def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
+        self.check(optimizer)
 
     def _check_values(self, lists: list[structure.CheckList]) -> None:
         params = [p for c in lists for p in c.params]

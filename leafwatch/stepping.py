@@ -1,0 +1,434 @@
+"""Whether the optimizer step applies the gradients that backward produced.
+
+A tensor can be a healthy leaf, held by an optimizer and reached by backward, and still never
+train because the training loop throws its gradient away. Three ways, each watched here at a cost
+paid only when something is already off:
+
+- **cleared between** ``backward()`` **and** ``step()``: :class:`ArrivalHooks` puts
+  post-accumulate-grad hooks on the tensors that miss a gradient (on every trainable tensor only
+  until a Monitor's first check), so that a ``.grad`` found None at the check tells "backward
+  never reached it" from "it arrived and the loop cleared it". :class:`ClearedGradients` judges
+  per optimizer about to step: all of its gradients cleared is one error (``zero_grad()`` in the
+  wrong place); some of them is information (a schedule that withholds them on purpose);
+- **a learning rate stuck at 0**: :class:`LearningRates` reads each param group's ``lr`` every
+  :data:`LR_READ_EVERY` checks of its optimizer (never a pass over the parameters);
+- **steps that are always skipped** (an AMP ``GradScaler`` while the gradients are non-finite):
+  :class:`SkippedSteps` counts, per optimizer, the backward passes that start from a cleared
+  gradient (one tensor hook on one tensor) and the steps taken (step hooks). A skipped step never
+  calls ``optimizer.step()``, so where no check comes it asks for one at the end of that backward.
+
+:class:`LoopWatch` holds the three for a :class:`~leafwatch.Monitor`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from . import checks
+from .findings import Status
+from .history import FindingHistory
+from .structure import CheckList
+
+#: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
+LR_READ_EVERY = 10
+#: A learning rate at 0 for this many checks in a row (configured non-zero) is reported.
+LR_ZERO_AFTER = 100
+#: An optimizer that skipped this many steps in a row is reported (a few at the start are the
+#: GradScaler finding its scale: 2**16 halves to 1 in 16 steps).
+SKIPPED_AFTER = 30
+_MAX_FRAMES = 40
+_MAX_LOCALS = 500
+
+
+def optimizer_name(index: int | None) -> str:
+    """How findings name an optimizer: ``optimizers[0]``."""
+    return f"optimizers[{index}]" if index is not None else "the checked parameters"
+
+
+# -- gradients cleared between backward and step ----------------------------------------------
+class ArrivalHooks:
+    """Post-accumulate-grad hooks on chosen tensors: which got a gradient in backward since last read.
+
+    The hooks hold only the tensor's id: nothing of the user's is kept alive.
+    """
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.handles: dict[int, Any] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.handles)
+
+    def arm(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            pid = id(t)
+            if pid in self.handles or not (t.requires_grad and t.is_leaf):
+                continue
+            try:
+                self.handles[pid] = t.register_post_accumulate_grad_hook(self._make_hook(pid))
+            except (RuntimeError, AttributeError):  # a tensor subclass that refuses the hook
+                pass
+
+    def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
+        def arrived(_: torch.Tensor) -> None:
+            self.arrived.add(pid)
+
+        return arrived
+
+    def retarget(self, wanted: Mapping[int, torch.Tensor]) -> None:
+        """Keep hooks on exactly the tensors ``wanted`` (by id)."""
+        self.disarm([pid for pid in self.handles if pid not in wanted])
+        self.arm(t for pid, t in wanted.items() if pid not in self.handles)
+
+    def disarm(self, ids: Iterable[int] | None = None) -> None:
+        for pid in list(self.handles) if ids is None else list(ids):
+            handle = self.handles.pop(pid, None)
+            if handle is not None:
+                handle.remove()
+        if ids is None:
+            self.arrived.clear()
+
+    def take(self, ids: frozenset[int]) -> set[int]:
+        """The tensors among ``ids`` whose gradient arrived since the last take (then forgotten)."""
+        got = self.arrived & ids
+        if got:
+            self.arrived -= got
+        return got
+
+
+class ClearedGradients:
+    """Judges, per optimizer about to step, the tensors whose gradient arrived and was cleared.
+
+    Args:
+        history: Where the ``grad_cleared`` findings go.
+    """
+
+    def __init__(self, history: FindingHistory) -> None:
+        self.history = history
+        #: Tensors reported as cleared on purpose (information), by id -> name, while it lasts.
+        self.ongoing: dict[int, str] = {}
+        #: Optimizers with the error open, by name.
+        self.all_cleared: set[str] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.ongoing or self.all_cleared)
+
+    def judge(self, clist: CheckList, missing: list[int], arrived: set[int], where: str,
+              step: int) -> tuple[list[int], list[int]]:
+        """Findings for one check of ``clist``; returns (the indices still missing, the cleared ids).
+
+        ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
+        whose gradient arrived in backward since the last check of this list.
+        """
+        cleared = [i for i in missing if id(clist.params[i]) in arrived]
+        cleared_ids = {id(clist.params[i]) for i in cleared}
+        for pid in [k for k in self.ongoing if k in clist.ids and k not in cleared_ids]:
+            self._resumed(pid, step)
+        everything = bool(cleared) and len(missing) == len(clist.params)
+        if where in self.all_cleared and not everything:
+            self.all_cleared.discard(where)
+            self.history.resolve(("grad_cleared", where), step)
+        if not cleared:
+            return missing, []
+        for i in cleared:  # a suspicion or an earlier cause of these misses was wrong
+            key = ("missing_grad", clist.names[i])
+            if self.history.get(key) is not None:
+                self.history.resolve(key, step)
+        if everything:
+            self.all_cleared.add(where)
+            self.history.upsert(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step))
+        else:
+            for i in cleared:
+                p, name = clist.params[i], clist.names[i]
+                info = clist.infos[i]
+                self.ongoing[id(p)] = name
+                self.history.upsert(checks.grad_cleared(name, p, where=where, step=step,
+                                                        aliases=info.aliases if info else ()))
+        keep = set(cleared)
+        return [i for i in missing if i not in keep], sorted(cleared_ids)
+
+    def _resumed(self, pid: int, step: int) -> None:
+        """A tensor cleared before now kept its gradient (or lost it in backward): the schedule ended."""
+        name = self.ongoing.pop(pid)
+        old = self.history.get(("grad_cleared", name))
+        if old is not None and old.status == Status.OPEN:
+            self.history.put(old.replace(
+                status=Status.RESOLVED, last_step=step,
+                message=f"`{name}`'s gradient was cleared before the optimizer step from step "
+                f"{old.first_step} to step {old.last_step}; it has trained since."))
+
+
+# -- a learning rate stuck at 0 ----------------------------------------------------------------
+def _number(value: Any) -> float | None:
+    """``value`` as a float when reading it costs nothing: a Python number or a CPU tensor."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.numel() == 1:
+        return float(value)
+    return None  # a CUDA tensor lr: reading it would wait for the device
+
+
+@dataclasses.dataclass
+class _GroupLR:
+    built: float | None  # the lr when the Monitor first saw the group
+    zero_since_check: int | None = None
+    zero_since_step: int | None = None
+    reported: str | None = None  # the finding's name while it is open
+
+
+def _gets_gradients(params: Iterable[torch.Tensor]) -> bool:
+    return any(p.requires_grad and p.grad is not None for p in params)
+
+
+class LearningRates:
+    """Each param group's learning rate, read every :data:`LR_READ_EVERY` checks of its optimizer.
+
+    A group whose configured learning rate (``initial_lr`` when a scheduler manages it, else the
+    value the Monitor first saw) is not 0 but whose ``lr`` has been 0 for :data:`LR_ZERO_AFTER`
+    checks while its tensors get gradients is a ``no_update`` warning. Groups built with lr 0 (a
+    deliberate freeze), warm-ups from 0 and decays that reach 0 at the last steps are not.
+    """
+
+    def __init__(self, history: FindingHistory) -> None:
+        self.history = history
+        self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[_GroupLR]] = weakref.WeakKeyDictionary()
+
+    @staticmethod
+    def due(checks_done: int) -> bool:
+        return checks_done == 1 or checks_done % LR_READ_EVERY == 0
+
+    def read(self, optimizer: torch.optim.Optimizer, where: str, checks_done: int, step: int,
+             names: Callable[[torch.Tensor], str | None]) -> None:
+        """Read the lrs of ``optimizer`` (its ``checks_done``-th check) and update the findings."""
+        states = self._groups.get(optimizer)
+        if states is None:
+            states = self._groups[optimizer] = []
+        for j, group in enumerate(optimizer.param_groups):
+            lr = _number(group.get("lr"))
+            if j == len(states):
+                states.append(_GroupLR(lr))
+            state = states[j]
+            configured = _number(group.get("initial_lr", state.built))
+            if lr is None or configured is None or configured == 0 or lr != 0 \
+                    or not _gets_gradients(group["params"]):
+                self._reset(state, step)
+                continue
+            if state.zero_since_check is None:
+                state.zero_since_check, state.zero_since_step = checks_done, step
+            if checks_done - state.zero_since_check >= LR_ZERO_AFTER and state.reported is None:
+                params = [p for p in group["params"] if p.requires_grad]
+                tensor_names = [names(p) or f"tensor of shape {tuple(p.shape)}" for p in params]
+                state.reported = f"{where}.param_groups[{j}]"
+                self.history.upsert(checks.zero_lr(
+                    state.reported, tensor_names, configured=configured, since=state.zero_since_step,
+                    steps=checks_done - state.zero_since_check, step=step,
+                    scheduler=find_scheduler(optimizer), managed="initial_lr" in group))
+
+    def _reset(self, state: _GroupLR, step: int) -> None:
+        state.zero_since_check = state.zero_since_step = None
+        if state.reported is not None:
+            self.history.resolve(("no_update", state.reported), step)
+            state.reported = None
+
+
+def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
+    """The class name of a learning-rate scheduler of ``optimizer`` that the calling code holds.
+
+    torch keeps no reference from an optimizer to its schedulers: look in the calling frames'
+    locals (and their ``self``'s attributes; a Lightning Trainer's ``lr_scheduler_configs``).
+    Runs once, when a finding is made.
+    """
+    base = torch.optim.lr_scheduler.LRScheduler
+    frame: Any = sys._getframe(1)
+    for _ in range(_MAX_FRAMES):
+        if frame is None:
+            break
+        values = list(frame.f_locals.values())[:_MAX_LOCALS]
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            try:
+                values.extend(list(vars(owner).values())[:_MAX_LOCALS])
+            except TypeError:
+                pass
+        for value in values:
+            configs = getattr(value, "lr_scheduler_configs", None) if type(value).__name__ == "Trainer" else None
+            candidates = [getattr(c, "scheduler", None) for c in configs or ()] or [value]
+            for candidate in candidates:
+                if isinstance(candidate, base) and getattr(candidate, "optimizer", None) is optimizer:
+                    return type(candidate).__name__
+        frame = frame.f_back
+    return None
+
+
+# -- steps that are always skipped -------------------------------------------------------------
+@dataclasses.dataclass
+class _OptimizerSteps:
+    handles: list[Any]
+    sentinel: int = 0  # id of the tensor whose hook counts the backward passes
+    cycles: int = 0  # backward passes since the last step that started from a cleared gradient
+    checked_at: int = 0  # ``cycles`` at the last check (0: none since the skipping began)
+    in_step: bool = False
+    asked: bool = False  # a check was queued for this run of skipped steps
+    reported: bool = False
+    last_step_at: int = 0  # the Monitor's step at the last step taken
+
+    @property
+    def skipped(self) -> int:
+        """Steps skipped in a row: backward passes since the last step, less the current one."""
+        return max(0, self.cycles - 1)
+
+
+class SkippedSteps:
+    """Per optimizer: the steps taken (step hooks) and the backward passes since the last one.
+
+    Args:
+        history: Where the ``no_update`` findings go.
+        ask_check: Called with the optimizer at the end of a backward pass when it has skipped
+            :data:`SKIPPED_AFTER` steps and nothing checked it since its last step.
+    """
+
+    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None]) -> None:
+        self.history = history
+        self.ask_check = ask_check
+        self._states: dict[int, _OptimizerSteps] = {}
+        self.step = 0  # the Monitor's step, for the "since step" in the message
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def track(self, optimizers: list[torch.optim.Optimizer], lists: Mapping[int | None, CheckList]) -> None:
+        """Hook the optimizers not hooked yet; move a sentinel whose tensor left its optimizer."""
+        for i, opt in enumerate(optimizers):
+            clist = lists.get(i)
+            if clist is None:
+                continue
+            state = self._states.get(id(opt))
+            if state is None:
+                state = self._states[id(opt)] = self._hook_optimizer(opt)
+            if state.sentinel not in clist.ids:
+                self._hook_sentinel(opt, state, clist)
+
+    def _hook_optimizer(self, opt: torch.optim.Optimizer) -> _OptimizerSteps:
+        state = _OptimizerSteps([])
+
+        def before(*_: Any) -> None:
+            state.in_step = True
+
+        def after(*_: Any) -> None:
+            state.in_step = state.asked = False
+            state.cycles = state.checked_at = 0
+            state.last_step_at = self.step
+
+        state.handles += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
+        return state
+
+    def _hook_sentinel(self, opt: torch.optim.Optimizer, state: _OptimizerSteps, clist: CheckList) -> None:
+        if len(state.handles) > 2:
+            state.handles.pop().remove()
+        state.sentinel = 0
+        sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf), None)
+        if sentinel is None:
+            return
+        tensor_ref, opt_ref = weakref.ref(sentinel), weakref.ref(opt)
+
+        def counted(grad: torch.Tensor) -> None:
+            t = tensor_ref()
+            if t is None or state.in_step or t.grad is not None:
+                return  # inside step() (a closure), or a second backward into the same gradients
+            state.cycles += 1
+            if state.skipped >= SKIPPED_AFTER and not state.asked and state.checked_at == 0:
+                state.asked = True  # no check is coming (attach(), `leafwatch run`): ask for one
+                optimizer = opt_ref()
+                if optimizer is not None:
+                    torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
+                        lambda: self.ask_check(optimizer))
+
+        state.handles.append(sentinel.register_hook(counted))
+        state.sentinel = id(sentinel)
+
+    def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, where: str, step: int) -> bool:
+        """A check of ``optimizer`` before its step; True when it newly reports skipped steps."""
+        state = self._states.get(id(optimizer))
+        if state is None:
+            return False
+        state.checked_at = state.cycles
+        skipped = state.skipped
+        if skipped < SKIPPED_AFTER:
+            if state.reported:
+                state.reported = False
+                self.history.resolve(("no_update", where), step)
+            return False
+        if state.reported:
+            return False
+        state.reported = True
+        nonfinite = any(f.kind == "nonfinite_grad" and f.status == Status.OPEN for f in self.history)
+        self.history.upsert(checks.steps_skipped(where, clist.names, skipped=skipped,
+                                                 since=state.last_step_at, step=step, nonfinite=nonfinite))
+        return True
+
+    def close(self) -> None:
+        for state in self._states.values():
+            for handle in state.handles:
+                handle.remove()
+        self._states.clear()
+
+
+class LoopWatch:
+    """The three watches of one Monitor, behind the few calls its check makes.
+
+    Args:
+        history: Where the findings go.
+        ask_check: See :class:`SkippedSteps`.
+    """
+
+    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None]) -> None:
+        self.arrivals = ArrivalHooks()
+        self.cleared = ClearedGradients(history)
+        self.lrs = LearningRates(history)
+        self.skips = SkippedSteps(history, ask_check)
+        self._cleared_now: list[int] = []
+
+    @property
+    def diagnosing(self) -> bool:
+        """Whether arrival hooks are armed or a cleared gradient is being followed."""
+        return bool(self.arrivals) or bool(self.cleared)
+
+    def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int) -> list[int]:
+        """The missing indices left once the cleared gradients are told apart (the hot path: a
+        healthy step, with no hook armed and nothing cleared, returns at the first test)."""
+        if not (self.arrivals.arrived or self.cleared):
+            return missing
+        arrived = self.arrivals.take(clist.ids)
+        if not (missing or self.cleared):
+            return missing
+        missing, cleared = self.cleared.judge(clist, missing, arrived, optimizer_name(index), step)
+        self._cleared_now += cleared
+        return missing
+
+    def about_to_step(self, optimizer: torch.optim.Optimizer, index: int, clist: CheckList, step: int,
+                      inv: Any) -> bool:
+        """A check of ``optimizer`` before its step: the lrs (every few checks) and the skipped
+        steps. True when the NaN/Inf check should run now (skipped steps newly reported)."""
+        self.skips.step = step
+        if self.lrs.due(clist.checks):
+            self.lrs.read(optimizer, optimizer_name(index), clist.checks, step,
+                          inv.name if inv is not None else (lambda t: None))
+        return self.skips.note_check(optimizer, clist, optimizer_name(index), step)
+
+    def rearm(self, missing_ids: list[int], tensors: Mapping[int, torch.Tensor]) -> None:
+        """After a check: hooks on the tensors missing a gradient and on those cleared."""
+        wanted = {pid: tensors[pid] for pid in (*missing_ids, *self._cleared_now) if pid in tensors}
+        self._cleared_now = []
+        self.arrivals.retarget(wanted)
+
+    def close(self) -> None:
+        self.arrivals.disarm()
+        self.skips.close()

@@ -424,17 +424,17 @@ def zero_lr(where: str, names: list[str], *, configured: float, since: int | Non
         fix = "find what sets `param_group['lr'] = 0`, or freeze these tensors with `requires_grad_(False)` if that is intended"
     return make(
         "no_update", where, "warning",
-        f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps (since step {since}): "
+        f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "
+        f"reading since step {since}): "
         "its tensors get gradients and never change.",
         cause, fix, step=step, aliases=names, reason="zero_lr", configured_lr=configured,
         zero_since_step=since, scheduler=scheduler,
     )
 
 
-def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None,
-                  nonfinite: bool) -> Finding:
+def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None) -> Finding:
     """An optimizer whose step was skipped many times in a row (a GradScaler and NaN/Inf)."""
-    seen = (" (see the `nonfinite_grad` findings)" if nonfinite else "")
+    seen = " (see the `nonfinite_grad` findings)"
     return make(
         "no_update", where, "warning",
         f"`{where}` has not stepped for {skipped} steps: backward ran, but `optimizer.step()` "

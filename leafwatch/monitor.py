@@ -119,7 +119,7 @@ class Monitor:
         self._watched = WatchedTracker(self.history_store)
         self._values = NamedValueCheck()
         self._tracer = tracing.Tracer(on_error=self._warn)
-        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped)
+        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
         self._ignore_checked = False

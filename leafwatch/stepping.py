@@ -42,6 +42,9 @@ LR_ZERO_AFTER = 100
 #: An optimizer that skipped this many steps in a row is reported (a few at the start are the
 #: GradScaler finding its scale: 2**16 halves to 1 in 16 steps).
 SKIPPED_AFTER = 30
+#: Forced NaN/Inf checks (the result comes one check later on CUDA) before skipped steps with
+#: finite gradients are let be.
+_EVIDENCE_CHECKS = 3
 _MAX_FRAMES = 40
 _MAX_LOCALS = 500
 
@@ -68,8 +71,8 @@ class ArrivalHooks:
     def arm(self, tensors: Iterable[torch.Tensor]) -> None:
         for t in tensors:
             pid = id(t)
-            if pid in self.handles or not (t.requires_grad and t.is_leaf):
-                continue
+            if pid in self.handles or not (t.requires_grad and t.is_leaf) or torch.nn.parameter.is_lazy(t):
+                continue  # a lazy parameter takes no hook before its first forward
             try:
                 self.handles[pid] = t.register_post_accumulate_grad_hook(self._make_hook(pid))
             except (RuntimeError, AttributeError):  # a tensor subclass that refuses the hook
@@ -274,10 +277,12 @@ class _OptimizerSteps:
     handles: list[Any]
     sentinel: int = 0  # id of the tensor whose hook counts the backward passes
     cycles: int = 0  # backward passes since the last step that started from a cleared gradient
-    checked_at: int = 0  # ``cycles`` at the last check (0: none since the skipping began)
+    checked_at: int = 0  # ``cycles`` at the last check (0: none since the last step)
+    asked_at: int = 0  # ``cycles`` when a check was last asked for (0: never since the last step)
     in_step: bool = False
-    asked: bool = False  # a check was queued for this run of skipped steps
     reported: bool = False
+    forced: int = 0  # NaN/Inf checks asked for while skipping, before the evidence came
+    dismissed: bool = False  # skipping with finite gradients: not a GradScaler's skip
     last_step_at: int = 0  # the Monitor's step at the last step taken
 
     @property
@@ -293,11 +298,14 @@ class SkippedSteps:
         history: Where the ``no_update`` findings go.
         ask_check: Called with the optimizer at the end of a backward pass when it has skipped
             :data:`SKIPPED_AFTER` steps and nothing checked it since its last step.
+        on_error: Told of a failure inside a hook (which never stops the user's backward pass).
     """
 
-    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None]) -> None:
+    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.history = history
         self.ask_check = ask_check
+        self.on_error = on_error
         self._states: dict[int, _OptimizerSteps] = {}
         self.step = 0  # the Monitor's step, for the "since step" in the message
 
@@ -323,8 +331,8 @@ class SkippedSteps:
             state.in_step = True
 
         def after(*_: Any) -> None:
-            state.in_step = state.asked = False
-            state.cycles = state.checked_at = 0
+            state.in_step = False
+            state.cycles = state.checked_at = state.asked_at = 0
             state.last_step_at = self.step
 
         state.handles += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
@@ -334,7 +342,8 @@ class SkippedSteps:
         if len(state.handles) > 2:
             state.handles.pop().remove()
         state.sentinel = 0
-        sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf), None)
+        sentinel = next((p for p in clist.params
+                         if p.requires_grad and p.is_leaf and not torch.nn.parameter.is_lazy(p)), None)
         if sentinel is None:
             return
         tensor_ref, opt_ref = weakref.ref(sentinel), weakref.ref(opt)
@@ -344,35 +353,52 @@ class SkippedSteps:
             if t is None or state.in_step or t.grad is not None:
                 return  # inside step() (a closure), or a second backward into the same gradients
             state.cycles += 1
-            if state.skipped >= SKIPPED_AFTER and not state.asked and state.checked_at == 0:
-                state.asked = True  # no check is coming (attach(), `leafwatch run`): ask for one
+            if state.skipped >= SKIPPED_AFTER and not (state.reported or state.dismissed) \
+                    and state.checked_at == state.asked_at:
+                # No check but the ones asked for comes (attach(), `leafwatch run`): ask for one.
+                state.asked_at = state.cycles
                 optimizer = opt_ref()
-                if optimizer is not None:
-                    torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
-                        lambda: self.ask_check(optimizer))
+                try:
+                    if optimizer is not None:
+                        torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
+                            lambda: self.ask_check(optimizer))
+                except Exception as error:  # inside the user's backward: never stop it
+                    if self.on_error is not None:
+                        self.on_error("the skipped-step hook", error)
 
         state.handles.append(sentinel.register_hook(counted))
         state.sentinel = id(sentinel)
 
     def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, where: str, step: int) -> bool:
-        """A check of ``optimizer`` before its step; True when it newly reports skipped steps."""
+        """A check of ``optimizer`` before its step; True when the NaN/Inf check should run now.
+
+        Skipped steps are reported once the NaN/Inf check finds a non-finite gradient among the
+        optimizer's tensors (the GradScaler's reason to skip); after :data:`_EVIDENCE_CHECKS`
+        forced checks without one, the run of skipped steps is let be (a loop that computes
+        gradients without stepping, on purpose).
+        """
         state = self._states.get(id(optimizer))
         if state is None:
             return False
         state.checked_at = state.cycles
         skipped = state.skipped
         if skipped < SKIPPED_AFTER:
+            state.dismissed, state.forced = False, 0
             if state.reported:
                 state.reported = False
                 self.history.resolve(("no_update", where), step)
             return False
-        if state.reported:
+        if state.reported or state.dismissed:
             return False
-        state.reported = True
-        nonfinite = any(f.kind == "nonfinite_grad" and f.status == Status.OPEN for f in self.history)
-        self.history.upsert(checks.steps_skipped(where, clist.names, skipped=skipped,
-                                                 since=state.last_step_at, step=step, nonfinite=nonfinite))
-        return True
+        names = set(clist.names)
+        if any(f.kind == "nonfinite_grad" and f.status == Status.OPEN and f.name in names for f in self.history):
+            state.reported = True
+            self.history.upsert(checks.steps_skipped(where, clist.names, skipped=skipped,
+                                                     since=state.last_step_at, step=step))
+            return False
+        state.forced += 1
+        state.dismissed = state.forced > _EVIDENCE_CHECKS
+        return not state.dismissed
 
     def close(self) -> None:
         for state in self._states.values():
@@ -386,14 +412,15 @@ class LoopWatch:
 
     Args:
         history: Where the findings go.
-        ask_check: See :class:`SkippedSteps`.
+        ask_check, on_error: See :class:`SkippedSteps`.
     """
 
-    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None]) -> None:
+    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.arrivals = ArrivalHooks()
         self.cleared = ClearedGradients(history)
         self.lrs = LearningRates(history)
-        self.skips = SkippedSteps(history, ask_check)
+        self.skips = SkippedSteps(history, ask_check, on_error)
         self._cleared_now: list[int] = []
 
     @property

@@ -14,8 +14,9 @@ paid only when something is already off:
   :data:`LR_READ_EVERY` checks of its optimizer (never a pass over the parameters);
 - **steps that are always skipped** (an AMP ``GradScaler`` while the gradients are non-finite):
   :class:`SkippedSteps` counts, per optimizer, the backward passes that start from a cleared
-  gradient (one tensor hook on one tensor) and the steps taken (step hooks). A skipped step never
-  calls ``optimizer.step()``, so where no check comes it asks for one at the end of that backward.
+  gradient with the optimizer's tensors unchanged since the last one (one tensor hook on one
+  tensor, and its ``_version``). A skipped step never calls ``optimizer.step()``, so where no
+  check comes it asks for one at the end of that backward pass.
 
 :class:`LoopWatch` holds the three for a :class:`~leafwatch.Monitor`.
 """
@@ -131,8 +132,10 @@ class ClearedGradients:
         """
         cleared = [i for i in missing if id(clist.params[i]) in arrived]
         cleared_ids = {id(clist.params[i]) for i in cleared}
-        for pid in [k for k in self.ongoing if k in clist.ids and k not in cleared_ids]:
-            self._resumed(pid, step)
+        if self.ongoing:
+            missing_ids = {id(clist.params[i]) for i in missing}
+            for pid in [k for k in self.ongoing if k in clist.ids and k not in cleared_ids]:
+                self._resumed(pid, step, trained=pid not in missing_ids)
         everything = bool(cleared) and len(missing) == len(clist.params)
         if where in self.all_cleared and not everything:
             self.all_cleared.discard(where)
@@ -156,15 +159,17 @@ class ClearedGradients:
         keep = set(cleared)
         return [i for i in missing if i not in keep], sorted(cleared_ids)
 
-    def _resumed(self, pid: int, step: int) -> None:
-        """A tensor cleared before now kept its gradient (or lost it in backward): the schedule ended."""
+    def _resumed(self, pid: int, step: int, trained: bool) -> None:
+        """A tensor cleared before is not now: it kept its gradient (the schedule ended), or
+        backward no longer reached it (``missing_grad`` says so)."""
         name = self.ongoing.pop(pid)
         old = self.history.get(("grad_cleared", name))
         if old is not None and old.status == Status.OPEN:
+            since = "it has trained since" if trained else "backward has not reached it since"
             self.history.put(old.replace(
                 status=Status.RESOLVED, last_step=step,
                 message=f"`{name}`'s gradient was cleared before the optimizer step from step "
-                f"{old.first_step} to step {old.last_step}; it has trained since."))
+                f"{old.first_step} to step {old.last_step}; {since}."))
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -274,30 +279,31 @@ def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
 # -- steps that are always skipped -------------------------------------------------------------
 @dataclasses.dataclass
 class _OptimizerSteps:
-    handles: list[Any]
-    sentinel: int = 0  # id of the tensor whose hook counts the backward passes
-    cycles: int = 0  # backward passes since the last step that started from a cleared gradient
-    checked_at: int = 0  # ``cycles`` at the last check (0: none since the last step)
-    asked_at: int = 0  # ``cycles`` when a check was last asked for (0: never since the last step)
-    in_step: bool = False
+    handle: Any  # the tensor hook on the sentinel
+    sentinel: int  # id of the tensor whose hook counts the backward passes
+    version: int = -1  # the sentinel's ``_version`` at the start of the last backward pass
+    cycles: int = 0  # backward passes that started from a cleared gradient
+    skipped: int = 0  # of those, the ones in a row after which the sentinel had not changed
+    skipping_since: int = 0  # the Monitor's step when the skipping began
+    checked_at: int = 0  # ``cycles`` at the last check
+    asked_at: int = -1  # ``cycles`` when a check was last asked for
     reported: bool = False
     forced: int = 0  # NaN/Inf checks asked for while skipping, before the evidence came
     dismissed: bool = False  # skipping with finite gradients: not a GradScaler's skip
-    last_step_at: int = 0  # the Monitor's step at the last step taken
-
-    @property
-    def skipped(self) -> int:
-        """Steps skipped in a row: backward passes since the last step, less the current one."""
-        return max(0, self.cycles - 1)
 
 
 class SkippedSteps:
-    """Per optimizer: the steps taken (step hooks) and the backward passes since the last one.
+    """Per optimizer, the steps skipped in a row, read off one tensor it holds (the sentinel).
+
+    A tensor hook on the sentinel fires in every backward pass; when its ``.grad`` is None then,
+    a new iteration starts (the loop cleared the gradients), and if the sentinel's ``_version``
+    has not moved since the last one, the optimizer did not step in between (a step updates
+    its tensors in place). No optimizer hook is needed, and none is registered from inside one.
 
     Args:
         history: Where the ``no_update`` findings go.
         ask_check: Called with the optimizer at the end of a backward pass when it has skipped
-            :data:`SKIPPED_AFTER` steps and nothing checked it since its last step.
+            :data:`SKIPPED_AFTER` steps and nothing checked it since the skipping began.
         on_error: Told of a failure inside a hook (which never stops the user's backward pass).
     """
 
@@ -313,48 +319,40 @@ class SkippedSteps:
         return len(self._states)
 
     def track(self, optimizers: list[torch.optim.Optimizer], lists: Mapping[int | None, CheckList]) -> None:
-        """Hook the optimizers not hooked yet; move a sentinel whose tensor left its optimizer."""
+        """Hook a sentinel for each optimizer not hooked yet, or whose sentinel left it."""
         for i, opt in enumerate(optimizers):
             clist = lists.get(i)
-            if clist is None:
-                continue
             state = self._states.get(id(opt))
-            if state is None:
-                state = self._states[id(opt)] = self._hook_optimizer(opt)
-            if state.sentinel not in clist.ids:
-                self._hook_sentinel(opt, state, clist)
+            if clist is None or (state is not None and state.sentinel in clist.ids):
+                continue
+            if state is not None:
+                state.handle.remove()
+                del self._states[id(opt)]
+            sentinel = next((p for p in clist.params
+                             if p.requires_grad and p.is_leaf and not torch.nn.parameter.is_lazy(p)), None)
+            if sentinel is not None:
+                self._states[id(opt)] = self._hook_sentinel(opt, sentinel)
 
-    def _hook_optimizer(self, opt: torch.optim.Optimizer) -> _OptimizerSteps:
-        state = _OptimizerSteps([])
-
-        def before(*_: Any) -> None:
-            state.in_step = True
-
-        def after(*_: Any) -> None:
-            state.in_step = False
-            state.cycles = state.checked_at = state.asked_at = 0
-            state.last_step_at = self.step
-
-        state.handles += [opt.register_step_pre_hook(before), opt.register_step_post_hook(after)]
-        return state
-
-    def _hook_sentinel(self, opt: torch.optim.Optimizer, state: _OptimizerSteps, clist: CheckList) -> None:
-        if len(state.handles) > 2:
-            state.handles.pop().remove()
-        state.sentinel = 0
-        sentinel = next((p for p in clist.params
-                         if p.requires_grad and p.is_leaf and not torch.nn.parameter.is_lazy(p)), None)
-        if sentinel is None:
-            return
+    def _hook_sentinel(self, opt: torch.optim.Optimizer, sentinel: torch.Tensor) -> _OptimizerSteps:
         tensor_ref, opt_ref = weakref.ref(sentinel), weakref.ref(opt)
+        state = _OptimizerSteps(None, id(sentinel))
 
         def counted(grad: torch.Tensor) -> None:
             t = tensor_ref()
-            if t is None or state.in_step or t.grad is not None:
-                return  # inside step() (a closure), or a second backward into the same gradients
+            if t is None or t.grad is not None:
+                return  # a second backward into the same gradients (accumulation)
+            version = t._version
+            if version == state.version:
+                state.skipped += 1
+                if state.skipped == 1:
+                    state.skipping_since = self.step
+            else:
+                state.skipped = 0
+            state.version = version
             state.cycles += 1
+            began = state.cycles - state.skipped
             if state.skipped >= SKIPPED_AFTER and not (state.reported or state.dismissed) \
-                    and state.checked_at == state.asked_at:
+                    and (state.checked_at < began or state.checked_at == state.asked_at):
                 # No check but the ones asked for comes (attach(), `leafwatch run`): ask for one.
                 state.asked_at = state.cycles
                 optimizer = opt_ref()
@@ -366,8 +364,8 @@ class SkippedSteps:
                     if self.on_error is not None:
                         self.on_error("the skipped-step hook", error)
 
-        state.handles.append(sentinel.register_hook(counted))
-        state.sentinel = id(sentinel)
+        state.handle = sentinel.register_hook(counted)
+        return state
 
     def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, where: str, step: int) -> bool:
         """A check of ``optimizer`` before its step; True when the NaN/Inf check should run now.
@@ -394,7 +392,7 @@ class SkippedSteps:
         if any(f.kind == "nonfinite_grad" and f.status == Status.OPEN and f.name in names for f in self.history):
             state.reported = True
             self.history.upsert(checks.steps_skipped(where, clist.names, skipped=skipped,
-                                                     since=state.last_step_at, step=step))
+                                                     since=state.skipping_since, step=step))
             return False
         state.forced += 1
         state.dismissed = state.forced > _EVIDENCE_CHECKS
@@ -402,8 +400,7 @@ class SkippedSteps:
 
     def close(self) -> None:
         for state in self._states.values():
-            for handle in state.handles:
-                handle.remove()
+            state.handle.remove()
         self._states.clear()
 
 

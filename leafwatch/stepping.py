@@ -209,10 +209,6 @@ class LearningRates:
         self.history = history
         self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[_GroupLR]] = weakref.WeakKeyDictionary()
 
-    @staticmethod
-    def due(checks_done: int) -> bool:
-        return checks_done == 1 or checks_done % LR_READ_EVERY == 0
-
     def read(self, optimizer: torch.optim.Optimizer, where: str, checks_done: int, step: int,
              names: Callable[[torch.Tensor], str | None]) -> None:
         """Read the lrs of ``optimizer`` (its ``checks_done``-th check) and update the findings."""
@@ -367,7 +363,7 @@ class SkippedSteps:
         state.handle = sentinel.register_hook(counted)
         return state
 
-    def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, where: str, step: int) -> bool:
+    def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, index: int, step: int) -> bool:
         """A check of ``optimizer`` before its step; True when the NaN/Inf check should run now.
 
         Skipped steps are reported once the NaN/Inf check finds a non-finite gradient among the
@@ -384,14 +380,14 @@ class SkippedSteps:
             state.dismissed, state.forced = False, 0
             if state.reported:
                 state.reported = False
-                self.history.resolve(("no_update", where), step)
+                self.history.resolve(("no_update", optimizer_name(index)), step)
             return False
         if state.reported or state.dismissed:
             return False
         names = set(clist.names)
         if any(f.kind == "nonfinite_grad" and f.status == Status.OPEN and f.name in names for f in self.history):
             state.reported = True
-            self.history.upsert(checks.steps_skipped(where, clist.names, skipped=skipped,
+            self.history.upsert(checks.steps_skipped(optimizer_name(index), clist.names, skipped=skipped,
                                                      since=state.skipping_since, step=step))
             return False
         state.forced += 1
@@ -423,12 +419,14 @@ class LoopWatch:
     @property
     def diagnosing(self) -> bool:
         """Whether arrival hooks are armed or a cleared gradient is being followed."""
-        return bool(self.arrivals) or bool(self.cleared)
+        cleared = self.cleared
+        return bool(self.arrivals.handles or cleared.ongoing or cleared.all_cleared)
 
     def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int) -> list[int]:
         """The missing indices left once the cleared gradients are told apart (the hot path: a
         healthy step, with no hook armed and nothing cleared, returns at the first test)."""
-        if not (self.arrivals.arrived or self.cleared):
+        cleared = self.cleared
+        if not (self.arrivals.arrived or cleared.ongoing or cleared.all_cleared):
             return missing
         arrived = self.arrivals.take(clist.ids)
         if not (missing or self.cleared):
@@ -442,10 +440,11 @@ class LoopWatch:
         """A check of ``optimizer`` before its step: the lrs (every few checks) and the skipped
         steps. True when the NaN/Inf check should run now (skipped steps newly reported)."""
         self.skips.step = step
-        if self.lrs.due(clist.checks):
-            self.lrs.read(optimizer, optimizer_name(index), clist.checks, step,
+        checks_done = clist.checks
+        if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
+            self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
                           inv.name if inv is not None else (lambda t: None))
-        return self.skips.note_check(optimizer, clist, optimizer_name(index), step)
+        return self.skips.note_check(optimizer, clist, index, step)
 
     def rearm(self, missing_ids: list[int], tensors: Mapping[int, torch.Tensor]) -> None:
         """After a check: hooks on the tensors missing a gradient and on those cleared."""

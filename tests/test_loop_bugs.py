@@ -525,3 +525,18 @@ def test_many_backward_passes_without_a_step_and_with_finite_gradients_give_no_f
         opt.zero_grad()
         model(_batch()).sum().backward()
     assert monitor.close().findings == []
+
+
+def test_a_healthy_loop_keeps_no_arrival_hook_after_the_first_check():
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt).attach()
+    assert monitor.stats()["arrival_hooks"] == 4, "armed on every trainable tensor until the first check"
+    for _ in range(3):
+        opt.zero_grad()
+        model(_batch()).sum().backward()
+        opt.step()
+    stats = monitor.stats()
+    assert (stats["arrival_hooks"], stats["step_watches"]) == (0, 1)
+    assert monitor.close().findings == []
+    assert monitor.stats()["step_watches"] == 0

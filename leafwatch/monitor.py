@@ -119,7 +119,7 @@ class Monitor:
         self._watched = WatchedTracker(self.history_store)
         self._values = NamedValueCheck()
         self._tracer = tracing.Tracer(on_error=self._warn)
-        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, self._warn)
+        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, lambda: self.step, self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
         self._ignore_checked = False
@@ -399,7 +399,7 @@ class Monitor:
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
             missing = self._loop.judge(clist, missing, key, self.step)
-            if key is not None:
+            if key is not None and self._loop.due(clist):
                 force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
                                                          cache.inventory)
             if missing or self._grads:

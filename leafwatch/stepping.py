@@ -281,8 +281,7 @@ class _OptimizerSteps:
     cycles: int = 0  # backward passes that started from a cleared gradient
     skipped: int = 0  # of those, the ones in a row after which the sentinel had not changed
     skipping_since: int = 0  # the Monitor's step when the skipping began
-    checked_at: int = 0  # ``cycles`` at the last check
-    asked_at: int = -1  # ``cycles`` when a check was last asked for
+    asked_step: int = -1  # the Monitor's step that a check asked for will have
     reported: bool = False
     forced: int = 0  # NaN/Inf checks asked for while skipping, before the evidence came
     dismissed: bool = False  # skipping with finite gradients: not a GradScaler's skip
@@ -300,16 +299,20 @@ class SkippedSteps:
         history: Where the ``no_update`` findings go.
         ask_check: Called with the optimizer at the end of a backward pass when it has skipped
             :data:`SKIPPED_AFTER` steps and nothing checked it since the skipping began.
+        step_of: The Monitor's step now (it moves at every check).
         on_error: Told of a failure inside a hook (which never stops the user's backward pass).
     """
 
     def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
-                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+                 step_of: Callable[[], int], on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.history = history
         self.ask_check = ask_check
+        self.step_of = step_of
         self.on_error = on_error
         self._states: dict[int, _OptimizerSteps] = {}
-        self.step = 0  # the Monitor's step, for the "since step" in the message
+        #: Optimizers (by id) with many steps skipped in a row or reported: the only ones a check
+        #: looks at (a healthy check does not even look up its optimizer).
+        self.alert: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._states)
@@ -341,16 +344,17 @@ class SkippedSteps:
             if version == state.version:
                 state.skipped += 1
                 if state.skipped == 1:
-                    state.skipping_since = self.step
+                    state.skipping_since = self.step_of()
             else:
                 state.skipped = 0
             state.version = version
             state.cycles += 1
-            began = state.cycles - state.skipped
-            if state.skipped >= SKIPPED_AFTER and not (state.reported or state.dismissed) \
-                    and (state.checked_at < began or state.checked_at == state.asked_at):
-                # No check but the ones asked for comes (attach(), `leafwatch run`): ask for one.
-                state.asked_at = state.cycles
+            if state.skipped < SKIPPED_AFTER or state.reported or state.dismissed:
+                return
+            self.alert.add(id(opt_ref()))
+            if self.step_of() in (state.skipping_since, state.asked_step):
+                # No check but the ones asked for came (attach(), `leafwatch run`): ask for one.
+                state.asked_step = self.step_of() + 1
                 optimizer = opt_ref()
                 try:
                     if optimizer is not None:
@@ -373,11 +377,12 @@ class SkippedSteps:
         """
         state = self._states.get(id(optimizer))
         if state is None:
+            self.alert.discard(id(optimizer))
             return False
-        state.checked_at = state.cycles
         skipped = state.skipped
         if skipped < SKIPPED_AFTER:
             state.dismissed, state.forced = False, 0
+            self.alert.discard(id(optimizer))
             if state.reported:
                 state.reported = False
                 self.history.resolve(("no_update", optimizer_name(index)), step)
@@ -398,6 +403,7 @@ class SkippedSteps:
         for state in self._states.values():
             state.handle.remove()
         self._states.clear()
+        self.alert.clear()
 
 
 class LoopWatch:
@@ -405,15 +411,15 @@ class LoopWatch:
 
     Args:
         history: Where the findings go.
-        ask_check, on_error: See :class:`SkippedSteps`.
+        ask_check, step_of, on_error: See :class:`SkippedSteps`.
     """
 
     def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
-                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
+                 step_of: Callable[[], int], on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.arrivals = ArrivalHooks()
         self.cleared = ClearedGradients(history)
         self.lrs = LearningRates(history)
-        self.skips = SkippedSteps(history, ask_check, on_error)
+        self.skips = SkippedSteps(history, ask_check, step_of, on_error)
         self._cleared_now: list[int] = []
 
     @property
@@ -435,16 +441,19 @@ class LoopWatch:
         self._cleared_now += cleared
         return missing
 
+    def due(self, clist: CheckList) -> bool:
+        """Whether a check of ``clist`` has loop work to do (else :meth:`about_to_step` is skipped)."""
+        return clist.checks % LR_READ_EVERY == 0 or clist.checks == 1 or bool(self.skips.alert)
+
     def about_to_step(self, optimizer: torch.optim.Optimizer, index: int, clist: CheckList, step: int,
                       inv: Any) -> bool:
-        """A check of ``optimizer`` before its step: the lrs (every few checks) and the skipped
-        steps. True when the NaN/Inf check should run now (skipped steps newly reported)."""
-        self.skips.step = step
+        """A check of ``optimizer`` before its step, when :meth:`due`: the lrs (every few checks)
+        and the skipped steps. True when the NaN/Inf check should run now."""
         checks_done = clist.checks
         if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
             self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
                           inv.name if inv is not None else (lambda t: None))
-        return self.skips.note_check(optimizer, clist, index, step)
+        return id(optimizer) in self.skips.alert and self.skips.note_check(optimizer, clist, index, step)
 
     def rearm(self, missing_ids: list[int], tensors: Mapping[int, torch.Tensor]) -> None:
         """After a check: hooks on the tensors missing a gradient and on those cleared."""

@@ -557,3 +557,85 @@ def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
     if dtype == torch.float64:
         return True
     return torch.finfo(dtype).eps > torch.finfo(main_dtype).eps
+
+
+
+# -- the loop applies no gradient -------------------------------------------------------------
+_CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
+                  "`zero_grad()` is called between `backward()` and `step()`")
+_CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"
+
+
+def _listed(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def grad_cleared_all(where: str, names: list[str], *, step: int | None) -> Finding:
+    """Every gradient of the optimizer about to step arrived in backward and was cleared."""
+    n = len(names)
+    return make(
+        "grad_cleared", where, "error",
+        f"`{where}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
+        f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
+        _CLEARED_CAUSE + ".", _CLEARED_FIX,
+        step=step, aliases=names, reason="cleared", tensors=n,
+    )
+
+
+def grad_cleared(name: str, t: torch.Tensor, *, where: str, step: int | None,
+                 aliases: Iterable[str] = ()) -> Finding:
+    """Some gradients of the optimizer about to step were cleared after backward (a schedule)."""
+    return make(
+        "grad_cleared", name, "info",
+        f"`{name}` got its gradient in backward(), but it was cleared before `{where}` stepped: "
+        "it does not train at this step.",
+        f"backward reached `{name}`; the training loop cleared its gradient (`.grad = None` or "
+        f"`zero_()`) before the step while the other tensors of `{where}` kept theirs: a schedule "
+        "that withholds gradients on purpose (a layer frozen for the first epoch, a head held back "
+        "during warm-up), which resumes later.",
+        "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop "
+        f"clearing `{name}.grad` between backward() and step()",
+        tensor=t, step=step, aliases=aliases, reason="cleared_on_purpose", optimizer=where,
+    )
+
+
+def zero_lr(where: str, names: list[str], *, configured: float, since: int | None, steps: int,
+            step: int | None, scheduler: str | None, managed: bool) -> Finding:
+    """A param group stepped with a learning rate of 0 for many checks while it gets gradients."""
+    if scheduler is not None:
+        cause = (f"its learning rate scheduler `{scheduler}` sets lr to 0 (its `initial_lr` is "
+                 f"{configured:g}): the schedule returns 0 at every step.")
+        fix = (f"check `{scheduler}`'s schedule: it should give a non-zero factor after warm-up "
+               "(e.g. `LambdaLR` multiplies `initial_lr` by what its function returns)")
+    elif managed:
+        cause = (f"a learning rate scheduler sets lr to 0 (the group's `initial_lr` is {configured:g}): "
+                 "the schedule returns 0 at every step.")
+        fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
+    else:
+        cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
+        fix = "find what sets `param_group['lr'] = 0`, or freeze these tensors with `requires_grad_(False)` if that is intended"
+    return make(
+        "no_update", where, "warning",
+        f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "
+        f"reading since step {since}): "
+        "its tensors get gradients and never change.",
+        cause, fix, step=step, aliases=names, reason="zero_lr", configured_lr=configured,
+        zero_since_step=since, scheduler=scheduler,
+    )
+
+
+def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None) -> Finding:
+    """An optimizer whose step was skipped many times in a row (a GradScaler and NaN/Inf)."""
+    seen = " (see the `nonfinite_grad` findings)"
+    return make(
+        "no_update", where, "warning",
+        f"`{where}` has not stepped for {skipped} steps: backward ran, but `optimizer.step()` "
+        "was not called, so its tensors do not change.",
+        "an AMP `GradScaler` skips `optimizer.step()` whenever the gradients hold NaN or Inf and "
+        f"halves its scale: the gradients have been non-finite at every step since step {since}{seen}, "
+        "so the scale collapses and nothing trains.",
+        "find the first op that gives NaN/Inf (`torch.autograd.detect_anomaly()` for one step): "
+        "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after `scaler.unscale_()`)",
+        step=step, aliases=tuple(names), reason="skipped_steps", skipped=skipped, since_step=since,
+    )

@@ -33,12 +33,14 @@ class Kind(_WordEnum):
 
     NON_LEAF = "non_leaf"
     MISSING_GRAD = "missing_grad"
+    GRAD_CLEARED = "grad_cleared"
     NOT_IN_OPTIMIZER = "not_in_optimizer"
     FROZEN_IN_OPTIMIZER = "frozen_in_optimizer"
     STALE_PARAM = "stale_param"
     ORPHAN_TENSOR = "orphan_tensor"
     NONFINITE_GRAD = "nonfinite_grad"
     DEAD_GRAD = "dead_grad"
+    NO_UPDATE = "no_update"
     DEVICE_MISMATCH = "device_mismatch"
 
 

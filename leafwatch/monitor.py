@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, outside, structure, tracing, values, watching
+from . import checks, graph, inventory, outside, stepping, structure, tracing, values, watching
 from .console import NewFindingWarnings
 from .dead import DeadGradTracker
 from .events import CheckEvent
@@ -125,6 +125,7 @@ class Monitor:
         self._loss_leaves = outside.LossLeaves()
         self._last_value_step = -1
         self._tracer = tracing.Tracer(on_error=self._warn)
+        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, lambda: self.step, self._warn)
         self._report = Report(step=0)
         self._emitted = -1  # the first check's event counts as a change
         self._ignore_checked = False
@@ -140,6 +141,7 @@ class Monitor:
         if self.diagnose and snapshot is not None:
             try:
                 self._tracer.arm(snapshot.modules)
+                self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
             except Exception as error:  # never stop training for a diagnostic
                 self._warn("arming the diagnostic hooks", error)
 
@@ -254,7 +256,8 @@ class Monitor:
         return self
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if (args[0] if args else kwargs.get("closure")) is not None:
+        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
             self._closure_steps.add(id(optimizer))
             return
         self.check(optimizer)
@@ -299,6 +302,8 @@ class Monitor:
             "value_checks_in_flight": len(self._values.checker.pending_steps()),
             "value_names_kept": self._values.launched(),
             "step_hooks": len(self._handles),
+            "arrival_hooks": len(self._loop.arrivals.handles),
+            "step_watches": len(self._loop.skips),
             "sinks": len(self._sinks),
             "loss_graph_walks": self._loss_leaves.walks,
         }
@@ -322,6 +327,7 @@ class Monitor:
         if self._gatherer is not None:
             self._gatherer.close()
         self._tracer.disarm()
+        self._loop.close()
         self.watches.clear()
         structure.REGISTRATION_HOOKS.release()
         for sink in self._sinks:
@@ -409,6 +415,7 @@ class Monitor:
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
+        self._loop.skips.track(self.structure.optimizers, self.structure.lists)
         if self.history_store.ignore and not self._ignore_checked:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
@@ -424,16 +431,22 @@ class Monitor:
         if inv is not None:
             self._rebuilt(inv)
         lists = cache.lists_for(optimizer)
+        keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
         reachable: set[int] | None = None
         walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
         streaks_before = len(self._grads.streak)
         all_missing: list[int] = []
         offset = 0
         skip: set[int] | None = None
-        for clist in lists:
+        force_values = False
+        for key, clist in zip(keys, lists):
             # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
+            missing = self._loop.judge(clist, missing, key, self.step)
+            if key is not None and self._loop.due(clist):
+                force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
+                                                         cache.inventory)
             if missing or self._grads:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
@@ -456,18 +469,20 @@ class Monitor:
                 self.history_store.upsert(f)
         self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0):
+        if every and (self.step == 1 or self.step % every == 0 or force_values):
             try:
                 self._check_values(lists)
             except Exception as error:  # the gradient checks above still count
                 self._warn("the NaN/Inf gradient check", error)
         retarget = (self._grads.changes, cache.rebuilds)
-        if self.diagnose and (self._tracer.handles or self._grads) and cache.inventory is not None \
-                and retarget != self._retargeted:
+        if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
+                and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
             self._retargeted = retarget
-            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses.
-            self._tracer.retarget(tracing.modules_owning(self._grads.missing_ids(cache.lists.values()),
-                                                         cache.inventory))
+            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
+            missing_ids = self._grads.missing_ids(cache.lists.values())
+            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
+            self._loop.rearm(missing_ids, cache.inventory.tensors)
         self._tracer.end_check(cache.optimizer_index(optimizer), len(cache.optimizers))
         self._report = self.history_store.report(self.step)
         names = cache.joined_names(lists)
@@ -498,6 +513,10 @@ class Monitor:
         for _, i in values.nonfinite(params, self.step):
             if names[i] not in flagged:
                 self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
+
+    def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
+        self.check(optimizer)
 
     def _check_values(self, lists: list[structure.CheckList]) -> None:
         self._last_value_step = self.step

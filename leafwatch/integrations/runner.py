@@ -207,7 +207,7 @@ class Session:
             pass
 
     def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        closure = args[0] if args else kwargs.get("closure")
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer
         if closure is not None:
             # LBFGS and friends compute the gradients inside step(): check after it.
             self._closure_steps.add(id(optimizer))

@@ -24,7 +24,6 @@ the few tensors under suspicion and never on a healthy step:
 from __future__ import annotations
 
 import dataclasses
-import math
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal

@@ -170,8 +170,10 @@ class GradientTracker:
 
     @staticmethod
     def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
-        return any(other is not None and other is not info and other.module == info.module and q.grad is not None
-                   for q, other in zip(clist.params, clist.infos))
+        """Another parameter of the same module, not shared with any other module (a tied weight
+        gets its gradient through the module it is tied to), got a gradient."""
+        return any(other is not None and other is not info and other.module == info.module and not other.aliases
+                   and q.grad is not None for q, other in zip(clist.params, clist.infos))
 
     def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
@@ -180,7 +182,8 @@ class GradientTracker:
         pid = id(p)
         old = self.history.get(("missing_grad", name))
         explanation = None
-        if info is not None and info.module not in tracer.records and self._siblings_got_grads(clist, info):
+        if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
+                and self._siblings_got_grads(clist, info):
             # The module never ran through its hooks, yet its other parameters got gradients.
             explanation = tracing.called_directly(name, info.module)
         elif info is not None:

@@ -29,6 +29,7 @@ from ..events import CheckEvent
 from ..findings import KINDS, LeafwatchInternalWarning, Report
 from ..console import NewFindingWarnings
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
+from .callback_state import MonitorState
 from ..options import stacklevel_outside, validate_ignore, validate_int
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ class _MetricsSink:
             logger.log_metrics(metrics, step=event.step)
 
 
-class _LeafWatchMixin:
+class _LeafWatchMixin(MonitorState):
     """The callback's behaviour; :func:`callback_class` puts it on a Lightning ``Callback`` base."""
 
     def __init__(
@@ -120,36 +121,6 @@ class _LeafWatchMixin:
             patience=self.patience, ignore=sorted(self.ignore),
             check_values_every_n_steps=self.check_values_every_n_steps,
         )
-
-    @property
-    def report(self) -> Report:
-        """The latest report: the live one during fit, the final one after it."""
-        if self.monitor is not None:
-            return self.monitor.report
-        if self._last_report is not None:
-            return self._last_report
-        if self._pending_state is not None:
-            return Report.from_dict({"findings": self._pending_state.get("monitor", {}).get("records", []),
-                                     "step": self._pending_state.get("monitor", {}).get("step")})
-        return Report()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain data (the Monitor's history), saved in checkpoints under :attr:`state_key`."""
-        if self.monitor is not None:
-            return {"monitor": self.monitor.state_dict()}
-        if self._pending_state is not None:
-            return dict(self._pending_state)
-        return dict(self._final_state)
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"`state_dict` must be a mapping from state_dict(), got {type(state_dict).__name__}")
-        if not state_dict:
-            return
-        self._pending_state = dict(state_dict)
-        if self.monitor is not None:
-            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
-            self._pending_state = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -33,6 +33,7 @@ from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import validate_ignore, validate_int
 from . import distributed
+from .callback_state import MonitorState
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'
 
@@ -137,7 +138,7 @@ def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool
     return not (checkpointing or getattr(args, "activation_checkpointing", False))
 
 
-class LeafWatchCallback(TrainerCallback, ExportableState):
+class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
     """Names every tensor that will not train during ``Trainer.train``, says why, and gives the fix.
 
     A thin adapter: it builds a :class:`~leafwatch.Monitor` at train begin and checks at every
@@ -218,41 +219,6 @@ class LeafWatchCallback(TrainerCallback, ExportableState):
         self._final_state: dict[str, Any] = {}
 
     # -- identity and state --------------------------------------------------------------------
-    @property
-    def report(self) -> Report:
-        """The latest report: the live one during training, the final one after it."""
-        if self.monitor is not None:
-            return self.monitor.report
-        if self._last_report is not None:
-            return self._last_report
-        if self._pending_state is not None:
-            saved = self._pending_state.get("monitor", {})
-            return Report.from_dict({"findings": saved.get("records", []), "step": saved.get("step")})
-        return Report()
-
-    def state_dict(self) -> dict[str, Any]:
-        """Plain data (the Monitor's history), JSON-ready."""
-        if self.monitor is not None:
-            return {"monitor": self.monitor.state_dict()}
-        if self._pending_state is not None:
-            return dict(self._pending_state)
-        return dict(self._final_state)
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Take up a history from :meth:`state_dict` (at the next ``on_train_begin`` if not training).
-
-        Raises:
-            TypeError: ``state_dict`` is not a mapping.
-        """
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"`state_dict` must be a mapping from state_dict(), got {type(state_dict).__name__}")
-        if not state_dict:
-            return
-        self._pending_state = dict(state_dict)
-        if self.monitor is not None:
-            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
-            self._pending_state = None
-
     @override
     def state(self) -> dict[str, Any]:
         """What ``Trainer`` saves in ``trainer_state.json`` (``ExportableState``)."""

@@ -168,6 +168,12 @@ class GradientTracker:
                                            details={**old.details, "checks": checks_of_p,
                                                     "steps_without_grad": misses}))
 
+    def _module_already_open(self, clist: CheckList, info: inventory.ParamInfo) -> bool:
+        """Another parameter of the same module is already an open missing_grad error: the module is
+        known not to run (a parameter handed to the optimizer later is no new LayerDrop suspicion)."""
+        return any(other is not None and other is not info and other.module == info.module
+                   and self.history.is_open(("missing_grad", n)) for n, other in zip(clist.names, clist.infos))
+
     @staticmethod
     def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
         """Another parameter of the same module, not shared with any other module (a tied weight
@@ -203,7 +209,7 @@ class GradientTracker:
                                         checks=checks_of_p, misses=misses)
                 f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
                                        "declared_drop_rate": self._skips.declared(layer[0])})
-                if chance >= evidence.LAYERDROP_FALSE_ALARM:
+                if chance >= evidence.LAYERDROP_FALSE_ALARM and not self._module_already_open(clist, info):
                     self.history.hold(f.replace(details={**f.details, "pending": "layerdrop"}))
                     return
                 self._decided.add(pid)

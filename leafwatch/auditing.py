@@ -8,16 +8,14 @@ hook: it sees the end state, so it says plainly when the cause of a missing grad
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-import warnings
-import weakref
-
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, outside, replaced, structure, watching
-from .findings import Finding, LeafwatchInternalWarning, Report
-from .options import apply_ignore, got, validate_ignore, warn_unmatched_ignore
-from .values import ValueChecker
+from . import checks, inventory, watching
+from .events import CheckEvent
+from .findings import Finding, Kind, Report
+from .monitor import Monitor
+from .options import apply_ignore, got, validate_ignore
 
 
 def audit(
@@ -67,80 +65,33 @@ def audit(
     if not isinstance(check_values, bool):
         raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
 
-    entries = watching.entries()
-    if model is None and not opts and not named and not entries:
+    if model is None and not opts and not named and not watching.any_watched():
         raise ValueError("audit() has nothing to check: pass `model`, `optimizers` or `tensors` "
                          "(or watch() a tensor first), got none of them")
-    inv = inventory.Inventory(model, opts)
-    warn_unmatched_ignore(ignore_map, inv.all_names() | set(named) | {e.name for e in entries})
-    replaced_now = replaced.pair(inv)
-    findings: list[Finding] = checks.structural(inv, step=step, stale=replaced_now)
-    stale = replaced_now.old_ids()
-    reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
+    # The one check pipeline, run once: a fresh Monitor carries nothing from one call to the next.
+    events: list[CheckEvent] = []
+    monitor = _OneCheck(model, opts, tensors=named or None, ignore=ignore_map or None, diagnose=False,
+                      verbose=False, check_values_every_n_steps=1 if check_values else 0, sinks=[events.append])
+    try:
+        monitor.check(loss=loss, step=step if step is not None else 1)
+    finally:
+        report = monitor.close()
+    findings = report.findings
+    if loss is None and events and events[-1].coverage == 0.0 and len(events[-1].names) > 1:
+        findings = _no_gradient_at_all(findings, events[-1].names, ignore_map, step)
+    return Report(findings, step=step)
 
-    if opts:
-        checked = [(inv.name(p) or f"optimizers[{i}] tensor of shape {tuple(p.shape)}", p)
-                   for i, ps in enumerate(inv.optimizer_params) for p in ps]
-    else:
-        checked = [(info.name, t) for info, t in inv.trainable()]
-    watched_ids = {id(e.tensor()) for e in entries}
-    # A parameter also watched or passed in ``tensors`` is reported once, under the name given.
-    named_ids = watched_ids | {id(t) for t in named.values()}
-    trainable = [(name, p) for name, p in checked
-                 if p.requires_grad and p.is_leaf and id(p) not in stale and id(p) not in named_ids]
-    missing = [(name, p) for name, p in trainable if p.grad is None]
-    if len(missing) > 1 and len(missing) == len(trainable) and reachable is None:
-        # Not one finding per parameter with an unknown cause: one, that says what it means.
-        findings.append(checks.no_grad_at_all([name for name, _ in missing], step=step))
-        missing = []
-    for name, p in missing:
-        info = inv.params.get(id(p))
-        findings.append(checks.missing_grad(
-            name, p, step=step, explanation=None, info=info,
-            reachable=None if reachable is None else id(p) in reachable))
 
-    got_grad = {}
-    for e in entries:
-        t = e.tensor()
-        # A leaf's end state is its .grad (as for parameters); a non-leaf's is whether any gradient
-        # flowed through it (an activation lives for one step).
-        got_grad[e.name] = (t is not None and t.grad is not None) if e.is_leaf else e.grads_seen > 0
-    findings += checks.watched_findings(entries, step, got_grad, inv)
-    # A tensor both watched and passed in ``tensors`` is reported once, under its watch name.
-    findings += checks.tensor_findings(
-        {n: t for n, t in named.items() if id(t) not in watched_ids}, step, inv, watched=entries)
+class _OneCheck(Monitor):
+    """The Monitor that one audit() call runs once; its internal failures say what audit() does."""
 
-    # Trainable tensors outside the model: watched leaves, ``tensors=`` and the loss's persistent leaves.
-    # Judged only by a call that names optimizers (then against every optimizer known in the
-    # process too): what unrelated live optimizers hold must not change what audit() says.
-    judges = [*opts, *(o for o in structure.known_optimizers() if all(o is not p for p in opts))] if opts else []
-    own_ids, all_ids = outside.optimizer_ids(opts), outside.optimizer_ids(judges)
-    if judges:
-        findings += outside.watched_in_no_optimizer(
-            entries, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in all_ids)
-    if opts:
-        own = [watching.WatchEntry(n, weakref.ref(t), True, True, "audit(tensors=)", t.is_leaf)
-               for n, t in named.items() if id(t) not in watched_ids]
-        findings += outside.watched_in_no_optimizer(
-            own, step, model_ids=set(inv.tensors), in_optimizer=lambda e: id(e.tensor()) in own_ids)
-    if loss is not None and judges:
-        # audit() walks the loss's graph at every call anyway (``reachable``): so does this.
-        findings += outside.AUDITS.observe(loss, step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
-            inv, judges, entries) | {id(t) for t in named.values()})
+    _goes_on = "audit() reports everything else (the report has an `incomplete` finding)."
 
-    if check_values:
-        grads = [p.grad for _, p in checked]
-        values = ValueChecker()
-        try:
-            _, bad = values.check(grads, step or 0)
-            bad += values.flush()[1]
-        except Exception as error:  # an exotic gradient type: report the rest, never stop training
-            warnings.warn(
-                f"leafwatch: internal failure in the NaN/Inf gradient check ({type(error).__name__}: {error}); "
-                "audit() reports everything else.",
-                LeafwatchInternalWarning,
-                stacklevel=2,
-            )
-            bad = []
-        findings += [checks.nonfinite_grad(checked[i][0], checked[i][1], step or 0) for _, i in bad]
-    return Report(apply_ignore(findings, ignore_map), step=step)
+
+def _no_gradient_at_all(findings: list[Finding], names: Sequence[str], ignore: Mapping[str, str],
+                        step: int | None) -> list[Finding]:
+    """audit()'s one difference from a Monitor's first check (docs/architecture.md): with neither
+    the loss nor forward hooks, a moment where no checked tensor has a gradient is one finding that
+    says so (the check ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
+    rest = [f for f in findings if f.kind != Kind.MISSING_GRAD]
+    return [*rest, *apply_ignore([checks.no_grad_at_all(list(names), step=step)], ignore)]

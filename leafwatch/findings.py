@@ -42,6 +42,7 @@ class Kind(_WordEnum):
     DEAD_GRAD = "dead_grad"
     NO_UPDATE = "no_update"
     DEVICE_MISMATCH = "device_mismatch"
+    INCOMPLETE = "incomplete"
 
 
 class Severity(_WordEnum):
@@ -63,6 +64,61 @@ class Status(_WordEnum):
     RESOLVED = "resolved"
     IGNORED = "ignored"
 
+
+class Waiting(_WordEnum):
+    """What a ``pending`` finding waits for (its ``details["pending"]``): the evidence that decides it."""
+
+    #: A layer skipped while its siblings ran: a stochastic choice (LayerDrop) unless skipped every time.
+    LAYERDROP = "layerdrop"
+    #: No gradient reached it: does its value change between checks (an EMA or target network)?
+    TARGET = "target"
+    #: In no optimizer: does a gradient arrive, does an optimizer that steps late hold it?
+    MEMBERSHIP = "membership"
+    #: Read off the structure before any gradient existed: the first check decides.
+    STRUCTURE = "structure"
+
+
+@dataclasses.dataclass(frozen=True)
+class KindSpec:
+    """What every finding of one kind shares: the one place a kind's rules live.
+
+    Attributes:
+        severity: The default severity (a detector may lower it with a reason: a frozen
+            ``nn.Parameter`` in the optimizer is info, a plain tensor there an error).
+        structural: Read off the structure (names, optimizer sets), not per step: a rebuild of
+            the structure replaces every finding of the kind.
+        waits: May be held ``pending`` when it is read before any gradient exists (the first
+            check decides it).
+        about: What one finding of this kind is about, for the docs and the table's header.
+    """
+
+    severity: Severity
+    structural: bool
+    waits: bool
+    about: str
+
+
+#: One spec per kind. ``tests/core`` checks that every :class:`Kind` has one.
+KIND_SPECS: Mapping[Kind, KindSpec] = {
+    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "a tensor meant to train that is not a leaf"),
+    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient"),
+    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step"),
+    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps"),
+    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad"),
+    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped"),
+    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register"),
+    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf"),
+    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check"),
+    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "an optimizer whose steps change nothing"),
+    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "a tensor on another device or dtype"),
+    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "a part of leafwatch's check that did not run"),
+}
+
+#: Kinds read off the structure: a rebuild replaces them all.
+STRUCTURAL_KINDS = frozenset(k for k, spec in KIND_SPECS.items() if spec.structural)
+
+#: Kinds that may wait (``pending``) when read before any gradient exists.
+WAITING_KINDS = frozenset(k for k, spec in KIND_SPECS.items() if spec.waits)
 
 #: The stable kinds, in the order a report lists them.
 KINDS = tuple(k.value for k in Kind)

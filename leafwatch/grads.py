@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from . import checks, evidence, inventory, outside, tracing
-from .findings import Finding, Severity, Status
+from .findings import Finding, Severity, Status, Waiting
 from .history import FindingHistory
 from .structure import CheckList
 from .watching import WatchEntry
@@ -210,7 +210,7 @@ class GradientTracker:
                 f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
                                        "declared_drop_rate": self._skips.declared(layer[0])})
                 if chance >= evidence.LAYERDROP_FALSE_ALARM and not self._module_already_open(clist, info):
-                    self.history.hold(f.replace(details={**f.details, "pending": "layerdrop"}))
+                    self.history.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))
                     return
                 self._decided.add(pid)
                 self.history.hold(f)
@@ -291,7 +291,7 @@ class GradientTracker:
                                     checks=checks_of_p, misses=misses)
         if verdict == "unknown":
             self._suspects[pid] = (weakref.ref(p), name)
-            self.history.hold(f.replace(details={**f.details, "pending": "target"}))
+            self.history.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))
             return
         self._settled(pid)
         self._decided.add(pid)
@@ -306,7 +306,7 @@ class GradientTracker:
         """What a finding still held at the end of the run becomes (None: dropped as intended)."""
         waiting = f.details.get("pending")
         details = {k: v for k, v in f.details.items() if k != "pending"}
-        if waiting == "target":
+        if waiting == Waiting.TARGET:
             entry = next(((ref, n) for ref, n in self._suspects.values() if n == f.name), None)
             t = entry[0]() if entry is not None else None
             verdict = self._evidence.verdict(t, final=True) if t is not None else "unknown"
@@ -317,7 +317,7 @@ class GradientTracker:
                                  message=f"`{f.name}` got no gradient, and the run ended before leafwatch "
                                  "could tell whether something else updates it (an EMA target).")
             return f.replace(status=Status.OPEN, **_unchanged(f))
-        if waiting == "layerdrop":
+        if waiting == Waiting.LAYERDROP:
             chance = float(f.details.get("chance", 1.0))
             if chance < evidence.LAYERDROP_END_OF_RUN:
                 return f.replace(status=Status.OPEN, details=details)
@@ -403,10 +403,15 @@ class WatchedTracker:
             for e in entries:
                 seen = self._counts.get(e.name)
                 # A name watched again (the next step's activation) is a new entry that counts from 0.
-                last = seen[1] if seen is not None and seen[0] is e else 0
                 t = e.tensor()
-                got[e.name] = e.grads_seen > last or (
-                    e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
+                if e.is_leaf and (seen is None or seen[0] is not e):
+                    # First sight of a leaf: its end state is its .grad (the watch hook may have
+                    # counted gradients from before this check's owner existed).
+                    got[e.name] = t is not None and t.grad is not None
+                else:
+                    last = seen[1] if seen is not None and seen[0] is e else 0
+                    got[e.name] = e.grads_seen > last or (
+                        e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
                 counts[e.name] = (e, e.grads_seen)
             found = checks.watched_findings(entries, step, got, inv)
             if in_optimizer is not None:

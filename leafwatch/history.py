@@ -16,12 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import Finding, Report, Status
+from .findings import STRUCTURAL_KINDS, Finding, Report, Status
 from .options import apply_ignore
-
-#: Kinds read off the structure (not per step): a rebuild replaces them all.
-STRUCTURAL_KINDS = frozenset({"not_in_optimizer", "frozen_in_optimizer", "stale_param",
-                              "orphan_tensor", "device_mismatch", "non_leaf"})
 
 
 class FindingHistory:

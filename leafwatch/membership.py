@@ -21,12 +21,9 @@ import torch
 
 from . import checks, tracing
 from .evidence import ChangeEvidence
-from .findings import Finding, Severity, Status
+from .findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from .history import FindingHistory
 from .inventory import Inventory, ParamInfo
-
-#: The kinds that wait for the first check when read before any gradient exists.
-WAITING_KINDS = frozenset({"not_in_optimizer", "orphan_tensor"})
 
 
 class MembershipJudge:
@@ -62,9 +59,9 @@ class MembershipJudge:
                     continue  # judged intended before (a teacher, a target network)
                 self._tensors[f.name] = weakref.ref(t)
                 self._evidence.note(t)
-                held.append(f.replace(details={**f.details, "pending": "membership"}))
+                held.append(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
             elif before_gradients and f.kind in WAITING_KINDS:
-                held.append(f.replace(details={**f.details, "pending": "structure"}))
+                held.append(f.replace(details={**f.details, "pending": Waiting.STRUCTURE}))
             else:
                 shown.append(f)
         self.waiting = self.waiting or bool(held)
@@ -83,9 +80,9 @@ class MembershipJudge:
         still = False
         for f in self.history.pending():
             waiting = f.details.get("pending")
-            if waiting == "structure":
+            if waiting == Waiting.STRUCTURE:
                 self.history.confirm(f.key, details=_without_pending(f))
-            elif waiting == "membership":
+            elif waiting == Waiting.MEMBERSHIP:
                 still = self._judge_one(f, inv, tracer, step) or still
         self.waiting = still
 
@@ -112,21 +109,23 @@ class MembershipJudge:
         return False
 
     def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
-        """No gradient reached it and it ran only under no_grad, or it changes by other means."""
-        if t.grad is not None:
-            return False
-        armed = tracer.armed_since_reset
-        if module in armed:
-            explained = tracing.explain_missing("", module, attribute, tracer.records, armed)
-            if explained is not None and explained.reason == "grad_disabled":
-                return True
-            if module in tracer.eval_runs and module not in tracer.records:
-                return True  # a fixed teacher in eval mode under no_grad
+        """The gradient rule: a tensor in no optimizer is a mistake only when a gradient reached it
+        (computed and never applied). No gradient: an EMA copy, a teacher, a target network or a
+        part neither trained nor used: quiet. A gradient, but the value changes between checks:
+        updated by hand (manual SGD, an inner loop): quiet too."""
+        if self._held_by_waiting(t):
+            return False  # an optimizer holds it but never steps: nothing trains it
+        if t.grad is None:
+            return True
         return self._evidence.verdict(t) == "changed"
 
-    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
+    def _held_by_waiting(self, t: torch.Tensor) -> bool:
+        """Whether an optimizer that exists but has not stepped holds ``t``."""
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
-        held_by_waiting = any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
+        return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
+
+    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
+        held_by_waiting = self._held_by_waiting(t)
         base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
         if held_by_waiting:
             message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
@@ -142,7 +141,7 @@ class MembershipJudge:
     def decide(self, f: Finding, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> Finding | None:
         """At the end of the run: what a held (or late-optimizer) finding becomes."""
         waiting = f.details.get("pending")
-        if waiting == "structure":
+        if waiting == Waiting.STRUCTURE:
             return f.replace(status=Status.OPEN, details=_without_pending(f))
         ref = self._tensors.get(f.name)
         t = ref() if ref is not None else None

@@ -11,6 +11,7 @@ can change per step: one pass over a precomputed list reading ``p.grad``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,12 +27,28 @@ from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .membership import MembershipJudge
 from .integrations import distributed as _distributed
+from .pipeline import Part, Pipeline
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
 from .values import NamedValueCheck
 
 #: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched
 #: check costs about 10% of a CPU training step (benchmarks/bench.py), so 20 keeps it near 0.5%.
 DEFAULT_VALUE_CHECK_EVERY = 20
+
+
+@dataclasses.dataclass
+class _CheckState:
+    """What one check has read so far, handed from one part of the pipeline to the next."""
+
+    optimizer: torch.optim.Optimizer | None
+    loss: torch.Tensor | None
+    streaks_before: int = 0
+    lists: list[structure.CheckList] = dataclasses.field(default_factory=list)
+    #: Indices into the joined names of the tensors without a gradient at this check.
+    missing: list[int] = dataclasses.field(default_factory=list)
+    entries: list[watching.WatchEntry] = dataclasses.field(default_factory=list)
+    #: A loop watch asked for the value check now (a step about to be skipped).
+    force_values: bool = False
 
 
 class Monitor:
@@ -75,6 +92,9 @@ class Monitor:
         []
     """
 
+    #: What an internal-failure warning says happens next (None: training goes on without the part).
+    _goes_on: str | None = None
+
     def __init__(
         self,
         model: nn.Module | None = None,
@@ -116,7 +136,7 @@ class Monitor:
 
             self._sinks.append(TensorBoardSink(writer))
         self.step = 0
-        self._warn = WarnOnce()
+        self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
         self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
         self._watched = WatchedTracker(self.history_store)
         self._membership = MembershipJudge(self.history_store)
@@ -126,7 +146,24 @@ class Monitor:
         self._last_value_step = -1
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, lambda: self.step, self._warn)
+        #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
+        self._pipeline: Pipeline[_CheckState] = Pipeline((
+            Part("reading the model's structure", self._read_structure),
+            Part("the gradient check", self._read_gradients),
+            Part("the check of watched tensors", self._judge_watched),
+            Part("the loss-graph check", self._judge_loss_leaves),
+            Part("the optimizer-membership check", self._judge_membership),
+            Part("the NaN/Inf gradient check", self._judge_values),
+            Part("the diagnostic hooks", self._retarget_diagnostics),
+        ), self.history_store, self._warn)
+        #: What :meth:`close` decides, in order.
+        self._closing_parts: tuple[Part[Any], ...] = (
+            Part("the last NaN/Inf gradient check", self._last_values),
+            Part("the end-of-run decisions", self._decide_pending),
+            Part("the loss-graph check", self._undecided_loss_leaves),
+        )
         self._report = Report(step=0)
+        self._checks = 0
         self._emitted = -1  # the first check's event counts as a change
         self._ignore_checked = False
         self._in_check = self._closed = False
@@ -197,8 +234,7 @@ class Monitor:
             try:
                 event: CheckEvent | None = self._check(optimizer, step, loss)
             except Exception as error:
-                self._warn("Monitor.check", error)
-                event = None
+                event = self._failed_check(error)
             if self._gatherer is not None:
                 # Every rank takes part, even after a local failure, so that no rank waits forever.
                 event = self._gatherer.merge_event(event, self._report, self.step,
@@ -231,10 +267,21 @@ class Monitor:
             for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
                                              self.structure.inventory):
                 self.history_store.upsert(f)
-            self._report = self.history_store.report(self.step)
         except Exception as error:
-            self._warn("Monitor.scan", error)
+            self._pipeline.failed("the structure scan", error, self.step)
+        self._report = self.history_store.report(self.step)
         return self._report
+
+    def _failed_check(self, error: Exception) -> CheckEvent | None:
+        """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
+        try:
+            self._pipeline.failed("the check", error, self.step)
+            self._report = self.history_store.report(self.step)
+            self._emitted = self.history_store.version
+            return CheckEvent(self.step, None, self._report, True, (), [], None)
+        except Exception as again:  # the history itself failed: warn, keep the last report
+            self._warn("Monitor.check", again)
+            return None
 
     def attach(self) -> Monitor:
         """Check automatically before each ``optimizer.step()`` of the optimizers given.
@@ -313,11 +360,8 @@ class Monitor:
         if self._closed:
             return self._report
         self._closed = True
+        self._pipeline.run(None, self.step, self._closing_parts)
         try:
-            self._record_values(*self._values.flush())
-            if self.check_values_every_n_steps and self.step > 0:
-                self._final_values()
-            self._decide_pending()
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
@@ -389,7 +433,18 @@ class Monitor:
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
 
-    def _decide_pending(self) -> None:
+    def _undecided_loss_leaves(self, _: Any) -> None:
+        """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
+        if self._checks == 1:
+            for f in self._loss_leaves.undecided(self.step):
+                self.history_store.upsert(f)
+
+    def _last_values(self, _: Any) -> None:
+        self._record_values(*self._values.flush())
+        if self.check_values_every_n_steps and self.step > 0:
+            self._final_values()
+
+    def _decide_pending(self, _: Any = None) -> None:
         """At the end of the run, whatever still waits for evidence is decided."""
         inv = self.structure.inventory
         self._grads.refresh(self.step)
@@ -424,29 +479,43 @@ class Monitor:
     def _check(self, optimizer: torch.optim.Optimizer | None, step: int | None,
                loss: torch.Tensor | None) -> CheckEvent:
         self.step = step if step is not None else self.step + 1
+        self._checks += 1
         cache = self.structure
-        if optimizer is not None:
-            cache.add_optimizer(optimizer)  # an optimizer the Monitor was not given: adopt it
+        state = _CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
+        self._pipeline.run(state, self.step)
+        self._report = self.history_store.report(self.step)
+        names = cache.joined_names(state.lists)
+        coverage = None if not names else 1.0 - len(state.missing) / len(names)
+        changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
+        return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
+                          state.missing, coverage)
+
+    # -- the parts of a check, in the order self._pipeline runs them ---------------------------
+    def _read_structure(self, state: _CheckState) -> None:
+        cache = self.structure
+        if state.optimizer is not None:
+            cache.add_optimizer(state.optimizer)  # an optimizer the Monitor was not given: adopt it
         inv = cache.refresh(self.step)
         if inv is not None:
             self._rebuilt(inv)
-        lists = cache.lists_for(optimizer)
+        state.lists = cache.lists_for(state.optimizer)
+
+    def _read_gradients(self, state: _CheckState) -> None:
+        cache = self.structure
+        optimizer, loss = state.optimizer, state.loss
         keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
         reachable: set[int] | None = None
         walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
-        streaks_before = len(self._grads.streak)
-        all_missing: list[int] = []
         offset = 0
         skip: set[int] | None = None
-        force_values = False
-        for key, clist in zip(keys, lists):
+        for key, clist in zip(keys, state.lists):
             # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
             missing = self._loop.judge(clist, missing, key, self.step)
             if key is not None and self._loop.due(clist):
-                force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
-                                                         cache.inventory)
+                state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
+                                                               cache.inventory)
             if missing or self._grads:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
@@ -454,26 +523,35 @@ class Monitor:
                 if missing and not walked:
                     reachable, walked = graph.reachable_leaf_ids(loss), True
                 self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
-                all_missing.extend(i + offset for i in missing)
+                state.missing.extend(i + offset for i in missing)
             offset += len(clist.params)
         if self._grads.targets:
             cache.leave_out(self._grads.take_new_targets())
-        entries = self._watch_entries()
+
+    def _judge_watched(self, state: _CheckState) -> None:
+        entries = state.entries = self._watch_entries()
         if entries:
-            self._watched.optimizers_version = (cache.rebuilds, structure.structure_generation())
-        self._watched.update(entries, self.step, cache.inventory, self._in_judging_optimizer)
-        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > streaks_before):
+            self._watched.optimizers_version = (self.structure.rebuilds, structure.structure_generation())
+        self._watched.update(entries, self.step, self.structure.inventory, self._in_judging_optimizer)
+
+    def _judge_loss_leaves(self, state: _CheckState) -> None:
+        loss, cache = state.loss, self.structure
+        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
             for f in self._loss_leaves.observe(
                     loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
-                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], entries)):
+                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
                 self.history_store.upsert(f)
-        self._membership.judge(cache.inventory, self._tracer, self.step)
+
+    def _judge_membership(self, state: _CheckState) -> None:
+        self._membership.judge(self.structure.inventory, self._tracer, self.step)
+
+    def _judge_values(self, state: _CheckState) -> None:
         every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0 or force_values):
-            try:
-                self._check_values(lists)
-            except Exception as error:  # the gradient checks above still count
-                self._warn("the NaN/Inf gradient check", error)
+        if every and (self.step == 1 or self.step % every == 0 or state.force_values):
+            self._check_values(state.lists)
+
+    def _retarget_diagnostics(self, state: _CheckState) -> None:
+        cache = self.structure
         retarget = (self._grads.changes, cache.rebuilds)
         if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
                 and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
@@ -483,13 +561,7 @@ class Monitor:
             missing_ids = self._grads.missing_ids(cache.lists.values())
             self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
             self._loop.rearm(missing_ids, cache.inventory.tensors)
-        self._tracer.end_check(cache.optimizer_index(optimizer), len(cache.optimizers))
-        self._report = self.history_store.report(self.step)
-        names = cache.joined_names(lists)
-        coverage = None if not names else 1.0 - len(all_missing) / len(names)
-        changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
-        return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
-                          all_missing, coverage)
+        self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
         """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every

@@ -100,8 +100,14 @@ def caller_name(t: torch.Tensor) -> str | None:
 def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Optimizer],
                      entries: Iterable[WatchEntry]) -> set[int]:
     """Ids that other checks judge: the model's tensors and orphans, every optimizer's tensors,
-    watched tensors."""
-    ids = optimizer_ids(optimizers) | {id(e.tensor()) for e in entries}
+    watched tensors, and the hidden leaves behind watched non-leaves (one mistake, one finding:
+    the non-leaf's finding already names the leaf that gets its gradient)."""
+    ids = optimizer_ids(optimizers)
+    for e in entries:
+        t = e.tensor()
+        ids.add(id(t))
+        if t is not None and not e.is_leaf and t.grad_fn is not None:
+            ids.update(id(leaf) for leaf in graph.leaves_of(t.grad_fn)[0])
     if inv is not None:
         ids |= set(inv.tensors) | inv.buffers | {id(o.tensor) for o in inv.orphans()}
     return ids
@@ -155,6 +161,26 @@ class LossLeaves:
         self._suspects = suspects
         return out
 
-
-#: ``audit(loss=)`` has no state of its own: the suspects of the process's previous audits.
-AUDITS = LossLeaves()
+    def undecided(self, step: int | None) -> list[Finding]:
+        """Info findings for the suspects seen once: a run of one check cannot tell a persistent
+        leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
+        out = []
+        for ref, op in self._suspects.values():
+            t = ref()
+            if t is None:
+                continue
+            known = caller_name(t)
+            name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
+            add = (f"`optimizer.add_param_group({{'params': [{known}]}})`" if known else
+                   "`optimizer.add_param_group` with your tensor in its `params`")
+            out.append(checks.make(
+                "not_in_optimizer", name, "info",
+                f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
+                f"one check cannot tell its two readings apart: if the same tensor is used at every step "
+                f"(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
+                f"fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
+                f"A Monitor, which sees the next step, decides.",
+                f"if it should train, give it to your optimizer ({add}); if it is fixed, create it "
+                "without `requires_grad=True`; if it is made fresh each step, nothing",
+                tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None))
+        return out

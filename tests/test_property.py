@@ -9,7 +9,9 @@ independently of leafwatch:
 - a missing gradient: ``torch.autograd.grad(loss, trainable, allow_unused=True)`` returns None;
   with optimizers, leafwatch checks the parameters the optimizers hold, without them every
   trainable parameter;
-- ``not_in_optimizer``: a trainable parameter outside the optimizer's parameter set;
+- ``not_in_optimizer`` (the gradient rule): a trainable parameter outside the optimizer's
+  parameter set that received a gradient (computed and never applied); one that received none
+  is an EMA copy, a teacher or an unused part, and no finding;
 - ``frozen_in_optimizer``: a parameter in the optimizer that does not require grad.
 
 Names are compared as tensors (every qualified name, aliases included, maps to its tensor), so a
@@ -157,7 +159,7 @@ def _forward_backward(case: Case) -> tuple[torch.Tensor, Truth]:
         missing = no_grad & in_optimizer
     truth = Truth(
         missing=missing,
-        not_in_optimizer=set() if in_optimizer is None else {id(p) for p in trainable} - in_optimizer,
+        not_in_optimizer=set() if in_optimizer is None else {id(p) for p in trainable} - in_optimizer - no_grad,
         frozen_in_optimizer=set() if in_optimizer is None else {
             k for k in in_optimizer if not params[k].requires_grad},
         params=params,

@@ -60,6 +60,14 @@ def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, monitor: lea
     return report
 
 
+def _use_in_loss(model: nn.Module, attribute: str) -> None:
+    """Add ``model.<attribute>(x)`` to the model's output: its parameters get gradients."""
+    def hook(module: nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> torch.Tensor:
+        return out + getattr(module, attribute)(args[0]).sum(dim=-1, keepdim=True)
+
+    model.register_forward_hook(hook)
+
+
 def _leafwatch_warnings(record: list[warnings.WarningMessage]) -> list[str]:
     """The messages of leafwatch's warnings; each internal failure must be a LeafwatchInternalWarning."""
     messages = [str(w.message) for w in record if issubclass(w.category, leafwatch.LeafwatchWarning)]
@@ -107,8 +115,10 @@ def test_strict_mode_raises_for_findings_only_never_for_internal_failures() -> N
         monitor = leafwatch.Monitor(model, optimizer, strict=True, sinks=[broken_sink])
         for _ in range(3):
             assert _train_step(model, optimizer, monitor).findings == []
-    # A real finding in strict mode raises, with the report attached.
+    # A real finding in strict mode raises, with the report attached: a layer added mid-run and used
+    # in the loss, whose gradients no optimizer applies (the gradient rule).
     model.extra = nn.Linear(2, 2)
+    _use_in_loss(model, "extra")
     with pytest.raises(leafwatch.LeafwatchError, match=r"not_in_optimizer\s+extra\.weight") as raised:
         _train_step(model, optimizer, monitor)
     assert raised.value.report.names("not_in_optimizer") == {"extra.weight", "extra.bias"}
@@ -241,7 +251,57 @@ def test_an_unexpected_gradient_subclass_warns_once_and_the_other_checks_still_r
     for r in (report, audited):
         assert r.names("not_in_optimizer") == {"head.weight", "head.bias"}
         assert r.names("missing_grad") == {"spare.weight", "spare.bias"}
+        # The part that failed is named in the report itself: "no NaN" is not claimed.
+        (incomplete,) = r.by_kind("incomplete")
+        assert (incomplete.name, incomplete.severity, incomplete.status) == ("the NaN/Inf gradient check", "warning", "open")
+        assert "not implemented for _NormlessTensor" in incomplete.cause
     assert monitor.step == 3
+
+
+def test_a_part_that_fails_is_an_incomplete_finding_everywhere_and_clears_when_it_runs_again(tmp_path) -> None:
+    """An internal failure never reads as "no findings": the console line, the TensorBoard scalar
+    and the tab's record all carry it, and it resolves at the next check where the part runs."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from leafwatch import records
+
+    model = Healthy()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    writer = SummaryWriter(str(tmp_path))
+    reports = []
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        monitor = leafwatch.Monitor(model, optimizer, writer=writer, check_values_every_n_steps=1).attach()
+        for step in range(1, 4):
+            model(torch.ones(3, 2)).sum().backward()
+            if step == 1:  # only the first step's gradient is one the NaN/Inf check cannot read
+                model.layer.weight.grad = model.layer.weight.grad.as_subclass(_NormlessTensor)
+            optimizer.step()
+            reports.append(monitor.report)
+            optimizer.zero_grad(set_to_none=True)
+        final = monitor.close()
+    writer.close()
+    messages = _leafwatch_warnings(record)
+    (failure,) = [m for m in messages if "internal failure" in m]
+    assert "the NaN/Inf gradient check" in failure
+    (line,) = [m for m in messages if "incomplete" in m]
+    assert "WARNING incomplete `the NaN/Inf gradient check`" in line
+    (incomplete,) = reports[0].by_kind("incomplete")
+    assert incomplete.is_open and bool(reports[0]), "a check that did not run whole is never a clean report"
+    assert incomplete.details["error"].startswith("RuntimeError: ") and "_NormlessTensor" in incomplete.cause
+    assert [f.status for f in reports[1].by_kind("incomplete")] == ["resolved"]
+    assert not final and [f.status for f in final.by_kind("incomplete")] == ["resolved"]
+    accumulator = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    values = {e.step: e.value for e in accumulator.Scalars(records.open_tag("incomplete"))}
+    assert values[1] == 1 and values[2] == 0
+    # `leafwatch report` (and the tab, which reads the same records) shows it, resolved at the end.
+    from leafwatch.report_cli import read_reports
+
+    (run,) = read_reports(str(tmp_path))
+    assert [(f.kind, f.name, f.status) for f in run.report.by_kind("incomplete")] == [
+        ("incomplete", "the NaN/Inf gradient check", "resolved")]
 
 
 class _HooklessTensor(torch.Tensor):
@@ -692,10 +752,11 @@ def test_a_parameter_subclass_is_checked_like_a_parameter() -> None:
         def __init__(self) -> None:
             super().__init__()
             self.gain = ScaledParameter(torch.ones(2))
+            self.left_out_gain = ScaledParameter(torch.ones(2))  # used, in no optimizer
             self.unused_gain = ScaledParameter(torch.ones(2))
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x * self.gain
+            return x * self.gain * self.left_out_gain
 
     model = WithSubclass()
     optimizer = torch.optim.SGD([model.gain], lr=0.1)
@@ -703,9 +764,9 @@ def test_a_parameter_subclass_is_checked_like_a_parameter() -> None:
     model(torch.ones(3, 2)).sum().backward()
     report = monitor.check()
     assert isinstance(model.gain.grad, torch.Tensor)
-    assert report.names("not_in_optimizer") == {"unused_gain"}
+    assert report.names("not_in_optimizer") == {"left_out_gain"}
     assert report.names("missing_grad") == set()
-    assert leafwatch.audit(model, optimizer).names() == {"unused_gain"}
+    assert leafwatch.audit(model, optimizer).names() == {"left_out_gain"}
     assert leafwatch.audit(model).names("missing_grad") == {"unused_gain"}
     monitor.close()
 
@@ -760,7 +821,8 @@ def test_dtensor_parameters_in_a_single_process_group(tmp_path) -> None:
 def test_state_dict_round_trip_and_pickling_keep_the_history() -> None:
     model = Routed()
     optimizer = torch.optim.SGD([*model.layer.parameters(), *model.odd.parameters(), *model.spare.parameters()], lr=0.1)
-    model.extra = nn.Linear(2, 2)  # left out of the optimizer
+    model.extra = nn.Linear(2, 2)  # used in the loss, left out of the optimizer
+    _use_in_loss(model, "extra")
     monitor = leafwatch.Monitor(model, optimizer)
     for _ in range(4):
         _train_step(model, optimizer, monitor)

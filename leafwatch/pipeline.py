@@ -1,0 +1,85 @@
+"""The check as one ordered list of parts, each run guarded: a failing part never reads as "no findings".
+
+A check is a sequence of parts (read the structure, read the gradients, judge the watched
+tensors, ...). :class:`Pipeline` runs them in their one order. A part that raises costs only
+its own findings: the failure is warned once (:class:`~leafwatch.LeafwatchInternalWarning`),
+training goes on, and the report carries an ``incomplete`` finding that names the part and the
+exception in one line, so the console, TensorBoard, the tab and ``leafwatch report`` all say
+that part of the check did not run. The finding is resolved at the next check where the part
+runs through again.
+
+Torch-free: a part is any callable taking the check's state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Generic, TypeVar
+
+from .findings import Finding, Kind, Severity
+from .history import FindingHistory
+from .options import WarnOnce
+
+State = TypeVar("State")
+
+
+@dataclasses.dataclass(frozen=True)
+class Part(Generic[State]):
+    """One part of the check: what it is called in the user's words, and what it does."""
+
+    name: str
+    run: Callable[[State], None]
+
+
+def one_line(error: BaseException, limit: int = 200) -> str:
+    """``Type: message`` on one line, at most ``limit`` characters."""
+    text = " ".join(f"{type(error).__name__}: {error}".split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def incomplete(part: str, error: BaseException, step: int | None) -> Finding:
+    """The finding that says ``part`` of the check did not run at ``step``."""
+    return Finding(
+        kind=Kind.INCOMPLETE, name=part, severity=Severity.WARNING,
+        message=f"Part of leafwatch's check did not run: {part} failed, so its findings may be missing.",
+        cause=f"an internal failure of leafwatch ({one_line(error)}); every other part of the check ran.",
+        fix="nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
+            "the finding clears at the next check where this part runs through",
+        step=step, first_step=step, last_step=step,
+        details={"part": part, "error": one_line(error)},
+    )
+
+
+class Pipeline(Generic[State]):
+    """Runs the parts of a check in order; a failing part leaves an ``incomplete`` finding.
+
+    Args:
+        parts: The parts, in the order they run.
+        history: Where the ``incomplete`` findings are written (and resolved).
+        warn: Warns once per failing part.
+    """
+
+    def __init__(self, parts: Sequence[Part[State]], history: FindingHistory, warn: WarnOnce) -> None:
+        self.parts = tuple(parts)
+        self.history = history
+        self.warn = warn
+        self._failing: set[str] = set()
+
+    def run(self, state: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
+        """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
+        for part in self.parts if parts is None else parts:
+            try:
+                part.run(state)
+            except Exception as error:  # noqa: BLE001 - a part's failure must not stop training
+                self.failed(part.name, error, step)
+            else:
+                if self._failing and part.name in self._failing:
+                    self._failing.discard(part.name)
+                    self.history.resolve((Kind.INCOMPLETE, part.name), step)
+
+    def failed(self, part: str, error: BaseException, step: int | None) -> None:
+        """Record that ``part`` failed at ``step`` (also for parts run outside :meth:`run`)."""
+        self.warn(part, error, stacklevel=4)
+        self._failing.add(part)
+        self.history.upsert(incomplete(part, error, step))

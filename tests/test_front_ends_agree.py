@@ -1,0 +1,156 @@
+"""One state, one verdict: ``audit()`` and ``Monitor`` run the same check pipeline.
+
+Each scenario is a small model with one mistake (or none); every front-end must name the same
+(kind, name) pairs at its first check. Where a front-end differs on purpose, the difference is a
+row of the table in docs/architecture.md and has its own test (it is not one of these scenarios).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+import leafwatch
+
+
+class _Ema(nn.Module):
+    """A network and its EMA copy, run under no_grad each step; the copy is in no optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Linear(4, 1)
+        self.ema = copy.deepcopy(self.net)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.ema(x)
+        return self.net(x)
+
+    def after_step(self) -> None:
+        with torch.no_grad():
+            for e, p in zip(self.ema.parameters(), self.net.parameters()):
+                e.mul_(0.9).add_(p, alpha=0.1)
+
+
+class _Two(nn.Module):
+    """``a`` then ``b``; the output of ``a`` may be detached."""
+
+    def __init__(self, detach: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 1)
+        self.detach = detach
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h.detach() if self.detach else h)
+
+
+class _Listed(nn.Module):
+    """A layer kept in a Python list instead of ``nn.ModuleList``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 1)
+        self.blocks = [nn.Linear(4, 4)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks[0](x))
+
+
+class _Scaled(nn.Module):
+    """A linear layer applied to a watched tensor given at each call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+def _clean() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Two()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), {}
+
+
+def _ema() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Ema()
+    return model, torch.optim.SGD(model.net.parameters(), lr=0.1), {}
+
+
+def _detached() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Two(detach=True)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), {}
+
+
+def _left_out() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Two()
+    return model, torch.optim.SGD(model.a.parameters(), lr=0.1), {}
+
+
+def _replaced() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Two()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.a = nn.Linear(4, 4)  # replaced after the optimizer was built
+    return model, optimizer, {}
+
+
+def _listed() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Listed()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), {}
+
+
+def _non_leaf() -> tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]:
+    model = _Scaled()
+    scale = torch.ones(3, requires_grad=True) * 0.01  # a non-leaf: the leaf is the ones()
+    return model, torch.optim.SGD([*model.parameters()], lr=0.1), {"scale": scale}
+
+
+Scenario = Callable[[], tuple[nn.Module, torch.optim.Optimizer, dict[str, torch.Tensor]]]
+
+#: scenario -> the (kind, name) pairs every front-end reports as open at its first check.
+SCENARIOS: dict[str, tuple[Scenario, set[tuple[str, str]]]] = {
+    "clean": (_clean, set()),
+    "ema copy run under no_grad": (_ema, set()),
+    "detached output": (_detached, {("missing_grad", "a.weight"), ("missing_grad", "a.bias")}),
+    "part left out of the optimizer": (_left_out, {("not_in_optimizer", "b.weight"), ("not_in_optimizer", "b.bias")}),
+    "replaced layer": (_replaced, {("stale_param", "a.weight"), ("stale_param", "a.bias")}),
+    "plain-list container": (_listed, {("orphan_tensor", "blocks[0].weight"), ("orphan_tensor", "blocks[0].bias")}),
+    "non-leaf watched tensor": (_non_leaf, {("non_leaf", "scale")}),
+}
+
+
+def _loss(model: nn.Module, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    x = tensors["scale"] if "scale" in tensors else torch.randn(2, 4)
+    return model(x).sum()
+
+
+def _open(report: leafwatch.Report) -> set[tuple[str, str]]:
+    return {(str(f.kind), f.name) for f in report.open}
+
+
+@pytest.mark.parametrize(("scenario",), [(name,) for name in SCENARIOS])
+@pytest.mark.parametrize(("with_loss",), [(True,), (False,)])
+def test_audit_and_monitor_give_one_verdict_for_one_state(scenario: str, with_loss: bool) -> None:
+    make, expected = SCENARIOS[scenario]
+    model, optimizer, tensors = make()
+    monitor = leafwatch.Monitor(model, optimizer, tensors=tensors or None)
+    for step in range(1, 4):
+        loss = _loss(model, tensors)
+        loss.backward(retain_graph="scale" in tensors)
+        kwargs = {"loss": loss} if with_loss else {}
+        audited = [leafwatch.audit(model, optimizer, tensors=tensors or None, **kwargs) for _ in range(2)]
+        checked = monitor.check(**kwargs)
+        assert _open(audited[0]) == _open(audited[1]), "audit() is pure: the same state, the same report"
+        assert _open(audited[0]) == expected, f"audit() at step {step}"
+        assert _open(checked) == expected, f"Monitor at step {step}"
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if isinstance(model, _Ema):
+            model.after_step()
+    assert _open(monitor.close()) == expected

@@ -23,7 +23,10 @@ def _module_name(path: Path) -> str:
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the leafwatch modules it imports, at the top or inside functions alike."""
-    trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    return _graph_of({_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")})
+
+
+def _graph_of(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, tree in trees.items():
         is_package = any(other.startswith(name + ".") for other in trees)
@@ -73,6 +76,44 @@ def test_the_import_graph_inside_leafwatch_has_no_cycle() -> None:
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+#: The package's front doors: they name front-ends on purpose and nothing in the core imports
+#: them. `leafwatch.cli` runs the `leafwatch demo | run` front-ends; `leafwatch.transformers` is
+#: the public import path of the Hugging Face callback (a re-export).
+FRONT_DOORS = {"leafwatch.cli", "leafwatch.transformers"}
+
+
+def _is_core(module: str) -> bool:
+    return not module.startswith(("leafwatch.integrations", "leafwatch.tensorboard_plugin")) \
+        and module not in FRONT_DOORS
+
+
+def _core_imports_of_integrations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    found = {module: sorted(dep for dep in deps if dep.startswith("leafwatch.integrations"))
+             for module, deps in graph.items() if _is_core(module)}
+    return {module: deps for module, deps in found.items() if deps}
+
+
+def test_the_core_never_imports_integrations() -> None:
+    graph = _import_graph()
+    assert "leafwatch.tensorboard_sink" in graph and "leafwatch.distributed" in graph
+    assert "leafwatch.distributed" in graph["leafwatch.monitor"]  # the walk sees `from . import x`
+    assert _core_imports_of_integrations(graph) == {}
+
+
+def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> None:
+    trees = {name: ast.parse(code) for name, code in {
+        "leafwatch.monitor": "def sink():\n    from .integrations.tensorboard import TensorBoardSink\n",
+        "leafwatch.structure": "import leafwatch.integrations.distributed\n",
+        "leafwatch.integrations": "",
+        "leafwatch.integrations.tensorboard": "from ..monitor import Monitor\n",
+        "leafwatch.integrations.distributed": "",
+    }.items()}
+    assert _core_imports_of_integrations(_graph_of(trees)) == {
+        "leafwatch.monitor": ["leafwatch.integrations.tensorboard"],
+        "leafwatch.structure": ["leafwatch.integrations.distributed"],
+    }
 
 
 def test_torch_free_modules_import_no_torch() -> None:

@@ -146,7 +146,7 @@ class _LeafWatchMixin(MonitorState):
         if others:
             sinks.append(_MetricsSink(others, log_every))
         if writers:
-            from .tensorboard import TensorBoardSink
+            from ..tensorboard_sink import TensorBoardSink
 
             sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
         try:

@@ -32,7 +32,7 @@ from ..console import NewFindingWarnings
 from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import validate_ignore, validate_int
-from . import distributed
+from .. import distributed
 from .callback_state import MonitorState
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'
@@ -88,7 +88,7 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
     Returns:
         ``(strategy, optimizer)``: None and the torch optimizer to check when it steps the model's
         own parameters; ``"deepspeed"`` or ``"master_copies"`` and None when it does not (see
-        :func:`leafwatch.integrations.distributed.declare_gradients`).
+        :func:`leafwatch.distributed.declare_gradients`).
     """
     inner, deepspeed = unwrap_optimizer(optimizer)
     if deepspeed or getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
@@ -152,7 +152,7 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
 
     Under DeepSpeed, or with an optimizer that steps master copies of the parameters, the
     model's ``.grad`` cannot tell a missing gradient: the gradient check is skipped with one
-    info finding. FSDP is handled as in :func:`leafwatch.integrations.distributed.gradient_view`,
+    info finding. FSDP is handled as in :func:`leafwatch.distributed.gradient_view`,
     and under DDP every rank checks its own gradients and the main process reports them merged;
     with ``find_unused_parameters`` (the Trainer's default for a ``PreTrainedModel``) a
     parameter that one rank skips is named with that rank.
@@ -324,7 +324,7 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter
 
-        from .tensorboard import TensorBoardSink
+        from ..tensorboard_sink import TensorBoardSink
 
         self._writer = SummaryWriter(log_dir)
         log_every = self.log_every_n_steps or max(1, int(getattr(state, "logging_steps", 0) or 50))

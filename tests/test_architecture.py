@@ -116,11 +116,34 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
     }
 
 
+#: The modules that walk the call stack themselves, and why. Everything else asks `frames.py`.
+STACK_WALKERS = {
+    "leafwatch.frames": "the one helper for the first frame of user code",
+    "leafwatch.integrations.runner": "being rewritten (session and discovery); to move onto frames.user_frames",
+    "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
+    "leafwatch.stepping": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
+}
+
+
+def _walks_the_stack(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "f_back", "currentframe", "stack"):
+            if node.attr != "stack" or (isinstance(node.value, ast.Name) and node.value.id == "inspect"):
+                return True
+    return False
+
+
+def test_the_first_frame_of_user_code_is_found_by_one_helper() -> None:
+    walkers = {_module_name(p) for p in PACKAGE.rglob("*.py") if _walks_the_stack(ast.parse(p.read_text()))}
+    assert "leafwatch.frames" in walkers  # the scan sees a walk
+    assert walkers - set(STACK_WALKERS) == set()
+
+
 def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history, "
+    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.frames, leafwatch.events, leafwatch.history, "
             "leafwatch.records, leafwatch.format, leafwatch.environment, leafwatch.report_cli; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -28,7 +28,8 @@ from typing import Any
 from ..console import NewFindingWarnings
 from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..options import stacklevel_outside, validate_bool, validate_ignore, validate_int
+from ..frames import stacklevel_outside
+from ..options import validate_bool, validate_ignore, validate_int
 
 #: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
 #: Monitor's default) and the sinks, computed inside the guard that keeps training going.

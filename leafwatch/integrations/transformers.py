@@ -33,7 +33,7 @@ from typing_extensions import override
 from .. import distributed
 from ..findings import LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY
-from ..options import stacklevel_outside
+from ..frames import stacklevel_outside
 from .callback_base import CallbackBase
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'

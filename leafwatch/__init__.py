@@ -38,7 +38,7 @@ _LAZY = {
     "watched": "watching",
     "Monitor": "monitor",
     "LeafWatch": "integrations.lightning",
-    "TensorBoardSink": "integrations.tensorboard",
+    "TensorBoardSink": "tensorboard_sink",
 }
 
 __all__ = [

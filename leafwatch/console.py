@@ -15,7 +15,7 @@ from collections.abc import Callable
 from .events import CheckEvent
 from .findings import LeafwatchWarning, Report
 from .format import finding_line
-from .options import stacklevel_outside
+from .frames import stacklevel_outside
 
 
 class NewFindingWarnings:

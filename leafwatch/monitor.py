@@ -5,7 +5,7 @@ The Monitor orchestrates small owners of state: the :class:`~leafwatch.structure
 the :class:`~leafwatch.grads.GradientTracker` (streaks of missing gradients -> findings), the
 :class:`~leafwatch.history.FindingHistory` (findings over time, a version per change), the
 diagnostic :class:`~leafwatch.tracing.Tracer`, the batched value check and, when distributed,
-the :class:`~leafwatch.integrations.distributed.Gatherer`. Per optimizer step it does only what
+the :class:`~leafwatch.distributed.Gatherer`. Per optimizer step it does only what
 can change per step: one pass over a precomputed list reading ``p.grad``.
 """
 
@@ -26,7 +26,7 @@ from .findings import Finding, Report, Status
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory, parse_state
 from .membership import MembershipJudge
-from .integrations import distributed as _distributed
+from . import distributed as _distributed
 from .pipeline import Part, Pipeline
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
 from .values import NamedValueCheck
@@ -132,7 +132,7 @@ class Monitor:
         if verbose:
             self._sinks.insert(0, NewFindingWarnings())
         if writer is not None:
-            from .integrations.tensorboard import TensorBoardSink
+            from .tensorboard_sink import TensorBoardSink
 
             self._sinks.append(TensorBoardSink(writer))
         self.step = 0

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import os
-import sys
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .findings import Finding, LeafwatchInternalWarning, LeafwatchWarning, Status
+from .frames import stacklevel_outside
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: The reason given to patterns passed without one.
 DEFAULT_IGNORE_REASON = "ignored by the user"
 
@@ -145,40 +143,6 @@ def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[
     """The patterns of ``ignore`` that match none of ``names`` (likely typos)."""
     names = set(names)
     return [p for p in ignore if not any(pattern_matches(p, n) for n in names)]
-
-
-#: The frameworks whose frames stand between the user's code and leafwatch's hooks and callbacks
-#: (an optimizer step pre-hook runs inside torch, a callback inside Lightning's Trainer).
-FRAMEWORKS = ("torch", "pytorch_lightning", "lightning", "lightning_fabric", "lightning_utilities",
-              "transformers", "accelerate", "runpy", "_pytest", "pluggy")
-
-
-def _framework_dirs() -> tuple[str, ...]:
-    """The folders (or files, for a single module such as runpy) of the :data:`FRAMEWORKS`
-    imported so far (none is imported here)."""
-    dirs = []
-    for name in FRAMEWORKS:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None) if module is not None else None
-        if path:
-            path = os.path.abspath(path)
-            dirs.append(os.path.dirname(path) + os.sep if path.endswith("__init__.py") else path)
-    return tuple(dirs)
-
-
-def stacklevel_outside(skip: tuple[str, ...] = ()) -> int:
-    """The ``warnings.warn`` stacklevel (for a call made by the caller of this function) that
-    points at the user's own line: the first frame outside leafwatch, outside the
-    :data:`FRAMEWORKS` (torch, Lightning, transformers) and outside the folders ``skip``. From a
-    Lightning callback that is the ``trainer.fit(...)`` line (or the user's own hook that stepped
-    the optimizer); from an optimizer hook, the ``optimizer.step()`` line."""
-    level = 1
-    frame = sys._getframe(1)
-    prefixes = (_PACKAGE_DIR, *_framework_dirs(), *skip)
-    while frame is not None and frame.f_code.co_filename.startswith(prefixes):
-        frame = frame.f_back
-        level += 1
-    return level
 
 
 def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int | None = None) -> None:

@@ -16,19 +16,16 @@ Suspects are held weakly: nothing of the user's is kept alive.
 
 from __future__ import annotations
 
-import os
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from . import checks, graph
+from . import checks, frames, graph
 from .findings import Finding
 from .inventory import Inventory
 from .watching import WatchEntry
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
@@ -75,9 +72,7 @@ def _leaf_users(loss: torch.Tensor) -> tuple[dict[int, tuple[torch.Tensor, str]]
 def caller_name(t: torch.Tensor) -> str | None:
     """The name the first caller outside leafwatch has for ``t`` (a variable, or ``obj.attr`` one
     level down), when exactly one name holds it."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame = frame.f_back
+    frame = frames.user_frame(frameworks=False)
     if frame is None:
         return None
     names: list[str] = []

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import inventory, replaced
-from .integrations import distributed
+from . import distributed
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
-import sys
 import threading
 import warnings
 import weakref
@@ -20,6 +18,7 @@ from typing import Any
 import torch
 
 from . import graph
+from .frames import caller_location, stacklevel_outside
 from .findings import LeafwatchInternalWarning, LeafwatchWarning
 
 
@@ -40,8 +39,6 @@ class WatchEntry:
     def tensor(self) -> torch.Tensor | None:
         return self.ref()
 
-
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
 
 
 def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
@@ -194,26 +191,6 @@ class WatchSet:
 DEFAULT = WatchSet()
 
 
-def _caller_location() -> str:
-    """``file:line`` of the first frame outside leafwatch (``Monitor(tensors=...)`` watches too)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
-
-
-def _stacklevel_outside() -> int:
-    """The warnings stacklevel that points at the first frame outside leafwatch."""
-    level = 1
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
 def watch(
     tensor: torch.Tensor,
     name: str | None = None,
@@ -257,7 +234,7 @@ def watch(
 def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_leaf: bool = True,
               expect_grad: bool = True) -> torch.Tensor:
     """Watch ``tensor`` in the set ``into``; warns at the caller's line as :func:`watch` does."""
-    location = _caller_location()
+    location = caller_location()
     named_by_caller = name is not None
     name = name if name is not None else f"tensor@{location}"
     if not name:
@@ -271,7 +248,7 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
             + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
                else "leafwatch cannot tell whether gradients flow through it."),
             LeafwatchInternalWarning,
-            stacklevel=_stacklevel_outside(),
+            stacklevel=stacklevel_outside(frameworks=False),
         )
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
@@ -279,7 +256,7 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
             f"Fix: {graph.fix_for_non_leaf(name, entry.origin, device=str(tensor.device))}",
             LeafwatchWarning,
-            stacklevel=_stacklevel_outside(),
+            stacklevel=stacklevel_outside(frameworks=False),
         )
     return tensor
 

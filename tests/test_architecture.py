@@ -23,7 +23,10 @@ def _module_name(path: Path) -> str:
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the leafwatch modules it imports, at the top or inside functions alike."""
-    trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    return _graph_of({_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")})
+
+
+def _graph_of(trees: dict[str, ast.Module]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, tree in trees.items():
         is_package = any(other.startswith(name + ".") for other in trees)
@@ -75,11 +78,72 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": set()}) == []
 
 
+#: The package's front doors: they name front-ends on purpose and nothing in the core imports
+#: them. `leafwatch.cli` runs the `leafwatch demo | run` front-ends; `leafwatch.transformers` is
+#: the public import path of the Hugging Face callback (a re-export).
+FRONT_DOORS = {"leafwatch.cli", "leafwatch.transformers"}
+
+
+def _is_core(module: str) -> bool:
+    return not module.startswith(("leafwatch.integrations", "leafwatch.tensorboard_plugin")) \
+        and module not in FRONT_DOORS
+
+
+def _core_imports_of_integrations(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    found = {module: sorted(dep for dep in deps if dep.startswith("leafwatch.integrations"))
+             for module, deps in graph.items() if _is_core(module)}
+    return {module: deps for module, deps in found.items() if deps}
+
+
+def test_the_core_never_imports_integrations() -> None:
+    graph = _import_graph()
+    assert "leafwatch.tensorboard_sink" in graph and "leafwatch.distributed" in graph
+    assert "leafwatch.distributed" in graph["leafwatch.monitor"]  # the walk sees `from . import x`
+    assert _core_imports_of_integrations(graph) == {}
+
+
+def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> None:
+    trees = {name: ast.parse(code) for name, code in {
+        "leafwatch.monitor": "def sink():\n    from .integrations.tensorboard import TensorBoardSink\n",
+        "leafwatch.structure": "import leafwatch.integrations.distributed\n",
+        "leafwatch.integrations": "",
+        "leafwatch.integrations.tensorboard": "from ..monitor import Monitor\n",
+        "leafwatch.integrations.distributed": "",
+    }.items()}
+    assert _core_imports_of_integrations(_graph_of(trees)) == {
+        "leafwatch.monitor": ["leafwatch.integrations.tensorboard"],
+        "leafwatch.structure": ["leafwatch.integrations.distributed"],
+    }
+
+
+#: The modules that walk the call stack themselves, and why. Everything else asks `frames.py`.
+STACK_WALKERS = {
+    "leafwatch.frames": "the one helper for the first frame of user code",
+    "leafwatch.integrations.runner": "being rewritten (session and discovery); to move onto frames.user_frames",
+    "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
+    "leafwatch.stepping": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
+}
+
+
+def _walks_the_stack(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("_getframe", "f_back", "currentframe", "stack"):
+            if node.attr != "stack" or (isinstance(node.value, ast.Name) and node.value.id == "inspect"):
+                return True
+    return False
+
+
+def test_the_first_frame_of_user_code_is_found_by_one_helper() -> None:
+    walkers = {_module_name(p) for p in PACKAGE.rglob("*.py") if _walks_the_stack(ast.parse(p.read_text()))}
+    assert "leafwatch.frames" in walkers  # the scan sees a walk
+    assert walkers - set(STACK_WALKERS) == set()
+
+
 def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.events, leafwatch.history, "
+    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.frames, leafwatch.events, leafwatch.history, "
             "leafwatch.records, leafwatch.format, leafwatch.environment, leafwatch.report_cli; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

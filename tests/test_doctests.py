@@ -17,7 +17,7 @@ MODULES = sorted(
 )
 WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning",
                  "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.testing", "leafwatch.transformers",
-                 "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
+                 "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_sink", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
 
 @pytest.mark.parametrize("name", MODULES)

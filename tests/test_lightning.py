@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import os
 import pickle
@@ -348,6 +349,49 @@ def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):
     for name in ("head.bias", "loss_weight", "temperature"):
         assert name in message
     assert raised.value.report.step == 1
+    assert callback.monitor is None
+    assert_no_hooks(model)
+
+
+def plain_tensor_in_optimizer(namespace: str) -> pl.LightningModule:
+    """A LightningModule of ``namespace`` whose SGD also holds a plain tensor created without
+    ``requires_grad``: an error the fit-start scan already sees (``frozen_in_optimizer``)."""
+    L = importlib.import_module(namespace)
+
+    class PlainTensorInOptimizer(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Linear(8, 1)
+            self.scale = torch.ones(1)  # requires_grad=False: SGD will never update it
+            self.training_steps = 0
+
+        def training_step(self, batch, batch_idx):
+            self.training_steps += 1
+            x, y = batch
+            return nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD([*self.parameters(), self.scale], lr=0.01)
+
+    return PlainTensorInOptimizer()
+
+
+@pytest.mark.parametrize("namespace", ["pytorch_lightning", "lightning.pytorch"])
+def test_strict_reports_at_fit_start_and_raises_at_the_first_check(tmp_path, namespace):
+    L = importlib.import_module(namespace)
+    model, callback = plain_tensor_in_optimizer(namespace), LeafWatch(strict=True)
+    t = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, callbacks=[callback],
+                  enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(LeafwatchError, match="frozen_in_optimizer") as raised:
+            t.fit(model, loader())
+    at_start = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    assert any("frozen_in_optimizer" in line and "at start" in line for line in at_start)
+    # Not raised by the fit-start scan: after one real step, from the first check.
+    assert model.training_steps == 1
+    assert raised.value.report.step == 1
+    assert raised.value.report.by_kind("frozen_in_optimizer")[0].first_step == 0
     assert callback.monitor is None
     assert_no_hooks(model)
 

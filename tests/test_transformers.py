@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -220,6 +221,28 @@ def test_strict_stops_training_at_the_first_step(tmp_path: Path) -> None:
     with pytest.raises(LeafwatchError, match="unused_head.weight") as raised:
         train(model, tmp_path, callback)
     assert raised.value.report.step == 1
+    assert callback.monitor is None
+    assert_no_hooks(model)
+
+
+def test_strict_reports_at_train_begin_and_raises_at_the_first_check(tmp_path: Path) -> None:
+    model = tiny_bert()
+    plain = torch.ones(1)  # requires_grad=False: SGD will never update it, an error the scan sees
+    optimizer = torch.optim.SGD([*model.parameters(), plain], lr=0.01)
+    forwards = []
+    counting = model.register_forward_hook(lambda *_: forwards.append(1))
+    callback = LeafWatchCallback(strict=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(LeafwatchError, match="frozen_in_optimizer") as raised:
+            train(model, tmp_path, callback, optimizers=(optimizer, None))
+    counting.remove()
+    at_start = [str(w.message) for w in caught if issubclass(w.category, LeafwatchWarning)]
+    assert any("frozen_in_optimizer" in line and "at start" in line for line in at_start)
+    # Not raised by the train-begin scan: after one real step, from the first check.
+    assert len(forwards) == 1
+    assert raised.value.report.step == 1
+    assert raised.value.report.by_kind("frozen_in_optimizer")[0].first_step == 0
     assert callback.monitor is None
     assert_no_hooks(model)
 

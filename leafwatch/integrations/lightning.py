@@ -1,9 +1,12 @@
 """The PyTorch Lightning callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
 
-The callback stays thin; data flows one way:
+The callback stays thin: the lifecycle and strict mode are those of
+:class:`~leafwatch.integrations.callback_base.CallbackBase`, shared with the Hugging Face callback;
+data flows one way:
 
 - ``on_fit_start``: build the Monitor with the LightningModule and ``trainer.optimizers`` (its
-  diagnostic hooks see the first training step) and report the structural findings at once;
+  diagnostic hooks see the first training step) and report the structural findings at once
+  (reported only: strict mode raises from a check);
 - ``on_before_optimizer_step``: ``monitor.check(optimizer, step=...)`` — after gradient
   accumulation and AMP unscaling, for that optimizer's parameters only;
 - ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
@@ -17,8 +20,7 @@ callback on one chosen base.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -26,11 +28,8 @@ from typing_extensions import override
 from .. import records
 from ..environment import install_command
 from ..events import CheckEvent
-from ..findings import KINDS, LeafwatchInternalWarning, Report
-from ..console import NewFindingWarnings
-from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from .callback_state import MonitorState
-from ..options import stacklevel_outside, validate_ignore, validate_int
+from ..findings import KINDS
+from .callback_base import CallbackBase
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -84,35 +83,8 @@ class _MetricsSink:
             logger.log_metrics(metrics, step=event.step)
 
 
-class _LeafWatchMixin(MonitorState):
+class _LeafWatchMixin(CallbackBase):
     """The callback's behaviour; :func:`callback_class` puts it on a Lightning ``Callback`` base."""
-
-    def __init__(
-        self,
-        *,
-        strict: bool = False,
-        patience: int = 1,
-        ignore: Mapping[str, str] | Sequence[str] | None = None,
-        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
-        log_every_n_steps: int | None = None,
-        verbose: bool = True,
-    ) -> None:
-        for argument, value in (("strict", strict), ("verbose", verbose)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
-        self.strict = strict
-        self.verbose = verbose
-        self.patience = validate_int(patience, "patience", 1)
-        self.ignore = validate_ignore(ignore)
-        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
-        self.log_every_n_steps = (
-            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
-        )
-        self.monitor: Monitor | None = None
-        self._console: NewFindingWarnings | None = None
-        self._pending_state: dict[str, Any] | None = None
-        self._last_report: Report | None = None
-        self._final_state: dict[str, Any] = {}
 
     # -- identity and state --------------------------------------------------------------------
     @property
@@ -135,71 +107,33 @@ class _LeafWatchMixin(MonitorState):
     # -- the Trainer hooks ---------------------------------------------------------------------
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close(trainer, print_table=False)
-        log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
-        sinks: list[Any] = []
-        self._console = None
-        if self.verbose and getattr(trainer, "is_global_zero", True):
-            self._console = NewFindingWarnings()
-            sinks.append(self._console)
-        writers, others = self._split_loggers(trainer)
-        if others:
-            sinks.append(_MetricsSink(others, log_every))
-        if writers:
-            from .tensorboard import TensorBoardSink
-
-            sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
-        try:
-            self.monitor = Monitor(
-                pl_module,
-                list(trainer.optimizers),
-                patience=self.patience,
-                ignore=self.ignore,
-                check_values_every_n_steps=self.check_values_every_n_steps,
-                strict=self.strict,
-                sinks=sinks,
-            )
-        except Exception as error:  # never stop training for leafwatch
-            warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
-                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=stacklevel_outside())
-            return
-        if self._pending_state is not None:
-            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
-            self._pending_state = None
-        report = self.monitor.scan()
-        if self._console is not None:
-            self._console.report(report)
-        if self.strict:
-            # Only what no later evidence can overturn is in the report before any gradient (a
-            # non-leaf or a plain tensor held by an optimizer, a stale parameter): the rest waits
-            # for the first check.
-            report.raise_for_findings("error")
+        self._close(print_table=False)
+        saved, self._pending_state = self._pending_state, None
+        self._start(pl_module, lambda: (list(trainer.optimizers), self._sinks(trainer)), saved)
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
-        monitor = self.monitor
-        if monitor is None:
+        if self.monitor is None:
             return
         optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch one
-        step = int(trainer.global_step) + 1
         toggled = self._untoggle(pl_module)
         try:
-            monitor.check(optimizer, step=step)
+            self._check(optimizer, int(trainer.global_step) + 1)
         finally:
             for p in toggled:
                 p.requires_grad_(False)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close(trainer, print_table=True)
+        self._close(print_table=bool(getattr(trainer, "is_global_zero", True)))
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._close(trainer, print_table=False)
+        self._close(print_table=False)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        self._close(trainer, print_table=False)
+        self._close(print_table=False)
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -232,15 +166,19 @@ class _LeafWatchMixin(MonitorState):
                 others.append(logger)
         return writers, others
 
-    def _close(self, trainer: Any, *, print_table: bool) -> None:
-        monitor, self.monitor = self.monitor, None
-        if monitor is None:
-            return
-        report = monitor.close()
-        self._last_report = report
-        self._final_state = {"monitor": monitor.state_dict()}
-        if print_table and self.verbose and getattr(trainer, "is_global_zero", True):
-            print(report)
+    def _sinks(self, trainer: Any) -> list[Any]:
+        """The console on global rank zero, a TensorBoardSink per TensorBoard logger, and the
+        leafwatch scalars through ``log_metrics`` for the other loggers."""
+        log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
+        sinks = self._console_sinks(bool(getattr(trainer, "is_global_zero", True)))
+        writers, others = self._split_loggers(trainer)
+        if others:
+            sinks.append(_MetricsSink(others, log_every))
+        if writers:
+            from ..tensorboard_sink import TensorBoardSink
+
+            sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
+        return sinks
 
 
 _BASES = _callback_bases()
@@ -267,7 +205,7 @@ class LeafWatch(_LeafWatchMixin, *_BASES):  # type: ignore[misc]  (the installed
 
     Args:
         strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first
-            check that has an open error finding.
+            check that has an open error finding (the fit-start scan only reports).
         patience: Consecutive checks a trainable parameter may go without a gradient before
             ``missing_grad`` is reported.
         ignore: Glob patterns on qualified names, ``{"pattern": "reason"}`` or ``["pattern"]``.

@@ -1,194 +1,26 @@
-"""The TensorBoard sink: scalars, a findings table, a custom-scalars layout and tab records.
+"""The TensorBoard sink, at its earlier import path: re-exports :mod:`leafwatch.tensorboard_sink`.
 
-What it writes, all under the ``leafwatch/`` prefix:
+The sink is part of the core (``Monitor(writer=...)`` builds one, and the core never imports
+``leafwatch.integrations``); its public name is :class:`leafwatch.TensorBoardSink`.
 
-- scalars ``leafwatch/open/<kind>`` (open findings per kind) when the counts change and every
-  ``log_every_n_steps``; ``leafwatch/grad_coverage`` (share of the checked trainable tensors
-  that got a gradient) every ``log_every_n_steps``;
-- text ``leafwatch/findings``: the markdown findings table, when the set of findings changes;
-- a custom-scalars layout "leafwatch", in its own sub-run ``<log_dir>/leafwatch-layout`` so
-  that it never replaces the user's own layout;
-- records for the Leafwatch tab, tensor summaries with ``plugin_name="leafwatch"`` and
-  ``DATA_CLASS_TENSOR`` holding one string (see :data:`leafwatch.records.RECORD_FORMAT`).
+Example::
 
-The tag names and the record format live in :mod:`leafwatch.records`, shared with the Leafwatch
-tab and ``leafwatch report``.
+    >>> import tempfile, torch, leafwatch
+    >>> from torch.utils.tensorboard import SummaryWriter
+    >>> from leafwatch.integrations.tensorboard import TensorBoardSink
+    >>> TensorBoardSink is leafwatch.TensorBoardSink
+    True
+    >>> model = torch.nn.Linear(2, 1)
+    >>> monitor = leafwatch.Monitor(model, sinks=[TensorBoardSink(SummaryWriter(tempfile.mkdtemp()))])
+    >>> model(torch.ones(1, 2)).sum().backward()
+    >>> monitor.check().findings
+    []
+    >>> _ = monitor.close()
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any
+from ..records import LAYOUT_RUN
+from ..tensorboard_sink import TensorBoardSink, tensor_summary
 
-from .. import records
-from ..events import CheckEvent
-from ..findings import KINDS, Report
-from ..records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
-
-
-def _ranges_append(ranges: list[list[int]], value: int) -> None:
-    if ranges and ranges[-1][1] == value - 1:
-        ranges[-1][1] = value
-    else:
-        ranges.append([value, value])
-
-
-class _Group:
-    def __init__(self, names: tuple[str, ...]) -> None:
-        self.names = names
-        self.steps: list[list[int]] = []
-        self.count = 0
-        self.missed: dict[int, list[list[int]]] = {}
-
-    def add(self, step: int, missing: list[int]) -> None:
-        _ranges_append(self.steps, step)
-        for i in missing:
-            _ranges_append(self.missed.setdefault(i, []), self.count)
-        self.count += 1
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"names": list(self.names), "steps": self.steps,
-                "missed": {str(k): v for k, v in self.missed.items()}}
-
-
-def tensor_summary(tag: str, payload: str | bytes) -> Any:
-    """A ``Summary`` proto holding one string (UTF-8 JSON, or zlib-compressed JSON), tagged for
-    the Leafwatch plugin."""
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-
-    metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=records.PLUGIN_CONTENT),
-        data_class=summary_pb2.DATA_CLASS_TENSOR,
-    )
-    tensor = tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_STRING,
-        string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload],
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-    )
-    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
-
-
-class TensorBoardSink:
-    """Writes each :class:`~leafwatch.CheckEvent` to a ``SummaryWriter``.
-
-    Args:
-        writer: A ``torch.utils.tensorboard.SummaryWriter`` (or one with the same methods).
-        log_every_n_steps: Cadence of the coverage scalar and of refreshing the tab's records.
-        chunk_steps: Steps per coverage record (one tag per chunk).
-        write_layout: Write the custom-scalars layout to the ``leafwatch-layout`` sub-run.
-
-    Example::
-
-        >>> import tempfile, torch, leafwatch
-        >>> from torch.utils.tensorboard import SummaryWriter
-        >>> writer = SummaryWriter(tempfile.mkdtemp())
-        >>> model = torch.nn.Linear(2, 1)
-        >>> monitor = leafwatch.Monitor(model, writer=writer)
-        >>> model(torch.ones(1, 2)).sum().backward()
-        >>> _ = monitor.check(); _ = monitor.close()
-    """
-
-    def __init__(self, writer: Any, *, log_every_n_steps: int = 50, chunk_steps: int = 1000,
-                 write_layout: bool = True) -> None:
-        for attr in ("add_scalar", "add_text"):
-            if not callable(getattr(writer, attr, None)):
-                raise TypeError(f"`writer` must be a SummaryWriter (with `{attr}`), got {type(writer).__name__}")
-        for argument, value in (("log_every_n_steps", log_every_n_steps), ("chunk_steps", chunk_steps)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{argument}` must be an int >= 1, got {value!r}")
-        self.writer = writer
-        self.log_every_n_steps = log_every_n_steps
-        self.chunk_steps = chunk_steps
-        # A live run's grid is refreshed a few times per chunk: every rewrite repeats the chunk so far.
-        self.refresh_every_n_steps = max(log_every_n_steps, chunk_steps // 4)
-        self._write_layout = write_layout
-        self._layout_written = False
-        self._counts: dict[str, int] | None = None
-        self._chunk: int | None = None
-        self._groups: dict[str, _Group] = {}
-        self._current: dict[str, str] = {}
-        self._last_step = 0
-        self._written: tuple[int, int] | None = None  # (id of the report, step) last written
-
-    def stats(self) -> dict[str, int]:
-        """Sizes of the per-chunk coverage state (reset at every chunk), for tests of its bounds."""
-        return {"coverage_groups": len(self._groups),
-                "max_steps_in_a_group": max((len(g.steps) for g in self._groups.values()), default=0)}
-
-    # -- the sink ----------------------------------------------------------------------------
-    def __call__(self, event: CheckEvent) -> None:
-        step = event.step
-        self._last_step = step
-        if self._write_layout and not self._layout_written:
-            self._layout_written = True
-            self._add_layout()
-        counts = event.report.counts()
-        periodic = step == 1 or step % self.log_every_n_steps == 0
-        if counts != self._counts or periodic:
-            for kind in KINDS:
-                self.writer.add_scalar(records.open_tag(kind), counts.get(kind, 0), step)
-            self._counts = counts
-        if event.coverage is not None and (periodic or event.changed):
-            self.writer.add_scalar(records.GRAD_COVERAGE_TAG, event.coverage, step)
-        self._add_coverage(event)
-        if event.changed:
-            self._write_report(event.report, step)
-        if event.changed or step % self.refresh_every_n_steps == 0:
-            self._flush_chunk()
-
-    def close(self, report: Report | None = None) -> None:
-        if report is not None:
-            self._write_report(report, self._last_step)
-        self._flush_chunk()
-        self.writer.flush()
-
-    # -- records -----------------------------------------------------------------------------
-    def _write_report(self, report: Report, step: int) -> None:
-        # A Monitor updates its unchanged report's step in place: the same object at a new step
-        # is written again, so the last record carries the last step.
-        if self._written == (id(report), step):
-            return
-        self._written = (id(report), step)
-        self.writer.add_text(records.FINDINGS_TEXT_TAG, report.to_markdown(), step)
-        self._add_record(REPORT_TAG, records.encode_report(report.to_dict()), step)
-
-    def _add_coverage(self, event: CheckEvent) -> None:
-        chunk = (event.step - 1) // self.chunk_steps
-        if self._chunk is not None and chunk != self._chunk:
-            self._flush_chunk()
-            self._groups, self._current = {}, {}
-        self._chunk = chunk
-        base = "all" if event.optimizer is None else str(event.optimizer)
-        key = self._current.get(base, base)
-        group = self._groups.get(key)
-        if group is None or (group.names is not event.names and group.names != event.names):
-            if group is not None:
-                # The checked set changed mid-chunk: go on in a new group of this chunk.
-                key = f"{base}@{event.step}"
-            group = self._groups[key] = _Group(event.names)
-            self._current[base] = key
-        group.add(event.step, event.missing)
-
-    def _flush_chunk(self) -> None:
-        if self._chunk is None or not self._groups:
-            return
-        payload = records.encode_coverage(self._chunk, {k: g.to_dict() for k, g in self._groups.items()})
-        self._add_record(records.coverage_tag(self._chunk), payload, self._last_step)
-
-    def _add_record(self, tag: str, payload: str | bytes, step: int) -> None:
-        get_writer = getattr(self.writer, "_get_file_writer", None)
-        if get_writer is None:
-            return
-        get_writer().add_summary(tensor_summary(tag, payload), step)
-
-    def _add_layout(self) -> None:
-        log_dir = getattr(self.writer, "log_dir", None) or getattr(self.writer, "logdir", None)
-        if not log_dir:
-            return
-        from torch.utils.tensorboard import SummaryWriter
-
-        sub = SummaryWriter(os.path.join(str(log_dir), LAYOUT_RUN))
-        try:
-            sub.add_custom_scalars(layout())
-        finally:
-            sub.close()
+__all__ = ["LAYOUT_RUN", "TensorBoardSink", "tensor_summary"]

@@ -1,10 +1,12 @@
 """The Hugging Face ``Trainer`` callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
 
-The callback stays thin; data flows one way:
+The callback stays thin: the lifecycle and strict mode are those of
+:class:`~leafwatch.integrations.callback_base.CallbackBase`, shared with the Lightning callback;
+data flows one way:
 
 - ``on_train_begin``: build the Monitor with the Trainer's model and the optimizer that steps
   (accelerate's wrapper unwrapped), before the first forward pass, and report the structural
-  findings at once;
+  findings at once (reported only: strict mode raises from a check);
 - ``on_pre_optimizer_step``: ``monitor.check(optimizer, step=global_step + 1)``, after gradient
   accumulation, unscaling and clipping;
 - ``on_train_end``: close the Monitor (every hook removed), write the last records and print
@@ -28,12 +30,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from ..console import NewFindingWarnings
-from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
-from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..options import validate_ignore, validate_int
-from . import distributed
-from .callback_state import MonitorState
+from .. import distributed
+from ..findings import LeafwatchInternalWarning
+from ..monitor import DEFAULT_VALUE_CHECK_EVERY
+from ..frames import stacklevel_outside
+from .callback_base import CallbackBase
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'
 
@@ -88,7 +89,7 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
     Returns:
         ``(strategy, optimizer)``: None and the torch optimizer to check when it steps the model's
         own parameters; ``"deepspeed"`` or ``"master_copies"`` and None when it does not (see
-        :func:`leafwatch.integrations.distributed.declare_gradients`).
+        :func:`leafwatch.distributed.declare_gradients`).
     """
     inner, deepspeed = unwrap_optimizer(optimizer)
     if deepspeed or getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
@@ -138,7 +139,7 @@ def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool
     return not (checkpointing or getattr(args, "activation_checkpointing", False))
 
 
-class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
+class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
     """Names every tensor that will not train during ``Trainer.train``, says why, and gives the fix.
 
     A thin adapter: it builds a :class:`~leafwatch.Monitor` at train begin and checks at every
@@ -152,7 +153,7 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
 
     Under DeepSpeed, or with an optimizer that steps master copies of the parameters, the
     model's ``.grad`` cannot tell a missing gradient: the gradient check is skipped with one
-    info finding. FSDP is handled as in :func:`leafwatch.integrations.distributed.gradient_view`,
+    info finding. FSDP is handled as in :func:`leafwatch.distributed.gradient_view`,
     and under DDP every rank checks its own gradients and the main process reports them merged;
     with ``find_unused_parameters`` (the Trainer's default for a ``PreTrainedModel``) a
     parameter that one rank skips is named with that rank.
@@ -163,7 +164,8 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
 
     Args:
         strict: Raise :class:`~leafwatch.LeafwatchError` (with the findings table) at the first
-            check that has an open error finding; training stops there.
+            check that has an open error finding; training stops there (the train-begin scan
+            only reports).
         patience: Consecutive checks a trainable parameter may go without a gradient before
             ``missing_grad`` is reported.
         ignore: Glob patterns on qualified names, ``{"pattern": "reason"}`` or ``["pattern"]``.
@@ -195,28 +197,15 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
         log_dir: str | os.PathLike[str] | None = None,
         verbose: bool = True,
     ) -> None:
-        for argument, value in (("strict", strict), ("verbose", verbose)):
-            if not isinstance(value, bool):
-                raise TypeError(f"`{argument}` must be a bool, got {type(value).__name__}: {value!r:.80}")
         if log_dir is not None and not isinstance(log_dir, (str, os.PathLike)):
             raise TypeError(f"`log_dir` must be a path or None, got {type(log_dir).__name__}: {log_dir!r:.80}")
-        self.strict = strict
-        self.verbose = verbose
-        self.patience = validate_int(patience, "patience", 1)
-        self.ignore = validate_ignore(ignore)
-        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
-        self.log_every_n_steps = (
-            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
-        )
+        super().__init__(strict=strict, patience=patience, ignore=ignore,
+                         check_values_every_n_steps=check_values_every_n_steps,
+                         log_every_n_steps=log_every_n_steps, verbose=verbose)
         self.log_dir = None if log_dir is None else os.fspath(log_dir)
-        self.monitor: Monitor | None = None
         self._optimizer: torch.optim.Optimizer | None = None
         self._declared: torch.nn.Module | None = None
         self._writer: Any = None
-        self._console: NewFindingWarnings | None = None
-        self._pending_state: dict[str, Any] | None = None
-        self._last_report: Report | None = None
-        self._final_state: dict[str, Any] = {}
 
     # -- identity and state --------------------------------------------------------------------
     @override
@@ -259,52 +248,15 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
         model = kwargs.get("model")
         if not isinstance(model, torch.nn.Module):
             warnings.warn(f"leafwatch: the Trainer passed no model to the callback (got {type(model).__name__}); "
-                          "training goes on without leafwatch.", LeafwatchInternalWarning, stacklevel=2)
+                          "training goes on without leafwatch.", LeafwatchInternalWarning,
+                          stacklevel=stacklevel_outside())
             return
-        main = bool(getattr(state, "is_world_process_zero", True))
-        try:
-            strategy, self._optimizer = gradient_strategy(model, kwargs.get("optimizer"), args)
-            sinks = self._make_sinks(args, state, main)
-            if strategy is not None:
-                distributed.declare_gradients(model, strategy)
-                self._declared = model
-            else:
-                find_unused = ddp_find_unused_parameters(model, args)
-                if find_unused is not None:
-                    distributed.declare_ddp(model, find_unused)
-                    self._declared = model
-            self.monitor = Monitor(
-                model,
-                [self._optimizer] if self._optimizer is not None else None,
-                patience=self.patience,
-                ignore=self.ignore,
-                check_values_every_n_steps=self.check_values_every_n_steps,
-                strict=self.strict,
-                sinks=sinks,
-            )
-            if saved is not None:
-                self.monitor.load_state_dict(saved.get("monitor", {}))
-        except Exception as error:  # never stop training for leafwatch
-            self._close(print_table=False)
-            warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
-                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=2)
-            return
-        report = self.monitor.scan()
-        if self._console is not None:
-            self._console.report(report)
+        self._start(model, lambda: self._prepare(model, args, state, kwargs.get("optimizer")), saved)
 
     @override
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                               **kwargs: Any) -> None:
-        monitor = self.monitor
-        if monitor is None:
-            return
-        try:
-            monitor.check(self._optimizer, step=int(state.global_step) + 1)
-        except LeafwatchError:
-            # Strict mode stops training here: remove the hooks and write the records first.
-            self._close(print_table=False)
-            raise
+        self._check(self._optimizer, int(state.global_step) + 1)
 
     @override
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
@@ -312,41 +264,46 @@ class LeafWatchCallback(MonitorState, TrainerCallback, ExportableState):
         self._close(print_table=bool(getattr(state, "is_world_process_zero", True)))
 
     # -- helpers -------------------------------------------------------------------------------
+    def _prepare(self, model: torch.nn.Module, args: TrainingArguments, state: TrainerState,
+                 optimizer: Any) -> tuple[list[Any] | None, list[Any]]:
+        """The optimizer to check and the sinks; declares how the model's gradients are kept."""
+        strategy, self._optimizer = gradient_strategy(model, optimizer, args)
+        sinks = self._make_sinks(args, state, bool(getattr(state, "is_world_process_zero", True)))
+        if strategy is not None:
+            distributed.declare_gradients(model, strategy)
+            self._declared = model
+        else:
+            find_unused = ddp_find_unused_parameters(model, args)
+            if find_unused is not None:
+                distributed.declare_ddp(model, find_unused)
+                self._declared = model
+        return ([self._optimizer] if self._optimizer is not None else None), sinks
+
     def _make_sinks(self, args: TrainingArguments, state: TrainerState, main: bool) -> list[Any]:
         """The console and TensorBoard sinks, on the main process only."""
-        self._console = None
+        sinks = self._console_sinks(main)
         if not main:
-            return []
-        sinks: list[Any] = []
-        if self.verbose:
-            self._console = NewFindingWarnings()
-            sinks.append(self._console)
+            return sinks
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter
 
-        from .tensorboard import TensorBoardSink
+        from ..tensorboard_sink import TensorBoardSink
 
         self._writer = SummaryWriter(log_dir)
         log_every = self.log_every_n_steps or max(1, int(getattr(state, "logging_steps", 0) or 50))
         sinks.append(TensorBoardSink(self._writer, log_every_n_steps=log_every))
         return sinks
 
-    def _close(self, *, print_table: bool) -> None:
-        monitor, self.monitor = self.monitor, None
+    @override
+    def _release(self) -> None:
         writer, self._writer = self._writer, None
         declared, self._declared = self._declared, None
         self._optimizer = None
         try:
-            if monitor is not None:
-                report = monitor.close()
-                self._last_report = report
-                self._final_state = {"monitor": monitor.state_dict()}
-                if print_table and self.verbose:
-                    print(report)
-        finally:
             if declared is not None:
                 distributed.declare_gradients(declared, None)
                 distributed.declare_ddp(declared, None)
+        finally:
             if writer is not None:
                 writer.close()
 

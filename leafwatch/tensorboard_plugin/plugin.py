@@ -8,7 +8,7 @@ Routes, under ``/data/plugin/leafwatch``:
 - ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R, steps binned into at
   most N columns (200 by default), optionally only the steps from A to B.
 
-The records are the ones :class:`leafwatch.integrations.tensorboard.TensorBoardSink` writes; their
+The records are the ones :class:`leafwatch.TensorBoardSink` writes; their
 tags and format are in :mod:`leafwatch.records`, and findings are listed in the order of
 :meth:`leafwatch.Finding.sort_key` (each served finding carries its ``sort_key``, so the page
 merges runs in that order too). This module imports TensorBoard, werkzeug and leafwatch's

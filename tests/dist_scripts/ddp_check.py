@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 import leafwatch
-import leafwatch.integrations.distributed
+import leafwatch.distributed
 
 
 #: CPU with gloo; LEAFWATCH_TEST_BACKEND=nccl puts each rank on its own GPU.
@@ -115,10 +115,10 @@ def main() -> None:
     model = trained if isinstance(trained, nn.parallel.DistributedDataParallel) else inner
     monitor = None
     if scenario == "branch_strict":
-        leafwatch.integrations.distributed.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
     if scenario == "rank0_only":
         # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
-        leafwatch.integrations.distributed.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
     if scenario != "rank0_only" or rank == 0:
         monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda e: events.append(e.step)], **options)
     result: dict = {"rank": rank, "reports": [], "error": None, "error_type": None}

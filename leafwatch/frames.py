@@ -1,0 +1,107 @@
+"""Where the user's code is on the call stack: the one helper for "the first frame of user code".
+
+A warning points at the user's line, a watched tensor records where it was watched, and a
+tensor is named as the caller's variable: each walks up the stack past leafwatch's own frames
+and, where leafwatch runs inside a framework (an optimizer hook inside torch, a callback inside
+Lightning's Trainer), past the :data:`FRAMEWORKS` too. Torch-free; nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from types import FrameType
+
+#: The folder of the leafwatch package (every frame under it is leafwatch's own).
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+#: The frameworks whose frames stand between the user's code and leafwatch's hooks and callbacks
+#: (an optimizer step pre-hook runs inside torch, a callback inside Lightning's Trainer).
+FRAMEWORKS = ("torch", "pytorch_lightning", "lightning", "lightning_fabric", "lightning_utilities",
+              "transformers", "accelerate", "runpy", "_pytest", "pluggy")
+
+
+def framework_dirs() -> tuple[str, ...]:
+    """The folders (or files, for a single module such as runpy) of the :data:`FRAMEWORKS`
+    imported so far (none is imported here)."""
+    dirs = []
+    for name in FRAMEWORKS:
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None) if module is not None else None
+        if path:
+            path = os.path.abspath(path)
+            dirs.append(os.path.dirname(path) + os.sep if path.endswith("__init__.py") else path)
+    return tuple(dirs)
+
+
+def _prefixes(frameworks: bool, skip: tuple[str, ...]) -> tuple[str, ...]:
+    return (PACKAGE_DIR, *(framework_dirs() if frameworks else ()), *skip)
+
+
+def _is_under(frame: FrameType, prefixes: tuple[str, ...]) -> bool:
+    filename = frame.f_code.co_filename
+    if filename.startswith(prefixes):
+        return True
+    # A module imported through a relative sys.path entry has a relative co_filename.
+    return not os.path.isabs(filename) and not filename.startswith("<") \
+        and os.path.abspath(filename).startswith(prefixes)
+
+
+def user_frames(*, frameworks: bool = True, skip: tuple[str, ...] = (), depth: int = 1) -> Iterator[FrameType]:
+    """The frames of the user's code, innermost first: every frame of the stack outside
+    leafwatch (and, with ``frameworks``, outside the :data:`FRAMEWORKS`) and outside ``skip``.
+
+    Args:
+        frameworks: Pass over the frames of torch, Lightning, transformers, ... too.
+        skip: More folders (or files) whose frames are not the user's.
+        depth: Where to start: 1 is the caller of this function.
+    """
+    # Read the stack now, not when the iterator is first advanced (from another frame).
+    return _outside(sys._getframe(depth), _prefixes(frameworks, skip))
+
+
+def _outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> Iterator[FrameType]:
+    while frame is not None:
+        if not _is_under(frame, prefixes):
+            yield frame
+        frame = frame.f_back
+
+
+def _first_outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> tuple[FrameType | None, int]:
+    """The first frame from ``frame`` up that is outside ``prefixes``, and its ``warnings``
+    stacklevel counted from ``frame`` (1)."""
+    level = 1
+    while frame is not None and _is_under(frame, prefixes):
+        frame = frame.f_back
+        level += 1
+    return frame, level
+
+
+def user_frame(*, frameworks: bool = True, skip: tuple[str, ...] = ()) -> FrameType | None:
+    """The first frame of user code above the caller (None when there is none).
+
+    Args:
+        frameworks: Pass over the frames of torch, Lightning, transformers, ... too; False: the
+            first frame outside leafwatch, whoever called it.
+        skip: More folders (or files) whose frames are not the user's.
+    """
+    return _first_outside(sys._getframe(1), _prefixes(frameworks, skip))[0]
+
+
+def stacklevel_outside(skip: tuple[str, ...] = (), *, frameworks: bool = True) -> int:
+    """The ``warnings.warn`` stacklevel (for a call made by the caller of this function) that
+    points at the user's own line: the first frame outside leafwatch, outside the
+    :data:`FRAMEWORKS` (torch, Lightning, transformers; unless ``frameworks=False``) and outside
+    the folders ``skip``. From a Lightning callback that is the ``trainer.fit(...)`` line (or the
+    user's own hook that stepped the optimizer); from an optimizer hook, the ``optimizer.step()``
+    line."""
+    return _first_outside(sys._getframe(1), _prefixes(frameworks, skip))[1]
+
+
+def caller_location(*, frameworks: bool = False) -> str:
+    """``file:line`` of the first frame of user code above the caller, ``"<unknown>"`` when none."""
+    frame = _first_outside(sys._getframe(1), _prefixes(frameworks, ()))[0]
+    if frame is None:
+        return "<unknown>"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"

@@ -1,0 +1,185 @@
+"""The one callback base: what every training-framework callback does around its Monitor.
+
+A front-end (Lightning, Hugging Face, and any later one: Fabric, accelerate) subclasses
+:class:`CallbackBase` and maps its framework's events onto three calls, so that the lifecycle,
+strict mode and the saved history are the same everywhere:
+
+- :meth:`CallbackBase._start` at train start: build the :class:`~leafwatch.Monitor` (a failure
+  warns and training goes on without it), take up a saved history, and report the structural
+  findings of the scan. The scan only reports: strict mode never raises there, because
+  findings such as ``not_in_optimizer`` are decided when gradients are seen at the first check;
+- :meth:`CallbackBase._check` before each optimizer step: ``monitor.check(optimizer, step=...)``;
+  in strict mode an open error finding raises :class:`~leafwatch.LeafwatchError` from here,
+  after the Monitor is closed (every hook removed, every sink flushed);
+- :meth:`CallbackBase._close` at train end, on an exception or teardown: close the Monitor,
+  keep its final report and history, print the table; :meth:`CallbackBase._release` frees what
+  the front-end holds besides (a writer, a declaration).
+
+``report``, ``state_dict()`` and ``load_state_dict()`` mean the same in every callback: the
+live report during training, the final one after it, the saved one before a resumed run starts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..console import NewFindingWarnings
+from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
+from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
+from ..frames import stacklevel_outside
+from ..options import validate_bool, validate_ignore, validate_int
+
+#: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
+#: Monitor's default) and the sinks, computed inside the guard that keeps training going.
+Prepare = Callable[[], tuple["Sequence[Any] | None", "list[Any]"]]
+
+
+class CallbackBase:
+    """The options, lifecycle and saved history shared by every training-framework callback.
+
+    Args:
+        strict: Raise at the first check with an open error finding (never at the start scan).
+        patience: Checks a trainable parameter may go without a gradient before it is reported.
+        ignore: Glob patterns on qualified names, with or without reasons.
+        check_values_every_n_steps: Cadence of the NaN/Inf check (0: off).
+        log_every_n_steps: Cadence of the scalars (None: the framework's).
+        verbose: Warn about each new finding; print the table at train end.
+
+    Raises:
+        TypeError, ValueError: an option of the wrong type or out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        strict: bool = False,
+        patience: int = 1,
+        ignore: Mapping[str, str] | Sequence[str] | None = None,
+        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
+        log_every_n_steps: int | None = None,
+        verbose: bool = True,
+    ) -> None:
+        self.strict = validate_bool(strict, "strict")
+        self.verbose = validate_bool(verbose, "verbose")
+        self.patience = validate_int(patience, "patience", 1)
+        self.ignore = validate_ignore(ignore)
+        self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
+        self.log_every_n_steps = (
+            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
+        )
+        self.monitor: Monitor | None = None
+        self._console: NewFindingWarnings | None = None
+        self._pending_state: dict[str, Any] | None = None
+        self._last_report: Report | None = None
+        self._final_state: dict[str, Any] = {}
+
+    # -- the lifecycle -------------------------------------------------------------------------
+    def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None) -> None:
+        """Build the Monitor at train start, take up ``saved`` and report the structural findings.
+
+        Never raises: a failure of ``prepare`` or of the Monitor warns and training goes on
+        without leafwatch; strict mode raises only from :meth:`_check`.
+
+        Args:
+            model: The model handed to the Monitor.
+            prepare: Returns the optimizers to check and the sinks (it may set
+                :meth:`_console_sinks`' console and whatever :meth:`_release` frees).
+            saved: A history from :meth:`state_dict` to go on from (a resumed run).
+        """
+        try:
+            optimizers, sinks = prepare()
+            self.monitor = Monitor(
+                model,
+                optimizers,
+                patience=self.patience,
+                ignore=self.ignore,
+                check_values_every_n_steps=self.check_values_every_n_steps,
+                strict=self.strict,
+                sinks=sinks,
+            )
+            if saved:
+                self.monitor.load_state_dict(saved.get("monitor", {}))
+        except Exception as error:  # never stop training for leafwatch
+            self._close(print_table=False)
+            warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
+                          "training goes on without it.", LeafwatchInternalWarning, stacklevel=stacklevel_outside())
+            return
+        report = self.monitor.scan()
+        if self._console is not None:
+            self._console.report(report)
+
+    def _check(self, optimizer: Any, step: int) -> None:
+        """Check before the optimizer step ``step``; in strict mode raise on an open error.
+
+        Raises:
+            LeafwatchError: strict mode and an open error finding; the Monitor is closed first.
+        """
+        monitor = self.monitor
+        if monitor is None:
+            return
+        try:
+            monitor.check(optimizer, step=step)
+        except LeafwatchError:
+            # Strict mode stops training here: remove the hooks and write the records first.
+            self._close(print_table=False)
+            raise
+
+    def _close(self, *, print_table: bool) -> None:
+        """Close the Monitor, keep its final report and history, print the table if asked."""
+        monitor, self.monitor = self.monitor, None
+        try:
+            if monitor is not None:
+                report = monitor.close()
+                self._last_report = report
+                self._final_state = {"monitor": monitor.state_dict()}
+                if print_table and self.verbose:
+                    print(report)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Free what the front-end holds besides the Monitor; called by every :meth:`_close`."""
+
+    def _console_sinks(self, main: bool) -> list[Any]:
+        """The console sink (one warning per new finding) on the main process when verbose."""
+        self._console = NewFindingWarnings() if self.verbose and main else None
+        return [self._console] if self._console is not None else []
+
+    # -- the saved history ---------------------------------------------------------------------
+    @property
+    def report(self) -> Report:
+        """The latest report: the live one during training, the final one after it, the saved one
+        before a resumed run starts."""
+        if self.monitor is not None:
+            return self.monitor.report
+        if self._last_report is not None:
+            return self._last_report
+        if self._pending_state is not None:
+            saved = self._pending_state.get("monitor", {})
+            return Report.from_dict({"findings": saved.get("records", []), "step": saved.get("step")})
+        return Report()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain data (the Monitor's history), JSON-ready; saved in checkpoints."""
+        if self.monitor is not None:
+            return {"monitor": self.monitor.state_dict()}
+        if self._pending_state is not None:
+            return dict(self._pending_state)
+        return dict(self._final_state or {})
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Take up a history from :meth:`state_dict` (at the next start if not training).
+
+        Raises:
+            TypeError: ``state_dict`` is not a mapping.
+        """
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"`state_dict` must be a mapping from state_dict(), got {type(state_dict).__name__}")
+        if not state_dict:
+            return
+        self._pending_state = dict(state_dict)
+        if self.monitor is not None:
+            self.monitor.load_state_dict(self._pending_state.get("monitor", {}))
+            self._pending_state = None

@@ -1,54 +1,35 @@
 """``Monitor``: the checks across steps, with history, patience and diagnostic hooks.
 
-The Monitor orchestrates small owners of state: the :class:`~leafwatch.structure.StructureCache`
-(names, optimizer sets, what is read per step; rebuilt only when a cheap fingerprint changes),
-the :class:`~leafwatch.grads.GradientTracker` (streaks of missing gradients -> findings), the
-:class:`~leafwatch.history.FindingHistory` (findings over time, a version per change), the
-diagnostic :class:`~leafwatch.tracing.Tracer`, the batched value check and, when distributed,
-the :class:`~leafwatch.distributed.Gatherer`. Per optimizer step it does only what
-can change per step: one pass over a precomputed list reading ``p.grad``.
+The Monitor is the public surface: it validates its arguments, owns the
+:class:`~leafwatch.structure.StructureCache` (names, optimizer sets, what is read per step;
+rebuilt only when a cheap fingerprint changes) and the
+:class:`~leafwatch.history.FindingHistory` (findings over time, a version per change), hooks the
+optimizers (:meth:`Monitor.attach`), runs the sinks, strict mode and, when distributed, the
+:class:`~leafwatch.distributed.Gatherer`. What one check does, in order, is its
+:class:`~leafwatch.checker.Checker`'s: per optimizer step only what can change per step, one
+pass over a precomputed list reading ``p.grad``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import checks, graph, inventory, outside, stepping, structure, tracing, values, watching
-from .console import NewFindingWarnings
-from .dead import DeadGradTracker
-from .events import CheckEvent
-from .findings import Finding, Report, Status
-from .grads import GradientTracker, WatchedTracker
-from .history import FindingHistory, parse_state
-from .membership import MembershipJudge
 from . import distributed as _distributed
-from .pipeline import Part, Pipeline
-from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int, warn_unmatched_ignore
-from .values import NamedValueCheck
+from . import inventory, structure, watching
+from .checker import Checker
+from .console import NewFindingWarnings
+from .events import CheckEvent
+from .findings import Finding, Report
+from .history import FindingHistory, parse_state
+from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int
 
 #: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched
 #: check costs about 10% of a CPU training step (benchmarks/bench.py), so 20 keeps it near 0.5%.
 DEFAULT_VALUE_CHECK_EVERY = 20
-
-
-@dataclasses.dataclass
-class _CheckState:
-    """What one check has read so far, handed from one part of the pipeline to the next."""
-
-    optimizer: torch.optim.Optimizer | None
-    loss: torch.Tensor | None
-    streaks_before: int = 0
-    lists: list[structure.CheckList] = dataclasses.field(default_factory=list)
-    #: Indices into the joined names of the tensors without a gradient at this check.
-    missing: list[int] = dataclasses.field(default_factory=list)
-    entries: list[watching.WatchEntry] = dataclasses.field(default_factory=list)
-    #: A loop watch asked for the value check now (a step about to be skipped).
-    force_values: bool = False
 
 
 class Monitor:
@@ -135,54 +116,26 @@ class Monitor:
             from .tensorboard_sink import TensorBoardSink
 
             self._sinks.append(TensorBoardSink(writer))
-        self.step = 0
         self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
-        self._grads = GradientTracker(self.history_store, self.patience, self.diagnose)
-        self._watched = WatchedTracker(self.history_store)
-        self._membership = MembershipJudge(self.history_store)
-        self._values = NamedValueCheck(track_zeros=True)
-        self._dead = DeadGradTracker(self.history_store)
-        self._loss_leaves = outside.LossLeaves()
-        self._last_value_step = -1
-        self._tracer = tracing.Tracer(on_error=self._warn)
-        self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, lambda: self.step, self._warn)
-        #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
-        self._pipeline: Pipeline[_CheckState] = Pipeline((
-            Part("reading the model's structure", self._read_structure),
-            Part("the gradient check", self._read_gradients),
-            Part("the check of watched tensors", self._judge_watched),
-            Part("the loss-graph check", self._judge_loss_leaves),
-            Part("the optimizer-membership check", self._judge_membership),
-            Part("the NaN/Inf gradient check", self._judge_values),
-            Part("the diagnostic hooks", self._retarget_diagnostics),
-        ), self.history_store, self._warn)
-        #: What :meth:`close` decides, in order.
-        self._closing_parts: tuple[Part[Any], ...] = (
-            Part("the last NaN/Inf gradient check", self._last_values),
-            Part("the end-of-run decisions", self._decide_pending),
-            Part("the loss-graph check", self._undecided_loss_leaves),
-        )
+        self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
+                                diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
+                                warn=self._warn, on_skipped=self.check)
         self._report = Report(step=0)
-        self._checks = 0
         self._emitted = -1  # the first check's event counts as a change
-        self._ignore_checked = False
         self._in_check = self._closed = False
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
-        self._retargeted: tuple[int, int] | None = None
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
-        snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
-        self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
-        if self.diagnose and snapshot is not None:
-            try:
-                self._tracer.arm(snapshot.modules)
-                self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
-            except Exception as error:  # never stop training for a diagnostic
-                self._warn("arming the diagnostic hooks", error)
+        self._checker.arm()
 
     # -- configuration read by front-ends ------------------------------------------------------
+    @property
+    def step(self) -> int:
+        """The step of the last check (its ``step=``, or a count of checks)."""
+        return self._checker.step
+
     @property
     def model(self) -> nn.Module | None:
         return self.structure.model
@@ -260,22 +213,14 @@ class Monitor:
         """
         if self._closed:
             return self._report
-        try:
-            self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
-            entries = self._watch_entries()
-            # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
-            for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
-                                             self.structure.inventory):
-                self.history_store.upsert(f)
-        except Exception as error:
-            self._pipeline.failed("the structure scan", error, self.step)
+        self._checker.scan()
         self._report = self.history_store.report(self.step)
         return self._report
 
     def _failed_check(self, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
         try:
-            self._pipeline.failed("the check", error, self.step)
+            self._checker.pipeline.failed("the check", error, self.step)
             self._report = self.history_store.report(self.step)
             self._emitted = self.history_store.version
             return CheckEvent(self.step, None, self._report, True, (), [], None)
@@ -335,24 +280,13 @@ class Monitor:
         """Sizes of what the Monitor holds, for tests of its bounds and of its hot path."""
         return {
             "findings": len(self.history_store),
-            "streaks": len(self._grads.streak),
-            "miss_counts": len(self._grads.misses),
             "checked": sum(len(c.params) for c in self.structure.lists.values()),
             "check_lists": len(self.structure.lists),
             "previous_names": len(self.structure.previous_names),
-            "diagnostic_hooks": len(self._tracer.handles),
-            "diagnostic_records": len(self._tracer.records),
-            "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in self._tracer.records.values()),
-            "diagnostic_max_calls": max((r.calls for r in self._tracer.records.values()), default=0),
-            "watch_counts": self._watched.sizes(),
             "own_watches": len(self.watches.entries()),
-            "value_checks_in_flight": len(self._values.checker.pending_steps()),
-            "value_names_kept": self._values.launched(),
             "step_hooks": len(self._handles),
-            "arrival_hooks": len(self._loop.arrivals.handles),
-            "step_watches": len(self._loop.skips),
             "sinks": len(self._sinks),
-            "loss_graph_walks": self._loss_leaves.walks,
+            **self._checker.stats(),
         }
 
     def close(self) -> Report:
@@ -360,7 +294,7 @@ class Monitor:
         if self._closed:
             return self._report
         self._closed = True
-        self._pipeline.run(None, self.step, self._closing_parts)
+        self._checker.finish()
         try:
             self._report = self.history_store.report(self.step)
         except Exception as error:
@@ -370,8 +304,7 @@ class Monitor:
         self._handles.clear()
         if self._gatherer is not None:
             self._gatherer.close()
-        self._tracer.disarm()
-        self._loop.close()
+        self._checker.close()
         self.watches.clear()
         structure.REGISTRATION_HOOKS.release()
         for sink in self._sinks:
@@ -391,12 +324,10 @@ class Monitor:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""
-        inv = self.structure.inventory
-        self._grads.refresh(self.step)
         return {
             "step": self.step,
             "records": self.history_store.to_list(),
-            "misses": self._grads.misses_by_name(inv.known_names() if inv else {}),
+            "misses": self._checker.misses_by_name(),
             "checks": self.structure.check_counts(),
         }
 
@@ -409,19 +340,12 @@ class Monitor:
         """
         step, records, misses, checks_done = parse_state(state)
         # Only a state that is whole replaces the current one.
-        self.step = step
+        self._checker.restore(step, misses)
         self.history_store.load(records)
-        self._grads.restore(misses)
         self.structure.restore_checks(checks_done)
         self._report = self.history_store.report(self.step)
 
     # -- the check ---------------------------------------------------------------------------
-    def _watch_entries(self) -> list[watching.WatchEntry]:
-        # Right after backward every distinct piece of Python code runs cold (tens of µs): with
-        # nothing watched, don't even take the registries' locks.
-        entries = watching.entries() if watching.any_watched() else []
-        return entries + self.watches.entries() if self.watches else entries
-
     def wait_for_optimizers(self, checks_: int,
                             waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
         """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
@@ -430,186 +354,17 @@ class Monitor:
         many checks a tensor no stepping optimizer holds is a warning, and an error at
         :meth:`close`. ``waiting`` returns the optimizers that exist but have not stepped.
         """
-        self._membership.grace = validate_int(checks_, "checks", 0)
-        self._membership.waiting_optimizers = waiting
-
-    def _undecided_loss_leaves(self, _: Any) -> None:
-        """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
-        if self._checks == 1:
-            for f in self._loss_leaves.undecided(self.step):
-                self.history_store.upsert(f)
-
-    def _last_values(self, _: Any) -> None:
-        self._record_values(*self._values.flush())
-        if self.check_values_every_n_steps and self.step > 0:
-            self._final_values()
-
-    def _decide_pending(self, _: Any = None) -> None:
-        """At the end of the run, whatever still waits for evidence is decided."""
-        inv = self.structure.inventory
-        self._grads.refresh(self.step)
-        self._membership.escalate_late(self.step)
-
-        def decide(f: Finding) -> Finding | None:
-            if f.kind == "missing_grad":
-                return self._grads.decide(f)
-            return self._membership.decide(f, inv, self._tracer, self.step)
-
-        self.history_store.decide_pending(decide)
-
-    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> None:
-        """After a rebuild of the structure: its findings, and what waited for the names."""
-        view = self.structure.grad_view
-        self._grads.rebuilt(inv)
-        self._membership.rebuilt(inv)
-        shown, held = self._membership.split(
-            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
-                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
-            before_gradients=before_gradients)
-        self.history_store.replace_structural(shown, self.step, held)
-        if view.finding is not None and self.history_store.get(view.finding.key) is None:
-            self.history_store.upsert(view.finding)
-        self._grads.apply_restored(inv.known_names())
-        self._loop.skips.track(self.structure.optimizers, self.structure.lists)
-        if self.history_store.ignore and not self._ignore_checked:
-            self._ignore_checked = True
-            names = inv.all_names() | {e.name for e in self._watch_entries()}
-            warn_unmatched_ignore(self.history_store.ignore, names)
+        self._checker.wait_for_optimizers(checks_, waiting)
 
     def _check(self, optimizer: torch.optim.Optimizer | None, step: int | None,
                loss: torch.Tensor | None) -> CheckEvent:
-        self.step = step if step is not None else self.step + 1
-        self._checks += 1
-        cache = self.structure
-        state = _CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
-        self._pipeline.run(state, self.step)
+        state = self._checker.run(optimizer, loss, step if step is not None else self.step + 1)
         self._report = self.history_store.report(self.step)
-        names = cache.joined_names(state.lists)
+        names = self.structure.joined_names(state.lists)
         coverage = None if not names else 1.0 - len(state.missing) / len(names)
         changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
-        return CheckEvent(self.step, cache.optimizer_index(optimizer), self._report, changed, names,
+        return CheckEvent(self.step, self.structure.optimizer_index(optimizer), self._report, changed, names,
                           state.missing, coverage)
-
-    # -- the parts of a check, in the order self._pipeline runs them ---------------------------
-    def _read_structure(self, state: _CheckState) -> None:
-        cache = self.structure
-        if state.optimizer is not None:
-            cache.add_optimizer(state.optimizer)  # an optimizer the Monitor was not given: adopt it
-        inv = cache.refresh(self.step)
-        if inv is not None:
-            self._rebuilt(inv)
-        state.lists = cache.lists_for(state.optimizer)
-
-    def _read_gradients(self, state: _CheckState) -> None:
-        cache = self.structure
-        optimizer, loss = state.optimizer, state.loss
-        keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
-        reachable: set[int] | None = None
-        walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
-        offset = 0
-        skip: set[int] | None = None
-        for key, clist in zip(keys, state.lists):
-            # The hot path: one read of each p.grad.
-            missing = [i for i, p in enumerate(clist.params) if p.grad is None]
-            clist.checks += 1
-            missing = self._loop.judge(clist, missing, key, self.step)
-            if key is not None and self._loop.due(clist):
-                state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
-                                                               cache.inventory)
-            if missing or self._grads:
-                if skip is None:
-                    # Watched tensors are reported under their watch name, replaced ones as stale_param.
-                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
-                if missing and not walked:
-                    reachable, walked = graph.reachable_leaf_ids(loss), True
-                self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
-                state.missing.extend(i + offset for i in missing)
-            offset += len(clist.params)
-        if self._grads.targets:
-            cache.leave_out(self._grads.take_new_targets())
-
-    def _judge_watched(self, state: _CheckState) -> None:
-        entries = state.entries = self._watch_entries()
-        if entries:
-            self._watched.optimizers_version = (self.structure.rebuilds, structure.structure_generation())
-        self._watched.update(entries, self.step, self.structure.inventory, self._in_judging_optimizer)
-
-    def _judge_loss_leaves(self, state: _CheckState) -> None:
-        loss, cache = state.loss, self.structure
-        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
-            for f in self._loss_leaves.observe(
-                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
-                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
-                self.history_store.upsert(f)
-
-    def _judge_membership(self, state: _CheckState) -> None:
-        self._membership.judge(self.structure.inventory, self._tracer, self.step)
-
-    def _judge_values(self, state: _CheckState) -> None:
-        every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0 or state.force_values):
-            self._check_values(state.lists)
-
-    def _retarget_diagnostics(self, state: _CheckState) -> None:
-        cache = self.structure
-        retarget = (self._grads.changes, cache.rebuilds)
-        if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
-                and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
-            self._retargeted = retarget
-            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
-            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
-            missing_ids = self._grads.missing_ids(cache.lists.values())
-            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
-            self._loop.rearm(missing_ids, cache.inventory.tensors)
-        self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
-
-    def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
-        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
-        optimizer known in the process. A Monitor without optimizers judges nothing."""
-        own = any(e is entry for e in self.watches.entries())
-        mine = self.structure.optimizers
-        optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
-        return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
-
-    def _final_values(self) -> None:
-        """At the end of a run: the gradients not checked since the last value check, and the
-        parameters themselves (a short run may end between value checks, and gradients are often
-        cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
-        lists = list(self.structure.lists.values())
-        if self._last_value_step != self.step:
-            self._check_values(lists)
-            self._record_values(*self._values.flush())
-        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if not nn.parameter.is_lazy(p)]
-        params, names = [p for p, _ in named], [n for _, n in named]
-        flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
-        for _, i in values.nonfinite(params, self.step):
-            if names[i] not in flagged:
-                self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
-
-    def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
-        """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
-        self.check(optimizer)
-
-    def _check_values(self, lists: list[structure.CheckList]) -> None:
-        self._last_value_step = self.step
-        params = [p for c in lists for p in c.params]
-        grads = [p.grad for p in params]
-        if self.structure.grad_view.local_grads:
-            grads = [_distributed.local_tensor(g) for g in grads]
-        names = tuple(n for c in lists for n in c.names)
-        self._record_values(*self._values.check(names, params, grads, self.step))
-
-    def _record_values(self, completed: list[int], bad: list[tuple[int, str, torch.Tensor]]) -> None:
-        flagged = set()
-        for step, name, param in bad:
-            flagged.add(name)
-            self.history_store.upsert(checks.nonfinite_grad(name, param, step))
-        if completed:
-            latest = max(completed)
-            self.history_store.resolve_where(
-                lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
-                latest)
-        self._dead.record(self._values.take_zeros())
 
     # -- sinks --------------------------------------------------------------------------------
     def _emit(self, event: CheckEvent) -> None:

@@ -1,0 +1,346 @@
+"""The check's parts and the owners of state they drive: what one check does, in order.
+
+:class:`Checker` holds the small owners a check needs (the gradient tracker, the watched-tensor
+tracker, the membership judge, the loss-graph leaves, the batched value check, dead gradients,
+the loop watch and the diagnostic tracer) and the one ordered list of the check's parts, run by
+a :class:`~leafwatch.pipeline.Pipeline` so that a part that fails leaves an ``incomplete``
+finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments, hooks on the
+optimizers, sinks, strict mode, distributed merging) and asks its Checker to run a check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import checks, distributed, graph, inventory, outside, stepping, structure, tracing, watching
+from .dead import DeadGradTracker
+from .findings import Finding, Status
+from .grads import GradientTracker, WatchedTracker
+from .history import FindingHistory
+from .membership import MembershipJudge
+from .options import WarnOnce, validate_int, warn_unmatched_ignore
+from .pipeline import Part, Pipeline
+from .values import NamedValueCheck, nonfinite
+
+
+@dataclasses.dataclass
+class CheckState:
+    """What one check has read so far, handed from one part of the pipeline to the next."""
+
+    optimizer: torch.optim.Optimizer | None
+    loss: torch.Tensor | None
+    streaks_before: int = 0
+    lists: list[structure.CheckList] = dataclasses.field(default_factory=list)
+    #: Indices into the joined names of the tensors without a gradient at this check.
+    missing: list[int] = dataclasses.field(default_factory=list)
+    entries: list[watching.WatchEntry] = dataclasses.field(default_factory=list)
+    #: A loop watch asked for the value check now (a step about to be skipped).
+    force_values: bool = False
+
+
+class Checker:
+    """The parts of a check, in their one order, and the state they keep across checks.
+
+    Args:
+        structure: The structure cache (names, optimizer sets, check lists).
+        history: Where every finding is written.
+        watches: The Monitor's own watched tensors (``tensors=``).
+        patience: Checks without a gradient before ``missing_grad``.
+        diagnose: Whether forward hooks explain missing gradients.
+        check_values_every_n_steps: The NaN/Inf check's cadence (0: off).
+        warn: Warns once per internal failure.
+        on_skipped: Asked to check an optimizer that skipped many steps unchecked.
+    """
+
+    def __init__(self, structure_: structure.StructureCache, history: FindingHistory, watches: watching.WatchSet, *,
+                 patience: int, diagnose: bool, check_values_every_n_steps: int, warn: WarnOnce,
+                 on_skipped: Callable[[torch.optim.Optimizer], Any]) -> None:
+        self.structure = structure_
+        self.history_store = history
+        self.watches = watches
+        self.diagnose = diagnose
+        self.check_values_every_n_steps = check_values_every_n_steps
+        self._warn = warn
+        self._on_skipped = on_skipped
+        #: The step of the current (or last) check.
+        self.step = 0
+        #: How many checks ran.
+        self.checks = 0
+        self._grads = GradientTracker(history, patience, diagnose)
+        self._watched = WatchedTracker(history)
+        self._membership = MembershipJudge(history)
+        self._values = NamedValueCheck(track_zeros=True)
+        self._dead = DeadGradTracker(history)
+        self._loss_leaves = outside.LossLeaves()
+        self._last_value_step = -1
+        self._tracer = tracing.Tracer(on_error=warn)
+        self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
+        self._ignore_checked = False
+        self._retargeted: tuple[int, int] | None = None
+        #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
+        self.pipeline: Pipeline[CheckState] = Pipeline((
+            Part("reading the model's structure", self._read_structure),
+            Part("the gradient check", self._read_gradients),
+            Part("the check of watched tensors", self._judge_watched),
+            Part("the loss-graph check", self._judge_loss_leaves),
+            Part("the optimizer-membership check", self._judge_membership),
+            Part("the NaN/Inf gradient check", self._judge_values),
+            Part("the diagnostic hooks", self._retarget_diagnostics),
+        ), history, warn)
+        #: What the end of a run decides, in order.
+        self.closing: tuple[Part[Any], ...] = (
+            Part("the last NaN/Inf gradient check", self._last_values),
+            Part("the end-of-run decisions", self._decide_pending),
+            Part("the loss-graph check", self._undecided_loss_leaves),
+        )
+
+    # -- driven by the Monitor ------------------------------------------------------------------
+    def arm(self) -> None:
+        """At creation: diagnostic hooks on every module until the first check (never raises)."""
+        snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
+        self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
+        if self.diagnose and snapshot is not None:
+            try:
+                self._tracer.arm(snapshot.modules)
+                self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
+            except Exception as error:  # never stop training for a diagnostic
+                self._warn("arming the diagnostic hooks", error)
+
+    def run(self, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None, step: int) -> CheckState:
+        """One check at ``step``: every part in order; returns what it read."""
+        self.step = step
+        self.checks += 1
+        state = CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
+        self.pipeline.run(state, step)
+        return state
+
+    def scan(self) -> None:
+        """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
+        try:
+            self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
+            entries = self._watch_entries()
+            # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
+            for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
+                                             self.structure.inventory):
+                self.history_store.upsert(f)
+        except Exception as error:
+            self.pipeline.failed("the structure scan", error, self.step)
+
+    def finish(self) -> None:
+        """The end of the run: the last value check and every decision still pending."""
+        self.pipeline.run(None, self.step, self.closing)
+
+    def close(self) -> None:
+        """Remove the diagnostic and loop hooks."""
+        self._tracer.disarm()
+        self._loop.close()
+
+    def wait_for_optimizers(self, checks_: int,
+                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+        """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
+        self._membership.grace = validate_int(checks_, "checks", 0)
+        self._membership.waiting_optimizers = waiting
+
+    def misses_by_name(self) -> dict[str, int]:
+        """Per-name counts of checks without a gradient, for ``state_dict()``."""
+        inv = self.structure.inventory
+        self._grads.refresh(self.step)
+        return self._grads.misses_by_name(inv.known_names() if inv else {})
+
+    def restore(self, step: int, misses: dict[str, int]) -> None:
+        """What ``load_state_dict()`` restores: the step and the per-name miss counts."""
+        self.step = step
+        self._grads.restore(misses)
+
+    def stats(self) -> dict[str, int]:
+        """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
+        records = self._tracer.records
+        return {
+            "streaks": len(self._grads.streak),
+            "miss_counts": len(self._grads.misses),
+            "diagnostic_hooks": len(self._tracer.handles),
+            "diagnostic_records": len(records),
+            "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
+            "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
+            "watch_counts": self._watched.sizes(),
+            "value_checks_in_flight": len(self._values.checker.pending_steps()),
+            "value_names_kept": self._values.launched(),
+            "arrival_hooks": len(self._loop.arrivals.handles),
+            "step_watches": len(self._loop.skips),
+            "loss_graph_walks": self._loss_leaves.walks,
+        }
+
+    # -- the parts, and what they share ---------------------------------------------------------
+    def _watch_entries(self) -> list[watching.WatchEntry]:
+        # Right after backward every distinct piece of Python code runs cold (tens of µs): with
+        # nothing watched, don't even take the registries' locks.
+        entries = watching.entries() if watching.any_watched() else []
+        return entries + self.watches.entries() if self.watches else entries
+
+    def _undecided_loss_leaves(self, _: Any) -> None:
+        """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
+        if self.checks == 1:
+            for f in self._loss_leaves.undecided(self.step):
+                self.history_store.upsert(f)
+
+    def _last_values(self, _: Any) -> None:
+        self._record_values(*self._values.flush())
+        if self.check_values_every_n_steps and self.step > 0:
+            self._final_values()
+
+    def _decide_pending(self, _: Any = None) -> None:
+        """At the end of the run, whatever still waits for evidence is decided."""
+        inv = self.structure.inventory
+        self._grads.refresh(self.step)
+        self._membership.escalate_late(self.step)
+
+        def decide(f: Finding) -> Finding | None:
+            if f.kind == "missing_grad":
+                return self._grads.decide(f)
+            return self._membership.decide(f, inv, self._tracer, self.step)
+
+        self.history_store.decide_pending(decide)
+
+    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> None:
+        """After a rebuild of the structure: its findings, and what waited for the names."""
+        view = self.structure.grad_view
+        self._grads.rebuilt(inv)
+        self._membership.rebuilt(inv)
+        shown, held = self._membership.split(
+            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
+                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
+            before_gradients=before_gradients)
+        self.history_store.replace_structural(shown, self.step, held)
+        if view.finding is not None and self.history_store.get(view.finding.key) is None:
+            self.history_store.upsert(view.finding)
+        self._grads.apply_restored(inv.known_names())
+        self._loop.skips.track(self.structure.optimizers, self.structure.lists)
+        if self.history_store.ignore and not self._ignore_checked:
+            self._ignore_checked = True
+            names = inv.all_names() | {e.name for e in self._watch_entries()}
+            warn_unmatched_ignore(self.history_store.ignore, names)
+
+    def _read_structure(self, state: CheckState) -> None:
+        cache = self.structure
+        if state.optimizer is not None:
+            cache.add_optimizer(state.optimizer)  # an optimizer the Monitor was not given: adopt it
+        inv = cache.refresh(self.step)
+        if inv is not None:
+            self._rebuilt(inv)
+        state.lists = cache.lists_for(state.optimizer)
+
+    def _read_gradients(self, state: CheckState) -> None:
+        cache = self.structure
+        optimizer, loss = state.optimizer, state.loss
+        keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
+        reachable: set[int] | None = None
+        walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
+        offset = 0
+        skip: set[int] | None = None
+        for key, clist in zip(keys, state.lists):
+            # The hot path: one read of each p.grad.
+            missing = [i for i, p in enumerate(clist.params) if p.grad is None]
+            clist.checks += 1
+            missing = self._loop.judge(clist, missing, key, self.step)
+            if key is not None and self._loop.due(clist):
+                state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
+                                                               cache.inventory)
+            if missing or self._grads:
+                if skip is None:
+                    # Watched tensors are reported under their watch name, replaced ones as stale_param.
+                    skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
+                if missing and not walked:
+                    reachable, walked = graph.reachable_leaf_ids(loss), True
+                self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
+                state.missing.extend(i + offset for i in missing)
+            offset += len(clist.params)
+        if self._grads.targets:
+            cache.leave_out(self._grads.take_new_targets())
+
+    def _judge_watched(self, state: CheckState) -> None:
+        entries = state.entries = self._watch_entries()
+        if entries:
+            self._watched.optimizers_version = (self.structure.rebuilds, structure.structure_generation())
+        self._watched.update(entries, self.step, self.structure.inventory, self._in_judging_optimizer)
+
+    def _judge_loss_leaves(self, state: CheckState) -> None:
+        loss, cache = state.loss, self.structure
+        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
+            for f in self._loss_leaves.observe(
+                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
+                self.history_store.upsert(f)
+
+    def _judge_membership(self, state: CheckState) -> None:
+        self._membership.judge(self.structure.inventory, self._tracer, self.step)
+
+    def _judge_values(self, state: CheckState) -> None:
+        every = self.check_values_every_n_steps
+        if every and (self.step == 1 or self.step % every == 0 or state.force_values):
+            self._check_values(state.lists)
+
+    def _retarget_diagnostics(self, state: CheckState) -> None:
+        cache = self.structure
+        retarget = (self._grads.changes, cache.rebuilds)
+        if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
+                and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
+            self._retargeted = retarget
+            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
+            missing_ids = self._grads.missing_ids(cache.lists.values())
+            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
+            self._loop.rearm(missing_ids, cache.inventory.tensors)
+        self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
+
+    def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
+        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
+        optimizer known in the process. A Monitor without optimizers judges nothing."""
+        own = any(e is entry for e in self.watches.entries())
+        mine = self.structure.optimizers
+        optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
+        return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
+
+    def _final_values(self) -> None:
+        """At the end of a run: the gradients not checked since the last value check, and the
+        parameters themselves (a short run may end between value checks, and gradients are often
+        cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+        lists = list(self.structure.lists.values())
+        if self._last_value_step != self.step:
+            self._check_values(lists)
+            self._record_values(*self._values.flush())
+        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if not nn.parameter.is_lazy(p)]
+        params, names = [p for p, _ in named], [n for _, n in named]
+        flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
+        for _, i in nonfinite(params, self.step):
+            if names[i] not in flagged:
+                self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
+
+    def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
+        """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
+        self._on_skipped(optimizer)
+
+    def _check_values(self, lists: list[structure.CheckList]) -> None:
+        self._last_value_step = self.step
+        params = [p for c in lists for p in c.params]
+        grads = [p.grad for p in params]
+        if self.structure.grad_view.local_grads:
+            grads = [distributed.local_tensor(g) for g in grads]
+        names = tuple(n for c in lists for n in c.names)
+        self._record_values(*self._values.check(names, params, grads, self.step))
+
+    def _record_values(self, completed: list[int], bad: list[tuple[int, str, torch.Tensor]]) -> None:
+        flagged = set()
+        for step, name, param in bad:
+            flagged.add(name)
+            self.history_store.upsert(checks.nonfinite_grad(name, param, step))
+        if completed:
+            latest = max(completed)
+            self.history_store.resolve_where(
+                lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
+                latest)
+        self._dead.record(self._values.take_zeros())

@@ -104,12 +104,23 @@ class MembershipJudge:
         if self._checks <= self.grace:
             return True  # an optimizer may still appear: wait
         if self.grace:
-            decided = self._late(f, info, t, step, Severity.WARNING)
+            # The grace period is over: an error, unless an optimizer the script holds has not
+            # stepped yet (it may still step: a warning until the end of the run).
+            severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
+            decided = self._late(f, info, t, step, severity)
         else:
             decided = self._decided(f, info, t, step)
+        details = _without_pending(decided)
+        if f.first_step is not None and step > f.first_step:
+            details["decided_step"] = step
         self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                             fix=decided.fix, details=_without_pending(decided), step=step, last_step=step)
+                             fix=decided.fix, details=details, step=step, last_step=step)
         return False
+
+    def _held_by_waiting(self, t: torch.Tensor) -> bool:
+        """Whether an optimizer that exists but has not stepped holds ``t``."""
+        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
+        return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
 
     def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
         """No gradient reached it and it ran only under no_grad, or it changes by other means."""
@@ -125,8 +136,7 @@ class MembershipJudge:
         return self._evidence.verdict(t) == "changed"
 
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
-        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
-        held_by_waiting = any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
+        held_by_waiting = self._held_by_waiting(t)
         base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
         if held_by_waiting:
             message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
@@ -155,8 +165,11 @@ class MembershipJudge:
             decided = self._late(f, info, t, step, Severity.ERROR)
         else:
             decided = self._decided(f, info, t, step)
+        details = _without_pending(decided)
+        if f.first_step is not None and step > f.first_step:
+            details["decided_step"] = step
         return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                         cause=decided.cause, fix=decided.fix, details=_without_pending(decided))
+                         cause=decided.cause, fix=decided.fix, details=details)
 
     @staticmethod
     def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int) -> Finding:
@@ -173,7 +186,8 @@ class MembershipJudge:
         for f in list(self.history):
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
                 self.history.put(f.replace(severity=Severity.ERROR, last_step=step,
-                                           message=f.message.replace("has not stepped in", "never stepped in")))
+                                           message=f.message.replace("has not stepped in", "never stepped in"),
+                                           details={**f.details, "decided_step": step}))
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

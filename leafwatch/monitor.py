@@ -147,6 +147,13 @@ class Monitor:
 
     # -- configuration read by front-ends ------------------------------------------------------
     @property
+    def failed_parts(self) -> list[str]:
+        """The parts of the check that failed inside leafwatch (each warned once): a report that
+        may miss findings. Sinks (TensorBoard, the console) are not parts of the check."""
+        return sorted(where for where in self._warn.seen
+                      if not where.endswith(" sink") and not where.startswith("closing "))
+
+    @property
     def model(self) -> nn.Module | None:
         return self.structure.model
 

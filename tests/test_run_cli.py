@@ -382,3 +382,108 @@ def test_run_names_parameters_of_modules_called_through_forward():
                             if line.startswith("leafwatch: ERROR")}
     assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
     assert "being traced" not in result.stderr.split("summary after")[1]
+
+
+# -- exit codes: the table and the exit code agree -------------------------------------------------
+def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"))
+    assert result.returncode == runner.STRICT_EXIT_CODE == 1, result.stderr
+    assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "leafwatch: --strict: the run ended with 1 open error(s) (first: not_in_optimizer `scale`): exit 1." \
+        in result.stderr
+    report = _leafwatch("report", str(tmp_path))
+    assert report.returncode == 1
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in report.stdout
+
+
+def test_without_strict_an_open_error_keeps_exit_code_0():
+    result = _leafwatch("run", str(SCRIPTS / "left_out.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "--strict" not in result.stderr
+
+
+def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path):
+    # not_in_optimizer waits LATE_OPTIMIZER_CHECKS checks (an optimizer may step late), then is decided.
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"), "--steps", "60")
+    decided = runner.LATE_OPTIMIZER_CHECKS + 2  # checks start at step 2
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""  # stopped before the end of the loop
+    live, summary = result.stderr.split("leafwatch: summary after")
+    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step {decided}. Fix:" in live
+    assert "WARNING" not in result.stderr
+    assert f"--strict stopped the script at optimizer step {decided}: ERROR not_in_optimizer `scale`." in live
+    assert f"ERROR   not_in_optimizer    scale (since step 2, decided at step {decided})" in summary
+    assert f"no optimizer that stepped in {decided - 1} checks holds it" in summary
+    (run,) = read_reports(str(tmp_path))
+    (f,) = run.report.findings
+    assert (f.kind, f.name, f.severity, f.first_step, f.details["decided_step"]) == (
+        "not_in_optimizer", "scale", "error", 2, decided)
+
+
+def test_the_scripts_own_non_zero_exit_code_comes_before_strict():
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "left_out.py"), "--exit-code", "3")
+    assert result.returncode == 3, result.stderr
+    assert "ERROR   not_in_optimizer    scale" in result.stderr
+
+
+def test_an_unusable_logdir_exits_2_before_the_script_runs(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    logdir = blocker / "runs"
+    result = _leafwatch("run", "--strict", "--logdir", str(logdir), str(SCRIPTS / "left_out.py"))
+    assert result.returncode == runner.USAGE_EXIT_CODE == 2
+    assert result.stdout == ""  # the script did not run
+    assert result.stderr.splitlines() == [
+        f"leafwatch run: --logdir {str(logdir)!r} is not usable: cannot create it (Not a directory)"]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_logdir_exits_2(tmp_path):
+    logdir = tmp_path / "ro"
+    logdir.mkdir()
+    logdir.chmod(0o500)
+    try:
+        result = _leafwatch("run", "--logdir", str(logdir), str(SCRIPTS / "left_out.py"))
+    finally:
+        logdir.chmod(0o700)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"--logdir {str(logdir)!r} is not usable: cannot write in it (Permission denied)" in result.stderr
+
+
+def test_run_help_lists_the_exit_codes_in_order():
+    result = _leafwatch("run", "--help")
+    assert result.returncode == 0
+    text = result.stdout
+    order = [text.index(line) for line in ("the script's own non-zero exit code", "2   bad arguments",
+                                           "1   --strict and an open error", "70  --strict and a part",
+                                           "0   otherwise")]
+    assert order == sorted(order)
+
+
+def test_an_internal_failure_under_strict_exits_70_and_says_the_check_is_incomplete(monkeypatch, capsys):
+    from leafwatch.findings import LeafwatchInternalWarning
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(runner.Monitor, "check", broken)
+    with pytest.warns(LeafwatchInternalWarning, match="internal failure in the optimizer step hook"):
+        code = runner.run(str(SCRIPTS / "clean.py"), ["3"], strict=True)
+    assert code == runner.INCOMPLETE_EXIT_CODE == 70
+    err = capsys.readouterr().err
+    assert "leafwatch: incomplete: the optimizer step hook failed inside leafwatch" in err
+    assert "--strict: the check is incomplete (the optimizer step hook failed): exit 70." in err
+    with pytest.warns(LeafwatchInternalWarning):
+        assert runner.run(str(SCRIPTS / "clean.py"), ["3"]) == 0  # without --strict: 0
+
+
+@pytest.mark.parametrize(("script_code", "errors", "incomplete", "strict", "expected"), [
+    (5, True, True, True, 5), (0, True, True, True, 1), (0, False, True, True, 70),
+    (0, True, True, False, 0), (0, False, False, True, 0)])
+def test_exit_code_precedence(script_code, errors, incomplete, strict, expected):
+    from leafwatch import Finding, Report
+
+    findings = [Finding("not_in_optimizer", "scale", "error", "never changes", first_step=2)] if errors else []
+    assert runner.exit_code(script_code, Report(findings, step=9), strict=strict, incomplete=incomplete) == expected

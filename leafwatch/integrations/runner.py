@@ -33,6 +33,7 @@ import argparse
 import os
 import runpy
 import sys
+import tempfile
 import traceback
 import weakref
 from collections.abc import Sequence
@@ -53,8 +54,14 @@ from ..tracing import Explanation
 LATE_OPTIMIZER_CHECKS = 25
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
-#: Exit code of a run stopped by ``--strict``.
+#: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
+#: ended with it).
 STRICT_EXIT_CODE = 1
+#: Exit code of bad arguments (an unusable ``--logdir`` included), before the script starts.
+USAGE_EXIT_CODE = 2
+#: Exit code of a ``--strict`` run where a part of the check failed inside leafwatch (sysexits'
+#: EX_SOFTWARE): its report may miss findings.
+INCOMPLETE_EXIT_CODE = 70
 _MAX_FRAMES = 30
 _MAX_LOCALS = 1000
 
@@ -425,7 +432,11 @@ class Session:
 
     def _make_monitor(self) -> Monitor:
         sinks: list[Any] = [self._print_new]
-        writer = self._get_writer()
+        try:
+            writer = self._get_writer()
+        except Exception as error:  # the check goes on without TensorBoard records
+            self._warn("opening the TensorBoard writer", error)
+            writer = None
         if writer is not None:
             from .tensorboard import TensorBoardSink
 
@@ -443,6 +454,13 @@ class Session:
 
         self._writer = SummaryWriter(self.logdir)
         return self._writer
+
+    @property
+    def failed_parts(self) -> list[str]:
+        """The parts of the check that failed inside leafwatch (each warned once): the report may
+        miss findings. Writing TensorBoard records is not a part of the check."""
+        own = [where for where in self._warn.seen if "TensorBoard" not in where]
+        return sorted({*own, *(self.monitor.failed_parts if self.monitor is not None else [])})
 
     # -- output ------------------------------------------------------------------------------
     @property
@@ -538,6 +556,10 @@ class Session:
             return "leafwatch: no optimizer stepped, nothing was checked."
         plural = "s" if self.steps != 1 else ""
         text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        failed = self.failed_parts
+        if failed:
+            text += (f"\nleafwatch: incomplete: {', '.join(failed)} failed inside leafwatch (warned above); "
+                     "the findings above may miss some.")
         if not self.saw_forward:
             text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
                      "where module hooks cannot see. Parameters are named from the modules that own the "
@@ -674,7 +696,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         code = run_target(script, module, argv)
     except StrictStop as stop:
         stopped = stop
-        code = STRICT_EXIT_CODE
+        code = 0  # the script did not end: its own code is unknown
     finally:
         report = session.close()
     if stopped is not None:
@@ -682,14 +704,70 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         session._write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
                        f"{first.severity.upper()} {first.kind} `{first.name}`.")
     session._write(session.summary(report))
-    return code
+    failed = session.failed_parts
+    final = exit_code(code, report, strict=strict, incomplete=bool(failed))
+    if strict and stopped is None and code == 0 and final == STRICT_EXIT_CODE:
+        errors = report.at_least("error")
+        session._write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
+                       f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
+    elif final == INCOMPLETE_EXIT_CODE:
+        session._write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
+                       f"exit {INCOMPLETE_EXIT_CODE}.")
+    return final
+
+
+def exit_code(script_code: int, report: Report, *, strict: bool, incomplete: bool) -> int:
+    """The exit code of ``leafwatch run``, by precedence (usage errors, 2, are decided before the
+    script starts and never get here).
+
+    Args:
+        script_code: The script's own exit code (0 when ``--strict`` stopped it).
+        report: The final report.
+        strict: Whether ``--strict`` was given.
+        incomplete: Whether a part of the check failed inside leafwatch.
+
+    Returns:
+        The script's non-zero code; else :data:`STRICT_EXIT_CODE` for an open error under
+        ``strict``; else :data:`INCOMPLETE_EXIT_CODE` for an incomplete check under ``strict``;
+        else 0.
+
+    Example::
+
+        >>> from leafwatch import Finding, Report
+        >>> bad = Report([Finding("not_in_optimizer", "scale", "error", "never changes")], step=10)
+        >>> exit_code(5, bad, strict=True, incomplete=True), exit_code(0, bad, strict=True, incomplete=True)
+        (5, 1)
+        >>> exit_code(0, Report(step=10), strict=True, incomplete=True), exit_code(0, bad, strict=False, incomplete=False)
+        (70, 0)
+    """
+    if script_code != 0:
+        return script_code
+    if strict and report.at_least("error"):
+        return STRICT_EXIT_CODE
+    if strict and incomplete:
+        return INCOMPLETE_EXIT_CODE
+    return 0
 
 
 # -- the command line -----------------------------------------------------------------------
+#: The exit codes of ``leafwatch run``, first match wins (shown by ``leafwatch run --help``).
+EXIT_CODES_HELP = f"""exit codes, first match wins:
+  the script's own non-zero exit code (1 for an uncaught exception, 130 for Ctrl-C)
+  {USAGE_EXIT_CODE}   bad arguments, an unusable --logdir: the script is not run
+  {STRICT_EXIT_CODE}   --strict and an open error: at the check that decided it (the script stops there),
+      or at the end of the run
+  {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings)
+  0   otherwise (without --strict, findings never change the exit code)"""
+
+
 def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--logdir", metavar="DIR", help="write TensorBoard records to DIR")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_CODES_HELP
+    parser.add_argument("--logdir", metavar="DIR",
+                        help="write TensorBoard records to DIR (created; checked before the script starts)")
     parser.add_argument("--strict", action="store_true",
-                        help=f"stop at the first error finding and exit {STRICT_EXIT_CODE} with the table")
+                        help=f"stop the script at the check that decides an error and exit {STRICT_EXIT_CODE} "
+                        "(also for an error decided at the end of the run)")
     parser.add_argument("--patience", type=positive_int, default=1, metavar="N",
                         help="checks a parameter may go without a gradient before it is reported (default 1)")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN[=REASON]",
@@ -708,23 +786,51 @@ def run_main(args: argparse.Namespace) -> int:
         ignore = parse_ignore(args.ignore)
     except ValueError as error:
         sys.stderr.write(f"leafwatch run: {error}\n")
-        return 2
+        return USAGE_EXIT_CODE
     module_args = args.module
     if module_args is not None:
         if not module_args:
             sys.stderr.write("leafwatch run: -m needs a module name\n")
-            return 2
+            return USAGE_EXIT_CODE
         module, argv, script = module_args[0], module_args[1:], None
         if args.script_args:
             sys.stderr.write(f"leafwatch run: give a script or -m MODULE, not both (got {args.script_args[0]!r})\n")
-            return 2
+            return USAGE_EXIT_CODE
     else:
         if not args.script_args:
             sys.stderr.write("leafwatch run: give a script to run: leafwatch run [options] script.py [args ...]\n")
-            return 2
+            return USAGE_EXIT_CODE
         script, argv, module = args.script_args[0], args.script_args[1:], None
         if not os.path.exists(script):
             sys.stderr.write(f"leafwatch run: can't open file {script!r}: no such file\n")
-            return 2
+            return USAGE_EXIT_CODE
+    if args.logdir is not None:
+        problem = logdir_problem(args.logdir)
+        if problem is not None:
+            sys.stderr.write(f"leafwatch run: --logdir {args.logdir!r} is not usable: {problem}\n")
+            return USAGE_EXIT_CODE
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
                patience=args.patience, ignore=ignore)
+
+
+def logdir_problem(logdir: str) -> str | None:
+    """Why ``logdir`` cannot take TensorBoard records (it is created if missing), or None.
+
+    Args:
+        logdir: The folder given to ``--logdir``.
+
+    Returns:
+        The reason in a few words, or None when a file can be written there.
+    """
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as error:
+        return f"cannot create it ({error.strerror or error})"
+    if not os.path.isdir(logdir):
+        return "it is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=logdir):
+            pass
+    except OSError as error:
+        return f"cannot write in it ({error.strerror or error})"
+    return None

@@ -124,6 +124,11 @@ class Monitor:
         self._dead = DeadGradTracker(self.history_store)
         self._loss_leaves = outside.LossLeaves()
         self._last_value_step = -1
+        #: Check gradient values (NaN/Inf) at every check up to this step, besides the cadence
+        #: (``leafwatch run``: a NaN is named at the step it appears). The exactly-zero streaks of
+        #: ``dead_grad`` count only the checks of the cadence, so their timing does not change.
+        self.every_check_values_until = 0
+        self._off_cadence_steps: set[int] = set()
         self._tracer = tracing.Tracer(on_error=self._warn)
         self._loop = stepping.LoopWatch(self.history_store, self._check_skipped, lambda: self.step, self._warn)
         self._report = Report(step=0)
@@ -386,15 +391,20 @@ class Monitor:
         return entries + self.watches.entries() if self.watches else entries
 
     def wait_for_optimizers(self, checks_: int,
-                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
+                            outside_roots: Callable[[], dict[int, str]] | None = None) -> None:
         """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
 
         For front-ends that meet optimizers only when they step (``leafwatch run``): after that
-        many checks a tensor no stepping optimizer holds is a warning, and an error at
-        :meth:`close`. ``waiting`` returns the optimizers that exist but have not stepped.
+        many checks a tensor no stepping optimizer holds is an error, or a warning while an
+        optimizer that holds it has not stepped (``waiting`` returns those optimizers), an error
+        at :meth:`close`. ``outside_roots`` maps the ids of tensors whose whole root module no
+        optimizer holds to the root's name: those follow the gradient rule (no finding when no
+        gradient reaches them or their value changes; else a warning).
         """
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
+        self._membership.outside_roots = outside_roots
 
     def _decide_pending(self) -> None:
         """At the end of the run, whatever still waits for evidence is decided."""
@@ -476,7 +486,10 @@ class Monitor:
                 self.history_store.upsert(f)
         self._membership.judge(cache.inventory, self._tracer, self.step)
         every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0 or force_values):
+        on_cadence = bool(every) and (self.step == 1 or self.step % every == 0 or force_values)
+        if on_cadence or (every and self.step <= self.every_check_values_until):
+            if not on_cadence:
+                self._off_cadence_steps.add(self.step)
             try:
                 self._check_values(lists)
             except Exception as error:  # the gradient checks above still count
@@ -544,7 +557,11 @@ class Monitor:
             self.history_store.resolve_where(
                 lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
                 latest)
-        self._dead.record(self._values.take_zeros())
+        zeros = self._values.take_zeros()
+        if self._off_cadence_steps:
+            zeros = [z for z in zeros if z[0] not in self._off_cadence_steps]
+            self._off_cadence_steps = {s for s in self._off_cadence_steps if s >= self.step - 2}  # (CUDA: a step late)
+        self._dead.record(zeros)
 
     # -- sinks --------------------------------------------------------------------------------
     def _emit(self, event: CheckEvent) -> None:

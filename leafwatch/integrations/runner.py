@@ -36,7 +36,7 @@ import sys
 import tempfile
 import traceback
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TextIO
 
 import torch
@@ -52,6 +52,8 @@ from ..tracing import Explanation
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
 LATE_OPTIMIZER_CHECKS = 25
+#: The first this many optimizer steps check gradient values (NaN/Inf) at every check.
+EVERY_STEP_VALUE_CHECKS = 20
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
 #: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
@@ -73,6 +75,33 @@ class StrictStop(BaseException):
         super().__init__(f"leafwatch --strict: an error finding at optimizer step {step}")
         self.report = report
         self.step = step
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def user_frames(frame: Any, limit: int = _MAX_FRAMES) -> Iterator[Any]:
+    """The frames of user code from ``frame`` outwards (leafwatch's and torch's own are skipped),
+    at most ``limit`` frames looked at."""
+    for _ in range(limit):
+        if frame is None:
+            return
+        if not frame.f_code.co_filename.startswith((_PACKAGE_DIR, _TORCH_DIR)):
+            yield frame
+        frame = frame.f_back
+
+
+def _frame_values(frame: Any) -> list[Any]:
+    """A frame's local values and, for a method, the attributes of ``self``."""
+    values = list(frame.f_locals.values())
+    owner = frame.f_locals.get("self")
+    if owner is not None:
+        try:
+            values.extend(vars(owner).values())
+        except TypeError:
+            pass
+    return values[:_MAX_LOCALS]
 
 
 def _is_builtin(module: nn.Module) -> bool:
@@ -147,6 +176,9 @@ class Session:
         self._step_counts: dict[int, int] = {}
         self._opt_keys: dict[int, tuple[int, ...]] = {}
         self._roots: dict[str, nn.Module] = {}
+        #: Root modules (by id) no optimizer holds a tensor of that got a gradient.
+        self._outside: dict[int, weakref.ReferenceType] = {}
+        self._outside_ids: tuple[int, dict[int, tuple[str, str]]] = (-1, {})
         self._roots_key: tuple[int, ...] = ()
         self._owned: set[int] = set()
         self._accepted_unknown: set[int] = set()
@@ -289,16 +321,16 @@ class Session:
             if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__") \
                     and id(value) not in self._owned:
                 found[name] = value
-            elif isinstance(value, torch.optim.Optimizer):
-                self.loop_at_module_level = True
         for name, t in found.items():
             before = self._script_tensors.get(name)
             if before is None or before() is not t or name in self._script_watched:
                 continue
             if not t.is_leaf and self._derived_from_model(t):
                 continue  # an output or a loss kept at module level
-            # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
-            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=False,
+            # The Monitor reports it with the rest (no warning at the watch, as watch() gives). A
+            # tensor an optimizer holds must get a gradient (a plain-tensor model's weights).
+            held = any(p is t for opt in self._optimizers for g in opt.param_groups for p in g["params"])
+            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=held,
                                 location="the script's module level")
             self._script_watched.add(name)
         self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}
@@ -306,6 +338,8 @@ class Session:
     def _derived_from_model(self, t: torch.Tensor) -> bool:
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
         held = self._owned | {id(p) for opt in self._optimizers for g in opt.param_groups for p in g["params"]}
+        held |= {id(p) for m in (ref() for ref in list(self._seen.values())) if m is not None
+                 for p in m.parameters(recurse=False)}  # a module that ran (in an optimizer or not)
         return not complete or any(id(leaf) in held for leaf in leaves)
 
     def _remember_first_misses(self, optimizer: torch.optim.Optimizer) -> None:
@@ -327,49 +361,48 @@ class Session:
         A container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are
         called one by one) is found there: the training loop holds it in a variable.
         """
-        frame: Any = sys._getframe(1)
-        package = os.path.dirname(os.path.abspath(__file__))
-        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-        for _ in range(_MAX_FRAMES):
-            if frame is None:
-                break
-            filename = frame.f_code.co_filename
-            if filename.startswith((package, torch_dir)):
-                frame = frame.f_back
-                continue
-            values = list(frame.f_locals.values())
-            owner = frame.f_locals.get("self")
-            if owner is not None and not isinstance(owner, nn.Module):
-                try:
-                    values.extend(vars(owner).values())
-                except TypeError:
-                    pass
-            for value in values[:_MAX_LOCALS]:
+        for frame in user_frames(sys._getframe(1)):
+            for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self._seen:
                     if any(id(p) in unknown for p in value.parameters()):
                         self._remember(value)
-            frame = frame.f_back
 
     def _find_optimizers(self) -> None:
-        """Remember the optimizers the script holds in the calling frames, stepped or not."""
-        frame: Any = sys._getframe(1)
-        package = os.path.dirname(os.path.abspath(__file__))
-        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
-        for _ in range(_MAX_FRAMES):
-            if frame is None:
-                break
-            if not frame.f_code.co_filename.startswith((package, torch_dir)):
-                values = list(frame.f_locals.values())
-                owner = frame.f_locals.get("self")
-                if owner is not None:
-                    try:
-                        values.extend(vars(owner).values())
-                    except TypeError:
-                        pass
-                for value in values[:_MAX_LOCALS]:
-                    if isinstance(value, torch.optim.Optimizer):
-                        self._held_optimizers.add(value)
-            frame = frame.f_back
+        """Remember the optimizers the script holds in the calling frames, stepped or not (in a
+        variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
+        that steps runs at the script's module level."""
+        for i, frame in enumerate(user_frames(sys._getframe(1))):
+            if i == 0 and frame.f_code.co_name == "<module>":
+                self.loop_at_module_level = True
+            for value in _frame_values(frame):
+                if isinstance(value, torch.optim.Optimizer):
+                    self._held_optimizers.add(value)
+                elif isinstance(value, (dict, list, tuple)) and len(value) <= 64:
+                    items = value.values() if isinstance(value, dict) else value
+                    self._held_optimizers.update(v for v in items if isinstance(v, torch.optim.Optimizer))
+
+    def outside_root_tensors(self) -> dict[int, tuple[str, str]]:
+        """The ids of the tensors of root modules no optimizer holds any tensor of, each with the
+        root's name in the script (its module-level variable, else the root's name) and the
+        variable of the script's only stepping optimizer ("" when not one); once per step."""
+        if self._outside_ids[0] == self.steps:
+            return self._outside_ids[1]
+        held = {id(p) for opt in [*self._optimizers, *self.waiting_optimizers()]
+                for g in opt.param_groups for p in g["params"]}
+        scope = getattr(sys.modules.get("__main__"), "__dict__", None)
+        variables: dict[int, str] = {}
+        for key, value in list(scope.items())[:_MAX_GLOBALS] if isinstance(scope, dict) else []:
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)) and not key.startswith("_"):
+                variables.setdefault(id(value), key)  # the first name (a loop variable comes later)
+        optimizer = variables.get(id(self._optimizers[0]), "") if len(self._optimizers) == 1 else ""
+        out: dict[int, tuple[str, str]] = {}
+        for name, root in self._roots.items():
+            if id(root) in self._outside:
+                params = [id(p) for p in root.parameters()]
+                if not held.intersection(params):
+                    out.update(dict.fromkeys(params, (variables.get(id(root), name), optimizer)))
+        self._outside_ids = (self.steps, out)
+        return out
 
     def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
         """Optimizers the script holds that have not stepped (yet)."""
@@ -386,7 +419,10 @@ class Session:
         return [m for m in seen if id(m) not in contained]
 
     def _update_roots(self) -> None:
-        in_optimizers = {id(p) for opt in self._optimizers for g in opt.param_groups for p in g["params"]}
+        # The optimizers that stepped and those the script holds that have not (yet): a network
+        # whose optimizer never steps is judged (named at the end of the run).
+        held = [*self._optimizers, *self.waiting_optimizers()]
+        in_optimizers = {id(p) for opt in held for g in opt.param_groups for p in g["params"]}
         kept: list[_RootInfo] = []
         for module in self._candidate_roots():
             if _is_builtin(module) and not any(True for _ in module.parameters()):
@@ -396,8 +432,13 @@ class Session:
                 continue
             if info.owned & in_optimizers or not info.registered:
                 kept.append(info)
-            # A module none of whose tensors any optimizer holds (an EMA copy, a teacher, a frozen
-            # backbone) is not judged: leaving it out is what the script means.
+            elif id(module) in self._outside or any(p.grad is not None for p in module.parameters()):
+                # No optimizer holds any of its tensors, yet gradients reach it: judged by the
+                # gradient rule (a forgotten optimizer, or a fixed network that requires grad).
+                self._outside[id(module)] = weakref.ref(module)
+                kept.append(info)
+            # A module none of whose tensors any optimizer holds and that gets no gradient (an EMA
+            # copy, a teacher, a target network, a frozen backbone) is not judged.
         key = tuple(id(i.module) for i in kept)
         owned = set().union(*(i.owned for i in kept)) if kept else set()
         if key == self._roots_key:
@@ -444,7 +485,10 @@ class Session:
             sinks.append(self._sink)
         monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks,
                           roots=dict(self._roots))
-        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.waiting_optimizers)
+        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.waiting_optimizers, self.outside_root_tensors)
+        # The first steps check gradient values at every check (a NaN is named at the step it
+        # appears, and --strict stops there); then at the Monitor's cadence.
+        monitor.every_check_values_until = EVERY_STEP_VALUE_CHECKS
         return monitor
 
     def _get_writer(self) -> Any:
@@ -560,7 +604,10 @@ class Session:
         if failed:
             text += (f"\nleafwatch: incomplete: {', '.join(failed)} failed inside leafwatch (warned above); "
                      "the findings above may miss some.")
-        if not self.saw_forward:
+        if not self._roots and not self._seen:
+            text += ("\nleafwatch: the script trains no `nn.Module`: its optimizers hold plain tensors, named by the "
+                     "script's module-level variables where it keeps them (else by shape).")
+        elif not self.saw_forward:
             text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
                      "where module hooks cannot see. Parameters are named from the modules that own the "
                      "optimizers' tensors (found in the calling frames), and the causes of missing gradients "

@@ -389,6 +389,10 @@ def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path)
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"))
     assert result.returncode == runner.STRICT_EXIT_CODE == 1, result.stderr
     assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
+    live, summary = result.stderr.split("leafwatch: summary after 10 optimizer steps")
+    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix: pass it " \
+        "to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from `configure_optimizers`), " \
+        "or freeze it with `requires_grad_(False)`; if that is intended, silence it: `ignore=[\"scale\"]`\n"
     assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
     assert "leafwatch: --strict: the run ended with 1 open error(s) (first: not_in_optimizer `scale`): exit 1." \
         in result.stderr

@@ -78,6 +78,11 @@ class Checker:
         self._dead = DeadGradTracker(history)
         self._loss_leaves = outside.LossLeaves()
         self._last_value_step = -1
+        #: Check gradient values (NaN/Inf) at every check up to this step, besides the cadence
+        #: (``leafwatch run``: a NaN is named at the step it appears). The exactly-zero streaks of
+        #: ``dead_grad`` count only the checks of the cadence, so their timing does not change.
+        self.every_check_values_until = 0
+        self._off_cadence_steps: set[int] = set()
         self._tracer = tracing.Tracer(on_error=warn)
         self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
         self._ignore_checked = False
@@ -140,11 +145,12 @@ class Checker:
         self._tracer.disarm()
         self._loop.close()
 
-    def wait_for_optimizers(self, checks_: int,
-                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+    def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
         """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
+        self._membership.outside_roots = outside_roots
 
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""
@@ -281,7 +287,10 @@ class Checker:
 
     def _judge_values(self, state: CheckState) -> None:
         every = self.check_values_every_n_steps
-        if every and (self.step == 1 or self.step % every == 0 or state.force_values):
+        on_cadence = bool(every) and (self.step == 1 or self.step % every == 0 or state.force_values)
+        if on_cadence or (every and self.step <= self.every_check_values_until):
+            if not on_cadence:
+                self._off_cadence_steps.add(self.step)
             self._check_values(state.lists)
 
     def _retarget_diagnostics(self, state: CheckState) -> None:
@@ -343,4 +352,8 @@ class Checker:
             self.history_store.resolve_where(
                 lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
                 latest)
-        self._dead.record(self._values.take_zeros())
+        zeros = self._values.take_zeros()
+        if self._off_cadence_steps:
+            zeros = [z for z in zeros if z[0] not in self._off_cadence_steps]
+            self._off_cadence_steps = {s for s in self._off_cadence_steps if s >= self.step - 2}  # (CUDA: a step late)
+        self._dead.record(zeros)

@@ -23,11 +23,14 @@ class NewFindingWarnings:
 
     Args:
         warn: Emits the text (default: ``warnings.warn`` at the first frame outside leafwatch).
+        every_status: Also say info and intermittent findings (``leafwatch run``'s console), not
+            only open ones.
     """
 
-    def __init__(self, warn: Callable[[str], None] | None = None) -> None:
+    def __init__(self, warn: Callable[[str], None] | None = None, *, every_status: bool = False) -> None:
         self.warned: set[tuple[str, str]] = set()
         self._warn = warn
+        self._every_status = every_status
 
     def __call__(self, event: CheckEvent) -> None:
         self.report(event.report)
@@ -37,7 +40,8 @@ class NewFindingWarnings:
         self.report(report)
 
     def report(self, report: Report) -> None:
-        for f in report.open:
+        shown = [f for f in report if f.status not in ("resolved", "ignored")] if self._every_status else report.open
+        for f in shown:
             if f.key in self.warned or f.details.get("reason") == "pending":
                 continue  # a finding whose cause is being traced is warned once it is known
             self.warned.add(f.key)

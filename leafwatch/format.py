@@ -72,6 +72,31 @@ def since(step: int | None) -> str:
     return "(since start)" if step == 0 else f"(since step {step})"
 
 
+def decided_step(f: FindingText) -> int | None:
+    """The step a finding was decided, when later than the step it was first seen (a suspicion
+    held for evidence or for an optimizer that may step late); else None."""
+    step = f.details.get("decided_step")
+    if isinstance(step, int) and f.first_step is not None and step > f.first_step:
+        return step
+    return None
+
+
+def seen_when(f: FindingText) -> str:
+    """``"at step 2"``, or ``"seen at step 2, decided at step 27"`` for a finding decided later.
+
+    Example::
+
+        >>> from leafwatch import Finding
+        >>> seen_when(Finding("not_in_optimizer", "scale", "error", "m", first_step=2,
+        ...                   details={"decided_step": 27}))
+        'seen at step 2, decided at step 27'
+    """
+    decided = decided_step(f)
+    if decided is None:
+        return when(f.first_step)
+    return f"seen {when(f.first_step)}, decided at step {decided}"
+
+
 def ignored_because(f: FindingText) -> str:
     """Why a finding is ignored: the reason given with its ``ignore`` pattern, and the pattern."""
     reason = str(f.details.get("ignored_because") or "ignored by the user")
@@ -97,7 +122,7 @@ def finding_line(f: FindingText) -> str:
     if f.status == IGNORED:
         return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
     head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`"
-    step = when(f.first_step)
+    step = seen_when(f)
     if step:
         head += f" {step}"
     if f.status != OPEN:
@@ -134,6 +159,9 @@ def report_text(findings: Sequence[FindingText], step: int | None = None) -> str
         label = "IGNORED" if ignored else f.severity.upper()
         status = "" if f.status == OPEN or ignored else f" [{f.status}]"
         seen = since(f.first_step)
+        decided = decided_step(f)
+        if seen and decided is not None:
+            seen = f"{seen[:-1]}, decided at step {decided})"
         lines.append(f"  {label:7} {f.kind:19} {f.name}{status}{' ' + seen if seen else ''}{_ranks(f)}")
         lines.append(f"      {f.message}")
         if ignored:
@@ -165,6 +193,8 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None) ->
     for f in findings:
         ignored = f.status == IGNORED
         seen = "" if f.first_step is None else ("start" if f.first_step == 0 else f"step {f.first_step}")
+        if seen and decided_step(f) is not None:
+            seen += f" (decided at step {decided_step(f)})"
         cells = [
             str(f.severity),
             str(f.kind),
@@ -180,11 +210,13 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None) ->
 
 __all__ = [
     "FindingText",
+    "decided_step",
     "escape_markdown",
     "finding_line",
     "ignored_because",
     "report_markdown",
     "report_text",
+    "seen_when",
     "since",
     "when",
 ]

@@ -13,6 +13,7 @@ step, or at the end of the run.
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -39,10 +40,15 @@ class MembershipJudge:
         self.grace = 0
         #: Optimizers that exist but have not stepped yet (their tensors are named as such).
         self.waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
+        #: The ids of tensors whose whole root module no optimizer holds (``leafwatch run``): judged
+        #: by the gradient rule (no finding without a gradient or when the value changes; a
+        #: warning otherwise, naming both fixes).
+        self.outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
         self._tensors: dict[str, weakref.ReferenceType] = {}
         self._quiet: set[int] = set()
         self._evidence = ChangeEvidence()
         self._checks = 0
+        self._got_grad: set[int] = set()
         self.waiting = False
 
     def split(self, found: Iterable[Finding], inv: Inventory, *, before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
@@ -74,9 +80,9 @@ class MembershipJudge:
 
     def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> None:
         """At a check: decide the held findings (a no-op when none is held)."""
+        self._checks += 1  # every check counts, for the messages that say how many
         if not self.waiting:
             return
-        self._checks += 1
         still = False
         for f in self.history.pending():
             waiting = f.details.get("pending")
@@ -98,15 +104,48 @@ class MembershipJudge:
             self._quiet.add(id(t))
             self.history.drop(f.key)
             return False
+        outside = self._outside_root(t)
+        if outside is not None:
+            if t.grad is not None:
+                self._got_grad.add(id(t))
+            if self._evidence.verdict(t) == "changed":
+                self._quiet.add(id(t))  # updated by hand: no finding
+                self.history.drop(f.key)
+                return False
         if self._checks <= self.grace:
             return True  # an optimizer may still appear: wait
+        if outside is not None and not self._held_by_waiting(t):
+            if id(t) not in self._got_grad:
+                self.history.drop(f.key)  # no gradient: an EMA copy, a teacher, a target network
+                return False
+            decided = _outside_root_finding(info, t, step, outside)
+            self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
+                                 fix=decided.fix, details={**_without_pending(decided), "decided_step": step},
+                                 step=step, last_step=step)
+            return False
         if self.grace:
-            decided = self._late(f, info, t, step, Severity.WARNING)
+            # The grace period is over: an error, unless an optimizer the script holds has not
+            # stepped yet (it may still step: a warning until the end of the run).
+            severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
+            decided = self._late(f, info, t, step, severity)
         else:
             decided = self._decided(f, info, t, step)
+        details = _without_pending(decided)
+        if f.first_step is not None and step > f.first_step:
+            details["decided_step"] = step
         self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                             fix=decided.fix, details=_without_pending(decided), step=step, last_step=step)
+                             fix=decided.fix, details=details, step=step, last_step=step)
         return False
+
+    def _outside_root(self, t: torch.Tensor) -> tuple[str, str] | None:
+        """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
+        script and the variable of the optimizer to add it to ("" when unknown); else None."""
+        return self.outside_roots().get(id(t)) if self.outside_roots is not None else None
+
+    def _held_by_waiting(self, t: torch.Tensor) -> bool:
+        """Whether an optimizer that exists but has not stepped holds ``t``."""
+        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
+        return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
 
     def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
         """The gradient rule: a tensor in no optimizer is a mistake only when a gradient reached it
@@ -118,11 +157,6 @@ class MembershipJudge:
         if t.grad is None:
             return True
         return self._evidence.verdict(t) == "changed"
-
-    def _held_by_waiting(self, t: torch.Tensor) -> bool:
-        """Whether an optimizer that exists but has not stepped holds ``t``."""
-        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
-        return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
 
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
         held_by_waiting = self._held_by_waiting(t)
@@ -150,12 +184,25 @@ class MembershipJudge:
             return None
         if self._intended(t, info.module, info.attribute, tracer):
             return None
+        outside = self._outside_root(t)
+        if outside is not None and not self._held_by_waiting(t):
+            if t.grad is not None:
+                self._got_grad.add(id(t))
+            if id(t) not in self._got_grad or self._evidence.verdict(t) == "changed":
+                return None
+            decided = _outside_root_finding(info, t, step, outside)
+            return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
+                             cause=decided.cause, fix=decided.fix,
+                             details={**_without_pending(decided), "decided_step": step})
         if self.grace:
             decided = self._late(f, info, t, step, Severity.ERROR)
         else:
             decided = self._decided(f, info, t, step)
+        details = _without_pending(decided)
+        if f.first_step is not None and step > f.first_step:
+            details["decided_step"] = step
         return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                         cause=decided.cause, fix=decided.fix, details=_without_pending(decided))
+                         cause=decided.cause, fix=decided.fix, details=details)
 
     @staticmethod
     def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int) -> Finding:
@@ -171,8 +218,29 @@ class MembershipJudge:
         """At the end of the run: a late-optimizer warning still open becomes an error."""
         for f in list(self.history):
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                self.history.put(f.replace(severity=Severity.ERROR, last_step=step,
-                                           message=f.message.replace("has not stepped in", "never stepped in")))
+                message = re.sub(r"has not stepped in \d+ checks", f"never stepped in {self._checks} checks",
+                                 f.message)
+                self.history.put(f.replace(severity=Severity.ERROR, last_step=step, message=message,
+                                           details={**f.details, "decided_step": step}))
+
+
+def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str]) -> Finding:
+    """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
+    changes: a forgotten optimizer, or a fixed network that should not require grad (a warning).
+    ``names``: the module's name in the script and the optimizer's variable ("" when unknown)."""
+    root, optimizer = names
+    base = checks.not_in_optimizer(info, t, step=step, got_grad=True)
+    add = (f"`{optimizer}`: `{optimizer}.add_param_group({{\"params\": {root}.parameters()}})`"
+           if optimizer and root else "an optimizer")
+    owner = f"`{root}`" if root else "its module"
+    frozen = f"`{root}.requires_grad_(False)`" if root else "`requires_grad_(False)` on it"
+    return base.replace(
+        severity=Severity.WARNING,
+        message=f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes.",
+        cause=f"{owner} (which holds `{info.name}`) is in no optimizer: its optimizer was forgotten, or it is a "
+        "fixed network that still requires grad.",
+        fix=f"add it to {add}, or, if it should stay fixed, {frozen}",
+        details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer})
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

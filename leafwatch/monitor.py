@@ -23,7 +23,7 @@ from . import inventory, structure, watching
 from .checker import Checker
 from .console import NewFindingWarnings
 from .events import CheckEvent
-from .findings import Finding, Report
+from .findings import Finding, Kind, Report
 from .history import FindingHistory, parse_state
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int
 
@@ -135,6 +135,22 @@ class Monitor:
     def step(self) -> int:
         """The step of the last check (its ``step=``, or a count of checks)."""
         return self._checker.step
+
+    @property
+    def failed_parts(self) -> list[str]:
+        """The parts of the check that failed inside leafwatch (their ``incomplete`` findings, open
+        or resolved): the report of those checks may miss findings. Sinks are not parts of the check."""
+        return sorted({f.name for f in self.history_store if f.kind == Kind.INCOMPLETE})
+
+    @property
+    def every_check_values_until(self) -> int:
+        """Check gradient values (NaN/Inf) at every check up to this step, besides the cadence
+        (``leafwatch run``: a NaN is named at the step it appears); 0 by default."""
+        return self._checker.every_check_values_until
+
+    @every_check_values_until.setter
+    def every_check_values_until(self, step: int) -> None:
+        self._checker.every_check_values_until = validate_int(step, "every_check_values_until", 0)
 
     @property
     def model(self) -> nn.Module | None:
@@ -347,14 +363,18 @@ class Monitor:
 
     # -- the check ---------------------------------------------------------------------------
     def wait_for_optimizers(self, checks_: int,
-                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None) -> None:
+                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
         """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
 
         For front-ends that meet optimizers only when they step (``leafwatch run``): after that
-        many checks a tensor no stepping optimizer holds is a warning, and an error at
-        :meth:`close`. ``waiting`` returns the optimizers that exist but have not stepped.
+        many checks a tensor no stepping optimizer holds is an error, or a warning while an
+        optimizer that holds it has not stepped (``waiting`` returns those optimizers), an error
+        at :meth:`close`. ``outside_roots`` maps the ids of tensors whose whole root module no
+        optimizer holds to the root's name: those follow the gradient rule (no finding when no
+        gradient reaches them or their value changes; else a warning).
         """
-        self._checker.wait_for_optimizers(checks_, waiting)
+        self._checker.wait_for_optimizers(checks_, waiting, outside_roots)
 
     def _check(self, optimizer: torch.optim.Optimizer | None, step: int | None,
                loss: torch.Tensor | None) -> CheckEvent:

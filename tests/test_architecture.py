@@ -119,7 +119,6 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 #: The modules that walk the call stack themselves, and why. Everything else asks `frames.py`.
 STACK_WALKERS = {
     "leafwatch.frames": "the one helper for the first frame of user code",
-    "leafwatch.integrations.runner": "being rewritten (session and discovery); to move onto frames.user_frames",
     "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
     "leafwatch.stepping": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
 }

@@ -197,7 +197,7 @@ def test_an_exception_in_the_script_exits_1_with_its_traceback():
     assert "Traceback (most recent call last):" in result.stderr
     assert 'raises.py", line 7, in diverge' in result.stderr
     assert result.stderr.rstrip().splitlines()[-3] == "ValueError: loss diverged: nan"
-    assert "runner.py" not in result.stderr and "runpy" not in result.stderr
+    assert f"leafwatch{os.sep}integrations" not in result.stderr and "runpy" not in result.stderr  # no runner frame
 
 
 def test_the_script_sees_its_argv_name_and_folder():
@@ -382,3 +382,219 @@ def test_run_names_parameters_of_modules_called_through_forward():
                             if line.startswith("leafwatch: ERROR")}
     assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
     assert "being traced" not in result.stderr.split("summary after")[1]
+
+
+# -- exit codes: the table and the exit code agree -------------------------------------------------
+def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"))
+    assert result.returncode == runner.STRICT_EXIT_CODE == 1, result.stderr
+    assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
+    live, summary = result.stderr.split("leafwatch: summary after 10 optimizer steps")
+    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix: pass it " \
+        "to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from `configure_optimizers`), " \
+        "or freeze it with `requires_grad_(False)`; if that is intended, silence it: `ignore=[\"scale\"]`\n"
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "leafwatch: --strict: the run ended with 1 open error(s) (first: not_in_optimizer `scale`): exit 1." \
+        in result.stderr
+    report = _leafwatch("report", str(tmp_path))
+    assert report.returncode == 1
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in report.stdout
+
+
+def test_without_strict_an_open_error_keeps_exit_code_0():
+    result = _leafwatch("run", str(SCRIPTS / "left_out.py"))
+    assert result.returncode == 0, result.stderr
+    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "--strict" not in result.stderr
+
+
+def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path):
+    # not_in_optimizer waits LATE_OPTIMIZER_CHECKS checks (an optimizer may step late), then is decided.
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"), "--steps", "60")
+    decided = runner.LATE_OPTIMIZER_CHECKS + 2  # checks start at step 2
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""  # stopped before the end of the loop
+    live, summary = result.stderr.split("leafwatch: summary after")
+    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step {decided}. Fix:" in live
+    assert "WARNING" not in result.stderr
+    assert f"--strict stopped the script at optimizer step {decided}: ERROR not_in_optimizer `scale`." in live
+    assert f"ERROR   not_in_optimizer    scale (since step 2, decided at step {decided})" in summary
+    assert f"no optimizer that stepped in {decided - 1} checks holds it" in summary
+    (run,) = read_reports(str(tmp_path))
+    (f,) = run.report.findings
+    assert (f.kind, f.name, f.severity, f.first_step, f.details["decided_step"]) == (
+        "not_in_optimizer", "scale", "error", 2, decided)
+
+
+def test_the_scripts_own_non_zero_exit_code_comes_before_strict():
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "left_out.py"), "--exit-code", "3")
+    assert result.returncode == 3, result.stderr
+    assert "ERROR   not_in_optimizer    scale" in result.stderr
+
+
+def test_an_unusable_logdir_exits_2_before_the_script_runs(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    logdir = blocker / "runs"
+    result = _leafwatch("run", "--strict", "--logdir", str(logdir), str(SCRIPTS / "left_out.py"))
+    assert result.returncode == runner.USAGE_EXIT_CODE == 2
+    assert result.stdout == ""  # the script did not run
+    assert result.stderr.splitlines() == [
+        f"leafwatch run: --logdir {str(logdir)!r} is not usable: cannot create it (Not a directory)"]
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
+def test_a_read_only_logdir_exits_2(tmp_path):
+    logdir = tmp_path / "ro"
+    logdir.mkdir()
+    logdir.chmod(0o500)
+    try:
+        result = _leafwatch("run", "--logdir", str(logdir), str(SCRIPTS / "left_out.py"))
+    finally:
+        logdir.chmod(0o700)
+    assert result.returncode == 2 and result.stdout == ""
+    assert f"--logdir {str(logdir)!r} is not usable: cannot write in it (Permission denied)" in result.stderr
+
+
+def test_run_help_lists_the_exit_codes_in_order():
+    result = _leafwatch("run", "--help")
+    assert result.returncode == 0
+    text = result.stdout
+    order = [text.index(line) for line in ("the script's own non-zero exit code", "2   bad arguments",
+                                           "1   --strict and an open error", "70  --strict and a part",
+                                           "0   otherwise")]
+    assert order == sorted(order)
+
+
+def test_an_internal_failure_under_strict_exits_70_and_says_the_check_is_incomplete(monkeypatch, capsys):
+    import leafwatch.monitor
+    from leafwatch.findings import LeafwatchInternalWarning
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("broken on purpose")
+
+    monkeypatch.setattr(leafwatch.monitor.Monitor, "check", broken)
+    with pytest.warns(LeafwatchInternalWarning, match="internal failure in the optimizer step hook"):
+        code = runner.run(str(SCRIPTS / "clean.py"), ["3"], strict=True)
+    assert code == runner.INCOMPLETE_EXIT_CODE == 70
+    err = capsys.readouterr().err
+    assert "leafwatch: incomplete: the optimizer step hook failed inside leafwatch" in err
+    assert "--strict: the check is incomplete (the optimizer step hook failed): exit 70." in err
+    with pytest.warns(LeafwatchInternalWarning):
+        assert runner.run(str(SCRIPTS / "clean.py"), ["3"]) == 0  # without --strict: 0
+
+
+@pytest.mark.parametrize(("script_code", "errors", "incomplete", "strict", "expected"), [
+    (5, True, True, True, 5), (0, True, True, True, 1), (0, False, True, True, 70),
+    (0, True, True, False, 0), (0, False, False, True, 0)])
+def test_exit_code_precedence(script_code, errors, incomplete, strict, expected):
+    from leafwatch import Finding, Report
+
+    findings = [Finding("not_in_optimizer", "scale", "error", "never changes", first_step=2)] if errors else []
+    assert runner.exit_code(script_code, Report(findings, step=9), strict=strict, incomplete=incomplete) == expected
+
+
+# -- the end of the run decides what is left -------------------------------------------------------
+def test_a_nan_at_step_three_of_six_is_named_at_step_three_and_strict_stops_there(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "nan_at_step_three.py"))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "leafwatch: ERROR nonfinite_grad `weight` at step 3. Fix:" in result.stderr
+    assert "--strict stopped the script at optimizer step 3: ERROR nonfinite_grad" in result.stderr
+    assert "ERROR   nonfinite_grad      weight (since step 3)" in result.stderr
+    (run,) = read_reports(str(tmp_path))
+    assert {(f.kind, f.name, f.first_step) for f in run.report.open} == {
+        ("nonfinite_grad", "weight", 3), ("nonfinite_grad", "bias", 3)}
+
+
+def test_a_nan_at_step_three_of_six_without_strict_runs_to_the_end():
+    result = _leafwatch("run", str(SCRIPTS / "nan_at_step_three.py"))
+    assert result.returncode == 0 and result.stdout == "done\n"
+    assert "ERROR   nonfinite_grad      bias (since step 3)" in result.stderr
+
+
+def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a_separate_object(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "gan_separate.py"))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == "gan done\n"  # a warning while it may still step: the script runs on
+    live, summary = result.stderr.split("leafwatch: summary after 40 optimizer steps")
+    assert "WARNING not_in_optimizer `Sequential.0.weight` seen at step 2, decided at step 27" in live
+    names = {"Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight", "Sequential.2.bias"}
+    for name in names:
+        assert f"ERROR   not_in_optimizer    {name} (since step 2, decided at step 40)" in summary
+        assert f"`{name}` is held only by an optimizer that never stepped in 39 checks" in summary
+    assert "step()` is never called on it" in summary
+    assert "`Sequential_1." not in result.stderr  # the critic trains
+    (run,) = read_reports(str(tmp_path))
+    assert run.report.names("not_in_optimizer") == names
+    assert {f.severity for f in run.report.open} == {"error"}
+
+
+def test_a_script_without_modules_gets_a_sentence_that_fits_it():
+    result = _leafwatch("run", str(SCRIPTS / "no_module.py"))
+    assert result.returncode == 0, result.stderr
+    assert "leafwatch: no findings at step 5" in result.stderr
+    assert "the script trains no `nn.Module`: its optimizers hold plain tensors" in result.stderr
+    assert ".forward()" not in result.stderr and "inside a function" not in result.stderr
+
+
+def test_a_plain_tensor_in_the_optimizer_without_a_gradient_is_named_by_its_variable():
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "no_module_unused.py"))
+    assert result.returncode == 1, result.stderr
+    assert "ERROR missing_grad `w` at step 2" in result.stderr
+    assert "`b`" not in result.stderr
+
+
+def test_a_module_level_loop_is_never_told_it_runs_inside_a_function():
+    # The optimizers are kept in a dict: no module-level variable holds one.
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "actor_critic.py"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "actor-critic done\n"
+    assert "leafwatch: no findings at step 60" in result.stderr
+    assert "inside a function" not in result.stderr
+
+
+# -- discovery: the gradient rule for modules no optimizer holds a tensor of ------------------------
+def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "calib_outside.py"))
+    assert result.returncode == 0, result.stderr  # a warning: a forgotten optimizer, or a fixed network
+    assert result.stdout == "done\n"
+    fix = ('add it to `optimizer`: `optimizer.add_param_group({"params": calib.parameters()})`, '
+           "or, if it should stay fixed, `calib.requires_grad_(False)`")
+    for name in ("Linear_1.weight", "Linear_1.bias"):
+        assert f"leafwatch: WARNING not_in_optimizer `{name}` seen at step 2, decided at step 27. Fix: {fix}" \
+            in result.stderr
+        assert f"`{name}` gets gradients but no optimizer holds it, nor any tensor of `calib`" in result.stderr
+    (run,) = read_reports(str(tmp_path))
+    assert {(f.kind, f.name, f.severity) for f in run.report.open} == {
+        ("not_in_optimizer", "Linear_1.weight", "warning"), ("not_in_optimizer", "Linear_1.bias", "warning")}
+    assert {f.details["root"] for f in run.report.open} == {"calib"}
+
+
+def test_a_twin_critic_left_out_of_its_optimizer_is_named_not_its_per_step_q_values():
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "td3_twin_left_out.py"))
+    assert result.returncode == 0, result.stderr
+    named = {line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: WARNING")}
+    assert named == {"Sequential_1.0.weight", "Sequential_1.0.bias", "Sequential_1.2.weight", "Sequential_1.2.bias"}
+    assert "`critic2.requires_grad_(False)`" in result.stderr
+    assert "ERROR" not in result.stderr and "non_leaf" not in result.stderr
+    for per_step in ("q1", "q2", "critic_loss", "actor_loss", "tq"):
+        assert f"`{per_step}`" not in result.stderr
+
+
+def test_a_module_updated_by_hand_is_no_finding():
+    result = _leafwatch("run", "--strict", str(SCRIPTS / "updated_by_hand.py"))
+    assert result.returncode == 0, result.stderr
+    assert "leafwatch: no findings at step 40" in result.stderr
+
+
+def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_owner(tmp_path):
+    result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "recreated_network.py"))
+    assert result.returncode == 1, result.stderr
+    names = {"0.weight", "0.bias", "2.weight", "2.bias"}
+    for name in names:
+        assert f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: rebuild the optimizer" in result.stderr
+        assert f"optimizer 0 still holds the old `{name}`" in result.stderr
+    assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
+    (run,) = read_reports(str(tmp_path))
+    assert run.report.names("stale_param") == names

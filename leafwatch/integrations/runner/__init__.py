@@ -1,0 +1,63 @@
+"""``leafwatch run``: audit an unmodified PyTorch script, the way ``python -m cProfile`` runs one.
+
+The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds global hooks:
+
+- a global optimizer step pre-hook checks the parameters of each optimizer that steps, with a
+  :class:`~leafwatch.Monitor` that adopts every optimizer it sees (:mod:`.session`);
+- a global module forward pre-hook sees the modules that run, and the frames of user code at a
+  step show the optimizers the script holds; the *roots* among the modules give the qualified
+  names (:mod:`.discovery`). Once the roots are stable the module hook is removed, so the
+  script runs at full speed.
+
+The structural checks (``not_in_optimizer`` above all) need every optimizer of the script: the
+first check waits until some optimizer steps a second time, and optimizer membership stays
+pending for :data:`LATE_OPTIMIZER_CHECKS` checks (an optimizer may step late). Then a tensor no
+stepping optimizer holds is an error (a warning while an optimizer the script holds has not
+stepped: an error at the end of the run if it never does); a module none of whose tensors any
+optimizer holds is judged by the gradient rule (no finding without a gradient or when its
+value changes; a warning when it gets gradients and never changes).
+
+Findings go to stderr once each as they appear (one short line with the fix, and the step it
+was decided when later than the step it was first seen), and the table of all of them, causes
+included, at exit; the script's stdout is its own, and the exit code follows
+:func:`~.command.exit_code` (:mod:`.command`).
+"""
+
+from __future__ import annotations
+
+from ...options import parse_ignore
+from .command import (
+    EXIT_CODES_HELP,
+    INCOMPLETE_EXIT_CODE,
+    STRICT_EXIT_CODE,
+    USAGE_EXIT_CODE,
+    configure_run_parser,
+    exit_code,
+    logdir_problem,
+    run,
+    run_main,
+    run_target,
+)
+from .discovery import STABLE_STEPS, Discovery, user_frames
+from .session import EVERY_STEP_VALUE_CHECKS, LATE_OPTIMIZER_CHECKS, Session, StrictStop
+
+__all__ = [
+    "EVERY_STEP_VALUE_CHECKS",
+    "EXIT_CODES_HELP",
+    "INCOMPLETE_EXIT_CODE",
+    "LATE_OPTIMIZER_CHECKS",
+    "STABLE_STEPS",
+    "STRICT_EXIT_CODE",
+    "USAGE_EXIT_CODE",
+    "Discovery",
+    "Session",
+    "StrictStop",
+    "configure_run_parser",
+    "exit_code",
+    "logdir_problem",
+    "parse_ignore",
+    "run",
+    "run_main",
+    "run_target",
+    "user_frames",
+]

@@ -1,0 +1,265 @@
+"""The ``leafwatch run`` command: run a script (or ``-m module``) as ``__main__`` under a
+:class:`~leafwatch.integrations.runner.session.Session`, print the summary, and exit with the
+code :func:`exit_code` gives (the script's own non-zero code, then 2 for usage, 1 for an open
+error under ``--strict``, 70 for an incomplete check under ``--strict``, then 0)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import tempfile
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from ...findings import Report
+from ...options import parse_ignore, positive_int
+from .session import Session, StrictStop
+
+#: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
+#: ended with it).
+STRICT_EXIT_CODE = 1
+#: Exit code of bad arguments (an unusable ``--logdir`` included), before the script starts.
+USAGE_EXIT_CODE = 2
+#: Exit code of a ``--strict`` run where a part of the check failed inside leafwatch (sysexits'
+#: EX_SOFTWARE): its report may miss findings.
+INCOMPLETE_EXIT_CODE = 70
+
+
+# -- running the script ---------------------------------------------------------------------
+def _system_exit_code(code: Any) -> int:
+    """What ``sys.exit(code)`` makes the interpreter return (a message is printed, as Python does)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        sys.stderr.write(f"{code}\n")
+    except Exception:
+        pass
+    return 1
+
+
+def run_target(script: str | None, module: str | None, argv: Sequence[str]) -> int:
+    """Run a script path or a module as ``__main__`` with ``argv`` after its name; its exit code.
+
+    Exceptions raised by the script are printed with their traceback and give 1 (130 for
+    KeyboardInterrupt), as the interpreter does. :class:`StrictStop` is let through.
+    """
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    try:
+        if module is not None:
+            sys.argv = [module, *argv]
+            if sys.path:
+                sys.path[0] = os.getcwd()
+            else:
+                sys.path.insert(0, os.getcwd())
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            assert script is not None
+            sys.argv = [script, *argv]
+            directory = os.path.dirname(os.path.abspath(script))
+            if sys.path:
+                sys.path[0] = directory
+            else:
+                sys.path.insert(0, directory)
+            runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as stop:
+        return _system_exit_code(stop.code)
+    except StrictStop:
+        raise
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:
+        _print_script_traceback()
+        return 1
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+
+
+def _print_script_traceback() -> None:
+    """The traceback without leafwatch's and runpy's own frames on top."""
+    etype, value, tb = sys.exc_info()
+    here = os.path.dirname(os.path.abspath(__file__))
+    skip = (here, os.path.dirname(runpy.__file__) + os.sep + "runpy.py", "<frozen runpy>")
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
+        tb = tb.tb_next
+    traceback.print_exception(etype, value, tb)
+
+
+def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = None,
+        logdir: str | None = None, strict: bool = False, patience: int = 1,
+        ignore: dict[str, str] | None = None) -> int:
+    """Run a script (or ``module``) under leafwatch; returns the exit code.
+
+    Args:
+        script: Path of the script (None with ``module``).
+        argv: The script's arguments.
+        module: Run this module as ``python -m`` would.
+        logdir: Write TensorBoard records there.
+        strict: Stop at the first check with an open error finding (exit code 1).
+        patience: Checks a parameter may go without a gradient before it is reported.
+        ignore: Name pattern -> reason; matching findings are reported as ignored.
+
+    Returns:
+        The script's exit code, or 1 when ``strict`` stopped it.
+
+    Raises:
+        ValueError: neither or both of ``script`` and ``module``; ``patience`` below 1.
+    """
+    if (script is None) == (module is None):
+        raise ValueError(f"give exactly one of `script` and `module`, got script={script!r}, module={module!r}")
+    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
+        raise ValueError(f"`patience` must be an int >= 1, got {patience!r}")
+    session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
+    session.install()
+    code: int
+    stopped: StrictStop | None = None
+    try:
+        code = run_target(script, module, argv)
+    except StrictStop as stop:
+        stopped = stop
+        code = 0  # the script did not end: its own code is unknown
+    finally:
+        report = session.close()
+    if stopped is not None:
+        first = stopped.report.at_least("error")[0]
+        session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
+                       f"{first.severity.upper()} {first.kind} `{first.name}`.")
+    session.write(session.summary(report))
+    failed = session.failed_parts
+    final = exit_code(code, report, strict=strict, incomplete=bool(failed))
+    if strict and stopped is None and code == 0 and final == STRICT_EXIT_CODE:
+        errors = report.at_least("error")
+        session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
+                       f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
+    elif final == INCOMPLETE_EXIT_CODE:
+        session.write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
+                       f"exit {INCOMPLETE_EXIT_CODE}.")
+    return final
+
+
+def exit_code(script_code: int, report: Report, *, strict: bool, incomplete: bool) -> int:
+    """The exit code of ``leafwatch run``, by precedence (usage errors, 2, are decided before the
+    script starts and never get here).
+
+    Args:
+        script_code: The script's own exit code (0 when ``--strict`` stopped it).
+        report: The final report.
+        strict: Whether ``--strict`` was given.
+        incomplete: Whether a part of the check failed inside leafwatch.
+
+    Returns:
+        The script's non-zero code; else :data:`STRICT_EXIT_CODE` for an open error under
+        ``strict``; else :data:`INCOMPLETE_EXIT_CODE` for an incomplete check under ``strict``;
+        else 0.
+
+    Example::
+
+        >>> from leafwatch import Finding, Report
+        >>> bad = Report([Finding("not_in_optimizer", "scale", "error", "never changes")], step=10)
+        >>> exit_code(5, bad, strict=True, incomplete=True), exit_code(0, bad, strict=True, incomplete=True)
+        (5, 1)
+        >>> exit_code(0, Report(step=10), strict=True, incomplete=True), exit_code(0, bad, strict=False, incomplete=False)
+        (70, 0)
+    """
+    if script_code != 0:
+        return script_code
+    if strict and report.at_least("error"):
+        return STRICT_EXIT_CODE
+    if strict and incomplete:
+        return INCOMPLETE_EXIT_CODE
+    return 0
+
+
+# -- the command line -----------------------------------------------------------------------
+#: The exit codes of ``leafwatch run``, first match wins (shown by ``leafwatch run --help``).
+EXIT_CODES_HELP = f"""exit codes, first match wins:
+  the script's own non-zero exit code (1 for an uncaught exception, 130 for Ctrl-C)
+  {USAGE_EXIT_CODE}   bad arguments, an unusable --logdir: the script is not run
+  {STRICT_EXIT_CODE}   --strict and an open error: at the check that decided it (the script stops there),
+      or at the end of the run
+  {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings)
+  0   otherwise (without --strict, findings never change the exit code)"""
+
+
+def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXIT_CODES_HELP
+    parser.add_argument("--logdir", metavar="DIR",
+                        help="write TensorBoard records to DIR (created; checked before the script starts)")
+    parser.add_argument("--strict", action="store_true",
+                        help=f"stop the script at the check that decides an error and exit {STRICT_EXIT_CODE} "
+                        "(also for an error decided at the end of the run)")
+    parser.add_argument("--patience", type=positive_int, default=1, metavar="N",
+                        help="checks a parameter may go without a gradient before it is reported (default 1)")
+    parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN[=REASON]",
+                        help="report findings whose name matches the glob PATTERN as ignored (repeatable)")
+    parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                        help="run a library module as a script (the rest of the line is its arguments)")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
+                        help="the script and its arguments")
+    parser.set_defaults(handler=run_main)
+    return parser
+
+
+def run_main(args: argparse.Namespace) -> int:
+    """Run what ``args`` (from the ``run`` parser) names; the exit code."""
+    try:
+        ignore = parse_ignore(args.ignore)
+    except ValueError as error:
+        sys.stderr.write(f"leafwatch run: {error}\n")
+        return USAGE_EXIT_CODE
+    module_args = args.module
+    if module_args is not None:
+        if not module_args:
+            sys.stderr.write("leafwatch run: -m needs a module name\n")
+            return USAGE_EXIT_CODE
+        module, argv, script = module_args[0], module_args[1:], None
+        if args.script_args:
+            sys.stderr.write(f"leafwatch run: give a script or -m MODULE, not both (got {args.script_args[0]!r})\n")
+            return USAGE_EXIT_CODE
+    else:
+        if not args.script_args:
+            sys.stderr.write("leafwatch run: give a script to run: leafwatch run [options] script.py [args ...]\n")
+            return USAGE_EXIT_CODE
+        script, argv, module = args.script_args[0], args.script_args[1:], None
+        if not os.path.exists(script):
+            sys.stderr.write(f"leafwatch run: can't open file {script!r}: no such file\n")
+            return USAGE_EXIT_CODE
+    if args.logdir is not None:
+        problem = logdir_problem(args.logdir)
+        if problem is not None:
+            sys.stderr.write(f"leafwatch run: --logdir {args.logdir!r} is not usable: {problem}\n")
+            return USAGE_EXIT_CODE
+    return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
+               patience=args.patience, ignore=ignore)
+
+
+def logdir_problem(logdir: str) -> str | None:
+    """Why ``logdir`` cannot take TensorBoard records (it is created if missing), or None.
+
+    Args:
+        logdir: The folder given to ``--logdir``.
+
+    Returns:
+        The reason in a few words, or None when a file can be written there.
+    """
+    try:
+        os.makedirs(logdir, exist_ok=True)
+    except OSError as error:
+        return f"cannot create it ({error.strerror or error})"
+    if not os.path.isdir(logdir):
+        return "it is not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=logdir):
+            pass
+    except OSError as error:
+        return f"cannot write in it ({error.strerror or error})"
+    return None

@@ -1,0 +1,356 @@
+"""What ``leafwatch run`` discovers of an unmodified script: the modules that run, the root modules
+among them, the optimizers the script holds (stepped or not), and its module-level tensors.
+
+- A global module forward pre-hook sees the modules that run; the *roots* among them (modules that
+  are neither a submodule of another one that ran, nor kept in one of its plain lists, dicts or
+  attributes) give the qualified names: with one root no prefix, with several a prefix from the
+  class name. Once the roots are stable the hook is removed; it comes back for a few steps when
+  an optimizer steps with parameters that no known module owns.
+- A root is judged when an optimizer (stepping or held by the script) holds one of its tensors,
+  or when gradients reach it although no optimizer holds any of its tensors (the gradient rule:
+  a forgotten optimizer, or a fixed network that still requires grad). A root that gets no
+  gradient and that no optimizer holds (an EMA copy, a teacher, a target network) is not judged.
+- The frames of user code at an optimizer step (:func:`user_frames`) give the modules that own
+  unknown parameters, the optimizers the script holds, and whether the loop runs at the
+  script's module level.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from ... import frames, graph, inventory
+from ...monitor import Monitor
+
+#: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
+STABLE_STEPS = 2
+#: The first this many optimizer steps read the script's module-level variables (and each step
+#: that gives an optimizer new parameters).
+SCRIPT_SCANS = 3
+_MAX_FRAMES = 30
+_MAX_LOCALS = 1000
+_MAX_GLOBALS = 2_000
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
+    """The frames of user code of the caller's stack, innermost first, at most ``limit``:
+    :func:`leafwatch.frames.user_frames` passing over leafwatch's and torch's own frames only
+    (a framework's frame, such as a Trainer's, may hold the script's objects)."""
+    return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=depth), limit)
+
+
+def _frame_values(frame: Any) -> list[Any]:
+    """A frame's local values and, for a method, the attributes of ``self``."""
+    values = list(frame.f_locals.values())
+    owner = frame.f_locals.get("self")
+    if owner is not None:
+        try:
+            values.extend(vars(owner).values())
+        except TypeError:
+            pass
+    return values[:_MAX_LOCALS]
+
+
+def _script_scope() -> dict[str, Any]:
+    """The module-level variables of the script (``__main__``), at most :data:`_MAX_GLOBALS`."""
+    scope = getattr(sys.modules.get("__main__"), "__dict__", None)
+    return dict(list(scope.items())[:_MAX_GLOBALS]) if isinstance(scope, dict) else {}
+
+
+def _is_builtin(module: nn.Module) -> bool:
+    return type(module).__module__.startswith("torch.")
+
+
+def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+    return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+
+
+def _contained_modules(module: nn.Module) -> list[nn.Module]:
+    """Every module below ``module``: registered submodules and modules kept in plain containers
+    (the walk :func:`leafwatch.inventory.contained` does for orphans)."""
+    out: list[nn.Module] = []
+    seen: set[int] = {id(module)}
+    stack = [module]
+    while stack:
+        current = stack.pop()
+        below: list[Any] = list(current._modules.values())
+        below.extend(value for _, value, kinds in inventory.contained(current)
+                     if kinds and isinstance(value, nn.Module))
+        for sub in below:
+            if isinstance(sub, nn.Module) and id(sub) not in seen:
+                seen.add(id(sub))
+                out.append(sub)
+                stack.append(sub)
+    return out
+
+
+class _RootInfo:
+    """What one candidate root module holds: registered parameters and unregistered tensors."""
+
+    def __init__(self, module: nn.Module) -> None:
+        inv = inventory.Inventory(module)
+        self.module = module
+        self.registered = set(inv.tensors)
+        self.unregistered = {id(o.tensor) for o in inv.orphans()}
+
+    @property
+    def owned(self) -> set[int]:
+        return self.registered | self.unregistered
+
+
+class Discovery:
+    """The modules, roots and optimizers of one ``leafwatch run``, found as the script runs.
+
+    Args:
+        on_roots: Called with the new named roots each time they change.
+    """
+
+    def __init__(self, on_roots: Callable[[dict[str, nn.Module]], None] | None = None) -> None:
+        self.on_roots = on_roots
+        #: Optimizer steps seen, all optimizers together.
+        self.steps = 0
+        #: The optimizers that stepped, in the order of their first step.
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.step_counts: dict[int, int] = {}
+        #: Whether the loop that steps runs at the script's module level.
+        self.loop_at_module_level = False
+        #: Whether any module ran through ``module(x)`` (hooks fire) rather than ``.forward(x)``.
+        self.saw_forward = False
+        self.seen: dict[int, weakref.ReferenceType] = {}
+        self._handles: list[Any] = []
+        self._opt_keys: dict[int, tuple[int, ...]] = {}
+        self._roots: dict[str, nn.Module] = {}
+        self._roots_key: tuple[int, ...] = ()
+        self._owned: set[int] = set()
+        self._accepted_unknown: set[int] = set()
+        self._stable = 0
+        self._held_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        #: Root modules (by id) no optimizer holds a tensor of that got a gradient.
+        self._outside: dict[int, weakref.ReferenceType] = {}
+        self._outside_ids: tuple[int, dict[int, tuple[str, str]]] = (-1, {})
+        self._script_tensors: dict[str, weakref.ReferenceType] = {}
+        self._script_watched: set[str] = set()
+
+    # -- the global module hook ------------------------------------------------------------------
+    def arm(self) -> None:
+        """Install the global module forward pre-hook (a no-op when installed)."""
+        if self._handles:
+            return
+        self._handles.append(torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward_pre))
+        self._stable = 0
+
+    def disarm(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    @property
+    def armed(self) -> bool:
+        """Whether the global module hook is installed (removed once the roots are stable)."""
+        return bool(self._handles)
+
+    @property
+    def roots(self) -> dict[str, nn.Module]:
+        """The named root modules found so far (a copy)."""
+        return dict(self._roots)
+
+    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if module._parameters:  # a module with parameters of its own ran through module(x)
+            self.saw_forward = True
+        if id(module) not in self.seen:
+            self._remember(module)
+
+    def _remember(self, module: nn.Module) -> None:
+        key = id(module)
+
+        def forget(_: Any, key: int = key) -> None:
+            self.seen.pop(key, None)
+
+        try:
+            self.seen[key] = weakref.ref(module, forget)
+        except TypeError:  # a module class that refuses weak references
+            pass
+
+    def modules_seen(self) -> list[nn.Module]:
+        return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
+
+    # -- an optimizer step -----------------------------------------------------------------------
+    def step(self, optimizer: torch.optim.Optimizer, *, checked: bool) -> tuple[int, bool]:
+        """Take note of a step of ``optimizer``: its count and whether it holds new parameters.
+
+        Args:
+            optimizer: The optimizer about to step (or that just stepped, with a closure).
+            checked: Whether a check already ran (the module hook may then go once stable).
+
+        Returns:
+            How many times ``optimizer`` stepped, and whether its parameter groups changed.
+        """
+        self.steps += 1
+        oid = id(optimizer)
+        count = self.step_counts.get(oid, 0) + 1
+        self.step_counts[oid] = count
+        if count == 1:
+            self.optimizers.append(optimizer)
+        key = tuple(len(g["params"]) for g in optimizer.param_groups)
+        new_params = self._opt_keys.get(oid) != key
+        self._opt_keys[oid] = key
+        if new_params:
+            unknown = _params([optimizer]) - self._owned - self._accepted_unknown
+            if unknown:
+                self.arm()
+                self._find_owners(unknown)
+        if self._handles or new_params:
+            self._update_roots(checked)
+        return count, new_params
+
+    def _find_owners(self, unknown: set[int]) -> None:
+        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``.
+
+        A container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are
+        called one by one) is found there: the training loop holds it in a variable.
+        """
+        for frame in user_frames():
+            for value in _frame_values(frame):
+                if isinstance(value, nn.Module) and id(value) not in self.seen:
+                    if any(id(p) in unknown for p in value.parameters()):
+                        self._remember(value)
+
+    def find_optimizers(self) -> None:
+        """Remember the optimizers the script holds in the calling frames, stepped or not (in a
+        variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
+        that steps runs at the script's module level."""
+        for i, frame in enumerate(user_frames()):
+            if i == 0 and frame.f_code.co_name == "<module>":
+                self.loop_at_module_level = True
+            for value in _frame_values(frame):
+                if isinstance(value, torch.optim.Optimizer):
+                    self._held_optimizers.add(value)
+                elif isinstance(value, (dict, list, tuple)) and len(value) <= 64:
+                    items = value.values() if isinstance(value, dict) else value
+                    self._held_optimizers.update(v for v in items if isinstance(v, torch.optim.Optimizer))
+
+    def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Optimizers the script holds that have not stepped (yet)."""
+        return [o for o in list(self._held_optimizers) if id(o) not in self.step_counts]
+
+    def outside_root_tensors(self) -> dict[int, tuple[str, str]]:
+        """The ids of the tensors of root modules no optimizer holds any tensor of, each with the
+        root's name in the script (its module-level variable, else the root's name) and the
+        variable of the script's only stepping optimizer ("" when not one); once per step."""
+        if self._outside_ids[0] == self.steps:
+            return self._outside_ids[1]
+        held = _params([*self.optimizers, *self.waiting_optimizers()])
+        variables: dict[int, str] = {}
+        for key, value in _script_scope().items():
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)) and not key.startswith("_"):
+                variables.setdefault(id(value), key)  # the first name (a loop variable comes later)
+        optimizer = variables.get(id(self.optimizers[0]), "") if len(self.optimizers) == 1 else ""
+        out: dict[int, tuple[str, str]] = {}
+        for name, root in self._roots.items():
+            if id(root) in self._outside:
+                params = [id(p) for p in root.parameters()]
+                if not held.intersection(params):
+                    out.update(dict.fromkeys(params, (variables.get(id(root), name), optimizer)))
+        self._outside_ids = (self.steps, out)
+        return out
+
+    # -- roots -----------------------------------------------------------------------------------
+    def _candidate_roots(self) -> list[nn.Module]:
+        seen = self.modules_seen()
+        contained: set[int] = set()
+        for module in seen:
+            if id(module) in contained:
+                continue
+            contained.update(id(m) for m in _contained_modules(module))
+        return [m for m in seen if id(m) not in contained]
+
+    def update_roots(self, checked: bool = True) -> None:
+        """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
+        self._update_roots(checked)
+
+    def _update_roots(self, checked: bool) -> None:
+        # The optimizers that stepped and those the script holds that have not (yet): a network
+        # whose optimizer never steps is judged (named at the end of the run).
+        in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
+        kept: list[_RootInfo] = []
+        for module in self._candidate_roots():
+            if _is_builtin(module) and not any(True for _ in module.parameters()):
+                continue  # a loss or an activation called at the top level
+            info = _RootInfo(module)
+            if not info.owned:
+                continue
+            if info.owned & in_optimizers or not info.registered:
+                kept.append(info)
+            elif id(module) in self._outside or any(p.grad is not None for p in module.parameters()):
+                # No optimizer holds any of its tensors, yet gradients reach it: judged by the
+                # gradient rule (a forgotten optimizer, or a fixed network that requires grad).
+                self._outside[id(module)] = weakref.ref(module)
+                kept.append(info)
+            # A module none of whose tensors any optimizer holds and that gets no gradient (an EMA
+            # copy, a teacher, a target network, a frozen backbone) is not judged.
+        key = tuple(id(i.module) for i in kept)
+        owned = set().union(*(i.owned for i in kept)) if kept else set()
+        if key == self._roots_key:
+            self._stable += 1
+        else:
+            self._stable = 0
+            self._roots_key = key
+            self._roots = _name_roots([i.module for i in kept])
+            if self.on_roots is not None:
+                self.on_roots(dict(self._roots))  # rebuilt at the next check
+        self._owned = owned
+        if self._handles and self._stable >= STABLE_STEPS and self.step_counts:
+            # Stable: what no root owns now is a tensor of the script's own (or a stale one).
+            self._accepted_unknown |= _params(self.optimizers) - owned
+            if all(c >= 2 for c in self.step_counts.values()) or checked:
+                self.disarm()
+
+    # -- the script's module-level tensors ---------------------------------------------------------
+    def scan_script_globals(self, monitor: Monitor) -> None:
+        """Watch the script's module-level tensors that require grad and stay the same tensor
+        from one scan to the next (an activation or a loss is a new tensor each step): a leaf in
+        no optimizer is ``not_in_optimizer``, one an optimizer holds must get a gradient, a
+        non-leaf is ``non_leaf``, under its variable name."""
+        found = {name: value for name, value in _script_scope().items()
+                 if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__")
+                 and id(value) not in self._owned}
+        in_optimizers = _params(self.optimizers)
+        for name, t in found.items():
+            before = self._script_tensors.get(name)
+            if before is None or before() is not t or name in self._script_watched:
+                continue
+            if not t.is_leaf and self._derived_from_model(t, in_optimizers):
+                continue  # an output or a loss kept at module level
+            # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
+            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
+                                location="the script's module level")
+            self._script_watched.add(name)
+        self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}
+
+    def _derived_from_model(self, t: torch.Tensor, in_optimizers: set[int]) -> bool:
+        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
+        held = self._owned | in_optimizers
+        held |= {id(p) for m in self.modules_seen() for p in m.parameters(recurse=False)}  # modules that ran
+        return not complete or any(id(leaf) in held for leaf in leaves)
+
+
+def _name_roots(modules: list[nn.Module]) -> dict[str, nn.Module]:
+    if len(modules) == 1:
+        return {"": modules[0]}
+    roots: dict[str, nn.Module] = {}
+    counts: dict[str, int] = {}
+    for module in modules:
+        base = type(module).__name__
+        n = counts.get(base, 0)
+        counts[base] = n + 1
+        roots[base if n == 0 else f"{base}_{n}"] = module
+    return roots

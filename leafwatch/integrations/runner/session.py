@@ -1,0 +1,323 @@
+"""The :class:`Session` of one ``leafwatch run``: the global optimizer step hooks, the
+:class:`~leafwatch.Monitor` that checks each step, the console lines and the summary.
+
+What the script trains (modules, roots, optimizers, module-level tensors) is found by
+:class:`~leafwatch.integrations.runner.discovery.Discovery`; the session decides when to check:
+the first check waits until some optimizer steps a second time (alternating GAN optimizers have
+all been seen), and optimizer membership stays pending for :data:`LATE_OPTIMIZER_CHECKS` checks
+(an optimizer may step late: WGAN-GP's ``n_critic``, TD3's ``policy_delay``). A run that ends
+before any check is still decided at its end: the structure then, every optimizer known, and the
+tensors that had no gradient when their optimizer made its only step.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any, TextIO
+
+import torch
+from torch import nn
+
+from ... import checks, inventory, watching
+from ...console import NewFindingWarnings
+from ...findings import Finding, Report
+from ...monitor import Monitor
+from ...options import WarnOnce, apply_ignore
+from ...tracing import Explanation
+from .discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
+
+#: Checks during which optimizer membership stays pending (an optimizer may step late).
+LATE_OPTIMIZER_CHECKS = 25
+#: The first this many optimizer steps check gradient values (NaN/Inf) at every check.
+EVERY_STEP_VALUE_CHECKS = 20
+
+
+class StrictStop(BaseException):
+    """Raised from ``optimizer.step()`` in strict mode; a BaseException so scripts don't swallow it."""
+
+    def __init__(self, report: Report, step: int) -> None:
+        super().__init__(f"leafwatch --strict: an error finding at optimizer step {step}")
+        self.report = report
+        self.step = step
+
+
+class Session:
+    """The hooks and the Monitor of one ``leafwatch run``.
+
+    Args:
+        logdir: Write TensorBoard records there (``None``: no TensorBoard).
+        strict: Stop the script at the first check with an open error finding.
+        patience: Passed to the :class:`~leafwatch.Monitor`.
+        ignore: Pattern -> reason, passed to the :class:`~leafwatch.Monitor`.
+        stream: Where findings and the summary go (``sys.stderr`` when None, read at each write).
+    """
+
+    def __init__(self, *, logdir: str | None = None, strict: bool = False, patience: int = 1,
+                 ignore: dict[str, str] | None = None, stream: TextIO | None = None) -> None:
+        self.logdir = logdir
+        self.strict = strict
+        self.patience = patience
+        self.ignore = dict(ignore or {})
+        self._stream = stream
+        self.monitor: Monitor | None = None
+        self.report: Report | None = None
+        self.found = Discovery(on_roots=self._roots_changed)
+        self._writer: Any = None
+        self._sink: Any = None
+        self._lines = NewFindingWarnings(warn=self.write, every_status=True)
+        self._handles: list[Any] = []
+        self._closure_steps: set[int] = set()
+        self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
+        self._checking = self._closed = False
+        self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps seen, all optimizers together."""
+        return self.found.steps
+
+    @property
+    def roots(self) -> dict[str, nn.Module]:
+        """The named root modules found so far (a copy)."""
+        return self.found.roots
+
+    @property
+    def module_hooks_armed(self) -> bool:
+        """Whether the global module hooks are installed (they are removed once roots are stable)."""
+        return self.found.armed
+
+    # -- hooks -------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._on_step))
+        self._handles.append(register_optimizer_step_post_hook(self._on_step_done))
+        self.found.arm()
+
+    def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer
+        if closure is not None:
+            # LBFGS and friends compute the gradients inside step(): check after it.
+            self._closure_steps.add(id(optimizer))
+            return
+        self._checked_step(optimizer)
+
+    def _on_step_done(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self._closure_steps:
+            self._closure_steps.discard(id(optimizer))
+            self._checked_step(optimizer)
+
+    def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._checking or self._closed:
+            return
+        self._checking = True
+        try:
+            self._step(optimizer)
+        except StrictStop:
+            raise
+        except Exception as error:  # never stop training for leafwatch's own failure
+            self._warn("the optimizer step hook", error)
+        finally:
+            self._checking = False
+
+    def _step(self, optimizer: torch.optim.Optimizer) -> None:
+        found = self.found
+        count, new_params = found.step(optimizer, checked=self.report is not None)
+        if self.monitor is None:
+            self.monitor = self._make_monitor()
+        if found.steps <= LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
+            found.find_optimizers()
+        monitor = self.monitor
+        if found.steps <= SCRIPT_SCANS or new_params:
+            found.scan_script_globals(monitor)
+        if self.report is None and count < 2:
+            # Not every optimizer has stepped yet: the first check waits for them. What this step
+            # says about its own tensors is kept, for a run that ends before any check (close()).
+            self._remember_first_misses(optimizer)
+            return
+        for opt in found.optimizers:
+            monitor.add_optimizer(opt)
+        report = monitor.check(optimizer, step=found.steps)
+        self.report = report
+        if self.strict and report.at_least("error"):
+            raise StrictStop(report, found.steps)
+
+    def _roots_changed(self, roots: dict[str, nn.Module]) -> None:
+        if self.monitor is not None:
+            self.monitor.set_roots(roots)  # rebuilt at the next check
+
+    def _remember_first_misses(self, optimizer: torch.optim.Optimizer) -> None:
+        """The trainable tensors of ``optimizer`` without a gradient at its first step (held weakly)."""
+        if self.patience > 1:
+            return  # one step is less than the patience asked for
+        missing = [weakref.ref(p) for g in optimizer.param_groups for p in g["params"]
+                   if p.requires_grad and p.grad is None]
+        if missing:
+            self._first_misses.append((self.steps, missing))
+
+    def _make_monitor(self) -> Monitor:
+        sinks: list[Any] = [self._lines]
+        try:
+            writer = self._get_writer()
+        except Exception as error:  # the check goes on without TensorBoard records
+            self._warn("opening the TensorBoard writer", error)
+            writer = None
+        if writer is not None:
+            from ..tensorboard import TensorBoardSink
+
+            self._sink = TensorBoardSink(writer)
+            sinks.append(self._sink)
+        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
+        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
+                                    self.found.outside_root_tensors)
+        # The first steps check gradient values at every check (a NaN is named at the step it
+        # appears, and --strict stops there); then at the Monitor's cadence.
+        monitor.every_check_values_until = EVERY_STEP_VALUE_CHECKS
+        return monitor
+
+    def _get_writer(self) -> Any:
+        if self.logdir is None or self._writer is not None:
+            return self._writer
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(self.logdir)
+        return self._writer
+
+    @property
+    def failed_parts(self) -> list[str]:
+        """The parts of the check that failed inside leafwatch (each warned once): the report may
+        miss findings. Writing TensorBoard records is not a part of the check."""
+        own = [where for where in self._warn.seen if "TensorBoard" not in where]
+        return sorted({*own, *(self.monitor.failed_parts if self.monitor is not None else [])})
+
+    # -- output ------------------------------------------------------------------------------
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    def write(self, text: str) -> None:
+        """One line to :attr:`stream` (a closed stream is ignored: it must not break the script)."""
+        try:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+        except Exception:
+            pass
+
+    # -- the end -----------------------------------------------------------------------------
+    def close(self) -> Report:
+        """Remove every hook, flush the Monitor and TensorBoard, and return the final report."""
+        if self._closed:
+            return self.report or Report(step=self.steps)
+        self._closed = True
+        self.found.disarm()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        report: Report
+        try:
+            if self.monitor is not None and self.report is not None:
+                report = self.monitor.close()
+                if self._sink is not None:
+                    # The last record carries the final step, even when nothing changed since.
+                    self._sink.close(Report(report.findings, step=report.step))
+            elif self.found.optimizers:
+                # Too few steps for a check: only what the structure says.
+                report = self._structural_report()
+                if self.monitor is not None:
+                    self.monitor.close()
+                if self._sink is not None:
+                    self._sink.close(report)  # written after the Monitor's empty one: the latest
+            else:
+                report = Report(step=0)
+        except Exception as error:
+            self._warn("closing the run", error)
+            report = self.report or Report(step=self.steps)
+        finally:
+            if self._writer is not None:
+                try:
+                    self._writer.close()
+                except Exception as error:
+                    self._warn("closing the TensorBoard writer", error)
+        self.report = report
+        return report
+
+    def _structural_report(self) -> Report:
+        """The report of a run that ended before any check: the structure now, every optimizer
+        known, and the tensors that got no gradient at their optimizer's only step."""
+        self.found.update_roots()
+        inv = inventory.Inventory(self.found.roots, self.found.optimizers)
+        found = checks.structural(inv, step=self.steps)
+        found += self._first_step_findings(inv, {f.name for f in found})
+        return Report(apply_ignore(found, self.ignore), step=self.steps)
+
+    def _first_step_findings(self, inv: inventory.Inventory, named: set[str]) -> list[Finding]:
+        if not self._first_misses or _distributed_run():
+            return []  # (across ranks the Monitor's merge decides; one local step cannot)
+        ran = {name for prefix, root in inv.roots.items()
+               for name, module in root.named_modules(remove_duplicate=False, prefix=prefix)
+               if id(module) in self.found.seen}
+        watched = {id(e.tensor()) for e in watching.entries()}
+        out: list[Finding] = []
+        for step, refs in self._first_misses:
+            for ref in refs:
+                p = ref()
+                info = inv.params.get(id(p)) if p is not None else None
+                if p is None or info is None or info.name in named or id(p) in watched or not p.requires_grad:
+                    continue  # gone, owned by no model (orphans are named above), or named already
+                named.add(info.name)
+                out.append(checks.missing_grad(info.name, p, step=step, info=info,
+                                               explanation=_one_step_explanation(info, ran)))
+        return out
+
+    def summary(self, report: Report) -> str:
+        """The table at the end, with what the run could not see."""
+        found = self.found
+        if not found.optimizers:
+            return "leafwatch: no optimizer stepped, nothing was checked."
+        plural = "s" if self.steps != 1 else ""
+        text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        failed = self.failed_parts
+        if failed:
+            text += (f"\nleafwatch: incomplete: {', '.join(failed)} failed inside leafwatch (warned above); "
+                     "the findings above may miss some.")
+        if not found.roots and not found.seen:
+            text += ("\nleafwatch: the script trains no `nn.Module`: its optimizers hold plain tensors, named by the "
+                     "script's module-level variables where it keeps them (else by shape).")
+        elif not found.saw_forward:
+            text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
+                     "where module hooks cannot see. Parameters are named from the modules that own the "
+                     "optimizers' tensors (found in the calling frames), and the causes of missing gradients "
+                     "cannot say where in a forward pass they were lost.")
+        if not found.loop_at_module_level:
+            text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
+                     "that run and the optimizers that step, not tensors created inside functions. A tensor "
+                     "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
+                     "seen: flag it with `leafwatch.watch(t)`.")
+        return text
+
+
+def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanation:
+    """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
+    if info.module not in ran and any(n in ran for n in _ancestors(info.module)):
+        shown = f"`{info.module}`"
+        return Explanation(
+            cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
+            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            reason="never_ran")
+    return Explanation(
+        cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "
+        "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
+        "created before the first forward pass).",
+        fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
+        reason="unknown")
+
+
+def _ancestors(module_name: str) -> list[str]:
+    parts = module_name.split(".") if module_name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
+def _distributed_run() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

@@ -33,8 +33,9 @@ def audit(
     """Name every tensor that will not train, with the cause and the fix.
 
     Args:
-        model: The model; DDP and ``torch.compile`` wrappers are unwrapped.
-        optimizers: One optimizer or a sequence. With them, parameters left out of every
+        model: The model; DDP, ``torch.compile`` and Lightning Fabric wrappers are unwrapped.
+        optimizers: One optimizer or a sequence (wrappers such as accelerate's
+            ``AcceleratedOptimizer`` are unwrapped). With them, parameters left out of every
             optimizer are reported, and the optimizers' tensors are checked for a gradient.
         tensors: More tensors to check, name -> tensor (or a sequence).
         loss: The loss, to walk its graph and tell unreachable parameters from the rest.
@@ -79,7 +80,7 @@ def audit(
     reachable = graph.reachable_leaf_ids(loss) if loss is not None else None
 
     if opts:
-        checked = [(inv.name(p) or f"optimizers[{i}] tensor of shape {tuple(p.shape)}", p)
+        checked = [(inv.name(p) or f"optimizers[{i}] {inventory.shape_text(p)}", p)
                    for i, ps in enumerate(inv.optimizer_params) for p in ps]
     else:
         checked = [(info.name, t) for info, t in inv.trainable()]

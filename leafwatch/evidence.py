@@ -31,6 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .inventory import has_values
+
 Verdict = Literal["changed", "unchanged", "unknown"]
 
 #: The fingerprint holds the norm and this many of the first elements.
@@ -52,6 +54,8 @@ class _Fingerprint:
     def __init__(self, t: torch.Tensor) -> None:
         with torch.no_grad():
             flat = t.detach().reshape(-1)
+            if flat.is_complex():  # both parts count: `.float()` would drop the imaginary one
+                flat = torch.view_as_real(flat).reshape(-1)
             values = torch.cat([torch.linalg.vector_norm(flat.float()).reshape(1),
                                 flat[:FINGERPRINT_ELEMENTS].float()])
             self.event: Any = None
@@ -77,6 +81,8 @@ class _Fingerprint:
 
 
 def _pointer(t: torch.Tensor) -> int:
+    if not has_values(t):  # uninitialized or meta: no storage to point at
+        return 0
     try:
         return t.data_ptr()
     except Exception:  # a tensor subclass without storage
@@ -84,6 +90,8 @@ def _pointer(t: torch.Tensor) -> int:
 
 
 def _fingerprint(t: torch.Tensor) -> _Fingerprint | None:
+    if not has_values(t):  # uninitialized or meta: no values to read
+        return None
     try:
         return _Fingerprint(t)
     except Exception:  # an exotic tensor: version and pointer only

@@ -28,6 +28,7 @@ from ..environment import install_command
 from ..events import CheckEvent
 from ..findings import KINDS, LeafwatchInternalWarning, Report
 from ..console import NewFindingWarnings
+from ..inventory import unwrap_optimizer
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from .callback_state import MonitorState
 from ..options import stacklevel_outside, validate_ignore, validate_int
@@ -180,7 +181,7 @@ class _LeafWatchMixin(MonitorState):
         monitor = self.monitor
         if monitor is None:
             return
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch one
+        optimizer, _ = unwrap_optimizer(optimizer)  # a LightningOptimizer wraps the torch one
         step = int(trainer.global_step) + 1
         toggled = self._untoggle(pl_module)
         try:

@@ -360,9 +360,21 @@ class Session:
                     except TypeError:
                         pass
                 for value in values[:_MAX_LOCALS]:
-                    if isinstance(value, torch.optim.Optimizer):
-                        self._held_optimizers.add(value)
+                    if isinstance(value, torch.optim.Optimizer) or type(value).__name__.endswith("Optimizer"):
+                        inner = self._real_optimizer(value)
+                        if inner is not None:
+                            self._held_optimizers.add(inner)
             frame = frame.f_back
+
+    @staticmethod
+    def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:
+        """The torch optimizer a script's variable holds (an accelerate or Fabric wrapper unwrapped:
+        the global step hooks see the real one), or None."""
+        try:
+            inner, deepspeed = inventory.unwrap_optimizer(value)
+        except Exception:
+            return None
+        return inner if isinstance(inner, torch.optim.Optimizer) and not deepspeed else None
 
     def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
         """Optimizers the script holds that have not stepped (yet)."""
@@ -398,7 +410,7 @@ class Session:
         else:
             self._stable = 0
             self._roots_key = key
-            self._roots = self._name_roots([i.module for i in kept])
+            self._roots = inventory.name_roots([i.module for i in kept])
             if self.monitor is not None:
                 self.monitor.set_roots(self._roots)  # rebuilt at the next check
         self._owned = owned
@@ -409,19 +421,6 @@ class Session:
             } - owned
             if all(c >= 2 for c in self._step_counts.values()) or self.report is not None:
                 self._disarm_module_hooks()
-
-    @staticmethod
-    def _name_roots(modules: list[nn.Module]) -> dict[str, nn.Module]:
-        if len(modules) == 1:
-            return {"": modules[0]}
-        roots: dict[str, nn.Module] = {}
-        counts: dict[str, int] = {}
-        for module in modules:
-            base = type(module).__name__
-            n = counts.get(base, 0)
-            counts[base] = n + 1
-            roots[base if n == 0 else f"{base}_{n}"] = module
-        return roots
 
     def _make_monitor(self) -> Monitor:
         sinks: list[Any] = [self._print_new]

@@ -30,6 +30,7 @@ from typing_extensions import override
 
 from ..console import NewFindingWarnings
 from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
+from ..inventory import unwrap_optimizer
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..options import validate_ignore, validate_int
 from . import distributed
@@ -51,30 +52,6 @@ if TYPE_CHECKING:
 
 #: The folder under ``args.output_dir`` the records go to (a TensorBoard run of its own).
 LOG_SUBDIR = "leafwatch"
-
-
-def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
-    """The optimizer under accelerate's (and DeepSpeed's) wrappers, and whether DeepSpeed is one.
-
-    Args:
-        optimizer: What the Trainer steps (``AcceleratedOptimizer``, a DeepSpeed wrapper, or a
-            torch optimizer).
-
-    Returns:
-        ``(innermost, deepspeed)``: the last object of the ``.optimizer`` chain, and whether an
-        object of the chain comes from DeepSpeed.
-    """
-    seen: set[int] = set()
-    deepspeed = False
-    while optimizer is not None and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        module = type(optimizer).__module__ or ""
-        deepspeed = deepspeed or module.startswith("deepspeed") or "DeepSpeed" in type(optimizer).__name__
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or isinstance(inner, (str, bytes, Mapping)):
-            break
-        optimizer = inner
-    return optimizer, deepspeed
 
 
 def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) -> tuple[str | None, Any]:

@@ -80,8 +80,10 @@ class _Fingerprint:
         return self.host.shape == other.host.shape and bool(torch.equal(self.host, other.host))
 
 
-def _pointer(t: torch.Tensor) -> int:
-    if not has_values(t):  # uninitialized or meta: no storage to point at
+def _pointer(t: torch.Tensor, readable: bool = False) -> int:
+    """Where ``t``'s data lives (0 without storage). ``readable``: known to have values (a tensor
+    that had a storage when first noted), which skips the check on the path run at every check."""
+    if not readable and not has_values(t):  # uninitialized or meta: no storage to point at
         return 0
     try:
         return t.data_ptr()
@@ -150,7 +152,7 @@ class ChangeEvidence:
         if s is None or s.ref() is not t:
             self.note(t)
             return "unknown"
-        if t._version != s.version or _pointer(t) != s.pointer:
+        if t._version != s.version or _pointer(t, readable=s.pointer != 0) != s.pointer:
             return "changed"
         if s.first is None:
             return "unchanged"  # nothing more to compare: neither the version nor the storage moved

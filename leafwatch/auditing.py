@@ -31,8 +31,9 @@ def audit(
     """Name every tensor that will not train, with the cause and the fix.
 
     Args:
-        model: The model; DDP and ``torch.compile`` wrappers are unwrapped.
-        optimizers: One optimizer or a sequence. With them, parameters left out of every
+        model: The model; DDP, ``torch.compile`` and Lightning Fabric wrappers are unwrapped.
+        optimizers: One optimizer or a sequence (wrappers such as accelerate's
+            ``AcceleratedOptimizer`` are unwrapped). With them, parameters left out of every
             optimizer are reported, and the optimizers' tensors are checked for a gradient.
         tensors: More tensors to check, name -> tensor (or a sequence).
         loss: The loss, to walk its graph and tell unreachable parameters from the rest.
@@ -77,8 +78,9 @@ def audit(
     finally:
         report = monitor.close()
     findings = report.findings
-    if loss is None and events and events[-1].coverage == 0.0 and len(events[-1].names) > 1:
-        findings = _no_gradient_at_all(findings, events[-1].names, ignore_map, step)
+    missing = [f for f in findings if f.kind == Kind.MISSING_GRAD]
+    if loss is None and len(missing) > 1 and events and events[-1].coverage == 0.0:
+        findings = _no_gradient_at_all(findings, missing, ignore_map, step)
     return Report(findings, step=step)
 
 
@@ -88,10 +90,11 @@ class _OneCheck(Monitor):
     _goes_on = "audit() reports everything else (the report has an `incomplete` finding)."
 
 
-def _no_gradient_at_all(findings: list[Finding], names: Sequence[str], ignore: Mapping[str, str],
+def _no_gradient_at_all(findings: list[Finding], missing: list[Finding], ignore: Mapping[str, str],
                         step: int | None) -> list[Finding]:
     """audit()'s one difference from a Monitor's first check (docs/architecture.md): with neither
     the loss nor forward hooks, a moment where no checked tensor has a gradient is one finding that
     says so (the check ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
+    names = [n for f in missing for n in (f.name, *f.aliases)]
     rest = [f for f in findings if f.kind != Kind.MISSING_GRAD]
-    return [*rest, *apply_ignore([checks.no_grad_at_all(list(names), step=step)], ignore)]
+    return [*rest, *apply_ignore([checks.no_grad_at_all(names, step=step)], ignore)]

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import nn
 
 from . import checks, distributed, graph, inventory, outside, stepping, structure, tracing, watching
 from .dead import DeadGradTracker
@@ -322,7 +321,7 @@ class Checker:
         if self._last_value_step != self.step:
             self._check_values(lists)
             self._record_values(*self._values.flush())
-        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if not nn.parameter.is_lazy(p)]
+        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
         params, names = [p for p, _ in named], [n for _, n in named]
         flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
         for _, i in nonfinite(params, self.step):

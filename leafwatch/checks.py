@@ -15,7 +15,7 @@ import torch
 
 from . import graph, replaced
 from .findings import Finding
-from .inventory import Inventory, Orphan, ParamInfo, describe_tensor
+from .inventory import Inventory, Orphan, ParamInfo, describe_tensor, is_uninitialized, shape_of, shape_text
 from .tracing import Explanation
 from .watching import WatchEntry
 
@@ -307,7 +307,7 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
             plain = not isinstance(p, torch.nn.Parameter)
             if name is None and not plain:
                 continue
-            name = name or f"optimizers[{i}] tensor of shape {tuple(p.shape)}"
+            name = name or f"optimizers[{i}] {shape_text(p)}"
             out.append(make(
                 "frozen_in_optimizer", name, "error" if plain else "info",
                 f"optimizer {i} holds `{name}`, which does not require grad: it will not train."
@@ -358,16 +358,23 @@ _REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
 def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     name, old = pair.name, pair.old
-    resized = "" if old.shape == pair.new.shape else f", resized from {tuple(old.shape)} to {tuple(pair.new.shape)}"
+    old_shape, new_shape = shape_of(old), shape_of(pair.new)
+    if old_shape is None:
+        cause = (f"the optimizer was built before the lazy module's first forward and the model was then "
+                 f"copied or rebuilt: the optimizer holds the uninitialized original of `{name}`, which never "
+                 "materializes and gets no gradient.")
+    else:
+        resized = "" if new_shape is None or old_shape == new_shape else f", resized from {old_shape} to {new_shape}"
+        cause = (f"`{name}` was replaced after the optimizer was built{resized} (a new layer, a resize, a swapped "
+                 "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
+                 "model no longer uses and which gets no gradient.")
     return make(
         "stale_param", name, "error",
         f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
         "optimizer and never changes.",
-        f"`{name}` was replaced after the optimizer was built{resized} (a new layer, a resize, a swapped "
-        "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
-        "model no longer uses and which gets no gradient.",
+        cause,
         _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
-        old_shape=list(old.shape), paired_by=pair.how,
+        old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
     )
 
 
@@ -376,15 +383,20 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
     n = len(old)
     names = [name for _, name in old if name is not None]
     known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
+    lazy = sum(1 for t, _ in old if is_uninitialized(t))
+    cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
+             "optimizer still holds the old tensors, which nothing uses.")
+    if lazy:
+        cause += (f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
+                  "before the lazy modules' first forward and the model was then copied or rebuilt, so "
+                  f"{'they' if lazy != 1 else 'it'} will never materialize.")
     return make(
         "stale_param", f"optimizers[{optimizer}]", "error",
         f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
-        "the model changed after the optimizer was built (layers removed, replaced or swapped); the "
-        "optimizer still holds the old tensors, which nothing uses.",
-        _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names,
-        old_shapes=[list(t.shape) for t, _ in old],
+        cause, _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
+        old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
     )
 
 

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .inventory import has_values
+
 Verdict = Literal["changed", "unchanged", "unknown"]
 
 #: The fingerprint holds the norm and this many of the first elements.
@@ -52,6 +54,8 @@ class _Fingerprint:
     def __init__(self, t: torch.Tensor) -> None:
         with torch.no_grad():
             flat = t.detach().reshape(-1)
+            if flat.is_complex():  # both parts count: `.float()` would drop the imaginary one
+                flat = torch.view_as_real(flat).reshape(-1)
             values = torch.cat([torch.linalg.vector_norm(flat.float()).reshape(1),
                                 flat[:FINGERPRINT_ELEMENTS].float()])
             self.event: Any = None
@@ -76,7 +80,11 @@ class _Fingerprint:
         return self.host.shape == other.host.shape and bool(torch.equal(self.host, other.host))
 
 
-def _pointer(t: torch.Tensor) -> int:
+def _pointer(t: torch.Tensor, readable: bool = False) -> int:
+    """Where ``t``'s data lives (0 without storage). ``readable``: known to have values (a tensor
+    that had a storage when first noted), which skips the check on the path run at every check."""
+    if not readable and not has_values(t):  # uninitialized or meta: no storage to point at
+        return 0
     try:
         return t.data_ptr()
     except Exception:  # a tensor subclass without storage
@@ -84,6 +92,8 @@ def _pointer(t: torch.Tensor) -> int:
 
 
 def _fingerprint(t: torch.Tensor) -> _Fingerprint | None:
+    if not has_values(t):  # uninitialized or meta: no values to read
+        return None
     try:
         return _Fingerprint(t)
     except Exception:  # an exotic tensor: version and pointer only
@@ -142,7 +152,7 @@ class ChangeEvidence:
         if s is None or s.ref() is not t:
             self.note(t)
             return "unknown"
-        if t._version != s.version or _pointer(t) != s.pointer:
+        if t._version != s.version or _pointer(t, readable=s.pointer != 0) != s.pointer:
             return "changed"
         if s.first is None:
             return "unchanged"  # nothing more to compare: neither the version nor the storage moved

@@ -21,27 +21,135 @@ from .options import got
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
     # Importing dynamo takes seconds; a model can only be compiled once something imported it.
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    optimized = getattr(eval_frame, "OptimizedModule", None)
-    if isinstance(optimized, type):
-        types.append(optimized)
+    # The same holds for Lightning Fabric: a module can only be wrapped once it is imported.
+    for module_name, class_name in _OPTIONAL_WRAPPERS:
+        found = getattr(sys.modules.get(module_name), class_name, None)
+        if isinstance(found, type):
+            types.append(found)
     return tuple(types)
 
 
+#: Module wrappers that can only exist once their package is imported: (module, class).
+_OPTIONAL_WRAPPERS = (
+    ("torch._dynamo.eval_frame", "OptimizedModule"),
+    ("lightning.fabric.wrappers", "_FabricModule"),
+    ("lightning_fabric.wrappers", "_FabricModule"),
+)
+#: The attributes that hold the wrapped module, in the order they are tried: Fabric's user
+#: module first (its ``_forward_module`` may itself be a DDP wrapper around it).
+_INNER_MODULE_ATTRIBUTES = ("_original_module", "_orig_mod", "module", "_forward_module")
+#: Name segments that only wrappers insert: Fabric, ``torch.compile``, FSDP, activation checkpointing.
+_WRAPPER_SEGMENTS = frozenset({"_forward_module", "_original_module", "_orig_mod", "_fsdp_wrapped_module",
+                               "_checkpoint_wrapped_module"})
+
+
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel/torch.compile wrappers."""
+    """The user's module inside DDP/DataParallel, ``torch.compile`` and Lightning Fabric wrappers.
+
+    Example::
+
+        >>> from torch import nn
+        >>> net = nn.Linear(2, 1)
+        >>> unwrap(nn.DataParallel(net)) is net
+        True
+    """
     wrappers = _wrapper_types()
     while isinstance(model, wrappers):
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
+        inner = next((m for m in (getattr(model, a, None) for a in _INNER_MODULE_ATTRIBUTES)
+                      if isinstance(m, nn.Module)), None)
+        if inner is None:
             break
         model = inner
     return model
 
 
 def clean_name(name: str) -> str:
-    """Drop ``torch.compile``'s ``_orig_mod.`` from a qualified name."""
-    return name.replace("_orig_mod.", "")
+    """A qualified name without the segments wrappers insert (``_orig_mod.``, ``_forward_module.``,
+    ``_fsdp_wrapped_module.``, ...): the name the user's own module gives.
+
+    Example::
+
+        >>> clean_name("encoder._orig_mod.layer._forward_module.weight")
+        'encoder.layer.weight'
+    """
+    if "_" not in name:
+        return name
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
+    """The optimizer under its wrappers, and whether one of them comes from DeepSpeed.
+
+    Follows the ``.optimizer`` chain: accelerate's ``AcceleratedOptimizer``, Lightning Fabric's
+    ``_FabricOptimizer``, Lightning's ``LightningOptimizer``, DeepSpeed's wrappers, and any other
+    wrapper that exposes the real optimizer as ``.optimizer`` and has ``param_groups`` (a learning
+    rate scheduler also holds ``.optimizer`` but is no wrapper: it is returned as it is). Runs once
+    per optimizer given or adopted, never per step.
+
+    Args:
+        optimizer: A torch optimizer or a wrapper around one.
+
+    Returns:
+        ``(innermost, deepspeed)``: the last object of the ``.optimizer`` chain, and whether an
+        object of the chain comes from DeepSpeed (whose inner optimizer steps flat master copies,
+        not the model's parameters).
+
+    Example::
+
+        >>> import torch
+        >>> sgd = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+        >>> class Wrapper:
+        ...     def __init__(self, optimizer): self.optimizer = optimizer
+        ...     param_groups = property(lambda self: self.optimizer.param_groups)
+        >>> unwrap_optimizer(Wrapper(sgd)) == (sgd, False)
+        True
+        >>> scheduler = torch.optim.lr_scheduler.StepLR(sgd, step_size=1)
+        >>> unwrap_optimizer(scheduler)[0] is scheduler  # holds `.optimizer`, but is no wrapper
+        True
+    """
+    seen: set[int] = set()
+    deepspeed = False
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        module = type(optimizer).__module__ or ""
+        deepspeed = deepspeed or module.startswith("deepspeed") or "DeepSpeed" in type(optimizer).__name__
+        try:
+            inner = getattr(optimizer, "optimizer", None) if hasattr(optimizer, "param_groups") else None
+        except Exception:  # a property that fails: not a wrapper we can see through
+            inner = None
+        if inner is None or isinstance(inner, (str, bytes, Mapping)):
+            break
+        optimizer = inner
+    return optimizer, deepspeed
+
+
+def is_uninitialized(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a lazy module's parameter or buffer that has not materialized yet (it has
+    no shape and no data: only its dtype, device and flags can be read)."""
+    return nn.parameter.is_lazy(t)
+
+
+def has_values(t: torch.Tensor) -> bool:
+    """Whether ``t``'s shape and data can be read: not uninitialized and not on the meta device."""
+    return not nn.parameter.is_lazy(t) and not t.is_meta
+
+
+def shape_of(t: torch.Tensor) -> tuple[int, ...] | None:
+    """``t``'s shape, or None for an uninitialized (lazy) tensor, which has none yet."""
+    return None if nn.parameter.is_lazy(t) else tuple(t.shape)
+
+
+def shape_text(t: torch.Tensor) -> str:
+    """How a name-less tensor is described: ``tensor of shape (2, 3)`` or ``uninitialized tensor``.
+
+    Example::
+
+        >>> import torch
+        >>> shape_text(torch.zeros(2, 3)), shape_text(torch.nn.UninitializedParameter())
+        ('tensor of shape (2, 3)', 'uninitialized tensor')
+    """
+    shape = shape_of(t)
+    return "uninitialized tensor" if shape is None else f"tensor of shape {shape}"
 
 
 @dataclasses.dataclass
@@ -65,7 +173,7 @@ class Orphan:
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
     return {
         # A lazy module's parameter has no shape until its first forward.
-        "shape": None if nn.parameter.is_lazy(t) else tuple(t.shape),
+        "shape": shape_of(t),
         "dtype": str(t.dtype).replace("torch.", ""),
         "device": str(t.device),
     }
@@ -246,26 +354,114 @@ class Inventory:
         return out
 
 
+_OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"
+#: What error messages add about wrappers.
+WRAPPERS_ACCEPTED = ("a wrapper is accepted when it exposes the real optimizer as `.optimizer` and has "
+                     "`param_groups`: accelerate's, Lightning's, Fabric's")
+
+
+def as_optimizer(value: Any, argument: str = "optimizer") -> torch.optim.Optimizer:
+    """The real torch optimizer of ``value``: itself, or the one under its wrappers.
+
+    Raises:
+        TypeError: neither an optimizer nor a wrapper around one (the message names ``argument``
+            and the value received).
+        ValueError: a DeepSpeed optimizer: it steps flat master copies, not the model's
+            parameters, so its membership cannot be judged.
+    """
+    inner, deepspeed = unwrap_optimizer(value)
+    if deepspeed:
+        raise ValueError(
+            f"`{argument}` is a DeepSpeed optimizer ({got(value)}): it steps flat master copies, not the "
+            "model's parameters; pass no optimizer (every trainable parameter is checked for a gradient)")
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"`{argument}` must be a torch.optim.Optimizer, got {got(value)} ({WRAPPERS_ACCEPTED})")
+    return inner
+
+
 def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[torch.optim.Optimizer]:
-    """One optimizer or a sequence of them -> a list; anything else is a TypeError."""
+    """One optimizer or a sequence of them -> a list of real optimizers (wrappers unwrapped).
+
+    Raises:
+        TypeError: anything else, naming ``argument``, the value and the index in a sequence.
+        ValueError: a DeepSpeed optimizer (see :func:`as_optimizer`).
+    """
     if optimizers is None:
         return []
-    if isinstance(optimizers, torch.optim.Optimizer):
-        return [optimizers]
     if isinstance(optimizers, (list, tuple)):
-        out = []
+        out: list[torch.optim.Optimizer] = []
         for i, opt in enumerate(optimizers):
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(
-                    f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-                    f"got {got(opt)} at index {i}"
-                )
-            out.append(opt)
+            try:
+                inner = as_optimizer(opt, f"{argument}[{i}]")
+            except TypeError:
+                raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)} at index {i} "
+                                f"({WRAPPERS_ACCEPTED})") from None
+            if all(inner is not o for o in out):
+                out.append(inner)
         return out
-    raise TypeError(
-        f"`{argument}` must be a torch.optim.Optimizer or a sequence of them, "
-        f"got {got(optimizers)}"
-    )
+    try:
+        return [as_optimizer(optimizers, argument)]
+    except TypeError:
+        raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(optimizers)} "
+                        f"({WRAPPERS_ACCEPTED})") from None
+
+
+def name_roots(modules: Sequence[nn.Module]) -> dict[str, nn.Module]:
+    """Names for root modules: one root gets no prefix, several their class name (``Generator``,
+    ``Discriminator``; ``Linear``, ``Linear_1`` for two of one class).
+
+    Example::
+
+        >>> from torch import nn
+        >>> list(name_roots([nn.Linear(1, 1), nn.Linear(1, 1), nn.ReLU()]))
+        ['Linear', 'Linear_1', 'ReLU']
+    """
+    if len(modules) == 1:
+        return {"": modules[0]}
+    roots: dict[str, nn.Module] = {}
+    counts: dict[str, int] = {}
+    for module in modules:
+        base = type(module).__name__
+        n = counts.get(base, 0)
+        counts[base] = n + 1
+        roots[base if n == 0 else f"{base}_{n}"] = module
+    return roots
+
+
+_ROOTS_FORMS = "a mapping name -> torch.nn.Module or a sequence of modules"
+
+
+def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module] | None:
+    """``roots`` as a dict name -> module (a sequence is named by :func:`name_roots`), or None.
+
+    Raises:
+        TypeError: neither a mapping of str -> module nor a sequence of modules (a single module,
+            ``nn.Sequential`` included, is rejected: pass it as ``model``).
+        ValueError: the same module twice.
+    """
+    if roots is None:
+        return None
+    if isinstance(roots, nn.Module):
+        raise TypeError(f"`{argument}` must be {_ROOTS_FORMS}, got a single module ({got(roots)}); "
+                        "pass it as `model`, or as `[module]`")
+    if isinstance(roots, Mapping):
+        items = list(roots.items())
+        for name, module in items:
+            if not isinstance(name, str):
+                raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
+            if not isinstance(module, nn.Module):
+                raise TypeError(f"`{argument}[{name!r}]` must be a torch.nn.Module, got {got(module)}")
+        out = dict(items)
+    elif isinstance(roots, (list, tuple)):
+        for i, module in enumerate(roots):
+            if not isinstance(module, nn.Module):
+                raise TypeError(f"`{argument}` must be {_ROOTS_FORMS}, got {got(module)} at index {i}")
+        out = name_roots(list(roots))
+    else:
+        raise TypeError(f"`{argument}` must be {_ROOTS_FORMS}, got {got(roots)}")
+    if len({id(m) for m in out.values()}) != len(out):
+        raise ValueError(f"`{argument}` holds the same module twice: {sorted(out)}")
+    return out
 
 
 def normalize_model(model: Any, argument: str = "model") -> nn.Module | None:

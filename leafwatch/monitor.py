@@ -40,8 +40,11 @@ class Monitor:
     hooks stay only on modules that missed a gradient.
 
     Args:
-        model: The model (DDP and ``torch.compile`` wrappers are unwrapped).
+        model: The model (DDP, ``torch.compile`` and Lightning Fabric wrappers are unwrapped: names
+            are the user's own).
         optimizers: One optimizer or a sequence; without them every trainable parameter is checked.
+            Wrappers (accelerate's ``AcceleratedOptimizer``, Fabric's, ``LightningOptimizer``, any
+            object exposing the real optimizer as ``.optimizer``) are unwrapped once, here.
         tensors: Extra tensors to check, name -> tensor; only this Monitor checks them (unlike
             :func:`leafwatch.watch`, which every check consults).
         patience: Consecutive checks a trainable parameter may go without a gradient before
@@ -57,7 +60,9 @@ class Monitor:
         distributed: Merge the findings of every rank after each check (rank zero runs the
             sinks, every rank gets the merged report and raises in strict mode). None: when
             ``torch.distributed`` is initialized with more than one process.
-        roots: Named root modules to read instead of ``model`` (``leafwatch run`` finds them).
+        roots: Root modules to read instead of ``model``: a mapping name -> module, or a sequence
+            of modules (one root gets no prefix, several their class name, as ``leafwatch run``
+            names the roots it finds).
         verbose: Warn once about each new open finding as it appears (short: kind, name, fix).
             None: on once :meth:`attach` is called, off for explicit :meth:`check` calls.
 
@@ -90,21 +95,24 @@ class Monitor:
         diagnose: bool = True,
         sinks: Sequence[Callable[[CheckEvent], Any]] = (),
         distributed: bool | None = None,
-        roots: Mapping[str, nn.Module] | None = None,
+        roots: Mapping[str, nn.Module] | Sequence[nn.Module] | None = None,
         verbose: bool | None = None,
     ) -> None:
         model = inventory.normalize_model(model)
         optimizers = inventory.normalize_optimizers(optimizers)
+        named_roots = inventory.normalize_roots(roots)
         self.patience = validate_int(patience, "patience", 1)
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
         self.strict = validate_bool(strict, "strict")
         self.diagnose = validate_bool(diagnose, "diagnose")
         if verbose is not None:
             validate_bool(verbose, "verbose")
+        if not isinstance(sinks, (list, tuple)) or not all(callable(s) for s in sinks):
+            raise TypeError(f"`sinks` must be a sequence of callables taking a CheckEvent, got {got(sinks)}")
         if distributed is not None and not isinstance(distributed, bool):
             raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
         self.history_store = FindingHistory(validate_ignore(ignore))
-        self.structure = structure.StructureCache(model, optimizers, roots)
+        self.structure = structure.StructureCache(model, optimizers, named_roots)
         self.watches = watching.WatchSet()
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
@@ -167,13 +175,20 @@ class Monitor:
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Check ``optimizer``'s parameters too from the next check on (a no-op if known)."""
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer, got {got(optimizer)}")
-        self.structure.add_optimizer(optimizer)
+        self.structure.add_optimizer(inventory.as_optimizer(optimizer))
 
-    def set_roots(self, roots: Mapping[str, nn.Module]) -> None:
-        """Read these named root modules instead of the model from the next check on."""
-        self.structure.set_roots(roots)
+    def set_roots(self, roots: Mapping[str, nn.Module] | Sequence[nn.Module]) -> None:
+        """Read these root modules instead of the model from the next check on.
+
+        Args:
+            roots: A mapping name -> module, or a sequence of modules (one root gets no prefix,
+                several their class name, as ``leafwatch run`` names them).
+
+        Raises:
+            TypeError: ``roots`` of another form.
+        """
+        named = inventory.normalize_roots(roots)
+        self.structure.set_roots(named or {})
 
     # -- public ------------------------------------------------------------------------------
     def check(self, optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,
@@ -190,8 +205,13 @@ class Monitor:
             LeafwatchError: in strict mode, when an error finding is open.
             TypeError: an argument of the wrong type.
         """
-        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {got(optimizer)}")
+        if optimizer is not None and self.structure.optimizer_index(optimizer) is None:
+            # Unknown (a wrapper, or an optimizer to adopt): the real optimizer under it.
+            try:
+                optimizer = inventory.as_optimizer(optimizer)
+            except TypeError:
+                raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {got(optimizer)} "
+                                f"({inventory.WRAPPERS_ACCEPTED})") from None
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise TypeError(f"`step` must be an int or None, got {type(step).__name__}: {step!r:.80}")
         if loss is not None and not isinstance(loss, torch.Tensor):

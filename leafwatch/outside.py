@@ -24,7 +24,7 @@ import torch
 
 from . import checks, frames, graph
 from .findings import Finding
-from .inventory import Inventory
+from .inventory import Inventory, shape_text
 from .watching import WatchEntry
 
 
@@ -148,7 +148,7 @@ class LossLeaves:
         for k, (t, op) in candidates.items():
             seen = self._suspects.get(k)
             if seen is not None and seen[0]() is t:
-                name = caller_name(t) or f"tensor of shape {tuple(t.shape)} used by {op}"
+                name = caller_name(t) or f"{shape_text(t)} used by {op}"
                 out.append(checks.outside_optimizer(name, t, step, "warning", "is a leaf of the loss's graph at every step "
                                     f"(used by `{op}`)", op=op, persistent=True))
             else:

@@ -105,8 +105,9 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     for entry in old:  # 2. by position, anchored on the nearest tensor before it that the model still holds
         i, j, p, _ = entry
         k = _at_position(inv.optimizer_params[i], j, inv, model_order, position)
-        if k is not None and k in free and not _is_lazy(p) and not _is_lazy(inv.tensors[k]) \
-                and inv.tensors[k].dim() == p.dim():
+        # An uninitialized old tensor has no dimensions to compare: its place alone pairs it.
+        if k is not None and k in free and not _is_lazy(inv.tensors[k]) \
+                and (_is_lazy(p) or inv.tensors[k].dim() == p.dim()):
             free.discard(k)
             out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "position"))
         else:

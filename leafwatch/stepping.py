@@ -34,6 +34,7 @@ import torch
 from . import checks
 from .findings import Status
 from .history import FindingHistory
+from .inventory import shape_text
 from .structure import CheckList
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
@@ -229,7 +230,7 @@ class LearningRates:
                 state.zero_since_check, state.zero_since_step = checks_done, step
             if checks_done - state.zero_since_check >= LR_ZERO_AFTER and state.reported is None:
                 params = [p for p in group["params"] if p.requires_grad]
-                tensor_names = [names(p) or f"tensor of shape {tuple(p.shape)}" for p in params]
+                tensor_names = [names(p) or shape_text(p) for p in params]
                 state.reported = f"{where}.param_groups[{j}]"
                 self.history.upsert(checks.zero_lr(
                     state.reported, tensor_names, configured=configured, since=state.zero_since_step,

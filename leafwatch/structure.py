@@ -313,7 +313,7 @@ class StructureCache:
         # An old tensor is named by the parameter that replaced it (it is a stale_param finding).
         current = self.stale.names()
         names = tuple(info.name if info else current.get(id(p)) or self.previous_names.get(id(p))
-                      or f"tensor of shape {tuple(p.shape)}" for info, p in zip(infos, params))
+                      or inventory.shape_text(p) for info, p in zip(infos, params))
         checks_done = old.checks if old is not None else 0
         added_at = {id(p): (old.added_at.get(id(p), checks_done) if old is not None else 0) for p in params}
         return CheckList(params, names, infos, frozenset(map(id, params)), checks_done, added_at)

@@ -1,4 +1,4 @@
-"""What some tests need from the machine (a browser, PyTorch Lightning) and what happens without it.
+"""What some tests need from the machine (a browser, PyTorch Lightning, accelerate, Fabric) and what happens without it.
 
 Locally a missing requirement skips the test with the reason. In CI (``CI`` set to ``true``, as
 GitHub Actions and GitLab do) it fails the test instead: a green CI run must mean the test ran.
@@ -7,9 +7,11 @@ Only the requirement itself may be missing: an import error inside leafwatch is 
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -68,3 +70,19 @@ def require_lightning_callback() -> type:
     from leafwatch import LeafWatch
 
     return LeafWatch
+
+
+def require_module(name: str, install: str) -> Any:
+    """The optional package ``name`` (accelerate, lightning.fabric), imported; skips locally and
+    fails in CI only when that package itself is not installed. Any other import error propagates.
+
+    Args:
+        name: The module to import (a dotted name imports its package first).
+        install: How to install it, for the skip reason or the failure.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (name == error.name or name.startswith(error.name + ".")):
+            raise
+        require(False, f"{name} is not installed: {install}")

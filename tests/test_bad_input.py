@@ -295,3 +295,53 @@ class TwoLayerModel(TinyModel):
     def __init__(self) -> None:
         super().__init__()
         self.spare = nn.Linear(2, 2)
+
+
+# -- roots --------------------------------------------------------------------------------------
+def test_monitor_takes_roots_as_a_sequence_named_as_leafwatch_run_names_them() -> None:
+    net, extra = TinyModel(), nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    with leafwatch.Monitor(roots=[net, extra], optimizers=optimizer) as monitor:
+        (net(torch.ones(1, 2)).sum() + extra(torch.ones(1, 2)).sum()).backward()
+        report = monitor.check()
+    # Several roots get their class name as a prefix; `extra` gets gradients and is in no optimizer.
+    assert report.names("not_in_optimizer") == {"Linear.weight", "Linear.bias"}
+    with leafwatch.Monitor(roots=[net], optimizers=optimizer) as monitor:
+        assert monitor.check().names("missing_grad") == set()  # one root: no prefix
+        assert monitor.structure.inventory.name(net.layer.weight) == "layer.weight"
+
+
+@pytest.mark.parametrize(("roots", "error", "pattern"), [
+    (nn.Linear(1, 1), TypeError, r"`roots` must be a mapping name -> torch\.nn\.Module or a sequence of modules, "
+                                 r"got a single module \(Linear: Linear\(in_features=1.*\); pass it as `model`"),
+    (nn.Sequential(nn.Linear(1, 1)), TypeError, r"`roots` .*got a single module \(Sequential\)"),  # a multi-line repr: the type
+    ("net", TypeError, r"`roots` must be a mapping .*, got str: 'net'"),
+    ([nn.Linear(1, 1), "extra"], TypeError, r"`roots` must be .*, got str: 'extra' at index 1"),
+    ({"net": 3}, TypeError, r"`roots\['net'\]` must be a torch\.nn\.Module, got int: 3"),
+    ({1: nn.Linear(1, 1)}, TypeError, r"`roots` keys must be str, got int: 1"),
+])
+def test_monitor_rejects_malformed_roots_naming_the_argument(roots, error, pattern) -> None:
+    with pytest.raises(error, match=pattern):
+        leafwatch.Monitor(roots=roots)
+    with pytest.raises(error, match=pattern):
+        leafwatch.Monitor().set_roots(roots)
+
+
+def test_monitor_rejects_the_same_root_twice() -> None:
+    net = TinyModel()
+    with pytest.raises(ValueError, match=r"`roots` holds the same module twice: \['a', 'b'\]"):
+        leafwatch.Monitor(roots={"a": net, "b": net})
+
+
+@pytest.mark.parametrize(("sinks", "shown"), [(print, "builtin_function_or_method"), ([1], "list: \\[1\\]")])
+def test_monitor_rejects_sinks_that_are_not_a_sequence_of_callables(sinks, shown) -> None:
+    with pytest.raises(TypeError, match=r"`sinks` must be a sequence of callables taking a CheckEvent, got " + shown):
+        leafwatch.Monitor(TinyModel(), sinks=sinks)
+
+
+def test_add_optimizer_rejects_something_that_is_no_optimizer() -> None:
+    monitor = leafwatch.Monitor(TinyModel())
+    with pytest.raises(TypeError, match=r"`optimizer` must be a torch\.optim\.Optimizer, got str: 'adam' "
+                                        r"\(a wrapper is accepted when it exposes the real optimizer"):
+        monitor.add_optimizer("adam")
+    monitor.close()

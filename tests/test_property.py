@@ -12,7 +12,17 @@ independently of leafwatch:
 - ``not_in_optimizer`` (the gradient rule): a trainable parameter outside the optimizer's
   parameter set that received a gradient (computed and never applied); one that received none
   is an EMA copy, a teacher or an unused part, and no finding;
-- ``frozen_in_optimizer``: a parameter in the optimizer that does not require grad.
+- ``frozen_in_optimizer``: a parameter in the optimizer that does not require grad;
+- ``device_mismatch``: a lone half-precision parameter (``gain``) in a float32 model.
+
+Each example also draws the wrappers and tensors users meet: the model inside ``DataParallel``
+and the optimizer inside a wrapper that exposes it as ``.optimizer`` (both unwrapped by
+leafwatch: names are the user's), lazy blocks (``nn.LazyLinear``; one that never runs stays
+uninitialized), blocks on the meta device (never run: a meta tensor cannot take part in a CPU
+forward; placed there whole, they are a placement, not a mismatch), a sparse embedding and a
+complex parameter (each used or not), the whole model in bfloat16, and an empty parameter group.
+None of these changes the truth above: a parameter still misses its gradient exactly when
+autograd says so.
 
 Names are compared as tensors (every qualified name, aliases included, maps to its tensor), so a
 tied weight reported under either of its names is the same finding: no miss, no false alarm.
@@ -22,9 +32,10 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from typing import Any
 
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
@@ -42,9 +53,11 @@ WIDTH = 2
 class Block:
     """One Linear of the tree and what the forward does with it."""
 
-    linear: nn.Linear
+    linear: nn.Module
     used: bool
     detach: bool
+    #: "plain", "lazy" (``nn.LazyLinear``) or "meta" (on the meta device, never run).
+    kind: str = "plain"
 
 
 _leaf = st.fixed_dictionaries({
@@ -52,6 +65,7 @@ _leaf = st.fixed_dictionaries({
     "frozen_weight": st.integers(0, 3).map(lambda i: i == 0),
     "frozen_bias": st.integers(0, 3).map(lambda i: i == 0),
     "unused": st.integers(0, 3).map(lambda i: i == 0),
+    "kind": st.sampled_from(["plain"] * 6 + ["lazy", "meta"]),
 })
 _tree = st.recursive(
     _leaf,
@@ -63,10 +77,14 @@ _tree = st.recursive(
 
 def _build(tree, blocks: list[Block]) -> nn.Module:
     if isinstance(tree, dict):
-        linear = nn.Linear(WIDTH, WIDTH)
-        blocks.append(Block(linear, used=not tree["unused"], detach=tree["detach"]))
-        linear.weight.requires_grad_(not tree["frozen_weight"])
-        linear.bias.requires_grad_(not tree["frozen_bias"])
+        kind = tree["kind"]
+        if kind == "lazy":  # an uninitialized parameter cannot be frozen: only its module's use is drawn
+            linear: nn.Module = nn.LazyLinear(WIDTH)
+        else:
+            linear = nn.Linear(WIDTH, WIDTH, device="meta" if kind == "meta" else None)
+            linear.weight.requires_grad_(not tree["frozen_weight"])
+            linear.bias.requires_grad_(not tree["frozen_bias"])
+        blocks.append(Block(linear, used=kind != "meta" and not tree["unused"], detach=tree["detach"], kind=kind))
         return linear
     kind, children = tree
     built = [_build(child, blocks) for child in children]
@@ -80,18 +98,35 @@ def _build(tree, blocks: list[Block]) -> nn.Module:
 class RandomNet(nn.Module):
     """Runs the used blocks one after the other (containers never run a forward of their own)."""
 
-    def __init__(self, tree, ties: list[tuple[int, int]]) -> None:
+    def __init__(self, tree, ties: list[tuple[int, int]], extras: dict[str, Any] | None = None) -> None:
         super().__init__()
+        extras = extras or {}
         blocks: list[Block] = []
         self.body = _build(tree, blocks)
         # The anchor keeps the loss differentiable whatever else is frozen, unused or cut.
         self.anchor = nn.Parameter(torch.zeros(()))
         self.blocks = blocks  # a plain list of modules already registered in body: not orphans
         for source, target in ties:
-            if source < len(blocks) and target < len(blocks) and source != target:
+            if source < len(blocks) and target < len(blocks) and source != target \
+                    and blocks[source].kind == blocks[target].kind == "plain":
                 blocks[target].linear.weight = blocks[source].linear.weight
+        self.sparse_used = extras.get("sparse")  # None: no sparse embedding
+        if self.sparse_used is not None:
+            self.table = nn.Embedding(3, WIDTH, sparse=True)
+        self.complex_used = extras.get("complex")  # None: no complex parameter
+        if self.complex_used is not None:
+            self.phase = nn.Parameter(torch.randn(WIDTH, dtype=torch.complex64))
+        if extras.get("lone_half"):
+            # A lone half-precision tensor in a float32 model: its small updates are lost (a true finding).
+            self.gain = nn.Parameter(torch.ones((), dtype=torch.float16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sparse_used:
+            x = x + self.table(torch.arange(x.shape[0]))
+        if self.complex_used:
+            x = x + (x * self.phase).real
+        if hasattr(self, "gain"):
+            x = x * self.gain.to(x.dtype)
         for block in self.blocks:
             if not block.used:
                 continue
@@ -101,26 +136,71 @@ class RandomNet(nn.Module):
         return x.sum() + self.anchor
 
 
+class WrappedOptimizer:
+    """An optimizer wrapper as libraries write them: the real one as ``.optimizer``."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def step(self) -> None:
+        self.optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def add_param_group(self, group: dict[str, Any]) -> None:
+        self.optimizer.add_param_group(group)
+
+
 @dataclasses.dataclass
 class Case:
     model: RandomNet
-    optimizer: torch.optim.Optimizer | None
+    optimizer: torch.optim.Optimizer | WrappedOptimizer | None
     x: torch.Tensor
+    #: What leafwatch is given: the model itself or ``DataParallel`` around it.
+    given: nn.Module
+    half: bool = False
+
+    @property
+    def real_optimizer(self) -> torch.optim.Optimizer | None:
+        return getattr(self.optimizer, "optimizer", self.optimizer)
+
+
+_optional_use = st.sampled_from([None, None, True, False])
 
 
 @st.composite
 def cases(draw) -> Case:
     tree = draw(_tree)
     ties = draw(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=2))
-    model = RandomNet(tree, ties)
+    half = draw(st.integers(0, 5)) == 0
+    extras = {} if half else {  # bfloat16 is drawn alone: no sparse, complex or lone half tensor with it
+        "sparse": draw(_optional_use), "complex": draw(_optional_use),
+        "lone_half": draw(st.integers(0, 5)) == 0}
+    model = RandomNet(tree, ties, extras)
+    if half:
+        model.to(torch.bfloat16)
+    trainable_floats = [p for p in model.parameters() if p.requires_grad and p.is_floating_point()]
+    meta = sum(1 for p in trainable_floats if p.is_meta)
+    assume(len(trainable_floats) - meta > meta)  # the meta blocks are a minority: the model lives on the CPU
     params = list(model.parameters())
     use_optimizer = draw(st.integers(0, 4)) != 0
-    optimizer = None
+    optimizer: torch.optim.Optimizer | WrappedOptimizer | None = None
     if use_optimizer:
         keep = draw(st.lists(st.integers(0, 3).map(lambda i: i != 0), min_size=len(params), max_size=len(params)))
         chosen = [p for p, k in zip(params, keep) if k and p is not model.anchor]
         optimizer = torch.optim.SGD([model.anchor, *chosen], lr=0.1)
-    return Case(model, optimizer, torch.randn(3, WIDTH))
+        if draw(st.integers(0, 3)) == 0:
+            optimizer.add_param_group({"params": []})
+        if draw(st.booleans()):
+            optimizer = WrappedOptimizer(optimizer)
+    given = nn.DataParallel(model) if draw(st.integers(0, 3)) == 0 else model
+    x = torch.randn(3, WIDTH, dtype=torch.bfloat16 if half else torch.float32)
+    return Case(model, optimizer, x, given, half)
 
 
 def _tensor_of_name(model: nn.Module) -> dict[str, int]:
@@ -140,6 +220,7 @@ class Truth:
     not_in_optimizer: set[int]
     frozen_in_optimizer: set[int]
     params: dict[int, torch.Tensor]
+    device_mismatch: set[int] = dataclasses.field(default_factory=set)
 
 
 def _forward_backward(case: Case) -> tuple[torch.Tensor, Truth]:
@@ -148,14 +229,19 @@ def _forward_backward(case: Case) -> tuple[torch.Tensor, Truth]:
     params = {id(p): p for p in model.parameters()}
     trainable = [p for p in params.values() if p.requires_grad]
     loss = model(case.x)
-    grads = torch.autograd.grad(loss, trainable, allow_unused=True, retain_graph=True)
-    no_grad = {id(p) for p, g in zip(trainable, grads) if g is None}
+    # A lazy block that never ran is still uninitialized and a meta block never runs: autograd
+    # cannot be asked about them, and no gradient can reach them.
+    askable = [p for p in trainable if not nn.parameter.is_lazy(p) and not p.is_meta]
+    grads = torch.autograd.grad(loss, askable, allow_unused=True, retain_graph=True)
+    no_grad = {id(p) for p, g in zip(askable, grads) if g is None}
+    no_grad |= {id(p) for p in trainable if nn.parameter.is_lazy(p) or p.is_meta}
     loss.backward()
-    if case.optimizer is None:
+    optimizer = case.real_optimizer
+    if optimizer is None:
         in_optimizer = None
         missing = no_grad
     else:
-        in_optimizer = {id(p) for group in case.optimizer.param_groups for p in group["params"]}
+        in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
         missing = no_grad & in_optimizer
     truth = Truth(
         missing=missing,
@@ -163,6 +249,7 @@ def _forward_backward(case: Case) -> tuple[torch.Tensor, Truth]:
         frozen_in_optimizer=set() if in_optimizer is None else {
             k for k in in_optimizer if not params[k].requires_grad},
         params=params,
+        device_mismatch={id(model.gain)} if hasattr(model, "gain") else set(),
     )
     return loss, truth
 
@@ -179,7 +266,8 @@ def _assert_matches_truth(report: leafwatch.Report, truth: Truth, model: nn.Modu
     assert _ids(report, "missing_grad", model) == truth.missing, str(report)
     assert _ids(report, "not_in_optimizer", model) == truth.not_in_optimizer, str(report)
     assert _ids(report, "frozen_in_optimizer", model) == truth.frozen_in_optimizer, str(report)
-    other = {f.kind for f in report} - {"missing_grad", "not_in_optimizer", "frozen_in_optimizer"}
+    assert _ids(report, "device_mismatch", model) == truth.device_mismatch, str(report)
+    other = {f.kind for f in report} - {"missing_grad", "not_in_optimizer", "frozen_in_optimizer", "device_mismatch"}
     assert not other, f"false alarms of other kinds: {other}\n{report}"
 
 
@@ -187,9 +275,11 @@ def _assert_matches_truth(report: leafwatch.Report, truth: Truth, model: nn.Modu
 @given(case=cases())
 def test_monitor_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(case: Case) -> None:
     with warnings.catch_warnings():
+        # A warning raised inside leafwatch's own code (torch's, about what leafwatch did) fails too.
+        warnings.filterwarnings("error", module=r"leafwatch\.")
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
         warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
-        monitor = leafwatch.Monitor(case.model, case.optimizer)
+        monitor = leafwatch.Monitor(case.given, case.optimizer)
         try:
             _, truth = _forward_backward(case)
             report = monitor.check()
@@ -206,9 +296,11 @@ def test_monitor_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(
 @given(case=cases())
 def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Case) -> None:
     with warnings.catch_warnings():
+        # A warning raised inside leafwatch's own code (torch's, about what leafwatch did) fails too.
+        warnings.filterwarnings("error", module=r"leafwatch\.")
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
         warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
-        monitor = leafwatch.Monitor(case.model, case.optimizer)
+        monitor = leafwatch.Monitor(case.given, case.optimizer)
         try:
             _, truth = _forward_backward(case)
             report = monitor.check()
@@ -217,15 +309,25 @@ def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Ca
     names = _tensor_of_name(case.model)
     for finding in report.by_kind("missing_grad"):
         p = truth.params[names[finding.name]]
-        block = _owner_block(case.model, p)
-        assert block is not None, finding.name  # only the blocks' parameters can miss a gradient
-        # A block never called is "never_ran"; a called block whose output backward never
-        # reached (its own detach or a later one) is "detached".
-        expected = "detached" if block.used else "never_ran"
-        event(f"reason {expected}")
-        assert finding.details["reason"] == expected, f"{finding.name}: {finding.cause}"
-        assert ("never ran" in finding.cause) == (expected == "never_ran"), finding.cause
-        assert ("backward never reached" in finding.cause) == (expected == "detached"), finding.cause
+        if finding.name == "table.weight":
+            # The sparse embedding: not called, or its output cut by a later block's detach (outside
+            # any module that leafwatch sees run after it: a cut or an ignored output).
+            expected = {"detached", "unused_output"} if case.model.sparse_used else {"never_ran"}
+        elif finding.name in ("phase", "gain"):
+            # Parameters of the root, whose output backward reaches (the anchor): a cut inside its own
+            # forward, or no use at all, is what leafwatch can see of them.
+            expected = {"unused"}
+        else:
+            block = _owner_block(case.model, p)
+            assert block is not None, finding.name  # only the blocks' parameters can miss a gradient
+            # A block never called is "never_ran"; a called block whose output backward never
+            # reached (its own detach or a later one) is "detached".
+            expected = {"detached"} if block.used else {"never_ran"}
+        event(f"reason {sorted(expected)}")
+        assert finding.details["reason"] in expected, f"{finding.name}: {finding.cause}"
+        assert ("never ran" in finding.cause) == (expected == {"never_ran"}), finding.cause
+        assert ("backward never reached" in finding.cause) == ("detached" in expected), finding.cause
+        assert (f"does not use `{finding.name}` itself" in finding.cause) == (expected == {"unused"}), finding.cause
 
 
 @SETTINGS
@@ -233,9 +335,11 @@ def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Ca
 def test_audit_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(case: Case, with_loss: bool) -> None:
     loss, truth = _forward_backward(case)
     with warnings.catch_warnings():
+        # A warning raised inside leafwatch's own code (torch's, about what leafwatch did) fails too.
+        warnings.filterwarnings("error", module=r"leafwatch\.")
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
         warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
-        report = leafwatch.audit(case.model, case.optimizer, loss=loss if with_loss else None)
+        report = leafwatch.audit(case.given, case.optimizer, loss=loss if with_loss else None)
     _assert_matches_truth(report, truth, case.model)
     expected_reason = "unreachable" if with_loss else "unknown"
     assert {f.details["reason"] for f in report.by_kind("missing_grad")} <= {expected_reason}, str(report)
@@ -246,9 +350,11 @@ def test_audit_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(ca
 def test_monitor_over_several_steps_stays_exact_and_resolves_what_was_fixed(case: Case) -> None:
     model, optimizer = case.model, case.optimizer
     with warnings.catch_warnings():
+        # A warning raised inside leafwatch's own code (torch's, about what leafwatch did) fails too.
+        warnings.filterwarnings("error", module=r"leafwatch\.")
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
         warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
-        monitor = leafwatch.Monitor(model, optimizer)
+        monitor = leafwatch.Monitor(case.given, optimizer)
         if optimizer is not None:
             monitor.attach()
         try:
@@ -286,9 +392,11 @@ def test_monitor_over_several_steps_stays_exact_and_resolves_what_was_fixed(case
 def test_watched_activations_miss_a_gradient_exactly_when_autograd_says_so(case: Case, use_monitor: bool) -> None:
     model = case.model
     with warnings.catch_warnings():
+        # A warning raised inside leafwatch's own code (torch's, about what leafwatch did) fails too.
+        warnings.filterwarnings("error", module=r"leafwatch\.")
         warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
         warnings.simplefilter("error", leafwatch.LeafwatchInternalWarning)  # its own failures still fail
-        monitor = leafwatch.Monitor(model, case.optimizer) if use_monitor else None
+        monitor = leafwatch.Monitor(case.given, case.optimizer) if use_monitor else None
         try:
             x, outputs = case.x, {}
             for i, block in enumerate(model.blocks):
@@ -302,7 +410,7 @@ def test_watched_activations_miss_a_gradient_exactly_when_autograd_says_so(case:
             expected = {n for n, t in outputs.items() if not t.requires_grad}
             expected |= {n for (n, t) in outputs.items() for f, g in zip(flowing, grads) if f is t and g is None}
             loss.backward()
-            report = monitor.check() if monitor is not None else leafwatch.audit(model, case.optimizer)
+            report = monitor.check() if monitor is not None else leafwatch.audit(case.given, case.optimizer)
         finally:
             if monitor is not None:
                 monitor.close()

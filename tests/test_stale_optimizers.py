@@ -179,3 +179,73 @@ def test_a_plain_unused_tensor_in_the_optimizer_does_not_advise_creating_a_monit
     assert "no parameter of the model" in finding.cause
     # audit() saw only the end state: there the advice is true.
     assert "create `leafwatch.Monitor" in leafwatch.audit(model, opt).by_kind("missing_grad")[0].cause
+
+
+# -- lazy modules: parameters that never materialize -------------------------------------------
+class LazyNet(nn.Module):
+    """A lazy first layer (its shape comes from the first batch) and a plain head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.LazyLinear(4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.encoder(x)))
+
+
+def _copied_after_the_optimizer(materialize_copy_first: bool) -> tuple[LazyNet, torch.optim.Optimizer]:
+    """An optimizer built before the lazy layer ran, then the model copied (a model conversion):
+    the optimizer holds the original's parameters, whose lazy ones never materialize."""
+    import copy
+
+    original = LazyNet()
+    optimizer = torch.optim.SGD(original.parameters(), lr=0.1)
+    model = copy.deepcopy(original)
+    if materialize_copy_first:
+        model(torch.ones(2, 3))  # the copy materializes; the optimizer's tensors stay uninitialized
+    return model, optimizer
+
+
+@pytest.mark.parametrize("materialize_copy_first", [False, True])
+def test_uninitialized_leftovers_of_a_copied_lazy_model_are_stale_param(materialize_copy_first: bool,
+                                                                       recwarn: pytest.WarningsRecorder) -> None:
+    model, optimizer = _copied_after_the_optimizer(materialize_copy_first)
+    lazy_left = [p for p in optimizer.param_groups[0]["params"] if nn.parameter.is_lazy(p)]
+    assert len(lazy_left) == 2
+    with leafwatch.Monitor(model, optimizer) as monitor:
+        model(torch.ones(2, 3)).sum().backward()
+        reports = [monitor.check(), leafwatch.audit(model, optimizer)]
+    assert not [w for w in recwarn if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
+    for report in reports:
+        assert {(f.kind, f.name) for f in report} == {
+            ("stale_param", n) for n in ("encoder.weight", "encoder.bias", "head.weight", "head.bias")}, str(report)
+        for name in ("encoder.weight", "encoder.bias"):
+            (finding,) = [f for f in report if f.name == name]
+            assert "uninitialized original" in finding.cause and "never materializes" in finding.cause
+            assert finding.details["old_shape"] is None
+        (head,) = [f for f in report if f.name == "head.weight"]
+        assert "was replaced after the optimizer was built" in head.cause
+
+
+def test_uninitialized_leftovers_nothing_replaced_are_one_finding_that_says_so() -> None:
+    model, optimizer = _copied_after_the_optimizer(False)
+    model.encoder = nn.Linear(3, 4)  # the copy's lazy layer replaced: nothing sits where the old one did
+    other = torch.optim.SGD([*model.encoder.parameters(), *model.head.parameters()], lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    report = leafwatch.audit(model, [other, optimizer])
+    (finding,) = report.by_kind("stale_param")
+    assert finding.name == "optimizers[1]"
+    assert finding.details["count"] == 4 and finding.details["uninitialized"] == 2
+    assert "2 of them are still uninitialized" in finding.cause and "never materialize" in finding.cause
+    assert sorted(finding.details["old_shapes"], key=str) == sorted([None, None, [1, 4], [1]], key=str)
+
+
+def test_a_lazy_layer_that_has_not_run_yet_is_no_finding() -> None:
+    model = LazyNet()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, optimizer) as monitor:
+        assert list(monitor.scan()) == []  # still uninitialized: pending, nothing to say yet
+        model(torch.ones(2, 3)).sum().backward()
+        assert list(monitor.check()) == []
+    assert list(leafwatch.audit(model, optimizer)) == []

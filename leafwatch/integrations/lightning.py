@@ -30,6 +30,7 @@ from ..environment import install_command
 from ..events import CheckEvent
 from ..findings import KINDS
 from .callback_base import CallbackBase
+from ..inventory import unwrap_optimizer
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -115,7 +116,7 @@ class _LeafWatchMixin(CallbackBase):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self.monitor is None:
             return
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # a LightningOptimizer wraps the torch one
+        optimizer, _ = unwrap_optimizer(optimizer)  # a LightningOptimizer wraps the torch one
         toggled = self._untoggle(pl_module)
         try:
             self._check(optimizer, int(trainer.global_step) + 1)

@@ -35,6 +35,7 @@ from ..findings import LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY
 from ..frames import stacklevel_outside
 from .callback_base import CallbackBase
+from ..inventory import unwrap_optimizer
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'
 
@@ -52,30 +53,6 @@ if TYPE_CHECKING:
 
 #: The folder under ``args.output_dir`` the records go to (a TensorBoard run of its own).
 LOG_SUBDIR = "leafwatch"
-
-
-def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
-    """The optimizer under accelerate's (and DeepSpeed's) wrappers, and whether DeepSpeed is one.
-
-    Args:
-        optimizer: What the Trainer steps (``AcceleratedOptimizer``, a DeepSpeed wrapper, or a
-            torch optimizer).
-
-    Returns:
-        ``(innermost, deepspeed)``: the last object of the ``.optimizer`` chain, and whether an
-        object of the chain comes from DeepSpeed.
-    """
-    seen: set[int] = set()
-    deepspeed = False
-    while optimizer is not None and id(optimizer) not in seen:
-        seen.add(id(optimizer))
-        module = type(optimizer).__module__ or ""
-        deepspeed = deepspeed or module.startswith("deepspeed") or "DeepSpeed" in type(optimizer).__name__
-        inner = getattr(optimizer, "optimizer", None)
-        if inner is None or isinstance(inner, (str, bytes, Mapping)):
-            break
-        optimizer = inner
-    return optimizer, deepspeed
 
 
 def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) -> tuple[str | None, Any]:

@@ -232,11 +232,13 @@ class Discovery:
             if i == 0 and frame.f_code.co_name == "<module>":
                 self.loop_at_module_level = True
             for value in _frame_values(frame):
-                if isinstance(value, torch.optim.Optimizer):
-                    self._held_optimizers.add(value)
-                elif isinstance(value, (dict, list, tuple)) and len(value) <= 64:
+                if isinstance(value, (dict, list, tuple)) and len(value) <= 64:
                     items = value.values() if isinstance(value, dict) else value
-                    self._held_optimizers.update(v for v in items if isinstance(v, torch.optim.Optimizer))
+                    self._held_optimizers.update(o for o in map(_real_optimizer, items) if o is not None)
+                else:
+                    optimizer = _real_optimizer(value)
+                    if optimizer is not None:
+                        self._held_optimizers.add(optimizer)
 
     def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
         """Optimizers the script holds that have not stepped (yet)."""
@@ -304,7 +306,7 @@ class Discovery:
         else:
             self._stable = 0
             self._roots_key = key
-            self._roots = _name_roots([i.module for i in kept])
+            self._roots = inventory.name_roots([i.module for i in kept])
             if self.on_roots is not None:
                 self.on_roots(dict(self._roots))  # rebuilt at the next check
         self._owned = owned
@@ -343,14 +345,13 @@ class Discovery:
         return not complete or any(id(leaf) in held for leaf in leaves)
 
 
-def _name_roots(modules: list[nn.Module]) -> dict[str, nn.Module]:
-    if len(modules) == 1:
-        return {"": modules[0]}
-    roots: dict[str, nn.Module] = {}
-    counts: dict[str, int] = {}
-    for module in modules:
-        base = type(module).__name__
-        n = counts.get(base, 0)
-        counts[base] = n + 1
-        roots[base if n == 0 else f"{base}_{n}"] = module
-    return roots
+def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:
+    """The torch optimizer a script's variable holds (an accelerate or Fabric wrapper unwrapped:
+    the global step hooks see the real one), or None."""
+    if not (isinstance(value, torch.optim.Optimizer) or type(value).__name__.endswith("Optimizer")):
+        return None
+    try:
+        inner, deepspeed = inventory.unwrap_optimizer(value)
+    except Exception:
+        return None
+    return inner if isinstance(inner, torch.optim.Optimizer) and not deepspeed else None

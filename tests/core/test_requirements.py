@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from _requirements import find_browser, in_ci, require
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _env(**changes: str | None) -> dict[str, str]:
@@ -96,10 +96,10 @@ def test_the_lightning_callback_is_returned_when_everything_imports() -> None:
 
 
 def _browser_tests(ci: str | None) -> subprocess.CompletedProcess:
-    """tests/test_dashboard_browser.py run with no browser on PATH (only this Python's folder)."""
+    """tests/dashboard/test_dashboard_browser.py run with no browser on PATH (only this Python's folder)."""
     env = _env(CI=ci, PATH=str(Path(sys.executable).parent))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           str(TESTS / "test_dashboard_browser.py")], cwd=REPO, env=env,
+                           str(TESTS / "dashboard" / "test_dashboard_browser.py")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

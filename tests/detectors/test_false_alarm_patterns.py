@@ -32,7 +32,7 @@ from leafwatch import LeafWatch
 from leafwatch.checks import device_on_purpose, dtype_changes_training
 from leafwatch.evidence import ChangeEvidence, LAYERDROP_FALSE_ALARM
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # -- helpers ----------------------------------------------------------------------------------

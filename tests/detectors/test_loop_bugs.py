@@ -23,7 +23,7 @@ from torch import nn
 import leafwatch
 from leafwatch import stepping
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                  "`zero_grad()` is called between `backward()` and `step()`")
 CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"

@@ -15,8 +15,8 @@ from torch import nn
 from leafwatch.integrations import runner
 from leafwatch.report_cli import read_reports
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BUGGY_FINDINGS = {
     ("missing_grad", "aux_head.weight"),
     ("missing_grad", "aux_head.bias"),

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPENDENCIES = ("torch", "tensorboard", "typing_extensions", "pytorch_lightning", "lightning")
 
 

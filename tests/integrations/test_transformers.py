@@ -35,8 +35,8 @@ from leafwatch.integrations.transformers import LOG_SUBDIR, gradient_strategy
 from leafwatch.transformers import LeafWatchCallback
 
 VOCAB = 99
-REPO = Path(__file__).resolve().parents[1]
-DDP_SCRIPT = Path(__file__).parent / "dist_scripts" / "hf_ddp.py"
+REPO = Path(__file__).resolve().parents[2]
+DDP_SCRIPT = Path(__file__).resolve().parents[1] / "dist_scripts" / "hf_ddp.py"
 DDP_TIMEOUT_S = 240
 
 

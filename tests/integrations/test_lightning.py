@@ -475,7 +475,7 @@ def test_without_lightning_the_callback_says_how_to_install_it():
         "    print('ImportError:', error)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     # Run from this checkout, the command that works is the checkout form with this interpreter's
     # pip (the README's venv is not activated): `.venv/bin/python -m pip install -e ".[lightning]"`.
@@ -483,7 +483,7 @@ def test_without_lightning_the_callback_says_how_to_install_it():
     (line,) = [line for line in out.stdout.splitlines() if line.startswith(prefix)]
     command = shlex.split(line[len(prefix):])
     assert command[1:5] == ["-m", "pip", "install", "-e"] and command[5] == ".[lightning]"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert os.path.samefile(root / command[0], sys.executable)
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == "leafwatch" and "lightning" in pyproject["project"]["optional-dependencies"]
@@ -499,6 +499,6 @@ def test_with_only_the_lightning_package_it_is_a_lightning_pytorch_callback(tmp_
         "print(isinstance(LeafWatch(), L.Callback), [b.__module__ for b in LeafWatch.__mro__[1:-1] if not b.__module__.startswith('leafwatch')])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True ['lightning.pytorch.callbacks.callback']"

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TIMEOUT_S = 300
 MARKER = re.compile(r"^<!--\s*(not run|file):\s*(.*?)\s*-->$")

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _requirements import find_browser, in_ci, require
+from _requirements import find_browser, in_ci, require, require_module
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parents[1]
@@ -87,11 +87,13 @@ def test_the_ddp_tests_fail_in_ci_when_lightning_is_absent() -> None:
 
 
 def test_the_ddp_tests_never_skip_when_leafwatchs_own_callback_does_not_import() -> None:
+    require_module("pytorch_lightning")  # only Lightning there tells leafwatch's own import error apart
     out = _lightning_callback_with("leafwatch.integrations.lightning", ci=None)
     assert out == "ImportError: ModuleNotFoundError leafwatch.integrations.lightning"
 
 
 def test_the_lightning_callback_is_returned_when_everything_imports() -> None:
+    require_module("pytorch_lightning")
     assert _lightning_callback_with("an_unrelated_module", ci="true") == "returned LeafWatch"
 
 

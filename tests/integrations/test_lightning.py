@@ -14,17 +14,21 @@ import warnings
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from _requirements import require_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
-from leafwatch import LeafWatch, LeafwatchError
-from leafwatch.integrations.lightning import callback_class
+
+# Every test here runs a real Trainer: without Lightning the file skips (locally) or fails (in CI).
+pl = require_module("pytorch_lightning")
+from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
+
+from leafwatch import LeafWatch, LeafwatchError  # noqa: E402
+from leafwatch.integrations.lightning import callback_class  # noqa: E402
 
 
 def loader(n: int = 16, batch_size: int = 4) -> DataLoader:

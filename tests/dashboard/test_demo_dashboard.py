@@ -39,6 +39,10 @@ def _tensorboard_command() -> list[str]:
         return [binary]
     return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
 
+# The demo runs and its TensorBoard server starts once (module-scoped): under pytest-xdist
+# (--dist loadgroup) these tests share a worker.
+pytestmark = pytest.mark.xdist_group("demo_dashboard")
+
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -198,7 +198,7 @@ def test_the_quickstart_block_is_examples_quickstart_py() -> None:
 def test_ci_runs_exactly_the_readmes_test_command() -> None:
     setup = next(b for b in markdown_blocks(REPO / "README.md") if b.language == "bash")
     commands = [line for line in setup.code.splitlines() if line and not line.startswith("#")]
-    assert len(commands) == 2 and commands[1].endswith("-m pytest")
+    assert len(commands) == 2 and commands[1].endswith("-m pytest -n auto --dist loadgroup")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert [line for line in ci.splitlines() if "-m pytest" in line] == [commands[1]]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _requirements import optional_import
+from _requirements import optional_import, require_module
 from tensorboard.backend.event_processing import data_provider, event_accumulator, plugin_event_multiplexer
 from tensorboard.plugins import base_plugin
 from torch import nn
@@ -172,6 +172,7 @@ class ReadAtStep(pl.Callback):
 
 
 def test_a_lightning_run_shows_its_findings_in_tensorboard_while_it_trains(tmp_path: Path) -> None:
+    require_module("pytorch_lightning")
     g = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(32, 8, generator=g), torch.randn(32, 1, generator=g)), batch_size=4)
     callback = leafwatch.LeafWatch(verbose=False)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _requirements import optional_import
+from _requirements import optional_import, require_module
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -82,6 +82,7 @@ class NanAtStepThree(pl.LightningModule):
 
 
 def test_lightning_fit_end_reports_a_nan_of_a_short_run(tmp_path: Path) -> None:
+    require_module("pytorch_lightning")
     g = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(24, 8, generator=g), torch.randn(24, 1, generator=g)), batch_size=4)
     callback = leafwatch.LeafWatch()

@@ -2,11 +2,11 @@
 
 On a machine with CUDA (under 8 minutes on one GPU):
 
-1. the CUDA tests: ``tests/test_cuda.py`` (the seed table's ``.cuda()`` rows on a real device, the
+1. the CUDA tests: ``tests/core/test_cuda.py`` (the seed table's ``.cuda()`` rows on a real device, the
    device cases), the no-sync check under ``torch.cuda.set_sync_debug_mode("error")``
-   (``tests/test_performance_budget.py``), the deferred CUDA value checks
-   (``tests/test_reliability.py``) and the demo with its ``.to("cuda")`` temperature; with two or
-   more GPUs, the NCCL variants of ``tests/test_distributed.py``;
+   (``tests/core/test_performance_budget.py``), the deferred CUDA value checks
+   (``tests/core/test_reliability.py``) and the demo with its ``.to("cuda")`` temperature; with two or
+   more GPUs, the NCCL variants of ``tests/integrations/test_distributed.py``;
 2. one benchmark row: a bf16 (``precision="bf16-mixed"``) small-transformer training step in a
    Lightning ``Trainer`` with and without the ``LeafWatch`` callback, and the same step in a plain
    loop with and without ``Monitor(...).attach()``. As in ``benchmarks/bench.py``: the variants run
@@ -49,13 +49,13 @@ from torch import nn
 REPO = Path(__file__).resolve().parent.parent
 #: The CUDA tests, by node id (pytest runs them in one process).
 CUDA_TESTS = [
-    "tests/test_cuda.py",
-    "tests/test_performance_budget.py::test_monitor_never_synchronizes_with_the_device_on_cuda",
-    "tests/test_reliability.py::test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive",
-    "tests/test_demo.py::test_lightning_demo_train_finds_the_bugs_and_nothing_when_clean",
+    "tests/core/test_cuda.py",
+    "tests/core/test_performance_budget.py::test_monitor_never_synchronizes_with_the_device_on_cuda",
+    "tests/core/test_reliability.py::test_deferred_cuda_value_checks_stay_bounded_and_keep_no_gradient_alive",
+    "tests/integrations/test_demo.py::test_lightning_demo_train_finds_the_bugs_and_nothing_when_clean",
 ]
 #: Run only with two GPUs or more.
-NCCL_TESTS = ["tests/test_distributed.py::test_ddp_on_nccl_gathers_over_a_gloo_side_group"]
+NCCL_TESTS = ["tests/integrations/test_distributed.py::test_ddp_on_nccl_gathers_over_a_gloo_side_group"]
 #: The limit for the test run, in seconds (the whole check must stay under 8 minutes).
 TESTS_TIMEOUT_S = 300
 

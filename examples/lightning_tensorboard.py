@@ -13,7 +13,7 @@ Run it (CPU, a few seconds)::
     tensorboard --logdir runs
 
 ``leafwatch demo`` runs the same code from the package (``leafwatch/demo.py``, kept equal to
-this file below the docstring by ``tests/test_demo.py``).
+this file below the docstring by ``tests/integrations/test_demo.py``).
 """
 
 from __future__ import annotations

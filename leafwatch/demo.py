@@ -8,7 +8,7 @@ The bugs (all on by default; pick some with ``--bugs``):
 - ``loss_weight``: a learnable loss weight (``nn.Parameter``) left out of ``configure_optimizers``.
 
 It ships in the package so that ``leafwatch demo`` runs from an installed wheel; the same code is
-``examples/lightning_tensorboard.py`` in the source tree (``tests/test_demo.py`` keeps the two
+``examples/lightning_tensorboard.py`` in the source tree (``tests/integrations/test_demo.py`` keeps the two
 equal below their docstrings). Needs Lightning (``pip install "leafwatch[lightning]"``)::
 
     leafwatch demo --logdir runs

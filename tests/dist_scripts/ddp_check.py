@@ -1,4 +1,4 @@
-"""A multi-process leafwatch run, launched by tests/test_distributed.py.
+"""A multi-process leafwatch run, launched by tests/integrations/test_distributed.py.
 
 Usage: ``python -m torch.distributed.run --nproc_per_node 2 ddp_check.py SCENARIO OUT_DIR [STEPS]``
 (or two processes with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as the tests do).

@@ -47,7 +47,7 @@ def batches(n: int = 2 * STEPS) -> list[torch.Tensor]:
 @pytest.fixture
 def accelerate() -> Iterator[Any]:
     """The accelerate package, its process-wide state reset before and after the test."""
-    module = require_module("accelerate", 'pip install accelerate')
+    module = require_module("accelerate")
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(True)
@@ -116,7 +116,7 @@ def test_audit_and_check_take_the_accelerated_optimizer(accelerate: Any) -> None
 
 # -- Lightning Fabric ----------------------------------------------------------------------------
 def _fabric_loop(*, bug: bool) -> tuple[leafwatch.Monitor, list[Any], Any]:
-    fabric_module = require_module("lightning.fabric", 'pip install lightning')
+    fabric_module = require_module("lightning.fabric")
     fabric = fabric_module.Fabric(accelerator="cpu", devices=1)
     net = Net(use_aux=not bug)
     first = torch.optim.SGD(net.body.parameters(), lr=0.01)
@@ -152,7 +152,7 @@ def test_fabric_names_a_layer_that_never_runs_with_the_users_names() -> None:
 
 
 def test_audit_names_a_fabric_models_tensors_as_the_user_does() -> None:
-    fabric_module = require_module("lightning.fabric", 'pip install lightning')
+    fabric_module = require_module("lightning.fabric")
     fabric = fabric_module.Fabric(accelerator="cpu", devices=1)
     net = Net()
     model, optimizer = fabric.setup(net, torch.optim.SGD(net.body.parameters(), lr=0.01))

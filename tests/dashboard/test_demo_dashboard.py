@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from _requirements import require_module
 from _tensorboard_runs import REPO_ROOT, get_json, tensorboard_server, wait_for
 
 DEMO_BUGS = {
@@ -39,9 +40,14 @@ def _tensorboard_command() -> list[str]:
         return [binary]
     return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
 
+# The demo runs and its TensorBoard server starts once (module-scoped): under pytest-xdist
+# (--dist loadgroup) these tests share a worker.
+pytestmark = pytest.mark.xdist_group("demo_dashboard")
+
 
 @pytest.fixture(scope="module")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    require_module("pytorch_lightning")  # `leafwatch demo` trains with Lightning
     runs = tmp_path_factory.mktemp("runs")
     demo = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", str(runs), "--steps", "6"],
                           capture_output=True, text=True, env=_env(), timeout=300)

@@ -19,10 +19,16 @@ from typing import Any
 
 import pytest
 import torch
-from accelerate.optimizer import AcceleratedOptimizer
+from _requirements import require_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
-from transformers import (
+
+# Every test here runs a real Hugging Face Trainer: without transformers and accelerate the file
+# skips (locally) or fails (in CI).
+require_module("transformers")
+require_module("accelerate")
+from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
+from transformers import (  # noqa: E402
     BertConfig,
     BertForSequenceClassification,
     GPT2Config,
@@ -31,13 +37,13 @@ from transformers import (
     TrainingArguments,
 )
 
-from leafwatch import LeafwatchError, LeafwatchWarning
-from leafwatch.integrations.transformers import LOG_SUBDIR, gradient_strategy
-from leafwatch.transformers import LeafWatchCallback
+from leafwatch import LeafwatchError, LeafwatchWarning  # noqa: E402
+from leafwatch.integrations.transformers import LOG_SUBDIR, gradient_strategy  # noqa: E402
+from leafwatch.transformers import LeafWatchCallback  # noqa: E402
 
 VOCAB = 99
-REPO = Path(__file__).resolve().parents[1]
-DDP_SCRIPT = Path(__file__).parent / "dist_scripts" / "hf_ddp.py"
+REPO = Path(__file__).resolve().parents[2]
+DDP_SCRIPT = Path(__file__).resolve().parents[1] / "dist_scripts" / "hf_ddp.py"
 DDP_TIMEOUT_S = 240
 
 
@@ -83,9 +89,9 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 
 def tiny_lora() -> nn.Module:
-    from peft import LoraConfig, get_peft_model
+    peft = require_module("peft")
 
-    return get_peft_model(tiny_bert(), LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"]))
+    return peft.get_peft_model(tiny_bert(), peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"]))
 
 
 class Sentences(torch.utils.data.Dataset):

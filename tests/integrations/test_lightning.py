@@ -15,17 +15,21 @@ import warnings
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
-from pytorch_lightning.callbacks import ModelCheckpoint
-from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger
+from _requirements import require_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
-from leafwatch import LeafWatch, LeafwatchError
-from leafwatch.integrations.lightning import callback_class
+
+# Every test here runs a real Trainer: without Lightning the file skips (locally) or fails (in CI).
+pl = require_module("pytorch_lightning")
+from pytorch_lightning.callbacks import ModelCheckpoint  # noqa: E402
+from pytorch_lightning.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
+
+from leafwatch import LeafWatch, LeafwatchError  # noqa: E402
+from leafwatch.integrations.lightning import callback_class  # noqa: E402
 
 
 def loader(n: int = 16, batch_size: int = 4) -> DataLoader:
@@ -519,7 +523,7 @@ def test_without_lightning_the_callback_says_how_to_install_it():
         "    print('ImportError:', error)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     # Run from this checkout, the command that works is the checkout form with this interpreter's
     # pip (the README's venv is not activated): `.venv/bin/python -m pip install -e ".[lightning]"`.
@@ -527,7 +531,7 @@ def test_without_lightning_the_callback_says_how_to_install_it():
     (line,) = [line for line in out.stdout.splitlines() if line.startswith(prefix)]
     command = shlex.split(line[len(prefix):])
     assert command[1:5] == ["-m", "pip", "install", "-e"] and command[5] == ".[lightning]"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     assert os.path.samefile(root / command[0], sys.executable)
     pyproject = tomllib.loads((root / "pyproject.toml").read_text())
     assert pyproject["project"]["name"] == "leafwatch" and "lightning" in pyproject["project"]["optional-dependencies"]
@@ -543,6 +547,6 @@ def test_with_only_the_lightning_package_it_is_a_lightning_pytorch_callback(tmp_
         "print(isinstance(LeafWatch(), L.Callback), [b.__module__ for b in LeafWatch.__mro__[1:-1] if not b.__module__.startswith('leafwatch')])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=Path(__file__).resolve().parent.parent)
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True ['lightning.pytorch.callbacks.callback']"

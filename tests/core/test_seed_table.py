@@ -2,7 +2,7 @@
 
 Each tensor is ``torch.tensor([1.0], requires_grad=R)`` followed by one or two ops. On CPU the
 ``.cuda()`` column is stood in for by a differentiable dtype copy (``.to(torch.float64)``), which
-makes the same ``ToCopyBackward0`` node; ``tests/test_cuda.py`` runs the real ``.cuda()``.
+makes the same ``ToCopyBackward0`` node; ``tests/core/test_cuda.py`` runs the real ``.cuda()``.
 """
 
 from __future__ import annotations

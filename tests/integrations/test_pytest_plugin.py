@@ -10,6 +10,7 @@ import importlib.metadata
 
 import pytest
 import torch._dynamo  # noqa: F401
+from _requirements import require_pytest_plugin
 
 import leafwatch.integrations.runner  # noqa: F401
 
@@ -53,6 +54,13 @@ def train(model, steps=2):
         opt.step()
     return model
 '''
+
+
+@pytest.fixture(autouse=True)
+def _plugin_registered() -> None:
+    """Every test here runs ``pytest --leafwatch``: without the entry point (leafwatch not
+    installed) they skip locally and fail in CI."""
+    require_pytest_plugin()
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ import leafwatch
 from leafwatch.integrations import distributed
 from leafwatch.findings import Finding
 
-SCRIPTS = Path(__file__).parent / "dist_scripts"
-REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parents[1] / "dist_scripts"
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH_TIMEOUT_S = 120
 
 

@@ -870,7 +870,7 @@ def test_watched_tensors_freed_by_the_garbage_collector_never_deadlock(tmp_path)
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     script = tmp_path / "cycles.py"
     script.write_text(_CYCLE_SCRIPT)

@@ -28,7 +28,9 @@ from _tensorboard_runs import (
 )
 
 CHROMIUM = find_browser()
-pytestmark = pytest.mark.slow
+# The module-scoped runs, TensorBoard server and browser are built once: under pytest-xdist
+# (--dist loadgroup) these tests share a worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("dashboard_browser")]
 
 
 @pytest.fixture(scope="module", autouse=True)

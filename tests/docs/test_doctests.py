@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 
 import pytest
+from _requirements import require_module
 
 import leafwatch
 
@@ -19,9 +20,15 @@ WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrat
                  "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.testing", "leafwatch.transformers",
                  "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_sink", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
+#: Modules that import an optional package: without it their examples skip (locally) or fail (in CI).
+NEEDS = {"leafwatch.demo": "pytorch_lightning", "leafwatch.integrations.lightning": "pytorch_lightning",
+         "leafwatch.integrations.transformers": "transformers", "leafwatch.transformers": "transformers"}
+
 
 @pytest.mark.parametrize("name", MODULES)
 def test_docstring_examples_run(name: str) -> None:
+    if name in NEEDS:
+        require_module(NEEDS[name])
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0
     if name in WITH_EXAMPLES:

@@ -17,9 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from _requirements import require_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPENDENCIES = ("torch", "tensorboard", "typing_extensions", "pytorch_lightning", "lightning")
 
 
@@ -53,7 +54,8 @@ def _fresh_venv(path: Path) -> Path:
 
 @pytest.mark.slow
 def test_the_demo_runs_from_an_installed_wheel_outside_the_source_tree(tmp_path):
-    pytest.importorskip("setuptools")
+    require_module("setuptools")  # builds the wheel
+    require_module("pytorch_lightning")  # `leafwatch demo` trains with Lightning
     # Build from a copy, so that the source tree gets no build/ or egg-info from this test.
     source = tmp_path / "source"
     shutil.copytree(ROOT / "leafwatch", source / "leafwatch",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _requirements import require_module
 from torch import nn
 
 import leafwatch
@@ -247,4 +248,6 @@ def test_leafwatch_run_sessions_leave_no_global_hook(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["Monitor", "LeafWatch", "audit", "watch", "Report", "Kind", "Status"])
 def test_public_names_are_in_all(name: str) -> None:
     assert name in leafwatch.__all__
+    if name == "LeafWatch":
+        require_module("pytorch_lightning")  # the callback is built on Lightning's Callback
     assert getattr(leafwatch, name) is not None

@@ -23,14 +23,16 @@ from __future__ import annotations
 import doctest
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _requirements import require, require_module, require_pytest_plugin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 TIMEOUT_S = 300
 MARKER = re.compile(r"^<!--\s*(not run|file):\s*(.*?)\s*-->$")
@@ -101,6 +103,23 @@ def _env() -> dict[str, str]:
     return env
 
 
+#: Optional packages an example may import: without one, its example skips (locally) or fails (in CI).
+OPTIONAL = ("pytorch_lightning", "lightning", "transformers", "accelerate", "peft")
+
+
+def _require_what_it_needs(code: str) -> None:
+    """Skip (locally) or fail (in CI) an example whose code needs what is not installed: an
+    optional package, the installed ``leafwatch`` command, or the ``pytest --leafwatch`` plugin."""
+    for package in OPTIONAL:
+        if re.search(rf"^\s*(?:from|import)\s+{package}\b", code, flags=re.MULTILINE):
+            require_module(package)
+    if re.search(r"(?:^|[;&|]\s*)leafwatch\s", code, flags=re.MULTILINE):
+        require(shutil.which("leafwatch", path=_env()["PATH"]) is not None,
+                "the `leafwatch` command is not installed: pip install -e .")
+    if "--leafwatch" in code:
+        require_pytest_plugin()
+
+
 def _check_output(block: Block, want: str, got: str, folder: Path) -> None:
     got = got.replace(str(folder) + os.sep, "")
     checker = doctest.OutputChecker()
@@ -130,6 +149,7 @@ def test_python_blocks_not_run_here_still_compile(block: Block) -> None:
 
 @pytest.mark.parametrize("block", RUNNABLE, ids=lambda b: b.where)
 def test_python_block_runs_and_prints_what_the_page_shows(block: Block, tmp_path: Path) -> None:
+    _require_what_it_needs(block.code)
     (tmp_path / "train.py").write_text(block.code, encoding="utf-8")
     result = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=_env(), capture_output=True,
                             text=True, timeout=TIMEOUT_S)
@@ -142,6 +162,12 @@ def test_python_block_runs_and_prints_what_the_page_shows(block: Block, tmp_path
 @pytest.mark.parametrize("page", SESSION_PAGES, ids=lambda p: p.name)
 def test_shell_sessions_print_what_the_page_shows(page: Path, tmp_path: Path) -> None:
     blocks = markdown_blocks(page)
+    files = {b.marker[1]: b.code for b in blocks
+             if b.language == "python" and b.marker is not None and b.marker[0] == "file"}
+    for block in blocks:
+        if block.is_session:
+            for command in re.findall(r"^\$ (.*)$", block.code, flags=re.MULTILINE):
+                _require_what_it_needs("\n".join([command, *(code for name, code in files.items() if name in command)]))
     sessions = 0
     for block in blocks:
         if block.language == "python" and block.marker is not None and block.marker[0] == "file":
@@ -172,7 +198,7 @@ def test_the_quickstart_block_is_examples_quickstart_py() -> None:
 def test_ci_runs_exactly_the_readmes_test_command() -> None:
     setup = next(b for b in markdown_blocks(REPO / "README.md") if b.language == "bash")
     commands = [line for line in setup.code.splitlines() if line and not line.startswith("#")]
-    assert len(commands) == 2 and commands[1].endswith("-m pytest")
+    assert len(commands) == 2 and commands[1].endswith("-m pytest -n auto --dist loadgroup")
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     assert [line for line in ci.splitlines() if "-m pytest" in line] == [commands[1]]
 

@@ -29,6 +29,10 @@ UNUSED = {"unused.weight", "unused.bias"}
 ROUTED = {"experts.1.weight", "experts.1.bias"}
 ROUTED_MISSED = [[1, 2], [4, 5], [7, 8], [10, 11]]  # the second expert runs every third step
 
+# The module-scoped TensorBoard servers start once: under pytest-xdist (--dist loadgroup) these
+# tests share a worker.
+pytestmark = pytest.mark.xdist_group("tensorboard_plugin")
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> str:

@@ -17,13 +17,14 @@ import warnings
 from pathlib import Path
 
 import pytest
+from _requirements import require_module
 import torch
 from torch import nn
 
 import leafwatch
 from leafwatch import stepping
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                  "`zero_grad()` is called between `backward()` and `step()`")
 CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"
@@ -464,7 +465,7 @@ def test_run_names_a_grad_scaler_that_skips_every_step(tmp_path):
 
 # -- the Lightning callback (Lightning owns the loop: the learning rate applies) ---------------------
 def _lightning_fit(tmp_path: Path, lr_lambda, *, steps: int, frozen_group_lr: float | None = None) -> leafwatch.Report:
-    pl = pytest.importorskip("pytorch_lightning")
+    pl = require_module("pytorch_lightning")
     from torch.utils.data import DataLoader, TensorDataset
 
     class Scheduled(pl.LightningModule):

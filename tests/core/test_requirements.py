@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from _requirements import find_browser, in_ci, require
+from _requirements import find_browser, in_ci, require, require_module
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _env(**changes: str | None) -> dict[str, str]:
@@ -87,19 +87,21 @@ def test_the_ddp_tests_fail_in_ci_when_lightning_is_absent() -> None:
 
 
 def test_the_ddp_tests_never_skip_when_leafwatchs_own_callback_does_not_import() -> None:
+    require_module("pytorch_lightning")  # only Lightning there tells leafwatch's own import error apart
     out = _lightning_callback_with("leafwatch.integrations.lightning", ci=None)
     assert out == "ImportError: ModuleNotFoundError leafwatch.integrations.lightning"
 
 
 def test_the_lightning_callback_is_returned_when_everything_imports() -> None:
+    require_module("pytorch_lightning")
     assert _lightning_callback_with("an_unrelated_module", ci="true") == "returned LeafWatch"
 
 
 def _browser_tests(ci: str | None) -> subprocess.CompletedProcess:
-    """tests/test_dashboard_browser.py run with no browser on PATH (only this Python's folder)."""
+    """tests/dashboard/test_dashboard_browser.py run with no browser on PATH (only this Python's folder)."""
     env = _env(CI=ci, PATH=str(Path(sys.executable).parent))
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                           str(TESTS / "test_dashboard_browser.py")], cwd=REPO, env=env,
+                           str(TESTS / "dashboard" / "test_dashboard_browser.py")], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -729,7 +729,7 @@ def test_monitor_created_after_the_forward_does_not_guess_the_cause():
 
 
 def test_parameter_on_another_device_is_a_mismatch():
-    # The meta device stands in for a second device (tests/test_cuda.py uses a real GPU).
+    # The meta device stands in for a second device (tests/core/test_cuda.py uses a real GPU).
     model = TwoLayer()
     model.b.bias = nn.Parameter(torch.zeros(1, device="meta"))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -762,7 +762,7 @@ def test_slice_of_a_named_leaf_names_the_leaf_that_gets_the_gradient():
 
 def test_bfloat16_linear_in_a_float32_model_is_a_mismatch():
     # The less precise island silently loses its small updates; a float32 lm head in a bfloat16
-    # model is deliberate (tests/test_false_alarm_patterns.py).
+    # model is deliberate (tests/detectors/test_false_alarm_patterns.py).
     model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 4), nn.Linear(4, 4), nn.LayerNorm(4), nn.Linear(4, 1))
     model[4].to(torch.bfloat16)
     report = leafwatch.audit(model, torch.optim.SGD(model.parameters(), lr=0.1), check_values=False)

@@ -15,8 +15,8 @@ from torch import nn
 from leafwatch.integrations import runner
 from leafwatch.report_cli import read_reports
 
-REPO = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent / "scripts"
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 BUGGY_FINDINGS = {
     ("missing_grad", "aux_head.weight"),
     ("missing_grad", "aux_head.bias"),
@@ -63,6 +63,7 @@ def _json_findings(data: dict, run: str) -> set[tuple[str, str]]:
     return {(f["kind"], f["name"]) for f in found["findings"] if f["status"] == "open"}
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
     result = runs["buggy"]
     assert result.returncode == 5, result.stderr
@@ -78,6 +79,7 @@ def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
     assert "not_in_optimizer" not in result.stderr
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_summary(runs):
     before, summary = runs["buggy"].stderr.split("leafwatch: summary after 4 optimizer steps")
     lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
@@ -98,6 +100,7 @@ def test_strict_stops_at_the_first_error_and_exits_non_zero():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_report_reads_the_same_findings_back_and_exits_1(runs):
     result = _leafwatch("report", str(runs["logdir"]))
     assert result.returncode == 1, result.stderr
@@ -108,6 +111,7 @@ def test_report_reads_the_same_findings_back_and_exits_1(runs):
     assert "module `aux_head` never ran" in buggy_part
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_report_json_holds_the_findings_of_every_nested_run(runs):
     result = _leafwatch("report", str(runs["logdir"]), "--json")
     assert result.returncode == 1
@@ -119,6 +123,7 @@ def test_report_json_holds_the_findings_of_every_nested_run(runs):
     assert buggy["counts"]["orphan_tensor"] == 5 and buggy["counts"]["missing_grad"] == 2
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 @pytest.mark.parametrize(("fail_on", "code"), [("never", 0), ("warning", 1)])
 def test_report_fail_on_sets_the_exit_code(runs, fail_on, code):
     result = _leafwatch("report", str(runs["logdir"] / "exp" / "buggy"), "--fail-on", fail_on)
@@ -126,6 +131,7 @@ def test_report_fail_on_sets_the_exit_code(runs, fail_on, code):
     assert "orphan_tensor       scale" in result.stdout
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_report_of_a_clean_run_exits_0(runs):
     result = _leafwatch("report", str(runs["logdir"] / "exp" / "gan"))
     assert result.returncode == 0
@@ -152,6 +158,7 @@ def test_report_ignores_event_files_written_by_others(tmp_path):
     assert _leafwatch("report", str(tmp_path)).returncode == 2
 
 
+@pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
 def test_gan_with_alternating_optimizers_gives_no_false_alarm(runs):
     result = runs["gan"]
     assert result.returncode == 0, result.stderr

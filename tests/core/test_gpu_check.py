@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from _requirements import require_module
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.sh"
 
 
@@ -33,6 +34,7 @@ def test_without_cuda_it_says_so_and_exits_zero(tmp_path):
 
 @pytest.mark.slow
 def test_the_benchmark_row_runs_on_the_cpu_and_writes_its_figures(tmp_path):
+    require_module("pytorch_lightning")  # the row times a Lightning Trainer too
     done = _run("--device", "cpu", "--skip-tests", "--rounds", "1", "--steps", "3", "--warmup", "1", out=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads((tmp_path / "gpu_check.json").read_text())

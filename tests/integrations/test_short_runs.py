@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import pytorch_lightning as pl
 import torch
+from _requirements import optional_import, require_module
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
+
+# The file collects without Lightning; the tests that use it skip (locally) or fail (in CI).
+pl = optional_import("pytorch_lightning")
 
 
 def _six_steps(monitor: leafwatch.Monitor, model: nn.Module, opt: torch.optim.Optimizer, *,
@@ -79,6 +82,7 @@ class NanAtStepThree(pl.LightningModule):
 
 
 def test_lightning_fit_end_reports_a_nan_of_a_short_run(tmp_path: Path) -> None:
+    require_module("pytorch_lightning")
     g = torch.Generator().manual_seed(0)
     data = DataLoader(TensorDataset(torch.randn(24, 8, generator=g), torch.randn(24, 1, generator=g)), batch_size=4)
     callback = leafwatch.LeafWatch()

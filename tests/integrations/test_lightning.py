@@ -338,10 +338,12 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
         trainer(tmp_path, callback, logger=False, max_steps=1).fit(model, loader())
     lines = {str(w.message).split("`")[1]: str(w.message) for w in caught
              if issubclass(w.category, leafwatch.LeafwatchWarning)}
-    assert lines["loss_weight"].startswith("leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix: ")
+    # Seen at the fit-start scan, decided at the first check, where its gradient is seen.
+    assert lines["loss_weight"].startswith(
+        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix: ")
     assert lines["head.weight"].startswith("leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: ")
     table = str(callback.report)
-    assert "loss_weight (since start)" in table and "head.weight (since step 1)" in table
+    assert "loss_weight (since start, decided at step 1)" in table and "head.weight (since step 1)" in table
 
 
 def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):

@@ -16,15 +16,15 @@ from typing import Any
 
 import torch
 
-from . import checks, distributed, graph, inventory, outside, stepping, structure, tracing, watching
-from .dead import DeadGradTracker
-from .findings import Finding, Status
+from . import checks, graph, inventory, outside, stepping, structure, tracing, watching
+from .events import CheckEvent
+from .findings import Finding
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory
 from .membership import MembershipJudge
 from .options import WarnOnce, validate_int, warn_unmatched_ignore
 from .pipeline import Part, Pipeline
-from .values import NamedValueCheck, nonfinite
+from .gradient_values import GradientValues
 
 
 @dataclasses.dataclass
@@ -73,18 +73,13 @@ class Checker:
         self._grads = GradientTracker(history, patience, diagnose)
         self._watched = WatchedTracker(history)
         self._membership = MembershipJudge(history)
-        self._values = NamedValueCheck(track_zeros=True)
-        self._dead = DeadGradTracker(history)
+        self.values = GradientValues(structure_, history, check_values_every_n_steps)
         self._loss_leaves = outside.LossLeaves()
-        self._last_value_step = -1
-        #: Check gradient values (NaN/Inf) at every check up to this step, besides the cadence
-        #: (``leafwatch run``: a NaN is named at the step it appears). The exactly-zero streaks of
-        #: ``dead_grad`` count only the checks of the cadence, so their timing does not change.
-        self.every_check_values_until = 0
-        self._off_cadence_steps: set[int] = set()
         self._tracer = tracing.Tracer(on_error=warn)
         self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
         self._ignore_checked = False
+        self._state = CheckState(None, None)
+        self._emitted = -1  # the first check's event counts as a change
         self._retargeted: tuple[int, int] | None = None
         #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[CheckState] = Pipeline((
@@ -115,13 +110,33 @@ class Checker:
             except Exception as error:  # never stop training for a diagnostic
                 self._warn("arming the diagnostic hooks", error)
 
-    def run(self, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None, step: int) -> CheckState:
-        """One check at ``step``: every part in order; returns what it read."""
+    def run(self, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None, step: int) -> None:
+        """One check at ``step``: every part in order."""
         self.step = step
         self.checks += 1
-        state = CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
-        self.pipeline.run(state, step)
-        return state
+        self._state = CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
+        self.pipeline.run(self._state, step)
+
+    def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
+        """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
+        try:
+            self.pipeline.failed(part, error, self.step)
+            return self.event(None, failed=True)
+        except Exception as again:  # the history itself failed: warn, keep the last report
+            self._warn("Monitor.check", again)
+            return None
+
+    def event(self, optimizer: torch.optim.Optimizer | None, *, failed: bool = False) -> CheckEvent:
+        """What the sinks get after the last check (``failed``: it stopped outside its parts)."""
+        report = self.history_store.report(self.step)
+        changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
+        if failed:
+            return CheckEvent(self.step, None, report, True, (), [], None)
+        state = self._state
+        names = self.structure.joined_names(state.lists)
+        coverage = None if not names else 1.0 - len(state.missing) / len(names)
+        return CheckEvent(self.step, self.structure.optimizer_index(optimizer), report, changed, names,
+                          state.missing, coverage)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
@@ -173,8 +188,7 @@ class Checker:
             "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
             "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
             "watch_counts": self._watched.sizes(),
-            "value_checks_in_flight": len(self._values.checker.pending_steps()),
-            "value_names_kept": self._values.launched(),
+            **self.values.stats(),
             "arrival_hooks": len(self._loop.arrivals.handles),
             "step_watches": len(self._loop.skips),
             "loss_graph_walks": self._loss_leaves.walks,
@@ -194,9 +208,7 @@ class Checker:
                 self.history_store.upsert(f)
 
     def _last_values(self, _: Any) -> None:
-        self._record_values(*self._values.flush())
-        if self.check_values_every_n_steps and self.step > 0:
-            self._final_values()
+        self.values.finish(self.step)
 
     def _decide_pending(self, _: Any = None) -> None:
         """At the end of the run, whatever still waits for evidence is decided."""
@@ -285,12 +297,7 @@ class Checker:
         self._membership.judge(self.structure.inventory, self._tracer, self.step)
 
     def _judge_values(self, state: CheckState) -> None:
-        every = self.check_values_every_n_steps
-        on_cadence = bool(every) and (self.step == 1 or self.step % every == 0 or state.force_values)
-        if on_cadence or (every and self.step <= self.every_check_values_until):
-            if not on_cadence:
-                self._off_cadence_steps.add(self.step)
-            self._check_values(state.lists)
+        self.values.judge(self.step, state.lists, state.force_values)
 
     def _retarget_diagnostics(self, state: CheckState) -> None:
         cache = self.structure
@@ -313,46 +320,6 @@ class Checker:
         optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
 
-    def _final_values(self) -> None:
-        """At the end of a run: the gradients not checked since the last value check, and the
-        parameters themselves (a short run may end between value checks, and gradients are often
-        cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
-        lists = list(self.structure.lists.values())
-        if self._last_value_step != self.step:
-            self._check_values(lists)
-            self._record_values(*self._values.flush())
-        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
-        params, names = [p for p, _ in named], [n for _, n in named]
-        flagged = {f.name for f in self.history_store if f.kind == "nonfinite_grad" and f.status == Status.OPEN}
-        for _, i in nonfinite(params, self.step):
-            if names[i] not in flagged:
-                self.history_store.upsert(checks.nonfinite_param(names[i], params[i], self.step))
-
     def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
         """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
         self._on_skipped(optimizer)
-
-    def _check_values(self, lists: list[structure.CheckList]) -> None:
-        self._last_value_step = self.step
-        params = [p for c in lists for p in c.params]
-        grads = [p.grad for p in params]
-        if self.structure.grad_view.local_grads:
-            grads = [distributed.local_tensor(g) for g in grads]
-        names = tuple(n for c in lists for n in c.names)
-        self._record_values(*self._values.check(names, params, grads, self.step))
-
-    def _record_values(self, completed: list[int], bad: list[tuple[int, str, torch.Tensor]]) -> None:
-        flagged = set()
-        for step, name, param in bad:
-            flagged.add(name)
-            self.history_store.upsert(checks.nonfinite_grad(name, param, step))
-        if completed:
-            latest = max(completed)
-            self.history_store.resolve_where(
-                lambda f: f.kind == "nonfinite_grad" and f.name not in flagged and (f.last_step or 0) < latest,
-                latest)
-        zeros = self._values.take_zeros()
-        if self._off_cadence_steps:
-            zeros = [z for z in zeros if z[0] not in self._off_cadence_steps]
-            self._off_cadence_steps = {s for s in self._off_cadence_steps if s >= self.step - 2}  # (CUDA: a step late)
-        self._dead.record(zeros)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from .findings import Report
 
@@ -28,3 +30,40 @@ class CheckEvent:
     names: tuple[str, ...]
     missing: list[int]
     coverage: float | None
+
+
+class Sinks:
+    """The sinks a Monitor writes to, in order; a sink that raises is warned once and skipped.
+
+    Args:
+        sinks: Callables taking a :class:`CheckEvent` (optionally with ``close(report)``).
+        warn: Warns once per failing place (``warn(where, error)``).
+    """
+
+    def __init__(self, sinks: Iterable[Callable[[CheckEvent], Any]], warn: Callable[[str, BaseException], None]) -> None:
+        self._sinks = list(sinks)
+        self._warn = warn
+
+    def __len__(self) -> int:
+        return len(self._sinks)
+
+    def add(self, sink: Callable[[CheckEvent], Any], *, first: bool = False) -> None:
+        """Add ``sink`` last (``first``: before the others, as the console's short lines are)."""
+        self._sinks.insert(0 if first else len(self._sinks), sink)
+
+    def emit(self, event: CheckEvent) -> None:
+        for sink in self._sinks:
+            try:
+                sink(event)
+            except Exception as error:
+                self._warn(f"the {type(sink).__name__} sink", error)
+
+    def close(self, report: Report) -> None:
+        """The end of the run: each sink's ``close(report)``, where it has one."""
+        for sink in self._sinks:
+            close = getattr(sink, "close", None)
+            if close is not None:
+                try:
+                    close(report)
+                except Exception as error:
+                    self._warn(f"closing {type(sink).__name__}", error)

@@ -22,8 +22,8 @@ from . import distributed as _distributed
 from . import inventory, structure, watching
 from .checker import Checker
 from .console import NewFindingWarnings
-from .events import CheckEvent
-from .findings import Finding, Kind, Report
+from .events import CheckEvent, Sinks
+from .findings import Finding, Report
 from .history import FindingHistory, parse_state
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int
 
@@ -105,34 +105,27 @@ class Monitor:
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
         self.strict = validate_bool(strict, "strict")
         self.diagnose = validate_bool(diagnose, "diagnose")
-        if verbose is not None:
-            validate_bool(verbose, "verbose")
-        if not isinstance(sinks, (list, tuple)) or not all(callable(s) for s in sinks):
-            raise TypeError(f"`sinks` must be a sequence of callables taking a CheckEvent, got {got(sinks)}")
-        if distributed is not None and not isinstance(distributed, bool):
-            raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
+        _validate_switches(sinks, distributed, verbose)
         self.history_store = FindingHistory(validate_ignore(ignore))
         self.structure = structure.StructureCache(model, optimizers, named_roots)
         self.watches = watching.WatchSet()
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
-        self._sinks: list[Callable[[CheckEvent], Any]] = list(sinks)
+        self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
+        self._sinks = Sinks(sinks, self._warn)
         self.verbose = verbose
         if verbose:
-            self._sinks.insert(0, NewFindingWarnings())
+            self._sinks.add(NewFindingWarnings(), first=True)
         if writer is not None:
             from .tensorboard_sink import TensorBoardSink
 
-            self._sinks.append(TensorBoardSink(writer))
-        self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
+            self._sinks.add(TensorBoardSink(writer))
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
                                 warn=self._warn, on_skipped=self.check)
         self._report = Report(step=0)
-        self._emitted = -1  # the first check's event counts as a change
         self._in_check = self._closed = False
-        self._handles: list[Any] = []
-        self._closure_steps: set[int] = set()
+        self._step_hooks = _StepHooks(self.check)
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
@@ -144,21 +137,6 @@ class Monitor:
         """The step of the last check (its ``step=``, or a count of checks)."""
         return self._checker.step
 
-    @property
-    def failed_parts(self) -> list[str]:
-        """The parts of the check that failed inside leafwatch (their ``incomplete`` findings, open
-        or resolved): the report of those checks may miss findings. Sinks are not parts of the check."""
-        return sorted({f.name for f in self.history_store if f.kind == Kind.INCOMPLETE})
-
-    @property
-    def every_check_values_until(self) -> int:
-        """Check gradient values (NaN/Inf) at every check up to this step, besides the cadence
-        (``leafwatch run``: a NaN is named at the step it appears); 0 by default."""
-        return self._checker.every_check_values_until
-
-    @every_check_values_until.setter
-    def every_check_values_until(self, step: int) -> None:
-        self._checker.every_check_values_until = validate_int(step, "every_check_values_until", 0)
 
     @property
     def model(self) -> nn.Module | None:
@@ -205,25 +183,18 @@ class Monitor:
             LeafwatchError: in strict mode, when an error finding is open.
             TypeError: an argument of the wrong type.
         """
-        if optimizer is not None and self.structure.optimizer_index(optimizer) is None:
-            # Unknown (a wrapper, or an optimizer to adopt): the real optimizer under it.
-            try:
-                optimizer = inventory.as_optimizer(optimizer)
-            except TypeError:
-                raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {got(optimizer)} "
-                                f"({inventory.WRAPPERS_ACCEPTED})") from None
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            raise TypeError(f"`step` must be an int or None, got {type(step).__name__}: {step!r:.80}")
-        if loss is not None and not isinstance(loss, torch.Tensor):
-            raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
+        optimizer = _check_arguments(self.structure, optimizer, step, loss)
         if self._in_check or self._closed:
             return self._report
         self._in_check = True
         try:
             try:
-                event: CheckEvent | None = self._check(optimizer, step, loss)
+                self._checker.run(optimizer, loss, step if step is not None else self.step + 1)
+                event: CheckEvent | None = self._checker.event(optimizer)
             except Exception as error:
-                event = self._failed_check(error)
+                event = self._checker.failed_event("the check", error)
+            if event is not None:
+                self._report = event.report
             if self._gatherer is not None:
                 # Every rank takes part, even after a local failure, so that no rank waits forever.
                 event = self._gatherer.merge_event(event, self._report, self.step,
@@ -233,7 +204,7 @@ class Monitor:
                 return self._report
             if self._gatherer is None or self._gatherer.runs_sinks:
                 # Still inside the guard: a sink that calls check() gets the current report back.
-                self._emit(event)
+                self._sinks.emit(event)
         finally:
             self._in_check = False
         if self.strict:
@@ -253,17 +224,6 @@ class Monitor:
         self._report = self.history_store.report(self.step)
         return self._report
 
-    def _failed_check(self, error: Exception) -> CheckEvent | None:
-        """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
-        try:
-            self._checker.pipeline.failed("the check", error, self.step)
-            self._report = self.history_store.report(self.step)
-            self._emitted = self.history_store.version
-            return CheckEvent(self.step, None, self._report, True, (), [], None)
-        except Exception as again:  # the history itself failed: warn, keep the last report
-            self._warn("Monitor.check", again)
-            return None
-
     def attach(self) -> Monitor:
         """Check automatically before each ``optimizer.step()`` of the optimizers given.
 
@@ -277,23 +237,9 @@ class Monitor:
             raise ValueError("`optimizers` must be given to attach(): got none")
         if self.verbose is None:
             self.verbose = True
-            self._sinks.insert(0, NewFindingWarnings())
-        for opt in self.structure.optimizers:
-            self._handles.append(opt.register_step_pre_hook(self._before_step))
-            self._handles.append(opt.register_step_post_hook(self._after_step))
+            self._sinks.add(NewFindingWarnings(), first=True)
+        self._step_hooks.install(self.structure.optimizers)
         return self
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
-        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
-            self._closure_steps.add(id(optimizer))
-            return
-        self.check(optimizer)
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if id(optimizer) in self._closure_steps:
-            self._closure_steps.discard(id(optimizer))
-            self.check(optimizer)
 
     @property
     def report(self) -> Report:
@@ -316,11 +262,9 @@ class Monitor:
         """Sizes of what the Monitor holds, for tests of its bounds and of its hot path."""
         return {
             "findings": len(self.history_store),
-            "checked": sum(len(c.params) for c in self.structure.lists.values()),
-            "check_lists": len(self.structure.lists),
-            "previous_names": len(self.structure.previous_names),
+            **self.structure.stats(),
             "own_watches": len(self.watches.entries()),
-            "step_hooks": len(self._handles),
+            "step_hooks": len(self._step_hooks),
             "sinks": len(self._sinks),
             **self._checker.stats(),
         }
@@ -335,21 +279,13 @@ class Monitor:
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._step_hooks.remove()
         if self._gatherer is not None:
             self._gatherer.close()
         self._checker.close()
         self.watches.clear()
         structure.REGISTRATION_HOOKS.release()
-        for sink in self._sinks:
-            close = getattr(sink, "close", None)
-            if close is not None:
-                try:
-                    close(self.report)
-                except Exception as error:
-                    self._warn(f"closing {type(sink).__name__}", error)
+        self._sinks.close(self.report)
         return self.report
 
     def __enter__(self) -> Monitor:
@@ -384,32 +320,73 @@ class Monitor:
     # -- the check ---------------------------------------------------------------------------
     def wait_for_optimizers(self, checks_: int,
                             waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
-                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
-        """Keep ``not_in_optimizer`` pending for ``checks_`` checks: optimizers may step late.
-
-        For front-ends that meet optimizers only when they step (``leafwatch run``): after that
-        many checks a tensor no stepping optimizer holds is an error, or a warning while an
-        optimizer that holds it has not stepped (``waiting`` returns those optimizers), an error
-        at :meth:`close`. ``outside_roots`` maps the ids of tensors whose whole root module no
-        optimizer holds to the root's name: those follow the gradient rule (no finding when no
-        gradient reaches them or their value changes; else a warning).
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
+                            values_until: int = 0) -> None:
+        """For front-ends that meet optimizers only when they step (``leafwatch run``): keep
+        ``not_in_optimizer`` pending for ``checks_`` checks (``waiting``: the optimizers that exist
+        and have not stepped; ``outside_roots``: tensor id -> (root name, optimizer variable) of
+        roots no optimizer holds), and check gradient values at every check up to ``values_until``.
         """
+        self._checker.values.every_check_values_until = validate_int(values_until, "values_until", 0)
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots)
 
-    def _check(self, optimizer: torch.optim.Optimizer | None, step: int | None,
-               loss: torch.Tensor | None) -> CheckEvent:
-        state = self._checker.run(optimizer, loss, step if step is not None else self.step + 1)
-        self._report = self.history_store.report(self.step)
-        names = self.structure.joined_names(state.lists)
-        coverage = None if not names else 1.0 - len(state.missing) / len(names)
-        changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
-        return CheckEvent(self.step, self.structure.optimizer_index(optimizer), self._report, changed, names,
-                          state.missing, coverage)
 
-    # -- sinks --------------------------------------------------------------------------------
-    def _emit(self, event: CheckEvent) -> None:
-        for sink in self._sinks:
-            try:
-                sink(event)
-            except Exception as error:
-                self._warn(f"the {type(sink).__name__} sink", error)
+class _StepHooks:
+    """Checks before each ``optimizer.step()`` (after it for a step with a closure, ``LBFGS``,
+    which computes its gradients inside ``step()``); the handles are removed at close."""
+
+    def __init__(self, check: Callable[[torch.optim.Optimizer], Any]) -> None:
+        self._check = check
+        self._handles: list[Any] = []
+        self._closure_steps: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def install(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        for opt in optimizers:
+            self._handles.append(opt.register_step_pre_hook(self._before_step))
+            self._handles.append(opt.register_step_post_hook(self._after_step))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
+            self._closure_steps.add(id(optimizer))
+            return
+        self._check(optimizer)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self._closure_steps:
+            self._closure_steps.discard(id(optimizer))
+            self._check(optimizer)
+
+
+def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:
+    """``check()``'s arguments validated; the real optimizer under a wrapper the Monitor does not know."""
+    if optimizer is not None and structure_.optimizer_index(optimizer) is None:
+        # Unknown (a wrapper, or an optimizer to adopt): the real optimizer under it.
+        try:
+            optimizer = inventory.as_optimizer(optimizer)
+        except TypeError:
+            raise TypeError(f"`optimizer` must be a torch.optim.Optimizer or None, got {got(optimizer)} "
+                            f"({inventory.WRAPPERS_ACCEPTED})") from None
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise TypeError(f"`step` must be an int or None, got {type(step).__name__}: {step!r:.80}")
+    if loss is not None and not isinstance(loss, torch.Tensor):
+        raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
+    return optimizer
+
+
+def _validate_switches(sinks: Any, distributed: Any, verbose: Any) -> None:
+    """The Monitor's ``sinks``, ``distributed`` and ``verbose`` arguments, checked."""
+    if verbose is not None:
+        validate_bool(verbose, "verbose")
+    if not isinstance(sinks, (list, tuple)) or not all(callable(s) for s in sinks):
+        raise TypeError(f"`sinks` must be a sequence of callables taking a CheckEvent, got {got(sinks)}")
+    if distributed is not None and not isinstance(distributed, bool):
+        raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")

@@ -226,6 +226,11 @@ class StructureCache:
         self._restored_checks = dict(counts)
         self.invalidate()
 
+    def stats(self) -> dict[str, int]:
+        """Sizes of what is read per step, for tests of the hot path."""
+        return {"checked": sum(len(c.params) for c in self.lists.values()), "check_lists": len(self.lists),
+                "previous_names": len(self.previous_names)}
+
     def check_counts(self) -> dict[str, int]:
         return {str(k): c.checks for k, c in self.lists.items()}
 

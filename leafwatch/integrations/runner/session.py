@@ -21,7 +21,7 @@ from torch import nn
 
 from ... import checks, inventory, watching
 from ...console import NewFindingWarnings
-from ...findings import Finding, Report
+from ...findings import Finding, Kind, Report
 from ...monitor import Monitor
 from ...options import WarnOnce, apply_ignore
 from ...tracing import Explanation
@@ -169,11 +169,10 @@ class Session:
             self._sink = TensorBoardSink(writer)
             sinks.append(self._sink)
         monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
-        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
-                                    self.found.outside_root_tensors)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
-        monitor.every_check_values_until = EVERY_STEP_VALUE_CHECKS
+        monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
+                                    self.found.outside_root_tensors, values_until=EVERY_STEP_VALUE_CHECKS)
         return monitor
 
     def _get_writer(self) -> Any:
@@ -189,7 +188,8 @@ class Session:
         """The parts of the check that failed inside leafwatch (each warned once): the report may
         miss findings. Writing TensorBoard records is not a part of the check."""
         own = [where for where in self._warn.seen if "TensorBoard" not in where]
-        return sorted({*own, *(self.monitor.failed_parts if self.monitor is not None else [])})
+        failed = [f.name for f in self.monitor.history.values() if f.kind == Kind.INCOMPLETE] if self.monitor else []
+        return sorted({*own, *failed})
 
     # -- output ------------------------------------------------------------------------------
     @property

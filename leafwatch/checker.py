@@ -116,6 +116,7 @@ class Checker:
         self.checks += 1
         self._state = CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
         self.pipeline.run(self._state, step)
+        self._state.loss = None  # kept for the event, never the user's graph
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""

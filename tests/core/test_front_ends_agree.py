@@ -154,3 +154,88 @@ def test_audit_and_monitor_give_one_verdict_for_one_state(scenario: str, with_lo
         if isinstance(model, _Ema):
             model.after_step()
     assert _open(monitor.close()) == expected
+
+
+# -- leafwatch run: the same scenarios as a script, judged at the end of the run ----------------
+#: Scenarios `leafwatch run` cannot be given as they are: it has no `tensors=` (a watched tensor is
+#: flagged with `leafwatch.watch()` in the script instead). A row of docs/architecture.md's table.
+NOT_FOR_RUN = {"non-leaf watched tensor"}
+
+_SCRIPT = """
+import sys
+sys.path.insert(0, {here!r})
+from test_front_ends_agree import SCENARIOS, _Ema, _loss
+
+model, optimizer, tensors = SCENARIOS[{scenario!r}][0]()
+for step in range(4):
+    _loss(model, tensors).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if isinstance(model, _Ema):
+        model.after_step()
+"""
+
+
+@pytest.mark.parametrize(("scenario",), [(name,) for name in SCENARIOS if name not in NOT_FOR_RUN])
+def test_leafwatch_run_gives_the_same_verdict_at_the_end_of_the_run(scenario: str, tmp_path) -> None:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    script = tmp_path / "train.py"
+    script.write_text(_SCRIPT.format(here=str(here), scenario=scenario))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(here.parents[1]), os.environ.get("PYTHONPATH", "")) if p)}
+    ran = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "runs"), str(script)],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert ran.returncode == 0, ran.stderr
+    read = subprocess.run([sys.executable, "-m", "leafwatch", "report", "--json", "--fail-on", "never",
+                           str(tmp_path / "runs")], capture_output=True, text=True, env=env, timeout=120)
+    assert read.returncode == 0, read.stderr
+    (run,) = json.loads(read.stdout)["runs"]
+    found = {(f["kind"], f["name"]) for f in run["findings"]
+             if f["status"] == "open" and f["severity"] != "info"}
+    assert found == SCENARIOS[scenario][1], ran.stderr
+
+
+# -- the Lightning callback: the same scenarios inside a LightningModule ------------------------
+#: The callback takes no `tensors=` (a watched tensor is flagged with `leafwatch.watch()`).
+NOT_FOR_LIGHTNING = {"non-leaf watched tensor"}
+
+
+@pytest.mark.parametrize(("scenario",), [(name,) for name in SCENARIOS if name not in NOT_FOR_LIGHTNING])
+def test_the_lightning_callback_gives_the_same_verdict(scenario: str, tmp_path) -> None:
+    from _requirements import require_lightning_callback, require_module
+
+    pl = require_module("pytorch_lightning")
+    leafwatch_callback = require_lightning_callback()
+    from torch.utils.data import DataLoader, TensorDataset
+
+    make, expected = SCENARIOS[scenario]
+    model, optimizer, tensors = make()
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch: object, batch_idx: int) -> torch.Tensor:
+            return _loss(self.model, tensors)
+
+        def on_train_batch_end(self, *args: object) -> None:
+            if isinstance(self.model, _Ema):
+                self.model.after_step()
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return optimizer
+
+    callback = leafwatch_callback(verbose=False)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, callbacks=[callback],
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                         default_root_dir=str(tmp_path))
+    trainer.fit(Module(), DataLoader(TensorDataset(torch.zeros(8, 1)), batch_size=2))
+    # The LightningModule holds the model as `self.model`: names are the user's, under that attribute.
+    found = {(str(f.kind), f.name.removeprefix("model.")) for f in callback.report.open}
+    assert found == expected

@@ -71,8 +71,10 @@ def audit(
                          "(or watch() a tensor first), got none of them")
     # The one check pipeline, run once: a fresh Monitor carries nothing from one call to the next.
     events: list[CheckEvent] = []
+    # Local to this process: one rank's audit() call must never wait for the other ranks.
     monitor = _OneCheck(model, opts, tensors=named or None, ignore=ignore_map or None, diagnose=False,
-                      verbose=False, check_values_every_n_steps=1 if check_values else 0, sinks=[events.append])
+                        verbose=False, check_values_every_n_steps=1 if check_values else 0,
+                        sinks=[events.append], distributed=False)
     try:
         monitor.check(loss=loss, step=step if step is not None else 1)
     finally:

@@ -48,7 +48,6 @@ class MembershipJudge:
         self._quiet: set[int] = set()
         self._evidence = ChangeEvidence()
         self._checks = 0
-        self._got_grad: set[int] = set()
         self.waiting = False
 
     def split(self, found: Iterable[Finding], inv: Inventory, *, before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
@@ -106,8 +105,6 @@ class MembershipJudge:
             return False
         outside = self._outside_root(t)
         if outside is not None:
-            if t.grad is not None:
-                self._got_grad.add(id(t))
             if self._evidence.verdict(t) == "changed":
                 self._quiet.add(id(t))  # updated by hand: no finding
                 self.history.drop(f.key)
@@ -115,9 +112,7 @@ class MembershipJudge:
         if self._checks <= self.grace:
             return True  # an optimizer may still appear: wait
         if outside is not None and not self._held_by_waiting(t):
-            if id(t) not in self._got_grad:
-                self.history.drop(f.key)  # no gradient: an EMA copy, a teacher, a target network
-                return False
+            # Not intended (the gradient rule): a gradient reached it at this check.
             decided = _outside_root_finding(info, t, step, outside)
             self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
                                  fix=decided.fix, details={**_without_pending(decided), "decided_step": step},
@@ -186,9 +181,7 @@ class MembershipJudge:
             return None
         outside = self._outside_root(t)
         if outside is not None and not self._held_by_waiting(t):
-            if t.grad is not None:
-                self._got_grad.add(id(t))
-            if id(t) not in self._got_grad or self._evidence.verdict(t) == "changed":
+            if self._evidence.verdict(t) == "changed":
                 return None
             decided = _outside_root_finding(info, t, step, outside)
             return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,

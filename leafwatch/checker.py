@@ -91,6 +91,8 @@ class Checker:
             Part("the NaN/Inf gradient check", self._judge_values),
             Part("the diagnostic hooks", self._retarget_diagnostics),
         ), history, warn)
+        #: What a scan before any gradient reads.
+        self.scanning: tuple[Part[Any], ...] = (Part("the structure scan", self._scan),)
         #: What the end of a run decides, in order.
         self.closing: tuple[Part[Any], ...] = (
             Part("the last NaN/Inf gradient check", self._last_values),
@@ -141,15 +143,15 @@ class Checker:
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
-        try:
-            self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
-            entries = self._watch_entries()
-            # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
-            for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
-                                             self.structure.inventory):
-                self.history_store.upsert(f)
-        except Exception as error:
-            self.pipeline.failed("the structure scan", error, self.step)
+        self.pipeline.run(None, self.step, self.scanning)
+
+    def _scan(self, _: Any) -> None:
+        self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
+        entries = self._watch_entries()
+        # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
+        for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
+                                         self.structure.inventory):
+            self.history_store.upsert(f)
 
     def finish(self) -> None:
         """The end of the run: the last value check and every decision still pending."""

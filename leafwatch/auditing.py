@@ -79,7 +79,7 @@ def audit(
         monitor.check(loss=loss, step=step if step is not None else 1)
     finally:
         report = monitor.close()
-    findings = report.findings
+    findings = report.tensors()
     missing = [f for f in findings if f.kind == Kind.MISSING_GRAD]
     if loss is None and len(missing) > 1 and events and events[-1].coverage == 0.0:
         findings = _no_gradient_at_all(findings, missing, ignore_map, step)

@@ -509,7 +509,7 @@ class Gatherer:
         if self._disabled:
             return None
         try:
-            findings = list(local.findings)
+            findings = local.tensors()  # merged per tensor, grouped again by the Report
             extra = self._locally_unused(step)
             if extra:
 
@@ -566,7 +566,7 @@ class Gatherer:
 
     def alone(self, report: Report) -> Report:
         """This rank's report with this rank on every finding, for when gathering failed."""
-        return Report((f.replace(ranks=(self.rank,)) for f in report.findings), step=report.step)
+        return Report((f.replace(ranks=(self.rank,)) for f in report.tensors()), step=report.step)
 
     def close(self) -> None:
         """Remove the hooks; wait for the flag in flight (every rank started it at its last check)."""

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .format import report_markdown, report_text
+from .names import compress_names, natural_key, parent
 
 
 class _WordEnum(str, enum.Enum):
@@ -90,28 +91,47 @@ class KindSpec:
         waits: May be held ``pending`` when it is read before any gradient exists (the first
             check decides it).
         about: What one finding of this kind is about, for the docs and the table's header.
+        grouped_by: What makes one mistake of this kind (its tensors are one finding), when the
+            detector does not name it in ``details["group"]``: ``"module"`` (the module that
+            holds them), ``"all"`` (every tensor of the kind at once: one NaN loss, one
+            ``zero_grad`` call) or ``"tensor"`` (each tensor is its own mistake).
+        plural: The message of a mistake of several tensors, after their count and names.
     """
 
     severity: Severity
     structural: bool
     waits: bool
     about: str
+    grouped_by: str = "tensor"
+    plural: str = ""
 
 
 #: One spec per kind. ``tests/core`` checks that every :class:`Kind` has one.
 KIND_SPECS: Mapping[Kind, KindSpec] = {
-    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "a tensor meant to train that is not a leaf"),
-    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient"),
-    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step"),
-    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps"),
-    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad"),
-    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped"),
-    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register"),
-    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf"),
-    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check"),
-    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "an optimizer whose steps change nothing"),
-    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "a tensor on another device or dtype"),
-    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "a part of leafwatch's check that did not run"),
+    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "a tensor meant to train that is not a leaf",
+                            "tensor", "are not leaves: their gradients go to hidden leaves"),
+    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient",
+                                "module", "require grad but got no gradient: they do not train"),
+    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step",
+                                "all", "had their gradients cleared before the optimizer step"),
+    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps",
+                                    "module", "get gradients but no optimizer steps them"),
+    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad",
+                                       "all", "are in an optimizer but do not require grad"),
+    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped",
+                               "tensor", "are stepped by an optimizer but no longer used by the model"),
+    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register",
+                                 "module", "are held where the model does not register them"),
+    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf",
+                                  "all", "have NaN or Inf in their gradients"),
+    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check",
+                             "module", "get gradients that are exactly zero check after check"),
+    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "an optimizer whose steps change nothing",
+                             "tensor", "are stepped but never change"),
+    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "a tensor on another device or dtype",
+                                   "module", "are on another device or dtype than the rest of the model"),
+    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "a part of leafwatch's check that did not run",
+                              "tensor", "are parts of the check that did not run"),
 }
 
 #: Kinds read off the structure: a rebuild replaces them all.
@@ -175,7 +195,13 @@ def check_severity(value: Any, argument: str = "min_severity") -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Finding:
-    """One tensor that will not train (or might not), with the cause and the fix.
+    """One mistake: the tensors that will not train (or might not) for one reason, the cause
+    and the fix.
+
+    A :class:`Report` holds mistakes; each lists its tensors in ``members``, one finding per
+    tensor (the per-tensor view: :meth:`Report.tensors`). A per-tensor finding has no members.
+    A mistake of one tensor carries that tensor's name; a mistake of several the name of what
+    they share (the module, the cut point, the optimizer: ``details["group"]``).
 
     Attributes:
         kind: One of :data:`KINDS`.
@@ -194,6 +220,8 @@ class Finding:
         aliases: Other names of the same tensor (tied weights).
         ranks: Distributed ranks where it was seen (empty when not distributed).
         details: Extra plain data (strings, numbers, lists).
+        members: The per-tensor findings of a mistake, in natural order (``experts.2`` before
+            ``experts.10``); empty for a per-tensor finding.
     """
 
     kind: Kind
@@ -213,6 +241,7 @@ class Finding:
     aliases: tuple[str, ...] = ()
     ranks: tuple[int, ...] = ()
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    members: tuple[Finding, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
@@ -221,8 +250,24 @@ class Finding:
 
     @property
     def key(self) -> tuple[str, str]:
-        """What identifies a finding across steps: ``(kind, name)``."""
-        return (self.kind, self.name)
+        """What identifies a finding across steps: ``(kind, group)`` for a mistake, ``(kind,
+        name)`` for one tensor."""
+        return (self.kind, self.details.get("group", self.name)) if self.members else (self.kind, self.name)
+
+    @property
+    def group(self) -> str:
+        """What makes this mistake one (:func:`group_of`)."""
+        return str(self.details["group"]) if self.members and "group" in self.details else group_of(self)
+
+    @property
+    def tensors(self) -> tuple[Finding, ...]:
+        """The per-tensor findings: the members of a mistake, or the finding itself."""
+        return self.members or (self,)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The qualified names of the tensors of this finding, in natural order."""
+        return tuple(f.name for f in self.tensors)
 
     @property
     def is_open(self) -> bool:
@@ -241,6 +286,7 @@ class Finding:
         data["aliases"] = list(self.aliases)
         data["ranks"] = list(self.ranks)
         data["details"] = dict(self.details)
+        data["members"] = [m.to_dict() for m in self.members]
         return data
 
     @classmethod
@@ -251,21 +297,23 @@ class Finding:
             values["shape"] = tuple(values["shape"])
         values["aliases"] = tuple(values.get("aliases", ()))
         values["ranks"] = tuple(values.get("ranks", ()))
+        values["members"] = tuple(cls.from_dict(m) for m in values.get("members", ()))
         return cls(**values)
 
-    def sort_key(self) -> tuple[int, int, int, str]:
+    def sort_key(self) -> tuple[Any, ...]:
         """The one order of findings, everywhere they are listed (reports, the console, the
         distributed merge, the Leafwatch tab): by status (open first), then severity (errors
         first), then kind (in :data:`KINDS` order), then name."""
         return order_key(self.status, self.severity, self.kind, self.name)
 
 
-def order_key(status: str, severity: str, kind: str, name: str) -> tuple[int, int, int, str]:
-    """:meth:`Finding.sort_key` from the four words it orders by (unknown words sort last)."""
-    return (_STATUS_RANK.get(status, 9), _SEVERITY_RANK.get(severity, 9), _KIND_RANK.get(kind, 99), name)
+def order_key(status: str, severity: str, kind: str, name: str) -> tuple[Any, ...]:
+    """:meth:`Finding.sort_key` from the four words it orders by (unknown words sort last;
+    names in natural order: ``experts.2`` before ``experts.10``)."""
+    return (_STATUS_RANK.get(status, 9), _SEVERITY_RANK.get(severity, 9), _KIND_RANK.get(kind, 99), natural_key(name))
 
 
-def sort_key_of(data: Mapping[str, Any]) -> tuple[int, int, int, str]:
+def sort_key_of(data: Mapping[str, Any]) -> tuple[Any, ...]:
     """:meth:`Finding.sort_key` of a finding as plain data (``Finding.to_dict()``, a record).
 
     Example::
@@ -278,11 +326,89 @@ def sort_key_of(data: Mapping[str, Any]) -> tuple[int, int, int, str]:
                      str(data.get("kind", "")), str(data.get("name", "")))
 
 
-class Report:
-    """The findings of one check, most severe first.
+def group_of(f: Finding) -> str:
+    """What makes a per-tensor finding part of one mistake with others of its kind:
+    ``details["group"]`` when its detector names it (a cut point, an optimizer), else by the
+    kind's :attr:`KindSpec.grouped_by` (the module holding it, or one group for the kind).
 
-    ``bool(report)`` is true when a finding is open. Iterating yields every finding, the
-    intermittent, resolved and ignored ones too (they say so in ``status``).
+    Example::
+
+        >>> group_of(Finding("missing_grad", "experts.7", "error", "m"))
+        'experts'
+        >>> group_of(Finding("missing_grad", "x", "error", "m", details={"group": "`.detach()` at a.py:3"}))
+        '`.detach()` at a.py:3'
+    """
+    named = f.details.get("group")
+    if isinstance(named, str) and named:
+        return named
+    spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
+    how = spec.grouped_by if spec is not None else "tensor"
+    if how == "module":
+        return parent(f.name)
+    if how == "all":
+        return f"*{f.severity}"  # every tensor of the kind (and severity) at once
+    return f.name
+
+
+def _mistake(group: str, members: list[Finding]) -> Finding:
+    """One finding for the tensors of one mistake: the most urgent status and severity among
+    them, the cause and the fix they share (else those of the first, saying whose)."""
+    members.sort(key=Finding.sort_key)
+    first = members[0]
+    if len(members) == 1:
+        return first.replace(details={**first.details, "group": group}, members=(first,))
+    same = [m for m in members if m.status == first.status]
+    names = [m.name for m in members]
+    spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
+    label = compress_names(names, limit=3) if group.startswith("*") else group
+    shared_cause = len({m.cause for m in same}) == 1
+    shared_fix = len({m.fix for m in same}) == 1
+    steps = [m.step for m in members if m.step is not None]
+    firsts = [m.first_step for m in members if m.first_step is not None]
+    lasts = [m.last_step for m in members if m.last_step is not None]
+    return dataclasses.replace(
+        first,
+        name=label,
+        message=f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
+        cause=first.cause if shared_cause or not first.cause else f"for `{first.name}`: {first.cause}",
+        fix=first.fix if shared_fix or not first.fix else f"for `{first.name}`: {first.fix}",
+        step=max(steps) if steps else None,
+        first_step=min(firsts) if firsts else None,
+        last_step=max(lasts) if lasts else None,
+        steps_seen=max(m.steps_seen for m in members),
+        shape=None, dtype=None, device=None, aliases=(),
+        ranks=tuple(sorted({r for m in members for r in m.ranks})),
+        details={**first.details, "group": group, "tensors": len(members)},
+        members=tuple(sorted(members, key=lambda m: natural_key(m.name))),
+    )
+
+
+def group_findings(findings: Iterable[Finding]) -> list[Finding]:
+    """The mistakes of per-tensor findings (or of mistakes: their members are regrouped), one
+    finding per ``(kind, group)``, in the one order (:meth:`Finding.sort_key`).
+
+    Example::
+
+        >>> found = [Finding("missing_grad", f"experts.{i}", "error", "m") for i in (10, 2, 3)]
+        >>> [(f.name, f.names) for f in group_findings(found)]
+        [('experts', ('experts.2', 'experts.3', 'experts.10'))]
+    """
+    buckets: dict[tuple[str, str], list[Finding]] = {}
+    for f in findings:
+        for member in f.tensors:
+            buckets.setdefault((member.kind, group_of(member)), []).append(member)
+    return sorted((_mistake(group, members) for (_, group), members in buckets.items()), key=Finding.sort_key)
+
+
+class Report:
+    """The findings of one check, one per mistake, most severe first.
+
+    ``bool(report)`` is true when a finding is open. Iterating, ``len()``, ``findings``,
+    :meth:`by_kind`, :attr:`open`, :meth:`at_least` and :meth:`counts` speak of mistakes (one
+    finding lists its tensors in ``members``); :meth:`tensors` and :meth:`names` speak of
+    tensors. Iterating yields every finding, the intermittent, resolved and ignored ones too
+    (they say so in ``status``). A mistake is open while one of its tensors is: an ``ignore``
+    pattern that matches some of them marks those ignored and keeps the rest open.
 
     Example::
 
@@ -295,7 +421,8 @@ class Report:
     """
 
     def __init__(self, findings: Iterable[Finding] = (), step: int | None = None) -> None:
-        self.findings: list[Finding] = sorted(findings, key=Finding.sort_key)
+        #: One finding per mistake, in the one order.
+        self.findings: list[Finding] = group_findings(findings)
         self.step = step
 
     def __iter__(self) -> Iterator[Finding]:
@@ -317,16 +444,24 @@ class Report:
     def by_kind(self, kind: str) -> list[Finding]:
         return [f for f in self.findings if f.kind == kind]
 
+    def tensors(self, kind: str | None = None) -> list[Finding]:
+        """The per-tensor findings (the members of every mistake), of one kind or of all."""
+        return sorted((m for f in self.findings if kind is None or f.kind == kind for m in f.tensors),
+                      key=Finding.sort_key)
+
     def names(self, kind: str | None = None, status: str | None = "open") -> set[str]:
-        """The names of the findings of one kind (every kind when None) with that status."""
+        """The names of the tensors with findings of one kind (every kind when None) with that status."""
         return {
-            f.name
+            m.name
             for f in self.findings
-            if (kind is None or f.kind == kind) and (status is None or f.status == status)
+            if kind is None or f.kind == kind
+            for m in f.tensors
+            if status is None or m.status == status
         }
 
     def counts(self) -> dict[str, int]:
-        """Open findings per kind, every kind present (zeros included)."""
+        """Open mistakes per kind (one finding each, however many tensors it lists), every kind
+        present (zeros included)."""
         counts = dict.fromkeys(KINDS, 0)
         for f in self.open:
             counts[f.kind] = counts.get(f.kind, 0) + 1

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from .names import compress_names
+
 #: How a finding's status and severity words are compared here (the ``Status`` and ``Severity``
 #: members of :mod:`leafwatch.findings` are these strings).
 OPEN, IGNORED, INFO = "open", "ignored", "info"
@@ -104,6 +106,30 @@ def ignored_because(f: FindingText) -> str:
     return f"{reason} (pattern {pattern!r})" if pattern else reason
 
 
+def _tensors(f: FindingText) -> tuple[Any, ...]:
+    """The per-tensor findings of a mistake (none for one tensor: its name says it)."""
+    members = tuple(getattr(f, "members", ()) or ())
+    return members if len(members) > 1 else ()
+
+
+def _count(f: FindingText) -> str:
+    """`` (492 tensors: experts.{2..6,8..499})`` for a mistake of several tensors."""
+    members = _tensors(f)
+    if not members:
+        return ""
+    names = compress_names((m.name for m in members), limit=3)
+    return f" ({len(members)} tensors: {names})" if names != f.name else f" ({len(members)} tensors)"
+
+
+def _ignored_members(f: FindingText) -> str:
+    """Which tensors of a mistake that stays open the ``ignore`` patterns took out."""
+    ignored = [m for m in _tensors(f) if m.status == IGNORED]
+    if not ignored or f.status == IGNORED:
+        return ""
+    names = compress_names(m.name for m in ignored)
+    return f"{len(ignored)} of them ignored ({names}): {ignored_because(ignored[0])}"
+
+
 def _ranks(f: FindingText) -> str:
     return f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
 
@@ -121,7 +147,7 @@ def finding_line(f: FindingText) -> str:
     """
     if f.status == IGNORED:
         return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
-    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`"
+    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{_count(f)}"
     step = seen_when(f)
     if step:
         head += f" {step}"
@@ -167,6 +193,8 @@ def report_text(findings: Sequence[FindingText], step: int | None = None) -> str
         if ignored:
             lines.append(f"      ignored: {ignored_because(f)}")
             continue
+        if _ignored_members(f):
+            lines.append(f"      ignored: {_ignored_members(f)}")
         if f.cause:
             lines.append(f"      cause: {f.cause}")
         if f.fix:
@@ -198,7 +226,7 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None) ->
         cells = [
             str(f.severity),
             str(f.kind),
-            f"`{f.name}`",
+            f"`{f.name}`{_count(f)}",
             str(f.status),
             f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
             "" if ignored else f.fix,

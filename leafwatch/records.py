@@ -28,7 +28,9 @@ PLUGIN_NAME = "leafwatch"
 #: ``SummaryMetadata.plugin_data.content`` of every record.
 PLUGIN_CONTENT = b"1"
 #: The version of the records written now; a reader skips records of a newer version.
-RECORD_VERSION = 1
+#: 2: a report's findings are mistakes, each listing its tensors in ``members`` (version 1
+#: listed one finding per tensor; readers group those as they read them).
+RECORD_VERSION = 2
 
 #: The latest report of a run (JSON): what the tab's findings table and ``leafwatch report`` read.
 REPORT_TAG = "leafwatch/report"
@@ -47,11 +49,13 @@ LAYOUT_RUN = "leafwatch-layout"
 #: The records, each one document in a string tensor.
 RECORD_FORMAT = """
 leafwatch/report          latest wins; written when the findings change and at close (UTF-8 JSON):
-    {"version": 1, "step": int, "counts": {kind: int}, "findings": [Finding.to_dict(), ...]}
+    {"version": 2, "step": int, "counts": {kind: open mistakes}, "findings": [Finding.to_dict(), ...]}
+    one finding per mistake; its "members" are the per-tensor findings (Finding.to_dict() each,
+    with "members": []). Version 1 wrote per-tensor findings only (no "members").
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
     sampling never drops history); the latest sample of a tag is the whole chunk so far,
     zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
-    {"version": 1, "chunk": int, "groups": {group: {
+    {"version": 2, "chunk": int, "groups": {group: {
         "names": [qualified names of the tensors checked when this group steps],
         "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
         "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
@@ -102,7 +106,7 @@ def decode(payload: str | bytes) -> dict[str, Any] | None:
     Example::
 
         >>> decode(encode_report({"step": 3, "findings": []}))
-        {'version': 1, 'step': 3, 'findings': []}
+        {'version': 2, 'step': 3, 'findings': []}
         >>> decode(encode_coverage(0, {}))["chunk"], decode(b"not json")
         (0, None)
     """

@@ -209,6 +209,6 @@ def _ignore_more(report: Report, ignore: Mapping[str, str]) -> Report:
     """``report`` with the command line's patterns applied to what the test's own options left."""
     if not ignore:
         return report
-    kept = [f for f in report if f.status == Status.IGNORED]
-    rest = apply_ignore((f for f in report if f.status != Status.IGNORED), ignore)
+    kept = [f for f in report.tensors() if f.status == Status.IGNORED]
+    rest = apply_ignore((f for f in report.tensors() if f.status != Status.IGNORED), ignore)
     return Report([*kept, *rest], step=report.step)

@@ -33,7 +33,7 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from ..findings import sort_key_of
+from ..findings import Finding, group_findings, sort_key_of
 from ..records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
 
 #: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
@@ -60,12 +60,35 @@ def _decode(datum: Any) -> dict[str, Any] | None:
     return decode(value) if isinstance(value, (str, bytes)) else None
 
 
+def _flat(key: Iterable[Any]) -> list[Any]:
+    """A sort key as one flat list of numbers and strings (the page compares them in turn)."""
+    return [x for part in key for x in (_flat(part) if isinstance(part, (tuple, list)) else [part])]
+
+
 def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
-    """The finding dicts of a report record in :meth:`leafwatch.Finding.sort_key` order, each with
-    its ``sort_key`` (a list) added for the page."""
-    out = [{**f, "sort_key": list(sort_key_of(f))} for f in findings if isinstance(f, dict)]
-    out.sort(key=lambda f: tuple(f["sort_key"]))
+    """The findings of a report record, one per mistake, in :meth:`leafwatch.Finding.sort_key`
+    order, each with its ``sort_key`` (a flat list) added for the page. A record of version 1
+    (one finding per tensor) is grouped here, as :class:`leafwatch.Report` groups it.
+
+    Example::
+
+        >>> rows = sorted_findings([{"kind": "missing_grad", "name": f"experts.{i}", "severity": "error",
+        ...                          "message": "m", "status": "open"} for i in (10, 2)])
+        >>> [(r["name"], [m["name"] for m in r["members"]]) for r in rows]
+        [('experts', ['experts.2', 'experts.10'])]
+    """
+    dicts = [f for f in findings if isinstance(f, dict)]
+    try:
+        dicts = [f.to_dict() for f in group_findings(Finding.from_dict(f) for f in dicts)]
+    except (TypeError, ValueError, KeyError, AttributeError):
+        pass  # not findings this version can read: shown as they are
+    out = [{**f, "sort_key": _flat(sort_key_of(f))} for f in dicts]
+    out.sort(key=lambda f: _comparable(f["sort_key"]))
     return out
+
+
+def _comparable(key: list[Any]) -> tuple[tuple[int, Any], ...]:
+    return tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in key)
 
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:

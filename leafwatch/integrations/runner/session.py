@@ -220,7 +220,7 @@ class Session:
                 report = self.monitor.close()
                 if self._sink is not None:
                     # The last record carries the final step, even when nothing changed since.
-                    self._sink.close(Report(report.findings, step=report.step))
+                    self._sink.close(Report(report.tensors(), step=report.step))
             elif self.found.optimizers:
                 # Too few steps for a check: only what the structure says.
                 report = self._structural_report()

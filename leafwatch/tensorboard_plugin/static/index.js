@@ -226,6 +226,21 @@ function stepsText(first, last) {
   return first === 0 ? `start\u2013${last}` : stepRange(first, last);
 }
 
+// The tensors of a finding: a mistake lists them in `members` (records of version 1 were one
+// finding per tensor; the server groups those too).
+function tensorNames(f) {
+  return (f.members && f.members.length ? f.members : [f]).map((m) => m.name);
+}
+
+// A mistake of several tensors: their names, collapsed until asked for.
+function membersCell(f) {
+  if (!f.members || f.members.length < 2) return null;
+  return el("details", { class: "members" },
+    el("summary", {}, `${f.members.length} tensors`),
+    el("ul", {}, f.members.map((m) => el("li", { class: `member st-${m.status}` }, el("code", {}, m.name),
+      m.status !== f.status ? ` (${m.status})` : ""))));
+}
+
 function findingRows() {
   const rows = [];
   for (const [run, report] of Object.entries(state.reports)) {
@@ -233,7 +248,7 @@ function findingRows() {
       if (state.kind !== ALL && f.kind !== state.kind) continue;
       if (state.severity !== ALL && f.severity !== state.severity) continue;
       if (state.status !== ALL && f.status !== state.status) continue;
-      if (state.search && !f.name.toLowerCase().includes(state.search.toLowerCase())) continue;
+      if (state.search && !tensorNames(f).concat([f.name]).some((n) => n.toLowerCase().includes(state.search.toLowerCase()))) continue;
       rows.push({ run, f });
     }
   }
@@ -277,7 +292,7 @@ function renderTable() {
       el("td", {}, el("span", { class: `badge sev-${f.severity}` }, f.severity)),
       el("td", {}, el("span", { class: `status-${f.status}` }, f.status)),
       el("td", { class: "kind" }, f.kind),
-      el("td", { class: "name", title: f.message || "" }, el("code", {}, f.name),
+      el("td", { class: "name", title: f.message || "" }, el("code", {}, f.name), membersCell(f),
         f.aliases && f.aliases.length ? el("div", { class: "aliases" }, `also ${f.aliases.join(", ")}`) : null,
         f.shape ? el("div", { class: "meta" }, `[${f.shape.join(", ")}] ${f.dtype || ""} ${f.device || ""}`) : null),
       el("td", { class: "cause" },

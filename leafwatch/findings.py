@@ -361,8 +361,7 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     names = [m.name for m in members]
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
     label = compress_names(names, limit=3) if group.startswith("*") else group
-    shared_cause = len({m.cause for m in same}) == 1
-    shared_fix = len({m.fix for m in same}) == 1
+    cause, fix = _shared(same, "cause"), _shared(same, "fix")
     steps = [m.step for m in members if m.step is not None]
     firsts = [m.first_step for m in members if m.first_step is not None]
     lasts = [m.last_step for m in members if m.last_step is not None]
@@ -370,8 +369,8 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
         first,
         name=label,
         message=f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
-        cause=first.cause if shared_cause or not first.cause else f"for `{first.name}`: {first.cause}",
-        fix=first.fix if shared_fix or not first.fix else f"for `{first.name}`: {first.fix}",
+        cause=cause,
+        fix=fix,
         step=max(steps) if steps else None,
         first_step=min(firsts) if firsts else None,
         last_step=max(lasts) if lasts else None,
@@ -381,6 +380,19 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
         details={**first.details, "group": group, "tensors": len(members)},
         members=tuple(sorted(members, key=lambda m: natural_key(m.name))),
     )
+
+
+def _shared(members: list[Finding], field: str) -> str:
+    """The cause (or fix) of a mistake's tensors: the one they share, said of each of them
+    when it differs only by naming each (else the first's, saying whose)."""
+    texts = {getattr(m, field) for m in members}
+    if len(texts) == 1:
+        return texts.pop()
+    first = getattr(members[0], field)
+    shapes = {getattr(m, field).replace(f"`{m.name}`", "\0") for m in members}
+    if len(shapes) == 1 and "\0" in next(iter(shapes)):
+        return shapes.pop().replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+    return f"for `{members[0].name}`: {first}" if first else first
 
 
 def group_findings(findings: Iterable[Finding]) -> list[Finding]:

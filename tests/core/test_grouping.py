@@ -1,0 +1,145 @@
+"""One finding per mistake: a Report groups its tensors, lists them in natural order, and the
+console, the table, the records and ``ignore=`` all speak of the mistake."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import leafwatch
+from leafwatch import Finding, Report
+from leafwatch.console import NewFindingWarnings
+from leafwatch.names import compress_names, natural_key
+from leafwatch.records import decode, encode_report
+
+
+class _Experts(nn.Module):
+    """A ParameterList of 500 entries of which the forward uses 8."""
+
+    def __init__(self, n: int = 500, used: int = 8) -> None:
+        super().__init__()
+        self.used = used
+        self.experts = nn.ParameterList(nn.Parameter(torch.randn(4)) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return sum((x * self.experts[i]).sum() for i in range(self.used))
+
+
+def _run_experts(**monitor_options) -> Report:
+    model = _Experts()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt, verbose=False, **monitor_options) as monitor:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4)).backward()
+            monitor.check()
+            opt.step()
+        return monitor.report
+
+
+def test_a_partly_used_container_is_one_mistake_listing_its_492_tensors_in_natural_order():
+    report = _run_experts()
+    (mistake,) = report.findings
+    assert (mistake.kind, mistake.name, mistake.severity) == ("missing_grad", "experts", "error")
+    assert mistake.names == tuple(f"experts.{i}" for i in range(8, 500))  # experts.9 before experts.10
+    assert len(report) == 1 and report.counts()["missing_grad"] == 1
+    assert len(report.tensors()) == 492 and report.names("missing_grad") == set(mistake.names)
+    assert "492 tensors (experts.{8..499})" in mistake.message
+    assert "each of `experts.{8..499}`" in mistake.cause
+    assert len(str(report).splitlines()) < 10
+
+
+def test_an_ignore_pattern_on_some_members_keeps_the_rest_open_and_on_all_ignores_the_mistake():
+    report = _run_experts(ignore={"experts.1*": "kept for later"})
+    (mistake,) = report.findings
+    ignored = {m.name for m in mistake.members if m.status == "ignored"}
+    assert ignored == {n for n in mistake.names if n.startswith("experts.1")}
+    assert mistake.status == "open" and report  # the rest stays open
+    assert f"{len(ignored)} of them ignored" in str(report) and "kept for later" in str(report)
+    everything = _run_experts(ignore={"experts.*": "a bank of spares"})
+    (all_ignored,) = everything.findings
+    assert all_ignored.status == "ignored" and not everything
+
+
+def test_a_partly_used_container_prints_under_40_lines_under_leafwatch_run(tmp_path: Path):
+    script = tmp_path / "experts.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        from torch import nn
+
+        class Experts(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.experts = nn.ParameterList(nn.Parameter(torch.randn(4)) for _ in range(500))
+
+            def forward(self, x):
+                return sum((x * self.experts[i]).sum() for i in range(8))
+
+        model = Experts()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            opt.zero_grad()
+            model(torch.randn(4)).backward()
+            opt.step()
+    """))
+    done = subprocess.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert len(lines) < 40, "\n".join(lines[:60])
+    live = [line for line in lines if line.startswith("leafwatch: ERROR missing_grad")]
+    assert live == [line for line in live if "`experts` (492 tensors: experts.{8..499})" in line] and len(live) == 1
+
+
+def test_frozen_layers_kept_in_the_optimizer_are_one_info_finding():
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8), nn.Linear(8, 1))
+    for layer in list(model)[:5]:
+        layer.requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 8)).sum().backward()
+    report = leafwatch.audit(model, opt)
+    (frozen,) = report.findings
+    assert (frozen.kind, frozen.severity, len(frozen.members)) == ("frozen_in_optimizer", "info", 6)
+    assert frozen.names == ("0.bias", "0.weight", "2.bias", "2.weight", "4.bias", "4.weight")
+
+
+def test_names_sort_naturally_in_reports_and_in_compressed_names():
+    names = ["experts.10", "experts.2", "experts.1.w", "head"]
+    report = Report([Finding("non_leaf", n, "error", "m") for n in names])
+    assert [f.name for f in report] == ["experts.1.w", "experts.2", "experts.10", "head"]
+    assert sorted(names, key=natural_key) == [f.name for f in report]
+    assert compress_names([f"blocks.{i}.fc{j}.weight" for i in range(4) for j in (1, 2)] + ["embed.bias"]) \
+        == "blocks.{0..3}.{fc1,fc2}.weight, embed.bias"
+
+
+def test_a_report_of_mistakes_round_trips_and_a_version_1_record_is_grouped_when_read():
+    per_tensor = [Finding("missing_grad", f"unused.{w}", "error", f"`unused.{w}` got no gradient.",
+                          cause=f"`unused.{w}` never ran.", fix="call it") for w in ("weight", "bias")]
+    report = Report(per_tensor, step=4)
+    again = Report.from_dict(decode(encode_report(report.to_dict())))
+    assert [(f.kind, f.name, f.names) for f in again] == [("missing_grad", "unused", ("unused.bias", "unused.weight"))]
+    assert decode(encode_report(report.to_dict()))["version"] == 2
+    version_1 = {"version": 1, "step": 4, "findings": [f.to_dict() | {"members": None} for f in per_tensor]}
+    for f in version_1["findings"]:
+        del f["members"]
+    old = Report.from_dict(decode(__import__("json").dumps(version_1)))
+    assert [(f.name, f.names) for f in old] == [("unused", ("unused.bias", "unused.weight"))]
+    assert old.findings[0].cause == "each of `unused.{bias,weight}` never ran."
+
+
+def test_one_mistake_is_one_console_warning_however_many_tensors_it_lists():
+    model = _Experts(n=40, used=2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lines: list[str] = []
+    sink = NewFindingWarnings(lines.append)
+    with leafwatch.Monitor(model, opt, verbose=False, sinks=[sink]) as monitor:
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4)).backward()
+            monitor.check()
+            opt.step()
+    assert len(lines) == 1 and "`experts` (38 tensors: experts.{2..39})" in lines[0]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .format import report_markdown, report_text
-from .names import compress_names, natural_key, parent
+from .names import compress_names, container, natural_key, parent
 
 
 class _WordEnum(str, enum.Enum):
@@ -93,7 +93,8 @@ class KindSpec:
         about: What one finding of this kind is about, for the docs and the table's header.
         grouped_by: What makes one mistake of this kind (its tensors are one finding), when the
             detector does not name it in ``details["group"]``: ``"module"`` (the module that
-            holds them), ``"all"`` (every tensor of the kind at once: one NaN loss, one
+            holds them), ``"container"`` (the plain-Python container on their attribute path:
+            ``blocks`` of ``blocks[0].weight``), ``"all"`` (every tensor of the kind at once: one NaN loss, one
             ``zero_grad`` call) or ``"tensor"`` (each tensor is its own mistake).
         plural: The message of a mistake of several tensors, after their count and names.
     """
@@ -121,7 +122,7 @@ KIND_SPECS: Mapping[Kind, KindSpec] = {
     Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped",
                                "tensor", "are stepped by an optimizer but no longer used by the model"),
     Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register",
-                                 "module", "are held where the model does not register them"),
+                                 "container", "are held where the model does not register them"),
     Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf",
                                   "all", "have NaN or Inf in their gradients"),
     Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check",
@@ -345,6 +346,8 @@ def group_of(f: Finding) -> str:
     how = spec.grouped_by if spec is not None else "tensor"
     if how == "module":
         return parent(f.name)
+    if how == "container":
+        return container(f.name)
     if how == "all":
         return f"*{f.severity}"  # every tensor of the kind (and severity) at once
     return f.name
@@ -368,7 +371,8 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     return dataclasses.replace(
         first,
         name=label,
-        message=f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
+        message=_shared(same, "message", each_only=True)
+        or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
         cause=cause,
         fix=fix,
         step=max(steps) if steps else None,
@@ -382,9 +386,10 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     )
 
 
-def _shared(members: list[Finding], field: str) -> str:
-    """The cause (or fix) of a mistake's tensors: the one they share, said of each of them
-    when it differs only by naming each (else the first's, saying whose)."""
+def _shared(members: list[Finding], field: str, each_only: bool = False) -> str:
+    """The message, cause or fix of a mistake's tensors: the one they share, said of each of
+    them when it differs only by naming each (else the first's, saying whose; "" with
+    ``each_only``)."""
     texts = {getattr(m, field) for m in members}
     if len(texts) == 1:
         return texts.pop()
@@ -392,6 +397,8 @@ def _shared(members: list[Finding], field: str) -> str:
     shapes = {getattr(m, field).replace(f"`{m.name}`", "\0") for m in members}
     if len(shapes) == 1 and "\0" in next(iter(shapes)):
         return shapes.pop().replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+    if each_only:
+        return ""
     return f"for `{members[0].name}`: {first}" if first else first
 
 

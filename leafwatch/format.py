@@ -112,7 +112,7 @@ def _tensors(f: FindingText) -> tuple[Any, ...]:
     return members if len(members) > 1 else ()
 
 
-def _count(f: FindingText) -> str:
+def tensor_count(f: FindingText) -> str:
     """`` (492 tensors: experts.{2..6,8..499})`` for a mistake of several tensors."""
     members = _tensors(f)
     if not members:
@@ -147,7 +147,7 @@ def finding_line(f: FindingText) -> str:
     """
     if f.status == IGNORED:
         return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
-    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{_count(f)}"
+    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{tensor_count(f)}"
     step = seen_when(f)
     if step:
         head += f" {step}"
@@ -226,7 +226,7 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None) ->
         cells = [
             str(f.severity),
             str(f.kind),
-            f"`{f.name}`{_count(f)}",
+            f"`{f.name}`{tensor_count(f)}",
             str(f.status),
             f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
             "" if ignored else f.fix,
@@ -246,5 +246,6 @@ __all__ = [
     "report_text",
     "seen_when",
     "since",
+    "tensor_count",
     "when",
 ]

@@ -37,6 +37,19 @@ def parent(name: str) -> str:
     return head if dot and head else name
 
 
+def container(name: str) -> str:
+    """The plain-Python container on an attribute path (``blocks`` of ``blocks[0].weight``,
+    ``encoder.stages`` of ``encoder.stages[1][0].bias``); the module path when there is none.
+
+    Example::
+
+        >>> container("blocks[0].weight"), container("encoder.stages[1][0].bias"), container("cfg.layer.weight")
+        ('blocks', 'encoder.stages', 'cfg.layer')
+    """
+    head, bracket, _ = name.partition("[")
+    return head if bracket and head else parent(name)
+
+
 def _ranges(keys: list[str]) -> str:
     """``0..3,5`` of ``["0", "1", "2", "3", "5"]`` (numbers), ``bias,weight`` of words."""
     if not all(k.isdigit() for k in keys):
@@ -87,4 +100,4 @@ def compress_names(names: Iterable[str], limit: int = 6) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["compress_names", "natural_key", "parent"]
+__all__ = ["compress_names", "container", "natural_key", "parent"]

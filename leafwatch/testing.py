@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .findings import LeafwatchAssertionError, Report
+from .format import tensor_count
 from .monitor import Monitor
 from .options import validate_int
 
@@ -103,7 +104,7 @@ def assert_trains(
     if failing:
         raise LeafwatchAssertionError(
             f"leafwatch.assert_trains: {len(failing)} error finding(s) open after {calls}: "
-            f"{', '.join(f'{f.kind} `{f.name}`' for f in failing)}\n{report}", report=report)
+            f"{', '.join(f'{f.kind} `{f.name}`{tensor_count(f)}' for f in failing)}\n{report}", report=report)
     return report
 
 

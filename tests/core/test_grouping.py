@@ -49,7 +49,7 @@ def test_a_partly_used_container_is_one_mistake_listing_its_492_tensors_in_natur
     assert mistake.names == tuple(f"experts.{i}" for i in range(8, 500))  # experts.9 before experts.10
     assert len(report) == 1 and report.counts()["missing_grad"] == 1
     assert len(report.tensors()) == 492 and report.names("missing_grad") == set(mistake.names)
-    assert "492 tensors (experts.{8..499})" in mistake.message
+    assert mistake.message == "each of `experts.{8..499}` requires grad but got no gradient: it does not train."
     assert "each of `experts.{8..499}`" in mistake.cause
     assert len(str(report).splitlines()) < 10
 

@@ -48,7 +48,9 @@ def test_attach_warns_each_new_finding_once_at_the_users_line() -> None:
             opt.zero_grad()
     monitor.close()
     found = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
-    assert sorted(str(w.message).split("`")[1] for w in found) == ["spare.bias", "spare.weight"]  # once each
+    # One mistake (the unused module), one warning listing its tensors.
+    assert [str(w.message).split("`")[1] for w in found] == ["spare"]
+    assert "`spare` (2 tensors: spare.{bias,weight})" in str(found[0].message)
     for w in found:
         assert w.filename == __file__ and w.lineno == step_line
         text = str(w.message)

@@ -307,7 +307,7 @@ def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Ca
         finally:
             monitor.close()
     names = _tensor_of_name(case.model)
-    for finding in report.by_kind("missing_grad"):
+    for finding in report.tensors("missing_grad"):
         p = truth.params[names[finding.name]]
         if finding.name == "table.weight":
             # The sparse embedding: not called, or its output cut by a later block's detach (outside

@@ -21,7 +21,7 @@ from leafwatch import Finding, Report, records
 from leafwatch.integrations.distributed import merge
 from leafwatch.integrations.tensorboard import tensor_summary
 from leafwatch.report_cli import format_text, read_reports
-from leafwatch.tensorboard_plugin.plugin import sorted_findings
+from leafwatch.tensorboard_plugin.plugin import _flat, sorted_findings
 
 PACKAGE = Path(leafwatch.__file__).parent
 
@@ -78,7 +78,7 @@ def test_the_sink_writes_the_tags_of_records_and_records_decodes_them(tmp_path: 
     report = _write_run(tmp_path)
     acc = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    assert acc.Scalars(records.open_tag("missing_grad"))[-1].value == 2
+    assert acc.Scalars(records.open_tag("missing_grad"))[-1].value == 1  # one mistake: `unused` (2 tensors)
     assert acc.Scalars(records.GRAD_COVERAGE_TAG)[-1].value == 0.5
     assert f"{records.FINDINGS_TEXT_TAG}/text_summary" in acc.Tags()["tensors"]
     written = records.decode(acc.Tensors(records.REPORT_TAG)[-1].tensor_proto.string_val[0])
@@ -93,7 +93,8 @@ def test_the_sink_writes_the_tags_of_records_and_records_decodes_them(tmp_path: 
 def test_a_record_of_a_newer_version_is_skipped_by_every_reader(tmp_path: Path) -> None:
     report = _write_run(tmp_path)
     writer = SummaryWriter(str(tmp_path))
-    newer = records.encode_report({"step": 99, "findings": []}).replace('"version": 1', '"version": 2')
+    newer = records.encode_report({"step": 99, "findings": []}).replace(
+        f'"version": {records.RECORD_VERSION}', f'"version": {records.RECORD_VERSION + 1}')
     writer._get_file_writer().add_summary(tensor_summary(records.REPORT_TAG, newer), 99)
     writer.close()
     assert records.decode(newer) is None
@@ -108,7 +109,8 @@ def test_leafwatch_report_names_a_run_in_the_log_dir_itself_by_its_folder(tmp_pa
     _write_run(tmp_path / "runs" / "lit" / "version_0")
     (run,) = read_reports(str(tmp_path / "runs" / "lit" / "version_0"))
     assert run.run == "version_0"
-    assert format_text([run]).startswith("run: version_0\nleafwatch: 2 open of 2 finding(s) at step 3\n")
+    assert format_text([run]).startswith("run: version_0\nleafwatch: 1 open of 1 finding(s) at step 3\n"
+                                         "  ERROR   missing_grad        unused (since step 1)\n")
     (nested,) = read_reports(str(tmp_path / "runs"))
     assert nested.run == "lit/version_0"
 
@@ -139,7 +141,7 @@ def test_the_tab_sorts_records_in_the_reports_order() -> None:
     random.Random(0).shuffle(dicts)
     served = sorted_findings(dicts)
     assert [(d["kind"], d["name"]) for d in served] == expected
-    assert [tuple(d["sort_key"]) for d in served] == [f.sort_key() for f in Report(_findings())]
+    assert [d["sort_key"] for d in served] == [_flat(f.sort_key()) for f in Report(_findings())]
 
 
 def test_the_distributed_merge_lists_findings_in_the_reports_order() -> None:

@@ -137,7 +137,8 @@ def test_bool_is_true_only_with_an_open_finding():
 def test_info_findings_are_listed_but_never_open():
     info = _finding(severity="info", kind="frozen_in_optimizer")
     report = Report([info])
-    assert not report and report.open == [] and list(report) == [info]
+    assert not report and report.open == [] and report.tensors() == [info]
+    assert [(f.kind, f.name, f.severity, f.names) for f in report] == [("frozen_in_optimizer", "a.weight", "info", ("a.weight",))]
     assert report.counts()["frozen_in_optimizer"] == 0
     assert "0 open of 1 finding(s)" in str(report)
 
@@ -159,7 +160,9 @@ def test_names_and_by_kind():
     assert report.names("missing_grad") == {"extra.weight"}
     assert [f.name for f in report.by_kind("nonfinite_grad")] == ["body.0.bias"]
     assert report.names() == report.names(status="open")
-    assert len(report.names(status=None)) == len(report)
+    assert len(report.names(status=None)) == len(report.tensors()) == 5
+    assert [f.name for f in report.by_kind("not_in_optimizer")] == ["body.1"]  # one module left out: one mistake
+    assert len(report) == 4
 
 
 # -- the words: leafwatch.format ------------------------------------------------------------
@@ -211,6 +214,6 @@ def test_monitor_ignore_reason_reaches_the_printed_report():
     with leafwatch.Monitor(model, opt, ignore={"extra.*": "an auxiliary head for later"}) as monitor:
         model(torch.randn(2, 3)).sum().backward()
         text = str(monitor.check())
-    assert "  IGNORED missing_grad        extra.weight (since step 1)" in text
+    assert "  IGNORED missing_grad        extra (since step 1)" in text
     assert "      ignored: an auxiliary head for later (pattern 'extra.*')" in text
     assert "cause:" not in text

@@ -49,7 +49,14 @@ def _monitor_step(model: nn.Module, opt: torch.optim.Optimizer | None = None, x:
 
 
 def _only(report: leafwatch.Report, kind: str) -> list[leafwatch.Finding]:
-    return [f for f in report if f.kind == kind and f.status == "open"]
+    """The open tensors of one kind (the per-tensor view of the report's mistakes)."""
+    return [f for f in report.tensors(kind) if f.status == "open"]
+
+
+def _one_mistake(report: leafwatch.Report, kind: str) -> leafwatch.Finding:
+    """The one open finding of a kind: a mistake, its tensors listed in ``members``."""
+    (mistake,) = [f for f in report if f.kind == kind and f.status == "open"]
+    return mistake
 
 
 # -- non_leaf ------------------------------------------------------------------------------------
@@ -145,6 +152,7 @@ def test_monitor_explains_a_missing_gradient(model_cls, names, reason, words):
     report = _monitor_step(model_cls())
     missing = _only(report, "missing_grad")
     assert {f.name for f in missing} == names
+    assert set(_one_mistake(report, "missing_grad").names) == names  # one module: one mistake
     for f in missing:
         assert f.severity == "error"
         assert f.details["reason"] == reason
@@ -304,6 +312,7 @@ def test_orphans_are_named_by_their_attribute_path(model_cls, names, container, 
     for report in (_monitor_step(model, opt), leafwatch.audit(model, opt)):
         orphans = _only(report, "orphan_tensor")
         assert {f.name for f in orphans} == names
+        assert set(_one_mistake(report, "orphan_tensor").names) == names  # one container: one mistake
         for f in orphans:
             assert f.severity == "error"  # model.parameters() does not see it: it never trains
             assert f.details["container"] == container
@@ -357,7 +366,8 @@ def test_an_orphan_reachable_twice_is_one_finding_under_its_first_name():
     for report in (_monitor_step(model, opt), leafwatch.audit(model, opt)):
         orphans = _only(report, "orphan_tensor")
         assert sorted(f.name for f in orphans) == ["blocks[0].bias", "blocks[0].weight", "temperature"]
-        assert len(report.findings) == 3
+        assert len(report.tensors()) == 3
+        assert [f.name for f in report] == ["blocks", "temperature"]  # the list, the attribute
 
 
 # -- ignore patterns ---------------------------------------------------------------------------------------
@@ -371,8 +381,9 @@ def test_the_first_matching_ignore_pattern_wins_and_gives_its_reason(ignore, rea
     model = ParamList()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for report in (_monitor_step(model, opt, ignore=ignore), leafwatch.audit(model, opt, ignore=ignore)):
-        orphans = report.by_kind("orphan_tensor")
+        orphans = report.tensors("orphan_tensor")
         assert {f.name: f.status for f in orphans} == dict.fromkeys(reasons, "ignored")
+        assert [(f.name, f.status) for f in report.by_kind("orphan_tensor")] == [("gains", "ignored")]
         assert {f.name: f.details["ignored_because"] for f in orphans} == reasons
         assert not report
 
@@ -385,9 +396,10 @@ def test_an_orphan_named_with_brackets_is_ignored_by_its_exact_name():
         warnings.simplefilter("always")
         reports = [_monitor_step(model, opt, ignore=ignore), leafwatch.audit(model, opt, ignore=ignore)]
     for report in reports:
-        statuses = {f.name: f.status for f in report.by_kind("orphan_tensor")}
+        statuses = {f.name: f.status for f in report.tensors("orphan_tensor")}
         assert statuses == {"gains[0]": "ignored", "gains[1]": "open"}
-        (ignored,) = [f for f in report if f.status == "ignored"]
+        assert [(f.name, f.status) for f in report] == [("gains", "open")]  # the rest stays open
+        (ignored,) = [f for f in report.tensors() if f.status == "ignored"]
         assert ignored.details["ignored_because"] == "scaled by hand"
         assert ignored.details["pattern"] == "gains[0]"
     unmatched = [str(w.message) for w in caught if issubclass(w.category, LeafwatchWarning)]
@@ -438,8 +450,9 @@ def test_frozen_parameter_in_the_optimizer_is_info():
     model.a.requires_grad_(False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for report in (_monitor_step(model, opt), leafwatch.audit(model, opt)):
-        found = report.by_kind("frozen_in_optimizer")
+        found = report.tensors("frozen_in_optimizer")
         assert {f.name for f in found} == {"a.weight", "a.bias"}
+        assert len(report.by_kind("frozen_in_optimizer")) == 1  # one frozen group
         assert {f.severity for f in found} == {"info"}
         assert not report.at_least("warning")
 

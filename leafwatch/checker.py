@@ -56,6 +56,11 @@ class Checker:
         on_skipped: Asked to check an optimizer that skipped many steps unchecked.
     """
 
+    def _trainable_names(self) -> list[str]:
+        """The names of the model's trainable tensors (the history names mistakes by module)."""
+        inv = self.structure.inventory
+        return [] if inv is None else [info.name for info, _ in inv.trainable()]
+
     def __init__(self, structure_: structure.StructureCache, history: FindingHistory, watches: watching.WatchSet, *,
                  patience: int, diagnose: bool, check_values_every_n_steps: int, warn: WarnOnce,
                  on_skipped: Callable[[torch.optim.Optimizer], Any]) -> None:
@@ -78,6 +83,7 @@ class Checker:
         self._tracer = tracing.Tracer(on_error=warn)
         self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
         self._ignore_checked = False
+        history.tensor_names = self._trainable_names
         self._state = CheckState(None, None)
         self._emitted = -1  # the first check's event counts as a change
         self._retargeted: tuple[int, int] | None = None

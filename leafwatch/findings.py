@@ -364,14 +364,14 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     names = [m.name for m in members]
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
     label = compress_names(names, limit=3) if group.startswith("*") else group
-    cause, fix = _shared(same, "cause"), _shared(same, "fix")
+    cause, fix = _shared(same, "cause", group), _shared(same, "fix", group)
     steps = [m.step for m in members if m.step is not None]
     firsts = [m.first_step for m in members if m.first_step is not None]
     lasts = [m.last_step for m in members if m.last_step is not None]
     return dataclasses.replace(
         first,
         name=label,
-        message=_shared(same, "message", each_only=True)
+        message=_shared(same, "message", group, each_only=True)
         or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
         cause=cause,
         fix=fix,
@@ -386,20 +386,33 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     )
 
 
-def _shared(members: list[Finding], field: str, each_only: bool = False) -> str:
+def _shared(members: list[Finding], field: str, group: str, each_only: bool = False) -> str:
     """The message, cause or fix of a mistake's tensors: the one they share, said of each of
-    them when it differs only by naming each (else the first's, saying whose; "" with
+    them when it differs only by naming each tensor (and its module, inside the group's module:
+    `aux_head.0` and `aux_head.2` of the group `aux_head`); else the first's, saying whose ("" with
     ``each_only``)."""
     texts = {getattr(m, field) for m in members}
     if len(texts) == 1:
         return texts.pop()
     first = getattr(members[0], field)
-    shapes = {getattr(m, field).replace(f"`{m.name}`", "\0") for m in members}
-    if len(shapes) == 1 and "\0" in next(iter(shapes)):
-        return shapes.pop().replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+    shapes = {_shape(getattr(m, field), m, group) for m in members}
+    if len(shapes) == 1:
+        shape = shapes.pop()
+        if "\0" in shape or "\1" in shape:
+            return shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`").replace("\1", group)
     if each_only:
         return ""
     return f"for `{members[0].name}`: {first}" if first else first
+
+
+def _shape(text: str, member: Finding, group: str) -> str:
+    """``text`` with the member's own name as \\0 and its module, when inside ``group``, as \\1."""
+    text = text.replace(f"`{member.name}`", "\0")
+    module = member.details.get("module")
+    # Only when the text says nothing of the group's module itself (e.g. that it ran).
+    if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:
+        text = text.replace(module, "\1")
+    return text
 
 
 def group_findings(findings: Iterable[Finding]) -> list[Finding]:

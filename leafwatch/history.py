@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import STRUCTURAL_KINDS, Finding, Report, Status
+from .findings import KIND_SPECS, STRUCTURAL_KINDS, Finding, Report, Status
+from .names import parent
 from .options import apply_ignore
 
 
@@ -29,6 +30,10 @@ class FindingHistory:
 
     def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
         self.ignore = dict(ignore or {})
+        #: The qualified names of the model's trainable tensors (set by the Checker from the
+        #: structure): a mistake grouped by module is named by the largest module whose
+        #: tensors all share it (`aux_head`, not `aux_head.0` and `aux_head.2`).
+        self.tensor_names: Callable[[], Iterable[str]] | None = None
         #: Bumped by every change a user would see (a sink logs the report again).
         self.version = 0
         #: Bumped by every write (the report is rebuilt: step counts and last steps too).
@@ -58,8 +63,9 @@ class FindingHistory:
     def report(self, step: int) -> Report:
         """The current report (built once per change; pending findings left out)."""
         if self._report_revision != self._revision:
-            shown = (f for f in self._records.values() if f.status != Status.PENDING)
-            self._report = Report(apply_ignore(shown, self.ignore), step=step)
+            shown = [f for f in self._records.values() if f.status != Status.PENDING]
+            names = self.tensor_names() if self.tensor_names is not None and shown else ()
+            self._report = Report(apply_ignore(lift_to_modules(shown, names), self.ignore), step=step)
             self._report_revision = self._revision
         else:
             self._report.step = step
@@ -177,6 +183,49 @@ class FindingHistory:
     def load(self, records: Iterable[Finding]) -> None:
         self._records = {f.key: f for f in records}
         self._changed()
+
+
+def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> list[Finding]:
+    """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
+    whose trainable tensors all have a finding of that kind and status: one module left out of
+    the optimizer is one finding however deep its layers go. Findings whose detector named their
+    group keep it; a top-level module is the largest (never the whole model).
+
+    Example::
+
+        >>> found = [Finding("missing_grad", n, "error", "m") for n in ("aux.0.weight", "aux.2.weight")]
+        >>> [f.details["group"] for f in lift_to_modules(found, ["aux.0.weight", "aux.2.weight", "body.weight"])]
+        ['aux', 'aux']
+    """
+    under: dict[str, int] = {}
+    for name in tensor_names:
+        module = parent(name)
+        while module != name and module:
+            under[module] = under.get(module, 0) + 1
+            name, module = module, parent(module)
+    if not under:
+        return findings
+    having: dict[tuple[str, str, str], int] = {}
+    lifted = []
+    for f in findings:
+        spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
+        if spec is None or spec.grouped_by != "module" or f.details.get("group"):
+            continue
+        lifted.append(f)
+        name, module = f.name, parent(f.name)
+        while module != name and module:
+            having[(f.kind, f.status, module)] = having.get((f.kind, f.status, module), 0) + 1
+            name, module = module, parent(module)
+    if not lifted:
+        return findings
+    groups: dict[int, str] = {}
+    for f in lifted:
+        best, name, module = None, f.name, parent(f.name)
+        while module != name and module and having.get((f.kind, f.status, module)) == under.get(module):
+            best, name, module = module, module, parent(module)
+        if best is not None:
+            groups[id(f)] = best
+    return [f.replace(details={**f.details, "group": groups[id(f)]}) if id(f) in groups else f for f in findings]
 
 
 def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:

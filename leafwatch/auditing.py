@@ -54,8 +54,8 @@ def audit(
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
         >>> opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
         >>> model(torch.ones(1, 2)).sum().backward()
-        >>> sorted(f.name for f in leafwatch.audit(model, opt))
-        ['1.bias', '1.weight']
+        >>> [(f.name, f.names) for f in leafwatch.audit(model, opt)]
+        [('1', ('1.bias', '1.weight'))]
     """
     model = inventory.normalize_model(model)
     opts = inventory.normalize_optimizers(optimizers)

@@ -114,7 +114,7 @@ KIND_SPECS: Mapping[Kind, KindSpec] = {
     Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient",
                                 "module", "require grad but got no gradient: they do not train"),
     Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step",
-                                "all", "had their gradients cleared before the optimizer step"),
+                                "module", "had their gradients cleared before the optimizer step"),
     Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps",
                                     "module", "get gradients but no optimizer steps them"),
     Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad",
@@ -408,7 +408,7 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
 def _shape(text: str, member: Finding, group: str) -> str:
     """``text`` with the member's own name as \\0 and its module, when inside ``group``, as \\1."""
     text = text.replace(f"`{member.name}`", "\0")
-    module = member.details.get("module")
+    module = member.details.get("module") or parent(member.name)
     # Only when the text says nothing of the group's module itself (e.g. that it ran).
     if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:
         text = text.replace(module, "\1")

@@ -183,25 +183,28 @@ def test_findings_route_returns_the_latest_report_open_errors_first(server: str)
     data = get_json(f"{server}/data/plugin/leafwatch/findings?run=buggy")
     assert data["step"] == 12
     findings = data["findings"]
-    by_name = {f["name"]: f for f in findings}
+    by_name = {f["name"]: f for f in findings}  # one per mistake, its tensors in "members"
+    tensors = {m["name"]: m for f in findings for m in f["members"]}
     assert {f["kind"] for f in findings} == {"missing_grad"}
-    assert {n for n, f in by_name.items() if f["status"] == "open" and f["severity"] == "error"} == DETACHED | UNUSED
-    assert {n for n, f in by_name.items() if f["status"] == "intermittent"} == ROUTED
-    assert "never ran" in by_name["unused.weight"]["cause"]
-    assert ".detach()" in by_name["encoder.0.weight"]["cause"]
-    assert by_name["unused.weight"]["fix"].startswith("call `unused` in forward()")
-    assert (by_name["unused.weight"]["first_step"], by_name["unused.weight"]["last_step"]) == (1, 12)
+    assert set(by_name) == {"encoder", "unused", "experts.1"}
+    assert {n for n, f in tensors.items() if f["status"] == "open" and f["severity"] == "error"} == DETACHED | UNUSED
+    assert {n for n, f in tensors.items() if f["status"] == "intermittent"} == ROUTED
+    assert {m["name"] for m in by_name["unused"]["members"]} == UNUSED
+    assert "never ran" in by_name["unused"]["cause"]
+    assert ".detach()" in by_name["encoder"]["cause"]
+    assert by_name["unused"]["fix"].startswith("call `unused` in forward()")
+    assert (by_name["unused"]["first_step"], by_name["unused"]["last_step"]) == (1, 12)
     statuses = [f["status"] for f in findings]
     assert statuses == sorted(statuses, key=["open", "intermittent", "resolved", "ignored"].index)
-    assert data["counts"]["missing_grad"] == 6
+    assert data["counts"]["missing_grad"] == 2  # open mistakes: the detached encoder, the unused layer
 
 
 @pytest.mark.slow
 def test_findings_route_without_a_run_returns_every_run(server: str) -> None:
     runs = get_json(f"{server}/data/plugin/leafwatch/findings")["runs"]
     assert set(runs) == {"buggy", "gan"}
-    gan = {(f["kind"], f["name"]) for f in runs["gan"]["findings"] if f["status"] == "open"}
-    assert gan == {("missing_grad", "generator_unused.weight"), ("missing_grad", "generator_unused.bias")}
+    gan = [(f["kind"], f["name"], [m["name"] for m in f["members"]]) for f in runs["gan"]["findings"] if f["status"] == "open"]
+    assert gan == [("missing_grad", "generator_unused", ["generator_unused.bias", "generator_unused.weight"])]
 
 
 @pytest.mark.slow

@@ -322,7 +322,7 @@ def test_encoder_run_under_no_grad_by_mistake_is_an_error_at_the_second_check():
         opt.step()
         opt.zero_grad()
         model(torch.randn(4, 8)).backward()
-        with pytest.raises(leafwatch.LeafwatchError, match=r"missing_grad\s+encoder\.(weight|bias)") as raised:
+        with pytest.raises(leafwatch.LeafwatchError, match=r"missing_grad\s+encoder \(since step \d+\)\n.*`encoder\.\{bias,weight\}`") as raised:
             monitor.check()
     _assert_accidental_no_grad(raised.value.report)
 
@@ -381,7 +381,7 @@ def test_encoder_run_under_no_grad_by_mistake_is_caught_by_leafwatch_run(tmp_pat
     """
     result = _leafwatch_run(tmp_path, script, "--strict")
     assert result.returncode == 1, result.stderr
-    assert re.search(r"ERROR missing_grad `0\.(weight|bias)`", result.stderr), result.stderr
+    assert re.search(r"ERROR missing_grad `0` \(2 tensors: 0\.\{bias,weight\}\)", result.stderr), result.stderr
     assert "did not change between checks either" in result.stderr
 
 
@@ -542,7 +542,8 @@ def test_a_layer_never_called_is_named_within_a_few_steps(layerdrop, named_by):
             found = [f for f in report.open if f.kind == "missing_grad"]
             if found and named_at is None:
                 named_at = step
-                assert {f.name for f in found} == {"layers.5.weight", "layers.5.bias"}
+                assert [f.name for f in found] == ["layers.5"]  # one layer never called: one mistake
+                assert set(found[0].names) == {"layers.5.weight", "layers.5.bias"}
                 named = found
     assert named_at is not None and named_at <= named_by, named_at
     found = named
@@ -735,9 +736,10 @@ def test_float32_router_gate_norm_and_lm_head_in_a_bfloat16_model_are_no_finding
 def test_float16_layer_in_a_float32_model_is_still_a_mismatch():
     model = RouterMoE()
     model.experts[2].half()  # converted on its own by mistake: its small updates are rounded away
-    (finding, _) = leafwatch.audit(model, torch.optim.AdamW(model.parameters()),
-                                   check_values=False).by_kind("device_mismatch")
-    assert finding.name.startswith("experts.2.") and finding.severity == "warning"
+    (finding,) = leafwatch.audit(model, torch.optim.AdamW(model.parameters()),
+                                 check_values=False).by_kind("device_mismatch")
+    assert finding.name == "experts.2" and finding.severity == "warning"
+    assert {m.name for m in finding.members} == {"experts.2.weight", "experts.2.bias"}
     assert "float16 while the other trainable parameters are float32" in finding.message
     assert "rounded to float16" in finding.cause
 
@@ -869,7 +871,7 @@ def test_bert_pooler_with_the_mlm_loss_only_gives_the_ignore_pattern():
 
     with leafwatch.Monitor(model, opt) as monitor:
         report = step(monitor)
-    pooler = [f for f in report.by_kind("missing_grad") if f.name.startswith("bert.pooler.")]
+    pooler = [f for f in report.tensors("missing_grad") if f.name.startswith("bert.pooler.")]
     assert {f.name for f in pooler} == {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}
     assert all('`ignore=["bert.pooler.dense.*"]`' in f.fix for f in pooler)
     ignore = sorted({re.search(r'ignore=\["([^"]+)"\]', f.fix).group(1) for f in report.by_kind("missing_grad")})
@@ -919,10 +921,11 @@ def test_a_generator_whose_optimizer_never_steps_is_a_warning_then_an_error_at_t
     assert result.returncode == 0, result.stderr
     before, summary = result.stderr.split("leafwatch: summary")
     # Held while the optimizer may still step (the grace period of `run`), decided as a warning.
-    assert re.search(r"WARNING not_in_optimizer `generator\.0\.weight` seen at step \d+, decided at step \d+",
-                     before), result.stderr
-    assert re.search(r"ERROR\s+not_in_optimizer\s+generator\.0\.weight", summary), summary
-    assert "`generator.0.weight` is held only by an optimizer that never stepped in" in summary
+    # One generator, one mistake: its tensors listed.
+    assert re.search(r"WARNING not_in_optimizer `generator` \(4 tensors: generator\.\{0,2\}\.\{bias,weight\}\) "
+                     r"seen at step \d+, decided at step \d+", before), result.stderr
+    assert re.search(r"ERROR\s+not_in_optimizer\s+generator \(since", summary), summary
+    assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in" in summary
     assert "step()` is never called on it" in summary
 
 

@@ -192,8 +192,9 @@ def test_a_head_held_back_during_warm_up_is_information_through_check():
                     p.grad = None
             report = monitor.check(opt)
             if step < 3:
-                assert {(f.kind, f.name, f.severity) for f in report if f.status == "open"} == {
+                assert {(f.kind, f.name, f.severity) for f in report.tensors() if f.status == "open"} == {
                     ("grad_cleared", "head.weight", "info"), ("grad_cleared", "head.bias", "info")}
+                assert [(f.kind, f.name) for f in report if f.status == "open"] == [("grad_cleared", "head")]
             opt.step()
     assert not monitor.report.open
     assert {f.status for f in monitor.report} == {"resolved"}

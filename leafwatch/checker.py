@@ -107,6 +107,9 @@ class Checker:
         self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
         if self.diagnose and snapshot is not None:
             try:
+                # A compiled model runs no cut recorder: a torch-function mode forces a recompile.
+                roots = self.structure.roots.values() if self.structure.roots is not None else [self.structure.model]
+                self._tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
                 self._tracer.arm(snapshot.modules)
                 self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
             except Exception as error:  # never stop training for a diagnostic

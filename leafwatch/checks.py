@@ -152,7 +152,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         details["group"] = explanation.group  # every tensor cut at one place is one mistake
     if info is not None:
         details["module"] = info.module
-        if reason in ("detached", "unused", "never_ran"):
+        if reason in ("detached", "unused", "never_ran") or "group" in details:
             fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
         details["checks"] = checks

@@ -32,6 +32,9 @@ MAX_SITES = 64
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _TORCH_NN_DIR = _TORCH_DIR + "nn" + os.sep
+#: torch.nn code that touches a parameter without autograd to set it up, never to compute with
+#: it (a lazy module materializing and initializing its parameters in its first forward).
+_TORCH_SETUP = tuple(_TORCH_NN_DIR + f for f in ("parameter.py", "init.py", os.path.join("modules", "lazy.py")))
 
 #: Ops that give a value without autograd: the label shown, and the rank used when one tensor is
 #: upstream of several cuts (a graph rewired by hand outranks a number read out for logging).
@@ -118,6 +121,17 @@ def _is_internal(filename: str) -> bool:
     return filename.startswith(_TORCH_DIR) and not filename.startswith(_TORCH_NN_DIR)
 
 
+def _is_setup(frame: FrameType | None) -> bool:
+    """Whether a torch.nn setup step (:data:`_TORCH_SETUP`) is on the stack, a few frames up."""
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith(_TORCH_SETUP):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     """The line that made a torch call (``frame``: the caller of ``__torch_function__``), and the
     user's line that called into the library holding it (None when the line is the user's own).
@@ -125,7 +139,7 @@ def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     while frame is not None and _is_internal(frame.f_code.co_filename) \
             and not frame.f_code.co_filename.startswith(frames.PACKAGE_DIR):
         frame = frame.f_back
-    if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR):
+    if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR) or _is_setup(frame):
         return None
     user = next(frames.outside(frame), None)
     here = Place.of(frame)

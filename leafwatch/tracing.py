@@ -265,10 +265,12 @@ class Tracer:
 
     def cut_of(self, tensor_id: int) -> cuts.Cut | None:
         """The cut recorded upstream of ``tensor_id`` since the last reset (the most telling one
-        when several: a graph rewired by hand before a number read out, then the first seen)."""
+        when several: the user's own line before a library's, a graph rewired by hand before a
+        number read out, then the first seen)."""
         if self._cut_index is None:
             index: dict[int, cuts.Cut] = {}
-            for cut in sorted(self.cuts, key=lambda c: (c.site.rank, c.order), reverse=True):
+            for cut in sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
+                              reverse=True):
                 index.update(dict.fromkeys(cut.leaves, cut))
             self._cut_index = index
         return self._cut_index.get(tensor_id)
@@ -524,20 +526,31 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
         user = min(users, key=lambda r: r.order)
         return Explanation(
             cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
-            f"reached it: the loss was cut after `{user.name}`, so nothing before the cut trains. {unseen}",
+            f"reached it: what `{user.name}` made from it does not reach the loss (nothing in the loss uses it, or "
+            f"it was cut after `{user.name}`). {unseen}",
             fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/`.item()`/"
             "`.tolist()`/NumPy/`torch.tensor(...)` step after it",
             reason="detached",
         )
     after = _next_module(record, records)
-    between = f" between {shown} and `{after.name}` (the next module that ran)" if after is not None else \
-        f" after {shown}"
+    if after is None:
+        # No module the hooks watch ran after it: a cut and an unused output look the same to them.
+        return Explanation(
+            cause=f"{shown} ran and its output required grad, but backward never reached that output, and no "
+            "module that leafwatch watches ran after it: it was cut from the loss outside any module, or "
+            f"nothing in the loss uses it. {unseen}",
+            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/`.item()`/NumPy/"
+            f"`torch.tensor(...)` step after it), or remove {shown} if its output is not needed",
+            reason="detached",
+        )
+    between = f" between {shown} and `{after.name}` (the next module that ran)"
     return Explanation(
         cause=f"{shown} ran and its output required grad, but backward never reached that output: nothing in "
         f"the loss uses it (an output computed and ignored, like a pooler whose output the loss never reads), "
         f"or it was cut{between}. {unseen}",
-        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with `ignore=`) "
-        f"if its output is not needed; if it should feed the loss, look{between} for the cut",
+        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with "
+        f"`ignore=[\"{record.name + '.*' if record.name else '*'}\"]`) if its output is not needed; if it should "
+        f"feed the loss, look{between} for the cut",
         reason="unused_output",
     )
 

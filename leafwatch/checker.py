@@ -308,13 +308,15 @@ class Checker:
     def _retarget_diagnostics(self, state: CheckState) -> None:
         cache = self.structure
         retarget = (self._grads.changes, cache.rebuilds)
+        changed = retarget != self._retargeted
         if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
-                and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
+                and cache.inventory is not None and (changed or self._loop.diagnosing):
             self._retargeted = retarget
             # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
-            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared; the
+            # next forward is instrumented after a new miss or a new structure only.
             missing_ids = self._grads.missing_ids(cache.lists.values())
-            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
+            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=changed)
             self._loop.rearm(missing_ids, cache.inventory.tensors)
         self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
 

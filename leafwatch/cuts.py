@@ -148,6 +148,18 @@ def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     return here, Place.of(user)
 
 
+def _switch_name(frame: FrameType | None) -> str:
+    """How grad mode was switched off, from torch's frames above the switch: a ``torch.no_grad()``
+    block (or decorator) or ``torch.set_grad_enabled(False)``."""
+    for _ in range(4):
+        if frame is None or not _is_internal(frame.f_code.co_filename):
+            break
+        if "no_grad" in getattr(frame.f_code, "co_qualname", frame.f_code.co_name):
+            return "`torch.no_grad()`"
+        frame = frame.f_back
+    return "`torch.set_grad_enabled(False)`"
+
+
 def _grad_sources(kind: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The inputs of a cutting op that require grad (``torch.tensor([a, b])`` reads each)."""
     if not args:
@@ -180,7 +192,7 @@ class CutRecorder(TorchFunctionMode):
         self._seen: dict[tuple[str, Place, Place | None], set[int]] = {}
         self._order = first_order
         #: Where grad mode was switched off inside the forward (a ``with torch.no_grad():`` line).
-        self._off_at: tuple[Place, Place | None] | None = None
+        self._off_at: tuple[str, tuple[Place, Place | None]] | None = None
         #: The first error inside the mode; the Tracer warns once and trusts nothing it recorded.
         self.error: BaseException | None = None
 
@@ -213,7 +225,9 @@ class CutRecorder(TorchFunctionMode):
     def _switch(self, args: tuple[Any, ...]) -> None:
         try:
             if args and args[0] is False and torch.is_grad_enabled():
-                self._off_at = place_of_call(sys._getframe(2))
+                caller = sys._getframe(2)
+                where = place_of_call(caller)
+                self._off_at = None if where is None else (_switch_name(caller), where)
             elif args and args[0] is True:
                 self._off_at = None
         except Exception as error:
@@ -227,9 +241,9 @@ class CutRecorder(TorchFunctionMode):
             if torch.is_inference_mode_enabled():
                 op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
             elif self._off_at is not None:
-                op, where = "`torch.no_grad()`", self._off_at
-            else:
-                op, where = "grad mode off (`torch.set_grad_enabled(False)`)", place_of_call(sys._getframe(2))
+                op, where = self._off_at
+            else:  # switched off before the forward's own ops (by a library, or at its start)
+                op, where = "grad mode off", place_of_call(sys._getframe(2))
             if where is not None:
                 self._cut((op, 0), where, sources)
         except Exception as error:

@@ -136,13 +136,13 @@ class Tracer:
     def armed(self) -> set[str]:
         return set(self.handles)
 
-    def retarget(self, wanted: dict[str, nn.Module]) -> None:
-        """Keep hooks on exactly the ``wanted`` modules (arming the new ones); the forward after
-        the next reset is instrumented when any is wanted (a new miss, a new structure)."""
+    def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
+        """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
+        (a new miss, a new structure), the forward after the next reset runs under the recorder."""
         armed = self.armed
         self.disarm(armed - set(wanted))
         self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
-        self._ops_next = bool(wanted)
+        self._ops_next = self._ops_next or (instrument and bool(wanted))
 
     def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
         """After a check: forget what the hooks saw once every optimizer has been checked.
@@ -391,13 +391,16 @@ _CUT_FIXES = {
     "`torch.no_grad()`": "move the computation that feeds the loss out of the `torch.no_grad()` block at {at}",
     "`torch.inference_mode()`": "move the computation that feeds the loss out of the "
                                 "`torch.inference_mode()` block at {at}",
+    "`torch.set_grad_enabled(False)`": "keep grad mode on for the computation that feeds the loss: do not "
+                                       "switch it off at {at}",
 }
 _VALUE_FIX = ("keep the values a tensor at {at}: use torch ops on the tensor itself, not {op} (a Python "
               "number, list or NumPy array has no autograd graph, and a tensor made from it is a new leaf)")
 _GRAD_OFF_FIX = "keep grad mode on for the computation that feeds the loss: do not switch it off at {at}"
 #: The reason tag of a cut, by op (the tags the module-level causes use).
 _CUT_REASONS = {"`.detach()`": "detached", "`.detach_()`": "detached", "`.data`": "data_access",
-                "`torch.no_grad()`": "detached", "`torch.inference_mode()`": "detached"}
+                "`torch.no_grad()`": "detached", "`torch.inference_mode()`": "detached",
+                "`torch.set_grad_enabled(False)`": "detached", "grad mode off": "detached"}
 
 
 def explain_cut(param_name: str, cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanation:
@@ -410,7 +413,7 @@ def explain_cut(param_name: str, cut: cuts.Cut, tensor_id: int, attribute: str =
     if site.called_from is not None:
         fix = (f"{fix}: it runs inside a library, reached from your call at {site.called_from}; change that "
                "call (its arguments or where you call it) so its output keeps the graph")
-    if site.op in ("`torch.no_grad()`", "`torch.inference_mode()`") or site.op.startswith("grad mode off"):
+    if _CUT_REASONS.get(site.op) == "detached" and "detach" not in site.op:
         how = "the ops run there on values computed from it record no autograd graph"
     else:
         how = "what comes out of that op carries no autograd graph back to it"
@@ -510,17 +513,17 @@ def explain_missing(
 def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], ops_traced: bool) -> Explanation:
     """Backward never reached a module's output: what the module hooks saw of it, and that the exact
     point is unknown (a cut the recorder saw is named by :func:`explain_cut` instead)."""
+    unseen = _UNSEEN_INSIDE if ops_traced else _UNSEEN
     cut = _detached_after(record, records)
     if cut is not None:
         return Explanation(
             cause=f"{shown} ran and its output required grad, but backward never reached that output: "
             f"`{cut.name}` received it detached (the same storage without grad). The cut is between {shown} "
             f"and `{cut.name}`: a `.detach()`, `torch.no_grad()` or a NumPy round trip (`.numpy()` and "
-            "`torch.from_numpy()` share the storage).",
+            f"`torch.from_numpy()` share the storage). {unseen}",
             fix=f"pass {shown}'s output to `{cut.name}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step between them",
             reason="detached",
         )
-    unseen = _UNSEEN_INSIDE if ops_traced else _UNSEEN
     users = [r for r in _later(record, records) if record.output_storage and record.output_storage in r.grad_inputs]
     if users:
         user = min(users, key=lambda r: r.order)
@@ -556,10 +559,10 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
 
 
 #: What the cut recorder adds to a cause it has no cut for.
-_UNSEEN = ("Where exactly is unknown: this forward was not instrumented (leafwatch records the ops that "
-           "cut a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, `torch.no_grad()`) "
-           "on the first step and after a new miss, inside the model's forward, never in a compiled module), "
-           "or the cut left no trace it can see (`torch.from_numpy`).")
+_UNSEEN = ("Where exactly is unknown: leafwatch did not watch the ops of this step (it records the ops "
+           "that cut a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, "
+           "`torch.no_grad()`) on the first step and after a new miss, inside the model's own forward, "
+           "never in a compiled module), or the cut left no trace it can see (`torch.from_numpy`).")
 _UNSEEN_INSIDE = ("No op that cuts a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, "
                   "`torch.no_grad()`) ran on it inside the model's forward: where it was cut is unknown (outside "
                   "the forward, in the training loop, or by a step that leaves no trace such as `torch.from_numpy`).")

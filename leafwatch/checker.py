@@ -193,6 +193,7 @@ class Checker:
             "diagnostic_records": len(records),
             "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
             "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
+            "cut_sites": len(self._tracer.cuts),
             "watch_counts": self._watched.sizes(),
             **self.values.stats(),
             "arrival_hooks": len(self._loop.arrivals.handles),

@@ -125,6 +125,7 @@ class Tracer:
         self.ops_traced = False
         #: A compiled model (``torch.compile``): the recorder would force a recompile, so it never runs.
         self.compiled = False
+        self._recorder_broken = False  # it failed once: warned, never run again
         self.cuts: list[cuts.Cut] = []
         self._cut_index: dict[int, cuts.Cut] | None = None
         self._recorder: cuts.CutRecorder | None = None
@@ -217,7 +218,7 @@ class Tracer:
             if self._recorder is not None:
                 self._depth += 1  # a root called inside another (or inside itself)
                 return
-            if not self.ops_wanted or self.compiled or getattr(module, "_compiled_call_impl", None) is not None \
+            if not self.ops_wanted or self.compiled or self._recorder_broken or getattr(module, "_compiled_call_impl", None) is not None \
                     or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or cuts.compiling():
                 return
             recorder = cuts.CutRecorder(first_order=len(self.cuts))
@@ -258,7 +259,7 @@ class Tracer:
                 cuts.leave(recorder)
             except Exception:
                 pass
-        self.compiled = True  # never instrument again: one warning, not one per step
+        self._recorder_broken = True  # never instrument again: one warning, not one per step
         self.ops_wanted = False
         if self.on_error is not None and isinstance(error, Exception):
             self.on_error("the cut recorder", error)

@@ -351,3 +351,24 @@ def test_a_detach_between_a_gpt2_and_its_head_is_one_mistake_at_the_users_line()
     assert {f.details["group"] for f in missing} == {f"`.detach()` at {at}"}
     for f in missing:
         assert f.cause.startswith(f"cut by `.detach()` at {at} (in `DetachedLMHead.forward`)"), f.cause
+
+
+def test_a_failing_recorder_warns_once_and_training_goes_on(monkeypatch) -> None:
+    def broken(self, *args):
+        raise RuntimeError("recorder bug")
+
+    monkeypatch.setattr(cuts.CutRecorder, "_cut", broken)
+    model = Detach()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(leafwatch.LeafwatchInternalWarning, match="cut recorder") as caught:
+        with leafwatch.Monitor(model, opt) as monitor:
+            for _ in range(3):
+                opt.zero_grad(set_to_none=True)
+                model(torch.randn(4, 3)).sum().backward()
+                report = monitor.check()
+                opt.step()
+    assert len([w for w in caught if "cut recorder" in str(w.message)]) == 1
+    assert torch._C._len_torch_function_stack() == 0
+    missing = report.by_kind("missing_grad")
+    assert {f.name for f in missing} == {"a.weight", "a.bias"}
+    assert all("cut by" not in f.cause and "group" not in f.details for f in missing)

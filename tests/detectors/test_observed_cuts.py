@@ -372,3 +372,32 @@ def test_a_failing_recorder_warns_once_and_training_goes_on(monkeypatch) -> None
     missing = report.by_kind("missing_grad")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
     assert all("cut by" not in f.cause and "group" not in f.details for f in missing)
+
+
+def test_a_cut_inside_a_library_names_its_line_and_the_users_call(tmp_path, monkeypatch) -> None:
+    import importlib.util
+
+    from leafwatch import frames
+
+    library = tmp_path / "fakelib"
+    library.mkdir()
+    (library / "layers.py").write_text("def squash(h):\n    return h.detach()\n")
+    spec = importlib.util.spec_from_file_location("fakelib_layers", library / "layers.py")
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    # The folder is one of the frameworks whose frames are not the user's (as transformers' is).
+    monkeypatch.setattr(frames, "framework_dirs", lambda: (str(library) + os.sep,))
+
+    class CallsTheLibrary(Cutting):
+        def middle(self, h):
+            return layers.squash(h)  # cut: library_call
+
+    missing = _one_step(CallsTheLibrary()).by_kind("missing_grad")
+    at = _at("library_call")
+    assert {f.name for f in missing} == {"a.weight", "a.bias"}
+    for f in missing:
+        assert f.cause.startswith(f"cut by `.detach()` at layers.py:2 (in `squash`), called from {at} "
+                                  "(in `test_a_cut_inside_a_library_names_its_line_and_the_users_call."
+                                  "<locals>.CallsTheLibrary.middle`)"), f.cause
+        assert f.details["group"] == f"`.detach()` at {at}"
+        assert f"reached from your call at {at}" in f.fix

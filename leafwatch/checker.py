@@ -113,6 +113,9 @@ class Checker:
         self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
         if self.diagnose and snapshot is not None:
             try:
+                # A compiled model runs no cut recorder: a torch-function mode forces a recompile.
+                roots = self.structure.roots.values() if self.structure.roots is not None else [self.structure.model]
+                self._tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
                 self._tracer.arm(snapshot.modules)
                 self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
             except Exception as error:  # never stop training for a diagnostic
@@ -196,6 +199,7 @@ class Checker:
             "diagnostic_records": len(records),
             "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
             "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
+            "cut_sites": len(self._tracer.cuts),
             "watch_counts": self._watched.sizes(),
             **self.values.stats(),
             "arrival_hooks": len(self._loop.arrivals.handles),
@@ -311,13 +315,15 @@ class Checker:
     def _retarget_diagnostics(self, state: CheckState) -> None:
         cache = self.structure
         retarget = (self._grads.changes, cache.rebuilds)
+        changed = retarget != self._retargeted
         if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
-                and cache.inventory is not None and (retarget != self._retargeted or self._loop.diagnosing):
+                and cache.inventory is not None and (changed or self._loop.diagnosing):
             self._retargeted = retarget
             # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
-            # and arrival hooks only on the tensors that miss or whose gradient was cleared.
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared; the
+            # next forward is instrumented after a new miss or a new structure only.
             missing_ids = self._grads.missing_ids(cache.lists.values())
-            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory))
+            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=changed)
             self._loop.rearm(missing_ids, cache.inventory.tensors)
         self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
 

@@ -148,9 +148,11 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     else:
         cause, fix, reason = UNKNOWN_CAUSE, f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
     details: dict[str, Any] = {"reason": reason}
+    if explanation is not None and explanation.group is not None:
+        details["group"] = explanation.group  # every tensor cut at one place is one mistake
     if info is not None:
         details["module"] = info.module
-        if reason in ("detached", "unused", "never_ran"):
+        if reason in ("detached", "unused", "never_ran") or "group" in details:
             fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
         details["checks"] = checks

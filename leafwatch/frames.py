@@ -61,6 +61,12 @@ def user_frames(*, frameworks: bool = True, skip: tuple[str, ...] = (), depth: i
     return _outside(sys._getframe(depth), _prefixes(frameworks, skip))
 
 
+def outside(frame: FrameType | None, *, frameworks: bool = True) -> Iterator[FrameType]:
+    """The frames of the user's code from ``frame`` up (``frame`` itself included when it is the
+    user's): outside leafwatch and, with ``frameworks``, outside the :data:`FRAMEWORKS`."""
+    return _outside(frame, _prefixes(frameworks, ()))
+
+
 def _outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> Iterator[FrameType]:
     while frame is not None:
         if not _is_under(frame, prefixes):

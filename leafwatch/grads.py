@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import checks, evidence, inventory, outside, tracing
+from . import checks, cuts, evidence, inventory, outside, tracing
 from .findings import Finding, Severity, Status, Waiting
 from .history import FindingHistory
 from .structure import CheckList
@@ -74,6 +74,9 @@ class GradientTracker:
         self._layers: dict[str, tuple[str, int] | None] = {}
         self._steady: dict[int, tuple[str, CheckList, int]] = {}
         self._new_targets: set[int] = set()
+        #: The cut last seen upstream of each tensor in a streak (forwards after the first are not
+        #: instrumented while nothing changes: the cut stays known).
+        self._cuts: dict[int, cuts.Cut] = {}
         #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
         self.changes = 0
 
@@ -90,6 +93,7 @@ class GradientTracker:
         gone = [pid for pid in self._suspects if pid not in alive]
         for pid in gone:
             del self._suspects[pid]
+        self._cuts = {pid: c for pid, c in self._cuts.items() if pid in alive}
         self._evidence.forget(gone)
         self._modules = inv.modules
         self._layers = {}
@@ -194,7 +198,12 @@ class GradientTracker:
             explanation = tracing.called_directly(name, info.module)
         elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
-                                                  tracer.armed_since_reset)
+                                                  tracer.armed_since_reset, ops_traced=tracer.ops_traced)
+        cut = self._observed_cut(pid, tracer)
+        if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
+            # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
+            # whole stays a module-level cause: an EMA target is told from a mistake by it).
+            explanation = tracing.explain_cut(name, cut, pid, info.attribute if info is not None else "")
         reason = explanation.reason if explanation is not None else None
         if pid not in self._decided:
             if pid in self._suspects or reason == "grad_disabled":
@@ -251,10 +260,23 @@ class GradientTracker:
             # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
 
+    def _observed_cut(self, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
+        """The cut the recorder saw upstream of ``pid``: this round's when a forward was
+        instrumented (and remembered), else the one remembered from the last instrumented forward."""
+        if not tracer.ops_traced:
+            return self._cuts.get(pid)
+        cut = tracer.cut_of(pid)
+        if cut is None:
+            self._cuts.pop(pid, None)
+        else:
+            self._cuts[pid] = cut
+        return cut
+
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
         """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
         self._steady.pop(pid, None)
+        self._cuts.pop(pid, None)
         self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)

@@ -85,11 +85,16 @@ def leaf_info(tensor: torch.Tensor) -> LeafInfo:
     )
 
 
-def iter_nodes(root: object, limit: int = MAX_NODES) -> Iterator[object]:
-    """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``)."""
+def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
+    """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``).
+
+    ``seen``: node ids already walked (by an earlier walk that shares it), passed over; the ids
+    of the nodes this walk visits are added to it.
+    """
     if root is None:
         return
-    seen: set[int] = set()
+    seen = set() if seen is None else seen
+    limit += len(seen)
     stack = [root]
     while stack and len(seen) < limit:
         node = stack.pop()

@@ -5,6 +5,10 @@ fully explained; afterwards only on the modules that own a parameter that missed
 A hook records plain facts (it ran, with grad mode on or off, its output required grad, and a
 tensor hook on that output tells whether backward reached it); the causes are worked out only
 for the parameters that failed, when they failed.
+
+On instrumented forwards (from creation to the first check, and after a new miss or a new
+structure until the next check) the top armed modules also run their forward under the cut
+recorder (:mod:`leafwatch.cuts`), so a parameter cut by a ``.detach()`` is explained by that line.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+from . import cuts
 
 if TYPE_CHECKING:
     from .inventory import Inventory
@@ -38,9 +44,6 @@ class RunRecord:
     output_storage: int = 0
     detached_inputs: frozenset[int] = frozenset()
     output_opaque: bool = False  # its output held no tensor the hook could see
-    output_shape: tuple[int, ...] | None = None
-    #: (shape, storage) of floating-point inputs without grad while grad was on.
-    fresh_input_shapes: frozenset[tuple[tuple[int, ...], int]] = frozenset()
     #: Storages of the inputs that required grad (whose outputs this module used).
     grad_inputs: frozenset[int] = frozenset()
 
@@ -111,16 +114,36 @@ class Tracer:
         self._checked_in_round: set[int | None] = set()
         #: Modules that ran in eval mode under no_grad since the last reset (a fixed teacher).
         self.eval_runs: set[str] = set()
+        # The cut recorder: a TorchFunctionMode over the forward of the top armed modules, on
+        # instrumented forwards only (from creation, and after a new miss or a structure change,
+        # until the next check).
+        #: Whether the next forward is instrumented (the recorder runs over it).
+        self.ops_wanted = False
+        self._ops_next = False
+        #: Whether a forward ran whole under the recorder since the last reset: then a tensor
+        #: upstream of no recorded cut was seen not to be cut inside the forward.
+        self.ops_traced = False
+        #: A compiled model (``torch.compile``): the recorder would force a recompile, so it never runs.
+        self.compiled = False
+        self._recorder_broken = False  # it failed once: warned, never run again
+        self.cuts: list[cuts.Cut] = []
+        self._cut_index: dict[int, cuts.Cut] | None = None
+        self._recorder: cuts.CutRecorder | None = None
+        self._depth = 0
+        self._root_handles: dict[str, tuple[Any, Any]] = {}
+        self._modules: dict[str, nn.Module] = {}
 
     @property
     def armed(self) -> set[str]:
         return set(self.handles)
 
-    def retarget(self, wanted: dict[str, nn.Module]) -> None:
-        """Keep hooks on exactly the ``wanted`` modules (arming the new ones)."""
+    def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
+        """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
+        (a new miss, a new structure), the forward after the next reset runs under the recorder."""
         armed = self.armed
         self.disarm(armed - set(wanted))
-        self.arm({k: v for k, v in wanted.items() if k not in armed})
+        self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
+        self._ops_next = self._ops_next or (instrument and bool(wanted))
 
     def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
         """After a check: forget what the hooks saw once every optimizer has been checked.
@@ -136,18 +159,29 @@ class Tracer:
         else:
             self._checked_in_round.add(optimizer_index)
 
-    def arm(self, modules: dict[str, nn.Module]) -> None:
+    def arm(self, modules: dict[str, nn.Module], instrument: bool = True) -> None:
+        """Hooks on ``modules``; with ``instrument``, the next forward runs under the cut recorder too."""
         for name, module in modules.items():
             if name in self.handles:
                 continue
             self.handles[name] = module.register_forward_hook(self._make_hook(name))
+            self._modules[name] = module
             self.armed_since_reset.add(name)
+            if type(module).__name__ == "OptimizedModule":
+                self.compiled = True
+        if instrument and modules:
+            self.ops_wanted = True
+        self._hook_roots()
 
     def disarm(self, names: set[str] | None = None) -> None:
         for name in list(self.handles) if names is None else list(names):
             handle = self.handles.pop(name, None)
+            self._modules.pop(name, None)
             if handle is not None:
                 handle.remove()
+        self._hook_roots()
+        if not self.handles:
+            self._stop_recorder()
 
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
@@ -155,6 +189,92 @@ class Tracer:
         self.eval_runs = set()
         self._counter = 0
         self.armed_since_reset = set(self.handles)
+        self._stop_recorder()  # a forward that raised before its end, never left on the stack
+        # Instrument the next forward after a new miss or a new structure, or when the one
+        # wanted never ran (no forward of the armed modules since).
+        self.ops_wanted = self._ops_next or (self.ops_wanted and not self.ops_traced)
+        self._ops_next = False
+        self.ops_traced = False
+        self.cuts = []
+        self._cut_index = None
+
+    # -- the cut recorder -------------------------------------------------------------------------
+    def _hook_roots(self) -> None:
+        """Enter/leave hooks on the top armed modules: those with no armed ancestor."""
+        tops = {n for n in self.handles if not any(a in self.handles for a in _ancestors(n))}
+        for name in list(self._root_handles):
+            if name not in tops:
+                pre, post = self._root_handles.pop(name)
+                pre.remove()
+                post.remove()
+        for name in tops - set(self._root_handles):
+            module = self._modules[name]
+            pre = module.register_forward_pre_hook(self._enter_forward)
+            post = module.register_forward_hook(self._leave_forward, always_call=True)
+            self._root_handles[name] = (pre, post)
+
+    def _enter_forward(self, module: nn.Module, args: Any) -> None:
+        try:
+            if self._recorder is not None:
+                self._depth += 1  # a root called inside another (or inside itself)
+                return
+            if not self.ops_wanted or self.compiled or self._recorder_broken or getattr(module, "_compiled_call_impl", None) is not None \
+                    or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or cuts.compiling():
+                return
+            recorder = cuts.CutRecorder(first_order=len(self.cuts))
+            recorder.__enter__()
+            self._recorder, self._depth = recorder, 1
+        except Exception as error:
+            self._recorder_failed(error)
+
+    def _leave_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._recorder is None:
+            return
+        self._depth -= 1
+        if self._depth <= 0:
+            self._stop_recorder(completed=True)
+
+    def _stop_recorder(self, completed: bool = False) -> None:
+        recorder, self._recorder, self._depth = self._recorder, None, 0
+        if recorder is None:
+            return
+        try:
+            cuts.leave(recorder)
+            found = recorder.finish()
+            if recorder.error is not None:
+                raise recorder.error
+        except Exception as error:
+            self._recorder_failed(error)
+            return
+        if completed:
+            self.cuts.extend(found)
+            self._cut_index = None
+            self.ops_traced = True
+
+    def _recorder_failed(self, error: BaseException) -> None:
+        """What the recorder saw is incomplete: no cut is named from it, and it stops for good."""
+        if self._recorder is not None:
+            recorder, self._recorder, self._depth = self._recorder, None, 0
+            try:
+                cuts.leave(recorder)
+            except Exception:
+                pass
+        self._recorder_broken = True  # never instrument again: one warning, not one per step
+        self.ops_wanted = False
+        if self.on_error is not None and isinstance(error, Exception):
+            self.on_error("the cut recorder", error)
+
+    def cut_of(self, tensor_id: int) -> cuts.Cut | None:
+        """The cut recorded upstream of ``tensor_id`` since the last reset (the most telling one
+        when several: the user's own line before a library's, a graph rewired by hand before a
+        number read out, then the first seen)."""
+        if self._cut_index is None:
+            index: dict[int, cuts.Cut] = {}
+            for cut in sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
+                              reverse=True):
+                index.update(dict.fromkeys(cut.leaves, cut))
+            self._cut_index = index
+        return self._cut_index.get(tensor_id)
 
     def _make_hook(self, name: str):
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
@@ -193,16 +313,11 @@ class Tracer:
             no_grad = [a for a in args if isinstance(a, torch.Tensor) and not a.requires_grad]
             if no_grad:
                 record.detached_inputs = record.detached_inputs | {_storage(a) for a in no_grad}
-                if grad_on:
-                    fresh = {(tuple(a.shape), _storage(a)) for a in no_grad if a.is_floating_point()}
-                    if fresh:
-                        record.fresh_input_shapes = record.fresh_input_shapes | fresh
             produced = _first_any_tensor(output)
             if produced is None:
                 produced = _first_tensor(output, requires_grad=False)  # a dict or dataclass output
             if produced is not None:
                 record.output_storage = _storage(produced)
-                record.output_shape = tuple(produced.shape)
             out = _first_tensor(output)
             if out is None and _first_tensor(output, requires_grad=False) is None:
                 record.output_opaque = True
@@ -244,6 +359,14 @@ def _reached(record: RunRecord):
     return mark
 
 
+def _ancestors(name: str) -> list[str]:
+    """``"a.b.c"`` -> ``["", "a", "a.b"]`` (the root is ``""``)."""
+    if not name:
+        return []
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts))]
+
+
 def _is_descendant(name: str, ancestor: str) -> bool:
     return ancestor == "" or name.startswith(ancestor + ".")
 
@@ -252,7 +375,56 @@ def _is_descendant(name: str, ancestor: str) -> bool:
 class Explanation:
     cause: str
     fix: str
-    reason: str  # a short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, unused
+    #: A short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, rewrapped,
+    #: unused, unused_output.
+    reason: str
+    #: The mistake this tensor shares with others (an observed cut: "`.detach()` at model.py:13").
+    group: str | None = None
+
+
+#: What to change at a cut's line, by op.
+_CUT_FIXES = {
+    "`.detach()`": "remove the `.detach()` at {at} (detach only a copy kept for logging or a target, "
+                   "never the tensor that feeds the loss)",
+    "`.detach_()`": "remove the `.detach_()` at {at} (it cuts the tensor in place: detach a copy for "
+                    "logging or a target, never the tensor that feeds the loss)",
+    "`.data`": "use the tensor itself, not `.data`, at {at}",
+    "`torch.no_grad()`": "move the computation that feeds the loss out of the `torch.no_grad()` block at {at}",
+    "`torch.inference_mode()`": "move the computation that feeds the loss out of the "
+                                "`torch.inference_mode()` block at {at}",
+    "`torch.set_grad_enabled(False)`": "keep grad mode on for the computation that feeds the loss: do not "
+                                       "switch it off at {at}",
+}
+_VALUE_FIX = ("keep the values a tensor at {at}: use torch ops on the tensor itself, not {op} (a Python "
+              "number, list or NumPy array has no autograd graph, and a tensor made from it is a new leaf)")
+_GRAD_OFF_FIX = "keep grad mode on for the computation that feeds the loss: do not switch it off at {at}"
+#: The reason tag of a cut, by op (the tags the module-level causes use).
+_CUT_REASONS = {"`.detach()`": "detached", "`.detach_()`": "detached", "`.data`": "data_access",
+                "`torch.no_grad()`": "detached", "`torch.inference_mode()`": "detached",
+                "`torch.set_grad_enabled(False)`": "detached", "grad mode off": "detached"}
+
+
+def explain_cut(param_name: str, cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanation:
+    """A parameter upstream of a cut the recorder saw: the op and its line, and what to change there."""
+    site = cut.site
+    at = str(site.place)
+    fix = _CUT_FIXES.get(site.op, _VALUE_FIX if site.rank else _GRAD_OFF_FIX).format(at=at, op=site.op)
+    if tensor_id in cut.direct and attribute and site.op in ("`.data`", "`.detach()`"):
+        fix = f"use `{attribute}` itself, not `{attribute}{site.op.strip('`')}`, at {at}"
+    if site.called_from is not None:
+        fix = (f"{fix}: it runs inside a library, reached from your call at {site.called_from}; change that "
+               "call (its arguments or where you call it) so its output keeps the graph")
+    if _CUT_REASONS.get(site.op) == "detached" and "detach" not in site.op:
+        how = "the ops run there on values computed from it record no autograd graph"
+    else:
+        how = "what comes out of that op carries no autograd graph back to it"
+    return Explanation(
+        cause=f"cut by {site.described()}: `{param_name}` is used before that point of the forward, and {how}, "
+        "so backward never reaches it (leafwatch saw the op run).",
+        fix=fix,
+        reason=_CUT_REASONS.get(site.op, "rewrapped"),
+        group=site.label,
+    )
 
 
 def called_directly(param_name: str, module_name: str) -> Explanation:
@@ -275,8 +447,11 @@ def explain_missing(
     attribute: str,
     records: dict[str, RunRecord],
     armed: set[str],
+    *,
+    ops_traced: bool = False,
 ) -> Explanation | None:
-    """Why a parameter of ``module_name`` got no gradient, from what the hooks saw; None if unknown."""
+    """Why a parameter of ``module_name`` got no gradient, from what the module hooks saw; None if
+    unknown. ``ops_traced``: the cut recorder watched the forward and saw no cut upstream of it."""
     if module_name not in armed or not records:
         # Not watched for the whole step, or no armed module ran at all: the forward pass may
         # have happened before the hooks were armed, so nothing can be said.
@@ -326,7 +501,7 @@ def explain_missing(
             reason="data_access",
         )
     if not record.backward_reached:
-        return _not_reached(shown, record, records)
+        return _not_reached(shown, record, records, ops_traced)
     return Explanation(
         cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
         f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
@@ -336,62 +511,62 @@ def explain_missing(
     )
 
 
-def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord]) -> Explanation:
-    """Backward never reached a module's output: a cut (named where the hooks saw it), or an
-    output nothing used."""
-    cut, how = _cut_after(record, records)
-    if cut is not None and how == "detached":
+def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], ops_traced: bool) -> Explanation:
+    """Backward never reached a module's output: what the module hooks saw of it, and that the exact
+    point is unknown (a cut the recorder saw is named by :func:`explain_cut` instead)."""
+    unseen = _UNSEEN_INSIDE if ops_traced else _UNSEEN
+    cut = _detached_after(record, records)
+    if cut is not None:
         return Explanation(
             cause=f"{shown} ran and its output required grad, but backward never reached that output: "
             f"`{cut.name}` received it detached (the same storage without grad). The cut is between {shown} "
             f"and `{cut.name}`: a `.detach()`, `torch.no_grad()` or a NumPy round trip (`.numpy()` and "
-            "`torch.from_numpy()` share the storage).",
+            f"`torch.from_numpy()` share the storage). {unseen}",
             fix=f"pass {shown}'s output to `{cut.name}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step between them",
             reason="detached",
-        )
-    if cut is not None:
-        return Explanation(
-            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
-            f"`{cut.name}` received a new tensor of the same shape made from its values (no grad, new "
-            "storage): a `torch.tensor(x.tolist())`, `torch.from_numpy(x.numpy())` or `torch.tensor(x)` "
-            f"rewrap between {shown} and `{cut.name}` made a new leaf and cut it from the loss.",
-            fix=f"pass {shown}'s output to `{cut.name}` as a tensor: no `.tolist()`/`.numpy()`/`torch.tensor(...)` between them",
-            reason="rewrapped",
         )
     users = [r for r in _later(record, records) if record.output_storage and record.output_storage in r.grad_inputs]
     if users:
         user = min(users, key=lambda r: r.order)
         return Explanation(
             cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
-            f"reached it: the loss was cut after `{user.name}` (by `.detach()`, `torch.no_grad()`, a NumPy "
-            "round trip or a `torch.tensor(...)` rewrap), so nothing before the cut trains.",
-            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/NumPy/`torch.tensor(...)` step after it",
+            f"reached it: what `{user.name}` made from it does not reach the loss (nothing in the loss uses it, or "
+            f"it was cut after `{user.name}`). {unseen}",
+            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/`.item()`/"
+            "`.tolist()`/NumPy/`torch.tensor(...)` step after it",
             reason="detached",
         )
     after = _next_module(record, records)
-    between = f" between {shown} and `{after.name}` (the next module that ran)" if after is not None else \
-        f" after {shown}"
     if after is None:
-        # Nothing ran after it: a cut and an unused output look the same to module hooks.
+        # No module the hooks watch ran after it: a cut and an unused output look the same to them.
         return Explanation(
-            cause=f"{shown} ran and its output required grad, but backward never reached that output, and "
-            "no module ran after it. It was cut from the loss outside any module, where module hooks cannot "
-            "see (`.detach()`, `torch.no_grad()`, a NumPy round trip (`.numpy()`, `.tolist()`, `.item()`) or "
-            "a `torch.tensor(...)` rewrap), or nothing in the loss uses it.",
-            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/NumPy/`torch.tensor(...)` "
-            f"step after it), or remove {shown} if its output is not needed",
+            cause=f"{shown} ran and its output required grad, but backward never reached that output, and no "
+            "module that leafwatch watches ran after it: it was cut from the loss outside any module, or "
+            f"nothing in the loss uses it. {unseen}",
+            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/`.item()`/NumPy/"
+            f"`torch.tensor(...)` step after it), or remove {shown} if its output is not needed",
             reason="detached",
         )
+    between = f" between {shown} and `{after.name}` (the next module that ran)"
     return Explanation(
-        cause=f"{shown} ran and its output required grad, but backward never reached that output. Most "
-        "likely nothing in the loss uses it (an output computed and ignored, like a pooler whose output "
-        "the loss never reads); otherwise it was cut outside any module"
-        f"{between}, where module hooks cannot see: by `.detach()`, `torch.no_grad()`, a NumPy round "
-        "trip (`.numpy()`, `.tolist()`, `.item()`) or a `torch.tensor(...)` rewrap.",
-        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with `ignore=`) "
-        f"if its output is not needed; if it should feed the loss, look{between} for the cut",
+        cause=f"{shown} ran and its output required grad, but backward never reached that output: nothing in "
+        f"the loss uses it (an output computed and ignored, like a pooler whose output the loss never reads), "
+        f"or it was cut{between}. {unseen}",
+        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with "
+        f"`ignore=[\"{record.name + '.*' if record.name else '*'}\"]`) if its output is not needed; if it should "
+        f"feed the loss, look{between} for the cut",
         reason="unused_output",
     )
+
+
+#: What the cut recorder adds to a cause it has no cut for.
+_UNSEEN = ("Where exactly is unknown: leafwatch did not watch the ops of this step (it records the ops "
+           "that cut a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, "
+           "`torch.no_grad()`) on the first step and after a new miss, inside the model's own forward, "
+           "never in a compiled module), or the cut left no trace it can see (`torch.from_numpy`).")
+_UNSEEN_INSIDE = ("No op that cuts a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, "
+                  "`torch.no_grad()`) ran on it inside the model's forward: where it was cut is unknown (outside "
+                  "the forward, in the training loop, or by a step that leaves no trace such as `torch.from_numpy`).")
 
 
 def _later(record: RunRecord, records: dict[str, RunRecord]) -> list[RunRecord]:
@@ -403,19 +578,12 @@ def _next_module(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord 
     return min(_later(record, records), key=lambda r: r.order, default=None)
 
 
-def _cut_after(record: RunRecord, records: dict[str, RunRecord]) -> tuple[RunRecord | None, str]:
-    """The later module that received ``record``'s output cut: ``"detached"`` (the same storage
-    without grad) or ``"rewrapped"`` (a fresh leaf of the same shape)."""
+def _detached_after(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
+    """The first later module that received ``record``'s output detached (the same storage without
+    grad). A tensor of the same shape is no evidence: a rewrap is named only when the recorder saw it."""
     later = _later(record, records)
     if record.output_storage:
         detached = [r for r in later if record.output_storage in r.detached_inputs]
         if detached:
-            return min(detached, key=lambda r: r.order), "detached"
-    if record.output_shape and not any(record.output_storage in r.grad_inputs for r in later):
-        # A fresh tensor of the same shape that is no module's (detached) output: a rewrap of values.
-        outputs = {r.output_storage for r in records.values()}
-        rewrapped = [r for r in later if any(shape == record.output_shape and storage not in outputs
-                                             for shape, storage in r.fresh_input_shapes)]
-        if rewrapped:
-            return min(rewrapped, key=lambda r: r.order), "rewrapped"
-    return None, ""
+            return min(detached, key=lambda r: r.order)
+    return None

@@ -121,6 +121,8 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 STACK_WALKERS = {
     "leafwatch.frames": "the one helper for the first frame of user code",
     "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
+    "leafwatch.cuts": "finds the line of the op that cut a graph (a library's line, past torch's own "
+                      "frames); the user's frame above it comes from frames.py",
     "leafwatch.stepping": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
 }
 

@@ -141,10 +141,10 @@ class ReentrantCheckpoint(TwoLayer):
     ("model_cls", "names", "reason", "words"),
     [
         (NeverRuns, {"extra.weight", "extra.bias"}, "never_ran", "`extra` never ran"),
-        (Detached, {"a.weight", "a.bias"}, "detached", "backward never reached that output"),
+        (Detached, {"a.weight", "a.bias"}, "detached", "cut by `.detach()` at test_bug_classes.py:"),
         (NoGrad, {"a.weight", "a.bias"}, "grad_disabled", "torch.no_grad()"),
-        (NumpyRoundTrip, {"a.weight", "a.bias"}, "detached", "NumPy round trip"),
-        (ListRewrap, {"a.weight", "a.bias"}, "rewrapped", "torch.tensor(x.tolist())"),
+        (NumpyRoundTrip, {"a.weight", "a.bias"}, "detached", "cut by `.detach()` at test_bug_classes.py:"),
+        (ListRewrap, {"a.weight", "a.bias"}, "rewrapped", "cut by `.tolist()` at test_bug_classes.py:"),
         (ReentrantCheckpoint, {"a.weight", "a.bias"}, "checkpoint", "reentrant `torch.utils.checkpoint`"),
     ],
 )
@@ -163,7 +163,10 @@ def test_monitor_explains_a_missing_gradient(model_cls, names, reason, words):
 def test_detach_cause_names_where_the_graph_was_cut():
     report = _monitor_step(Detached())
     (finding, _) = sorted(_only(report, "missing_grad"), key=lambda f: f.name)
-    assert "The cut is between `a` and `b`" in finding.cause
+    at = f"test_bug_classes.py:{Detached.middle.__code__.co_firstlineno + 1}"
+    assert f"cut by `.detach()` at {at} (in `Detached.middle`)" in finding.cause
+    assert finding.details["group"] == f"`.detach()` at {at}"
+    assert f"remove the `.detach()` at {at}" in finding.fix
 
 
 def test_checkpoint_fix_says_use_reentrant_false():
@@ -723,7 +726,8 @@ def test_monitor_explains_a_gradient_lost_after_the_first_step():
     # Hooks are armed on `a` when it first misses; the next step says why.
     assert reasons == [set(), set(), {"pending"}, {"detached"}]
     finding = monitor.history[("missing_grad", "a.weight")]
-    assert "backward never reached that output" in finding.cause
+    assert f"cut by `.detach()` at test_bug_classes.py:{CutFromStepThree.middle.__code__.co_firstlineno + 3}" \
+        in finding.cause
 
 
 def test_monitor_created_after_the_forward_does_not_guess_the_cause():
@@ -860,14 +864,18 @@ def test_module_returning_a_dataclass_is_traced_into():
     (finding,) = report.by_kind("missing_grad")
     assert finding.name == "encoder.weight"
     assert finding.details["reason"] == "detached"
-    assert "backward never reached that output" in finding.cause
+    assert f"cut by `.detach()` at test_bug_classes.py:{WrappedOutput.forward.__code__.co_firstlineno + 1}" \
+        in finding.cause
 
 
 def test_module_returning_an_opaque_object_is_not_blamed_for_data_access():
     report = _monitor_step(WrappedOutput(Opaque))
     (finding,) = report.by_kind("missing_grad")
     assert finding.name == "encoder.weight"
-    assert finding.details["reason"] == "pending"
+    # The module hooks cannot look into the output, but the recorder saw the `.detach()` after it.
+    assert finding.details["reason"] == "detached"
+    assert f"cut by `.detach()` at test_bug_classes.py:{WrappedOutput.forward.__code__.co_firstlineno + 1}" \
+        in finding.cause
     assert ".data" not in finding.cause
 
 

@@ -4,6 +4,8 @@ placeholder never stays."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -38,8 +40,10 @@ def test_an_output_nothing_uses_is_told_from_a_cut() -> None:
     assert report.names() == {"pooler.weight", "pooler.bias"}
     for f in report:
         assert (f.kind, f.details["reason"]) == ("missing_grad", "unused_output")
-        assert "Most likely nothing in the loss uses it" in f.cause
-        assert "between `pooler` and `head`" in f.cause
+        # The recorder watched the forward and saw no cut: said as seen, with no guess stated as fact.
+        assert "No op that cuts a graph" in f.cause and "Most likely" not in f.cause
+        assert "nothing in the loss uses it" in f.cause and "between `pooler` and `head`" in f.cause
+        assert "group" not in f.details
         assert "use `pooler`'s output in the loss, or remove `pooler`" in f.fix
         assert "ignore=" in f.fix
         assert "remove the `.detach()`" not in f.fix
@@ -55,14 +59,22 @@ class ListRewrap(nn.Module):
         return self.b(torch.tensor(self.a(x).tolist()))
 
 
-def test_a_rewrap_of_an_output_is_named_with_the_module_that_received_it() -> None:
+def _line_of(function, text: str) -> str:
+    """``test_causes.py:N``: the line of ``function``'s source that holds ``text``."""
+    lines, first = inspect.getsourcelines(function)
+    return f"test_causes.py:{first + next(i for i, line in enumerate(lines) if text in line)}"
+
+
+def test_a_rewrap_of_an_output_is_named_at_its_line() -> None:
     report = _monitor_step(ListRewrap())
     assert report.names() == {"a.weight", "a.bias"}
+    at = _line_of(ListRewrap.forward, ".tolist()")
     for f in report:
         assert f.details["reason"] == "rewrapped"
-        assert "`b` received a new tensor of the same shape made from its values" in f.cause
-        assert "between `a` and `b`" in f.cause
-        assert "no `.tolist()`/`.numpy()`/`torch.tensor(...)` between them" in f.fix
+        assert f"cut by `.tolist()` at {at} (in `ListRewrap.forward`)" in f.cause
+        assert f.details["group"] == f"`.tolist()` at {at}"
+        assert f"keep the values a tensor at {at}" in f.fix
+        assert "same shape" not in f.cause  # a shape is no evidence
 
 
 class Scaler(nn.Module):
@@ -78,9 +90,10 @@ def test_a_parameter_used_through_a_rewrap_names_the_rewrap() -> None:
     model = nn.Sequential(nn.Linear(3, 3), Scaler(), nn.Linear(3, 1))
     report = _monitor_step(model)
     (finding,) = report
-    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "1.scale", "unused")
-    assert "torch.tensor(scale.tolist())" in finding.cause
-    assert "torch.tensor(scale...)" in finding.fix
+    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "1.scale", "rewrapped")
+    at = _line_of(Scaler.forward, ".tolist()")
+    assert f"cut by `.tolist()` at {at} (in `Scaler.forward`)" in finding.cause
+    assert finding.details["group"] == f"`.tolist()` at {at}"
 
 
 def test_a_parameter_unfrozen_after_the_optimizer_was_built_is_told_from_one_left_out() -> None:

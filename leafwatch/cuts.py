@@ -1,0 +1,308 @@
+"""Observed graph cuts: the operations inside a forward pass that leave autograd.
+
+On an instrumented forward (see :class:`leafwatch.tracing.Tracer`) a
+:class:`torch.overrides.TorchFunctionMode` watches every torch call and records the few that take
+a tensor out of autograd: ``.detach()``/``.detach_()``, ``.data``, ``.numpy()``/``__array__``,
+``.tolist()``, ``.item()``, ``float()``/``int()``, ``torch.tensor``/``torch.as_tensor`` of a
+tensor that requires grad, and any op run under ``torch.no_grad()`` (or with grad switched off)
+on an input that requires grad. Each cut keeps its place in the code and the ids of the leaf
+tensors upstream of what it cut, nothing else: no tensor and no autograd node outlives the
+forward. A parameter that later misses its gradient and is upstream of a cut is explained by
+that cut, at that line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from . import frames, graph
+
+#: Autograd nodes one cut site may visit in all (its upstream walks share what they saw).
+MAX_NODES_PER_SITE = graph.MAX_NODES
+#: Distinct cut sites kept per forward (a loop that cuts at a new line each time is bounded).
+MAX_SITES = 64
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TORCH_NN_DIR = _TORCH_DIR + "nn" + os.sep
+#: torch.nn code that touches a parameter without autograd to set it up, never to compute with
+#: it (a lazy module materializing and initializing its parameters in its first forward).
+_TORCH_SETUP = tuple(_TORCH_NN_DIR + f for f in ("parameter.py", "init.py", os.path.join("modules", "lazy.py")))
+
+#: Ops that give a value without autograd: the label shown, and the rank used when one tensor is
+#: upstream of several cuts (a graph rewired by hand outranks a number read out for logging).
+_OPS: dict[Any, tuple[str, int]] = {
+    torch.Tensor.detach: ("`.detach()`", 0),
+    torch.Tensor.detach_: ("`.detach_()`", 0),
+    torch.Tensor.data.__get__: ("`.data`", 0),
+    torch.tensor: ("`torch.tensor(...)`", 1),
+    torch.as_tensor: ("`torch.as_tensor(...)`", 1),
+    torch.Tensor.numpy: ("`.numpy()`", 1),
+    torch.Tensor.__array__: ("a NumPy conversion (`np.asarray`)", 1),
+    torch.Tensor.tolist: ("`.tolist()`", 1),
+    torch.Tensor.item: ("`.item()`", 2),
+    torch.Tensor.__float__: ("`float(...)`", 2),
+    torch.Tensor.__int__: ("`int(...)`", 2),
+}
+#: Ops whose result is a tensor that may keep its graph (``torch.as_tensor`` of a tensor returns
+#: it as it is): a cut only when the result does not require grad.
+_MAY_KEEP_GRAPH = {torch.tensor, torch.as_tensor}
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
+
+
+@dataclasses.dataclass(frozen=True)
+class Place:
+    """A line of code: the file, the line and the function."""
+
+    file: str
+    line: int
+    function: str
+
+    @classmethod
+    def of(cls, frame: FrameType) -> Place:
+        code = frame.f_code
+        return cls(code.co_filename, frame.f_lineno, getattr(code, "co_qualname", code.co_name))
+
+    def __str__(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def described(self) -> str:
+        """``deep.py:13 (in `Deep.forward`)``."""
+        return f"{self} (in `{self.function}`)" if self.function and not self.function.startswith("<") else str(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class CutSite:
+    """Where a tensor left autograd: the op, its line, and the user's call into the library that ran it."""
+
+    op: str
+    place: Place
+    #: The user's line that called into the library holding ``place``; None when ``place`` is the user's.
+    called_from: Place | None
+    rank: int = 0
+
+    @property
+    def label(self) -> str:
+        """A short name for the mistake (the group of every tensor cut here): "`.detach()` at deep.py:13"."""
+        return f"{self.op} at {self.called_from or self.place}"
+
+    def described(self) -> str:
+        """"`.detach()` at deep.py:13 (in `Deep.forward`)", with the user's call for a library's line."""
+        text = f"{self.op} at {self.place.described()}"
+        if self.called_from is not None:
+            text += f", called from {self.called_from.described()}"
+        return text
+
+
+@dataclasses.dataclass
+class Cut:
+    """One cut site and the ids of the leaf tensors upstream of what it cut there."""
+
+    site: CutSite
+    leaves: set[int]
+    order: int
+    complete: bool = True
+    #: The leaves the op was applied to themselves (`self.weight.data`), not to a value made from them.
+    direct: set[int] = dataclasses.field(default_factory=set)
+
+
+def _is_internal(filename: str) -> bool:
+    """Frames that are never the op's place: leafwatch, and torch outside ``torch.nn`` (a
+    ``no_grad`` context manager, ``Tensor.__array__``, the decorator of ``@torch.no_grad()``)."""
+    if filename.startswith(frames.PACKAGE_DIR):
+        return True
+    return filename.startswith(_TORCH_DIR) and not filename.startswith(_TORCH_NN_DIR)
+
+
+def _is_setup(frame: FrameType | None) -> bool:
+    """Whether a torch.nn setup step (:data:`_TORCH_SETUP`) is on the stack, a few frames up."""
+    for _ in range(8):
+        if frame is None:
+            return False
+        if frame.f_code.co_filename.startswith(_TORCH_SETUP):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
+    """The line that made a torch call (``frame``: the caller of ``__torch_function__``), and the
+    user's line that called into the library holding it (None when the line is the user's own).
+    None for a call made by leafwatch itself (its own hooks run inside the forward too)."""
+    while frame is not None and _is_internal(frame.f_code.co_filename) \
+            and not frame.f_code.co_filename.startswith(frames.PACKAGE_DIR):
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR) or _is_setup(frame):
+        return None
+    user = next(frames.outside(frame), None)
+    here = Place.of(frame)
+    if user is None or user is frame:
+        return here, None
+    return here, Place.of(user)
+
+
+def _switch_name(frame: FrameType | None) -> str:
+    """How grad mode was switched off, from torch's frames above the switch: a ``torch.no_grad()``
+    block (or decorator) or ``torch.set_grad_enabled(False)``."""
+    for _ in range(4):
+        if frame is None or not _is_internal(frame.f_code.co_filename):
+            break
+        if "no_grad" in getattr(frame.f_code, "co_qualname", frame.f_code.co_name):
+            return "`torch.no_grad()`"
+        frame = frame.f_back
+    return "`torch.set_grad_enabled(False)`"
+
+
+def _grad_sources(kind: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The inputs of a cutting op that require grad (``torch.tensor([a, b])`` reads each)."""
+    if not args:
+        return []
+    first = args[0]
+    if isinstance(first, torch.Tensor):
+        return [first] if first.requires_grad else []
+    if kind is torch.tensor and isinstance(first, (list, tuple)):
+        return [t for t in first[:64] if isinstance(t, torch.Tensor) and t.requires_grad]
+    return []
+
+
+def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(t for t in a[:64] if isinstance(t, torch.Tensor) and t.requires_grad)
+    return found
+
+
+class CutRecorder(TorchFunctionMode):
+    """Records the cuts of one forward pass (entered by the Tracer's root pre-hook, left at its end)."""
+
+    def __init__(self, first_order: int = 0) -> None:
+        super().__init__()
+        self.cuts: dict[tuple[str, Place, Place | None], Cut] = {}
+        self._seen: dict[tuple[str, Place, Place | None], set[int]] = {}
+        self._order = first_order
+        #: Where grad mode was switched off inside the forward (a ``with torch.no_grad():`` line).
+        self._off_at: tuple[str, tuple[Place, Place | None]] | None = None
+        #: The first error inside the mode; the Tracer warns once and trusts nothing it recorded.
+        self.error: BaseException | None = None
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        try:
+            op = _OPS.get(func)
+        except TypeError:  # an unhashable callable
+            op = None
+        if op is None:
+            if func is _SET_GRAD_ENABLED:
+                self._switch(args)
+            elif not torch.is_grad_enabled() and self.error is None:
+                self._op_without_grad(func, args)
+            return func(*args, **kwargs)
+        sources = _grad_sources(func, args) if self.error is None else []
+        if not sources:
+            return func(*args, **kwargs)
+        # Read before the call: `.detach_()` takes the graph away from its input.
+        try:
+            where = place_of_call(sys._getframe(1))
+            cut = self._cut(op, where, sources) if where is not None else None
+        except Exception as error:
+            self.error, cut = error, None
+        result = func(*args, **kwargs)
+        if cut is not None and func in _MAY_KEEP_GRAPH and isinstance(result, torch.Tensor) and result.requires_grad:
+            cut.leaves.difference_update(id(t) for t in sources if t.grad_fn is None)  # `as_tensor` kept it
+        return result
+
+    def _switch(self, args: tuple[Any, ...]) -> None:
+        try:
+            if args and args[0] is False and torch.is_grad_enabled():
+                caller = sys._getframe(2)
+                where = place_of_call(caller)
+                self._off_at = None if where is None else (_switch_name(caller), where)
+            elif args and args[0] is True:
+                self._off_at = None
+        except Exception as error:
+            self.error = error
+
+    def _op_without_grad(self, func: Any, args: tuple[Any, ...]) -> None:
+        try:
+            sources = _inputs_with_grad(args)
+            if not sources:
+                return
+            if torch.is_inference_mode_enabled():
+                op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
+            elif self._off_at is not None:
+                op, where = self._off_at
+            else:  # switched off before the forward's own ops (by a library, or at its start)
+                op, where = "grad mode off", place_of_call(sys._getframe(2))
+            if where is not None:
+                self._cut((op, 0), where, sources)
+        except Exception as error:
+            self.error = error
+
+    def _cut(self, op: tuple[str, int], where: tuple[Place, Place | None], sources: list[torch.Tensor]) -> Cut | None:
+        key = (op[0], *where)
+        cut = self.cuts.get(key)
+        if cut is None:
+            if len(self.cuts) >= MAX_SITES:
+                return None
+            self._order += 1
+            cut = self.cuts[key] = Cut(CutSite(op[0], where[0], where[1], op[1]), set(), self._order)
+            self._seen[key] = set()
+        seen = self._seen[key]
+        for t in sources:
+            if t.grad_fn is None:
+                cut.leaves.add(id(t))  # a leaf itself (`self.weight.detach()`)
+                cut.direct.add(id(t))
+                continue
+            budget = MAX_NODES_PER_SITE - len(seen)
+            if budget <= 0:
+                cut.complete = False
+                break
+            for node in graph.iter_nodes(t.grad_fn, budget, seen):
+                variable = getattr(node, "variable", None)
+                if isinstance(variable, torch.Tensor):
+                    cut.leaves.add(id(variable))
+            if len(seen) >= MAX_NODES_PER_SITE:
+                cut.complete = False  # a graph too large to walk: what lies beyond is not named
+        return cut
+
+    def finish(self) -> list[Cut]:
+        """The cuts recorded, and forget every node id seen (called when the forward ends)."""
+        self._seen.clear()
+        return [c for c in self.cuts.values() if c.leaves]
+
+
+def compiling() -> bool:
+    """Whether dynamo is tracing now (a mode entered there would force a recompile)."""
+    try:
+        return bool(torch.compiler.is_compiling())
+    except Exception:  # an old or stripped torch
+        return False
+
+
+def leave(mode: CutRecorder) -> bool:
+    """Take ``mode`` off the torch-function mode stack wherever it is (modes above it are put back);
+    False when it was not there."""
+    stack = []
+    found = False
+    try:
+        while torch._C._len_torch_function_stack() > 0:
+            top = torch._C._pop_torch_function_stack()
+            if top is mode:
+                found = True
+                break
+            stack.append(top)
+    finally:
+        for other in reversed(stack):
+            torch._C._push_on_torch_function_stack(other)
+    return found

@@ -90,8 +90,8 @@ class CutSite:
 
     @property
     def label(self) -> str:
-        """A short name for the mistake (the group of every tensor cut here): "`.detach()` at deep.py:13"."""
-        return f"{self.op} at {self.called_from or self.place}"
+        """A short name for the mistake (the group of every tensor cut here): ".detach() at deep.py:13"."""
+        return f"{self.op.strip('`')} at {self.called_from or self.place}"
 
     def described(self) -> str:
         """"`.detach()` at deep.py:13 (in `Deep.forward`)", with the user's call for a library's line."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -398,16 +399,27 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     shapes = {_shape(getattr(m, field), m, group) for m in members}
     if len(shapes) == 1:
         shape = shapes.pop()
-        if "\0" in shape or "\1" in shape:
-            return shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`").replace("\1", group)
+        if "\0" in shape or "\1" in shape or "\2" in shape:
+            patterns = sorted({f"{m.details['cover']}.*" if m.details.get("cover") else p
+                               for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
+            ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
+            if ignore is None and "\2" in shape:
+                return f"for `{members[0].name}`: {first}" if not each_only else ""
+            return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+                    .replace("\1", group).replace("\2", ignore or ""))
     if each_only:
         return ""
     return f"for `{members[0].name}`: {first}" if first else first
 
 
+#: The patterns of an ``ignore=[...]`` suggestion in a fix.
+_IGNORE = re.compile(r'ignore=\["([^"]+)"\]')
+
+
 def _shape(text: str, member: Finding, group: str) -> str:
-    """``text`` with the member's own name as \\0 and its module, when inside ``group``, as \\1."""
-    text = text.replace(f"`{member.name}`", "\0")
+    """``text`` with the member's own name as \\0, its module, when inside ``group``, as \\1,
+    and the patterns of an ``ignore=[...]`` suggestion as \\2 (the mistake lists them all)."""
+    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{member.name}`", "\0"))
     module = member.details.get("module") or parent(member.name)
     # Only when the text says nothing of the group's module itself (e.g. that it ran).
     if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:

@@ -187,9 +187,11 @@ class FindingHistory:
 
 def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> list[Finding]:
     """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
-    whose trainable tensors all have a finding of that kind and status: one module left out of
-    the optimizer is one finding however deep its layers go. Findings whose detector named their
-    group keep it; a top-level module is the largest (never the whole model).
+    whose trainable tensors all have a finding of that kind, status and group: one module left
+    out of the optimizer is one finding however deep its layers go. That module is also each
+    finding's ``details["cover"]`` (what one ``ignore`` pattern of the mistake can name); a
+    finding whose detector named its group (a cut point) keeps that group. A top-level module
+    is the largest (never the whole model).
 
     Example::
 
@@ -199,33 +201,43 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
     """
     under: dict[str, int] = {}
     for name in tensor_names:
-        module = parent(name)
-        while module != name and module:
+        for module in _ancestors(name):
             under[module] = under.get(module, 0) + 1
-            name, module = module, parent(module)
     if not under:
         return findings
-    having: dict[tuple[str, str, str], int] = {}
+    having: dict[tuple[str, str, str, str], int] = {}
     lifted = []
     for f in findings:
         spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
-        if spec is None or spec.grouped_by != "module" or f.details.get("group"):
+        if spec is None or spec.grouped_by != "module":
             continue
         lifted.append(f)
-        name, module = f.name, parent(f.name)
-        while module != name and module:
-            having[(f.kind, f.status, module)] = having.get((f.kind, f.status, module), 0) + 1
-            name, module = module, parent(module)
-    if not lifted:
-        return findings
-    groups: dict[int, str] = {}
+        named = str(f.details.get("group") or "")
+        for module in _ancestors(f.name):
+            key = (f.kind, f.status, named, module)
+            having[key] = having.get(key, 0) + 1
+    covers: dict[int, str] = {}
     for f in lifted:
-        best, name, module = None, f.name, parent(f.name)
-        while module != name and module and having.get((f.kind, f.status, module)) == under.get(module):
-            best, name, module = module, module, parent(module)
-        if best is not None:
-            groups[id(f)] = best
-    return [f.replace(details={**f.details, "group": groups[id(f)]}) if id(f) in groups else f for f in findings]
+        named = str(f.details.get("group") or "")
+        for module in _ancestors(f.name):
+            if having.get((f.kind, f.status, named, module)) != under.get(module):
+                break
+            covers[id(f)] = module
+    out = []
+    for f in findings:
+        cover = covers.get(id(f))
+        if cover is not None:
+            f = f.replace(details={"group": cover, **f.details, "cover": cover})
+        out.append(f)
+    return out
+
+
+def _ancestors(name: str) -> Iterator[str]:
+    """The module paths above a tensor's name, nearest first (``a.b``, ``a`` of ``a.b.weight``)."""
+    module = parent(name)
+    while module != name and module:
+        yield module
+        name, module = module, parent(module)
 
 
 def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:

@@ -340,7 +340,7 @@ def group_of(f: Finding) -> str:
         >>> group_of(Finding("missing_grad", "x", "error", "m", details={"group": "`.detach()` at a.py:3"}))
         '`.detach()` at a.py:3'
     """
-    named = f.details.get("group")
+    named = f.details.get("group") or f.details.get("cover")
     if isinstance(named, str) and named:
         return named
     spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]

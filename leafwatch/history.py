@@ -188,15 +188,15 @@ class FindingHistory:
 def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> list[Finding]:
     """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
     whose trainable tensors all have a finding of that kind, status and group: one module left
-    out of the optimizer is one finding however deep its layers go. That module is also each
-    finding's ``details["cover"]`` (what one ``ignore`` pattern of the mistake can name); a
-    finding whose detector named its group (a cut point) keeps that group. A top-level module
+    out of the optimizer is one finding however deep its layers go. That module is each
+    finding's ``details["cover"]``: its group (:func:`~leafwatch.findings.group_of`) unless its
+    detector named one (a cut point), and what one ``ignore`` pattern of the mistake names. A top-level module
     is the largest (never the whole model).
 
     Example::
 
         >>> found = [Finding("missing_grad", n, "error", "m") for n in ("aux.0.weight", "aux.2.weight")]
-        >>> [f.details["group"] for f in lift_to_modules(found, ["aux.0.weight", "aux.2.weight", "body.weight"])]
+        >>> [f.details["cover"] for f in lift_to_modules(found, ["aux.0.weight", "aux.2.weight", "body.weight"])]
         ['aux', 'aux']
     """
     under: dict[str, int] = {}
@@ -227,7 +227,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
     for f in findings:
         cover = covers.get(id(f))
         if cover is not None:
-            f = f.replace(details={"group": cover, **f.details, "cover": cover})
+            f = f.replace(details={**f.details, "cover": cover})
         out.append(f)
     return out
 

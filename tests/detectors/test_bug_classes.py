@@ -165,7 +165,7 @@ def test_detach_cause_names_where_the_graph_was_cut():
     (finding, _) = sorted(_only(report, "missing_grad"), key=lambda f: f.name)
     at = f"test_bug_classes.py:{Detached.middle.__code__.co_firstlineno + 1}"
     assert f"cut by `.detach()` at {at} (in `Detached.middle`)" in finding.cause
-    assert finding.details["group"] == f"`.detach()` at {at}"
+    assert finding.details["group"] == f".detach() at {at}"
     assert f"remove the `.detach()` at {at}" in finding.fix
 
 

@@ -146,12 +146,14 @@ class InferenceMode(Cutting):
 def test_a_cut_seen_in_the_forward_is_named_at_its_line(model_cls, op, marker, reason, fix) -> None:
     report = _one_step(model_cls())
     at = _at(marker)
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
+    # One cut, one mistake named by it, its two tensors listed.
+    assert [(f.name, f.names) for f in report] == [(f"{op.strip('`')} at {at}", ("a.bias", "a.weight"))]
     for f in missing:
         assert f.cause.startswith(f"cut by {op} at {at} (in `{model_cls.__name__}.middle`)"), f.cause
         assert f.details["reason"] == reason
-        assert f.details["group"] == f"{op} at {at}"
+        assert f.details["group"] == f"{op.strip('`')} at {at}"
         assert fix.format(at=at) in f.fix, f.fix
 
 
@@ -175,7 +177,7 @@ class ScaledByItsData(nn.Module):
 
 
 def test_a_parameter_cut_itself_gets_the_fix_on_its_attribute() -> None:
-    (finding,) = _one_step(ScaledByItsData()).by_kind("missing_grad")
+    (finding,) = _one_step(ScaledByItsData()).tensors("missing_grad")
     at = _at("param_data")
     assert (finding.name, finding.details["reason"]) == ("scale", "data_access")
     assert finding.cause.startswith(f"cut by `.data` at {at} (in `ScaledByItsData.forward`)")
@@ -194,7 +196,7 @@ def test_a_cut_outside_the_model_forward_is_said_to_be_unknown() -> None:
             hidden = torch.from_numpy(model[0](torch.randn(4, 3)).detach().numpy().copy())
             model[1](hidden).sum().backward()
             report = monitor.check()
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     assert {f.name for f in missing} == {"0.weight", "0.bias"}
     for f in missing:
         assert "Where exactly is unknown" in f.cause, f.cause
@@ -216,7 +218,7 @@ def test_a_compiled_model_is_not_instrumented_and_its_cause_stays_at_module_leve
                 compiled(torch.randn(4, 3)).sum().backward()
                 report = monitor.check()
     assert entered == [], "a torch-function mode around a compiled model would force a recompile"
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
     for f in missing:
         assert "cut by" not in f.cause and "group" not in f.details
@@ -245,7 +247,7 @@ def test_the_recorder_runs_on_instrumented_forwards_only(monkeypatch) -> None:
     # The first forward, and the one after the new miss; the cause stays known afterwards.
     assert len(entered) == 2
     at = _at("detach")
-    assert {f.details["group"] for f in report.by_kind("missing_grad")} == {f"`.detach()` at {at}"}
+    assert {f.details["group"] for f in report.tensors("missing_grad")} == {f".detach() at {at}"}
 
 
 class RaisesOnce(Detach):
@@ -270,7 +272,7 @@ def test_a_forward_that_raises_leaves_no_mode_on_the_stack() -> None:
         model(torch.randn(4, 3)).sum().backward()
         report = monitor.check()
     assert torch._C._len_torch_function_stack() == 0
-    assert {f.details.get("group") for f in report.by_kind("missing_grad")} == {f"`.detach()` at {_at('detach')}"}
+    assert {f.details.get("group") for f in report.tensors("missing_grad")} == {f".detach() at {_at('detach')}"}
 
 
 # -- one cut, one mistake ------------------------------------------------------------------------------
@@ -305,11 +307,11 @@ class Deep(nn.Module):
 def test_every_tensor_cut_by_one_detach_is_one_mistake() -> None:
     report = _one_step(Deep(), steps=4)  # later forwards are not instrumented: the cut stays known
     at = _at("deep")
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     cut_off = {"embed.weight", "embed.bias"} | {f"blocks.{i}.{layer}.{kind}" for i in range(4)
                                                   for layer in ("fc1", "fc2") for kind in ("weight", "bias")}
     assert {f.name for f in missing} == cut_off
-    assert {f.details["group"] for f in missing} == {f"`.detach()` at {at}"}
+    assert {f.details["group"] for f in missing} == {f".detach() at {at}"}
     for f in missing:
         assert f.cause.startswith(f"cut by `.detach()` at {at} (in `Deep.forward`)"), f.cause
         assert f"remove the `.detach()` at {at}" in f.fix
@@ -343,12 +345,12 @@ def test_a_detach_between_a_gpt2_and_its_head_is_one_mistake_at_the_users_line()
             report = monitor.check()
             opt.step()
     at = _at("gpt2")
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     transformer = {n for n, p in model.gpt.transformer.named_parameters()}
     # Every tensor of the transformer (the tied lm_head too, reported under one of its names).
     assert {f.name.removeprefix("gpt.transformer.") for f in missing} >= transformer - {"wte.weight"}
     assert all(f.name.startswith("gpt.") for f in missing)
-    assert {f.details["group"] for f in missing} == {f"`.detach()` at {at}"}
+    assert {f.details["group"] for f in missing} == {f".detach() at {at}"}
     for f in missing:
         assert f.cause.startswith(f"cut by `.detach()` at {at} (in `DetachedLMHead.forward`)"), f.cause
 
@@ -369,7 +371,7 @@ def test_a_failing_recorder_warns_once_and_training_goes_on(monkeypatch) -> None
                 opt.step()
     assert len([w for w in caught if "cut recorder" in str(w.message)]) == 1
     assert torch._C._len_torch_function_stack() == 0
-    missing = report.by_kind("missing_grad")
+    missing = report.tensors("missing_grad")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
     assert all("cut by" not in f.cause and "group" not in f.details for f in missing)
 
@@ -392,12 +394,12 @@ def test_a_cut_inside_a_library_names_its_line_and_the_users_call(tmp_path, monk
         def middle(self, h):
             return layers.squash(h)  # cut: library_call
 
-    missing = _one_step(CallsTheLibrary()).by_kind("missing_grad")
+    missing = _one_step(CallsTheLibrary()).tensors("missing_grad")
     at = _at("library_call")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
     for f in missing:
         assert f.cause.startswith(f"cut by `.detach()` at layers.py:2 (in `squash`), called from {at} "
                                   "(in `test_a_cut_inside_a_library_names_its_line_and_the_users_call."
                                   "<locals>.CallsTheLibrary.middle`)"), f.cause
-        assert f.details["group"] == f"`.detach()` at {at}"
+        assert f.details["group"] == f".detach() at {at}"
         assert f"reached from your call at {at}" in f.fix

@@ -143,3 +143,54 @@ def test_one_mistake_is_one_console_warning_however_many_tensors_it_lists():
             monitor.check()
             opt.step()
     assert len(lines) == 1 and "`experts` (38 tensors: experts.{2..39})" in lines[0]
+
+
+_DEEP = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, h):
+            return h + self.fc2(torch.relu(self.fc1(h)))
+
+    class Deep(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(8, 16)
+            self.blocks = nn.ModuleList(Block() for _ in range(12))
+            self.head = nn.Linear(16, 1)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for i, block in enumerate(self.blocks):
+                h = block(h)
+                if i == 3:
+                    h = h.detach()  # the cut
+            return self.head(h)
+
+    model = Deep()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(4):
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+""")
+
+
+def test_one_cut_in_a_12_block_model_is_one_live_line_naming_the_line_of_the_cut(tmp_path: Path):
+    script = tmp_path / "deep.py"
+    script.write_text(_DEEP)
+    line = next(i for i, text in enumerate(_DEEP.splitlines(), 1) if "# the cut" in text)
+    done = subprocess.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
+                          capture_output=True, text=True, timeout=300)
+    live = [text for text in done.stderr.split("leafwatch: summary")[0].splitlines() if text.startswith("leafwatch:")]
+    assert len(live) <= 2, done.stderr
+    assert live[0].startswith(f"leafwatch: ERROR missing_grad `.detach() at deep.py:{line}` (18 tensors: "
+                              "blocks.{0..3}.{fc1,fc2}.{bias,weight}, embed.{bias,weight}) at step "), live
+    assert f"remove the `.detach()` at deep.py:{line}" in live[0]
+    assert 'ignore=["blocks.0.*", "blocks.1.*", "blocks.2.*", "blocks.3.*", "embed.*"]' in live[0]

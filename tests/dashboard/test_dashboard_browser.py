@@ -103,11 +103,15 @@ def page(tab_url: str, tmp_path_factory: pytest.TempPathFactory) -> _Elements:
 def test_tab_renders_the_findings_table_open_errors_first(page: _Elements) -> None:
     rows = page.having("tr", "finding")
     names = [r["data-name"] for r in rows]
-    assert set(names) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias",
-                          "unused.weight", "unused.bias", "experts.1.weight", "experts.1.bias"}
+    # One row per mistake: the detached encoder, the unused layer, the routed expert.
+    assert names == ["encoder", "unused", "experts.1"]  # intermittent after the open errors
     assert {r["data-kind"] for r in rows} == {"missing_grad"}
-    assert names[-2:] == ["experts.1.bias", "experts.1.weight"]  # intermittent after the open errors
+    # Each lists its tensors, collapsed under "N tensors".
+    assert len(page.having("details", "members")) == 3
     text = " ".join(page.text)
+    assert "4 tensors" in text and text.count("2 tensors") == 2
+    for tensor in ("encoder.0.weight", "encoder.2.bias", "unused.weight", "experts.1.bias"):
+        assert tensor in page.text
     assert "never ran" in text and "call " in text
     assert "Could not load" not in text
 
@@ -232,6 +236,15 @@ _INTERACT = """(async () => {
   const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
   await until(() => document.querySelector('.row[data-name="unused.weight"]'));
   const out = { findings: findings() };
+  const members = document.querySelector('tr.finding[data-name="encoder"] details.members');
+  out.collapsed = !members.open && members.querySelector("ul").getBoundingClientRect().height === 0;
+  members.querySelector("summary").click();
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  out.opened = members.open && members.querySelector("ul").getBoundingClientRect().height > 0;
+  out.members = [...members.querySelectorAll("li code")].map((c) => c.textContent);
+  document.getElementById("lw-search").value = "encoder.2.b";
+  document.getElementById("lw-search").dispatchEvent(new Event("input"));
+  out.memberSearch = findings();
   choose("lw-severity", "info");
   out.info = findings();
   choose("lw-severity", "__all__");
@@ -257,13 +270,16 @@ def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -
         out = browser.evaluate(_INTERACT)
     finally:
         browser.close()
-    assert len(out["findings"]) == 8
-    assert out["info"] == ["experts.1.bias", "experts.1.weight"]  # the severity filter
-    assert out["search"] == ["unused.bias", "unused.weight"]  # the name filter
+    assert out["findings"] == ["encoder", "unused", "experts.1"]  # one row per mistake
+    assert out["collapsed"] and out["opened"]  # its tensors folded until asked for
+    assert out["members"] == ["encoder.0.bias", "encoder.0.weight", "encoder.2.bias", "encoder.2.weight"]
+    assert out["memberSearch"] == ["encoder"]  # the name filter finds a mistake by one of its tensors
+    assert out["info"] == ["experts.1"]  # the severity filter
+    assert out["search"] == ["unused"]  # the name filter
     assert "encoder" in out["folded"] and "encoder.0.weight" not in out["folded"]  # folding a module
     assert "head" not in out["onlyMissed"] and "unused.weight" in out["onlyMissed"]
     assert out["gan"] == ["generator_unused", "generator_unused.weight", "generator_unused.bias"]
-    assert out["ganFindings"] == ["generator_unused.bias", "generator_unused.weight"]  # the name filter stays
+    assert out["ganFindings"] == ["generator_unused"]  # the name filter stays
 
 
 _TABLE = """(async () => {
@@ -300,10 +316,10 @@ def _table(url: str, profile: Path) -> dict:
 
 
 def test_the_findings_tables_last_row_is_visible(tab_url: str, tmp_path: Path) -> None:
-    # Eight findings with long causes: taller than 40% of a 900 px window, where the old inner
-    # scroll box cut the last row off while the page below stood empty.
+    # Findings with long causes, where the old inner scroll box cut the last row off while the
+    # page below stood empty (three mistakes of eight tensors).
     out = _table(f"{tab_url}&run=buggy", tmp_path / "profile")
-    assert len(out["order"]) == 8
+    assert len(out["order"]) == 3
     assert out["lastInsideItsBox"] and not out["boxScrolls"]  # the table grows with the page
     assert out["lastRowOnTop"] and out["lastInViewport"]  # scrolled to, nothing covers it
 
@@ -315,15 +331,15 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     (cli,) = read_reports(str(logs / "mixed"))
     cli_order = [[f.kind, f.name] for f in cli.report]
     # Kinds in Finding.sort_key order (non_leaf first), not alphabetical (missing_grad first).
-    assert cli_order[:2] == [["non_leaf", "temperature"], ["missing_grad", "unused.bias"]]
+    assert cli_order[:2] == [["non_leaf", "temperature"], ["missing_grad", "unused"]]
     out = _table(f"{tab_url}&run=mixed", tmp_path / "profile")
     assert out["order"] == cli_order
     # Found by the structure scan before the first step: "at start", not "0".
     # (held at the scan until the first check confirms them: "at start" or "start–1", never "0")
     assert out["steps"]["loss_weight"] in ("at start", "start\u20131")
     assert out["steps"]["scale"] in ("at start", "start\u20131")
-    assert out["steps"]["unused.weight"] == "1\u20133"
-    assert out["causes"]["kept.weight"].startswith("ignored: kept for later")
+    assert out["steps"]["unused"] == "1\u20133"
+    assert out["causes"]["kept"].startswith("ignored: kept for later")
 
 
 _VISIBLE_BADGES = """(async () => {

@@ -37,7 +37,7 @@ class BuggyModel(nn.Module):
         self.head = nn.Linear(8, 1)
 
     def forward(self, x: torch.Tensor, step: int) -> torch.Tensor:
-        hidden = self.encoder(x).detach()
+        hidden = self.encoder(x).detach()  # BUGGY_CUT
         hidden = self.experts[0](hidden) + (self.experts[1](hidden) if step % 3 == 0 else 0)
         return self.head(hidden)
 
@@ -51,6 +51,11 @@ class GanModel(nn.Module):
         self.generator = nn.Linear(4, 4)
         self.discriminator = nn.Linear(4, 1)
         self.generator_unused = nn.Linear(4, 4)
+
+
+#: The buggy run's one cut: the mistake that names the encoder's tensors (the cut recorder's group).
+BUGGY_CUT = ".detach() at _tensorboard_runs.py:" + str(
+    next(i for i, line in enumerate(open(__file__, encoding="utf-8"), 1) if line.rstrip().endswith("# BUGGY_CUT")))
 
 
 def write_buggy_run(log_dir: Path, steps: int = 12) -> leafwatch.Report:

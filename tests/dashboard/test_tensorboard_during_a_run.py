@@ -102,7 +102,7 @@ def test_findings_and_coverage_reach_tensorboard_and_the_tab_before_close(tmp_pa
     assert record["step"] == 4
     assert {f["name"]: f["status"] for f in record["findings"]} == {f.name: f.status for f in report}
     text = _string(acc.Tensors("leafwatch/findings/text_summary")[-1]).decode()
-    assert "branch.weight" in text and "branch.bias" in text
+    assert "`branch` (2 tensors: branch.{bias,weight})" in text  # one mistake, its tensors listed
     chunk = json.loads(zlib.decompress(_string(acc.Tensors(records.coverage_tag(0))[-1])))
     (group,) = chunk["groups"].values()
     assert group["steps"] == [[1, 4]]
@@ -111,7 +111,7 @@ def test_findings_and_coverage_reach_tensorboard_and_the_tab_before_close(tmp_pa
     tab = _tab_routes(tmp_path)
     assert tab["run"]["report"] is True and tab["run"]["coverage_chunks"] == 1
     assert tab["run"]["last_step"] == 4
-    assert {f["name"] for f in tab["findings"]["findings"]} == BRANCH
+    assert {m["name"] for f in tab["findings"]["findings"] for m in f["members"]} == BRANCH
     rows = {row["name"]: row for row in tab["coverage"]["rows"]}
     assert tab["coverage"]["columns"] == [[s, s] for s in range(1, 5)]
     assert {name: rows[name]["missed_steps"] for name in BRANCH} == dict.fromkeys(BRANCH, [[4, 4]])
@@ -123,8 +123,8 @@ def test_findings_and_coverage_reach_tensorboard_and_the_tab_before_close(tmp_pa
     tab = _tab_routes(tmp_path)
     assert tab["findings"]["step"] == 5
     findings = {f["name"]: f for f in tab["findings"]["findings"]}
-    assert set(findings) == BRANCH
-    assert "`branch` never ran" in findings["branch.weight"]["cause"]
+    assert set(findings) == {"branch"} and {m["name"] for m in findings["branch"]["members"]} == BRANCH
+    assert "`branch` never ran" in findings["branch"]["cause"]
     rows = {row["name"]: row for row in tab["coverage"]["rows"]}
     assert {name: rows[name]["missed_steps"] for name in BRANCH} == dict.fromkeys(BRANCH, [[4, 5]])
 
@@ -187,12 +187,14 @@ def test_a_lightning_run_shows_its_findings_in_tensorboard_while_it_trains(tmp_p
     seen = reader.seen
     assert seen["monitor_open"] is True
     assert seen["record"]["step"] == 1  # written when the findings appeared, not only at close
-    assert {f["name"] for f in seen["record"]["findings"] if f["status"] == "open"} == {"head.weight", "head.bias"}
-    assert "head.weight" in seen["text"]
+    assert [(f["name"], [m["name"] for m in f["members"]]) for f in seen["record"]["findings"]
+            if f["status"] == "open"] == [("head", ["head.bias", "head.weight"])]
+    assert "`head` (2 tensors: head.{bias,weight})" in seen["text"]
     assert seen["chunk_steps"] == [[[1, 1]]]  # likewise the coverage chunk
     tab = seen["tab"]
     assert tab["run"]["report"] is True and tab["run"]["coverage_chunks"] == 1
-    assert {f["name"] for f in tab["findings"]["findings"]} == {"head.weight", "head.bias"}
+    assert [f["name"] for f in tab["findings"]["findings"]] == ["head"]
+    assert {m["name"] for f in tab["findings"]["findings"] for m in f["members"]} == {"head.weight", "head.bias"}
     rows = {row["name"]: row for row in tab["coverage"]["rows"]}
     assert rows["head.weight"]["missed_steps"] == [[1, 1]]
     assert rows["layer.weight"]["missed"] == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from _tensorboard_runs import (
+    BUGGY_CUT,
     REPO_ROOT,
     get_json,
     tensorboard_server,
@@ -186,12 +187,12 @@ def test_findings_route_returns_the_latest_report_open_errors_first(server: str)
     by_name = {f["name"]: f for f in findings}  # one per mistake, its tensors in "members"
     tensors = {m["name"]: m for f in findings for m in f["members"]}
     assert {f["kind"] for f in findings} == {"missing_grad"}
-    assert set(by_name) == {"encoder", "unused", "experts.1"}
+    assert set(by_name) == {BUGGY_CUT, "unused", "experts.1"}  # the cut names the encoder's mistake
     assert {n for n, f in tensors.items() if f["status"] == "open" and f["severity"] == "error"} == DETACHED | UNUSED
     assert {n for n, f in tensors.items() if f["status"] == "intermittent"} == ROUTED
     assert {m["name"] for m in by_name["unused"]["members"]} == UNUSED
     assert "never ran" in by_name["unused"]["cause"]
-    assert ".detach()" in by_name["encoder"]["cause"]
+    assert by_name[BUGGY_CUT]["cause"].startswith(f"cut by `.detach()` at {BUGGY_CUT.split(' at ')[1]}")
     assert by_name["unused"]["fix"].startswith("call `unused` in forward()")
     assert (by_name["unused"]["first_step"], by_name["unused"]["last_step"]) == (1, 12)
     statuses = [f["status"] for f in findings]

@@ -81,8 +81,11 @@ class ArrivalHooks:
                 pass
 
     def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
-        def arrived(_: torch.Tensor) -> None:
-            self.arrived.add(pid)
+        def arrived(t: torch.Tensor) -> None:
+            # torch calls the hook when backward passed None too (a custom autograd.Function
+            # returning None for this input): no gradient arrived then.
+            if t.grad is not None:
+                self.arrived.add(pid)
 
         return arrived
 

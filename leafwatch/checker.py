@@ -222,6 +222,8 @@ class Checker:
         def decide(f: Finding) -> Finding | None:
             if f.kind == "missing_grad":
                 return self._grads.decide(f)
+            if f.details.get("source") == "watch":
+                return self._watched.decide(f)
             return self._membership.decide(f, inv, self._tracer, self.step)
 
         self.history_store.decide_pending(decide)

@@ -228,10 +228,11 @@ class HandUpdates:
         return "wait" if seen == "unknown" and not final else "unchanged"
 
     def keep(self, alive: Iterable[int]) -> None:
-        """Forget every tensor but those whose ids are in ``alive`` (the rest left the model)."""
+        """Forget the noted values of every tensor whose id is not in ``alive`` (it left the model,
+        or was not seen again), and the freed tensors seen updated by hand."""
         alive = set(alive)
         self._evidence.forget([pid for pid in self._evidence.ids() if pid not in alive])
-        self._by_hand = {pid: ref for pid, ref in self._by_hand.items() if pid in alive}
+        self._by_hand = {pid: ref for pid, ref in self._by_hand.items() if ref() is not None}
 
 
 # -- layers dropped on purpose --------------------------------------------------------------------

@@ -47,6 +47,7 @@ class MembershipJudge:
         self._tensors: dict[str, weakref.ReferenceType] = {}
         self._quiet: set[int] = set()
         self._hand = HandUpdates()
+        self._roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
         self._checks = 0
         self.waiting = False
 
@@ -72,6 +73,7 @@ class MembershipJudge:
         return shown, held
 
     def rebuilt(self, inv: Inventory) -> None:
+        self._roots_read = (None, {})  # never keep an old reading (and its modules) alive
         alive = set(inv.tensors)
         self._quiet &= alive
         self._hand.keep(alive)
@@ -110,7 +112,7 @@ class MembershipJudge:
         # The grace period is over: an error, unless an optimizer the script holds has not
         # stepped yet (it may still step: a warning until the end of the run).
         severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
-        decided = self._decide(f, info, t, step, severity)
+        decided = self._decide(f, info, t, step, severity, inv)
         self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
                              fix=decided.fix, details=decided.details, step=step, last_step=step)
         return False
@@ -128,9 +130,10 @@ class MembershipJudge:
         verdict = self._hand.verdict(t, final=final)
         return {"by_hand": "quiet", "wait": "wait"}.get(verdict, "report")
 
-    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
+    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
+                inv: Inventory | None = None) -> Finding:
         """What a held finding becomes once the gradient rule reports it."""
-        outside = self._outside_root(t)
+        outside = self._outside_root(t, inv)
         if outside is not None and not self._held_by_waiting(t):
             decided = _outside_root_finding(info, t, step, outside)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
@@ -143,10 +146,22 @@ class MembershipJudge:
             details["decided_step"] = step
         return decided.replace(details=details)
 
-    def _outside_root(self, t: torch.Tensor) -> tuple[str, str] | None:
+    def _outside_root(self, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
         """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
-        script and the variable of the optimizer to add it to ("" when unknown); else None."""
-        return self.outside_roots().get(id(t)) if self.outside_roots is not None else None
+        script and the variable of the optimizer to add it to ("" when unknown); else None.
+        Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
+        if self.outside_roots is not None:
+            return self.outside_roots().get(id(t))
+        if inv is None or not inv.optimizers:
+            return None
+        if self._roots_read[0] is not inv:  # once per reading of the structure
+            outside: dict[int, tuple[str, str]] = {}
+            for prefix, root in inv.roots.items():
+                ids = [id(p) for p in root.parameters()]
+                if not inv.in_optimizer.intersection(ids):
+                    outside.update(dict.fromkeys(ids, (prefix, "")))
+            self._roots_read = (inv, outside)
+        return self._roots_read[1].get(id(t))
 
     def _held_by_waiting(self, t: torch.Tensor) -> bool:
         """Whether an optimizer that exists but has not stepped holds ``t``."""
@@ -177,7 +192,7 @@ class MembershipJudge:
         info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
         if t is None or info is None or self._gradient_rule(t, final=True) == "quiet":
             return None
-        decided = self._decide(f, info, t, step, Severity.ERROR)
+        decided = self._decide(f, info, t, step, Severity.ERROR, inv)
         return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
                          cause=decided.cause, fix=decided.fix, details=decided.details)
 

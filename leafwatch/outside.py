@@ -6,8 +6,8 @@ Two ways leafwatch sees such a tensor:
   no optimizer (a ``logit_scale`` created beside the model and never given to the optimizer);
 - a leaf of the loss's graph (``check(loss=)``, ``audit(loss=)``) that requires grad, is in no
   optimizer, is **the same tensor at consecutive checks** (a persistent tensor the user created)
-  and whose value does not change between them (one that does is updated by hand: manual SGD,
-  a trained perturbation). Leaves made fresh each step (WGAN-GP's ``interpolates.requires_grad_(True)``,
+  and whose value then does not change from one check to the next (one that does is updated by
+  hand: manual SGD, a trained perturbation); its value is noted only from its second sighting on. Leaves made fresh each step (WGAN-GP's ``interpolates.requires_grad_(True)``,
   adversarial inputs, input-gradient saliency) are never the same tensor twice, so they are
   never reported. The graph is walked only at the first check, while a suspect waits for its
   second sighting, and after a new missing gradient: never on a healthy step.
@@ -153,12 +153,12 @@ class LossLeaves:
             if self._hand.by_hand(t):
                 continue  # updated by hand between checks (a trained perturbation): no finding
             if seen is None or seen[0]() is not t:
-                self._hand.verdict(t)  # first sighting: the value is noted, the next check compares
-                suspects[k] = (weakref.ref(t), op)
+                suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
                 continue
             # The same tensor at consecutive checks (never an input or an adversarial example,
             # made fresh each step): a persistent tensor the user created. The gradient rule
-            # decides: changed between checks, updated by hand; unchanged, never trained.
+            # decides from here: its value is noted now and compared at the next sighting;
+            # changed, updated by hand; unchanged, never trained.
             verdict = self._hand.verdict(t)
             if verdict == "wait":
                 suspects[k] = (weakref.ref(t), op)
@@ -167,6 +167,7 @@ class LossLeaves:
                 out.append(checks.outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
                                     f"(used by `{op}`) and does not change between checks", op=op, persistent=True))
         self._suspects = suspects
+        self._hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
         return out
 
     def undecided(self, step: int | None) -> list[Finding]:

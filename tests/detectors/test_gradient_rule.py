@@ -66,11 +66,14 @@ def test_manual_sgd_on_a_tensor_outside_the_optimizer_is_no_finding(where: str) 
 
 
 @pytest.mark.parametrize(("where", "name"), [("module", "scale"), ("loss_leaf", "w"), ("watched", "w")])
-def test_a_tensor_outside_the_optimizer_whose_gradient_is_never_applied_is_an_error_at_the_second_check(
+def test_a_tensor_outside_the_optimizer_whose_gradient_is_never_applied_is_an_error_once_seen_unchanged(
         where: str, name: str) -> None:
     reports, final, _ = _loop(where, by_hand=False)
-    assert reports[0].findings == [], "the first check that sees the gradient holds it: the value evidence comes next"
-    for report in (reports[1], reports[-1], final):
+    # The first check that sees the gradient holds it: the value evidence comes at the next one. A
+    # leaf of the loss is first seen to persist (the same tensor twice), then to keep its value.
+    decided = 2 if where == "loss_leaf" else 1
+    assert [r.findings for r in reports[:decided]] == [[]] * decided
+    for report in (reports[decided], reports[-1], final):
         (finding,) = report.findings
         assert (finding.kind, finding.name, finding.severity, finding.status) == (
             "not_in_optimizer", name, "error", "open")
@@ -112,3 +115,19 @@ def test_run_names_nothing_for_tensors_updated_by_hand() -> None:
     assert result.returncode == 0, result.stderr
     assert "done" in result.stdout
     assert "leafwatch: no findings at step 5" in result.stderr, result.stderr
+
+
+def test_a_whole_root_module_outside_every_optimizer_is_a_warning_naming_both_fixes() -> None:
+    """A separate network that gets gradients and never changes: a forgotten optimizer, or a fixed
+    network that should not require grad. A part of a trained root left out is an error."""
+    net, critic = nn.Linear(2, 1), nn.Linear(2, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with leafwatch.Monitor(roots={"net": net, "critic": critic}, optimizers=opt, verbose=False) as monitor:
+        for _ in range(2):
+            (net(torch.ones(1, 2)).sum() + critic(torch.ones(1, 2)).sum()).backward()
+            report = monitor.check()
+    assert {(f.kind, f.name, f.severity) for f in report} == {
+        ("not_in_optimizer", "critic.weight", "warning"), ("not_in_optimizer", "critic.bias", "warning")}
+    finding = report.by_kind("not_in_optimizer")[0]
+    assert "nor any tensor of `critic`" in finding.message
+    assert "add it to an optimizer" in finding.fix and "`critic.requires_grad_(False)`" in finding.fix

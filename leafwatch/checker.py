@@ -232,6 +232,8 @@ class Checker:
         def decide(f: Finding) -> Finding | None:
             if f.kind == "missing_grad":
                 return self._grads.decide(f)
+            if f.details.get("source") == "watch":
+                return self._watched.decide(f)
             return self._membership.decide(f, inv, self._tracer, self.step)
 
         self.history_store.decide_pending(decide)
@@ -249,7 +251,7 @@ class Checker:
         if view.finding is not None and self.history_store.get(view.finding.key) is None:
             self.history_store.upsert(view.finding)
         self._grads.apply_restored(inv.known_names())
-        self._loop.skips.track(self.structure.optimizers, self.structure.lists)
+        self._loop.skips.track(self.structure.optimizers, self.structure.lists, self.structure.stale_ids)
         if self.history_store.ignore and not self._ignore_checked:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}

@@ -287,7 +287,7 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
         excluded.pop(id(pair.new), None)
         out.append(stale_param(pair, step))
     for i, old in sorted(found.unpaired.items()):
-        out.append(stale_group(i, old, step))
+        out.append(stale_group(i, old, step, harmless=not found.unstepped))
     for k, (info, p) in excluded.items():
         if k in seen_frozen:
             out.append(make(
@@ -377,12 +377,25 @@ def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
         cause,
         _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
+        group=stale_group_key(pair.optimizer),
     )
 
 
-def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
-    """The old tensors of one optimizer that no current parameter replaced: one finding for all."""
+def stale_group_key(optimizer: int) -> str:
+    """The mistake every ``stale_param`` finding of one optimizer belongs to: the stale optimizer."""
+    return f"optimizers[{optimizer}]"
+
+
+def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
+                harmless: bool = False) -> Finding:
+    """The old tensors of one optimizer that no current parameter replaced: one finding for all.
+
+    ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were
+    only removed): the leftovers get no gradient and the optimizer skips them; information.
+    """
     n = len(old)
+    if harmless:
+        return _stale_leftovers(optimizer, old, step)
     names = [name for _, name in old if name is not None]
     known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
     lazy = sum(1 for t, _ in old if is_uninitialized(t))
@@ -398,7 +411,33 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
         cause, _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
+        group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
+    )
+
+
+def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
+    """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
+    n = len(old)
+    names = [name for _, name in old if name is not None]
+    known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
+    lazy = sum(1 for t, _ in old if is_uninitialized(t))
+    them = "them" if n != 1 else "it"
+    cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
+             f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {optimizer}, which "
+             f"skips {them} (no gradient). Harmless, but {them} and {'their' if n != 1 else 'its'} optimizer "
+             "state cost memory.")
+    if lazy:
+        cause += f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer materialize."
+    return make(
+        "stale_param", stale_group_key(optimizer), "info",
+        f"optimizer {optimizer} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
+        f"uses{known}: harmless, costs memory.",
+        cause,
+        "nothing needed; to free the memory, rebuild the optimizer from the model's parameters "
+        "(`torch.optim.AdamW(model.parameters())`, carrying its state over if you need it)",
+        step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy, leftovers=True,
         old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
+        group=stale_group_key(optimizer),
     )
 
 

@@ -583,8 +583,9 @@ class Gatherer:
 
 
 def _marker(used: set[int], key: int) -> Callable[[torch.Tensor], None]:
-    def mark(_: torch.Tensor) -> None:
-        used.add(key)
+    def mark(t: torch.Tensor) -> None:
+        if t.grad is not None:  # torch calls the hook with no gradient too: that is no use
+            used.add(key)
 
     return mark
 

@@ -9,6 +9,10 @@ the few tensors under suspicion and never on a healthy step:
   ``t.data_ptr()`` (``p.data = new``) and, when neither moved (``p.data.mul_()``), at a small
   fingerprint of the values (the norm and the first elements) computed on the tensor's device
   and read one check later, so that CUDA is never synchronised for it.
+- **a tensor updated by hand** (manual SGD, an inner loop, a trained perturbation): it gets
+  gradients and no optimizer that steps holds it, yet it changes between checks.
+  :class:`HandUpdates` snapshots it at the first check that sees its gradient and compares at
+  the next one (the gradient rule's value evidence).
 - **a layer skipped on purpose** (LayerDrop, stochastic depth): a layer of an ``nn.ModuleList``
   that does not run while its siblings do. :class:`SiblingSkips` counts how often the siblings
   are skipped and, with the model's declared drop rate where there is one (a ``layerdrop``
@@ -34,6 +38,8 @@ from torch import nn
 from .inventory import has_values
 
 Verdict = Literal["changed", "unchanged", "unknown"]
+#: What :meth:`HandUpdates.verdict` says of a tensor that gets gradients in no optimizer.
+HandVerdict = Literal["by_hand", "wait", "unchanged"]
 
 #: The fingerprint holds the norm and this many of the first elements.
 FINGERPRINT_ELEMENTS = 8
@@ -167,6 +173,66 @@ class ChangeEvidence:
     def forget(self, ids: Iterable[int]) -> None:
         for pid in ids:
             self._snapshots.pop(pid, None)
+
+    def ids(self) -> list[int]:
+        """The ids of the tensors noted."""
+        return list(self._snapshots)
+
+
+class HandUpdates:
+    """The gradient rule's value evidence: is a tensor that gets gradients, and that no optimizer
+    that steps holds, updated by hand?
+
+    The first check that sees its gradient snapshots it (:class:`ChangeEvidence`) and says
+    ``wait``; a later check says ``by_hand`` when the value changed in between (manual SGD, an
+    inner loop, a trained perturbation: remembered for good), ``unchanged`` when it did not (the
+    gradient is computed and never applied), ``wait`` while a CUDA fingerprint is on its way. The
+    snapshot is taken at a check, never when the structure is read: a ``model.to()`` or a
+    ``load_state_dict()`` before the first step is no update by hand. Tensors are held weakly.
+
+    Example::
+
+        >>> import torch
+        >>> w = torch.ones(3, requires_grad=True)
+        >>> hand = HandUpdates()
+        >>> hand.verdict(w)            # the first check that sees its gradient
+        'wait'
+        >>> with torch.no_grad():
+        ...     w -= 0.1               # manual SGD between checks
+        >>> hand.verdict(w)
+        'by_hand'
+    """
+
+    def __init__(self) -> None:
+        self._evidence = ChangeEvidence()
+        self._by_hand: dict[int, weakref.ReferenceType] = {}
+
+    def by_hand(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` was seen updated by hand."""
+        ref = self._by_hand.get(id(t))
+        return ref is not None and ref() is t
+
+    def verdict(self, t: torch.Tensor, *, final: bool = False) -> HandVerdict:
+        """At a check that sees ``t``'s gradient (``final``: the run is over, no later check:
+        what is not known to change is ``unchanged``)."""
+        if self.by_hand(t):
+            return "by_hand"
+        if t not in self._evidence:
+            self._evidence.note(t)
+            return "unchanged" if final else "wait"
+        seen = self._evidence.verdict(t, final=final)
+        if seen == "changed":
+            self._by_hand[id(t)] = weakref.ref(t)
+            self._evidence.forget([id(t)])
+            return "by_hand"
+        return "wait" if seen == "unknown" and not final else "unchanged"
+
+    def keep(self, alive: Iterable[int]) -> None:
+        """Forget the noted values of every tensor whose id is not in ``alive`` (it left the model,
+        or was not seen again), and the freed tensors seen updated by hand."""
+        alive = set(alive)
+        self._evidence.forget([pid for pid in self._evidence.ids() if pid not in alive])
+        self._by_hand = {pid: ref for pid, ref in self._by_hand.items() if ref() is not None}
 
 
 # -- layers dropped on purpose --------------------------------------------------------------------

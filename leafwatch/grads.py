@@ -405,6 +405,7 @@ class WatchedTracker:
         self.history = history
         self._counts: dict[str, tuple[WatchEntry, int]] = {}
         self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
+        self._hand = evidence.HandUpdates()
         #: Set by the owner to anything that changes when the optimizers or their groups change.
         self.optimizers_version: object = None
         self._may_be_open = True
@@ -435,18 +436,48 @@ class WatchedTracker:
                     got[e.name] = e.grads_seen > last or (
                         e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
                 counts[e.name] = (e, e.grads_seen)
-            found = checks.watched_findings(entries, step, got, inv)
-            if in_optimizer is not None:
-                found += outside.watched_in_no_optimizer(
-                    entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
-                    in_optimizer=self._cached(in_optimizer))
-            for f in found:
+            for f in checks.watched_findings(entries, step, got, inv):
                 current.add(f.key)
                 self.history.upsert(f)
+            if in_optimizer is not None:
+                current |= self._outside_optimizers(entries, step, inv, in_optimizer)
         self._counts = counts  # only the live entries: bounded by what is watched now
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
         self._may_be_open = bool(current)
         self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
+        for f in self.history.pending():
+            if f.details.get("source") == "watch" and f.key not in current:
+                self.history.drop(f.key)
+
+    def _outside_optimizers(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
+                            in_optimizer: Callable[[WatchEntry], bool]) -> set[tuple[str, str]]:
+        """The gradient rule for watched leaves in no optimizer that get gradients: held at the
+        first check that sees the gradient, then nothing when the value changed between checks
+        (updated by hand), ``not_in_optimizer`` when it did not. Returns the keys written."""
+        keys = set()
+        found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
+                                                in_optimizer=self._cached(in_optimizer))
+        tensors = {e.name: e.tensor() for e in entries}
+        for f in found:
+            t = tensors.get(f.name)
+            verdict = self._hand.verdict(t) if t is not None else "unchanged"
+            if verdict == "by_hand":
+                continue
+            keys.add(f.key)
+            if verdict == "wait":
+                self.history.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
+            else:
+                self.history.upsert(f)
+        return keys
+
+    def decide(self, f: Finding) -> Finding | None:
+        """At the end of the run: a held watched finding is open unless the tensor changed since
+        the check that held it (updated by hand)."""
+        entry = next((e for e in self._counts.values() if e[0].name == f.name), None)
+        t = entry[0].tensor() if entry is not None else None
+        if t is None or self._hand.verdict(t, final=True) == "by_hand":
+            return None
+        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
     def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
         """``in_optimizer`` asked once per entry (and again when the optimizers change)."""

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import checks, tracing
-from .evidence import ChangeEvidence
+from .evidence import HandUpdates
 from .findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from .history import FindingHistory
 from .inventory import Inventory, ParamInfo
@@ -46,7 +46,8 @@ class MembershipJudge:
         self.outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
         self._tensors: dict[str, weakref.ReferenceType] = {}
         self._quiet: set[int] = set()
-        self._evidence = ChangeEvidence()
+        self._hand = HandUpdates()
+        self._roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
         self._checks = 0
         self.waiting = False
 
@@ -63,7 +64,6 @@ class MembershipJudge:
                 if id(t) in self._quiet:
                     continue  # judged intended before (a teacher, a target network)
                 self._tensors[f.name] = weakref.ref(t)
-                self._evidence.note(t)
                 held.append(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
             elif before_gradients and f.kind in WAITING_KINDS:
                 held.append(f.replace(details={**f.details, "pending": Waiting.STRUCTURE}))
@@ -73,8 +73,10 @@ class MembershipJudge:
         return shown, held
 
     def rebuilt(self, inv: Inventory) -> None:
+        self._roots_read = (None, {})  # never keep an old reading (and its modules) alive
         alive = set(inv.tensors)
         self._quiet &= alive
+        self._hand.keep(alive)
         self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
     def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> None:
@@ -87,7 +89,8 @@ class MembershipJudge:
             waiting = f.details.get("pending")
             if waiting == Waiting.STRUCTURE:
                 self.history.confirm(f.key, details=_without_pending(f))
-            elif waiting == Waiting.MEMBERSHIP:
+            elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
+                # (a tensor outside the model is held and decided by its own owner)
                 still = self._judge_one(f, inv, tracer, step) or still
         self.waiting = still
 
@@ -99,59 +102,71 @@ class MembershipJudge:
         if t is None or info is None:
             self.history.drop(f.key)
             return False
-        if self._intended(t, info.module, info.attribute, tracer):
+        rule = self._gradient_rule(t)
+        if rule == "quiet":
             self._quiet.add(id(t))
             self.history.drop(f.key)
             return False
-        outside = self._outside_root(t)
-        if outside is not None:
-            if self._evidence.verdict(t) == "changed":
-                self._quiet.add(id(t))  # updated by hand: no finding
-                self.history.drop(f.key)
-                return False
-        if self._checks <= self.grace:
-            return True  # an optimizer may still appear: wait
+        if rule == "wait" or self._checks <= self.grace:
+            return True  # the value evidence, or an optimizer that steps late, may still come
+        # The grace period is over: an error, unless an optimizer the script holds has not
+        # stepped yet (it may still step: a warning until the end of the run).
+        severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
+        decided = self._decide(f, info, t, step, severity, inv)
+        self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
+                             fix=decided.fix, details=decided.details, step=step, last_step=step)
+        return False
+
+    def _gradient_rule(self, t: torch.Tensor, *, final: bool = False) -> str:
+        """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
+        copy, a teacher, a target network, a part neither trained nor used; or a gradient and a
+        value that changes between checks: updated by hand), ``wait`` (a gradient, first seen at
+        this check: the value evidence comes at the next one) or ``report`` (a gradient that is
+        computed and never applied). A tensor that an optimizer holds and never steps: ``report``."""
+        if self._held_by_waiting(t):
+            return "report"
+        if t.grad is None:
+            return "quiet"
+        verdict = self._hand.verdict(t, final=final)
+        return {"by_hand": "quiet", "wait": "wait"}.get(verdict, "report")
+
+    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
+                inv: Inventory | None = None) -> Finding:
+        """What a held finding becomes once the gradient rule reports it."""
+        outside = self._outside_root(t, inv)
         if outside is not None and not self._held_by_waiting(t):
-            # Not intended (the gradient rule): a gradient reached it at this check.
             decided = _outside_root_finding(info, t, step, outside)
-            self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                                 fix=decided.fix, details={**_without_pending(decided), "decided_step": step},
-                                 step=step, last_step=step)
-            return False
+            return decided.replace(details={**_without_pending(decided), "decided_step": step})
         if self.grace:
-            # The grace period is over: an error, unless an optimizer the script holds has not
-            # stepped yet (it may still step: a warning until the end of the run).
-            severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
             decided = self._late(f, info, t, step, severity)
         else:
             decided = self._decided(f, info, t, step)
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
             details["decided_step"] = step
-        self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                             fix=decided.fix, details=details, step=step, last_step=step)
-        return False
+        return decided.replace(details=details)
 
-    def _outside_root(self, t: torch.Tensor) -> tuple[str, str] | None:
+    def _outside_root(self, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
         """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
-        script and the variable of the optimizer to add it to ("" when unknown); else None."""
-        return self.outside_roots().get(id(t)) if self.outside_roots is not None else None
+        script and the variable of the optimizer to add it to ("" when unknown); else None.
+        Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
+        if self.outside_roots is not None:
+            return self.outside_roots().get(id(t))
+        if inv is None or not inv.optimizers:
+            return None
+        if self._roots_read[0] is not inv:  # once per reading of the structure
+            outside: dict[int, tuple[str, str]] = {}
+            for prefix, root in inv.roots.items():
+                ids = [id(p) for p in root.parameters()]
+                if not inv.in_optimizer.intersection(ids):
+                    outside.update(dict.fromkeys(ids, (prefix, "")))
+            self._roots_read = (inv, outside)
+        return self._roots_read[1].get(id(t))
 
     def _held_by_waiting(self, t: torch.Tensor) -> bool:
         """Whether an optimizer that exists but has not stepped holds ``t``."""
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
-
-    def _intended(self, t: torch.Tensor, module: str, attribute: str, tracer: tracing.Tracer) -> bool:
-        """The gradient rule: a tensor in no optimizer is a mistake only when a gradient reached it
-        (computed and never applied). No gradient: an EMA copy, a teacher, a target network or a
-        part neither trained nor used: quiet. A gradient, but the value changes between checks:
-        updated by hand (manual SGD, an inner loop): quiet too."""
-        if self._held_by_waiting(t):
-            return False  # an optimizer holds it but never steps: nothing trains it
-        if t.grad is None:
-            return True
-        return self._evidence.verdict(t) == "changed"
 
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
         held_by_waiting = self._held_by_waiting(t)
@@ -175,27 +190,11 @@ class MembershipJudge:
         ref = self._tensors.get(f.name)
         t = ref() if ref is not None else None
         info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-        if t is None or info is None:
+        if t is None or info is None or self._gradient_rule(t, final=True) == "quiet":
             return None
-        if self._intended(t, info.module, info.attribute, tracer):
-            return None
-        outside = self._outside_root(t)
-        if outside is not None and not self._held_by_waiting(t):
-            if self._evidence.verdict(t) == "changed":
-                return None
-            decided = _outside_root_finding(info, t, step, outside)
-            return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                             cause=decided.cause, fix=decided.fix,
-                             details={**_without_pending(decided), "decided_step": step})
-        if self.grace:
-            decided = self._late(f, info, t, step, Severity.ERROR)
-        else:
-            decided = self._decided(f, info, t, step)
-        details = _without_pending(decided)
-        if f.first_step is not None and step > f.first_step:
-            details["decided_step"] = step
+        decided = self._decide(f, info, t, step, Severity.ERROR, inv)
         return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                         cause=decided.cause, fix=decided.fix, details=details)
+                         cause=decided.cause, fix=decided.fix, details=decided.details)
 
     @staticmethod
     def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int) -> Finding:

@@ -5,8 +5,9 @@ Two ways leafwatch sees such a tensor:
 - a watched leaf (``leafwatch.watch()`` or ``Monitor(tensors=...)``) that got a gradient and is in
   no optimizer (a ``logit_scale`` created beside the model and never given to the optimizer);
 - a leaf of the loss's graph (``check(loss=)``, ``audit(loss=)``) that requires grad, is in no
-  optimizer and is **the same tensor at consecutive checks**: a persistent, would-be trainable
-  tensor. Leaves made fresh each step (WGAN-GP's ``interpolates.requires_grad_(True)``,
+  optimizer, is **the same tensor at consecutive checks** (a persistent tensor the user created)
+  and whose value then does not change from one check to the next (one that does is updated by
+  hand: manual SGD, a trained perturbation); its value is noted only from its second sighting on. Leaves made fresh each step (WGAN-GP's ``interpolates.requires_grad_(True)``,
   adversarial inputs, input-gradient saliency) are never the same tensor twice, so they are
   never reported. The graph is walked only at the first check, while a suspect waits for its
   second sighting, and after a new missing gradient: never on a healthy step.
@@ -23,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 import torch
 
 from . import checks, frames, graph
+from .evidence import HandUpdates
 from .findings import Finding
 from .inventory import Inventory, shape_text
 from .watching import WatchEntry
@@ -113,6 +115,7 @@ class LossLeaves:
 
     def __init__(self) -> None:
         self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+        self._hand = HandUpdates()
         self._walked = False
         #: How many times the loss's graph was walked (for tests of the hot path).
         self.walks = 0
@@ -147,13 +150,24 @@ class LossLeaves:
         suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
         for k, (t, op) in candidates.items():
             seen = self._suspects.get(k)
-            if seen is not None and seen[0]() is t:
-                name = caller_name(t) or f"{shape_text(t)} used by {op}"
-                out.append(checks.outside_optimizer(name, t, step, "warning", "is a leaf of the loss's graph at every step "
-                                    f"(used by `{op}`)", op=op, persistent=True))
-            else:
+            if self._hand.by_hand(t):
+                continue  # updated by hand between checks (a trained perturbation): no finding
+            if seen is None or seen[0]() is not t:
+                suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
+                continue
+            # The same tensor at consecutive checks (never an input or an adversarial example,
+            # made fresh each step): a persistent tensor the user created. The gradient rule
+            # decides from here: its value is noted now and compared at the next sighting;
+            # changed, updated by hand; unchanged, never trained.
+            verdict = self._hand.verdict(t)
+            if verdict == "wait":
                 suspects[k] = (weakref.ref(t), op)
+            elif verdict == "unchanged":
+                name = caller_name(t) or f"{shape_text(t)} used by {op}"
+                out.append(checks.outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
+                                    f"(used by `{op}`) and does not change between checks", op=op, persistent=True))
         self._suspects = suspects
+        self._hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
         return out
 
     def undecided(self, step: int | None) -> list[Finding]:

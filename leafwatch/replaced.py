@@ -12,7 +12,9 @@ leaves the optimizer stepping the old tensors while the model's new ones are in 
    current parameter that is in no optimizer would sit is its predecessor;
 3. by shape, for what is left.
 
-An old tensor that pairs with nothing is "unpaired": it is reported in one finding per optimizer.
+An old tensor that pairs with nothing is "unpaired": it is reported in one finding per optimizer,
+an error while some live parameter is in no optimizer, information ("harmless, costs memory")
+once every live parameter is stepped (after the fix's ``add_param_group``, or a layer removed).
 Pure functions over an :class:`~leafwatch.inventory.Inventory`; nothing is kept.
 """
 
@@ -44,6 +46,10 @@ class Replaced:
 
     pairs: list[Pair] = dataclasses.field(default_factory=list)
     unpaired: dict[int, list[tuple[torch.Tensor, str | None]]] = dataclasses.field(default_factory=dict)
+    #: Trainable parameters of the model left in no optimizer once the pairs are made. With none,
+    #: every live parameter is stepped: the unpaired old tensors are harmless leftovers (they get
+    #: no gradient, the optimizer skips them) that only cost memory.
+    unstepped: int = 0
 
     def old_ids(self) -> set[int]:
         """The ids of every old tensor (paired or not): none of them gets a gradient."""
@@ -77,12 +83,25 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     if inv.model is None or not inv.optimizers:
         return out
     previous_names = previous_names or {}
-    model_order = list(inv.tensors)
-    position = {k: i for i, k in enumerate(model_order)}
+    old = _old_tensors(inv, previous_names)
     # Current trainable parameters in no optimizer: the candidates to have replaced something.
     free = {k for k, t in inv.tensors.items() if k not in inv.in_optimizer and t.requires_grad}
-    by_name = {inv.params[k].name: k for k in free}
-    old: list[tuple[int, int, torch.Tensor, str | None]] = []  # (optimizer, index in it, tensor, old name)
+    if not old:
+        out.unstepped = len(free)
+        return out
+    rest = _pair_by_name(inv, old, free, out)
+    rest = _pair_by_position(inv, rest, free, out)
+    _pair_by_shape(inv, rest, free, out)
+    out.unstepped = len(free)
+    return out
+
+
+_Old = tuple[int, int, torch.Tensor, "str | None"]  # (optimizer, index in it, tensor, old name)
+
+
+def _old_tensors(inv: Inventory, previous_names: Mapping[int, str]) -> list[_Old]:
+    """The tensors the optimizers hold that the model does not register and that look like its old ones."""
+    old: list[_Old] = []
     for i, params in enumerate(inv.optimizer_params):
         for j, p in enumerate(params):
             if id(p) in inv.tensors:
@@ -91,18 +110,29 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
             if old_name is None and not (isinstance(p, nn.Parameter) and p.grad is None and p.requires_grad):
                 continue
             old.append((i, j, p, old_name))
-    if not old:
-        return out
+    return old
+
+
+def _pair_by_name(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> list[_Old]:
+    """1. By the name it had; returns the old tensors left."""
+    by_name = {inv.params[k].name: k for k in free}
     rest = []
-    for entry in old:  # 1. by the name it had
+    for entry in old:
         k = by_name.get(entry[3]) if entry[3] is not None else None
         if k is not None and k in free:
             free.discard(k)
             out.pairs.append(Pair(entry[0], entry[2], inv.params[k].name, inv.tensors[k], "name"))
         else:
             rest.append(entry)
-    old, rest = rest, []
-    for entry in old:  # 2. by position, anchored on the nearest tensor before it that the model still holds
+    return rest
+
+
+def _pair_by_position(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> list[_Old]:
+    """2. By position, anchored on the nearest tensor before it that the model still holds."""
+    model_order = list(inv.tensors)
+    position = {k: i for i, k in enumerate(model_order)}
+    rest = []
+    for entry in old:
         i, j, p, _ = entry
         k = _at_position(inv.optimizer_params[i], j, inv, model_order, position)
         # An uninitialized old tensor has no dimensions to compare: its place alone pairs it.
@@ -112,20 +142,24 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
             out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "position"))
         else:
             rest.append(entry)
+    return rest
+
+
+def _pair_by_shape(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> None:
+    """3. By shape, for what is left; the rest is unpaired (when it is known to be old)."""
     # Before any backward, a Parameter without a gradient may yet get one: it is unpaired only when
     # the model's parameters have gradients (or it had a name in the model).
     grads_ready = any(t.grad is not None for t in inv.tensors.values())
-    for i, _, p, old_name in rest:  # 3. by shape
+    for i, _, p, old_name in old:
         k = None
         if not _is_lazy(p):
-            k = next((k for k in model_order if k in free and not _is_lazy(inv.tensors[k])
+            k = next((k for k in inv.tensors if k in free and not _is_lazy(inv.tensors[k])
                       and inv.tensors[k].shape == p.shape), None)
         if k is not None:
             free.discard(k)
             out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "shape"))
         elif old_name is not None or grads_ready:
             out.unpaired.setdefault(i, []).append((p, old_name))
-    return out
 
 
 def _at_position(params: list[torch.Tensor], j: int, inv: Inventory, model_order: list[int],

@@ -81,8 +81,11 @@ class ArrivalHooks:
                 pass
 
     def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
-        def arrived(_: torch.Tensor) -> None:
-            self.arrived.add(pid)
+        def arrived(t: torch.Tensor) -> None:
+            # torch calls the hook when backward passed None too (a custom autograd.Function
+            # returning None for this input): no gradient arrived then.
+            if t.grad is not None:
+                self.arrived.add(pid)
 
         return arrived
 
@@ -318,18 +321,20 @@ class SkippedSteps:
     def __len__(self) -> int:
         return len(self._states)
 
-    def track(self, optimizers: list[torch.optim.Optimizer], lists: Mapping[int | None, CheckList]) -> None:
-        """Hook a sentinel for each optimizer not hooked yet, or whose sentinel left it."""
+    def track(self, optimizers: list[torch.optim.Optimizer], lists: Mapping[int | None, CheckList],
+              leftovers: frozenset[int] = frozenset()) -> None:
+        """Hook a sentinel for each optimizer not hooked yet, or whose sentinel left it or became
+        one of the ``leftovers`` (old tensors the model no longer uses: no backward reaches them)."""
         for i, opt in enumerate(optimizers):
             clist = lists.get(i)
             state = self._states.get(id(opt))
-            if clist is None or (state is not None and state.sentinel in clist.ids):
+            if clist is None or (state is not None and state.sentinel in clist.ids and state.sentinel not in leftovers):
                 continue
             if state is not None:
                 state.handle.remove()
                 del self._states[id(opt)]
-            sentinel = next((p for p in clist.params
-                             if p.requires_grad and p.is_leaf and not torch.nn.parameter.is_lazy(p)), None)
+            sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf and id(p) not in leftovers
+                             and not torch.nn.parameter.is_lazy(p)), None)
             if sentinel is not None:
                 self._states[id(opt)] = self._hook_sentinel(opt, sentinel)
 

@@ -353,8 +353,9 @@ def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:
 
 
 def _reached(record: RunRecord):
-    def mark(grad: torch.Tensor) -> None:
-        record.backward_reached = True
+    def mark(grad: torch.Tensor | None) -> None:
+        if grad is not None:  # torch calls tensor hooks with None too: that is no gradient
+            record.backward_reached = True
 
     return mark
 

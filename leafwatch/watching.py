@@ -46,13 +46,20 @@ def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
         return None
     entry_ref = weakref.ref(entry)
 
-    def count(*_: Any) -> None:
+    def count_leaf(t: torch.Tensor) -> None:
+        # torch calls the hook when backward passed None too (a custom autograd.Function that
+        # returns None for this input): only a gradient that exists counts.
         e = entry_ref()
-        if e is not None:
+        if e is not None and t.grad is not None:
+            e.grads_seen += 1
+
+    def count(grad: torch.Tensor | None) -> None:
+        e = entry_ref()
+        if e is not None and grad is not None:
             e.grads_seen += 1
 
     if tensor.is_leaf:
-        return tensor.register_post_accumulate_grad_hook(count)
+        return tensor.register_post_accumulate_grad_hook(count_leaf)
     return tensor.register_hook(count)
 
 

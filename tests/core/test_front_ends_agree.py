@@ -159,7 +159,10 @@ def test_audit_and_monitor_give_one_verdict_for_one_state(scenario: str, with_lo
         checked = monitor.check(**kwargs)
         assert _open(audited[0]) == _open(audited[1]), "audit() is pure: the same state, the same report"
         assert _open(audited[0]) == expected, f"audit() at step {step}"
-        assert _open(checked) == expected, f"Monitor at step {step}"
+        # A row of docs/architecture.md's table: the Monitor holds a tensor in no optimizer at the
+        # check that first sees its gradient (it may be updated by hand); audit() sees one step.
+        held = {key for key in expected if key[0] == "not_in_optimizer"} if step == 1 else set()
+        assert _open(checked) == expected - held, f"Monitor at step {step}"
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if isinstance(model, _Ema):

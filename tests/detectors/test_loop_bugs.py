@@ -126,6 +126,50 @@ def test_the_cleared_error_leaves_a_really_unused_head_to_missing_grad():
     assert all("never ran" in f.cause for f in report.by_kind("missing_grad"))
 
 
+class _ScaleWithoutGradient(torch.autograd.Function):
+    """``x * scale`` whose backward returns None for ``scale``: torch still calls its hooks."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return x * scale.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _ScaledNet(Net):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _ScaleWithoutGradient.apply(super().forward(x), self.scale)
+
+
+@pytest.mark.parametrize("attach", [False, True])
+def test_a_hook_called_with_no_gradient_is_no_arrival_and_the_parameter_is_missing_grad(attach):
+    model = _ScaledNet()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)
+    watched = leafwatch.Monitor(model, opt, tensors={"scale": model.scale}, verbose=False)
+    if attach:
+        monitor.attach()
+    for _ in range(3):
+        opt.zero_grad()
+        model(_batch()).sum().backward()
+        if not attach:
+            monitor.check(opt)
+        opt.step()
+    report = monitor.close()
+    assert model.scale.grad is None
+    assert report.names("missing_grad") == {"scale"}, str(report)
+    assert not report.by_kind("grad_cleared"), "a hook torch called with None is no gradient that was cleared"
+    watched_entry, = watched.watches.entries()
+    assert watched_entry.grads_seen == 0
+    watched.close()
+
+
 def test_the_cleared_error_is_ignored_through_its_tensors_names():
     model = Net()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

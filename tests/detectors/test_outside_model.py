@@ -31,10 +31,13 @@ def test_a_watched_leaf_in_no_optimizer_is_not_in_optimizer(how: str) -> None:
         monitor = leafwatch.Monitor(model, opt)
     else:
         monitor = leafwatch.Monitor(model, opt, tensors={"logit_scale": logit_scale})
-    (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
-    report = monitor.check()
+    reports = []
+    for _ in range(2):
+        (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
+        reports.append(monitor.check())
     monitor.close()
-    (finding,) = report
+    assert reports[0].findings == [], "held at the first gradient: it may be updated by hand"
+    (finding,) = reports[1]
     _assert_outside(finding, "logit_scale", "error")
     audited = leafwatch.audit(model, opt, tensors={"logit_scale": logit_scale} if how == "tensors" else None)
     _assert_outside(audited.findings[0], "logit_scale", "error")
@@ -60,7 +63,7 @@ def test_a_watched_leaf_in_another_known_optimizer_is_no_finding() -> None:
         assert monitor.check().findings == []
 
 
-def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_a_warning_named_by_its_variable() -> None:
+def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_an_error_named_by_its_variable() -> None:
     model, logit_scale, opt = _clip_like()
     monitor = leafwatch.Monitor(model, opt)
     reports = []
@@ -73,8 +76,9 @@ def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_a_warning_named_by_its
     monitor.close()
     assert reports[0].findings == [], "one sighting is no evidence: it may be made fresh each step"
     (finding,) = reports[-1]
-    _assert_outside(finding, "logit_scale", "warning")
+    _assert_outside(finding, "logit_scale", "error")  # a free tensor the user created: the gradient rule
     assert "is a leaf of the loss's graph at every step" in finding.cause
+    assert "does not change between checks" in finding.cause
     assert finding.details["op"].startswith("ExpBackward")
 
 

@@ -135,7 +135,8 @@ def test_model_to_that_overwrites_parameters_is_stale() -> None:
 
 
 @pytest.mark.parametrize("monitor_first", [True, False])
-def test_old_tensors_nothing_replaced_are_one_finding(monitor_first: bool) -> None:
+def test_old_tensors_nothing_replaced_are_one_finding_harmless_when_every_live_tensor_is_stepped(
+        monitor_first: bool) -> None:
     model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = leafwatch.Monitor(model, opt) if monitor_first else None
@@ -144,13 +145,31 @@ def test_old_tensors_nothing_replaced_are_one_finding(monitor_first: bool) -> No
     report = _step(model, opt, monitor)
     monitor.close()
     (finding,) = report
-    assert (finding.kind, finding.name, finding.severity) == ("stale_param", "optimizers[0]", "error")
-    assert "optimizer 0 holds 2 tensors that are no longer parameters of the model and get no gradient" \
-        in finding.message
-    assert "rebuild the optimizer" in finding.fix
-    assert finding.details["count"] == 2
+    # A layer removed: every parameter the model still uses is stepped, nothing goes untrained.
+    assert (finding.kind, finding.name, finding.severity) == ("stale_param", "optimizers[0]", "info")
+    assert finding.message.startswith("optimizer 0 still holds 2 old tensors the model no longer uses")
+    assert finding.message.endswith(": harmless, costs memory.")
+    assert "rebuild the optimizer" in finding.fix and finding.fix.startswith("nothing needed")
+    assert finding.details["count"] == 2 and finding.details["group"] == "optimizers[0]"
     if monitor_first:
         assert finding.details["old_names"] == ["2.weight", "2.bias"]
+
+
+def test_old_tensors_nothing_replaced_are_an_error_while_a_live_tensor_is_in_no_optimizer() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt)
+    model[2] = nn.Linear(8, 8, bias=False)
+    model.append(nn.Linear(8, 3))  # nothing pairs the old bias; the new layer is in no optimizer
+    for _ in range(2):
+        report = _step(model, opt, monitor)
+    monitor.close()
+    (group,) = [f for f in report.by_kind("stale_param") if f.name == "optimizers[0]"]
+    assert group.severity == "error"
+    assert "optimizer 0 holds 1 tensor that is no longer a parameter of the model and gets no gradient" \
+        in group.message
+    assert "rebuild the optimizer" in group.fix
+    assert {f.details["group"] for f in report.by_kind("stale_param")} == {"optimizers[0]"}
 
 
 def test_parameters_outside_the_model_that_get_gradients_are_no_stale_param() -> None:
@@ -235,9 +254,11 @@ def test_uninitialized_leftovers_nothing_replaced_are_one_finding_that_says_so()
     model(torch.ones(2, 3)).sum().backward()
     report = leafwatch.audit(model, [other, optimizer])
     (finding,) = report.by_kind("stale_param")
-    assert finding.name == "optimizers[1]"
+    # `other` steps every live parameter: the old ones, lazy or not, are leftovers.
+    assert (finding.name, finding.severity) == ("optimizers[1]", "info")
     assert finding.details["count"] == 4 and finding.details["uninitialized"] == 2
-    assert "2 of them are still uninitialized" in finding.cause and "never materialize" in finding.cause
+    assert "2 of them are uninitialized lazy parameters that can no longer materialize" in finding.cause
+    assert "harmless, costs memory" in finding.message
     assert sorted(finding.details["old_shapes"], key=str) == sorted([None, None, [1, 4], [1]], key=str)
 
 
@@ -249,3 +270,53 @@ def test_a_lazy_layer_that_has_not_run_yet_is_no_finding() -> None:
         model(torch.ones(2, 3)).sum().backward()
         assert list(monitor.check()) == []
     assert list(leafwatch.audit(model, optimizer)) == []
+
+
+# -- after the fix: the leftovers --------------------------------------------------------------
+@pytest.mark.parametrize("monitor_first", [True, False])
+def test_after_the_suggested_add_param_group_the_leftovers_are_information(monitor_first: bool) -> None:
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt, verbose=False) if monitor_first else None
+    model.fc = nn.Linear(16, 10)  # a new head, after the optimizer was built
+    monitor = monitor or leafwatch.Monitor(model, opt, verbose=False)
+    report = _step(model, opt, monitor)
+    _assert_stale(report, {"fc.weight", "fc.bias"})
+    assert {f.details["group"] for f in report} == {"optimizers[0]"}, "one mistake: the stale optimizer"
+    opt.add_param_group({"params": list(model.fc.parameters())})  # the fix the finding gives
+    for _ in range(3):
+        report = _step(model, opt, monitor)
+    monitor.close()
+    assert report.at_least("warning") == [], "the fix was applied: no error repeats the same fix"
+    (leftovers,) = [f for f in report if f.status == "open"]
+    assert (leftovers.kind, leftovers.name, leftovers.severity) == ("stale_param", "optimizers[0]", "info")
+    assert leftovers.details["group"] == "optimizers[0]"
+    assert "harmless, costs memory" in leftovers.message
+    assert "skips them (no gradient)" in leftovers.cause
+    assert "add_param_group" not in leftovers.fix and leftovers.fix.startswith("nothing needed")
+    assert leftovers.details["count"] == 2
+    if monitor_first:
+        assert leftovers.details["old_names"] == ["fc.weight", "fc.bias"]
+    assert {(f.kind, f.name, f.status) for f in report if f.name != "optimizers[0]"} == {
+        ("stale_param", "fc.weight", "resolved"), ("stale_param", "fc.bias", "resolved")}
+
+
+def test_skipped_steps_are_still_counted_once_the_old_tensors_are_leftovers() -> None:
+    """The skipped-step watch reads one tensor per optimizer: never a leftover that no backward reaches."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    monitor = leafwatch.Monitor(model, opt, verbose=False)
+    model.body = nn.Linear(8, 16)
+    opt.add_param_group({"params": list(model.body.parameters())})
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    for _ in range(5 + leafwatch.stepping.SKIPPED_AFTER + 10):
+        opt.zero_grad(set_to_none=True)
+        x = torch.randn(4, 8)
+        x[0, 0] = float("nan")  # every gradient non-finite: the scaler skips every step
+        scaler.scale(model(x).pow(2).mean()).backward()
+        monitor.check(opt)
+        scaler.step(opt)
+        scaler.update()
+    report = monitor.close()
+    assert report.names("no_update") == {"optimizers[0]"}, str(report)
+    assert report.names("stale_param", status=None) == {"optimizers[0]"}

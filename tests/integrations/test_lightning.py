@@ -138,6 +138,8 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     by_key = {f.key: f for f in report}
     assert by_key[("missing_grad", "head.weight")].first_step == 1
     assert by_key[("not_in_optimizer", "loss_weight")].first_step == 0  # found at fit start
+    # Its gradient is first seen at step 1; step 2 sees its value unchanged and decides (the gradient rule).
+    assert by_key[("not_in_optimizer", "loss_weight")].details["decided_step"] == 2
     assert callback.monitor is None
     assert_no_hooks(model)
 
@@ -338,7 +340,8 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
         trainer(tmp_path, callback, logger=False, max_steps=1).fit(model, loader())
     lines = {str(w.message).split("`")[1]: str(w.message) for w in caught
              if issubclass(w.category, leafwatch.LeafwatchWarning)}
-    # Seen at the fit-start scan, decided at the first check, where its gradient is seen.
+    # Seen at the fit-start scan, its gradient seen at the first (and only) check: the end of the
+    # run decides it (no later check can show its value changing).
     assert lines["loss_weight"].startswith(
         "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix: ")
     assert lines["head.weight"].startswith("leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: ")
@@ -352,8 +355,11 @@ def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):
     with pytest.raises(LeafwatchError, match=r"head\.weight") as raised:
         t.fit(model, loader())
     message = str(raised.value)
-    for name in ("head.bias", "loss_weight", "temperature"):
+    for name in ("head.bias", "temperature"):
         assert name in message
+    # loss_weight's gradient is first seen at this check: it is held until the next one shows its
+    # value unchanged (the gradient rule), and strict mode stops at this one.
+    assert "loss_weight" not in message
     assert raised.value.report.step == 1
     assert callback.monitor is None
     assert_no_hooks(model)

@@ -108,9 +108,10 @@ def test_audit_and_check_take_the_accelerated_optimizer(accelerate: Any) -> None
     accelerator.backward(model(batches(1)[0]).sum())
     report = leafwatch.audit(model, optimizer)
     assert report.names("not_in_optimizer") == {"aux.weight", "aux.bias"}
-    with leafwatch.Monitor(model) as monitor:
-        checked = monitor.check(optimizer)  # adopted: the real optimizer under the wrapper
-        assert monitor.optimizers == [optimizer.optimizer]
+    monitor = leafwatch.Monitor(model)
+    assert monitor.check(optimizer).findings == []  # held: the check that first sees the gradient
+    assert monitor.optimizers == [optimizer.optimizer]  # adopted: the real optimizer under the wrapper
+    checked = monitor.close()  # no later check: the end of the run decides
     assert checked.names("not_in_optimizer") == {"aux.weight", "aux.bias"}
 
 

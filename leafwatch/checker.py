@@ -163,8 +163,10 @@ class Checker:
         self._loop.close()
 
     def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
-                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
+                            variables: Callable[[], dict[int, str]] | None = None) -> None:
         """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
+        self.structure.variables = variables
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
         self._membership.outside_roots = outside_roots
@@ -207,7 +209,7 @@ class Checker:
     def _undecided_loss_leaves(self, _: Any) -> None:
         """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
         if self.checks == 1:
-            for f in self._loss_leaves.undecided(self.step):
+            for f in self._loss_leaves.undecided(self.step, self.structure.inventory):
                 self.history_store.upsert(f)
 
     def _last_values(self, _: Any) -> None:
@@ -292,7 +294,7 @@ class Checker:
         loss, cache = state.loss, self.structure
         if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
             for f in self._loss_leaves.observe(
-                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+                    loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
                         cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
                 self.history_store.upsert(f)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import graph, replaced
+from . import fixes, graph, replaced
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor, is_uninitialized, shape_of, shape_text
 from .tracing import Explanation
@@ -39,7 +39,8 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
 
 # -- non-leaf ---------------------------------------------------------------------------------
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
-             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = ()) -> Finding:
+             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = (),
+             location: str | None = None) -> Finding:
     found = found if found is not None else graph.origin(t)
     known = inventory.known_names() if inventory is not None else {}
     for entry in watched:  # a watched leaf has a name too
@@ -50,7 +51,7 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
     return make(
         "non_leaf", name, "error",
         f"`{name}` is not a leaf tensor{where}: its .grad will stay None and it will never train.",
-        cause, graph.fix_for_non_leaf(name, found, device=str(t.device)),
+        cause, fixes.non_leaf(name, found, location=location, tensor=t),
         tensor=t, step=step, op=found.op if found else None,
     )
 
@@ -89,7 +90,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
             continue
         if entry.expect_leaf and not entry.is_leaf:
             f = non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
-                         where=f" (watched at {entry.location})", watched=entries)
+                         where=f" (watched at {entry.location})", watched=entries, location=entry.location)
             out.append(f.replace(details={**f.details, "source": "watch"}))
             continue
         if not entry.expect_grad:
@@ -236,17 +237,20 @@ def dead_grad(name: str, checks: int, step: int) -> Finding:
     )
 
 
-def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str,
-                      **details: Any) -> Finding:
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str, *,
+                      inventory: Inventory | None = None, **details: Any) -> Finding:
     """A trainable tensor outside the model that gets gradients and is in no optimizer."""
+    model = inventory.model if inventory is not None else None
+    code = fixes.tensor_code(name) if graph.code_name(name) else None
+    add = fixes.add_to_optimizer(f"[{code}]" if code else None, inventory.optimizers if inventory is not None else (),
+                                 model=model, known=inventory.variables if inventory is not None else None)
+    frozen = f"`{code}.requires_grad_(False)`" if code else "call `requires_grad_(False)` on your tensor"
     return make(
         "not_in_optimizer", name, severity,
         f"`{name}` gets gradients but is in no optimizer: it never changes.",
         f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
         "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
-        f"add it to the optimizer (`torch.optim.AdamW([*model.parameters(), {name}])` or "
-        f"`optimizer.add_param_group({{'params': [{name}]}})`), better make it an `nn.Parameter` of the "
-        f"model; or, if it is fixed, `{name}.requires_grad_(False)`",
+        f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}",
         tensor=t, step=step, **{"source": "outside_model", "outside": True, **details},
     )
 
@@ -283,9 +287,9 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
     found = stale if stale is not None else replaced.pair(inv, previous_names)
     for pair in found.pairs:
         excluded.pop(id(pair.new), None)
-        out.append(stale_param(pair, step))
+        out.append(stale_param(pair, step, inv))
     for i, old in sorted(found.unpaired.items()):
-        out.append(stale_group(i, old, step))
+        out.append(stale_group(i, old, step, inv))
     for k, (info, p) in excluded.items():
         if k in seen_frozen:
             out.append(make(
@@ -293,12 +297,11 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
                 f"`{info.name}` was frozen when the optimizer was built and unfrozen after it "
                 "(`requires_grad_(True)`), without being added to the optimizer.",
-                f"when unfreezing, add it: `optimizer.add_param_group({{'params': [...]}})` (Lightning: "
-                "`BaseFinetuning.unfreeze_and_add_param_group(modules, optimizer)` does both)",
+                _unfrozen_fix(info.name, inv),
                 tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
             ))
             continue
-        out.append(not_in_optimizer(info, p, step=step))
+        out.append(not_in_optimizer(info, p, step=step, inventory=inv))
     for i, params in enumerate(inv.optimizer_params):
         for p in params:
             if p.requires_grad:
@@ -328,8 +331,16 @@ def silence_hint(name: str, module: str | None = None) -> str:
     return f'if that is intended, silence it: `ignore=["{pattern}"]`'
 
 
+def _unfrozen_fix(name: str, inv: Inventory) -> str:
+    """Add an unfrozen tensor to the optimizer (Lightning: the finetuning callback's helper)."""
+    if fixes.framework(inv.model) == "lightning":
+        return ("when unfreezing, add it to the optimizer too: Lightning's "
+                "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze")
+    return "when unfreezing, " + fixes.give_to_optimizer([name], inv)
+
+
 def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
-                     got_grad: bool | None = None) -> Finding:
+                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
     """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
     name = info.name
     if got_grad is None:
@@ -342,20 +353,47 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     return make(
         "not_in_optimizer", name, "error", message,
         f"`{name}` was left out when the optimizer's parameter list was built.",
-        "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
-        "`configure_optimizers`), or freeze it with `requires_grad_(False)`; "
+        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
         + silence_hint(name, info.module),
         tensor=p, step=step, aliases=info.aliases, reason="left_out",
         **({} if got_grad is None else {"got_grad": got_grad}),
     )
 
 
-_REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
-                "(`optimizer = torch.optim.AdamW(model.parameters())`), or give it the new parameters "
-                "with `optimizer.add_param_group({'params': [...]})`")
+def _add_fix(name: str, inv: Inventory | None) -> str:
+    """Give the model's tensor ``name`` to the user's optimizer."""
+    return fixes.give_to_optimizer([name], inv) if inv is not None else fixes.add_to_optimizer(None)
 
 
-def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
+def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None) -> str:
+    """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+    model = inv.model if inv is not None else None
+    optimizers = inv.optimizers if inv is not None else []
+    chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
+    if fixes.framework(model) == "lightning":
+        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
+                "`__init__`), so that it holds the new parameters")
+    known = inv.variables if inv is not None else None
+    variable = next((v for v in (fixes.variable_for(o, known) for o in chosen) if v is not None), None)
+    which = f"`{variable}`" if variable else "your optimizer"
+    return (fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
+            + f"; or rebuild {which} after the last change to the model, with the same class and groups")
+
+
+def _regroup_fix(inv: Inventory | None, optimizer: int) -> str:
+    """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
+    model = inv.model if inv is not None else None
+    held = inv.optimizers[optimizer] if inv is not None and 0 <= optimizer < len(inv.optimizers) else None
+    if fixes.framework(model) == "lightning":
+        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
+                "`__init__`), so that it holds the current parameters")
+    variable = fixes.variable_for(held, inv.variables if inv is not None else None)
+    which = f"`{variable}` (your `{type(held).__name__}`)" if variable else "your optimizer"
+    return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
+            "so that it holds the current parameters")
+
+
+def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = None) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     name, old = pair.name, pair.old
     old_shape, new_shape = shape_of(old), shape_of(pair.new)
@@ -373,12 +411,13 @@ def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
         f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
         "optimizer and never changes.",
         cause,
-        _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
+        _rebuild_fix([name], inv, pair.optimizer), tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
     )
 
 
-def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
+def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
+                inv: Inventory | None = None) -> Finding:
     """The old tensors of one optimizer that no current parameter replaced: one finding for all."""
     n = len(old)
     names = [name for _, name in old if name is not None]
@@ -395,7 +434,7 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
-        cause, _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
+        cause, _regroup_fix(inv, optimizer), step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
         old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
     )
 
@@ -421,7 +460,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             "orphan_tensor", name, severity,
             f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
             f"the module is stored in {where}, which `nn.Module` does not look into.",
-            _container_fix(attr, kinds, modules=True),
+            fixes.container_fix(_owner(inv, name), attr, kinds, modules=True),
             tensor=t, step=step, container=orphan.container, containers=list(kinds),
         )
     if kinds:
@@ -430,7 +469,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             "orphan_tensor", name, severity,
             f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
             f"tensors in {where} are not parameters of the module.",
-            _container_fix(attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
+            fixes.container_fix(_owner(inv, name), attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
             containers=list(kinds),
         )
     if not t.is_leaf:
@@ -440,19 +479,18 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
         if from_parameter and found.fix_hint in ("device", "dtype"):
             cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
                       "tensor, not a Parameter.")
-        moved = {"device": "t.to(device)", "dtype": "t.to(dtype)"}.get(found.fix_hint if found else "", "t.detach()")
         return make(
             "orphan_tensor", name, severity,
             f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
             cause,
-            f"register the converted tensor: `self.{name.split('.')[-1]} = nn.Parameter({moved})`",
+            fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
             tensor=t, step=step, container="attribute", op=found.op if found else None,
         )
     return make(
         "orphan_tensor", name, severity,
         f"module attribute `{name}` requires grad but is a plain tensor, not an `nn.Parameter`: {effect}.",
         "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
-        f"`self.{name.split('.')[-1]} = nn.Parameter(tensor)`",
+        fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
         tensor=t, step=step, container="attribute",
     )
 
@@ -466,19 +504,10 @@ def _describe_containers(kinds: tuple[str, ...]) -> str:
     return " inside ".join(_CONTAINER_WORDS.get(k, k) for k in reversed(kinds))
 
 
-def _container_fix(attr: str, kinds: tuple[str, ...], *, modules: bool) -> str:
-    """The registered containers that replace plain ones, nested as the plain ones were."""
-    if any(k in ("dataclass", "namedtuple") for k in kinds):
-        what = "modules" if modules else "tensors as `nn.Parameter`s"
-        return (f"register the {what}: assign them as module attributes, or keep them in "
-                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}")
-    inner = ("nn.ModuleList" if kinds[-1] == "list" else "nn.ModuleDict") if modules else \
-        ("nn.ParameterList" if kinds[-1] == "list" else "nn.ParameterDict")
-    if len(kinds) == 1:
-        return f"wrap the container: `self.{attr} = {inner}(...)`" if modules else f"use `{inner}` for the container"
-    outer = "".join(("nn.ModuleList([" if k == "list" else "nn.ModuleDict({") for k in kinds[:-1])
-    close = "".join(("])" if k == "list" else "})") for k in reversed(kinds[:-1]))
-    return f"register every level: `self.{attr} = {outer}... {inner}(...) ...{close}`"
+def _owner(inv: Inventory, name: str) -> Any:
+    """The module that holds the attribute an orphan's name starts with (``sub.blocks[0].w`` -> ``sub``)."""
+    path = name.split("[")[0]
+    return inv.modules.get(path.rpartition(".")[0] if "." in path else "")
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:

@@ -61,6 +61,12 @@ def user_frames(*, frameworks: bool = True, skip: tuple[str, ...] = (), depth: i
     return _outside(sys._getframe(depth), _prefixes(frameworks, skip))
 
 
+def every_frame(depth: int = 1) -> Iterator[FrameType]:
+    """Every frame of the stack, innermost first, the frameworks' included (a Trainer that runs
+    the check); ``depth`` 1 is the caller of this function."""
+    return _outside(sys._getframe(depth), ())
+
+
 def _outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> Iterator[FrameType]:
     while frame is not None:
         if not _is_under(frame, prefixes):

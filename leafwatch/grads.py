@@ -194,7 +194,7 @@ class GradientTracker:
             explanation = tracing.called_directly(name, info.module)
         elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
-                                                  tracer.armed_since_reset)
+                                                  tracer.armed_since_reset, self._modules)
         reason = explanation.reason if explanation is not None else None
         if pid not in self._decided:
             if pid in self._suspects or reason == "grad_disabled":
@@ -417,7 +417,7 @@ class WatchedTracker:
             if in_optimizer is not None:
                 found += outside.watched_in_no_optimizer(
                     entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
-                    in_optimizer=self._cached(in_optimizer))
+                    in_optimizer=self._cached(in_optimizer), inventory=inv)
             for f in found:
                 current.add(f.key)
                 self.history.upsert(f)

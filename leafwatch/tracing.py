@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from . import fixes
+
 if TYPE_CHECKING:
     from .inventory import Inventory
 
@@ -275,6 +277,7 @@ def explain_missing(
     attribute: str,
     records: dict[str, RunRecord],
     armed: set[str],
+    modules: dict[str, nn.Module] | None = None,
 ) -> Explanation | None:
     """Why a parameter of ``module_name`` got no gradient, from what the hooks saw; None if unknown."""
     if module_name not in armed or not records:
@@ -296,9 +299,10 @@ def explain_missing(
         parent = max(parents, key=lambda r: len(r.name), default=None)
         parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
         where = f" ({parent_name} ran, but did not call it)" if parent else ""
+        call = f"`{fixes.module_to_call(module_name, records, modules)}`" if module_name else shown
         return Explanation(
             cause=f"module {shown} never ran in this step's forward{where}.",
-            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
             reason="never_ran",
         )
     if not record.grad_enabled:

@@ -231,8 +231,8 @@ def dead_grad(name: str, checks: int, step: int) -> Finding:
         "that removes all of it, or gradients that underflow through a deep chain), a custom "
         "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
         "this rank with zeros.",
-        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
-        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
+        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad` of one step's loss with respect "
+        "to the intermediate outputs); if it is unused on purpose, freeze it with `requires_grad_(False)`",
         step=step, zero_checks=checks,
     )
 

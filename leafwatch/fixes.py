@@ -25,7 +25,10 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from torch import nn
+
 from . import frames
+from .inventory import unwrap, unwrap_optimizer
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -68,18 +71,24 @@ def attribute_path(name: str, owner: str) -> str | None:
     return out if is_code(out) else None
 
 
+def module_code(name: str) -> str:
+    """A qualified module name as code reads it: ``layers.2`` -> ``layers[2]`` (``name`` itself
+    when a part cannot be spelled)."""
+    code = attribute_path(name, "_") if name else None
+    return code[2:] if code is not None and code.startswith("_.") else name
+
+
 # -- the user's variables ---------------------------------------------------------------------
 def _unwrapped(value: Any) -> Any:
-    """The optimizer or module a wrapper holds (accelerate, Fabric, DDP, compile), else ``value``."""
-    if isinstance(value, (int, float, str, bytes, type, type(sys))):
+    """The optimizer or module a wrapper holds (accelerate, Fabric, Lightning, DDP, compile), else
+    ``value`` (an object that merely holds an optimizer, such as a callback, is no wrapper)."""
+    try:
+        if isinstance(value, nn.Module):
+            return unwrap(value)
+        if hasattr(value, "param_groups"):
+            return unwrap_optimizer(value)[0]
+    except Exception:
         return value
-    for attr in ("optimizer", "_optimizer", "module", "_orig_mod"):
-        try:
-            inner = getattr(value, attr, None)
-        except Exception:
-            continue
-        if inner is not None and inner is not value:
-            return inner
     return value
 
 
@@ -110,6 +119,7 @@ def variable_for(obj: Any, known: Any = None) -> str | None:
     ``known``: a callable giving object id -> variable (a front-end that read them earlier)."""
     if obj is None:
         return None
+    obj = _unwrapped(obj)
     if known is not None:
         try:
             name = known().get(id(obj))
@@ -192,16 +202,22 @@ def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, mode
     where = framework(model)
     cls = type(optimizers[0]).__name__ if optimizers else None
     if where == "lightning":
-        given = f"`{params}`" if params else "your tensor"
-        return (f"add {given} to the parameters of the optimizer that `configure_optimizers` returns"
-                + (f" (your `{cls}`)" if cls else ""))
-    if where == "transformers":
-        return ("the Trainer builds its optimizer from the model's parameters that require grad: register "
-                f"{what} as an `nn.Parameter` of the model, or build your own optimizer with {what} and pass it "
-                "as the Trainer's `optimizers=(optimizer, scheduler)` argument")
+        listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
+        given = f"`{listed}`" if listed else "your tensor"
+        yours = f"your `{cls}`" if cls else "the optimizer"
+        group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
+        return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}"
     group = f'{{"params": {params}}}' if params else None
     if variable is None:
         variable = next((v for v in (variable_for(o, known) for o in optimizers) if v is not None), None)
+    if where == "transformers":
+        if variable is not None and group is not None:
+            return (f"add {what} to `{variable}`, the optimizer you pass in the Trainer's `optimizers=`, before "
+                    f"training: `{variable}.add_param_group({group})` (the new group takes its defaults)")
+        return ("the Trainer builds its optimizer (`optim` in `TrainingArguments`) from the parameters of the "
+                f"model that require grad when training starts: register {what} as an `nn.Parameter` of the "
+                f"model that requires grad before training, or pass an optimizer of yours that holds {what} "
+                "in the Trainer's `optimizers=` (with its scheduler)")
     if variable is not None and group is not None:
         yours = f"your `{cls}`, its groups as they are" if cls else "its groups as they are"
         return (f"add {what} to `{variable}` ({yours}): `{variable}.add_param_group({group})`; the new group "
@@ -345,7 +361,7 @@ def parameter_fix(module: Any, attr: str) -> str:  # noqa: D401
         if is_code(snippet):
             return f"register it where it is assigned: `{snippet}`"
     snippet = f"self.{attr} = nn.Parameter(self.{attr}.detach())"
-    return f"register it right after it is assigned: `{snippet}` (or wrap its right-hand side in `nn.Parameter(...)`)" \
+    return f"register it right after it is assigned: `{snippet}` (or wrap its right-hand side in `nn.Parameter`)" \
         if is_code(snippet) else "wrap the tensor in `nn.Parameter` where your module assigns it"
 
 
@@ -390,11 +406,10 @@ def _statement_at(location: str) -> ast.stmt | None:
     except SyntaxError:
         return None
     lineno = int(line)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
-                and node.lineno <= lineno <= (node.end_lineno or node.lineno):
-            return node
-    return None
+    around = [node for node in ast.walk(tree)
+              if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno)]
+    # the innermost statement (a `with` or a function holds the assignment)
+    return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
 
 
 def leaf_assignment(name: str, location: str | None) -> str | None:
@@ -449,6 +464,6 @@ def non_leaf(name: str, found: Any = None, *, location: str | None = None, tenso
 
 __all__ = [
     "add_to_optimizer", "assigned_module", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
-    "is_code", "leaf_assignment", "model_tensor_code", "module_to_call", "non_leaf", "parameter_fix", "params_code", "tensor_code",
+    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "params_code", "tensor_code",
     "variable_for",
 ]

@@ -299,7 +299,7 @@ def explain_missing(
         parent = max(parents, key=lambda r: len(r.name), default=None)
         parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
         where = f" ({parent_name} ran, but did not call it)" if parent else ""
-        call = f"`{fixes.module_to_call(module_name, records, modules)}`" if module_name else shown
+        call = f"`{fixes.module_code(fixes.module_to_call(module_name, records, modules))}`" if module_name else shown
         return Explanation(
             cause=f"module {shown} never ran in this step's forward{where}.",
             fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
@@ -326,7 +326,7 @@ def explain_missing(
             "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
             f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
             fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
-            f"`torch.tensor({attribute}...)`",
+            f"`torch.tensor({attribute})`",
             reason="data_access",
         )
     if not record.backward_reached:
@@ -335,7 +335,7 @@ def explain_missing(
         cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
         f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
         f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
-        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute}...)`), or delete it",
+        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), or delete it",
         reason="unused",
     )
 
@@ -359,7 +359,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord]) -
             f"`{cut.name}` received a new tensor of the same shape made from its values (no grad, new "
             "storage): a `torch.tensor(x.tolist())`, `torch.from_numpy(x.numpy())` or `torch.tensor(x)` "
             f"rewrap between {shown} and `{cut.name}` made a new leaf and cut it from the loss.",
-            fix=f"pass {shown}'s output to `{cut.name}` as a tensor: no `.tolist()`/`.numpy()`/`torch.tensor(...)` between them",
+            fix=f"pass {shown}'s output to `{cut.name}` as a tensor: no `.tolist()`/`.numpy()`/`torch.tensor` rewrap between them",
             reason="rewrapped",
         )
     users = [r for r in _later(record, records) if record.output_storage and record.output_storage in r.grad_inputs]
@@ -369,7 +369,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord]) -
             cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
             f"reached it: the loss was cut after `{user.name}` (by `.detach()`, `torch.no_grad()`, a NumPy "
             "round trip or a `torch.tensor(...)` rewrap), so nothing before the cut trains.",
-            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/NumPy/`torch.tensor(...)` step after it",
+            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/NumPy/`torch.tensor` rewrap step after it",
             reason="detached",
         )
     after = _next_module(record, records)
@@ -382,7 +382,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord]) -
             "no module ran after it. It was cut from the loss outside any module, where module hooks cannot "
             "see (`.detach()`, `torch.no_grad()`, a NumPy round trip (`.numpy()`, `.tolist()`, `.item()`) or "
             "a `torch.tensor(...)` rewrap), or nothing in the loss uses it.",
-            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/NumPy/`torch.tensor(...)` "
+            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/NumPy/`torch.tensor` rewrap "
             f"step after it), or remove {shown} if its output is not needed",
             reason="detached",
         )

@@ -303,7 +303,7 @@ def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanati
     """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
     if info.module not in ran and any(n in ran for n in _ancestors(info.module)):
         shown = f"`{info.module}`"
-        call = f"`{fixes.module_to_call(info.module, ran)}`"
+        call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
         return Explanation(
             cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
             fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",

@@ -268,7 +268,8 @@ class Checker:
             # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
-            missing = self._loop.judge(clist, missing, key, self.step)
+            missing = self._loop.judge(clist, missing, key, self.step,
+                                       cache.optimizers[key] if key is not None else None)
             if key is not None and self._loop.due(clist):
                 state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
                                                                cache.inventory)

@@ -56,6 +56,13 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
     )
 
 
+def _requires_grad_call(name: str) -> str:
+    """``call `temperature.requires_grad_()` `` when the name is the user's variable, else in words."""
+    if graph.code_name(name):
+        return f"call `{name}.requires_grad_()`"
+    return "call `requires_grad_()` on your tensor"
+
+
 def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
                     inventory: Inventory | None = None, watched: Iterable[WatchEntry] = ()) -> list[Finding]:
     """Findings for tensors handed to ``audit(tensors=...)``: non-leaf or no gradient."""
@@ -70,7 +77,7 @@ def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
                 f"`{name}` does not require grad: it was created without `requires_grad=True`, or it is "
                 "the result of `.detach()` (or of an op under `torch.no_grad()`), which returns a new "
                 "leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()` "
+                f"create it with `requires_grad=True`, or {_requires_grad_call(name)} "
                 "(drop the `.detach()` if it is meant to share the original's gradient)",
                 tensor=t, step=step, reason="requires_grad_false",
             ))
@@ -102,7 +109,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
                 f"`{entry.name}` does not require grad: it was created without `requires_grad=True`, "
                 "frozen with `requires_grad_(False)`, or it is the result of `.detach()` (or of an op "
                 "under `torch.no_grad()`), which returns a new leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or call `{entry.name}.requires_grad_()`",
+                f"create it with `requires_grad=True`, or {_requires_grad_call(entry.name)}",
                 tensor=t, step=step, reason="requires_grad_false", source="watch",
             ))
         elif not got_grad.get(entry.name, False):
@@ -167,7 +174,8 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
 ALL_PARAMETERS = "<every trainable parameter>"
 
 
-def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
+def no_grad_at_all(names: Sequence[str], *, step: int | None,
+                   optimizers: Sequence[torch.optim.Optimizer] = ()) -> Finding:
     """One finding for a check that found no gradient on any trainable tensor (every name an alias,
     so ``ignore=`` patterns on parameter names still apply)."""
     return make(
@@ -176,9 +184,8 @@ def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
         "no gradient exists at all: the check ran before `loss.backward()` or after "
         "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
         "`step()` (then nothing trains).",
-        "check after `loss.backward()` and before `optimizer.step()`; if that is where it runs, call "
-        "`optimizer.zero_grad()` before the forward pass (or right after `step()`), never between "
-        "`backward()` and `step()`",
+        "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
+        + _cleared_fix(optimizers[0] if len(optimizers) == 1 else None) + ", never between `backward()` and `step()`",
         step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
     )
 
@@ -537,7 +544,8 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
                      "another device than the module it belongs to is no placement plan (device_map "
                      "and pipeline stages place whole modules), and a 0-dim one is silently moved "
                      "at every use.")
-            fix = "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
+            fix = ("move it with the model: register it as a Parameter/buffer of the module and "
+                   + _model_to(inv, repr(str(main_device))))
         elif p.dtype != main_dtype:
             if not dtype_changes_training(p.dtype, main_dtype):
                 continue
@@ -550,7 +558,7 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
                 cause = (f"it was created or converted separately from the rest of the model: its updates "
                          f"are rounded to {short}, so steps smaller than its resolution are lost "
                          "without an error.")
-            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
+            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole: " + _model_to(inv, str(main_dtype))
         else:
             continue
         out.append(make(
@@ -558,6 +566,14 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
             cause, fix, tensor=p, step=step, aliases=info.aliases,
         ))
     return out
+
+
+def _model_to(inv: Inventory, where: str) -> str:
+    """``model.to('cuda:0')`` on the user's variable for the model, else in words."""
+    variable = fixes.variable_for(inv.model, inv.variables) if inv.model is not None else None
+    if variable is not None and fixes.is_code(f"{variable}.to({where})"):
+        return f"`{variable}.to({where})`"
+    return f"call `.to({where})` on your model"
 
 
 def spread_on_purpose(inv: Inventory) -> bool:
@@ -604,7 +620,12 @@ def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
 # -- the loop applies no gradient -------------------------------------------------------------
 _CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                   "`zero_grad()` is called between `backward()` and `step()`")
-_CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"
+def _cleared_fix(optimizer: Any = None, variables: Any = None) -> str:
+    """Where ``zero_grad()`` belongs, on the user's optimizer variable when known."""
+    variable = fixes.variable_for(optimizer, variables) if optimizer is not None else None
+    if variable is not None:
+        return f"call `{variable}.zero_grad()` before the forward pass (or right after `{variable}.step()`)"
+    return "call your optimizer's `zero_grad()` before the forward pass (or right after its `step()`)"
 
 
 def _listed(names: list[str], limit: int = 3) -> str:
@@ -612,14 +633,14 @@ def _listed(names: list[str], limit: int = 3) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def grad_cleared_all(where: str, names: list[str], *, step: int | None) -> Finding:
+def grad_cleared_all(where: str, names: list[str], *, step: int | None, optimizer: Any = None) -> Finding:
     """Every gradient of the optimizer about to step arrived in backward and was cleared."""
     n = len(names)
     return make(
         "grad_cleared", where, "error",
         f"`{where}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
         f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
-        _CLEARED_CAUSE + ".", _CLEARED_FIX,
+        _CLEARED_CAUSE + ".", _cleared_fix(optimizer),
         step=step, aliases=names, reason="cleared", tensors=n,
     )
 
@@ -655,7 +676,7 @@ def zero_lr(where: str, names: list[str], *, configured: float, since: int | Non
         fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
     else:
         cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
-        fix = "find what sets `param_group['lr'] = 0`, or freeze these tensors with `requires_grad_(False)` if that is intended"
+        fix = "find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if that is intended"
     return make(
         "no_update", where, "warning",
         f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "

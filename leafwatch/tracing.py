@@ -266,7 +266,7 @@ def called_directly(param_name: str, module_name: str) -> Explanation:
         f"gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
         "parameters are used outside its forward), so leafwatch cannot say more about where.",
         fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
-        f"call the module itself (`{module_name or 'model'}(x)`, not `.forward(x)`) so that hooks see it",
+        "call the module itself, not its `.forward`, so that hooks see it",
         reason="unused",
     )
 
@@ -310,7 +310,7 @@ def explain_missing(
             return Explanation(
                 cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
                 "require grad, so it ran without autograd and backward never recomputes it.",
-                fix="use `checkpoint(fn, x, use_reentrant=False)`, or make the checkpoint's input require grad",
+                fix="pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad",
                 reason="checkpoint",
             )
         return Explanation(

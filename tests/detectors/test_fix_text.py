@@ -257,3 +257,28 @@ def test_a_replaced_layer_is_given_to_the_users_optimizer_by_its_variable() -> N
         assert "rebuild `opt` after the last change to the model, with the same class and groups" in f.fix
         assert "AdamW" not in f.fix
         assert_valid_snippets(f.fix)
+
+
+# -- devices, dtypes, the loop ------------------------------------------------------------------
+def test_a_parameter_left_behind_is_moved_with_the_users_model_variable() -> None:
+    # The meta device stands in for CUDA (tests/core/test_cuda.py runs the same on a GPU).
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1)).to("meta")
+    model.scale = nn.Parameter(torch.ones(1))  # registered after the model was moved: stays on the CPU
+    report = leafwatch.audit(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    (finding,) = report.by_kind("device_mismatch")
+    assert finding.name == "scale"
+    assert "`model.to('meta')`" in finding.fix
+    assert_valid_snippets(finding.fix)
+
+
+def test_gradients_cleared_before_the_step_name_the_users_optimizer() -> None:
+    model = WithScale()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, opt, verbose=False).attach()
+    for _ in range(3):
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        opt.zero_grad()  # the bug: the gradients are gone before the step
+        opt.step()
+    (finding,) = monitor.close().by_kind("grad_cleared")
+    assert finding.fix == "call `opt.zero_grad()` before the forward pass (or right after `opt.step()`)"
+    assert_valid_snippets(finding.fix)

@@ -326,9 +326,14 @@ def _nn_name(scope: dict[str, Any]) -> str:
     return "nn"
 
 
+#: Right-hand sides that register already: an assignment with one of them is not the one to fix.
+_REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
+
+
 def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any]] | None:
     """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
-    module globals)`` read from the source of the class (and its bases outside torch)."""
+    module globals)`` read from the source of the class (and its bases outside torch); an
+    assignment that registers already (``nn.Parameter(...)`` in another branch) is passed over."""
     for cls in type(module).__mro__:
         if cls.__module__.startswith(("torch", "builtins")):
             continue
@@ -345,7 +350,9 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any]] | None
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:
                     target = node.targets[0]
                     if (isinstance(target, ast.Attribute) and target.attr == attr
-                            and isinstance(target.value, ast.Name) and target.value.id == me):
+                            and isinstance(target.value, ast.Name) and target.value.id == me
+                            and not (isinstance(node.value, ast.Call)
+                                     and ast.unparse(node.value.func).split(".")[-1] in _REGISTERING)):
                         return me, ast.unparse(node.value), dict(scope)
     return None
 

@@ -282,3 +282,18 @@ def test_gradients_cleared_before_the_step_name_the_users_optimizer() -> None:
     (finding,) = monitor.close().by_kind("grad_cleared")
     assert finding.fix == "call `opt.zero_grad()` before the forward pass (or right after `opt.step()`)"
     assert_valid_snippets(finding.fix)
+
+
+def test_the_assignment_that_registers_already_is_passed_over_for_the_one_that_does_not() -> None:
+    class Branches(nn.Module):
+        def __init__(self, bug: bool = True) -> None:
+            super().__init__()
+            self.fc = nn.Linear(2, 1)
+            if not bug:
+                self.temperature = nn.Parameter(torch.ones(1))
+            else:
+                self.temperature = torch.ones(1, requires_grad=True).to(torch.float64)
+
+    (finding,) = leafwatch.audit(Branches()).by_kind("orphan_tensor")
+    assert finding.fix == ("register it where it is assigned: "
+                           "`self.temperature = nn.Parameter(torch.ones(1).to(torch.float64))`")

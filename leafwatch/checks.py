@@ -250,7 +250,8 @@ def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: st
     model = inventory.model if inventory is not None else None
     code = fixes.tensor_code(name) if graph.code_name(name) else None
     add = fixes.add_to_optimizer(f"[{code}]" if code else None, inventory.optimizers if inventory is not None else (),
-                                 model=model, known=inventory.variables if inventory is not None else None)
+                                 model=model, known=inventory.variables if inventory is not None else None,
+                                 cache=inventory.fix_names if inventory is not None else None)
     frozen = f"`{code}.requires_grad_(False)`" if code else "call `requires_grad_(False)` on your tensor"
     return make(
         "not_in_optimizer", name, severity,
@@ -340,7 +341,7 @@ def silence_hint(name: str, module: str | None = None) -> str:
 
 def _unfrozen_fix(name: str, inv: Inventory) -> str:
     """Add an unfrozen tensor to the optimizer (Lightning: the finetuning callback's helper)."""
-    if fixes.framework(inv.model) == "lightning":
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
         return ("when unfreezing, add it to the optimizer too: Lightning's "
                 "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze")
     return "when unfreezing, " + fixes.give_to_optimizer([name], inv)
@@ -377,11 +378,12 @@ def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | N
     model = inv.model if inv is not None else None
     optimizers = inv.optimizers if inv is not None else []
     chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
-    if fixes.framework(model) == "lightning":
+    cache = inv.fix_names if inv is not None else None
+    if fixes.framework(model, cache) == "lightning":
         return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
                 "`__init__`), so that it holds the new parameters")
     known = inv.variables if inv is not None else None
-    variable = next((v for v in (fixes.variable_for(o, known) for o in chosen) if v is not None), None)
+    variable = next((v for v in (fixes.variable_for(o, known, cache) for o in chosen) if v is not None), None)
     which = f"`{variable}`" if variable else "your optimizer"
     return (fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
             + f"; or rebuild {which} after the last change to the model, with the same class and groups")
@@ -391,10 +393,11 @@ def _regroup_fix(inv: Inventory | None, optimizer: int) -> str:
     """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
     model = inv.model if inv is not None else None
     held = inv.optimizers[optimizer] if inv is not None and 0 <= optimizer < len(inv.optimizers) else None
-    if fixes.framework(model) == "lightning":
+    cache = inv.fix_names if inv is not None else None
+    if fixes.framework(model, cache) == "lightning":
         return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
                 "`__init__`), so that it holds the current parameters")
-    variable = fixes.variable_for(held, inv.variables if inv is not None else None)
+    variable = fixes.variable_for(held, inv.variables if inv is not None else None, cache)
     which = f"`{variable}` (your `{type(held).__name__}`)" if variable else "your optimizer"
     return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
             "so that it holds the current parameters")
@@ -570,7 +573,7 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
 
 def _model_to(inv: Inventory, where: str) -> str:
     """``model.to('cuda:0')`` on the user's variable for the model, else in words."""
-    variable = fixes.variable_for(inv.model, inv.variables) if inv.model is not None else None
+    variable = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
     if variable is not None and fixes.is_code(f"{variable}.to({where})"):
         return f"`{variable}.to({where})`"
     return f"call `.to({where})` on your model"

@@ -113,13 +113,19 @@ def _scopes() -> Iterable[tuple[str, dict[str, Any]]]:
         yield "", dict(list(main.items())[:_MAX_VALUES])
 
 
-def variable_for(obj: Any, known: Any = None) -> str | None:
+def variable_for(obj: Any, known: Any = None, cache: dict[Any, str | None] | None = None) -> str | None:
     """The user's variable for ``obj`` (``opt``, ``self.optimizer``, ``model``): the innermost
     frame that holds it, directly or through a wrapper (accelerate, Fabric, DDP, compile).
-    ``known``: a callable giving object id -> variable (a front-end that read them earlier)."""
+    ``known``: a callable giving object id -> variable (a front-end that read them earlier);
+    ``cache``: where an answer is kept for the next finding of the same check (by object id)."""
     if obj is None:
         return None
     obj = _unwrapped(obj)
+    if cache is not None:
+        key = ("variable", id(obj))
+        if key not in cache:
+            cache[key] = variable_for(obj, known)
+        return cache[key]
     if known is not None:
         try:
             name = known().get(id(obj))
@@ -140,9 +146,14 @@ def variable_for(obj: Any, known: Any = None) -> str | None:
 
 
 # -- the framework that builds the optimizer --------------------------------------------------
-def framework(model: Any = None) -> str | None:
+def framework(model: Any = None, cache: dict[Any, str | None] | None = None) -> str | None:
     """``"lightning"`` when the model is a LightningModule (or a Lightning Trainer runs the
-    check), ``"transformers"`` when a Hugging Face Trainer runs it, else None."""
+    check), ``"transformers"`` when a Hugging Face Trainer runs it, else None (``cache``: as
+    for :func:`variable_for`)."""
+    if cache is not None:
+        if "framework" not in cache:
+            cache["framework"] = framework(model)
+        return cache["framework"]
     if model is not None and any(c.__name__ == "LightningModule" for c in type(model).__mro__):
         return "lightning"
     for frame in frames.every_frame():
@@ -158,12 +169,13 @@ def framework(model: Any = None) -> str | None:
 
 
 # -- giving tensors to an optimizer -----------------------------------------------------------
-def tensor_code(name: str, model: Any = None, *, owner: str | None = None, known: Any = None) -> str | None:
+def tensor_code(name: str, model: Any = None, *, owner: str | None = None, known: Any = None,
+                cache: dict[Any, str | None] | None = None) -> str | None:
     """The code for the model's tensor ``name`` (``model.scale``; ``self.scale`` under
     Lightning), or, without a model, for a free tensor the user holds under that name; None
     when unknown."""
     if owner is None and model is not None:
-        owner = "self" if framework(model) == "lightning" else variable_for(model, known)
+        owner = "self" if framework(model, cache) == "lightning" else variable_for(model, known, cache)
         if owner is None:
             return None
     if owner is not None:
@@ -176,17 +188,18 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
     prefix the name starts with (``leafwatch run`` with several roots), under its variable."""
     if inventory is None:
         return None
-    known = getattr(inventory, "variables", None)
+    known, cache = getattr(inventory, "variables", None), getattr(inventory, "fix_names", None)
     for prefix, root in getattr(inventory, "roots", {}).items():
         if prefix == "":
-            return tensor_code(name, root, known=known)
+            return tensor_code(name, root, known=known, cache=cache)
         if name.startswith(prefix + "."):
-            return tensor_code(name[len(prefix) + 1:], root, known=known)
+            return tensor_code(name[len(prefix) + 1:], root, known=known, cache=cache)
     return None
 
 
 def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, model: Any = None,
-                     what: str = "it", variable: str | None = None, known: Any = None) -> str:
+                     what: str = "it", variable: str | None = None, known: Any = None,
+                     cache: dict[Any, str | None] | None = None) -> str:
     """How to give ``params`` (code for a list or an iterable of tensors: ``[model.scale]``,
     ``model.aux.parameters()``; None: "your tensor") to the optimizer the user already has,
     keeping its class and groups.
@@ -198,8 +211,9 @@ def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, mode
         what: The words for the tensors (``it``, ``them``).
         variable: The optimizer's variable when the caller knows it already.
         known: Object id -> variable, from a front-end (see :func:`variable_for`).
+        cache: Answers kept for the next finding (see :func:`variable_for`).
     """
-    where = framework(model)
+    where = framework(model, cache)
     cls = type(optimizers[0]).__name__ if optimizers else None
     if where == "lightning":
         listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
@@ -209,7 +223,7 @@ def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, mode
         return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}"
     group = f'{{"params": {params}}}' if params else None
     if variable is None:
-        variable = next((v for v in (variable_for(o, known) for o in optimizers) if v is not None), None)
+        variable = next((v for v in (variable_for(o, known, cache) for o in optimizers) if v is not None), None)
     if where == "transformers":
         if variable is not None and group is not None:
             return (f"add {what} to `{variable}`, the optimizer you pass in the Trainer's `optimizers=`, before "
@@ -238,7 +252,8 @@ def give_to_optimizer(names: Sequence[str], inventory: Any, optimizers: Sequence
     codes = [model_tensor_code(n, inventory) for n in names]
     params = "[" + ", ".join(c for c in codes if c) + "]" if codes and all(codes) else None
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
-    return add_to_optimizer(params, chosen, model=model, what=what, known=known)
+    return add_to_optimizer(params, chosen, model=model, what=what, known=known,
+                            cache=getattr(inventory, "fix_names", None))
 
 
 def params_code(names: Sequence[str], model: Any = None, *, inventory: Any = None) -> str | None:

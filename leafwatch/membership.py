@@ -227,7 +227,8 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     base = checks.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     optimizers = inv.optimizers if inv is not None else []
     if optimizer and root:
-        add = fixes.add_to_optimizer(f"{root}.parameters()", optimizers, variable=optimizer, what="it")
+        add = fixes.add_to_optimizer(f"{root}.parameters()", optimizers, variable=optimizer, what="it",
+                                     cache=inv.fix_names if inv is not None else None)
     else:
         add = "add it to an optimizer (a new one, or yours with `add_param_group`)"
     owner = f"`{root}`" if root else "its module"

@@ -181,7 +181,8 @@ class LossLeaves:
             add = fixes.add_to_optimizer(f"[{known}]" if known else None,
                                          inventory.optimizers if inventory is not None else (),
                                          model=inventory.model if inventory is not None else None,
-                                         known=inventory.variables if inventory is not None else None)
+                                         known=inventory.variables if inventory is not None else None,
+                                         cache=inventory.fix_names if inventory is not None else None)
             out.append(checks.make(
                 "not_in_optimizer", name, "info",
                 f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",

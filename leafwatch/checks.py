@@ -369,8 +369,16 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
 
 
 def _add_fix(name: str, inv: Inventory | None) -> str:
-    """Give the model's tensor ``name`` to the user's optimizer."""
-    return fixes.give_to_optimizer([name], inv) if inv is not None else fixes.add_to_optimizer(None)
+    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
+    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
+    if inv is None:
+        return fixes.add_to_optimizer(None)
+    module = fixes.outside_module(name, inv)
+    code = fixes.model_tensor_code(module, inv) if module else None
+    if code is not None:
+        return fixes.add_to_optimizer(f"{code}.parameters()", inv.optimizers, model=inv.model,
+                                      known=inv.variables, cache=inv.fix_names)
+    return fixes.give_to_optimizer([name], inv)
 
 
 def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None) -> str:

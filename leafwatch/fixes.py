@@ -11,7 +11,8 @@ is said in words ("your optimizer", "your tensor"); every code span is valid Pyt
 (:func:`code_spans` finds them, for the tests).
 
 Names are looked up only when a finding is made (rare, never on a healthy step), in the frames
-of the user's code and the script's module-level variables; nothing is kept.
+of the user's code and the script's module-level variables, once per object and structure
+snapshot (``Inventory.fix_names`` keeps the names, never an object).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import textwrap
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from . import frames
@@ -85,7 +87,9 @@ def _unwrapped(value: Any) -> Any:
     try:
         if isinstance(value, nn.Module):
             return unwrap(value)
-        if hasattr(value, "param_groups"):
+        # only optimizer types (AcceleratedOptimizer, LightningOptimizer, _FabricOptimizer): an
+        # object that answers every attribute (a mock) is never followed
+        if not isinstance(value, torch.optim.Optimizer) and type(value).__name__.endswith("Optimizer"):
             return unwrap_optimizer(value)[0]
     except Exception:
         return value
@@ -113,7 +117,7 @@ def _scopes() -> Iterable[tuple[str, dict[str, Any]]]:
         yield "", dict(list(main.items())[:_MAX_VALUES])
 
 
-def variable_for(obj: Any, known: Any = None, cache: dict[Any, str | None] | None = None) -> str | None:
+def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = None) -> str | None:
     """The user's variable for ``obj`` (``opt``, ``self.optimizer``, ``model``): the innermost
     frame that holds it, directly or through a wrapper (accelerate, Fabric, DDP, compile).
     ``known``: a callable giving object id -> variable (a front-end that read them earlier);
@@ -146,7 +150,7 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, str | None] | Non
 
 
 # -- the framework that builds the optimizer --------------------------------------------------
-def framework(model: Any = None, cache: dict[Any, str | None] | None = None) -> str | None:
+def framework(model: Any = None, cache: dict[Any, Any] | None = None) -> str | None:
     """``"lightning"`` when the model is a LightningModule (or a Lightning Trainer runs the
     check), ``"transformers"`` when a Hugging Face Trainer runs it, else None (``cache``: as
     for :func:`variable_for`)."""
@@ -170,7 +174,7 @@ def framework(model: Any = None, cache: dict[Any, str | None] | None = None) -> 
 
 # -- giving tensors to an optimizer -----------------------------------------------------------
 def tensor_code(name: str, model: Any = None, *, owner: str | None = None, known: Any = None,
-                cache: dict[Any, str | None] | None = None) -> str | None:
+                cache: dict[Any, Any] | None = None) -> str | None:
     """The code for the model's tensor ``name`` (``model.scale``; ``self.scale`` under
     Lightning), or, without a model, for a free tensor the user holds under that name; None
     when unknown."""
@@ -199,7 +203,7 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
 
 def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, model: Any = None,
                      what: str = "it", variable: str | None = None, known: Any = None,
-                     cache: dict[Any, str | None] | None = None) -> str:
+                     cache: dict[Any, Any] | None = None) -> str:
     """How to give ``params`` (code for a list or an iterable of tensors: ``[model.scale]``,
     ``model.aux.parameters()``; None: "your tensor") to the optimizer the user already has,
     keeping its class and groups.
@@ -254,6 +258,34 @@ def give_to_optimizer(names: Sequence[str], inventory: Any, optimizers: Sequence
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
     return add_to_optimizer(params, chosen, model=model, what=what, known=known,
                             cache=getattr(inventory, "fix_names", None))
+
+
+def outside_module(name: str, inventory: Any) -> str | None:
+    """The highest module (not the root) holding the tensor ``name`` whose trainable tensors are
+    all in no optimizer: the part the user left out as a whole (``aux_head``, not ``aux_head.0``);
+    None when the tensor alone is left out."""
+    cache = getattr(inventory, "fix_names", None)
+    outside = cache.get("outside modules") if cache is not None else None
+    if outside is None:
+        all_out: dict[str, bool] = {}
+        for key, info in inventory.params.items():
+            tensor = inventory.tensors.get(key)
+            if tensor is None or not tensor.requires_grad:
+                continue
+            out = key not in inventory.in_optimizer
+            parts = info.name.split(".")
+            for depth in range(1, len(parts)):
+                module = ".".join(parts[:depth])
+                all_out[module] = all_out.get(module, True) and out
+        outside = {m for m, out in all_out.items() if out}
+        if cache is not None:
+            cache["outside modules"] = outside
+    parts = name.split(".")
+    for depth in range(1, len(parts)):
+        module = ".".join(parts[:depth])
+        if module in outside and module in getattr(inventory, "modules", {}):
+            return module
+    return None
 
 
 def params_code(names: Sequence[str], model: Any = None, *, inventory: Any = None) -> str | None:

@@ -262,7 +262,7 @@ class Inventory:
         #: reads the script's variables while it runs): the fixes name them.
         self.variables: Callable[[], dict[int, str]] | None = None
         #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
-        self.fix_names: dict[Any, str | None] = {}
+        self.fix_names: dict[Any, Any] = {}
 
     # -- the model ---------------------------------------------------------------------------
     def _read_model(self, model: nn.Module, prefix: str = "") -> None:

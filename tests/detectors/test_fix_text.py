@@ -297,3 +297,25 @@ def test_the_assignment_that_registers_already_is_passed_over_for_the_one_that_d
     (finding,) = leafwatch.audit(Branches()).by_kind("orphan_tensor")
     assert finding.fix == ("register it where it is assigned: "
                            "`self.temperature = nn.Parameter(torch.ones(1).to(torch.float64))`")
+
+
+def test_a_module_left_out_as_a_whole_is_given_as_the_module_the_user_assigned() -> None:
+    class EncoderLeftOut(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+            self.head = nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.encoder(x))
+
+    model = EncoderLeftOut()
+    opt = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    _step(model, opt)
+    report = leafwatch.audit(model, opt)
+    assert report.names("not_in_optimizer") == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight",
+                                                "encoder.2.bias"}
+    for f in report.by_kind("not_in_optimizer"):
+        # `encoder`, as assigned, not `encoder.0` nor one tensor at a time
+        assert '`opt.add_param_group({"params": model.encoder.parameters()})`' in f.fix
+        assert_valid_snippets(f.fix)

@@ -604,7 +604,12 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     assert result.returncode == 1, result.stderr
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
     for name in names:
-        assert f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: rebuild the optimizer" in result.stderr
+        # the script's own `optimizer` and `model`, the new tensor as code (`model[0].weight`)
+        code = "model[{}].{}".format(*name.split("."))
+        assert (f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: add the new parameters to `optimizer` "
+                f'(your `SGD`, its groups as they are): `optimizer.add_param_group({{"params": [{code}]}})`') \
+            in result.stderr
+        assert "or rebuild `optimizer` after the last change to the model" in result.stderr
         assert f"optimizer 0 still holds the old `{name}`" in result.stderr
     assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
     (run,) = read_reports(str(tmp_path))

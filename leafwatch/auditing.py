@@ -8,6 +8,7 @@ hook: it sees the end state, so it says plainly when the cause of a missing grad
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 import torch
 from torch import nn
 
@@ -82,7 +83,7 @@ def audit(
     findings = report.tensors()
     missing = [f for f in findings if f.kind == Kind.MISSING_GRAD]
     if loss is None and len(missing) > 1 and events and events[-1].coverage == 0.0:
-        findings = _no_gradient_at_all(findings, missing, ignore_map, step)
+        findings = _no_gradient_at_all(findings, missing, ignore_map, step, opts)
     return Report(findings, step=step)
 
 
@@ -93,10 +94,10 @@ class _OneCheck(Monitor):
 
 
 def _no_gradient_at_all(findings: list[Finding], missing: list[Finding], ignore: Mapping[str, str],
-                        step: int | None) -> list[Finding]:
+                        step: int | None, optimizers: Sequence[Any] = ()) -> list[Finding]:
     """audit()'s one difference from a Monitor's first check (docs/architecture.md): with neither
     the loss nor forward hooks, a moment where no checked tensor has a gradient is one finding that
     says so (the check ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
     names = [n for f in missing for n in (f.name, *f.aliases)]
     rest = [f for f in findings if f.kind != Kind.MISSING_GRAD]
-    return [*rest, *apply_ignore([checks.no_grad_at_all(names, step=step)], ignore)]
+    return [*rest, *apply_ignore([checks.no_grad_at_all(names, step=step, optimizers=optimizers)], ignore)]

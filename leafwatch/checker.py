@@ -172,8 +172,10 @@ class Checker:
         self._loop.close()
 
     def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
-                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
+                            variables: Callable[[], dict[int, str]] | None = None) -> None:
         """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
+        self.structure.variables = variables
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
         self._membership.outside_roots = outside_roots
@@ -217,7 +219,7 @@ class Checker:
     def _undecided_loss_leaves(self, _: Any) -> None:
         """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
         if self.checks == 1:
-            for f in self._loss_leaves.undecided(self.step):
+            for f in self._loss_leaves.undecided(self.step, self.structure.inventory):
                 self.history_store.upsert(f)
 
     def _last_values(self, _: Any) -> None:
@@ -278,7 +280,8 @@ class Checker:
             # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
-            missing = self._loop.judge(clist, missing, key, self.step)
+            missing = self._loop.judge(clist, missing, key, self.step,
+                                       cache.optimizers[key] if key is not None else None)
             if key is not None and self._loop.due(clist):
                 state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
                                                                cache.inventory)
@@ -304,7 +307,7 @@ class Checker:
         loss, cache = state.loss, self.structure
         if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
             for f in self._loss_leaves.observe(
-                    loss, self.step, new_miss=True, exclude=lambda: outside.judged_elsewhere(
+                    loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
                         cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
                 self.history_store.upsert(f)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import graph, replaced
+from . import fixes, graph, replaced
 from .findings import Finding
 from .inventory import Inventory, Orphan, ParamInfo, describe_tensor, is_uninitialized, shape_of, shape_text
 from .tracing import Explanation
@@ -39,7 +39,8 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
 
 # -- non-leaf ---------------------------------------------------------------------------------
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
-             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = ()) -> Finding:
+             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = (),
+             location: str | None = None) -> Finding:
     found = found if found is not None else graph.origin(t)
     known = inventory.known_names() if inventory is not None else {}
     for entry in watched:  # a watched leaf has a name too
@@ -50,9 +51,16 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
     return make(
         "non_leaf", name, "error",
         f"`{name}` is not a leaf tensor{where}: its .grad will stay None and it will never train.",
-        cause, graph.fix_for_non_leaf(name, found, device=str(t.device)),
+        cause, fixes.non_leaf(name, found, location=location, tensor=t),
         tensor=t, step=step, op=found.op if found else None,
     )
+
+
+def _requires_grad_call(name: str) -> str:
+    """``call `temperature.requires_grad_()` `` when the name is the user's variable, else in words."""
+    if graph.code_name(name):
+        return f"call `{name}.requires_grad_()`"
+    return "call `requires_grad_()` on your tensor"
 
 
 def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
@@ -69,7 +77,7 @@ def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
                 f"`{name}` does not require grad: it was created without `requires_grad=True`, or it is "
                 "the result of `.detach()` (or of an op under `torch.no_grad()`), which returns a new "
                 "leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or call `{name}.requires_grad_()` "
+                f"create it with `requires_grad=True`, or {_requires_grad_call(name)} "
                 "(drop the `.detach()` if it is meant to share the original's gradient)",
                 tensor=t, step=step, reason="requires_grad_false",
             ))
@@ -89,7 +97,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
             continue
         if entry.expect_leaf and not entry.is_leaf:
             f = non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
-                         where=f" (watched at {entry.location})", watched=entries)
+                         where=f" (watched at {entry.location})", watched=entries, location=entry.location)
             out.append(f.replace(details={**f.details, "source": "watch"}))
             continue
         if not entry.expect_grad:
@@ -101,7 +109,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
                 f"`{entry.name}` does not require grad: it was created without `requires_grad=True`, "
                 "frozen with `requires_grad_(False)`, or it is the result of `.detach()` (or of an op "
                 "under `torch.no_grad()`), which returns a new leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or call `{entry.name}.requires_grad_()`",
+                f"create it with `requires_grad=True`, or {_requires_grad_call(entry.name)}",
                 tensor=t, step=step, reason="requires_grad_false", source="watch",
             ))
         elif not got_grad.get(entry.name, False):
@@ -168,7 +176,8 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
 ALL_PARAMETERS = "<every trainable parameter>"
 
 
-def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
+def no_grad_at_all(names: Sequence[str], *, step: int | None,
+                   optimizers: Sequence[torch.optim.Optimizer] = ()) -> Finding:
     """One finding for a check that found no gradient on any trainable tensor (every name an alias,
     so ``ignore=`` patterns on parameter names still apply)."""
     return make(
@@ -177,9 +186,8 @@ def no_grad_at_all(names: Sequence[str], *, step: int | None) -> Finding:
         "no gradient exists at all: the check ran before `loss.backward()` or after "
         "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
         "`step()` (then nothing trains).",
-        "check after `loss.backward()` and before `optimizer.step()`; if that is where it runs, call "
-        "`optimizer.zero_grad()` before the forward pass (or right after `step()`), never between "
-        "`backward()` and `step()`",
+        "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
+        + _cleared_fix(optimizers[0] if len(optimizers) == 1 else None) + ", never between `backward()` and `step()`",
         step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
     )
 
@@ -232,23 +240,27 @@ def dead_grad(name: str, checks: int, step: int) -> Finding:
         "that removes all of it, or gradients that underflow through a deep chain), a custom "
         "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
         "this rank with zeros.",
-        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad(loss, ...)` on the "
-        "intermediate outputs of one step); if it is unused on purpose, freeze it with `requires_grad_(False)`",
+        f"find what zeroes the gradient of `{name}` (`torch.autograd.grad` of one step's loss with respect "
+        "to the intermediate outputs); if it is unused on purpose, freeze it with `requires_grad_(False)`",
         step=step, zero_checks=checks,
     )
 
 
-def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str,
-                      **details: Any) -> Finding:
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str, *,
+                      inventory: Inventory | None = None, **details: Any) -> Finding:
     """A trainable tensor outside the model that gets gradients and is in no optimizer."""
+    model = inventory.model if inventory is not None else None
+    code = fixes.tensor_code(name) if graph.code_name(name) else None
+    add = fixes.add_to_optimizer(f"[{code}]" if code else None, inventory.optimizers if inventory is not None else (),
+                                 model=model, known=inventory.variables if inventory is not None else None,
+                                 cache=inventory.fix_names if inventory is not None else None)
+    frozen = f"`{code}.requires_grad_(False)`" if code else "call `requires_grad_(False)` on your tensor"
     return make(
         "not_in_optimizer", name, severity,
         f"`{name}` gets gradients but is in no optimizer: it never changes.",
         f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
         "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
-        f"add it to the optimizer (`torch.optim.AdamW([*model.parameters(), {name}])` or "
-        f"`optimizer.add_param_group({{'params': [{name}]}})`), better make it an `nn.Parameter` of the "
-        f"model; or, if it is fixed, `{name}.requires_grad_(False)`",
+        f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}",
         tensor=t, step=step, **{"source": "outside_model", "outside": True, **details},
     )
 
@@ -285,9 +297,9 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
     found = stale if stale is not None else replaced.pair(inv, previous_names)
     for pair in found.pairs:
         excluded.pop(id(pair.new), None)
-        out.append(stale_param(pair, step))
+        out.append(stale_param(pair, step, inv))
     for i, old in sorted(found.unpaired.items()):
-        out.append(stale_group(i, old, step, harmless=not found.unstepped))
+        out.append(stale_group(i, old, step, inv, harmless=not found.unstepped))
     for k, (info, p) in excluded.items():
         if k in seen_frozen:
             out.append(make(
@@ -295,12 +307,11 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
                 f"`{info.name}` was frozen when the optimizer was built and unfrozen after it "
                 "(`requires_grad_(True)`), without being added to the optimizer.",
-                f"when unfreezing, add it: `optimizer.add_param_group({{'params': [...]}})` (Lightning: "
-                "`BaseFinetuning.unfreeze_and_add_param_group(modules, optimizer)` does both)",
+                _unfrozen_fix(info.name, inv),
                 tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
             ))
             continue
-        out.append(not_in_optimizer(info, p, step=step))
+        out.append(not_in_optimizer(info, p, step=step, inventory=inv))
     for i, params in enumerate(inv.optimizer_params):
         for p in params:
             if p.requires_grad:
@@ -330,8 +341,16 @@ def silence_hint(name: str, module: str | None = None) -> str:
     return f'if that is intended, silence it: `ignore=["{pattern}"]`'
 
 
+def _unfrozen_fix(name: str, inv: Inventory) -> str:
+    """Add an unfrozen tensor to the optimizer (Lightning: the finetuning callback's helper)."""
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
+        return ("when unfreezing, add it to the optimizer too: Lightning's "
+                "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze")
+    return "when unfreezing, " + fixes.give_to_optimizer([name], inv)
+
+
 def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
-                     got_grad: bool | None = None) -> Finding:
+                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
     """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
     name = info.name
     if got_grad is None:
@@ -344,20 +363,57 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     return make(
         "not_in_optimizer", name, "error", message,
         f"`{name}` was left out when the optimizer's parameter list was built.",
-        "pass it to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from "
-        "`configure_optimizers`), or freeze it with `requires_grad_(False)`; "
+        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
         + silence_hint(name, info.module),
         tensor=p, step=step, aliases=info.aliases, reason="left_out",
         **({} if got_grad is None else {"got_grad": got_grad}),
     )
 
 
-_REBUILD_FIX = ("rebuild the optimizer after the last change to the model "
-                "(`optimizer = torch.optim.AdamW(model.parameters())`), or give it the new parameters "
-                "with `optimizer.add_param_group({'params': [...]})`")
+def _add_fix(name: str, inv: Inventory | None) -> str:
+    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
+    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
+    if inv is None:
+        return fixes.add_to_optimizer(None)
+    module = fixes.outside_module(name, inv)
+    code = fixes.model_tensor_code(module, inv) if module else None
+    if code is not None:
+        return fixes.add_to_optimizer(f"{code}.parameters()", inv.optimizers, model=inv.model,
+                                      known=inv.variables, cache=inv.fix_names)
+    return fixes.give_to_optimizer([name], inv)
 
 
-def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
+def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None) -> str:
+    """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+    model = inv.model if inv is not None else None
+    optimizers = inv.optimizers if inv is not None else []
+    chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
+    cache = inv.fix_names if inv is not None else None
+    if fixes.framework(model, cache) == "lightning":
+        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
+                "`__init__`), so that it holds the new parameters")
+    known = inv.variables if inv is not None else None
+    variable = next((v for v in (fixes.variable_for(o, known, cache) for o in chosen) if v is not None), None)
+    which = f"`{variable}`" if variable else "your optimizer"
+    return (fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
+            + f"; or rebuild {which} after the last change to the model, with the same class and groups")
+
+
+def _regroup_fix(inv: Inventory | None, optimizer: int) -> str:
+    """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
+    model = inv.model if inv is not None else None
+    held = inv.optimizers[optimizer] if inv is not None and 0 <= optimizer < len(inv.optimizers) else None
+    cache = inv.fix_names if inv is not None else None
+    if fixes.framework(model, cache) == "lightning":
+        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
+                "`__init__`), so that it holds the current parameters")
+    variable = fixes.variable_for(held, inv.variables if inv is not None else None, cache)
+    which = f"`{variable}` (your `{type(held).__name__}`)" if variable else "your optimizer"
+    return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
+            "so that it holds the current parameters")
+
+
+def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = None) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     name, old = pair.name, pair.old
     old_shape, new_shape = shape_of(old), shape_of(pair.new)
@@ -375,7 +431,7 @@ def stale_param(pair: replaced.Pair, step: int | None) -> Finding:
         f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
         "optimizer and never changes.",
         cause,
-        _REBUILD_FIX, tensor=pair.new, step=step, optimizer=pair.optimizer,
+        _rebuild_fix([name], inv, pair.optimizer), tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
         group=stale_group_key(pair.optimizer),
     )
@@ -387,7 +443,7 @@ def stale_group_key(optimizer: int) -> str:
 
 
 def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
-                harmless: bool = False) -> Finding:
+                inv: Inventory | None = None, harmless: bool = False) -> Finding:
     """The old tensors of one optimizer that no current parameter replaced: one finding for all.
 
     ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were
@@ -395,7 +451,7 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
     """
     n = len(old)
     if harmless:
-        return _stale_leftovers(optimizer, old, step)
+        return _stale_leftovers(optimizer, old, step, inv)
     names = [name for _, name in old if name is not None]
     known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
     lazy = sum(1 for t, _ in old if is_uninitialized(t))
@@ -410,12 +466,13 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
-        cause, _REBUILD_FIX, step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
+        cause, _regroup_fix(inv, optimizer), step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
         group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
     )
 
 
-def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None) -> Finding:
+def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
+                     inv: Inventory | None = None) -> Finding:
     """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
     n = len(old)
     names = [name for _, name in old if name is not None]
@@ -433,8 +490,7 @@ def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]],
         f"optimizer {optimizer} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
         f"uses{known}: harmless, costs memory.",
         cause,
-        "nothing needed; to free the memory, rebuild the optimizer from the model's parameters "
-        "(`torch.optim.AdamW(model.parameters())`, carrying its state over if you need it)",
+        "nothing needed; to free the memory, " + _regroup_fix(inv, optimizer),
         step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy, leftovers=True,
         old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
         group=stale_group_key(optimizer),
@@ -462,7 +518,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             "orphan_tensor", name, severity,
             f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
             f"the module is stored in {where}, which `nn.Module` does not look into.",
-            _container_fix(attr, kinds, modules=True),
+            fixes.container_fix(_owner(inv, name), attr, kinds, modules=True),
             tensor=t, step=step, container=orphan.container, containers=list(kinds),
         )
     if kinds:
@@ -471,7 +527,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             "orphan_tensor", name, severity,
             f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
             f"tensors in {where} are not parameters of the module.",
-            _container_fix(attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
+            fixes.container_fix(_owner(inv, name), attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
             containers=list(kinds),
         )
     if not t.is_leaf:
@@ -481,19 +537,18 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
         if from_parameter and found.fix_hint in ("device", "dtype"):
             cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
                       "tensor, not a Parameter.")
-        moved = {"device": "t.to(device)", "dtype": "t.to(dtype)"}.get(found.fix_hint if found else "", "t.detach()")
         return make(
             "orphan_tensor", name, severity,
             f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
             cause,
-            f"register the converted tensor: `self.{name.split('.')[-1]} = nn.Parameter({moved})`",
+            fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
             tensor=t, step=step, container="attribute", op=found.op if found else None,
         )
     return make(
         "orphan_tensor", name, severity,
         f"module attribute `{name}` requires grad but is a plain tensor, not an `nn.Parameter`: {effect}.",
         "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
-        f"`self.{name.split('.')[-1]} = nn.Parameter(tensor)`",
+        fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
         tensor=t, step=step, container="attribute",
     )
 
@@ -507,19 +562,10 @@ def _describe_containers(kinds: tuple[str, ...]) -> str:
     return " inside ".join(_CONTAINER_WORDS.get(k, k) for k in reversed(kinds))
 
 
-def _container_fix(attr: str, kinds: tuple[str, ...], *, modules: bool) -> str:
-    """The registered containers that replace plain ones, nested as the plain ones were."""
-    if any(k in ("dataclass", "namedtuple") for k in kinds):
-        what = "modules" if modules else "tensors as `nn.Parameter`s"
-        return (f"register the {what}: assign them as module attributes, or keep them in "
-                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}")
-    inner = ("nn.ModuleList" if kinds[-1] == "list" else "nn.ModuleDict") if modules else \
-        ("nn.ParameterList" if kinds[-1] == "list" else "nn.ParameterDict")
-    if len(kinds) == 1:
-        return f"wrap the container: `self.{attr} = {inner}(...)`" if modules else f"use `{inner}` for the container"
-    outer = "".join(("nn.ModuleList([" if k == "list" else "nn.ModuleDict({") for k in kinds[:-1])
-    close = "".join(("])" if k == "list" else "})") for k in reversed(kinds[:-1]))
-    return f"register every level: `self.{attr} = {outer}... {inner}(...) ...{close}`"
+def _owner(inv: Inventory, name: str) -> Any:
+    """The module that holds the attribute an orphan's name starts with (``sub.blocks[0].w`` -> ``sub``)."""
+    path = name.split("[")[0]
+    return inv.modules.get(path.rpartition(".")[0] if "." in path else "")
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:
@@ -549,7 +595,8 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
                      "another device than the module it belongs to is no placement plan (device_map "
                      "and pipeline stages place whole modules), and a 0-dim one is silently moved "
                      "at every use.")
-            fix = "move it with the model: register it as a Parameter/buffer of the module and call `model.to(device)`"
+            fix = ("move it with the model: register it as a Parameter/buffer of the module and "
+                   + _model_to(inv, repr(str(main_device))))
         elif p.dtype != main_dtype:
             if not dtype_changes_training(p.dtype, main_dtype):
                 continue
@@ -562,7 +609,7 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
                 cause = (f"it was created or converted separately from the rest of the model: its updates "
                          f"are rounded to {short}, so steps smaller than its resolution are lost "
                          "without an error.")
-            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole with `model.to(dtype)`"
+            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole: " + _model_to(inv, str(main_dtype))
         else:
             continue
         out.append(make(
@@ -570,6 +617,14 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
             cause, fix, tensor=p, step=step, aliases=info.aliases,
         ))
     return out
+
+
+def _model_to(inv: Inventory, where: str) -> str:
+    """``model.to('cuda:0')`` on the user's variable for the model, else in words."""
+    variable = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
+    if variable is not None and fixes.is_code(f"{variable}.to({where})"):
+        return f"`{variable}.to({where})`"
+    return f"call `.to({where})` on your model"
 
 
 def spread_on_purpose(inv: Inventory) -> bool:
@@ -616,7 +671,12 @@ def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
 # -- the loop applies no gradient -------------------------------------------------------------
 _CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                   "`zero_grad()` is called between `backward()` and `step()`")
-_CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"
+def _cleared_fix(optimizer: Any = None, variables: Any = None) -> str:
+    """Where ``zero_grad()`` belongs, on the user's optimizer variable when known."""
+    variable = fixes.variable_for(optimizer, variables) if optimizer is not None else None
+    if variable is not None:
+        return f"call `{variable}.zero_grad()` before the forward pass (or right after `{variable}.step()`)"
+    return "call your optimizer's `zero_grad()` before the forward pass (or right after its `step()`)"
 
 
 def _listed(names: list[str], limit: int = 3) -> str:
@@ -624,14 +684,14 @@ def _listed(names: list[str], limit: int = 3) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def grad_cleared_all(where: str, names: list[str], *, step: int | None) -> Finding:
+def grad_cleared_all(where: str, names: list[str], *, step: int | None, optimizer: Any = None) -> Finding:
     """Every gradient of the optimizer about to step arrived in backward and was cleared."""
     n = len(names)
     return make(
         "grad_cleared", where, "error",
         f"`{where}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
         f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
-        _CLEARED_CAUSE + ".", _CLEARED_FIX,
+        _CLEARED_CAUSE + ".", _cleared_fix(optimizer),
         step=step, aliases=names, reason="cleared", tensors=n,
     )
 
@@ -667,7 +727,7 @@ def zero_lr(where: str, names: list[str], *, configured: float, since: int | Non
         fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
     else:
         cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
-        fix = "find what sets `param_group['lr'] = 0`, or freeze these tensors with `requires_grad_(False)` if that is intended"
+        fix = "find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if that is intended"
     return make(
         "no_update", where, "warning",
         f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "

@@ -65,6 +65,10 @@ def outside(frame: FrameType | None, *, frameworks: bool = True) -> Iterator[Fra
     """The frames of the user's code from ``frame`` up (``frame`` itself included when it is the
     user's): outside leafwatch and, with ``frameworks``, outside the :data:`FRAMEWORKS`."""
     return _outside(frame, _prefixes(frameworks, ()))
+def every_frame(depth: int = 1) -> Iterator[FrameType]:
+    """Every frame of the stack, innermost first, the frameworks' included (a Trainer that runs
+    the check); ``depth`` 1 is the caller of this function."""
+    return _outside(sys._getframe(depth), ())
 
 
 def _outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> Iterator[FrameType]:

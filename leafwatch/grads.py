@@ -198,7 +198,8 @@ class GradientTracker:
             explanation = tracing.called_directly(name, info.module)
         elif info is not None:
             explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
-                                                  tracer.armed_since_reset, ops_traced=tracer.ops_traced)
+                                                  tracer.armed_since_reset, self._modules,
+                                                  ops_traced=tracer.ops_traced)
         cut = self._observed_cut(pid, tracer)
         if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
             # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
@@ -456,7 +457,7 @@ class WatchedTracker:
         (updated by hand), ``not_in_optimizer`` when it did not. Returns the keys written."""
         keys = set()
         found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
-                                                in_optimizer=self._cached(in_optimizer))
+                                                in_optimizer=self._cached(in_optimizer), inventory=inv)
         tensors = {e.name: e.tensor() for e in entries}
         for f in found:
             t = tensors.get(f.name)

@@ -167,30 +167,3 @@ def code_name(name: str) -> str | None:
     """``name`` when it can stand in code as a variable or attribute path, else None
     (``tensors[0]``, ``tensor@train.py:12``: names leafwatch made up)."""
     return name if all(part.isidentifier() for part in name.split(".")) else None
-
-
-def fix_for_non_leaf(name: str, found: Origin | None, device: str = "device") -> str:
-    """The one-line fix for a non-leaf, by what made it non-leaf (always valid code)."""
-    hint = found.fix_hint if found is not None else "other"
-    var = code_name(name) or "t"
-    named = "" if code_name(name) else (
-        f" (`{name}` is a name leafwatch made up: pass `tensors={{'my_name': t}}` or "
-        "`watch(t, name='my_name')` to give it yours)")
-    if hint == "device":
-        register = f", or register it: `self.{var.split('.')[-1]} = nn.Parameter(t.to({device!r}))`" \
-            if found is not None and found.leaf is not None and found.leaf.is_parameter else ""
-        return (
-            f"create it where it lives: `{var} = torch.tensor(..., device={device!r}, requires_grad=True)`, "
-            f"or move first and then `{var} = {var}.detach().requires_grad_()`{register}{named}"
-        )
-    if hint == "dtype":
-        return (f"convert first, then ask for grad: `{var} = t.to(dtype).requires_grad_()`, or pass `dtype=` "
-                f"when creating it{named}")
-    if hint == "clone":
-        return f"make the copy a leaf: `{var} = t.detach().clone().requires_grad_()`{named}"
-    if hint == "arithmetic":
-        return f"do the arithmetic first, then ask for grad: `{var} = (torch.randn(...) * 0.01).requires_grad_()`{named}"
-    if hint == "view":
-        return (f"make the slice its own leaf: `{var} = t[...].detach().clone().requires_grad_()`, or slice the "
-                f"leaf where it is used{named}")
-    return f"make it a leaf: `{var} = {var}.detach().requires_grad_()`, or use `nn.Parameter`{named}"

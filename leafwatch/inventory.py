@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -258,6 +258,11 @@ class Inventory:
             [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
         ]
         self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
+        #: Object id -> the user's variable for it, when a front-end knows them (``leafwatch run``
+        #: reads the script's variables while it runs): the fixes name them.
+        self.variables: Callable[[], dict[int, str]] | None = None
+        #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
+        self.fix_names: dict[Any, Any] = {}
 
     # -- the model ---------------------------------------------------------------------------
     def _read_model(self, model: nn.Module, prefix: str = "") -> None:

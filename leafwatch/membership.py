@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import checks, tracing
+from . import checks, fixes, tracing
 from .evidence import HandUpdates
 from .findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from .history import FindingHistory
@@ -135,12 +135,12 @@ class MembershipJudge:
         """What a held finding becomes once the gradient rule reports it."""
         outside = self._outside_root(t, inv)
         if outside is not None and not self._held_by_waiting(t):
-            decided = _outside_root_finding(info, t, step, outside)
+            decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
         if self.grace:
-            decided = self._late(f, info, t, step, severity)
+            decided = self._late(f, info, t, step, severity, inv)
         else:
-            decided = self._decided(f, info, t, step)
+            decided = self._decided(f, info, t, step, inv)
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
             details["decided_step"] = step
@@ -168,9 +168,10 @@ class MembershipJudge:
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
 
-    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str) -> Finding:
+    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
+              inv: Inventory | None = None) -> Finding:
         held_by_waiting = self._held_by_waiting(t)
-        base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if held_by_waiting:
             message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
                        "checks: it never changes.")
@@ -197,10 +198,10 @@ class MembershipJudge:
                          cause=decided.cause, fix=decided.fix, details=decided.details)
 
     @staticmethod
-    def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int) -> Finding:
+    def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int, inv: Inventory | None = None) -> Finding:
         """The held finding as the check decides it; a tensor unfrozen after the optimizer was
         built keeps the cause and fix that say so."""
-        decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None)
+        decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if f.details.get("reason") == "unfrozen_after":
             decided = decided.replace(cause=f.cause, fix=f.fix,
                                       details={**decided.details, "reason": "unfrozen_after"})
@@ -216,14 +217,19 @@ class MembershipJudge:
                                            details={**f.details, "decided_step": step}))
 
 
-def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str]) -> Finding:
+def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
+                          inv: Inventory | None = None) -> Finding:
     """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
     changes: a forgotten optimizer, or a fixed network that should not require grad (a warning).
     ``names``: the module's name in the script and the optimizer's variable ("" when unknown)."""
     root, optimizer = names
-    base = checks.not_in_optimizer(info, t, step=step, got_grad=True)
-    add = (f"`{optimizer}`: `{optimizer}.add_param_group({{\"params\": {root}.parameters()}})`"
-           if optimizer and root else "an optimizer")
+    base = checks.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
+    optimizers = inv.optimizers if inv is not None else []
+    if optimizer and root:
+        add = fixes.add_to_optimizer(f"{root}.parameters()", optimizers, variable=optimizer, what="it",
+                                     cache=inv.fix_names if inv is not None else None)
+    else:
+        add = "add it to an optimizer (a new one, or yours with `add_param_group`)"
     owner = f"`{root}`" if root else "its module"
     frozen = f"`{root}.requires_grad_(False)`" if root else "`requires_grad_(False)` on it"
     return base.replace(
@@ -231,7 +237,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
         message=f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes.",
         cause=f"{owner} (which holds `{info.name}`) is in no optimizer: its optimizer was forgotten, or it is a "
         "fixed network that still requires grad.",
-        fix=f"add it to {add}, or, if it should stay fixed, {frozen}",
+        fix=f"{add}; or, if it should stay fixed, {frozen}",
         details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer})
 
 

@@ -321,14 +321,15 @@ class Monitor:
     def wait_for_optimizers(self, checks_: int,
                             waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
                             outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
-                            values_until: int = 0) -> None:
+                            values_until: int = 0, variables: Callable[[], dict[int, str]] | None = None) -> None:
         """For front-ends that meet optimizers only when they step (``leafwatch run``): keep
         ``not_in_optimizer`` pending for ``checks_`` checks (``waiting``: the optimizers that exist
         and have not stepped; ``outside_roots``: tensor id -> (root name, optimizer variable) of
-        roots no optimizer holds), and check gradient values at every check up to ``values_until``.
+        roots no optimizer holds), and check gradient values at every check up to ``values_until``;
+        ``variables``: object id -> the script's variable for it, named by the fixes.
         """
         self._checker.values.every_check_values_until = validate_int(values_until, "values_until", 0)
-        self._checker.wait_for_optimizers(checks_, waiting, outside_roots)
+        self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables)
 
 
 class _StepHooks:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from . import checks, frames, graph
+from . import checks, fixes, frames, graph
 from .evidence import HandUpdates
 from .findings import Finding
 from .inventory import Inventory, shape_text
@@ -36,7 +36,8 @@ def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
-                            in_optimizer: Callable[[WatchEntry], bool]) -> list[Finding]:
+                            in_optimizer: Callable[[WatchEntry], bool],
+                            inventory: Inventory | None = None) -> list[Finding]:
     """``not_in_optimizer`` (error) for each watched leaf that got a gradient and no optimizer holds.
 
     Args:
@@ -44,6 +45,7 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
         step: The step to record.
         model_ids: Ids of the model's parameters (judged by the structural checks instead).
         in_optimizer: Whether an entry's tensor is in one of the optimizers that judge it.
+        inventory: The structure (its optimizers and model name the user's variables in the fix).
     """
     out = []
     for entry in entries:
@@ -54,7 +56,7 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
             continue  # no gradient: that is missing_grad's business
         if not in_optimizer(entry):
             out.append(checks.outside_optimizer(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
-                                source="watch", watched_at=entry.location))
+                                inventory=inventory, source="watch", watched_at=entry.location))
     return out
 
 
@@ -97,16 +99,25 @@ def caller_name(t: torch.Tensor) -> str | None:
 def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Optimizer],
                      entries: Iterable[WatchEntry]) -> set[int]:
     """Ids that other checks judge: the model's tensors and orphans, every optimizer's tensors,
-    watched tensors, and the hidden leaves behind watched non-leaves (one mistake, one finding:
-    the non-leaf's finding already names the leaf that gets its gradient)."""
+    watched tensors, and the hidden leaves behind the non-leaves among them (a watched non-leaf,
+    a module attribute such as ``self.log_scale = torch.tensor(x, requires_grad=True).float()``, a
+    non-leaf an optimizer holds): one mistake, one finding, whose cause already names the leaf
+    that gets the gradient."""
     ids = optimizer_ids(optimizers)
+    non_leaves: list[torch.Tensor] = [p for opt in optimizers for g in opt.param_groups for p in g["params"]
+                                      if isinstance(p, torch.Tensor) and not p.is_leaf]
     for e in entries:
         t = e.tensor()
         ids.add(id(t))
-        if t is not None and not e.is_leaf and t.grad_fn is not None:
-            ids.update(id(leaf) for leaf in graph.leaves_of(t.grad_fn)[0])
+        if t is not None and not e.is_leaf:
+            non_leaves.append(t)
     if inv is not None:
-        ids |= set(inv.tensors) | inv.buffers | {id(o.tensor) for o in inv.orphans()}
+        orphans = [o.tensor for o in inv.orphans()]
+        ids |= set(inv.tensors) | inv.buffers | {id(t) for t in orphans}
+        non_leaves += [t for t in orphans if not t.is_leaf]
+    for t in non_leaves:
+        if t.grad_fn is not None:
+            ids.update(id(leaf) for leaf in graph.leaves_of(t.grad_fn, limit=256)[0])
     return ids
 
 
@@ -125,7 +136,7 @@ class LossLeaves:
         return not self._walked or bool(self._suspects) or new_miss
 
     def observe(self, loss: torch.Tensor, step: int | None, *, exclude: Callable[[], set[int]],
-                new_miss: bool = False) -> list[Finding]:
+                new_miss: bool = False, inventory: Inventory | None = None) -> list[Finding]:
         """Walk ``loss``'s graph when due; findings for suspects seen again as the same tensor.
 
         Args:
@@ -134,6 +145,7 @@ class LossLeaves:
             exclude: Ids judged elsewhere (model parameters, optimizer tensors, watched tensors,
                 orphans), computed only when the walk finds a candidate.
             new_miss: A tensor started missing its gradient at this check.
+            inventory: The structure (its optimizers and model name the user's variables in the fix).
         """
         if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not self.wants_walk(new_miss):
             return []
@@ -165,12 +177,13 @@ class LossLeaves:
             elif verdict == "unchanged":
                 name = caller_name(t) or f"{shape_text(t)} used by {op}"
                 out.append(checks.outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
-                                    f"(used by `{op}`) and does not change between checks", op=op, persistent=True))
+                                    f"(used by `{op}`) and does not change between checks", inventory=inventory,
+                                    op=op, persistent=True))
         self._suspects = suspects
         self._hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
         return out
 
-    def undecided(self, step: int | None) -> list[Finding]:
+    def undecided(self, step: int | None, inventory: Inventory | None = None) -> list[Finding]:
         """Info findings for the suspects seen once: a run of one check cannot tell a persistent
         leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
         out = []
@@ -180,8 +193,11 @@ class LossLeaves:
                 continue
             known = caller_name(t)
             name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
-            add = (f"`optimizer.add_param_group({{'params': [{known}]}})`" if known else
-                   "`optimizer.add_param_group` with your tensor in its `params`")
+            add = fixes.add_to_optimizer(f"[{known}]" if known else None,
+                                         inventory.optimizers if inventory is not None else (),
+                                         model=inventory.model if inventory is not None else None,
+                                         known=inventory.variables if inventory is not None else None,
+                                         cache=inventory.fix_names if inventory is not None else None)
             out.append(checks.make(
                 "not_in_optimizer", name, "info",
                 f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
@@ -189,7 +205,7 @@ class LossLeaves:
                 f"(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
                 f"fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
                 f"A Monitor, which sees the next step, decides.",
-                f"if it should train, give it to your optimizer ({add}); if it is fixed, create it "
+                f"if it should train, {add}; if it is fixed, create it "
                 "without `requires_grad=True`; if it is made fresh each step, nothing",
                 tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None))
         return out

@@ -128,7 +128,7 @@ class ClearedGradients:
         return bool(self.ongoing or self.all_cleared)
 
     def judge(self, clist: CheckList, missing: list[int], arrived: set[int], where: str,
-              step: int) -> tuple[list[int], list[int]]:
+              step: int, optimizer: Any = None) -> tuple[list[int], list[int]]:
         """Findings for one check of ``clist``; returns (the indices still missing, the cleared ids).
 
         ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
@@ -152,7 +152,8 @@ class ClearedGradients:
                 self.history.resolve(key, step)
         if everything:
             self.all_cleared.add(where)
-            self.history.upsert(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step))
+            self.history.upsert(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
+                                                        optimizer=optimizer))
         else:
             for i in cleared:
                 p, name = clist.params[i], clist.names[i]
@@ -434,7 +435,8 @@ class LoopWatch:
         cleared = self.cleared
         return bool(self.arrivals.handles or cleared.ongoing or cleared.all_cleared)
 
-    def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int) -> list[int]:
+    def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int,
+              optimizer: Any = None) -> list[int]:
         """The missing indices left once the cleared gradients are told apart (the hot path: a
         healthy step, with no hook armed and nothing cleared, returns at the first test)."""
         cleared = self.cleared
@@ -443,7 +445,7 @@ class LoopWatch:
         arrived = self.arrivals.take(clist.ids)
         if not (missing or self.cleared):
             return missing
-        missing, cleared = self.cleared.judge(clist, missing, arrived, optimizer_name(index), step)
+        missing, cleared = self.cleared.judge(clist, missing, arrived, optimizer_name(index), step, optimizer)
         self._cleared_now += cleared
         return missing
 

@@ -156,6 +156,8 @@ class StructureCache:
         self.left_out: set[int] = set()
         #: How many times the structure was read (for tests of the hot path).
         self.rebuilds = 0
+        #: Object id -> the user's variable, when the front-end knows them (``leafwatch run``).
+        self.variables: Callable[[], dict[int, str]] | None = None
         _known_optimizers.update(optimizers)
 
     # -- what is checked ---------------------------------------------------------------------
@@ -271,6 +273,7 @@ class StructureCache:
         if old is not None:
             self.previous_names.update(old.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
+        inv.variables = self.variables
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

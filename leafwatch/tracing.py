@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts
+from . import cuts, fixes
 
 if TYPE_CHECKING:
     from .inventory import Inventory
@@ -437,7 +437,7 @@ def called_directly(param_name: str, module_name: str) -> Explanation:
         f"gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
         "parameters are used outside its forward), so leafwatch cannot say more about where.",
         fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
-        f"call the module itself (`{module_name or 'model'}(x)`, not `.forward(x)`) so that hooks see it",
+        "call the module itself, not its `.forward`, so that hooks see it",
         reason="unused",
     )
 
@@ -448,6 +448,7 @@ def explain_missing(
     attribute: str,
     records: dict[str, RunRecord],
     armed: set[str],
+    modules: dict[str, nn.Module] | None = None,
     *,
     ops_traced: bool = False,
 ) -> Explanation | None:
@@ -472,9 +473,10 @@ def explain_missing(
         parent = max(parents, key=lambda r: len(r.name), default=None)
         parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
         where = f" ({parent_name} ran, but did not call it)" if parent else ""
+        call = f"`{fixes.module_code(fixes.module_to_call(module_name, records, modules))}`" if module_name else shown
         return Explanation(
             cause=f"module {shown} never ran in this step's forward{where}.",
-            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
             reason="never_ran",
         )
     if not record.grad_enabled:
@@ -482,7 +484,7 @@ def explain_missing(
             return Explanation(
                 cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
                 "require grad, so it ran without autograd and backward never recomputes it.",
-                fix="use `checkpoint(fn, x, use_reentrant=False)`, or make the checkpoint's input require grad",
+                fix="pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad",
                 reason="checkpoint",
             )
         return Explanation(
@@ -498,7 +500,7 @@ def explain_missing(
             "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
             f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
             fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
-            f"`torch.tensor({attribute}...)`",
+            f"`torch.tensor({attribute})`",
             reason="data_access",
         )
     if not record.backward_reached:
@@ -507,7 +509,7 @@ def explain_missing(
         cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
         f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
         f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
-        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute}...)`), or delete it",
+        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), or delete it",
         reason="unused",
     )
 
@@ -534,7 +536,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
             f"reached it: what `{user.name}` made from it does not reach the loss (nothing in the loss uses it, or "
             f"it was cut after `{user.name}`). {unseen}",
             fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/`.item()`/"
-            "`.tolist()`/NumPy/`torch.tensor(...)` step after it",
+            "`.tolist()`/NumPy/`torch.tensor` rewrap step after it",
             reason="detached",
         )
     after = _next_module(record, records)
@@ -545,7 +547,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
             "module that leafwatch watches ran after it: it was cut from the loss outside any module, or "
             f"nothing in the loss uses it. {unseen}",
             fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/`.item()`/NumPy/"
-            f"`torch.tensor(...)` step after it), or remove {shown} if its output is not needed",
+            f"`torch.tensor` rewrap step after it), or remove {shown} if its output is not needed",
             reason="detached",
         )
     between = f" between {shown} and `{after.name}` (the next module that ran)"

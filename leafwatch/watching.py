@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import graph
+from . import fixes, graph
 from .frames import caller_location, stacklevel_outside
 from .findings import LeafwatchInternalWarning, LeafwatchWarning
 
@@ -261,7 +261,7 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         warnings.warn(
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
-            f"Fix: {graph.fix_for_non_leaf(name, entry.origin, device=str(tensor.device))}",
+            f"Fix: {fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)}",
             LeafwatchWarning,
             stacklevel=stacklevel_outside(frameworks=False),
         )

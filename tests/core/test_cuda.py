@@ -83,7 +83,7 @@ def test_parameter_left_on_cpu_is_a_device_mismatch():
     assert finding.name == "scale"
     assert finding.device == "cpu"
     assert "on cpu while the other trainable parameters are on cuda" in finding.message
-    assert "model.to(device)" in finding.fix
+    assert "`model.to('cuda:0')`" in finding.fix  # the user's variable for the model, the device it is on
 
 
 def test_monitor_reports_a_nan_grad_on_cuda_one_check_late_or_at_close():

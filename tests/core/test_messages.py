@@ -22,7 +22,8 @@ def _assert_valid_code(text: str) -> None:
     spans = _code_spans(text)
     assert spans, text
     for span in spans:
-        compile(span.replace("...", "x"), "<fix>", "exec")  # raises SyntaxError on invalid code
+        assert "..." not in span, text  # a placeholder the user does not have
+        compile(span, "<fix>", "exec")  # raises SyntaxError on invalid code
 
 
 class TwoLayer(nn.Module):
@@ -118,7 +119,8 @@ def test_a_dtype_conversion_gets_a_dtype_fix_and_no_parameter_sentence_without_a
     assert finding.name == "scale"
     assert "dtype conversion" in finding.cause
     assert "on an `nn.Parameter`" not in finding.cause
-    assert "nn.Parameter(t.to(dtype))" in finding.fix and "device" not in finding.fix
+    # the right-hand side the user wrote, grad asked for by the Parameter
+    assert "`self.scale = nn.Parameter(torch.ones(3).double())`" in finding.fix and "device" not in finding.fix
     _assert_valid_code(finding.fix)
 
 
@@ -130,7 +132,7 @@ def test_a_converted_parameter_says_why_it_is_no_longer_one() -> None:
 
     (finding,) = leafwatch.audit(Converted()).by_kind("orphan_tensor")
     assert "on an `nn.Parameter` returns a plain non-leaf tensor" in finding.cause
-    assert "`self.gain = nn.Parameter(t.to(dtype))`" in finding.fix
+    assert "`self.gain = nn.Parameter(torch.ones(3).to(torch.float64))`" in finding.fix  # as the user wrote it
 
 
 def test_unnamed_tensors_get_a_fix_that_names_no_attribute_that_does_not_exist() -> None:
@@ -144,7 +146,7 @@ def test_unnamed_tensors_get_a_fix_that_names_no_attribute_that_does_not_exist()
     monitor.close()
     assert finding.name == "tensors[0]"
     assert "self.tensors" not in finding.fix and "tensors[0] =" not in finding.fix
-    assert "tensors={'my_name': t}" in finding.fix
+    assert "`tensors[0]` is a name leafwatch made up" in finding.fix and "`tensors=`" in finding.fix
     _assert_valid_code(finding.fix)
 
 

@@ -301,12 +301,12 @@ class ConvertedParameter(TwoLayer):
 @pytest.mark.parametrize(
     ("model_cls", "names", "container", "fix_words"),
     [
-        (PlainAttribute, {"temperature"}, "attribute", "nn.Parameter(tensor)"),
+        (PlainAttribute, {"temperature"}, "attribute", "`self.temperature = nn.Parameter(torch.ones(1))`"),
         (ParamList, {"gains[0]", "gains[1]"}, "list", "nn.ParameterList"),
         (ParamTuple, {"gains[0]", "gains[1]"}, "list", "nn.ParameterList"),
         (ParamDict, {"gains['k']"}, "dict", "nn.ParameterDict"),
         (BlockList, {"blocks[0].weight", "blocks[0].bias", "blocks[1].weight", "blocks[1].bias"}, "list", "nn.ModuleList"),
-        (ConvertedParameter, {"gain"}, "attribute", "nn.Parameter(t.to(dtype))"),
+        (ConvertedParameter, {"gain"}, "attribute", "`self.gain = nn.Parameter(torch.ones(3).to(torch.float64))`"),
     ],
 )
 def test_orphans_are_named_by_their_attribute_path(model_cls, names, container, fix_words):
@@ -344,7 +344,7 @@ def test_converted_parameter_attribute_explains_its_origin():
 
 def test_block_list_fix_names_the_attribute():
     (finding, *_) = _only(leafwatch.audit(BlockList()), "orphan_tensor")
-    assert "self.blocks = nn.ModuleList(...)" in finding.fix
+    assert "`self.blocks = nn.ModuleList([nn.Linear(3, 3), nn.Linear(3, 3)])`" in finding.fix
 
 
 class SharedOrphans(TwoLayer):

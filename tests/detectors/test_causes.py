@@ -114,7 +114,9 @@ def test_a_parameter_unfrozen_after_the_optimizer_was_built_is_told_from_one_lef
     for f in report.by_kind("not_in_optimizer"):
         assert f.details["reason"] == "unfrozen_after"
         assert "unfrozen after it" in f.cause
-        assert "add_param_group" in f.fix and "unfreeze_and_add_param_group" in f.fix
+        # the user's optimizer and the user's tensor, valid code (no Lightning helper outside Lightning)
+        assert f'`opt.add_param_group({{"params": [model[0].{f.name.split(".")[-1]}]}})`' in f.fix
+        assert "your `SGD`" in f.fix
     left_out = leafwatch.audit(model, opt).by_kind("not_in_optimizer")[0]
     assert left_out.details["reason"] == "left_out"
     assert "left out when the optimizer's parameter list was built" in left_out.cause

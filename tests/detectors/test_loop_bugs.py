@@ -27,7 +27,8 @@ from leafwatch import stepping
 REPO = Path(__file__).resolve().parents[2]
 CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                  "`zero_grad()` is called between `backward()` and `step()`")
-CLEARED_FIX = "call `optimizer.zero_grad()` before the forward pass (or right after `step()`)"
+# the user's optimizer by its variable (`opt` in the tests below)
+CLEARED_FIX = "call `opt.zero_grad()` before the forward pass (or right after `opt.step()`)"
 
 
 class Net(nn.Module):

@@ -73,9 +73,9 @@ class NamedTupleField(nn.Module):
     ("model_cls", "names", "containers", "fix_words"),
     [
         (RelationWeights, {"w['cites']['w']", "w['cites']['b']", "w['writes']['w']", "w['writes']['b']"},
-         ["dict", "dict"], "self.w = nn.ModuleDict({... nn.ParameterDict(...) ...})"),
+         ["dict", "dict"], "`nn.ModuleDict` holding `nn.ParameterDict`"),
         (PairsOfLayers, {"stages[0][0].weight", "stages[0][0].bias", "stages[0][1].weight", "stages[0][1].bias"},
-         ["list", "list"], "self.stages = nn.ModuleList([... nn.ModuleList(...) ...])"),
+         ["list", "list"], "`nn.ModuleList` holding `nn.ModuleList`"),
         (DataclassField, {"gates.gain", "gates.proj.weight", "gates.proj.bias"}, ["dataclass"], "instead of a dataclass"),
         (NamedTupleField, {"scales.low", "scales.high"}, ["namedtuple"], "instead of a namedtuple"),
     ],

@@ -20,7 +20,9 @@ def _assert_outside(finding: leafwatch.Finding, name: str, severity: str) -> Non
     assert (finding.kind, finding.name, finding.severity) == ("not_in_optimizer", name, severity)
     assert "gets gradients but is in no optimizer" in finding.message
     assert "not passed to any optimizer" in finding.cause
-    assert f"optimizer.add_param_group({{'params': [{name}]}})" in finding.fix
+    # the user's optimizer by its variable, its class kept; the tensor by the user's name
+    assert f'`opt.add_param_group({{"params": [{name}]}})`' in finding.fix
+    assert "your `SGD`" in finding.fix and "AdamW" not in finding.fix
 
 
 @pytest.mark.parametrize("how", ["watch", "tensors"])

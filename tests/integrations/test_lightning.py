@@ -114,7 +114,13 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     assert "left out" in by_key[("not_in_optimizer", "loss_weight")].cause
     temperature = by_key[("orphan_tensor", "temperature")]
     assert "ToCopyBackward" in temperature.cause and "not a leaf" in temperature.cause
-    assert "nn.Parameter" in temperature.fix
+    # fixes in the user's terms: the right-hand side the class wrote, and Lightning's own place for
+    # the optimizer (never a plain-loop `add_param_group` or a made-up `AdamW(model.parameters())`)
+    assert "`self.temperature = nn.Parameter(torch.ones(1).to(torch.float64))`" in temperature.fix
+    left_out = by_key[("not_in_optimizer", "loss_weight")].fix
+    assert "in `configure_optimizers`, give `self.loss_weight` to your `SGD`" in left_out
+    assert '`{"params": [self.loss_weight]}`' in left_out
+    assert "add_param_group" not in left_out and "AdamW" not in left_out
 
 
 def assert_no_hooks(model: nn.Module) -> None:

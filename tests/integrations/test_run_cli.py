@@ -85,8 +85,8 @@ def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_su
     lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
     assert len(lines) == len(BUGGY_FINDINGS)  # one line each, nothing in between
     assert "leafwatch: ERROR missing_grad `aux_head.weight` at step 2. Fix: call `aux_head` in forward()" in before
-    assert "leafwatch: ERROR orphan_tensor `blocks[0].weight` at step 2. Fix: wrap the container: " \
-        "`self.blocks = nn.ModuleList(...)`" in before
+    assert "leafwatch: ERROR orphan_tensor `blocks[0].weight` at step 2. Fix: register the container where it " \
+        "is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])`" in before
     assert "cause" not in before and "never ran" not in before
     assert "cause: module `aux_head` never ran" in summary
 
@@ -397,9 +397,12 @@ def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path)
     assert result.returncode == runner.STRICT_EXIT_CODE == 1, result.stderr
     assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
     live, summary = result.stderr.split("leafwatch: summary after 10 optimizer steps")
-    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix: pass it " \
-        "to the optimizer (`torch.optim.AdamW(model.parameters())`, or return it from `configure_optimizers`), " \
-        "or freeze it with `requires_grad_(False)`; if that is intended, silence it: `ignore=[\"scale\"]`\n"
+    # the script's own optimizer (`optimizer`, an SGD) and model variable, read while the script ran
+    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix: add it " \
+        "to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({\"params\": " \
+        "[model.scale]})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an `\"lr\"` key " \
+        "in the dict sets its own; or freeze it with `requires_grad_(False)`; if that is intended, silence it: " \
+        "`ignore=[\"scale\"]`\n"
     assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
     assert "leafwatch: --strict: the run ended with 1 open error(s) (first: not_in_optimizer `scale`): exit 1." \
         in result.stderr
@@ -566,8 +569,9 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "calib_outside.py"))
     assert result.returncode == 0, result.stderr  # a warning: a forgotten optimizer, or a fixed network
     assert result.stdout == "done\n"
-    fix = ('add it to `optimizer`: `optimizer.add_param_group({"params": calib.parameters()})`, '
-           "or, if it should stay fixed, `calib.requires_grad_(False)`")
+    fix = ('add it to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({"params": '
+           "calib.parameters()})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an "
+           '`"lr"` key in the dict sets its own; or, if it should stay fixed, `calib.requires_grad_(False)`')
     for name in ("Linear_1.weight", "Linear_1.bias"):
         assert f"leafwatch: WARNING not_in_optimizer `{name}` seen at step 2, decided at step 27. Fix: {fix}" \
             in result.stderr
@@ -600,7 +604,12 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     assert result.returncode == 1, result.stderr
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
     for name in names:
-        assert f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: rebuild the optimizer" in result.stderr
+        # the script's own `optimizer` and `model`, the new tensor as code (`model[0].weight`)
+        code = "model[{}].{}".format(*name.split("."))
+        assert (f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: add the new parameters to `optimizer` "
+                f'(your `SGD`, its groups as they are): `optimizer.add_param_group({{"params": [{code}]}})`') \
+            in result.stderr
+        assert "or rebuild `optimizer` after the last change to the model" in result.stderr
         assert f"optimizer 0 still holds the old `{name}`" in result.stderr
     assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
     (run,) = read_reports(str(tmp_path))

@@ -147,6 +147,20 @@ def test_unused_layer_named_with_its_cause(tmp_path: Path, bf16: bool) -> None:
     assert_no_hooks(model)
 
 
+def test_a_layer_left_out_of_the_users_own_optimizer_is_given_to_that_optimizer(tmp_path: Path) -> None:
+    model = tiny_bert()
+    opt = torch.optim.SGD([p for n, p in model.named_parameters() if not n.startswith("classifier")], lr=0.01)
+    callback = LeafWatchCallback(verbose=False)
+    train(model, tmp_path, callback, optimizers=(opt, None))
+    report = callback.report
+    assert report.names("not_in_optimizer") == {"classifier.weight", "classifier.bias"}
+    for f in report.by_kind("not_in_optimizer"):
+        # the optimizer the user passed in `optimizers=`, by its variable (not the callback that holds it)
+        assert ("add it to `opt`, the optimizer you pass in the Trainer's `optimizers=`, before training: "
+                f'`opt.add_param_group({{"params": [model.{f.name}]}})`') in f.fix
+        assert "AdamW" not in f.fix
+
+
 def test_clean_bert_run_is_quiet(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
     callback = LeafWatchCallback()
     train(tiny_bert(), tmp_path, callback)

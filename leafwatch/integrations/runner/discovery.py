@@ -134,6 +134,7 @@ class Discovery:
         self._accepted_unknown: set[int] = set()
         self._stable = 0
         self._held_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._variables: dict[int, str] = {}
         #: Root modules (by id) no optimizer holds a tensor of that got a gradient.
         self._outside: dict[int, weakref.ReferenceType] = {}
         self._outside_ids: tuple[int, dict[int, tuple[str, str]]] = (-1, {})
@@ -251,10 +252,7 @@ class Discovery:
         if self._outside_ids[0] == self.steps:
             return self._outside_ids[1]
         held = _params([*self.optimizers, *self.waiting_optimizers()])
-        variables: dict[int, str] = {}
-        for key, value in _script_scope().items():
-            if isinstance(value, (nn.Module, torch.optim.Optimizer)) and not key.startswith("_"):
-                variables.setdefault(id(value), key)  # the first name (a loop variable comes later)
+        variables = self.script_variables()
         optimizer = variables.get(id(self.optimizers[0]), "") if len(self.optimizers) == 1 else ""
         out: dict[int, tuple[str, str]] = {}
         for name, root in self._roots.items():
@@ -264,6 +262,18 @@ class Discovery:
                     out.update(dict.fromkeys(params, (variables.get(id(root), name), optimizer)))
         self._outside_ids = (self.steps, out)
         return out
+
+    def script_variables(self) -> dict[int, str]:
+        """Id of each module and optimizer of the script's module-level variables -> its name (the
+        first name: a loop variable comes later), read while the script runs and kept (names and
+        ids only) for the fixes decided after it ended."""
+        variables: dict[int, str] = {}
+        for key, value in _script_scope().items():
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)) and not key.startswith("_"):
+                variables.setdefault(id(value), key)
+        if variables:
+            self._variables = variables
+        return dict(self._variables)
 
     # -- roots -----------------------------------------------------------------------------------
     def _candidate_roots(self) -> list[nn.Module]:

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from ... import checks, inventory, watching
+from ... import checks, fixes, inventory, watching
 from ...console import NewFindingWarnings
 from ...findings import Finding, Kind, Report
 from ...monitor import Monitor
@@ -131,6 +131,7 @@ class Session:
         monitor = self.monitor
         if found.steps <= SCRIPT_SCANS or new_params:
             found.scan_script_globals(monitor)
+            found.script_variables()  # the names the fixes use, kept for decisions after the script ends
         if self.report is None and count < 2:
             # Not every optimizer has stepped yet: the first check waits for them. What this step
             # says about its own tensors is kept, for a run that ends before any check (close()).
@@ -172,7 +173,8 @@ class Session:
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
-                                    self.found.outside_root_tensors, values_until=EVERY_STEP_VALUE_CHECKS)
+                                    self.found.outside_root_tensors, values_until=EVERY_STEP_VALUE_CHECKS,
+                                    variables=self.found.script_variables)
         return monitor
 
     def _get_writer(self) -> Any:
@@ -301,9 +303,10 @@ def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanati
     """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
     if info.module not in ran and any(n in ran for n in _ancestors(info.module)):
         shown = f"`{info.module}`"
+        call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
         return Explanation(
             cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
-            fix=f"call {shown} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
             reason="never_ran")
     return Explanation(
         cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "

@@ -353,6 +353,10 @@ def test_a_detach_between_a_gpt2_and_its_head_is_one_mistake_at_the_users_line()
     assert {f.details["group"] for f in missing} == {f".detach() at {at}"}
     for f in missing:
         assert f.cause.startswith(f"cut by `.detach()` at {at} (in `DetachedLMHead.forward`)"), f.cause
+    # One mistake, one finding, at the user's line; its fix names that line.
+    (mistake,) = report.open
+    assert (mistake.kind, mistake.name, len(mistake.members)) == ("missing_grad", f".detach() at {at}", len(missing))
+    assert f"`.detach()` at {at}" in mistake.fix
 
 
 def test_a_failing_recorder_warns_once_and_training_goes_on(monkeypatch) -> None:

@@ -397,7 +397,7 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
         return texts.pop()
     first = getattr(members[0], field)
     shapes = {_shape(getattr(m, field), m, group) for m in members}
-    if len(shapes) == 1:
+    if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
         if "\0" in shape or "\1" in shape or "\2" in shape:
             patterns = sorted({f"{m.details['cover']}.*" if m.details.get("cover") else p
@@ -410,6 +410,15 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     if each_only:
         return ""
     return f"for `{members[0].name}`: {first}" if first else first
+
+
+def _subject_only(shape: str) -> bool:
+    """Whether each tensor's name (\\0) stands where "each of ..." reads well: as the subject,
+    at the start of the text or of a clause, or as an object after a verb or preposition ("the
+    old `x`" does not take it: that mistake gets its kind's plural message instead)."""
+    return all(shape[:i].endswith(("", ": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for "))
+               if i == 0 else shape[:i].endswith((": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for "))
+               for i in (j for j, c in enumerate(shape) if c == "\0"))
 
 
 #: The patterns of an ``ignore=[...]`` suggestion in a fix.

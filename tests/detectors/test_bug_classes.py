@@ -467,8 +467,9 @@ def test_audit_pairs_a_replaced_layer_by_shape():
     model.b = nn.Linear(3, 1)
     model(torch.randn(4, 3)).sum().backward()
     report = leafwatch.audit(model, opt)
-    found = report.by_kind("stale_param")
+    found = report.tensors("stale_param")
     assert {f.name for f in found} == {"b.weight", "b.bias"}
+    assert [f.group for f in report.by_kind("stale_param")] == ["optimizers[0]"]
     assert all("replaced" in f.cause for f in found)
     assert not report.by_kind("not_in_optimizer")
 
@@ -485,7 +486,7 @@ def test_monitor_pairs_a_resized_layer_by_its_remembered_name():
     model(torch.randn(4, 3)).sum().backward()
     report = monitor.check()
     monitor.close()
-    found = report.by_kind("stale_param")
+    found = report.tensors("stale_param")
     assert {f.name for f in found} == {"a.weight", "a.bias", "b.weight", "b.bias"}
     weight = next(f for f in found if f.name == "a.weight")
     assert weight.shape == (5, 3)

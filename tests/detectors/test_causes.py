@@ -111,7 +111,8 @@ def test_a_parameter_unfrozen_after_the_optimizer_was_built_is_told_from_one_lef
         opt.step()
     monitor.close()
     assert report.names("not_in_optimizer") == {"0.weight", "0.bias"}
-    for f in report.by_kind("not_in_optimizer"):
+    assert [f.name for f in report.by_kind("not_in_optimizer")] == ["0"]  # one layer unfrozen: one mistake
+    for f in report.tensors("not_in_optimizer"):
         assert f.details["reason"] == "unfrozen_after"
         assert "unfrozen after it" in f.cause
         # the user's optimizer and the user's tensor, valid code (no Lightning helper outside Lightning)

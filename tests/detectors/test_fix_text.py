@@ -132,9 +132,12 @@ def test_a_module_that_never_ran_is_named_as_the_user_assigned_it() -> None:
             _step(model, opt)
             report = monitor.check()
             opt.step()
-    by_name = {f.name: f for f in report.by_kind("missing_grad")}
+    by_name = {f.name: f for f in report.tensors("missing_grad")}
     assert set(by_name) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias",
                             "layers.2.weight", "layers.2.bias"}
+    mistakes = {f.name: f for f in report.by_kind("missing_grad")}  # one per module the user assigned
+    assert set(mistakes) == {"encoder", "layers.2"}
+    assert mistakes["encoder"].fix.startswith("call `encoder` in forward()")
     for name in ("encoder.0.weight", "encoder.2.bias"):
         # `self.encoder` is what forward() must call, not its first layer
         assert by_name[name].fix.startswith("call `encoder` in forward()"), by_name[name].fix
@@ -250,8 +253,9 @@ def test_a_replaced_layer_is_given_to_the_users_optimizer_by_its_variable() -> N
     model.head = nn.Linear(4, 1)  # replaced after the optimizer was built
     _step(model, opt)
     report = leafwatch.audit(model, opt)
-    stale = report.by_kind("stale_param")
+    stale = report.tensors("stale_param")
     assert {f.name for f in stale} == {"head.weight", "head.bias"}
+    assert [f.group for f in report.by_kind("stale_param")] == ["optimizers[0]"]
     for f in stale:
         assert f'`opt.add_param_group({{"params": [model.{f.name}]}})`' in f.fix
         assert "rebuild `opt` after the last change to the model, with the same class and groups" in f.fix

@@ -126,8 +126,9 @@ def test_a_whole_root_module_outside_every_optimizer_is_a_warning_naming_both_fi
         for _ in range(2):
             (net(torch.ones(1, 2)).sum() + critic(torch.ones(1, 2)).sum()).backward()
             report = monitor.check()
-    assert {(f.kind, f.name, f.severity) for f in report} == {
+    assert {(f.kind, f.name, f.severity) for f in report.tensors()} == {
         ("not_in_optimizer", "critic.weight", "warning"), ("not_in_optimizer", "critic.bias", "warning")}
+    assert [(f.name, f.severity) for f in report] == [("critic", "warning")]  # one network: one mistake
     finding = report.by_kind("not_in_optimizer")[0]
     assert "nor any tensor of `critic`" in finding.message
     assert "add it to an optimizer" in finding.fix and "`critic.requires_grad_(False)`" in finding.fix

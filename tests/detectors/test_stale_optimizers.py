@@ -62,7 +62,8 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, monitor: leafwatch.Monit
 def _assert_stale(report: leafwatch.Report, names: set[str]) -> None:
     assert report.names() == names
     assert {f.kind for f in report} == {"stale_param"}, "never missing_grad nor not_in_optimizer"
-    for f in report:
+    assert [f.group for f in report] == ["optimizers[0]"]  # one stale optimizer, one mistake
+    for f in report.tensors():
         assert f.severity == "error"
         assert "was replaced after the optimizer was built" in f.cause
         # the user's optimizer, by its variable (the check runs in `_step(model, opt, ...)`)
@@ -82,8 +83,8 @@ def test_a_new_head_is_stale_param_under_its_current_name(monitor_first: bool) -
     report = _step(model, opt, monitor)
     monitor.close()
     _assert_stale(report, {"fc.weight", "fc.bias"})
-    weight = report.by_kind("stale_param")[0] if report.by_kind("stale_param")[0].name == "fc.weight" \
-        else report.by_kind("stale_param")[1]
+    weight = report.tensors("stale_param")[0] if report.tensors("stale_param")[0].name == "fc.weight" \
+        else report.tensors("stale_param")[1]
     assert weight.shape == (10, 16)
     assert weight.details["old_shape"] == [1000, 16]
     assert "resized from (1000, 16) to (10, 16)" in weight.cause
@@ -106,7 +107,7 @@ def test_nanogpt_crop_block_size_after_the_optimizer_is_stale_wpe(when: str) -> 
         report = _step(model, opt, monitor, idx)
         monitor.close()
     _assert_stale(report, {"transformer.wpe.weight"})
-    (finding,) = report
+    (finding,) = report.tensors()
     assert finding.details["old_shape"] == [64, 8]
     assert finding.shape == (16, 8)
 
@@ -119,7 +120,7 @@ def test_a_whole_network_swapped_is_paired_by_position() -> None:
     report = _step(model, opt, monitor)
     monitor.close()
     _assert_stale(report, {"body.weight", "body.bias", "fc.weight", "fc.bias"})
-    assert {f.details["paired_by"] for f in report} == {"position"}
+    assert {f.details["paired_by"] for f in report.tensors()} == {"position"}
 
 
 def test_model_to_that_overwrites_parameters_is_stale() -> None:
@@ -166,12 +167,12 @@ def test_old_tensors_nothing_replaced_are_an_error_while_a_live_tensor_is_in_no_
     for _ in range(2):
         report = _step(model, opt, monitor)
     monitor.close()
-    (group,) = [f for f in report.by_kind("stale_param") if f.name == "optimizers[0]"]
+    (group,) = [f for f in report.tensors("stale_param") if f.name == "optimizers[0]"]
     assert group.severity == "error"
     assert "optimizer 0 holds 1 tensor that is no longer a parameter of the model and gets no gradient" \
         in group.message
-    assert "rebuild the optimizer" in group.fix
-    assert {f.details["group"] for f in report.by_kind("stale_param")} == {"optimizers[0]"}
+    assert "rebuild `opt` (your `SGD`)" in group.fix
+    assert {f.details["group"] for f in report.tensors("stale_param")} == {"optimizers[0]"}
 
 
 def test_parameters_outside_the_model_that_get_gradients_are_no_stale_param() -> None:
@@ -239,13 +240,14 @@ def test_uninitialized_leftovers_of_a_copied_lazy_model_are_stale_param(material
         reports = [monitor.check(), leafwatch.audit(model, optimizer)]
     assert not [w for w in recwarn if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
     for report in reports:
-        assert {(f.kind, f.name) for f in report} == {
+        assert {(f.kind, f.name) for f in report.tensors()} == {
             ("stale_param", n) for n in ("encoder.weight", "encoder.bias", "head.weight", "head.bias")}, str(report)
+        assert [f.group for f in report] == ["optimizers[0]"]  # one stale optimizer, one mistake
         for name in ("encoder.weight", "encoder.bias"):
-            (finding,) = [f for f in report if f.name == name]
+            (finding,) = [f for f in report.tensors() if f.name == name]
             assert "uninitialized original" in finding.cause and "never materializes" in finding.cause
             assert finding.details["old_shape"] is None
-        (head,) = [f for f in report if f.name == "head.weight"]
+        (head,) = [f for f in report.tensors() if f.name == "head.weight"]
         assert "was replaced after the optimizer was built" in head.cause
 
 
@@ -255,7 +257,7 @@ def test_uninitialized_leftovers_nothing_replaced_are_one_finding_that_says_so()
     other = torch.optim.SGD([*model.encoder.parameters(), *model.head.parameters()], lr=0.1)
     model(torch.ones(2, 3)).sum().backward()
     report = leafwatch.audit(model, [other, optimizer])
-    (finding,) = report.by_kind("stale_param")
+    (finding,) = report.tensors("stale_param")
     # `other` steps every live parameter: the old ones, lazy or not, are leftovers.
     assert (finding.name, finding.severity) == ("optimizers[1]", "info")
     assert finding.details["count"] == 4 and finding.details["uninitialized"] == 2
@@ -299,7 +301,7 @@ def test_after_the_suggested_add_param_group_the_leftovers_are_information(monit
     assert leftovers.details["count"] == 2
     if monitor_first:
         assert leftovers.details["old_names"] == ["fc.weight", "fc.bias"]
-    assert {(f.kind, f.name, f.status) for f in report if f.name != "optimizers[0]"} == {
+    assert {(f.kind, f.name, f.status) for f in report.tensors() if f.name != "optimizers[0]"} == {
         ("stale_param", "fc.weight", "resolved"), ("stale_param", "fc.bias", "resolved")}
 
 

@@ -66,9 +66,11 @@ def outside(frame: FrameType | None, *, frameworks: bool = True) -> Iterator[Fra
     user's): outside leafwatch and, with ``frameworks``, outside the :data:`FRAMEWORKS`."""
     return _outside(frame, _prefixes(frameworks, ()))
 def every_frame(depth: int = 1) -> Iterator[FrameType]:
-    """Every frame of the stack, innermost first, the frameworks' included (a Trainer that runs
-    the check); ``depth`` 1 is the caller of this function."""
-    return _outside(sys._getframe(depth), ())
+    """Every frame of the stack outside leafwatch, innermost first, the frameworks' included (a
+    Trainer that runs the check); ``depth`` 1 is the caller of this function. leafwatch's own
+    frames are never given: reading the locals of a running frame that holds a frame would tie
+    them in a cycle that keeps the user's tensors alive until the next garbage collection."""
+    return _outside(sys._getframe(depth), (PACKAGE_DIR,))
 
 
 def _outside(frame: FrameType | None, prefixes: tuple[str, ...]) -> Iterator[FrameType]:

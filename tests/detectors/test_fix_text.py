@@ -323,3 +323,27 @@ def test_a_module_left_out_as_a_whole_is_given_as_the_module_the_user_assigned()
         # `encoder`, as assigned, not `encoder.0` nor one tensor at a time
         assert '`opt.add_param_group({"params": model.encoder.parameters()})`' in f.fix
         assert_valid_snippets(f.fix)
+
+
+def test_looking_up_the_users_names_keeps_none_of_the_users_tensors_alive() -> None:
+    """The fixes read the user's frames for names; a tensor of a function that returned must die
+    with it, without waiting for the garbage collector (no frame tied in a cycle)."""
+    import gc
+    import weakref
+
+    def train_once() -> weakref.ReferenceType:
+        model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+        opt = torch.optim.SGD(model[0].parameters(), lr=0.1)  # model[1] left out: its fix names `opt`
+        activation = leafwatch.watch(model[0](torch.ones(1, 2)), name="activation_kept_by_nobody", expect_leaf=False)
+        model[1](activation).sum().backward()
+        report = leafwatch.audit(model, opt)
+        assert "`opt`" in report.by_kind("not_in_optimizer")[0].fix
+        return weakref.ref(activation)
+
+    gc.disable()
+    try:
+        ref = train_once()
+        assert ref() is None, [type(r).__name__ for r in gc.get_referrers(ref())]
+    finally:
+        gc.enable()
+        leafwatch.unwatch_all()

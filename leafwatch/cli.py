@@ -63,7 +63,10 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``leafwatch`` parser; with ``only``, the arguments of that subcommand alone are added
+    (the others keep their name and help), so ``leafwatch report`` does not import what
+    ``leafwatch run`` needs (torch)."""
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -73,11 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"leafwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in SUBCOMMANDS.items():
+        subparser = sub.add_parser(name, help=command.help, description=command.help)
+        if only is not None and name != only:
+            continue
         add_arguments = command.add_arguments
         if isinstance(add_arguments, str):
             add_arguments = _load_target(add_arguments)
-        add_arguments(sub.add_parser(name, help=command.help, description=command.help))
+        add_arguments(subparser)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names: its first word that is not an option (the top-level options
+    take no value), when that is a subcommand."""
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return first if first in SUBCOMMANDS else None
 
 
 def _load_target(target: str) -> Callable[..., Any]:
@@ -87,7 +100,8 @@ def _load_target(target: str) -> Callable[..., Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``leafwatch`` command line; returns the exit code."""
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=_command_of(argv))
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

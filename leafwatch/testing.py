@@ -68,15 +68,28 @@ def assert_trains(
         >>> leafwatch.assert_trains(model, opt, train_step).findings
         []
     """
+    optimizers, steps = _validated(model, optimizer, step, steps)
+    monitor = Monitor(model, optimizers, ignore=ignore, patience=patience, check_values_every_n_steps=1,
+                      verbose=False)  # the failure carries the table
+    report, stepped = _run(monitor, optimizers, step, steps)
+    _fail_on_idle_optimizers(report, optimizers, stepped, steps)
+    _fail_on_errors(report, steps)
+    return report
+
+
+def _validated(model: Any, optimizer: Any, step: Any, steps: Any) -> tuple[list[torch.optim.Optimizer], int]:
+    """The optimizers as a list and ``steps`` as an int; TypeError/ValueError on bad arguments."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
     optimizers = _optimizers(optimizer)
     if not callable(step):
         raise TypeError(f"`step` must be a callable that runs one training step, got {type(step).__name__}: {step!r:.80}")
-    steps = validate_int(steps, "steps", 1)
+    return optimizers, validate_int(steps, "steps", 1)
 
-    monitor = Monitor(model, optimizers, ignore=ignore, patience=patience, check_values_every_n_steps=1,
-                      verbose=False)  # the failure carries the table
+
+def _run(monitor: Monitor, optimizers: list[torch.optim.Optimizer], step: Callable[[], Any],
+         steps: int) -> tuple[Report, list[int]]:
+    """Calls ``step()`` ``steps`` times under ``monitor``; the closing report and each optimizer's step count."""
     stepped = [0] * len(optimizers)
 
     def counted(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -91,21 +104,31 @@ def assert_trains(
         for handle in handles:
             handle.remove()
         report = monitor.close()
+    return report, stepped
 
+
+def _calls(steps: int) -> str:
+    return f"{steps} call{'s' if steps != 1 else ''} of step()"
+
+
+def _fail_on_idle_optimizers(report: Report, optimizers: list[torch.optim.Optimizer], stepped: list[int],
+                             steps: int) -> None:
+    """An optimizer that never stepped trained nothing, whatever the findings say."""
     idle = [i for i, count in enumerate(stepped) if count == 0]
-    calls = f"{steps} call{'s' if steps != 1 else ''} of step()"
     if idle:
         names = ", ".join(f"optimizer {i} ({type(optimizers[i]).__name__}, "
                           f"{sum(len(g['params']) for g in optimizers[i].param_groups)} tensors)" for i in idle)
         raise LeafwatchAssertionError(
-            f"leafwatch.assert_trains: {names} never stepped in {calls}, so nothing it holds trained: "
+            f"leafwatch.assert_trains: {names} never stepped in {_calls(steps)}, so nothing it holds trained: "
             "call optimizer.step() in step(), or raise `steps` if it steps less often.", report=report)
+
+
+def _fail_on_errors(report: Report, steps: int) -> None:
     failing = report.at_least("error")
     if failing:
         raise LeafwatchAssertionError(
-            f"leafwatch.assert_trains: {len(failing)} error finding(s) open after {calls}: "
+            f"leafwatch.assert_trains: {len(failing)} error finding(s) open after {_calls(steps)}: "
             f"{', '.join(f'{f.kind} `{f.name}`{tensor_count(f)}' for f in failing)}\n{report}", report=report)
-    return report
 
 
 def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

@@ -22,6 +22,24 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Makes ``--dist loadgroup`` group again under pytest >= 9.2.
+
+    pytest-xdist (3.8) sends the tests of one ``xdist_group`` to one worker by appending
+    ``@group`` to each item's id, written to ``item._nodeid``; pytest 9.2 keeps the id in
+    ``item._id`` and no longer reads ``_nodeid``. Without this, each group was split over the
+    workers and its module-scoped fixture (a ``leafwatch run``, the demo and its TensorBoard
+    server) was built again wherever its tests landed. Copies xdist's id across; a no-op
+    without xdist, without loadgroup, or on a pytest that reads ``_nodeid``.
+    """
+    for item in items:
+        grouped = item.__dict__.get("_nodeid")
+        node_id = getattr(item, "_id", None)
+        if isinstance(grouped, str) and grouped != item.nodeid and node_id is not None and hasattr(node_id, "parse"):
+            item._id = type(node_id).parse(grouped)
+
+
 @pytest.fixture(autouse=True)
 def _clean_state():
     torch.manual_seed(0)

@@ -169,7 +169,39 @@ def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"`bins` must be an int >= 1, got {bins!r}")
-    groups = []  # (names, step ranges, {name index: missed step ranges})
+    groups, chunks = _read_groups(records, first, last)
+    if not groups:
+        return {"first_step": None, "last_step": None, "width": 1, "columns": [], "profiles": [],
+                "rows": [], "chunks": chunks}
+    origin = min(s[0][0] for _, s, _ in groups)
+    end = max(s[-1][1] for _, s, _ in groups)
+    width = max(1, math.ceil((end - origin + 1) / bins))
+    ncols = (end - origin) // width + 1
+    columns = [[origin + c * width, min(end, origin + (c + 1) * width - 1)] for c in range(ncols)]
+    group_checks = [_binned(steps, origin, width, ncols) for _, steps, _ in groups]
+    profiles: list[list[int]] = []
+    profile_index: dict[tuple[int, ...], int] = {}
+    rows = []
+    for name, row in _rows_by_name(groups).items():
+        key = tuple(row["groups"])
+        if key not in profile_index:
+            profile_index[key] = len(profiles)
+            profiles.append([sum(column) for column in zip(*(group_checks[g] for g in key))])
+        rows.append(_row(name, profile_index[key], profiles[profile_index[key]], row["missed_steps"],
+                         sort=len(key) > 1, origin=origin, width=width, ncols=ncols))
+    return {"first_step": origin, "last_step": end, "width": width, "columns": columns,
+            "profiles": profiles, "rows": rows, "chunks": chunks}
+
+
+# One group of a coverage record: its tensor names, its checked step ranges, and for each
+# name index the step ranges at which that tensor had no gradient.
+_Group = tuple[list[str], list[list[int]], dict[int, list[list[int]]]]
+
+
+def _read_groups(records: Iterable[Mapping[str, Any]], first: int | None,
+                 last: int | None) -> tuple[list[_Group], list[int]]:
+    """The groups of every record, in chunk order, clipped to ``[first, last]``; and the chunk numbers."""
+    groups: list[_Group] = []
     chunks = []
     for record in sorted(records, key=lambda r: int(r.get("chunk", 0))):
         chunks.append(int(record.get("chunk", 0)))
@@ -183,63 +215,49 @@ def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS
                 missed = {k: _clip(v, lo, hi) for k, v in missed.items()}
             if steps:
                 groups.append((list(group.get("names", [])), steps, missed))
-    if not groups:
-        return {"first_step": None, "last_step": None, "width": 1, "columns": [], "profiles": [],
-                "rows": [], "chunks": chunks}
-    origin = min(s[0][0] for _, s, _ in groups)
-    end = max(s[-1][1] for _, s, _ in groups)
-    width = max(1, math.ceil((end - origin + 1) / bins))
-    ncols = (end - origin) // width + 1
-    columns = [[origin + c * width, min(end, origin + (c + 1) * width - 1)] for c in range(ncols)]
+    return groups, chunks
 
-    group_checks = []
-    for _, steps, _ in groups:
-        counts = [0] * ncols
-        for a, b in steps:
-            _add_range(counts, a, b, origin, width)
-        group_checks.append(counts)
 
+def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) -> list[int]:
+    """How many of the steps in ``ranges`` fall in each column."""
+    counts = [0] * ncols
+    for a, b in ranges:
+        _add_range(counts, a, b, origin, width)
+    return counts
+
+
+def _rows_by_name(groups: list[_Group]) -> dict[str, dict[str, Any]]:
+    """Each tensor name, in first-seen order: the groups it is checked in and its missed step ranges."""
     order: dict[str, dict[str, Any]] = {}
     for g, (names, _, missed) in enumerate(groups):
         for index, name in enumerate(names):
             row = order.setdefault(name, {"groups": [], "missed_steps": []})
             row["groups"].append(g)
             row["missed_steps"].extend(missed.get(index, ()))
+    return order
 
-    profiles: list[list[int]] = []
-    profile_index: dict[tuple[int, ...], int] = {}
-    rows = []
-    for name, row in order.items():
-        key = tuple(row["groups"])
-        if key not in profile_index:
-            counts = [0] * ncols
-            for g in key:
-                for col, n in enumerate(group_checks[g]):
-                    counts[col] += n
-            profile_index[key] = len(profiles)
-            profiles.append(counts)
-        missed_counts = [0] * ncols
-        merged: list[list[int]] = []
-        ranges = row["missed_steps"]
-        if len(key) > 1:
-            ranges.sort()
-        for a, b in ranges:
-            _add_range(missed_counts, a, b, origin, width)
-            if merged and merged[-1][1] >= a - 1:
-                merged[-1][1] = max(merged[-1][1], b)
-            elif len(merged) <= MAX_MISSED_RANGES:
-                merged.append([a, b])
-        rows.append({
-            "name": name,
-            "profile": profile_index[key],
-            "checks": sum(profiles[profile_index[key]]),
-            "missed": sum(missed_counts),
-            "missed_cols": [[c, n] for c, n in enumerate(missed_counts) if n],
-            "missed_steps": merged[:MAX_MISSED_RANGES],
-            "missed_steps_truncated": len(merged) > MAX_MISSED_RANGES,
-        })
-    return {"first_step": origin, "last_step": end, "width": width, "columns": columns,
-            "profiles": profiles, "rows": rows, "chunks": chunks}
+
+def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[int]], *, sort: bool,
+         origin: int, width: int, ncols: int) -> dict[str, Any]:
+    """One tensor's row: its missed steps binned per column, and merged into at most MAX_MISSED_RANGES ranges."""
+    if sort:  # ranges from several groups (chunks) may interleave
+        missed_ranges.sort()
+    missed_counts = _binned(missed_ranges, origin, width, ncols)
+    merged: list[list[int]] = []
+    for a, b in missed_ranges:
+        if merged and merged[-1][1] >= a - 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        elif len(merged) <= MAX_MISSED_RANGES:
+            merged.append([a, b])
+    return {
+        "name": name,
+        "profile": profile,
+        "checks": sum(checks),
+        "missed": sum(missed_counts),
+        "missed_cols": [[c, n] for c, n in enumerate(missed_counts) if n],
+        "missed_steps": merged[:MAX_MISSED_RANGES],
+        "missed_steps_truncated": len(merged) > MAX_MISSED_RANGES,
+    }
 
 
 def _int_arg(request: wrappers.Request, name: str, default: int | None) -> int | None:

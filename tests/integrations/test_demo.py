@@ -112,6 +112,17 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+def test_leafwatch_report_does_not_import_torch(tmp_path):
+    # `leafwatch report` in CI only reads event files: the parser of `leafwatch run`, whose
+    # package imports torch, is not built for it.
+    code = (f"import sys\nfrom leafwatch import cli\ncode = cli.main(['report', {str(tmp_path)!r}])\n"
+            "print(code, 'torch' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert "no leafwatch data" in done.stderr
+
+
 def test_lightning_demo_train_finds_the_bugs_and_nothing_when_clean(tmp_path):
     assert_demo_findings(demo.train(tmp_path / "buggy", max_steps=3, verbose=False))
     assert demo.train(tmp_path / "clean", bugs=(), max_steps=3, verbose=False).findings == []

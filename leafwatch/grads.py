@@ -385,7 +385,8 @@ class WatchedTracker:
         self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
         #: Set by the owner to anything that changes when the optimizers or their groups change.
         self.optimizers_version: object = None
-        self._may_be_open = True
+        #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
+        self.may_be_open = True
 
     def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
                in_optimizer: Callable[[WatchEntry], bool] | None = None) -> None:
@@ -394,7 +395,7 @@ class WatchedTracker:
         ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
         it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
         """
-        if not (entries or self._may_be_open):
+        if not (entries or self.may_be_open):
             return  # nothing watched and no watched finding open: nothing to do at all
         current: set[tuple[str, str]] = set()
         counts: dict[str, tuple[WatchEntry, int]] = {}
@@ -423,7 +424,7 @@ class WatchedTracker:
                 self.history.upsert(f)
         self._counts = counts  # only the live entries: bounded by what is watched now
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
-        self._may_be_open = bool(current)
+        self.may_be_open = bool(current)
         self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
 
     def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:

@@ -73,6 +73,10 @@ class GradientTracker:
         self._modules: dict[str, torch.nn.Module] = {}
         self._layers: dict[str, tuple[str, int] | None] = {}
         self._steady: dict[int, tuple[str, CheckList, int]] = {}
+        #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
+        #: count, the missing indices, their ids) of a check where every miss was a steady one.
+        self._steady_changes = 0
+        self._repeat: tuple[CheckList, int, list[int], list[int]] | None = None
         self._new_targets: set[int] = set()
         #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
         self.changes = 0
@@ -94,6 +98,8 @@ class GradientTracker:
         self._modules = inv.modules
         self._layers = {}
         self._steady = {}
+        self._steady_changes += 1
+        self._repeat = None
 
     def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
         if info is None:
@@ -112,6 +118,15 @@ class GradientTracker:
 
         ``skip`` holds ids reported elsewhere (watched tensors, replaced ones).
         """
+        repeat = self._repeat
+        if repeat is not None and repeat[0] is clist and repeat[1] == self._steady_changes and repeat[2] == missing:
+            # The same steady misses as at the last check (500 dead tensors): counted in one pass.
+            streaks, counts = self.streak, self.misses
+            for pid in repeat[3]:
+                streaks[pid] += 1
+                counts[pid] += 1
+            self._after_update(clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step)
+            return
         now: set[int] = set()
         if self._modules:
             # Count the skipped layers of each ModuleList first: a layer is judged with all its
@@ -123,12 +138,14 @@ class GradientTracker:
                 if layer is not None:
                     self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
         steady, streaks, counts = self._steady, self.streak, self.misses
+        steady_hits: list[int] = []
         for i in missing:
             p = clist.params[i]
             pid = id(p)
             if pid in steady:
                 # The same open error as at the last check: counted, refreshed in bulk.
                 now.add(pid)
+                steady_hits.append(pid)
                 streaks[pid] += 1
                 counts[pid] += 1
                 continue
@@ -147,8 +164,18 @@ class GradientTracker:
                 continue  # the replaced tensor: its stale_param finding already says it will not train
             self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
                               layer, clist.checks)
-        if len(now) != len(streaks):  # else every tensor in a streak missed again: none recovered
-            for pid in [k for k in streaks if k in clist.ids and k not in now]:
+        steady_now = self._steady_changes
+        self._after_update(clist, now if len(now) != len(streaks) else None, step)
+        # Every miss a steady one, and none left or entered the steady set since: the next check
+        # with the same misses takes the one-pass count above.
+        self._repeat = (clist, steady_now, list(missing), steady_hits) \
+            if len(steady_hits) == len(missing) and steady_now == self._steady_changes else None
+
+    def _after_update(self, clist: CheckList, now: set[int] | None, step: int) -> None:
+        """The tensors of ``clist`` in a streak but not in ``now`` recovered (None: every tensor in a
+        streak missed again); the steady findings brought up to date when due."""
+        if now is not None:
+            for pid in [k for k in self.streak if k in clist.ids and k not in now]:
                 self._recovered(clist, pid, step)
         if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
             self.refresh(step)
@@ -159,6 +186,7 @@ class GradientTracker:
             old = self.history.get(("missing_grad", name))
             if old is None or old.status != Status.OPEN:
                 del self._steady[pid]
+                self._steady_changes += 1
                 continue
             checks_of_p, misses = clist.checks_of(pid), self.misses.get(pid, 0)
             if misses == written:
@@ -250,11 +278,13 @@ class GradientTracker:
                 and old is not None and (old.status, old.cause) == (f.status, f.cause):
             # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
+            self._steady_changes += 1
 
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
         """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
-        self._steady.pop(pid, None)
+        if self._steady.pop(pid, None) is not None:
+            self._steady_changes += 1
         self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
         old = self.history.get(key)

@@ -18,7 +18,7 @@ import torch
 
 from . import checks, graph, inventory, outside, stepping, structure, tracing, watching
 from .events import CheckEvent
-from .findings import Finding
+from .findings import Finding, Report
 from .grads import GradientTracker, WatchedTracker
 from .history import FindingHistory
 from .membership import MembershipJudge
@@ -34,6 +34,8 @@ class CheckState:
     optimizer: torch.optim.Optimizer | None
     loss: torch.Tensor | None
     streaks_before: int = 0
+    #: The index of ``optimizer`` among the Monitor's (None: every optimizer is checked).
+    index: int | None = None
     lists: list[structure.CheckList] = dataclasses.field(default_factory=list)
     #: Indices into the joined names of the tensors without a gradient at this check.
     missing: list[int] = dataclasses.field(default_factory=list)
@@ -86,7 +88,7 @@ class Checker:
         history.tensor_names = self._trainable_names
         self._state = CheckState(None, None)
         self._emitted = -1  # the first check's event counts as a change
-        self._retargeted: tuple[int, int] | None = None
+        self._retargeted: tuple[int, int, object] | None = None
         #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[CheckState] = Pipeline((
             Part("reading the model's structure", self._read_structure),
@@ -125,9 +127,12 @@ class Checker:
         """One check at ``step``: every part in order."""
         self.step = step
         self.checks += 1
-        self._state = CheckState(optimizer, loss, streaks_before=len(self._grads.streak))
-        self.pipeline.run(self._state, step)
-        self._state.loss = None  # kept for the event, never the user's graph
+        # One state object for every check (fresh lists: an event keeps the last check's).
+        state = self._state
+        state.optimizer, state.loss, state.streaks_before = optimizer, loss, len(self._grads.streak)
+        state.index, state.lists, state.missing, state.entries, state.force_values = None, [], [], [], False
+        self.pipeline.run(state, step)
+        state.loss = None  # kept for the event, never the user's graph
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
@@ -138,17 +143,25 @@ class Checker:
             self._warn("Monitor.check", again)
             return None
 
+    def report(self) -> Report:
+        """The report after the last check (built once per change of the history)."""
+        return self.history_store.report(self.step)
+
     def event(self, optimizer: torch.optim.Optimizer | None, *, failed: bool = False) -> CheckEvent:
-        """What the sinks get after the last check (``failed``: it stopped outside its parts)."""
+        """What the sinks get after the last check (``failed``: it stopped outside its parts).
+
+        ``changed`` compares with the last event built: a Monitor without sinks builds none.
+        """
         report = self.history_store.report(self.step)
         changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
         state = self._state
-        names = self.structure.joined_names(state.lists)
+        lists = state.lists
+        names = lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
         coverage = None if not names else 1.0 - len(state.missing) / len(names)
-        return CheckEvent(self.step, self.structure.optimizer_index(optimizer), report, changed, names,
-                          state.missing, coverage)
+        index = state.index if optimizer is state.optimizer else self.structure.optimizer_index(optimizer)
+        return CheckEvent(self.step, index, report, changed, names, state.missing, coverage)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
@@ -260,44 +273,51 @@ class Checker:
             warn_unmatched_ignore(self.history_store.ignore, names)
 
     def _read_structure(self, state: CheckState) -> None:
-        cache = self.structure
-        if state.optimizer is not None:
-            cache.add_optimizer(state.optimizer)  # an optimizer the Monitor was not given: adopt it
+        cache, optimizer = self.structure, state.optimizer
+        if optimizer is not None:
+            state.index = cache.optimizer_index(optimizer)
+            if state.index is None:  # an optimizer the Monitor was not given: adopt it
+                cache.add_optimizer(optimizer)
+                state.index = cache.optimizer_index(optimizer)
         inv = cache.refresh(self.step)
         if inv is not None:
             self._rebuilt(inv)
-        state.lists = cache.lists_for(state.optimizer)
+        state.lists = cache.all_lists if optimizer is None else [cache.lists[state.index]]
 
     def _read_gradients(self, state: CheckState) -> None:
-        cache = self.structure
+        # The hot path, right after backward when every line runs cold: one read of each p.grad,
+        # and the loop watch's and the tracker's gates read in place (each call costs microseconds).
+        cache, loop, grads = self.structure, self._loop, self._grads
         optimizer, loss = state.optimizer, state.loss
-        keys = [cache.optimizer_index(optimizer)] if optimizer is not None else list(cache.lists)
+        keys = cache.lists if optimizer is None else (state.index,)
         reachable: set[int] | None = None
         walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
         offset = 0
         skip: set[int] | None = None
         for key, clist in zip(keys, state.lists):
-            # The hot path: one read of each p.grad.
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
-            missing = self._loop.judge(clist, missing, key, self.step,
-                                       cache.optimizers[key] if key is not None else None)
-            if key is not None and self._loop.due(clist):
-                state.force_values |= self._loop.about_to_step(cache.optimizers[key], key, clist, self.step,
-                                                               cache.inventory)
-            if missing or self._grads:
+            if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
+                missing = loop.judge(clist, missing, key, self.step, cache.optimizers[key] if key is not None else None)
+            if key is not None and (clist.checks % stepping.LR_READ_EVERY == 0 or clist.checks == 1
+                                    or loop.skips.alert):  # the loop watch has work to do
+                state.force_values |= loop.about_to_step(cache.optimizers[key], key, clist, self.step,
+                                                         cache.inventory)
+            if missing or grads.streak:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
                     skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
                 if missing and not walked:
                     reachable, walked = graph.reachable_leaf_ids(loss), True
-                self._grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
-                state.missing.extend(i + offset for i in missing)
+                grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
+                state.missing.extend([i + offset for i in missing] if offset else missing)
             offset += len(clist.params)
-        if self._grads.targets:
-            cache.leave_out(self._grads.take_new_targets())
+        if grads.targets:
+            cache.leave_out(grads.take_new_targets())
 
     def _judge_watched(self, state: CheckState) -> None:
+        if not (watching.DEFAULT or self.watches or self._watched.may_be_open):
+            return  # nothing watched and no watched finding open
         entries = state.entries = self._watch_entries()
         if entries:
             self._watched.optimizers_version = (self.structure.rebuilds, structure.structure_generation())
@@ -318,19 +338,24 @@ class Checker:
         self.values.judge(self.step, state.lists, state.force_values)
 
     def _retarget_diagnostics(self, state: CheckState) -> None:
-        cache = self.structure
-        retarget = (self._grads.changes, cache.rebuilds)
-        changed = retarget != self._retargeted
-        if self.diagnose and (self._tracer.handles or self._grads or self._loop.diagnosing) \
-                and cache.inventory is not None and (changed or self._loop.diagnosing):
-            self._retargeted = retarget
+        cache, tracer, loop = self.structure, self._tracer, self._loop
+        # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an
+        # arrival hook armed, or a cleared gradient followed.
+        if tracer.handles or self._grads.streak or loop.arrivals.handles or loop.cleared.ongoing \
+                or loop.cleared.all_cleared:
             # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
-            # and arrival hooks only on the tensors that miss or whose gradient was cleared; the
-            # next forward is instrumented after a new miss or a new structure only.
-            missing_ids = self._grads.missing_ids(cache.lists.values())
-            self._tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=changed)
-            self._loop.rearm(missing_ids, cache.inventory.tensors)
-        self._tracer.end_check(cache.optimizer_index(state.optimizer), len(cache.optimizers))
+            # and arrival hooks only on the tensors that miss or whose gradient was cleared: worked
+            # out again only when one of those changes (not at every check of a model with 500
+            # tensors that miss). The next forward is instrumented (the cut recorder) after a new
+            # miss or a new structure only.
+            retarget = (self._grads.changes, cache.rebuilds, loop.take_cleared())
+            if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
+                instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
+                self._retargeted = retarget
+                missing_ids = self._grads.missing_ids(cache.lists.values())
+                tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
+                loop.rearm(missing_ids, cache.inventory.tensors, retarget[2])
+        tracer.end_check(state.index, len(cache.optimizers))
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
         """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every

@@ -41,18 +41,19 @@ class Sinks:
     """
 
     def __init__(self, sinks: Iterable[Callable[[CheckEvent], Any]], warn: Callable[[str, BaseException], None]) -> None:
-        self._sinks = list(sinks)
+        #: The sinks, in order (a Monitor with none builds no event: the report is all it needs).
+        self.sinks = list(sinks)
         self._warn = warn
 
     def __len__(self) -> int:
-        return len(self._sinks)
+        return len(self.sinks)
 
     def add(self, sink: Callable[[CheckEvent], Any], *, first: bool = False) -> None:
         """Add ``sink`` last (``first``: before the others, as the console's short lines are)."""
-        self._sinks.insert(0 if first else len(self._sinks), sink)
+        self.sinks.insert(0 if first else len(self.sinks), sink)
 
     def emit(self, event: CheckEvent) -> None:
-        for sink in self._sinks:
+        for sink in self.sinks:
             try:
                 sink(event)
             except Exception as error:
@@ -60,7 +61,7 @@ class Sinks:
 
     def close(self, report: Report) -> None:
         """The end of the run: each sink's ``close(report)``, where it has one."""
-        for sink in self._sinks:
+        for sink in self.sinks:
             close = getattr(sink, "close", None)
             if close is not None:
                 try:

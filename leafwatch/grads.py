@@ -73,6 +73,10 @@ class GradientTracker:
         self._modules: dict[str, torch.nn.Module] = {}
         self._layers: dict[str, tuple[str, int] | None] = {}
         self._steady: dict[int, tuple[str, CheckList, int]] = {}
+        #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
+        #: count, the missing indices, their ids) of a check where every miss was a steady one.
+        self._steady_changes = 0
+        self._repeat: tuple[CheckList, int, list[int], list[int]] | None = None
         self._new_targets: set[int] = set()
         #: The cut last seen upstream of each tensor in a streak (forwards after the first are not
         #: instrumented while nothing changes: the cut stays known).
@@ -98,6 +102,8 @@ class GradientTracker:
         self._modules = inv.modules
         self._layers = {}
         self._steady = {}
+        self._steady_changes += 1
+        self._repeat = None
 
     def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
         if info is None:
@@ -116,6 +122,15 @@ class GradientTracker:
 
         ``skip`` holds ids reported elsewhere (watched tensors, replaced ones).
         """
+        repeat = self._repeat
+        if repeat is not None and repeat[0] is clist and repeat[1] == self._steady_changes and repeat[2] == missing:
+            # The same steady misses as at the last check (500 dead tensors): counted in one pass.
+            streaks, counts = self.streak, self.misses
+            for pid in repeat[3]:
+                streaks[pid] += 1
+                counts[pid] += 1
+            self._after_update(clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step)
+            return
         now: set[int] = set()
         if self._modules:
             # Count the skipped layers of each ModuleList first: a layer is judged with all its
@@ -127,12 +142,14 @@ class GradientTracker:
                 if layer is not None:
                     self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
         steady, streaks, counts = self._steady, self.streak, self.misses
+        steady_hits: list[int] = []
         for i in missing:
             p = clist.params[i]
             pid = id(p)
             if pid in steady:
                 # The same open error as at the last check: counted, refreshed in bulk.
                 now.add(pid)
+                steady_hits.append(pid)
                 streaks[pid] += 1
                 counts[pid] += 1
                 continue
@@ -151,8 +168,18 @@ class GradientTracker:
                 continue  # the replaced tensor: its stale_param finding already says it will not train
             self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
                               layer, clist.checks)
-        if len(now) != len(streaks):  # else every tensor in a streak missed again: none recovered
-            for pid in [k for k in streaks if k in clist.ids and k not in now]:
+        steady_now = self._steady_changes
+        self._after_update(clist, now if len(now) != len(streaks) else None, step)
+        # Every miss a steady one, and none left or entered the steady set since: the next check
+        # with the same misses takes the one-pass count above.
+        self._repeat = (clist, steady_now, list(missing), steady_hits) \
+            if len(steady_hits) == len(missing) and steady_now == self._steady_changes else None
+
+    def _after_update(self, clist: CheckList, now: set[int] | None, step: int) -> None:
+        """The tensors of ``clist`` in a streak but not in ``now`` recovered (None: every tensor in a
+        streak missed again); the steady findings brought up to date when due."""
+        if now is not None:
+            for pid in [k for k in self.streak if k in clist.ids and k not in now]:
                 self._recovered(clist, pid, step)
         if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
             self.refresh(step)
@@ -163,6 +190,7 @@ class GradientTracker:
             old = self.history.get(("missing_grad", name))
             if old is None or old.status != Status.OPEN:
                 del self._steady[pid]
+                self._steady_changes += 1
                 continue
             checks_of_p, misses = clist.checks_of(pid), self.misses.get(pid, 0)
             if misses == written:
@@ -260,6 +288,7 @@ class GradientTracker:
                 and old is not None and (old.status, old.cause) == (f.status, f.cause):
             # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
+            self._steady_changes += 1
 
     def _observed_cut(self, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
         """The cut the recorder saw upstream of ``pid``: this round's when a forward was
@@ -276,7 +305,8 @@ class GradientTracker:
     def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
         """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
-        self._steady.pop(pid, None)
+        if self._steady.pop(pid, None) is not None:
+            self._steady_changes += 1
         self._cuts.pop(pid, None)
         self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
@@ -409,7 +439,8 @@ class WatchedTracker:
         self._hand = evidence.HandUpdates()
         #: Set by the owner to anything that changes when the optimizers or their groups change.
         self.optimizers_version: object = None
-        self._may_be_open = True
+        #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
+        self.may_be_open = True
 
     def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
                in_optimizer: Callable[[WatchEntry], bool] | None = None) -> None:
@@ -418,7 +449,7 @@ class WatchedTracker:
         ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
         it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
         """
-        if not (entries or self._may_be_open):
+        if not (entries or self.may_be_open):
             return  # nothing watched and no watched finding open: nothing to do at all
         current: set[tuple[str, str]] = set()
         counts: dict[str, tuple[WatchEntry, int]] = {}
@@ -444,7 +475,7 @@ class WatchedTracker:
                 current |= self._outside_optimizers(entries, step, inv, in_optimizer)
         self._counts = counts  # only the live entries: bounded by what is watched now
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
-        self._may_be_open = bool(current)
+        self.may_be_open = bool(current)
         self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
         for f in self.history.pending():
             if f.details.get("source") == "watch" and f.key not in current:

@@ -183,33 +183,43 @@ class Monitor:
             LeafwatchError: in strict mode, when an error finding is open.
             TypeError: an argument of the wrong type.
         """
-        optimizer = _check_arguments(self.structure, optimizer, step, loss)
+        # The hot path, right after backward when every line runs cold: no call that a default check
+        # does not need (the arguments are checked only when given, the event built only for sinks).
+        if optimizer is not None or step is not None or loss is not None:
+            optimizer = _check_arguments(self.structure, optimizer, step, loss)
         if self._in_check or self._closed:
             return self._report
+        checker = self._checker
         self._in_check = True
         try:
             try:
-                self._checker.run(optimizer, loss, step if step is not None else self.step + 1)
-                event: CheckEvent | None = self._checker.event(optimizer)
+                checker.run(optimizer, loss, step if step is not None else checker.step + 1)
+                # No sink and no other rank to tell: the report is all a check makes (no event built).
+                quiet = not self._sinks.sinks and self._gatherer is None
+                event: CheckEvent | None = None if quiet else checker.event(optimizer)
+                report = checker.report() if quiet else None
             except Exception as error:
-                event = self._checker.failed_event("the check", error)
+                event, report = checker.failed_event("the check", error), None
             if event is not None:
-                self._report = event.report
+                report = event.report
+            if report is not None:
+                self._report = report
             if self._gatherer is not None:
                 # Every rank takes part, even after a local failure, so that no rank waits forever.
                 event = self._gatherer.merge_event(event, self._report, self.step,
                                                    self.structure.optimizer_index(optimizer), self._warn,
                                                    self.structure.grad_view.strategy)
-            if event is None:
+                report = event.report if event is not None else None
+            if report is None:
                 return self._report
-            if self._gatherer is None or self._gatherer.runs_sinks:
+            if event is not None and (self._gatherer is None or self._gatherer.runs_sinks):
                 # Still inside the guard: a sink that calls check() gets the current report back.
                 self._sinks.emit(event)
         finally:
             self._in_check = False
         if self.strict:
-            event.report.raise_for_findings("error")
-        return event.report
+            report.raise_for_findings("error")
+        return report
 
     def scan(self) -> Report:
         """Read the structure now, before any gradient exists, and return the report.

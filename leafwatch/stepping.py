@@ -429,16 +429,11 @@ class LoopWatch:
         self.skips = SkippedSteps(history, ask_check, step_of, on_error)
         self._cleared_now: list[int] = []
 
-    @property
-    def diagnosing(self) -> bool:
-        """Whether arrival hooks are armed or a cleared gradient is being followed."""
-        cleared = self.cleared
-        return bool(self.arrivals.handles or cleared.ongoing or cleared.all_cleared)
-
     def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int,
               optimizer: Any = None) -> list[int]:
         """The missing indices left once the cleared gradients are told apart (the hot path: a
-        healthy step, with no hook armed and nothing cleared, returns at the first test)."""
+        healthy step, with no hook armed and nothing cleared, returns at the first test, which the
+        check also reads in place to skip the call)."""
         cleared = self.cleared
         if not (self.arrivals.arrived or cleared.ongoing or cleared.all_cleared):
             return missing
@@ -449,25 +444,26 @@ class LoopWatch:
         self._cleared_now += cleared
         return missing
 
-    def due(self, clist: CheckList) -> bool:
-        """Whether a check of ``clist`` has loop work to do (else :meth:`about_to_step` is skipped)."""
-        return clist.checks % LR_READ_EVERY == 0 or clist.checks == 1 or bool(self.skips.alert)
-
     def about_to_step(self, optimizer: torch.optim.Optimizer, index: int, clist: CheckList, step: int,
                       inv: Any) -> bool:
-        """A check of ``optimizer`` before its step, when :meth:`due`: the lrs (every few checks)
-        and the skipped steps. True when the NaN/Inf check should run now."""
+        """A check of ``optimizer`` before its step, called only when there is loop work to do (its
+        ``clist.checks`` is 1 or a multiple of :data:`LR_READ_EVERY`, or ``skips.alert`` names an
+        optimizer; the check reads that in place): the lrs (every few checks) and the skipped
+        steps. True when the NaN/Inf check should run now."""
         checks_done = clist.checks
         if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
             self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
                           inv.name if inv is not None else (lambda t: None))
         return id(optimizer) in self.skips.alert and self.skips.note_check(optimizer, clist, index, step)
 
-    def rearm(self, missing_ids: list[int], tensors: Mapping[int, torch.Tensor]) -> None:
+    def take_cleared(self) -> tuple[int, ...]:
+        """The gradients found cleared since the last call (then forgotten): :meth:`rearm` hooks them too."""
+        cleared, self._cleared_now = tuple(self._cleared_now), []
+        return cleared
+
+    def rearm(self, missing_ids: list[int], tensors: Mapping[int, torch.Tensor], cleared: tuple[int, ...] = ()) -> None:
         """After a check: hooks on the tensors missing a gradient and on those cleared."""
-        wanted = {pid: tensors[pid] for pid in (*missing_ids, *self._cleared_now) if pid in tensors}
-        self._cleared_now = []
-        self.arrivals.retarget(wanted)
+        self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *cleared) if pid in tensors})
 
     def close(self) -> None:
         self.arrivals.disarm()

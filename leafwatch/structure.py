@@ -138,6 +138,8 @@ class StructureCache:
         self.inventory: inventory.Inventory | None = None
         self.grad_view = distributed.PLAIN
         self.lists: dict[int | None, CheckList] = {}
+        #: ``lists``' values, in order (one list kept until the next rebuild: don't change it).
+        self.all_lists: list[CheckList] = []
         #: Names of tensors the model held before a change, while an optimizer still holds them.
         self.previous_names: dict[int, str] = {}
         #: The optimizers' old tensors paired with the parameters that replaced them (at the last build).
@@ -179,9 +181,11 @@ class StructureCache:
         return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
 
     def optimizer_index(self, optimizer: torch.optim.Optimizer | None) -> int | None:
-        if optimizer is None:
-            return None
-        return next((i for i, o in enumerate(self.optimizers) if o is optimizer), None)
+        if optimizer is not None:
+            for i, o in enumerate(self.optimizers):
+                if o is optimizer:
+                    return i
+        return None
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
         """Check ``optimizer`` too from now on; True when it was new (the next check rebuilds)."""
@@ -209,7 +213,7 @@ class StructureCache:
 
     def lists_for(self, optimizer: torch.optim.Optimizer | None) -> list[CheckList]:
         if optimizer is None:
-            return list(self.lists.values())
+            return self.all_lists
         return [self.lists[self.optimizer_index(optimizer)]]
 
     def joined_names(self, lists: list[CheckList]) -> tuple[str, ...]:
@@ -261,12 +265,34 @@ class StructureCache:
 
     def refresh(self, step: int) -> inventory.Inventory | None:
         """Rebuild when the structure changed (or is due a periodic look); the new inventory or None."""
-        fingerprint = self.fingerprint()
-        if fingerprint != self._fingerprint or step - self._built_at >= REBUILD_EVERY \
-                or self._requires_grad_changed(step):
-            self._fingerprint = fingerprint
-            return self.rebuild(step)
-        return None
+        # Read at every check right after backward, when every line runs cold: the fingerprint is
+        # compared in place (no list built, no call) and the flags are read only when due.
+        seen = self._fingerprint
+        unchanged = seen is not None and seen[0] == _current_generation and step - self._built_at < REBUILD_EVERY
+        if unchanged:
+            i = 1
+            try:  # the fingerprint's order: id(optimizer), the length of each group's params, -1
+                for opt in self.optimizers:
+                    if seen[i] != id(opt):
+                        unchanged = False
+                        break
+                    i += 1
+                    for group in opt.param_groups:
+                        if seen[i] != len(group["params"]):
+                            unchanged = False
+                            break
+                        i += 1
+                    if not unchanged or seen[i] != -1:
+                        unchanged = False
+                        break
+                    i += 1
+            except IndexError:  # more than was seen
+                unchanged = False
+            unchanged = unchanged and i == len(seen)
+        if unchanged and (abs(step - self._flags_read_at) < REQUIRES_GRAD_EVERY or not self._requires_grad_changed(step)):
+            return None
+        self._fingerprint = self.fingerprint()
+        return self.rebuild(step)
 
     def rebuild(self, step: int) -> inventory.Inventory:
         old = self.inventory
@@ -295,6 +321,7 @@ class StructureCache:
             self.lists[None] = self._make_list(
                 [t for k, t in inv.tensors.items() if t.requires_grad and k not in skip], inv,
                 old_lists.get(None))
+        self.all_lists = list(self.lists.values())
         for key, count in self._restored_checks.items():
             if key in self.lists:
                 self.lists[key].checks = count

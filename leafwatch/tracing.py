@@ -154,8 +154,10 @@ class Tracer:
         """
         if optimizer_index is None or optimizer_index in self._checked_in_round \
                 or len(self._checked_in_round) + 1 >= n_optimizers:
-            self.reset()
-            self._checked_in_round.clear()
+            if self.handles or self.records or self.eval_runs or self.armed_since_reset or self._counter:
+                self.reset()  # else there is nothing to forget (the healthy check: no hook armed)
+            if self._checked_in_round:
+                self._checked_in_round.clear()
         else:
             self._checked_in_round.add(optimizer_index)
 

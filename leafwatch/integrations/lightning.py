@@ -87,6 +87,9 @@ class _MetricsSink:
 class _LeafWatchMixin(CallbackBase):
     """The callback's behaviour; :func:`callback_class` puts it on a Lightning ``Callback`` base."""
 
+    #: The last optimizer wrapper met and the torch optimizer under it (until the Monitor closes).
+    _unwrapped: tuple[Any, Any] | None = None
+
     # -- identity and state --------------------------------------------------------------------
     @property
     def state_key(self) -> str:
@@ -103,6 +106,7 @@ class _LeafWatchMixin(CallbackBase):
         state["_pending_state"] = saved or None
         state["_last_report"] = None
         state["_final_state"] = {}
+        state["_unwrapped"] = None
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -116,10 +120,13 @@ class _LeafWatchMixin(CallbackBase):
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
         if self.monitor is None:
             return
-        optimizer, _ = unwrap_optimizer(optimizer)  # a LightningOptimizer wraps the torch one
+        # A LightningOptimizer wraps the torch one: unwrapped once per wrapper, not at every step.
+        unwrapped = self._unwrapped
+        if unwrapped is None or unwrapped[0] is not optimizer:
+            unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
         toggled = self._untoggle(pl_module)
         try:
-            self._check(optimizer, int(trainer.global_step) + 1)
+            self._check(unwrapped[1], int(trainer.global_step) + 1)
         finally:
             for p in toggled:
                 p.requires_grad_(False)
@@ -135,6 +142,10 @@ class _LeafWatchMixin(CallbackBase):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self._close(print_table=False)
+
+    @override
+    def _release(self) -> None:
+        self._unwrapped = None
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod

@@ -280,3 +280,44 @@ def test_monitor_never_synchronizes_with_the_device_on_cuda():
     # The NaN of step 6 is read a check or more later, or at close, never by a sync.
     assert reports[1].names("nonfinite_grad", status=None) == {"used.weight"}
     assert reports[0].names("nonfinite_grad", status=None) == set()  # step 6 is not one of its value checks
+
+
+class _HalfUsed(nn.Module):
+    """A chain and a copy of it that is called only when ``use_copy`` is set."""
+
+    def __init__(self, layers: int) -> None:
+        super().__init__()
+        self.used = _Chain(layers)
+        self.spare = _Chain(layers)
+        self.use_copy = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.used(x)
+        return out + self.spare(x) if self.use_copy else out
+
+
+def test_many_steady_misses_are_counted_exactly_and_recover():
+    # 100 tensors that miss at every check (more than the steady findings refreshed one by one):
+    # counted in one pass per check, yet every count is exact and a gradient still ends the streak.
+    model = _HalfUsed(50)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)
+        monitor = leafwatch.Monitor(model, opt, check_values_every_n_steps=0)
+        for _ in range(120):
+            opt.zero_grad(set_to_none=True)
+            model(torch.ones(4, 2)).sum().backward()
+            monitor.check()
+        assert monitor.state_dict()["misses"]["spare.layers.7.weight"] == 120
+        report = monitor.check()  # the same gradients again: the 121st miss
+        found = {f.name for f in report.open if f.kind == "missing_grad"}
+        assert found == {f"spare.layers.{i}.{p}" for i in range(50) for p in ("weight", "bias")}
+        assert monitor.state_dict()["misses"]["spare.layers.7.weight"] == 121  # brings the findings up to date
+        assert monitor.history[("missing_grad", "spare.layers.7.weight")].details["steps_without_grad"] == 121
+        model.use_copy = True
+        opt.zero_grad(set_to_none=True)
+        model(torch.ones(4, 2)).sum().backward()
+        report = monitor.check()
+    assert report.names("missing_grad") == set()
+    assert report.names("missing_grad", status="intermittent") == set(found)
+    monitor.close()

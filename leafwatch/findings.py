@@ -399,14 +399,17 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     shapes = {_shape(getattr(m, field), m, group) for m in members}
     if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
-        if "\0" in shape or "\1" in shape or "\2" in shape:
+        if any(mark in shape for mark in "\0\1\2\3"):
             patterns = sorted({f"{m.details['cover']}.*" if m.details.get("cover") else p
                                for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
             ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
             if ignore is None and "\2" in shape:
                 return f"for `{members[0].name}`: {first}" if not each_only else ""
+            params = sorted({p for m in members for p in _PARAMS.findall(getattr(m, field))}, key=natural_key)
+            if "\3" in shape and not 0 < len(params) <= 8:
+                return f"for `{members[0].name}`: {first}" if not each_only else ""
             return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
-                    .replace("\1", group).replace("\2", ignore or ""))
+                    .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
     if each_only:
         return ""
     return f"for `{members[0].name}`: {first}" if first else first
@@ -423,12 +426,15 @@ def _subject_only(shape: str) -> bool:
 
 #: The patterns of an ``ignore=[...]`` suggestion in a fix.
 _IGNORE = re.compile(r'ignore=\["([^"]+)"\]')
+#: The tensors of an ``add_param_group({"params": [...]})`` snippet in a fix (one list for the mistake).
+_PARAMS = re.compile(r'\{"params": \[([^\]\[]*(?:\[[^\]]*\][^\]\[]*)*)\]\}')
 
 
 def _shape(text: str, member: Finding, group: str) -> str:
     """``text`` with the member's own name as \\0, its module, when inside ``group``, as \\1,
     and the patterns of an ``ignore=[...]`` suggestion as \\2 (the mistake lists them all)."""
     text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{member.name}`", "\0"))
+    text = _PARAMS.sub(lambda _: '{"params": [\3]}', text)
     module = member.details.get("module") or parent(member.name)
     # Only when the text says nothing of the group's module itself (e.g. that it ran).
     if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:

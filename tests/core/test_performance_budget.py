@@ -310,8 +310,9 @@ def test_many_steady_misses_are_counted_exactly_and_recover():
             monitor.check()
         assert monitor.state_dict()["misses"]["spare.layers.7.weight"] == 120
         report = monitor.check()  # the same gradients again: the 121st miss
-        found = {f.name for f in report.open if f.kind == "missing_grad"}
+        found = report.names("missing_grad")
         assert found == {f"spare.layers.{i}.{p}" for i in range(50) for p in ("weight", "bias")}
+        assert [f.name for f in report.open] == ["spare"]  # one unused copy: one mistake
         assert monitor.state_dict()["misses"]["spare.layers.7.weight"] == 121  # brings the findings up to date
         assert monitor.history[("missing_grad", "spare.layers.7.weight")].details["steps_without_grad"] == 121
         model.use_copy = True

@@ -338,7 +338,8 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     assert out["order"] == cli_order
     # Found by the structure scan before the first step: "at start", not "0".
     # (held at the scan until the first check confirms them: "at start" or "start–1", never "0")
-    assert out["steps"]["loss_weight"] in ("at start", "start\u20131")
+    # (loss_weight: its gradient first seen at step 1, its value unchanged at step 2: the gradient rule)
+    assert out["steps"]["loss_weight"] == "start\u20132"
     assert out["steps"]["scale"] in ("at start", "start\u20131")
     assert out["steps"]["unused"] == "1\u20133"
     assert out["causes"]["kept"].startswith("ignored: kept for later")

@@ -34,8 +34,9 @@ def assert_demo_findings(report) -> None:
     assert report.names("missing_grad") == {"aux_head.weight", "aux_head.bias"}
     assert report.names("not_in_optimizer") == {"loss_weight"}
     assert report.names("orphan_tensor") == {"temperature"}
-    by_key = {f.key: f for f in report}
-    assert "never ran" in by_key[("missing_grad", "aux_head.weight")].cause
+    by_key = {(f.kind, f.name): f for f in report}  # one finding per mistake: the unused head is one
+    assert by_key[("missing_grad", "aux_head")].names == ("aux_head.bias", "aux_head.weight")
+    assert "never ran" in by_key[("missing_grad", "aux_head")].cause
     assert "left out" in by_key[("not_in_optimizer", "loss_weight")].cause
     assert "ToCopyBackward" in by_key[("orphan_tensor", "temperature")].cause
 
@@ -51,7 +52,7 @@ def test_demo_command_end_to_end(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LeafwatchInternalWarning" not in done.stderr, done.stderr[-3000:]
     out = done.stdout
-    for words in ("missing_grad", "aux_head.weight", "not_in_optimizer", "loss_weight",
+    for words in ("missing_grad", "aux_head.{bias,weight}", "not_in_optimizer", "loss_weight",
                   "orphan_tensor", "temperature", "never ran", "ToCopyBackward"):
         assert words in out
     assert f"tensorboard --logdir {logdir}" in out
@@ -65,7 +66,7 @@ def test_demo_command_end_to_end(tmp_path):
     main_run = next(d for d in runs if d.name != "leafwatch-layout")
     acc = EventAccumulator(str(main_run), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
-    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
+    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 1  # one mistake: the unused head
     assert "leafwatch/report" in acc.Tags()["tensors"]
 
 
@@ -151,7 +152,7 @@ def test_plain_loop_example_writes_the_findings_to_tensorboard(tmp_path):
     acc = EventAccumulator(str(tmp_path / "buggy"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     missing = acc.Scalars("leafwatch/open/missing_grad")
-    assert (missing[0].step, missing[0].value) == (1, 2)
+    assert (missing[0].step, missing[0].value) == (1, 1)  # one mistake: the unused head
     assert acc.Scalars("leafwatch/open/orphan_tensor")[-1].value == 1
     assert plain_loop.train(tmp_path / "clean", bugs=(), max_steps=3).findings == []
 

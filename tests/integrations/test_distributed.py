@@ -110,7 +110,9 @@ def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
-    return {f["name"]: f for f in report["findings"] if kind is None or f["kind"] == kind}
+    """The per-tensor findings of a report (``Report.to_dict()``: each mistake lists its tensors)."""
+    return {m["name"]: m for f in report["findings"] if kind is None or f["kind"] == kind
+            for m in (f.get("members") or [f])}
 
 
 # -- plain torch DDP, 2 processes -----------------------------------------------------------------
@@ -121,6 +123,8 @@ def test_ddp_unused_layer_named_from_rank_zero_at_step_one(tmp_path: Path) -> No
         assert first["step"] == 1
         missing = _findings(first, "missing_grad")
         assert set(missing) == {"unused.weight", "unused.bias"}  # no `module.` prefix
+        # Merged across ranks, then one finding per mistake: the unused layer.
+        assert [(f["name"], f["ranks"]) for f in first["findings"]] == [("unused", [0, 1])]
         f = missing["unused.weight"]
         assert (f["severity"], f["status"], f["ranks"]) == ("error", "open", [0, 1])
         assert "no gradient on any rank" in f["cause"] and "never ran" in f["cause"]
@@ -139,7 +143,7 @@ def test_ddp_strict_raises_on_every_rank_without_hang(tmp_path: Path) -> None:
         assert results[rank]["error_type"] == "LeafwatchError"
         assert results[rank]["reports"] == []
         message = results[rank]["error"]
-        assert "unused.weight" in message and "on rank(s) 0, 1" in message
+        assert "unused.{bias,weight}" in message and "on rank(s) 0, 1" in message
         assert "find_unused_parameters=True" in message
         assert "Expected to have finished reduction in the prior" not in message
 
@@ -184,7 +188,7 @@ def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_tha
     # rank 1 gives up gathering after the (shortened) timeout and raises with its own findings.
     results = _torchrun("branch_strict", tmp_path, steps=2)
     assert results[1]["error_type"] == "LeafwatchError"
-    assert "branch.weight" in results[1]["error"] and "on rank(s) 1" in results[1]["error"]
+    assert "branch.{bias,weight}" in results[1]["error"] and "on rank(s) 1" in results[1]["error"]
     assert "never ran" in results[1]["error"]
     assert results[0]["error"] is not None  # DDP's own failure once rank 1 is gone: no hang
     assert results[0]["reports"] == []
@@ -219,6 +223,8 @@ def test_ddp_on_nccl_gathers_over_a_gloo_side_group(tmp_path: Path, scenario: st
 
 # -- sharded strategies, 2 processes --------------------------------------------------------------
 def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Path) -> None:
+    import torch.distributed.fsdp  # not imported by `import torch`: the test may run first in its worker
+
     if not hasattr(torch.distributed.fsdp, "fully_shard"):
         pytest.skip("this torch has no torch.distributed.fsdp.fully_shard")
     results = _torchrun("fsdp2", tmp_path, steps=2)
@@ -255,8 +261,8 @@ def test_fsdp_skips_the_gradient_check_with_one_info_finding(tmp_path: Path, sce
 @needs_callback
 def test_lightning_ddp_unused_layer_warned_once_from_rank_zero(tmp_path: Path) -> None:
     results = _lightning("unused", tmp_path)
-    assert any("unused.weight" in w for w in results[0]["warnings"])
-    assert not any("unused.weight" in w for w in results[1]["warnings"])
+    assert any("`unused` (2 tensors: unused.{bias,weight})" in w for w in results[0]["warnings"])
+    assert not any("unused" in w for w in results[1]["warnings"])
     for rank in (0, 1):
         f = _findings(results[rank]["report"], "missing_grad")["unused.weight"]
         assert (f["severity"], f["ranks"], f["first_step"]) == ("error", [0, 1], 1)
@@ -269,7 +275,7 @@ def test_lightning_ddp_strict_raises_on_every_rank(tmp_path: Path) -> None:
     results = _lightning("strict", tmp_path)
     for rank in (0, 1):
         assert results[rank]["error_type"] == "LeafwatchError"
-        assert "unused.weight" in results[rank]["error"]
+        assert "unused.{bias,weight}" in results[rank]["error"]
         assert "on rank(s) 0, 1" in results[rank]["error"]
 
 

@@ -109,8 +109,9 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     assert report.names("missing_grad") == {"head.weight", "head.bias"}
     assert report.names("not_in_optimizer") == {"loss_weight"}
     assert report.names("orphan_tensor") == {"temperature"}
-    by_key = {f.key: f for f in report}
-    assert "never ran" in by_key[("missing_grad", "head.weight")].cause
+    by_key = {(f.kind, f.name): f for f in report}  # one finding per mistake: the unused head is one
+    assert by_key[("missing_grad", "head")].names == ("head.bias", "head.weight")
+    assert "never ran" in by_key[("missing_grad", "head")].cause
     assert "left out" in by_key[("not_in_optimizer", "loss_weight")].cause
     temperature = by_key[("orphan_tensor", "temperature")]
     assert "ToCopyBackward" in temperature.cause and "not a leaf" in temperature.cause
@@ -136,13 +137,13 @@ def event_accumulator(log_dir: str) -> EventAccumulator:
 def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     model, callback = Buggy(), LeafWatch(log_every_n_steps=1)
     t = trainer(tmp_path, callback)
-    with pytest.warns(leafwatch.LeafwatchWarning, match=r"missing_grad `head.weight`"):
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"missing_grad `head` \(2 tensors: head\.\{bias,weight\}\)"):
         t.fit(model, loader())
     report = callback.report
     assert_seeded_bugs(report)
     assert report.step == 3
-    by_key = {f.key: f for f in report}
-    assert by_key[("missing_grad", "head.weight")].first_step == 1
+    by_key = {(f.kind, f.name): f for f in report}
+    assert by_key[("missing_grad", "head")].first_step == 1
     assert by_key[("not_in_optimizer", "loss_weight")].first_step == 0  # found at fit start
     # Its gradient is first seen at step 1; step 2 sees its value unchanged and decides (the gradient rule).
     assert by_key[("not_in_optimizer", "loss_weight")].details["decided_step"] == 2
@@ -151,15 +152,15 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
 
     acc = event_accumulator(t.logger.log_dir)
     missing = acc.Scalars("leafwatch/open/missing_grad")
-    assert [e.step for e in missing] == [1, 2, 3] and missing[-1].value == 2
+    assert [e.step for e in missing] == [1, 2, 3] and missing[-1].value == 1  # one mistake: the unused head
     assert acc.Scalars("leafwatch/open/not_in_optimizer")[-1].value == 1
     coverage = acc.Scalars("leafwatch/grad_coverage")
     assert coverage[-1].value == pytest.approx(0.5)  # head.weight and head.bias of the 4 tensors miss
     text = acc.Tensors("leafwatch/findings/text_summary")[-1].tensor_proto.string_val[0].decode()
-    for name in ("head.weight", "loss_weight", "temperature"):
+    for name in ("`head` (2 tensors: head.{bias,weight})", "loss_weight", "temperature"):
         assert name in text
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
-    assert record["counts"]["missing_grad"] == 2 and record["version"] == 1
+    assert record["counts"]["missing_grad"] == 1 and record["version"] == 2
 
 
 def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path):
@@ -268,18 +269,18 @@ def test_csv_logger_gets_the_leafwatch_columns(tmp_path):
         rows = list(csv.DictReader(f))
     rows = [r for r in rows if r.get("leafwatch/open/missing_grad")]
     assert [int(r["step"]) for r in rows] == [1, 2, 3]
-    assert float(rows[-1]["leafwatch/open/missing_grad"]) == 2
+    assert float(rows[-1]["leafwatch/open/missing_grad"]) == 1  # open mistakes: the unused head
     assert float(rows[-1]["leafwatch/grad_coverage"]) == pytest.approx(1 / 2)  # head.* of the 4 tensors miss
 
 
 def test_without_a_logger_it_reports_on_the_console(tmp_path, capsys):
     model, callback = UnusedHead(), LeafWatch()
     t = trainer(tmp_path, callback, logger=False)
-    with pytest.warns(leafwatch.LeafwatchWarning, match=r"head.bias"):
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"`head` \(2 tensors: head\.\{bias,weight\}\)"):
         t.fit(model, loader())
     assert callback.report.names("missing_grad") == {"head.weight", "head.bias"}
     out = capsys.readouterr().out
-    assert "missing_grad" in out and "head.weight" in out  # the table at fit end
+    assert "missing_grad" in out and "head.{bias,weight}" in out  # the table at fit end
 
 
 def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
@@ -290,13 +291,10 @@ def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
         fit_line = sys._getframe().f_lineno + 1
         t.fit(model, loader())
     ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
-    assert sorted(str(w.message) for w in ours) == [
-        "leafwatch: ERROR missing_grad `head.bias` at step 1. Fix: call `head` in forward(), or remove it "
-        "(or freeze it with requires_grad_(False) if that is intended); if that is intended, silence it: "
-        '`ignore=["head.*"]`',
-        "leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: call `head` in forward(), or remove it "
-        "(or freeze it with requires_grad_(False) if that is intended); if that is intended, silence it: "
-        '`ignore=["head.*"]`',
+    assert sorted(str(w.message) for w in ours) == [  # one mistake, one line listing its tensors
+        "leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: call `head` in "
+        "forward(), or remove it (or freeze it with requires_grad_(False) if that is intended); if that is "
+        'intended, silence it: `ignore=["head.*"]`',
     ]
     for w in ours:
         assert (w.filename, w.lineno) == (__file__, fit_line)  # the user's line, not leafwatch's or Lightning's
@@ -322,7 +320,7 @@ def test_with_manual_optimization_the_warning_points_at_the_users_step_call(tmp_
         warnings.simplefilter("always")
         trainer(tmp_path, callback, logger=False).fit(model, loader())
     ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
-    assert {str(w.message).split("`")[1] for w in ours} == {"head.weight", "head.bias"}
+    assert [str(w.message).split("`")[1] for w in ours] == ["head"]  # one mistake: the unused head
     assert {(w.filename, w.lineno) for w in ours} == {(__file__, model.step_line)}
 
 
@@ -350,18 +348,18 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
     # run decides it (no later check can show its value changing).
     assert lines["loss_weight"].startswith(
         "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix: ")
-    assert lines["head.weight"].startswith("leafwatch: ERROR missing_grad `head.weight` at step 1. Fix: ")
+    assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: ")
     table = str(callback.report)
-    assert "loss_weight (since start, decided at step 1)" in table and "head.weight (since step 1)" in table
+    assert "loss_weight (since start, decided at step 1)" in table and "head (since step 1)" in table
 
 
 def test_strict_raises_naming_the_bugs_and_removes_the_hooks(tmp_path):
     model, callback = Buggy(), LeafWatch(strict=True, verbose=False)
     t = trainer(tmp_path, callback, logger=False)
-    with pytest.raises(LeafwatchError, match=r"head\.weight") as raised:
+    with pytest.raises(LeafwatchError, match=r"missing_grad\s+head \(since") as raised:
         t.fit(model, loader())
     message = str(raised.value)
-    for name in ("head.bias", "temperature"):
+    for name in ("head.{bias,weight}", "temperature"):
         assert name in message
     # loss_weight's gradient is first seen at this check: it is held until the next one shows its
     # value unchanged (the gradient rule), and strict mode stops at this one.
@@ -430,7 +428,7 @@ def test_resume_from_a_checkpoint_keeps_the_history(tmp_path):
     t.fit(UnusedHead(), loader(), ckpt_path=checkpoints / "last.ckpt")
     report = second.report
     assert report.step == 4
-    weight = next(f for f in report if f.key == ("missing_grad", "head.weight"))
+    weight = next(f for f in report.tensors() if f.key == ("missing_grad", "head.weight"))
     assert weight.first_step == 1 and weight.last_step == 4
     assert weight.steps_seen == 4  # steps 1-2 before the resume, 3-4 after
 
@@ -480,7 +478,7 @@ def test_lightning_pytorch_namespace_trainer(tmp_path):
     t.fit(Module(), loader())
     assert callback.report.names("missing_grad") == {"head.weight", "head.bias"}
     acc = event_accumulator(t.logger.log_dir)
-    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 2
+    assert acc.Scalars("leafwatch/open/missing_grad")[-1].value == 1  # one mistake: the unused head
 
 
 def test_callback_class_builds_on_one_namespace():

@@ -26,6 +26,8 @@ BUGGY_FINDINGS = {
     ("orphan_tensor", "blocks[1].bias"),
     ("orphan_tensor", "scale"),
 }
+#: The same, one per mistake: the unused head, the plain-list container, the rewrapped attribute.
+BUGGY_MISTAKES = {("missing_grad", "aux_head"), ("orphan_tensor", "blocks"), ("orphan_tensor", "scale")}
 
 
 def _env() -> dict[str, str]:
@@ -59,8 +61,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 
 
 def _json_findings(data: dict, run: str) -> set[tuple[str, str]]:
+    """(kind, tensor) of every open tensor of the run's open mistakes."""
     (found,) = [r for r in data["runs"] if r["run"] == run]
-    return {(f["kind"], f["name"]) for f in found["findings"] if f["status"] == "open"}
+    return {(f["kind"], m["name"]) for f in found["findings"] if f["status"] == "open" for m in f["members"]}
 
 
 @pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
@@ -68,9 +71,9 @@ def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
     result = runs["buggy"]
     assert result.returncode == 5, result.stderr
     assert result.stdout == "done 4 steps\n"
-    for kind, name in BUGGY_FINDINGS:
+    for kind, name in BUGGY_MISTAKES:
         # Printed once when it appears, and once more in the summary table.
-        assert result.stderr.count(f"ERROR {kind} `{name}` at step") == 1, (kind, name, result.stderr)
+        assert result.stderr.count(f"ERROR {kind} `{name}`") == 1, (kind, name, result.stderr)
         assert f"{kind:19} {name} (since step" in result.stderr
     assert "module `aux_head` never ran" in result.stderr
     assert "kept in a plain Python list" in result.stderr
@@ -83,10 +86,12 @@ def test_run_names_each_bug_on_stderr_and_exits_with_the_scripts_code(runs):
 def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_summary(runs):
     before, summary = runs["buggy"].stderr.split("leafwatch: summary after 4 optimizer steps")
     lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
-    assert len(lines) == len(BUGGY_FINDINGS)  # one line each, nothing in between
-    assert "leafwatch: ERROR missing_grad `aux_head.weight` at step 2. Fix: call `aux_head` in forward()" in before
-    assert "leafwatch: ERROR orphan_tensor `blocks[0].weight` at step 2. Fix: register the container where it " \
-        "is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])`" in before
+    assert len(lines) == len(BUGGY_MISTAKES)  # one line per mistake, nothing in between
+    assert "leafwatch: ERROR missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}) at step 2. " \
+        "Fix: call `aux_head` in forward()" in before
+    assert "leafwatch: ERROR orphan_tensor `blocks` (4 tensors: {blocks[0],blocks[1]}.{bias,weight}) at step 2. " \
+        "Fix: register the container where it is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), " \
+        "nn.Linear(4, 4)])`" in before
     assert "cause" not in before and "never ran" not in before
     assert "cause: module `aux_head` never ran" in summary
 
@@ -95,7 +100,7 @@ def test_strict_stops_at_the_first_error_and_exits_non_zero():
     result = _leafwatch("run", "--strict", str(SCRIPTS / "buggy.py"))
     assert result.returncode == runner.STRICT_EXIT_CODE != 0
     assert "done" not in result.stdout  # stopped before the end of the loop
-    assert "leafwatch: --strict stopped the script at optimizer step 2: ERROR missing_grad `aux_head.bias`." in result.stderr
+    assert "leafwatch: --strict stopped the script at optimizer step 2: ERROR missing_grad `aux_head`." in result.stderr
     assert "ERROR   orphan_tensor       scale" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -106,7 +111,7 @@ def test_report_reads_the_same_findings_back_and_exits_1(runs):
     assert result.returncode == 1, result.stderr
     assert "run: exp/buggy" in result.stdout and "run: exp/gan" in result.stdout
     buggy_part = result.stdout.split("run: exp/gan")[0] if result.stdout.index("run: exp/buggy") == 0 else result.stdout.split("run: exp/buggy")[1]
-    for kind, name in BUGGY_FINDINGS:
+    for kind, name in BUGGY_MISTAKES:
         assert f"ERROR   {kind:19} {name} (since step 2)" in buggy_part
     assert "module `aux_head` never ran" in buggy_part
 
@@ -120,7 +125,7 @@ def test_report_json_holds_the_findings_of_every_nested_run(runs):
     assert _json_findings(data, "exp/buggy") == BUGGY_FINDINGS
     assert _json_findings(data, "exp/gan") == set()
     (buggy,) = [r for r in data["runs"] if r["run"] == "exp/buggy"]
-    assert buggy["counts"]["orphan_tensor"] == 5 and buggy["counts"]["missing_grad"] == 2
+    assert buggy["counts"]["orphan_tensor"] == 2 and buggy["counts"]["missing_grad"] == 1  # open mistakes
 
 
 @pytest.mark.xdist_group("run_cli_runs")  # shares the module-scoped `runs` under pytest-xdist
@@ -176,8 +181,8 @@ def test_a_run_of_one_step_is_decided_at_its_end():
     result = _leafwatch("run", str(SCRIPTS / "buggy.py"), "--steps", "1")
     assert result.returncode == 0, result.stderr
     summary = result.stderr.split("leafwatch: summary after 1 optimizer step\n", 1)[1]
-    assert summary.startswith("leafwatch: 7 open of 7 finding(s) at step 1")
-    for kind, name in BUGGY_FINDINGS:
+    assert summary.startswith("leafwatch: 3 open of 3 finding(s) at step 1")  # three mistakes, seven tensors
+    for kind, name in BUGGY_MISTAKES:
         assert f"ERROR   {kind:19} {name} (since step 1)" in summary
     assert "cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once)." in summary
 
@@ -224,7 +229,7 @@ def test_module_form_runs_a_module_as_main_with_its_arguments():
     assert result.returncode == 0, result.stderr
     assert result.stdout == "module argv ['x', '--strict']\n"
     # The ModuleDict never runs a forward of its own: it is found in the training loop's frame.
-    assert "ERROR missing_grad `unused.weight` at step 2" in result.stderr
+    assert "ERROR missing_grad `unused` (2 tensors: unused.{bias,weight}) at step 2" in result.stderr
     assert "module `unused` never ran" in result.stderr
     assert "tensor of shape" not in result.stderr
 
@@ -233,8 +238,8 @@ def test_closure_optimizers_are_checked_after_their_step():
     result = _leafwatch("run", str(SCRIPTS / "lbfgs.py"))
     assert result.returncode == 0, result.stderr
     assert result.stdout == "lbfgs done\n"
-    assert {line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: ERROR")} == {
-        "1.weight", "1.bias"}
+    assert [line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: ERROR")] == ["1"]
+    assert "`1` (2 tensors: 1.{bias,weight})" in result.stderr
     assert "module `1` never ran" in result.stderr
     assert "`0.weight`" not in result.stderr
 
@@ -243,14 +248,14 @@ def test_ignore_marks_findings_ignored_with_the_reason(tmp_path):
     result = _leafwatch("run", "--logdir", str(tmp_path), "--ignore", "aux_head.*=kept for fine-tuning",
                         "--ignore", "blocks*", str(SCRIPTS / "buggy.py"))
     assert result.returncode == 0
-    assert "ERROR missing_grad `aux_head.weight` at step" not in result.stderr
+    assert "ERROR missing_grad `aux_head`" not in result.stderr
     # Shown as ignored, with the reason given on the command line (not "ERROR ... [ignored]").
-    assert "  IGNORED missing_grad        aux_head.weight (since step 2)\n" in result.stderr
+    assert "  IGNORED missing_grad        aux_head (since step 2)\n" in result.stderr
     assert "      ignored: kept for fine-tuning (pattern 'aux_head.*')\n" in result.stderr
     assert "      ignored: ignored on the command line (pattern 'blocks*')\n" in result.stderr
     assert "[ignored]" not in result.stderr
     (run,) = read_reports(str(tmp_path))
-    statuses = {f.name: (f.status, f.details.get("ignored_because")) for f in run.report}
+    statuses = {f.name: (f.status, f.details.get("ignored_because")) for f in run.report.tensors()}
     assert statuses["aux_head.weight"] == ("ignored", "kept for fine-tuning")
     assert statuses["blocks[1].bias"] == ("ignored", "ignored on the command line")
     assert statuses["scale"] == ("open", None)
@@ -324,8 +329,9 @@ def test_several_roots_get_class_name_prefixes_and_hooks_go_once_stable():
         report = session.close()
         session.stream.close()
     assert _global_module_hooks() == before
-    assert {(f.kind, f.name) for f in report.open} == {
+    assert {(f.kind, m.name) for f in report.open for m in f.members} == {
         ("missing_grad", "_Generator.unused.weight"), ("missing_grad", "_Generator.unused.bias")}
+    assert [f.name for f in report.open] == ["_Generator.unused"]  # one unused layer: one mistake
     assert report.names("not_in_optimizer") == set()
 
 
@@ -509,18 +515,19 @@ def test_a_nan_at_step_three_of_six_is_named_at_step_three_and_strict_stops_ther
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "nan_at_step_three.py"))
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""
-    assert "leafwatch: ERROR nonfinite_grad `weight` at step 3. Fix:" in result.stderr
+    # One NaN, one mistake: every tensor whose gradient holds it is listed.
+    assert "leafwatch: ERROR nonfinite_grad `{bias,weight}` (2 tensors) at step 3. Fix:" in result.stderr
     assert "--strict stopped the script at optimizer step 3: ERROR nonfinite_grad" in result.stderr
-    assert "ERROR   nonfinite_grad      weight (since step 3)" in result.stderr
+    assert "ERROR   nonfinite_grad      {bias,weight} (since step 3)" in result.stderr
     (run,) = read_reports(str(tmp_path))
-    assert {(f.kind, f.name, f.first_step) for f in run.report.open} == {
+    assert {(f.kind, f.name, f.first_step) for f in run.report.tensors() if f.is_open} == {
         ("nonfinite_grad", "weight", 3), ("nonfinite_grad", "bias", 3)}
 
 
 def test_a_nan_at_step_three_of_six_without_strict_runs_to_the_end():
     result = _leafwatch("run", str(SCRIPTS / "nan_at_step_three.py"))
     assert result.returncode == 0 and result.stdout == "done\n"
-    assert "ERROR   nonfinite_grad      bias (since step 3)" in result.stderr
+    assert "ERROR   nonfinite_grad      {bias,weight} (since step 3)" in result.stderr
 
 
 def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a_separate_object(tmp_path):
@@ -528,11 +535,13 @@ def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a
     assert result.returncode == 1, result.stderr
     assert result.stdout == "gan done\n"  # a warning while it may still step: the script runs on
     live, summary = result.stderr.split("leafwatch: summary after 40 optimizer steps")
-    assert "WARNING not_in_optimizer `Sequential.0.weight` seen at step 2, decided at step 27" in live
+    # The generator is one mistake: its four tensors listed.
+    assert "WARNING not_in_optimizer `Sequential` (4 tensors: Sequential.{0,2}.{bias,weight}) seen at step 2, " \
+        "decided at step 27" in live
     names = {"Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight", "Sequential.2.bias"}
-    for name in names:
-        assert f"ERROR   not_in_optimizer    {name} (since step 2, decided at step 40)" in summary
-        assert f"`{name}` is held only by an optimizer that never stepped in 39 checks" in summary
+    assert "ERROR   not_in_optimizer    Sequential (since step 2, decided at step 40)" in summary
+    assert "each of `Sequential.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 39 checks" \
+        in summary
     assert "step()` is never called on it" in summary
     assert "`Sequential_1." not in result.stderr  # the critic trains
     (run,) = read_reports(str(tmp_path))
@@ -572,12 +581,12 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
     fix = ('add it to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({"params": '
            "calib.parameters()})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an "
            '`"lr"` key in the dict sets its own; or, if it should stay fixed, `calib.requires_grad_(False)`')
-    for name in ("Linear_1.weight", "Linear_1.bias"):
-        assert f"leafwatch: WARNING not_in_optimizer `{name}` seen at step 2, decided at step 27. Fix: {fix}" \
-            in result.stderr
-        assert f"`{name}` gets gradients but no optimizer holds it, nor any tensor of `calib`" in result.stderr
+    assert ("leafwatch: WARNING not_in_optimizer `Linear_1` (2 tensors: Linear_1.{bias,weight}) seen at step 2, "
+            f"decided at step 27. Fix: {fix}") in result.stderr
+    assert "each of `Linear_1.{bias,weight}` gets gradients but no optimizer holds it, nor any tensor of `calib`" \
+        in result.stderr
     (run,) = read_reports(str(tmp_path))
-    assert {(f.kind, f.name, f.severity) for f in run.report.open} == {
+    assert {(f.kind, f.name, f.severity) for f in run.report.tensors() if f.is_open} == {
         ("not_in_optimizer", "Linear_1.weight", "warning"), ("not_in_optimizer", "Linear_1.bias", "warning")}
     assert {f.details["root"] for f in run.report.open} == {"calib"}
 
@@ -585,8 +594,9 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
 def test_a_twin_critic_left_out_of_its_optimizer_is_named_not_its_per_step_q_values():
     result = _leafwatch("run", "--strict", str(SCRIPTS / "td3_twin_left_out.py"))
     assert result.returncode == 0, result.stderr
-    named = {line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: WARNING")}
-    assert named == {"Sequential_1.0.weight", "Sequential_1.0.bias", "Sequential_1.2.weight", "Sequential_1.2.bias"}
+    named = [line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: WARNING")]
+    assert named == ["Sequential_1"]  # the twin critic: one mistake
+    assert "`Sequential_1` (4 tensors: Sequential_1.{0,2}.{bias,weight})" in result.stderr
     assert "`critic2.requires_grad_(False)`" in result.stderr
     assert "ERROR" not in result.stderr and "non_leaf" not in result.stderr
     for per_step in ("q1", "q2", "critic_loss", "actor_loss", "tq"):
@@ -603,14 +613,13 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "recreated_network.py"))
     assert result.returncode == 1, result.stderr
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
-    for name in names:
-        # the script's own `optimizer` and `model`, the new tensor as code (`model[0].weight`)
-        code = "model[{}].{}".format(*name.split("."))
-        assert (f"leafwatch: ERROR stale_param `{name}` at step 2. Fix: add the new parameters to `optimizer` "
-                f'(your `SGD`, its groups as they are): `optimizer.add_param_group({{"params": [{code}]}})`') \
-            in result.stderr
-        assert "or rebuild `optimizer` after the last change to the model" in result.stderr
-        assert f"optimizer 0 still holds the old `{name}`" in result.stderr
+    # One stale optimizer, one mistake: the script's own `optimizer` and `model`, the new tensors as
+    # code in one `add_param_group` (`model[0].weight`, ...).
+    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 2. Fix: add the "
+            "new parameters to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group("
+            '{"params": [model[0].bias, model[0].weight, model[2].bias, model[2].weight]})`') in result.stderr
+    assert "or rebuild `optimizer` after the last change to the model" in result.stderr
+    assert "each of `{0,2}.{bias,weight}` was replaced after the optimizer was built" in result.stderr
     assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
     (run,) = read_reports(str(tmp_path))
     assert run.report.names("stale_param") == names

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..findings import Finding, Report, Status
+from ..format import tensor_count
 from ..options import WarnOnce, apply_ignore, parse_ignore, validate_ignore, validate_int
 
 if TYPE_CHECKING:
@@ -178,7 +179,7 @@ def failure_message(failing: list[Finding], steps: int) -> str:
     lines = [f"leafwatch: the training in this test left {len(failing)} error finding(s) open "
              f"after {steps} optimizer step{plural}:"]
     for f in failing:
-        lines.append(f"  {f.kind} `{f.name}`: {f.message}")
+        lines.append(f"  {f.kind} `{f.name}`{tensor_count(f)}: {f.message}")
         if f.fix:
             lines.append(f"      fix: {f.fix}")
     lines.append("(the whole table is in the `leafwatch` section below; opt a test out with "

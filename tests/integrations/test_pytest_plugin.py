@@ -89,13 +89,13 @@ def test_trains():
     result = inner.runpytest("--leafwatch")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "leafwatch: the training in this test left 2 error finding(s) open after 2 optimizer steps" in out
+    assert "leafwatch: the training in this test left 1 error finding(s) open after 2 optimizer steps" in out
     result.stdout.fnmatch_lines([
-        "*missing_grad `aux_head.weight`: `aux_head.weight` requires grad but got no gradient*",
+        "*missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}): each of `aux_head.{bias,weight}` requires grad but got no gradient*",
         "*fix: call `aux_head` in forward()*",
         "*- leafwatch -*",
         "leafwatch: the test's training, 2 optimizer steps",
-        "*ERROR   missing_grad        aux_head.bias*",
+        "*ERROR   missing_grad        aux_head (since*",
         "*cause: module `aux_head` never ran in this step's forward*",
         "*leafwatch: 1 test stepped an optimizer; 1 left an error finding open: test_inner.py::test_trains*",
     ])
@@ -150,8 +150,8 @@ def test_trains_then_fails():
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert "the test's own assertion" in out
-    assert "left 2 error finding(s) open" not in out  # the test's own failure is the one reported
-    result.stdout.fnmatch_lines(["*- leafwatch -*", "*ERROR   missing_grad        aux_head.weight*"])
+    assert "left 1 error finding(s) open" not in out  # the test's own failure is the one reported
+    result.stdout.fnmatch_lines(["*- leafwatch -*", "*ERROR   missing_grad        aux_head (since*"])
 
 
 def test_a_one_step_test_is_judged_at_its_end_from_the_structure(inner):
@@ -185,8 +185,8 @@ def test_one_step():
     result = inner.runpytest("--leafwatch")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*left 2 error finding(s) open after 1 optimizer step:*",
-        "*missing_grad `aux_head.bias`*",
+        "*left 1 error finding(s) open after 1 optimizer step:*",
+        "*missing_grad `aux_head` (2 tensors: aux_head.{bias,weight})*",
         "*cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once).*",
     ])
 
@@ -234,7 +234,7 @@ def test_uses_a_trained_model(trained):
 ''')
     result = inner.runpytest("--leafwatch")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*missing_grad `aux_head.weight`*"])
+    result.stdout.fnmatch_lines(["*missing_grad `aux_head` (2 tensors: aux_head.{bias,weight})*"])
 
 
 def test_leafwatch_ignore_marks_the_findings_ignored_and_the_test_passes(inner):
@@ -247,7 +247,7 @@ def test_trains():
     result = inner.runpytest("--leafwatch", "--leafwatch-ignore", "aux_head.*=auxiliary head, trained later", "-rP")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
-    assert "IGNORED missing_grad        aux_head.weight (since step 2)" in out
+    assert "IGNORED missing_grad        aux_head (since step 2)" in out
     assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "ignoring aux_head.*" in out  # the header
 
@@ -262,8 +262,9 @@ def test_trains():
     result = inner.runpytest("--leafwatch", "--leafwatch-ignore", "aux_head.bias")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    assert "missing_grad `aux_head.weight`" in out
-    assert "missing_grad `aux_head.bias`" not in out
+    # The mistake stays open on the rest: its table line says which tensor the pattern took out.
+    assert "missing_grad `aux_head` (2 tensors: aux_head.{bias,weight})" in out
+    assert "1 of them ignored (aux_head.bias)" in out
 
 
 def test_an_empty_ignore_pattern_is_a_usage_error(inner):
@@ -293,7 +294,7 @@ def test_ignored_elsewhere():
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_ignored_elsewhere" in out
-    assert "IGNORED missing_grad        aux_head.weight (since step 2)" in out
+    assert "IGNORED missing_grad        aux_head (since step 2)" in out
     assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "leafwatch: 2 tests stepped an optimizer; 1 left an error finding open" in out
 

@@ -134,12 +134,12 @@ def assert_no_hooks(model: nn.Module) -> None:
 def test_unused_layer_named_with_its_cause(tmp_path: Path, bf16: bool) -> None:
     callback = LeafWatchCallback()
     model = BertWithUnusedHead(bert_config())
-    with pytest.warns(LeafwatchWarning, match=r"ERROR missing_grad `unused_head.weight` at step 1\. Fix: call `unused_head`"):
+    with pytest.warns(LeafwatchWarning, match=r"ERROR missing_grad `unused_head` \(2 tensors: unused_head\.\{bias,weight\}\) at step 1\. Fix: call `unused_head`"):
         train(model, tmp_path, callback, bf16=bf16)
     report = callback.report
     assert report.step == 3
     assert report.names("missing_grad") == {"unused_head.weight", "unused_head.bias"}
-    weight = next(f for f in report if f.key == ("missing_grad", "unused_head.weight"))
+    weight = next(f for f in report.tensors() if f.key == ("missing_grad", "unused_head.weight"))
     assert (weight.severity, weight.status, weight.first_step) == ("error", "open", 1)
     assert "module `unused_head` never ran" in weight.cause
     assert "call `unused_head` in forward()" in weight.fix
@@ -154,7 +154,8 @@ def test_a_layer_left_out_of_the_users_own_optimizer_is_given_to_that_optimizer(
     train(model, tmp_path, callback, optimizers=(opt, None))
     report = callback.report
     assert report.names("not_in_optimizer") == {"classifier.weight", "classifier.bias"}
-    for f in report.by_kind("not_in_optimizer"):
+    assert [f.name for f in report.by_kind("not_in_optimizer")] == ["classifier"]  # one layer left out: one mistake
+    for f in report.tensors("not_in_optimizer"):
         # the optimizer the user passed in `optimizers=`, by its variable (not the callback that holds it)
         assert ("add it to `opt`, the optimizer you pass in the Trainer's `optimizers=`, before training: "
                 f'`opt.add_param_group({{"params": [model.{f.name}]}})`') in f.fix
@@ -206,7 +207,7 @@ def test_without_accumulation_the_alternating_head_is_intermittent(tmp_path: Pat
     callback = LeafWatchCallback(verbose=False)
     train(BertWithAlternatingHead(bert_config()), tmp_path, callback, max_steps=4,
           per_device_train_batch_size=2)
-    findings = callback.report.by_kind("missing_grad")
+    findings = callback.report.tensors("missing_grad")
     assert {f.name for f in findings} == {"aux_head.weight", "aux_head.bias"}
     assert {f.status for f in findings} == {"intermittent"}
     assert not callback.report  # nothing open: it trains on every second step
@@ -230,7 +231,7 @@ def test_evaluation_between_steps_does_not_explain_away_a_dead_head(tmp_path: Pa
                              eval_strategy="steps", eval_steps=1)
     Trainer(model=BertWithEvalOnlyHead(bert_config()), args=args, train_dataset=Sentences(),
             eval_dataset=Sentences(4), callbacks=[callback]).train()
-    weight = next(f for f in callback.report if f.key == ("missing_grad", "unused_head.weight"))
+    weight = next(f for f in callback.report.tensors() if f.key == ("missing_grad", "unused_head.weight"))
     assert (weight.severity, weight.status, weight.first_step, weight.last_step) == ("error", "open", 1, 3)
     assert "never ran" in weight.cause
 
@@ -238,7 +239,7 @@ def test_evaluation_between_steps_does_not_explain_away_a_dead_head(tmp_path: Pa
 def test_strict_stops_training_at_the_first_step(tmp_path: Path) -> None:
     callback = LeafWatchCallback(strict=True, verbose=False)
     model = BertWithUnusedHead(bert_config())
-    with pytest.raises(LeafwatchError, match="unused_head.weight") as raised:
+    with pytest.raises(LeafwatchError, match=r"missing_grad\s+unused_head \(since") as raised:
         train(model, tmp_path, callback)
     assert raised.value.report.step == 1
     assert callback.monitor is None
@@ -274,8 +275,8 @@ def test_records_under_output_dir_whatever_report_to(tmp_path: Path) -> None:
     acc.Reload()
     assert "leafwatch/report" in acc.Tags()["tensors"]
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
-    assert {f["name"] for f in record["findings"]} == {"unused_head.weight", "unused_head.bias"}
-    assert [e.value for e in acc.Scalars("leafwatch/open/missing_grad")][-1] == 2
+    assert {m["name"] for f in record["findings"] for m in f["members"]} == {"unused_head.weight", "unused_head.bias"}
+    assert [e.value for e in acc.Scalars("leafwatch/open/missing_grad")][-1] == 1  # one mistake: the unused head
 
 
 def test_leafwatch_report_on_the_output_dir_exits_1_naming_the_layer(tmp_path: Path) -> None:
@@ -284,7 +285,7 @@ def test_leafwatch_report_on_the_output_dir_exits_1_naming_the_layer(tmp_path: P
     buggy = subprocess.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "buggy")],
                            capture_output=True, text=True, timeout=120)
     assert buggy.returncode == 1, buggy.stderr
-    assert "unused_head.weight" in buggy.stdout and "never ran" in buggy.stdout
+    assert "unused_head.{bias,weight}" in buggy.stdout and "never ran" in buggy.stdout
     clean = subprocess.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "clean")],
                            capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr
@@ -303,14 +304,14 @@ def test_resume_from_checkpoint_keeps_the_history(tmp_path: Path) -> None:
     train(BertWithUnusedHead(bert_config()), tmp_path, second, max_steps=4, resume=True)
     report = second.report
     assert report.step == 4
-    weight = next(f for f in report if f.key == ("missing_grad", "unused_head.weight"))
+    weight = next(f for f in report.tensors() if f.key == ("missing_grad", "unused_head.weight"))
     assert (weight.first_step, weight.last_step) == (1, 4)
     assert weight.steps_seen == 4  # steps 1-2 before the resume, 3-4 after
 
     # A train() that does not resume starts a fresh history.
     third = LeafWatchCallback(verbose=False)
     train(BertWithUnusedHead(bert_config()), tmp_path / "fresh", third, max_steps=1)
-    assert next(f for f in third.report if f.name == "unused_head.weight").steps_seen == 1
+    assert next(f for f in third.report.tensors() if f.name == "unused_head.weight").steps_seen == 1
 
 
 def test_resume_with_restore_callback_states_keeps_the_history(tmp_path: Path) -> None:
@@ -321,7 +322,7 @@ def test_resume_with_restore_callback_states_keeps_the_history(tmp_path: Path) -
     # transformers replaced the callback by a new one built from the saved options.
     restored = [c for c in trainer.callback_handler.callbacks if isinstance(c, LeafWatchCallback)]
     assert len(restored) == 1 and restored[0].patience == 2
-    weight = next(f for f in restored[0].report if f.key == ("missing_grad", "unused_head.weight"))
+    weight = next(f for f in restored[0].report.tensors() if f.key == ("missing_grad", "unused_head.weight"))
     assert (weight.first_step, weight.last_step, weight.steps_seen) == (2, 3, 2)
 
 
@@ -431,10 +432,10 @@ def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(tmp_path: 
     results = _ddp("unused", tmp_path)
     for rank in (0, 1):
         assert results[rank]["world_size"] == 2 and results[rank]["error"] is None
-        f = next(f for f in results[rank]["report"]["findings"] if f["name"] == "unused_head.weight")
+        f = next(m for f in results[rank]["report"]["findings"] for m in f["members"] if m["name"] == "unused_head.weight")
         assert (f["kind"], f["severity"], f["ranks"], f["first_step"]) == ("missing_grad", "error", [0, 1], 1)
         assert "no gradient on any rank" in f["cause"]
-    assert any("unused_head.weight" in w for w in results[0]["warnings"])
+    assert any("`unused_head` (2 tensors: unused_head.{bias,weight})" in w for w in results[0]["warnings"])
     assert results[1]["warnings"] == []
     events = [name for name in os.listdir(tmp_path / "run" / LOG_SUBDIR) if name.startswith("events.out")]
     assert len(events) == 1  # one writer: the main process
@@ -457,7 +458,7 @@ def test_ddp_strict_raises_on_every_rank_at_the_same_step(tmp_path: Path) -> Non
     results = _ddp("strict", tmp_path)
     for rank in (0, 1):
         assert results[rank]["error_type"] == "LeafwatchError"
-        assert "unused_head.weight" in results[rank]["error"] and "on rank(s) 0, 1" in results[rank]["error"]
+        assert "unused_head.{bias,weight}" in results[rank]["error"] and "on rank(s) 0, 1" in results[rank]["error"]
         assert results[rank]["report"]["step"] == 1
 
 
@@ -512,7 +513,7 @@ def test_load_state_dict_carries_the_history_into_the_next_train(tmp_path: Path)
     second.load_state_dict(saved)
     assert second.report.names("missing_grad") == {"unused_head.weight", "unused_head.bias"}
     train(BertWithUnusedHead(bert_config()), tmp_path / "b", second, max_steps=1)
-    weight = next(f for f in second.report if f.key == ("missing_grad", "unused_head.weight"))
+    weight = next(f for f in second.report.tensors() if f.key == ("missing_grad", "unused_head.weight"))
     assert weight.steps_seen == 3 and weight.first_step == 1
     with pytest.raises(TypeError, match="state_dict"):
         second.load_state_dict([1, 2])

@@ -87,7 +87,7 @@ def test_accelerate_loop_names_the_layer_left_out_of_the_optimizer(accelerate: A
     assert monitor.optimizers == [optimizer.optimizer]
     assert monitor.step == STEPS
     report = monitor.report
-    assert {(f.kind, f.name) for f in report} == {("not_in_optimizer", "aux.weight"),
+    assert {(f.kind, f.name) for f in report.tensors()} == {("not_in_optimizer", "aux.weight"),
                                                  ("not_in_optimizer", "aux.bias")}, str(report)
     finding = report.by_kind("not_in_optimizer")[0]
     assert "is in no optimizer" in finding.message and "gets gradients and never changes" in finding.message
@@ -144,7 +144,7 @@ def test_fabric_with_two_optimizers_and_no_bug_has_no_findings() -> None:
 def test_fabric_names_a_layer_that_never_runs_with_the_users_names() -> None:
     monitor, _, _ = _fabric_loop(bug=True)
     report = monitor.report
-    assert {(f.kind, f.name) for f in report} == {("missing_grad", "aux.weight"),
+    assert {(f.kind, f.name) for f in report.tensors()} == {("missing_grad", "aux.weight"),
                                                  ("missing_grad", "aux.bias")}, str(report)
     for finding in report:
         assert finding.details["reason"] == "never_ran"

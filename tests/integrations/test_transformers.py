@@ -155,10 +155,11 @@ def test_a_layer_left_out_of_the_users_own_optimizer_is_given_to_that_optimizer(
     report = callback.report
     assert report.names("not_in_optimizer") == {"classifier.weight", "classifier.bias"}
     assert [f.name for f in report.by_kind("not_in_optimizer")] == ["classifier"]  # one layer left out: one mistake
-    for f in report.tensors("not_in_optimizer"):
-        # the optimizer the user passed in `optimizers=`, by its variable (not the callback that holds it)
+    for f in report.by_kind("not_in_optimizer"):
+        # the optimizer the user passed in `optimizers=`, by its variable (not the callback that holds it),
+        # and the layer left out as a whole, as the user assigned it
         assert ("add it to `opt`, the optimizer you pass in the Trainer's `optimizers=`, before training: "
-                f'`opt.add_param_group({{"params": [model.{f.name}]}})`') in f.fix
+                '`opt.add_param_group({"params": model.classifier.parameters()})`') in f.fix
         assert "AdamW" not in f.fix
 
 
@@ -448,7 +449,7 @@ def test_ddp_rank_dependent_branch_named_with_the_rank_that_skipped(tmp_path: Pa
     results = _ddp("branch", tmp_path)
     for rank in (0, 1):
         assert results[rank]["error"] is None
-        f = next(f for f in results[rank]["report"]["findings"] if f["name"] == "aux_head.weight")
+        f = next(m for f in results[rank]["report"]["findings"] for m in f["members"] if m["name"] == "aux_head.weight")
         assert (f["kind"], f["severity"], f["status"], f["ranks"]) == ("missing_grad", "info", "intermittent", [0])
         assert "rank 0 only" in f["message"] and "per-rank branching" in f["message"]
 

@@ -58,10 +58,16 @@ class Checker:
         on_skipped: Asked to check an optimizer that skipped many steps unchecked.
     """
 
-    def _trainable_names(self) -> list[str]:
-        """The names of the model's trainable tensors (the history names mistakes by module)."""
+    def _trainable_names(self) -> tuple[str, ...]:
+        """The names of the model's trainable tensors (the history names mistakes by module):
+        one tuple per structure reading and set of ``requires_grad`` flags."""
         inv = self.structure.inventory
-        return [] if inv is None else [info.name for info, _ in inv.trainable()]
+        if inv is None:
+            return ()
+        names = tuple(info.name for info, _ in inv.trainable())
+        if names != self._names:
+            self._names = names
+        return self._names
 
     def __init__(self, structure_: structure.StructureCache, history: FindingHistory, watches: watching.WatchSet, *,
                  patience: int, diagnose: bool, check_values_every_n_steps: int, warn: WarnOnce,
@@ -85,6 +91,7 @@ class Checker:
         self._tracer = tracing.Tracer(on_error=warn)
         self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
         self._ignore_checked = False
+        self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
         self._state = CheckState(None, None)
         self._emitted = -1  # the first check's event counts as a change

@@ -279,7 +279,18 @@ class Finding:
         return self.status == Status.OPEN and self.severity != Severity.INFO
 
     def replace(self, **changes: Any) -> Finding:
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` (as :func:`dataclasses.replace`, without re-running the checks of
+        the fields left as they are: a report rebuilt at each check copies every finding)."""
+        unknown = changes.keys() - _FIELDS
+        if unknown:
+            raise TypeError(f"Finding has no field {sorted(unknown)[0]!r}")
+        new = object.__new__(Finding)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        for name, words in (("kind", Kind), ("severity", Severity), ("status", Status)):
+            if name in changes:
+                new.__dict__[name] = _word(words, changes[name])
+        return new
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -307,6 +318,10 @@ class Finding:
         distributed merge, the Leafwatch tab): by status (open first), then severity (errors
         first), then kind (in :data:`KINDS` order), then name."""
         return order_key(self.status, self.severity, self.kind, self.name)
+
+
+#: The names of the fields of a :class:`Finding`.
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
 
 
 def order_key(status: str, severity: str, kind: str, name: str) -> tuple[Any, ...]:
@@ -369,8 +384,7 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     steps = [m.step for m in members if m.step is not None]
     firsts = [m.first_step for m in members if m.first_step is not None]
     lasts = [m.last_step for m in members if m.last_step is not None]
-    return dataclasses.replace(
-        first,
+    return first.replace(
         name=label,
         message=_shared(same, "message", group, each_only=True)
         or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
@@ -392,6 +406,22 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     them when it differs only by naming each tensor (and its module, inside the group's module:
     `aux_head.0` and `aux_head.2` of the group `aux_head`); else the first's, saying whose ("" with
     ``each_only``)."""
+    key = (field, group, each_only, tuple((m.name, getattr(m, field), m.details.get("module"),
+                                           m.details.get("cover")) for m in members))
+    found = _SHARED.get(key)
+    if found is None:
+        if len(_SHARED) > 4096:
+            _SHARED.clear()  # bounded: the texts of the mistakes of the last reports
+        found = _SHARED[key] = _shared_text(members, field, group, each_only)
+    return found
+
+
+#: What :func:`_shared` said of a mistake's texts (a report is rebuilt at checks where only the
+#: step counts changed: the same texts are not worked out again).
+_SHARED: dict[tuple[Any, ...], str] = {}
+
+
+def _shared_text(members: list[Finding], field: str, group: str, each_only: bool) -> str:
     texts = {getattr(m, field) for m in members}
     if len(texts) == 1:
         return texts.pop()

@@ -199,10 +199,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
         >>> [f.details["cover"] for f in lift_to_modules(found, ["aux.0.weight", "aux.2.weight", "body.weight"])]
         ['aux', 'aux']
     """
-    under: dict[str, int] = {}
-    for name in tensor_names:
-        for module in _ancestors(name):
-            under[module] = under.get(module, 0) + 1
+    under = _modules_under(tensor_names if isinstance(tensor_names, tuple) else tuple(tensor_names))
     if not under:
         return findings
     having: dict[tuple[str, str, str, str], int] = {}
@@ -230,6 +227,20 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
             f = f.replace(details={**f.details, "cover": cover})
         out.append(f)
     return out
+
+
+_UNDER: list[Any] = [None, {}]  # the last names given and their counts (the same tuple at every check)
+
+
+def _modules_under(names: tuple[str, ...]) -> dict[str, int]:
+    """How many of ``names`` each module path holds (worked out again only for new names)."""
+    if _UNDER[0] is not names and _UNDER[0] != names:
+        under: dict[str, int] = {}
+        for name in names:
+            for module in _ancestors(name):
+                under[module] = under.get(module, 0) + 1
+        _UNDER[:] = [names, under]
+    return _UNDER[1]
 
 
 def _ancestors(name: str) -> Iterator[str]:

@@ -7,12 +7,14 @@ Torch-free. ``experts.2`` sorts before ``experts.10`` everywhere leafwatch lists
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 
 _DIGITS = re.compile(r"(\d+)")
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same names are sorted at every report
 def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """The sort key that puts ``experts.2`` before ``experts.10``.
 
@@ -89,6 +91,11 @@ def compress_names(names: Iterable[str], limit: int = 6) -> str:
         >>> compress_names([f"experts.{i}" for i in range(500) if i not in (0, 1, 7)])
         'experts.{2..6,8..499}'
     """
+    return _compressed(tuple(names), limit)
+
+
+@functools.lru_cache(maxsize=1 << 12)  # a mistake's names are the same from one report to the next
+def _compressed(names: tuple[str, ...], limit: int) -> str:
     tree: dict[str, dict] = {}
     for name in names:
         node = tree

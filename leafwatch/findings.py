@@ -445,13 +445,16 @@ def _shared_text(members: list[Finding], field: str, group: str, each_only: bool
     return f"for `{members[0].name}`: {first}" if first else first
 
 
+#: What may stand before "each of ..." in a mistake's text (the start of a clause, a verb or a
+#: preposition that takes an object).
+_BEFORE_EACH = (": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for ")
+
+
 def _subject_only(shape: str) -> bool:
-    """Whether each tensor's name (\\0) stands where "each of ..." reads well: as the subject,
-    at the start of the text or of a clause, or as an object after a verb or preposition ("the
-    old `x`" does not take it: that mistake gets its kind's plural message instead)."""
-    return all(shape[:i].endswith(("", ": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for "))
-               if i == 0 else shape[:i].endswith((": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for "))
-               for i in (j for j, c in enumerate(shape) if c == "\0"))
+    """Whether each tensor's name (\\0) stands where "each of ..." reads well: at the start of
+    the text or of a clause, or after a verb or preposition ("the old `x`" does not take it:
+    that mistake gets its kind's plural message instead)."""
+    return all(i == 0 or shape[:i].endswith(_BEFORE_EACH) for i, c in enumerate(shape) if c == "\0")
 
 
 #: The patterns of an ``ignore=[...]`` suggestion in a fix.

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks, inventory, watching
+from . import inventory, watching
+from .detectors import constructors as checks
 from .events import CheckEvent
 from .findings import Finding, Kind, Report
 from .monitor import Monitor

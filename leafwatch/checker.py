@@ -16,15 +16,21 @@ from typing import Any
 
 import torch
 
-from . import checks, graph, inventory, outside, stepping, structure, tracing, watching
+from . import graph, inventory, structure, tracing, watching
+from .detectors import constructors as checks
+from .detectors import loop as stepping
+from .detectors import outside
+from .detectors import structure as structural
+from .detectors.gradients import GradientTracker
+from .detectors.membership import MembershipJudge
+from .detectors.values import GradientValues
+from .detectors.watched import WatchedTracker
 from .events import CheckEvent
-from .findings import Finding, Report
-from .grads import GradientTracker, WatchedTracker
+from .findings import Report
 from .history import FindingHistory
-from .membership import MembershipJudge
 from .options import WarnOnce, validate_int, warn_unmatched_ignore
 from .pipeline import Part, Pipeline
-from .gradient_values import GradientValues
+from .verdicts import Verdict, Verdicts
 
 
 @dataclasses.dataclass
@@ -83,13 +89,14 @@ class Checker:
         self.step = 0
         #: How many checks ran.
         self.checks = 0
-        self._grads = GradientTracker(history, patience, diagnose)
-        self._watched = WatchedTracker(history)
-        self._membership = MembershipJudge(history)
-        self.values = GradientValues(structure_, history, check_values_every_n_steps)
+        view = history.view  # what the detectors read; their verdicts come back through the pipeline
+        self._grads = GradientTracker(view, patience, diagnose)
+        self._watched = WatchedTracker(view)
+        self._membership = MembershipJudge(view)
+        self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self._loss_leaves = outside.LossLeaves()
         self._tracer = tracing.Tracer(on_error=warn)
-        self._loop = stepping.LoopWatch(history, self._check_skipped, lambda: self.step, warn)
+        self._loop = stepping.LoopWatch(view, self._check_skipped, lambda: self.step, warn)
         self._ignore_checked = False
         self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
@@ -174,13 +181,12 @@ class Checker:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
         self.pipeline.run(None, self.step, self.scanning)
 
-    def _scan(self, _: Any) -> None:
-        self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
+    def _scan(self, _: Any) -> Verdicts:
+        out = self._rebuilt(self.structure.rebuild(self.step), before_gradients=True)
         entries = self._watch_entries()
         # No gradient can have arrived yet: only what is wrong already (a watched non-leaf).
-        for f in checks.watched_findings(entries, self.step, {e.name: True for e in entries},
-                                         self.structure.inventory):
-            self.history_store.upsert(f)
+        return out + [Verdict.open(f) for f in checks.watched_findings(
+            entries, self.step, {e.name: True for e in entries}, self.structure.inventory)]
 
     def finish(self) -> None:
         """The end of the run: the last value check and every decision still pending."""
@@ -203,7 +209,7 @@ class Checker:
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""
         inv = self.structure.inventory
-        self._grads.refresh(self.step)
+        self.history_store.apply(self._grads.refresh(self.step))
         return self._grads.misses_by_name(inv.known_names() if inv else {})
 
     def restore(self, step: int, misses: dict[str, int]) -> None:
@@ -236,50 +242,51 @@ class Checker:
         entries = watching.entries() if watching.any_watched() else []
         return entries + self.watches.entries() if self.watches else entries
 
-    def _undecided_loss_leaves(self, _: Any) -> None:
+    def _undecided_loss_leaves(self, _: Any) -> Verdicts:
         """A run of one check (``audit()``) cannot tell a persistent leaf of the loss from a fresh one."""
-        if self.checks == 1:
-            for f in self._loss_leaves.undecided(self.step, self.structure.inventory):
-                self.history_store.upsert(f)
+        if self.checks != 1:
+            return []
+        return [Verdict.open(f) for f in self._loss_leaves.undecided(self.step, self.structure.inventory)]
 
-    def _last_values(self, _: Any) -> None:
-        self.values.finish(self.step)
+    def _last_values(self, _: Any) -> Verdicts:
+        return self.values.finish(self.step)
 
-    def _decide_pending(self, _: Any = None) -> None:
-        """At the end of the run, whatever still waits for evidence is decided."""
+    def _decide_pending(self, _: Any = None) -> Verdicts:
+        """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
         inv = self.structure.inventory
-        self._grads.refresh(self.step)
-        self._membership.escalate_late(self.step)
-
-        def decide(f: Finding) -> Finding | None:
+        out = self._grads.refresh(self.step) + self._membership.escalate_late(self.step)
+        for f in self.history_store.view.pending():
             if f.kind == "missing_grad":
-                return self._grads.decide(f)
-            if f.details.get("source") == "watch":
-                return self._watched.decide(f)
-            return self._membership.decide(f, inv, self._tracer, self.step)
+                decided = self._grads.decide(f)
+            elif f.details.get("source") == "watch":
+                decided = self._watched.decide(f)
+            else:
+                decided = self._membership.decide(f, inv, self._tracer, self.step)
+            out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+        return out
 
-        self.history_store.decide_pending(decide)
-
-    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> None:
-        """After a rebuild of the structure: its findings, and what waited for the names."""
-        view = self.structure.grad_view
+    def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> Verdicts:
+        """After a rebuild of the structure: its verdicts, and what waited for the names."""
+        grad_view = self.structure.grad_view
         self._grads.rebuilt(inv)
         self._membership.rebuilt(inv)
         shown, held = self._membership.split(
-            checks.structural(inv, step=self.step, previous_names=self.structure.previous_names,
-                              stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
+            structural.structural(inv, step=self.step, previous_names=self.structure.previous_names,
+                                  stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
             before_gradients=before_gradients)
-        self.history_store.replace_structural(shown, self.step, held)
-        if view.finding is not None and self.history_store.get(view.finding.key) is None:
-            self.history_store.upsert(view.finding)
+        out = structural.verdicts(self.history_store.view, shown, self.step, held)
+        if grad_view.finding is not None and self.history_store.get(grad_view.finding.key) is None \
+                and all(f.key != grad_view.finding.key for f in shown):
+            out.append(Verdict.open(grad_view.finding))
         self._grads.apply_restored(inv.known_names())
         self._loop.skips.track(self.structure.optimizers, self.structure.lists, self.structure.stale_ids)
         if self.history_store.ignore and not self._ignore_checked:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
             warn_unmatched_ignore(self.history_store.ignore, names)
+        return out
 
-    def _read_structure(self, state: CheckState) -> None:
+    def _read_structure(self, state: CheckState) -> Verdicts | None:
         cache, optimizer = self.structure, state.optimizer
         if optimizer is not None:
             state.index = cache.optimizer_index(optimizer)
@@ -287,11 +294,10 @@ class Checker:
                 cache.add_optimizer(optimizer)
                 state.index = cache.optimizer_index(optimizer)
         inv = cache.refresh(self.step)
-        if inv is not None:
-            self._rebuilt(inv)
         state.lists = cache.all_lists if optimizer is None else [cache.lists[state.index]]
+        return self._rebuilt(inv) if inv is not None else None
 
-    def _read_gradients(self, state: CheckState) -> None:
+    def _read_gradients(self, state: CheckState) -> Verdicts | None:
         # The hot path, right after backward when every line runs cold: one read of each p.grad,
         # and the loop watch's and the tracker's gates read in place (each call costs microseconds).
         cache, loop, grads = self.structure, self._loop, self._grads
@@ -301,48 +307,54 @@ class Checker:
         walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
         offset = 0
         skip: set[int] | None = None
+        out: Verdicts | None = None  # a healthy check makes no list
         for key, clist in zip(keys, state.lists):
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
             if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
-                missing = loop.judge(clist, missing, key, self.step, cache.optimizers[key] if key is not None else None)
+                missing, found = loop.judge(clist, missing, key, self.step,
+                                            cache.optimizers[key] if key is not None else None)
+                out = found if out is None else out + found
             if key is not None and (clist.checks % stepping.LR_READ_EVERY == 0 or clist.checks == 1
                                     or loop.skips.alert):  # the loop watch has work to do
-                state.force_values |= loop.about_to_step(cache.optimizers[key], key, clist, self.step,
-                                                         cache.inventory)
+                force, found = loop.about_to_step(cache.optimizers[key], key, clist, self.step, cache.inventory)
+                state.force_values |= force
+                out = found if out is None else out + found
             if missing or grads.streak:
                 if skip is None:
                     # Watched tensors are reported under their watch name, replaced ones as stale_param.
                     skip = {id(e.tensor()) for e in self._watch_entries()} | cache.stale_ids
                 if missing and not walked:
                     reachable, walked = graph.reachable_leaf_ids(loss), True
-                grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
+                found = grads.update(clist, missing, self.step, tracer=self._tracer, reachable=reachable, skip=skip)
+                out = found if out is None else out + found
                 state.missing.extend([i + offset for i in missing] if offset else missing)
             offset += len(clist.params)
         if grads.targets:
             cache.leave_out(grads.take_new_targets())
+        return out
 
-    def _judge_watched(self, state: CheckState) -> None:
+    def _judge_watched(self, state: CheckState) -> Verdicts | None:
         if not (watching.DEFAULT or self.watches or self._watched.may_be_open):
-            return  # nothing watched and no watched finding open
+            return None  # nothing watched and no watched finding open
         entries = state.entries = self._watch_entries()
         if entries:
             self._watched.optimizers_version = (self.structure.rebuilds, structure.structure_generation())
-        self._watched.update(entries, self.step, self.structure.inventory, self._in_judging_optimizer)
+        return self._watched.update(entries, self.step, self.structure.inventory, self._in_judging_optimizer)
 
-    def _judge_loss_leaves(self, state: CheckState) -> None:
+    def _judge_loss_leaves(self, state: CheckState) -> Verdicts | None:
         loss, cache = state.loss, self.structure
-        if loss is not None and self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
-            for f in self._loss_leaves.observe(
-                    loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
-                        cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries)):
-                self.history_store.upsert(f)
+        if loss is None or not self._loss_leaves.wants_walk(len(self._grads.streak) > state.streaks_before):
+            return None
+        return [Verdict.open(f) for f in self._loss_leaves.observe(
+            loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
+                cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries))]
 
-    def _judge_membership(self, state: CheckState) -> None:
-        self._membership.judge(self.structure.inventory, self._tracer, self.step)
+    def _judge_membership(self, state: CheckState) -> Verdicts:
+        return self._membership.judge(self.structure.inventory, self._tracer, self.step)
 
-    def _judge_values(self, state: CheckState) -> None:
-        self.values.judge(self.step, state.lists, state.force_values)
+    def _judge_values(self, state: CheckState) -> Verdicts:
+        return self.values.judge(self.step, state.lists, state.force_values)
 
     def _retarget_diagnostics(self, state: CheckState) -> None:
         cache, tracer, loop = self.structure, self._tracer, self._loop

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import checks
+from .detectors import constructors as checks
 from .events import CheckEvent
 from .findings import Finding, LeafwatchWarning, Report
 from .options import apply_ignore

@@ -1,14 +1,14 @@
 """The finding history: every finding seen so far by ``(kind, name)``, with a version counter.
 
-One owner for the findings over time. Every change goes through :meth:`FindingHistory.upsert`,
-:meth:`~FindingHistory.resolve` or :meth:`~FindingHistory.put`, which bump :attr:`version` when
+The only writer of findings. Detectors return :class:`~leafwatch.verdicts.Verdict` values and
+read the findings so far through a read-only :class:`FindingsView`; the check applies their
+verdicts with :meth:`FindingHistory.apply`, which bumps :attr:`~FindingHistory.version` when
 what a user would see changes. "Changed since the last event" is ``version != emitted``, and the
 report is built once per version: there are no hand-kept dirty flags.
 
 A finding in the ``pending`` status is a suspicion waiting for evidence (an EMA target that may
 still move, a layer that may be dropped on purpose): it stays in the history, out of reports,
-until the evidence confirms it (:meth:`confirm`) or drops it (:meth:`drop`), or the run ends
-(:meth:`decide_pending`).
+until a verdict confirms it or drops it, or the run ends and the detector that held it decides.
 """
 
 from __future__ import annotations
@@ -16,9 +16,43 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import KIND_SPECS, STRUCTURAL_KINDS, Finding, Report, Status
+from .findings import KIND_SPECS, Finding, Report, Status
 from .names import parent
 from .options import apply_ignore
+from .verdicts import Action, Verdict
+
+
+class FindingsView:
+    """The findings so far, read-only: what a detector may know of the history.
+
+    Args:
+        records: The history's records by key (read, never written, through this view).
+    """
+
+    __slots__ = ("_records",)
+
+    def __init__(self, records: Mapping[tuple[str, str], Finding]) -> None:
+        self._records = records
+
+    def get(self, key: tuple[str, str]) -> Finding | None:
+        return self._records.get(key)
+
+    def is_open(self, key: tuple[str, str]) -> bool:
+        found = self._records.get(key)
+        return found is not None and found.status == Status.OPEN
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(list(self._records.values()))
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def pending(self) -> list[Finding]:
+        return [f for f in self._records.values() if f.status == Status.PENDING]
+
+    def open_names(self, kind: str) -> set[str]:
+        """The names with an open finding of ``kind``."""
+        return {f.name for f in self._records.values() if f.kind == kind and f.status == Status.OPEN}
 
 
 class FindingHistory:
@@ -41,6 +75,8 @@ class FindingHistory:
         self._records: dict[tuple[str, str], Finding] = {}
         self._report: Report = Report(step=0)
         self._report_revision = 0
+        #: What detectors read: the same records, no way to write them.
+        self.view = FindingsView(self._records)
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: tuple[str, str]) -> Finding | None:
@@ -75,11 +111,32 @@ class FindingHistory:
         return [f for f in self._records.values() if f.status == Status.PENDING]
 
     # -- writing -----------------------------------------------------------------------------
+    def apply(self, verdicts: Iterable[Verdict]) -> None:
+        """Apply detectors' verdicts in order (see :mod:`leafwatch.verdicts`)."""
+        for v in verdicts:
+            action = v.action
+            if action is Action.OPEN:
+                self._upsert(v.finding)  # type: ignore[arg-type]
+            elif action is Action.RESOLVE:
+                self._resolve(v.key, v.step)
+            elif action is Action.HOLD:
+                self._hold(v.finding)  # type: ignore[arg-type]
+            elif action is Action.CONFIRM:
+                self._confirm(v.key, **(v.changes or {}))
+            elif action is Action.DROP:
+                self._drop(v.key)
+            elif action is Action.SET:
+                self._put(v.finding)  # type: ignore[arg-type]
+            elif action is Action.COUNT:
+                self._touch(v.finding)  # type: ignore[arg-type]
+            else:  # pragma: no cover - a new Action without its branch here
+                raise ValueError(f"`verdicts` holds an unknown action {action!r}")
+
     def _changed(self) -> None:
         self.version += 1
         self._revision += 1
 
-    def upsert(self, f: Finding) -> None:
+    def _upsert(self, f: Finding) -> None:
         """Add a finding, or update the one of the same key (keeping its first step and count)."""
         old = self._records.get(f.key)
         if old is None:
@@ -99,17 +156,17 @@ class FindingHistory:
                 or (old.message != updated.message and not counted):
             self.version += 1
 
-    def touch(self, f: Finding) -> None:
+    def _touch(self, f: Finding) -> None:
         """Replace the record of ``f.key`` with new steps and counts only: no version change."""
         self._records[f.key] = f
         self._revision += 1
 
-    def put(self, f: Finding) -> None:
+    def _put(self, f: Finding) -> None:
         """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""
         self._records[f.key] = f
         self._changed()
 
-    def resolve(self, key: tuple[str, str], step: int | None) -> bool:
+    def _resolve(self, key: tuple[str, str], step: int | None) -> bool:
         """Mark an open (or pending) finding resolved; True when it changed."""
         old = self._records.get(key)
         if old is None or old.status not in (Status.OPEN, Status.PENDING):
@@ -121,67 +178,33 @@ class FindingHistory:
         self._changed()
         return True
 
-    def resolve_where(self, predicate: Callable[[Finding], bool], step: int | None) -> None:
-        """Resolve every open finding for which ``predicate`` is true."""
-        for key, f in list(self._records.items()):
-            if f.status == Status.OPEN and predicate(f):
-                self.resolve(key, step)
-
-    def replace_structural(self, found: Iterable[Finding], step: int | None,
-                           held: Iterable[Finding] = ()) -> None:
-        """A new reading of the structure: open structural findings not in ``found`` are resolved.
-
-        ``held`` are structural suspicions that wait for a check (:meth:`hold`); one already
-        shown stays as it is.
-        """
-        new = {f.key: f for f in found}
-        waiting = {f.key: f for f in held}
-        # A tensor outside the model (leafwatch.outside) is judged at checks, not from the structure.
-        gone = [f.key for f in self._records.values()
-                if f.kind in STRUCTURAL_KINDS and f.key not in new and f.key not in waiting
-                and not f.details.get("outside")]
-        for key in gone:
-            self.resolve(key, step)
-        for f in new.values():
-            self.upsert(f)
-        for f in waiting.values():
-            self.hold(f)
-
-    def hold(self, f: Finding) -> None:
+    def _hold(self, f: Finding) -> None:
         """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""
         old = self._records.get(f.key)
         if old is not None and old.status != Status.PENDING:
             return  # already decided: a hold never takes back a shown finding
-        self.upsert(f.replace(status=Status.PENDING))
+        self._upsert(f.replace(status=Status.PENDING))
 
-    def confirm(self, key: tuple[str, str], **changes: Any) -> None:
+    def _confirm(self, key: tuple[str, str], **changes: Any) -> None:
         """Turn a pending finding into an open one (with ``changes``, e.g. a better cause)."""
         old = self._records.get(key)
         if old is not None and old.status == Status.PENDING:
-            self.put(old.replace(status=Status.OPEN, **changes))
+            self._put(old.replace(status=Status.OPEN, **changes))
 
-    def drop(self, key: tuple[str, str]) -> None:
+    def _drop(self, key: tuple[str, str]) -> None:
         """Forget a pending finding: the evidence says it was intended."""
         old = self._records.get(key)
         if old is not None and old.status == Status.PENDING:
             del self._records[key]
             self._changed()
 
-    def decide_pending(self, decide: Callable[[Finding], Finding | None]) -> None:
-        """At the end of a run: each pending finding becomes what ``decide`` returns (None: dropped)."""
-        for f in self.pending():
-            decided = decide(f)
-            if decided is None:
-                self.drop(f.key)
-            else:
-                self.put(decided)
-
     # -- state -------------------------------------------------------------------------------
     def to_list(self) -> list[dict[str, Any]]:
         return [f.to_dict() for f in self._records.values()]
 
     def load(self, records: Iterable[Finding]) -> None:
-        self._records = {f.key: f for f in records}
+        self._records.clear()  # the view reads this same dict
+        self._records.update((f.key, f) for f in records)
         self._changed()
 
 

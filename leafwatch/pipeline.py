@@ -1,14 +1,15 @@
 """The check as one ordered list of parts, each run guarded: a failing part never reads as "no findings".
 
 A check is a sequence of parts (read the structure, read the gradients, judge the watched
-tensors, ...). :class:`Pipeline` runs them in their one order. A part that raises costs only
-its own findings: the failure is warned once (:class:`~leafwatch.LeafwatchInternalWarning`),
+tensors, ...). :class:`Pipeline` runs them in their one order; each part returns its detectors'
+verdicts and the pipeline hands them to the history, the only writer. A part that raises costs
+only its own verdicts (none of them is applied): the failure is warned once (:class:`~leafwatch.LeafwatchInternalWarning`),
 training goes on, and the report carries an ``incomplete`` finding that names the part and the
 exception in one line, so the console, TensorBoard, the tab and ``leafwatch report`` all say
 that part of the check did not run. The finding is resolved at the next check where the part
 runs through again.
 
-Torch-free: a part is any callable taking the check's state.
+Torch-free: a part is any callable taking the check's state and returning verdicts (or None).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Generic, TypeVar
 from .findings import Finding, Kind, Severity
 from .history import FindingHistory
 from .options import WarnOnce
+from .verdicts import Verdict, Verdicts
 
 State = TypeVar("State")
 
@@ -29,7 +31,7 @@ class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does."""
 
     name: str
-    run: Callable[[State], None]
+    run: Callable[[State], Verdicts | None]
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
@@ -56,7 +58,7 @@ class Pipeline(Generic[State]):
 
     Args:
         parts: The parts, in the order they run.
-        history: Where the ``incomplete`` findings are written (and resolved).
+        history: Where the parts' verdicts and the ``incomplete`` findings are applied.
         warn: Warns once per failing part.
     """
 
@@ -70,16 +72,18 @@ class Pipeline(Generic[State]):
         """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
         for part in self.parts if parts is None else parts:
             try:
-                part.run(state)
+                verdicts = part.run(state)
             except Exception as error:  # noqa: BLE001 - a part's failure must not stop training
                 self.failed(part.name, error, step)
             else:
+                if verdicts:
+                    self.history.apply(verdicts)
                 if self._failing and part.name in self._failing:
                     self._failing.discard(part.name)
-                    self.history.resolve((Kind.INCOMPLETE, part.name), step)
+                    self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part.name), step)])
 
     def failed(self, part: str, error: BaseException, step: int | None) -> None:
         """Record that ``part`` failed at ``step`` (also for parts run outside :meth:`run`)."""
         self.warn(part, error, stacklevel=4)
         self._failing.add(part)
-        self.history.upsert(incomplete(part, error, step))
+        self.history.apply([Verdict.open(incomplete(part, error, step))])

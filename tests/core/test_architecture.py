@@ -123,7 +123,7 @@ STACK_WALKERS = {
     "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
     "leafwatch.cuts": "finds the line of the op that cut a graph (a library's line, past torch's own "
                       "frames); the user's frame above it comes from frames.py",
-    "leafwatch.stepping": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
+    "leafwatch.detectors.loop": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
 }
 
 
@@ -150,6 +150,47 @@ def test_torch_free_modules_import_no_torch() -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# -- the history is the only writer ----------------------------------------------------------
+#: The history's writers (private to it); detectors return verdicts, the pipeline applies them.
+WRITERS = {"_upsert", "_touch", "_put", "_resolve", "_hold", "_confirm", "_drop"}
+#: The modules that hand verdicts to the history: the pipeline (each part's verdicts), the
+#: Checker (verdicts it asks for outside a part: a state_dict()'s counts), and the history itself.
+APPLIERS = {"leafwatch.history", "leafwatch.pipeline", "leafwatch.checker"}
+
+
+def _writes_history(tree: ast.Module) -> list[str]:
+    """The history writes a module makes: calls of the private writers, or of ``.apply(...)``
+    on something named ``history``/``history_store``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            attr, owner = node.func.attr, node.func.value
+            owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if attr in WRITERS or (attr == "apply" and owner_name in ("history", "history_store")):
+                found.append(f"{owner_name}.{attr}")
+    return found
+
+
+def test_only_the_pipeline_and_the_checker_hand_verdicts_to_the_history() -> None:
+    trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
+    writers = {m: _writes_history(t) for m, t in trees.items() if _writes_history(t)}
+    assert set(writers) <= APPLIERS, writers
+    assert "leafwatch.pipeline" in writers  # the scan sees a write
+
+
+def test_detectors_return_verdicts_and_never_hold_the_history() -> None:
+    detectors = {_module_name(p): p.read_text() for p in (PACKAGE / "detectors").glob("*.py")}
+    assert {"leafwatch.detectors.gradients", "leafwatch.detectors.structure", "leafwatch.detectors.loop"} <= set(detectors)
+    for module, code in detectors.items():
+        assert "FindingHistory" not in code, module  # they read a FindingsView
+        assert not _writes_history(ast.parse(code)), module
+
+
+def test_the_writer_scan_finds_a_write() -> None:
+    tree = ast.parse("def f(self):\n    self.history._upsert(x)\n    self.history_store.apply([v])\n")
+    assert _writes_history(tree) == ["history._upsert", "history_store.apply"]
 
 
 # -- two monitors ---------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch.checks import ALL_PARAMETERS
+from leafwatch.detectors.constructors import ALL_PARAMETERS
 
 
 def _code_spans(text: str) -> list[str]:

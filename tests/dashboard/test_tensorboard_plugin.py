@@ -132,7 +132,7 @@ def test_loading_the_plugin_entry_point_imports_neither_torch_nor_the_rest_of_le
     code = (
         "import sys; from leafwatch.tensorboard_plugin import LeafwatchPlugin; "
         "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') "
-        "or m in ('leafwatch.monitor', 'leafwatch.checks', 'leafwatch.integrations.lightning')); print(heavy)"
+        "or m in ('leafwatch.monitor', 'leafwatch.detectors.constructors', 'leafwatch.integrations.lightning')); print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(PLUGIN_DIR.parent.parent)})

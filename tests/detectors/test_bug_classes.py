@@ -17,8 +17,8 @@ from torch import nn
 
 import leafwatch
 from leafwatch import LeafwatchWarning
-from leafwatch.checks import UNKNOWN_CAUSE
-from leafwatch.grads import STALLED_AFTER
+from leafwatch.detectors.constructors import UNKNOWN_CAUSE
+from leafwatch.detectors.gradients import STALLED_AFTER
 from leafwatch.structure import REQUIRES_GRAD_EVERY
 
 

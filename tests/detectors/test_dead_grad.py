@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch.dead import DEAD_AFTER
+from leafwatch.detectors.dead import DEAD_AFTER
 
 
 class ZeroGrad(torch.autograd.Function):

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
-from leafwatch.checks import device_on_purpose, dtype_changes_training
+from leafwatch.detectors.structure import device_on_purpose, dtype_changes_training
 from leafwatch.evidence import ChangeEvidence, LAYERDROP_FALSE_ALARM
 
 # The file collects without Lightning; the tests that use it skip (locally) or fail (in CI).

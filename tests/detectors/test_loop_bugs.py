@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch import stepping
+from leafwatch.detectors import loop as stepping
 
 REPO = Path(__file__).resolve().parents[2]
 CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "

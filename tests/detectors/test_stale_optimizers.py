@@ -313,7 +313,7 @@ def test_skipped_steps_are_still_counted_once_the_old_tensors_are_leftovers() ->
     model.body = nn.Linear(8, 16)
     opt.add_param_group({"params": list(model.body.parameters())})
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    for _ in range(5 + leafwatch.stepping.SKIPPED_AFTER + 10):
+    for _ in range(5 + leafwatch.detectors.loop.SKIPPED_AFTER + 10):
         opt.zero_grad(set_to_none=True)
         x = torch.randn(4, 8)
         x[0, 0] = float("nan")  # every gradient non-finite: the scaler skips every step

@@ -19,7 +19,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from ... import checks, fixes, inventory, watching
+from ... import fixes, inventory, watching
+from ...detectors import constructors as checks, structure as structure_detector
 from ...console import NewFindingWarnings
 from ...findings import Finding, Kind, Report
 from ...monitor import Monitor
@@ -249,7 +250,7 @@ class Session:
         known, and the tensors that got no gradient at their optimizer's only step."""
         self.found.update_roots()
         inv = inventory.Inventory(self.found.roots, self.found.optimizers)
-        found = checks.structural(inv, step=self.steps)
+        found = structure_detector.structural(inv, step=self.steps)
         found += self._first_step_findings(inv, {f.name for f in found})
         return Report(apply_ignore(found, self.ignore), step=self.steps)
 

@@ -2,7 +2,7 @@
 
 Fed the indices of the tensors whose ``.grad`` was None at a check (the Monitor's one read of
 each ``p.grad``), it keeps for each tensor the current streak, the total misses and the longest
-streak before, and writes ``missing_grad`` findings into the history: open after ``patience``
+streak before, and returns its verdicts on ``missing_grad`` findings: open after ``patience``
 checks in a row, ``intermittent`` (info) once the tensor got gradients at other checks, open
 again as ``stalled`` when an intermittent tensor goes far longer than before without one.
 Only the few tensors that miss are touched: a healthy step does no work here.
@@ -11,16 +11,17 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
-from . import checks, cuts, evidence, inventory, outside, tracing
-from .findings import Finding, Severity, Status, Waiting
-from .history import FindingHistory
-from .structure import CheckList
-from .watching import WatchEntry
+from .. import cuts, evidence, inventory, tracing
+from ..findings import Finding, Severity, Status, Waiting
+from ..history import FindingsView
+from ..structure import CheckList
+from ..verdicts import Verdict, Verdicts
+from . import constructors as checks
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -48,13 +49,13 @@ class GradientTracker:
     """Streaks and counts of missing gradients by tensor id, turned into findings.
 
     Args:
-        history: Where the findings go.
+        view: The findings so far (read-only).
         patience: Checks in a row without a gradient before ``missing_grad`` is reported.
         diagnose: Whether forward hooks explain the misses (else the cause is never "pending").
     """
 
-    def __init__(self, history: FindingHistory, patience: int, diagnose: bool) -> None:
-        self.history = history
+    def __init__(self, view: FindingsView, patience: int, diagnose: bool) -> None:
+        self.view = view
         self.patience = patience
         self.diagnose = diagnose
         #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
@@ -117,11 +118,12 @@ class GradientTracker:
         return bool(self.streak)
 
     def update(self, clist: CheckList, missing: list[int], step: int, *, tracer: tracing.Tracer,
-               reachable: set[int] | None, skip: set[int]) -> None:
+               reachable: set[int] | None, skip: set[int]) -> Verdicts:
         """Record one check of ``clist``: ``missing`` are the indices without a gradient.
 
-        ``skip`` holds ids reported elsewhere (watched tensors, replaced ones).
+        ``skip`` holds ids reported elsewhere (watched tensors, replaced ones). Returns the verdicts.
         """
+        out: Verdicts = []
         repeat = self._repeat
         if repeat is not None and repeat[0] is clist and repeat[1] == self._steady_changes and repeat[2] == missing:
             # The same steady misses as at the last check (500 dead tensors): counted in one pass.
@@ -129,8 +131,8 @@ class GradientTracker:
             for pid in repeat[3]:
                 streaks[pid] += 1
                 counts[pid] += 1
-            self._after_update(clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step)
-            return
+            self._after_update(clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step, out)
+            return out
         now: set[int] = set()
         if self._modules:
             # Count the skipped layers of each ModuleList first: a layer is judged with all its
@@ -164,30 +166,32 @@ class GradientTracker:
             layer = self._layer(info)
             if streak < self.patience:
                 continue
-            if info is None and self.history.is_open(("stale_param", name)):
+            if info is None and self.view.is_open(("stale_param", name)):
                 continue  # the replaced tensor: its stale_param finding already says it will not train
             self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                              layer, clist.checks)
+                              layer, clist.checks, out)
         steady_now = self._steady_changes
-        self._after_update(clist, now if len(now) != len(streaks) else None, step)
+        self._after_update(clist, now if len(now) != len(streaks) else None, step, out)
         # Every miss a steady one, and none left or entered the steady set since: the next check
         # with the same misses takes the one-pass count above.
         self._repeat = (clist, steady_now, list(missing), steady_hits) \
             if len(steady_hits) == len(missing) and steady_now == self._steady_changes else None
+        return out
 
-    def _after_update(self, clist: CheckList, now: set[int] | None, step: int) -> None:
+    def _after_update(self, clist: CheckList, now: set[int] | None, step: int, out: Verdicts) -> None:
         """The tensors of ``clist`` in a streak but not in ``now`` recovered (None: every tensor in a
         streak missed again); the steady findings brought up to date when due."""
         if now is not None:
             for pid in [k for k in self.streak if k in clist.ids and k not in now]:
-                self._recovered(clist, pid, step)
+                out += self._recovered(clist, pid, step)
         if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
-            self.refresh(step)
+            out += self.refresh(step)
 
-    def refresh(self, step: int) -> None:
+    def refresh(self, step: int) -> Verdicts:
         """Bring the steps and counts of the steady findings up to date (they are not rebuilt per check)."""
+        out: Verdicts = []
         for pid, (name, clist, written) in list(self._steady.items()):
-            old = self.history.get(("missing_grad", name))
+            old = self.view.get(("missing_grad", name))
             if old is None or old.status != Status.OPEN:
                 del self._steady[pid]
                 self._steady_changes += 1
@@ -196,15 +200,20 @@ class GradientTracker:
             if misses == written:
                 continue
             self._steady[pid] = (name, clist, misses)
-            self.history.touch(old.replace(step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
-                                           details={**old.details, "checks": checks_of_p,
-                                                    "steps_without_grad": misses}))
+            out.append(Verdict.count(old.replace(
+                step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
+                details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
+        return out
 
-    def _module_already_open(self, clist: CheckList, info: inventory.ParamInfo) -> bool:
-        """Another parameter of the same module is already an open missing_grad error: the module is
-        known not to run (a parameter handed to the optimizer later is no new LayerDrop suspicion)."""
+    def _module_already_open(self, clist: CheckList, info: inventory.ParamInfo, out: Verdicts) -> bool:
+        """Another parameter of the same module is already an open missing_grad error (or confirmed
+        by this check's verdicts): the module is known not to run (a parameter handed to the
+        optimizer later is no new LayerDrop suspicion)."""
+        confirmed = {v.key[1] for v in out if v.key[0] == "missing_grad" and (
+            v.action == "confirm" or (v.action == "open" and v.finding is not None and v.finding.status == Status.OPEN))}
         return any(other is not None and other is not info and other.module == info.module
-                   and self.history.is_open(("missing_grad", n)) for n, other in zip(clist.names, clist.infos))
+                   and (n in confirmed or self.view.is_open(("missing_grad", n)))
+                   for n, other in zip(clist.names, clist.infos))
 
     @staticmethod
     def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
@@ -215,10 +224,10 @@ class GradientTracker:
 
     def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                      streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                     reachable: set[int] | None, layer: tuple[str, int] | None = None,
-                     list_checks: int = 0) -> None:
+                     reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int,
+                     out: Verdicts) -> None:
         pid = id(p)
-        old = self.history.get(("missing_grad", name))
+        old = self.view.get(("missing_grad", name))
         explanation = None
         if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
                 and self._siblings_got_grads(clist, info):
@@ -238,7 +247,7 @@ class GradientTracker:
             if pid in self._suspects or reason == "grad_disabled":
                 # Ran only under no_grad: an EMA / target network, or an encoder run under
                 # no_grad by mistake. Whether it changes between checks tells them apart.
-                self._judge_target(p, name, info, checks_of_p, misses, step, explanation, old)
+                out += self._judge_target(p, name, info, checks_of_p, misses, step, explanation, old)
                 return
             if layer is not None and reason == "never_ran" and misses >= checks_of_p \
                     and not self._skips.all_skipped(layer[0], list_checks):
@@ -247,24 +256,24 @@ class GradientTracker:
                                         checks=checks_of_p, misses=misses)
                 f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
                                        "declared_drop_rate": self._skips.declared(layer[0])})
-                if chance >= evidence.LAYERDROP_FALSE_ALARM and not self._module_already_open(clist, info):
-                    self.history.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))
+                if chance >= evidence.LAYERDROP_FALSE_ALARM and not self._module_already_open(clist, info, out):
+                    out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP})))
                     return
                 self._decided.add(pid)
-                self.history.hold(f)
-                self.history.confirm(f.key, cause=f"{f.cause} Its siblings in `{layer[0]}` ran: skipped at "
-                                     f"all {misses} checks, it is no layer dropped at random (chance "
-                                     f"{chance:.1e}).", step=step, last_step=step)
+                out.append(Verdict.hold(f))
+                out.append(Verdict.confirm(f.key, cause=f"{f.cause} Its siblings in `{layer[0]}` ran: skipped at "
+                                           f"all {misses} checks, it is no layer dropped at random (chance "
+                                           f"{chance:.1e}).", step=step, last_step=step))
                 return
         if old is not None and old.status == Status.PENDING:
             old = None  # a suspicion the evidence settled: reported afresh below
         if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
             # Explained before and nothing new: keep the cause, update the counts.
-            self.history.upsert(self._stalled(
+            out.append(Verdict.open(self._stalled(
                 old.replace(step=step, last_step=step,
                             status=Status.OPEN if old.status != Status.INTERMITTENT else Status.INTERMITTENT,
                             details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
-                pid, streak, checks_of_p, misses))
+                pid, streak, checks_of_p, misses)))
             return
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
@@ -283,7 +292,7 @@ class GradientTracker:
         elif old is not None and old.status == Status.INTERMITTENT:
             f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
         f = self._stalled(f, pid, streak, checks_of_p, misses)
-        self.history.upsert(f)
+        out.append(Verdict.open(f))
         if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
                 and old is not None and (old.status, old.cause) == (f.status, f.cause):
             # The same finding twice in a row: from now on it is counted, not worked out again.
@@ -302,7 +311,7 @@ class GradientTracker:
             self._cuts[pid] = cut
         return cut
 
-    def _recovered(self, clist: CheckList, pid: int, step: int) -> None:
+    def _recovered(self, clist: CheckList, pid: int, step: int) -> Verdicts:
         """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
         self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
         if self._steady.pop(pid, None) is not None:
@@ -310,21 +319,23 @@ class GradientTracker:
         self._cuts.pop(pid, None)
         self.changes += 1
         key = ("missing_grad", clist.name_of(pid))
-        old = self.history.get(key)
+        old = self.view.get(key)
+        out: Verdicts = []
         if old is not None and old.details.get("reason") == "pending" and old.status != Status.PENDING:
             # The placeholder promised a cause at the next check: the gradient came instead.
             old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
                               details={**old.details, "reason": "came_back"})
             if old.status != Status.OPEN:
-                self.history.put(old)
+                out.append(Verdict.set(old))
         if old is not None and old.status in (Status.OPEN, Status.PENDING):
             self._suspects.pop(pid, None)
             old = old.replace(details={k: v for k, v in old.details.items() if k != "pending"})
-            self.history.put(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step))
+            out.append(Verdict.set(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)))
+        return out
 
     def _judge_target(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
                       misses: int, step: int, explanation: tracing.Explanation | None,
-                      old: Finding | None) -> None:
+                      old: Finding | None) -> Verdicts:
         """Hold a no_grad miss until the tensor is seen to change (a target) or not (an error)."""
         pid = id(p)
         verdict = self._evidence.verdict(p)
@@ -335,8 +346,7 @@ class GradientTracker:
             self.changes += 1
             self.streak.pop(pid, None)
             self.misses.pop(pid, None)
-            self.history.drop(("missing_grad", name))
-            return
+            return [Verdict.drop(("missing_grad", name))]
         if explanation is None and old is not None:
             f = old.replace(step=step, last_step=step)
         else:
@@ -344,12 +354,10 @@ class GradientTracker:
                                     checks=checks_of_p, misses=misses)
         if verdict == "unknown":
             self._suspects[pid] = (weakref.ref(p), name)
-            self.history.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))
-            return
+            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
         self._settled(pid)
         self._decided.add(pid)
-        self.history.hold(f)
-        self.history.confirm(f.key, **_unchanged(f))
+        return [Verdict.hold(f), Verdict.confirm(f.key, **_unchanged(f))]
 
     def _settled(self, pid: int) -> None:
         self._suspects.pop(pid, None)
@@ -411,7 +419,7 @@ class GradientTracker:
         for pid, name in names.items():
             if name in self._restored:
                 self.misses[pid] = self._restored[name]
-                record = self.history.get(("missing_grad", name))
+                record = self.view.get(("missing_grad", name))
                 if record is not None and record.status == Status.OPEN:
                     # Still missing when saved: a gradient after the resume ends it as usual.
                     self.streak[pid] = self.patience
@@ -423,102 +431,3 @@ def _unchanged(f: Finding) -> dict[str, Any]:
     return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
                      "nothing trains it.",
             "details": {**{k: v for k, v in f.details.items() if k != "pending"}, "changed": False}}
-
-
-class WatchedTracker:
-    """Whether each watched tensor got a gradient since the last check, turned into findings.
-
-    A watched finding that does not recur (a gradient arrived, or the tensor is gone) is
-    resolved; that scan runs only while such a finding can be open, not every step.
-    """
-
-    def __init__(self, history: FindingHistory) -> None:
-        self.history = history
-        self._counts: dict[str, tuple[WatchEntry, int]] = {}
-        self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
-        self._hand = evidence.HandUpdates()
-        #: Set by the owner to anything that changes when the optimizers or their groups change.
-        self.optimizers_version: object = None
-        #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
-        self.may_be_open = True
-
-    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
-               in_optimizer: Callable[[WatchEntry], bool] | None = None) -> None:
-        """Record one check of the watched tensors.
-
-        ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
-        it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
-        """
-        if not (entries or self.may_be_open):
-            return  # nothing watched and no watched finding open: nothing to do at all
-        current: set[tuple[str, str]] = set()
-        counts: dict[str, tuple[WatchEntry, int]] = {}
-        if entries:
-            got = {}
-            for e in entries:
-                seen = self._counts.get(e.name)
-                # A name watched again (the next step's activation) is a new entry that counts from 0.
-                t = e.tensor()
-                if e.is_leaf and (seen is None or seen[0] is not e):
-                    # First sight of a leaf: its end state is its .grad (the watch hook may have
-                    # counted gradients from before this check's owner existed).
-                    got[e.name] = t is not None and t.grad is not None
-                else:
-                    last = seen[1] if seen is not None and seen[0] is e else 0
-                    got[e.name] = e.grads_seen > last or (
-                        e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
-                counts[e.name] = (e, e.grads_seen)
-            for f in checks.watched_findings(entries, step, got, inv):
-                current.add(f.key)
-                self.history.upsert(f)
-            if in_optimizer is not None:
-                current |= self._outside_optimizers(entries, step, inv, in_optimizer)
-        self._counts = counts  # only the live entries: bounded by what is watched now
-        self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
-        self.may_be_open = bool(current)
-        self.history.resolve_where(lambda f: f.details.get("source") == "watch" and f.key not in current, step)
-        for f in self.history.pending():
-            if f.details.get("source") == "watch" and f.key not in current:
-                self.history.drop(f.key)
-
-    def _outside_optimizers(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
-                            in_optimizer: Callable[[WatchEntry], bool]) -> set[tuple[str, str]]:
-        """The gradient rule for watched leaves in no optimizer that get gradients: held at the
-        first check that sees the gradient, then nothing when the value changed between checks
-        (updated by hand), ``not_in_optimizer`` when it did not. Returns the keys written."""
-        keys = set()
-        found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
-                                                in_optimizer=self._cached(in_optimizer), inventory=inv)
-        tensors = {e.name: e.tensor() for e in entries}
-        for f in found:
-            t = tensors.get(f.name)
-            verdict = self._hand.verdict(t) if t is not None else "unchanged"
-            if verdict == "by_hand":
-                continue
-            keys.add(f.key)
-            if verdict == "wait":
-                self.history.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
-            else:
-                self.history.upsert(f)
-        return keys
-
-    def decide(self, f: Finding) -> Finding | None:
-        """At the end of the run: a held watched finding is open unless the tensor changed since
-        the check that held it (updated by hand)."""
-        entry = next((e for e in self._counts.values() if e[0].name == f.name), None)
-        t = entry[0].tensor() if entry is not None else None
-        if t is None or self._hand.verdict(t, final=True) == "by_hand":
-            return None
-        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
-
-    def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
-        """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
-        def cached(entry: WatchEntry) -> bool:
-            verdict = self._verdicts.get(entry.name)
-            if verdict is None or verdict[0] is not entry or verdict[2] != self.optimizers_version:
-                verdict = self._verdicts[entry.name] = (entry, in_optimizer(entry), self.optimizers_version)
-            return verdict[1]
-        return cached
-
-    def sizes(self) -> int:
-        return len(self._counts)

@@ -31,11 +31,12 @@ from typing import Any
 
 import torch
 
-from . import checks
-from .findings import Status
-from .history import FindingHistory
-from .inventory import shape_text
-from .structure import CheckList
+from ..findings import Status
+from ..history import FindingsView
+from ..inventory import shape_text
+from ..structure import CheckList
+from ..verdicts import Verdict, Verdicts
+from . import constructors as checks
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
 LR_READ_EVERY = 10
@@ -114,11 +115,11 @@ class ClearedGradients:
     """Judges, per optimizer about to step, the tensors whose gradient arrived and was cleared.
 
     Args:
-        history: Where the ``grad_cleared`` findings go.
+        view: The findings so far (read-only).
     """
 
-    def __init__(self, history: FindingHistory) -> None:
-        self.history = history
+    def __init__(self, view: FindingsView) -> None:
+        self.view = view
         #: Tensors reported as cleared on purpose (information), by id -> name, while it lasts.
         self.ongoing: dict[int, str] = {}
         #: Optimizers with the error open, by name.
@@ -128,53 +129,55 @@ class ClearedGradients:
         return bool(self.ongoing or self.all_cleared)
 
     def judge(self, clist: CheckList, missing: list[int], arrived: set[int], where: str,
-              step: int, optimizer: Any = None) -> tuple[list[int], list[int]]:
-        """Findings for one check of ``clist``; returns (the indices still missing, the cleared ids).
+              step: int, optimizer: Any = None) -> tuple[list[int], list[int], Verdicts]:
+        """One check of ``clist``: (the indices still missing, the cleared ids, the verdicts).
 
         ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
         whose gradient arrived in backward since the last check of this list.
         """
+        out: Verdicts = []
         cleared = [i for i in missing if id(clist.params[i]) in arrived]
         cleared_ids = {id(clist.params[i]) for i in cleared}
         if self.ongoing:
             missing_ids = {id(clist.params[i]) for i in missing}
             for pid in [k for k in self.ongoing if k in clist.ids and k not in cleared_ids]:
-                self._resumed(pid, step, trained=pid not in missing_ids)
+                out += self._resumed(pid, step, trained=pid not in missing_ids)
         everything = bool(cleared) and len(missing) == len(clist.params)
         if where in self.all_cleared and not everything:
             self.all_cleared.discard(where)
-            self.history.resolve(("grad_cleared", where), step)
+            out.append(Verdict.resolve(("grad_cleared", where), step))
         if not cleared:
-            return missing, []
+            return missing, [], out
         for i in cleared:  # a suspicion or an earlier cause of these misses was wrong
             key = ("missing_grad", clist.names[i])
-            if self.history.get(key) is not None:
-                self.history.resolve(key, step)
+            if self.view.get(key) is not None:
+                out.append(Verdict.resolve(key, step))
         if everything:
             self.all_cleared.add(where)
-            self.history.upsert(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
-                                                        optimizer=optimizer))
+            out.append(Verdict.open(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
+                                                            optimizer=optimizer)))
         else:
             for i in cleared:
                 p, name = clist.params[i], clist.names[i]
                 info = clist.infos[i]
                 self.ongoing[id(p)] = name
-                self.history.upsert(checks.grad_cleared(name, p, where=where, step=step,
-                                                        aliases=info.aliases if info else ()))
+                out.append(Verdict.open(checks.grad_cleared(name, p, where=where, step=step,
+                                                            aliases=info.aliases if info else ())))
         keep = set(cleared)
-        return [i for i in missing if i not in keep], sorted(cleared_ids)
+        return [i for i in missing if i not in keep], sorted(cleared_ids), out
 
-    def _resumed(self, pid: int, step: int, trained: bool) -> None:
+    def _resumed(self, pid: int, step: int, trained: bool) -> Verdicts:
         """A tensor cleared before is not now: it kept its gradient (the schedule ended), or
         backward no longer reached it (``missing_grad`` says so)."""
         name = self.ongoing.pop(pid)
-        old = self.history.get(("grad_cleared", name))
-        if old is not None and old.status == Status.OPEN:
-            since = "it has trained since" if trained else "backward has not reached it since"
-            self.history.put(old.replace(
+        old = self.view.get(("grad_cleared", name))
+        if old is None or old.status != Status.OPEN:
+            return []
+        since = "it has trained since" if trained else "backward has not reached it since"
+        return [Verdict.set(old.replace(
                 status=Status.RESOLVED, last_step=step,
                 message=f"`{name}`'s gradient was cleared before the optimizer step from step "
-                f"{old.first_step} to step {old.last_step}; {since}."))
+                f"{old.first_step} to step {old.last_step}; {since}."))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -210,13 +213,13 @@ class LearningRates:
     deliberate freeze), warm-ups from 0 and decays that reach 0 at the last steps are not.
     """
 
-    def __init__(self, history: FindingHistory) -> None:
-        self.history = history
+    def __init__(self) -> None:
         self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[_GroupLR]] = weakref.WeakKeyDictionary()
 
     def read(self, optimizer: torch.optim.Optimizer, where: str, checks_done: int, step: int,
-             names: Callable[[torch.Tensor], str | None]) -> None:
-        """Read the lrs of ``optimizer`` (its ``checks_done``-th check) and update the findings."""
+             names: Callable[[torch.Tensor], str | None]) -> Verdicts:
+        """Read the lrs of ``optimizer`` (its ``checks_done``-th check): the verdicts on its groups."""
+        out: Verdicts = []
         states = self._groups.get(optimizer)
         if states is None:
             states = self._groups[optimizer] = []
@@ -228,7 +231,7 @@ class LearningRates:
             configured = _number(group.get("initial_lr", state.built))
             if lr is None or configured is None or configured == 0 or lr != 0 \
                     or not _gets_gradients(group["params"]):
-                self._reset(state, step)
+                out += self._reset(state, step)
                 continue
             if state.zero_since_check is None:
                 state.zero_since_check, state.zero_since_step = checks_done, step
@@ -236,16 +239,19 @@ class LearningRates:
                 params = [p for p in group["params"] if p.requires_grad]
                 tensor_names = [names(p) or shape_text(p) for p in params]
                 state.reported = f"{where}.param_groups[{j}]"
-                self.history.upsert(checks.zero_lr(
+                out.append(Verdict.open(checks.zero_lr(
                     state.reported, tensor_names, configured=configured, since=state.zero_since_step,
                     steps=checks_done - state.zero_since_check, step=step,
-                    scheduler=find_scheduler(optimizer), managed="initial_lr" in group))
+                    scheduler=find_scheduler(optimizer), managed="initial_lr" in group)))
+        return out
 
-    def _reset(self, state: _GroupLR, step: int) -> None:
+    @staticmethod
+    def _reset(state: _GroupLR, step: int) -> Verdicts:
         state.zero_since_check = state.zero_since_step = None
-        if state.reported is not None:
-            self.history.resolve(("no_update", state.reported), step)
-            state.reported = None
+        if state.reported is None:
+            return []
+        key, state.reported = ("no_update", state.reported), None
+        return [Verdict.resolve(key, step)]
 
 
 def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
@@ -301,16 +307,16 @@ class SkippedSteps:
     its tensors in place). No optimizer hook is needed, and none is registered from inside one.
 
     Args:
-        history: Where the ``no_update`` findings go.
+        view: The findings so far (read-only).
         ask_check: Called with the optimizer at the end of a backward pass when it has skipped
             :data:`SKIPPED_AFTER` steps and nothing checked it since the skipping began.
         step_of: The Monitor's step now (it moves at every check).
         on_error: Told of a failure inside a hook (which never stops the user's backward pass).
     """
 
-    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
+    def __init__(self, view: FindingsView, ask_check: Callable[[torch.optim.Optimizer], None],
                  step_of: Callable[[], int], on_error: Callable[[str, BaseException], None] | None = None) -> None:
-        self.history = history
+        self.view = view
         self.ask_check = ask_check
         self.step_of = step_of
         self.on_error = on_error
@@ -374,8 +380,9 @@ class SkippedSteps:
         state.handle = sentinel.register_hook(counted)
         return state
 
-    def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, index: int, step: int) -> bool:
-        """A check of ``optimizer`` before its step; True when the NaN/Inf check should run now.
+    def note_check(self, optimizer: torch.optim.Optimizer, clist: CheckList, index: int,
+                   step: int) -> tuple[bool, Verdicts]:
+        """A check of ``optimizer`` before its step: (whether the NaN/Inf check should run now, the verdicts).
 
         Skipped steps are reported once the NaN/Inf check finds a non-finite gradient among the
         optimizer's tensors (the GradScaler's reason to skip); after :data:`_EVIDENCE_CHECKS`
@@ -385,26 +392,24 @@ class SkippedSteps:
         state = self._states.get(id(optimizer))
         if state is None:
             self.alert.discard(id(optimizer))
-            return False
+            return False, []
         skipped = state.skipped
         if skipped < SKIPPED_AFTER:
             state.dismissed, state.forced = False, 0
             self.alert.discard(id(optimizer))
             if state.reported:
                 state.reported = False
-                self.history.resolve(("no_update", optimizer_name(index)), step)
-            return False
+                return False, [Verdict.resolve(("no_update", optimizer_name(index)), step)]
+            return False, []
         if state.reported or state.dismissed:
-            return False
-        names = set(clist.names)
-        if any(f.kind == "nonfinite_grad" and f.status == Status.OPEN and f.name in names for f in self.history):
+            return False, []
+        if not self.view.open_names("nonfinite_grad").isdisjoint(clist.names):
             state.reported = True
-            self.history.upsert(checks.steps_skipped(optimizer_name(index), clist.names, skipped=skipped,
-                                                     since=state.skipping_since, step=step))
-            return False
+            return False, [Verdict.open(checks.steps_skipped(optimizer_name(index), clist.names, skipped=skipped,
+                                                             since=state.skipping_since, step=step))]
         state.forced += 1
         state.dismissed = state.forced > _EVIDENCE_CHECKS
-        return not state.dismissed
+        return not state.dismissed, []
 
     def close(self) -> None:
         for state in self._states.values():
@@ -417,44 +422,48 @@ class LoopWatch:
     """The three watches of one Monitor, behind the few calls its check makes.
 
     Args:
-        history: Where the findings go.
+        view: The findings so far (read-only).
         ask_check, step_of, on_error: See :class:`SkippedSteps`.
     """
 
-    def __init__(self, history: FindingHistory, ask_check: Callable[[torch.optim.Optimizer], None],
+    def __init__(self, view: FindingsView, ask_check: Callable[[torch.optim.Optimizer], None],
                  step_of: Callable[[], int], on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.arrivals = ArrivalHooks()
-        self.cleared = ClearedGradients(history)
-        self.lrs = LearningRates(history)
-        self.skips = SkippedSteps(history, ask_check, step_of, on_error)
+        self.cleared = ClearedGradients(view)
+        self.lrs = LearningRates()
+        self.skips = SkippedSteps(view, ask_check, step_of, on_error)
         self._cleared_now: list[int] = []
 
     def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int,
-              optimizer: Any = None) -> list[int]:
-        """The missing indices left once the cleared gradients are told apart (the hot path: a
-        healthy step, with no hook armed and nothing cleared, returns at the first test, which the
-        check also reads in place to skip the call)."""
+              optimizer: Any = None) -> tuple[list[int], Verdicts]:
+        """The missing indices left once the cleared gradients are told apart, and the verdicts
+        (the hot path: a healthy step, with no hook armed and nothing cleared, returns at the
+        first test, which the check also reads in place to skip the call)."""
         cleared = self.cleared
         if not (self.arrivals.arrived or cleared.ongoing or cleared.all_cleared):
-            return missing
+            return missing, []
         arrived = self.arrivals.take(clist.ids)
         if not (missing or self.cleared):
-            return missing
-        missing, cleared = self.cleared.judge(clist, missing, arrived, optimizer_name(index), step, optimizer)
-        self._cleared_now += cleared
-        return missing
+            return missing, []
+        missing, cleared_ids, out = self.cleared.judge(clist, missing, arrived, optimizer_name(index), step, optimizer)
+        self._cleared_now += cleared_ids
+        return missing, out
 
     def about_to_step(self, optimizer: torch.optim.Optimizer, index: int, clist: CheckList, step: int,
-                      inv: Any) -> bool:
+                      inv: Any) -> tuple[bool, Verdicts]:
         """A check of ``optimizer`` before its step, called only when there is loop work to do (its
         ``clist.checks`` is 1 or a multiple of :data:`LR_READ_EVERY`, or ``skips.alert`` names an
         optimizer; the check reads that in place): the lrs (every few checks) and the skipped
-        steps. True when the NaN/Inf check should run now."""
+        steps: (whether the NaN/Inf check should run now, the verdicts)."""
         checks_done = clist.checks
+        out: Verdicts = []
         if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
-            self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
-                          inv.name if inv is not None else (lambda t: None))
-        return id(optimizer) in self.skips.alert and self.skips.note_check(optimizer, clist, index, step)
+            out = self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
+                                inv.name if inv is not None else (lambda t: None))
+        if id(optimizer) not in self.skips.alert:
+            return False, out
+        force, skipped = self.skips.note_check(optimizer, clist, index, step)
+        return force, out + skipped
 
     def take_cleared(self) -> tuple[int, ...]:
         """The gradients found cleared since the last call (then forgotten): :meth:`rearm` hooks them too."""

@@ -6,7 +6,7 @@ gets gradients and never changes (an error); a teacher or an EMA target kept as 
 runs only under ``no_grad`` and is updated by other means (no finding); an optimizer created
 or stepped late (WGAN-GP's generator, TD3's actor, a second optimizer after warm-up) holds its
 tensors only from its first step on. So ``not_in_optimizer`` findings are *held* (pending in
-the :class:`~leafwatch.history.FindingHistory`) when the structure is read, and decided here at
+the history) when the structure is read, and decided here at
 the next check, or after ``grace`` checks for front-ends that meet optimizers only when they
 step, or at the end of the run.
 """
@@ -20,22 +20,24 @@ from typing import Any
 
 import torch
 
-from . import checks, fixes, tracing
-from .evidence import HandUpdates
-from .findings import WAITING_KINDS, Finding, Severity, Status, Waiting
-from .history import FindingHistory
-from .inventory import Inventory, ParamInfo
+from .. import fixes, tracing
+from ..evidence import HandUpdates
+from ..findings import WAITING_KINDS, Finding, Severity, Status, Waiting
+from ..history import FindingsView
+from ..inventory import Inventory, ParamInfo
+from ..verdicts import Verdict, Verdicts
+from . import structure
 
 
 class MembershipJudge:
     """Holds ``not_in_optimizer`` suspicions and decides them from gradients and forward facts.
 
     Args:
-        history: Where the findings are held and decided.
+        view: The findings so far (read-only): the held ones are decided here.
     """
 
-    def __init__(self, history: FindingHistory) -> None:
-        self.history = history
+    def __init__(self, view: FindingsView) -> None:
+        self.view = view
         #: Checks during which membership stays pending (optimizers may still appear).
         self.grace = 0
         #: Optimizers that exist but have not stepped yet (their tensors are named as such).
@@ -79,43 +81,46 @@ class MembershipJudge:
         self._hand.keep(alive)
         self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
-    def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> None:
-        """At a check: decide the held findings (a no-op when none is held)."""
+    def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> Verdicts:
+        """At a check: decide the held findings (nothing to do when none is held)."""
         self._checks += 1  # every check counts, for the messages that say how many
         if not self.waiting:
-            return
+            return []
+        out: Verdicts = []
         still = False
-        for f in self.history.pending():
+        for f in self.view.pending():
             waiting = f.details.get("pending")
             if waiting == Waiting.STRUCTURE:
-                self.history.confirm(f.key, details=_without_pending(f))
+                out.append(Verdict.confirm(f.key, details=_without_pending(f)))
             elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
                 # (a tensor outside the model is held and decided by its own owner)
-                still = self._judge_one(f, inv, tracer, step) or still
+                verdict = self._judge_one(f, inv, step)
+                if verdict is None:
+                    still = True
+                else:
+                    out.append(verdict)
         self.waiting = still
+        return out
 
-    def _judge_one(self, f: Finding, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> bool:
-        """Decide one held ``not_in_optimizer``; True when it stays held."""
+    def _judge_one(self, f: Finding, inv: Inventory | None, step: int) -> Verdict | None:
+        """Decide one held ``not_in_optimizer`` (None: it stays held)."""
         ref = self._tensors.get(f.name)
         t = ref() if ref is not None else None
         info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
         if t is None or info is None:
-            self.history.drop(f.key)
-            return False
+            return Verdict.drop(f.key)
         rule = self._gradient_rule(t)
         if rule == "quiet":
             self._quiet.add(id(t))
-            self.history.drop(f.key)
-            return False
+            return Verdict.drop(f.key)
         if rule == "wait" or self._checks <= self.grace:
-            return True  # the value evidence, or an optimizer that steps late, may still come
+            return None  # the value evidence, or an optimizer that steps late, may still come
         # The grace period is over: an error, unless an optimizer the script holds has not
         # stepped yet (it may still step: a warning until the end of the run).
         severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
         decided = self._decide(f, info, t, step, severity, inv)
-        self.history.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                             fix=decided.fix, details=decided.details, step=step, last_step=step)
-        return False
+        return Verdict.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
+                               fix=decided.fix, details=decided.details, step=step, last_step=step)
 
     def _gradient_rule(self, t: torch.Tensor, *, final: bool = False) -> str:
         """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
@@ -171,7 +176,7 @@ class MembershipJudge:
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
               inv: Inventory | None = None) -> Finding:
         held_by_waiting = self._held_by_waiting(t)
-        base = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if held_by_waiting:
             message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
                        "checks: it never changes.")
@@ -201,20 +206,22 @@ class MembershipJudge:
     def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int, inv: Inventory | None = None) -> Finding:
         """The held finding as the check decides it; a tensor unfrozen after the optimizer was
         built keeps the cause and fix that say so."""
-        decided = checks.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if f.details.get("reason") == "unfrozen_after":
             decided = decided.replace(cause=f.cause, fix=f.fix,
                                       details={**decided.details, "reason": "unfrozen_after"})
         return decided
 
-    def escalate_late(self, step: int) -> None:
+    def escalate_late(self, step: int) -> Verdicts:
         """At the end of the run: a late-optimizer warning still open becomes an error."""
-        for f in list(self.history):
+        out: Verdicts = []
+        for f in self.view:
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
                 message = re.sub(r"has not stepped in \d+ checks", f"never stepped in {self._checks} checks",
                                  f.message)
-                self.history.put(f.replace(severity=Severity.ERROR, last_step=step, message=message,
-                                           details={**f.details, "decided_step": step}))
+                out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=message,
+                                                 details={**f.details, "decided_step": step})))
+        return out
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
@@ -223,7 +230,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     changes: a forgotten optimizer, or a fixed network that should not require grad (a warning).
     ``names``: the module's name in the script and the optimizer's variable ("" when unknown)."""
     root, optimizer = names
-    base = checks.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
+    base = structure.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     optimizers = inv.optimizers if inv is not None else []
     if optimizer and root:
         add = fixes.add_to_optimizer(f"{root}.parameters()", optimizers, variable=optimizer, what="it",

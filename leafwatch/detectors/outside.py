@@ -23,11 +23,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from . import checks, fixes, frames, graph
-from .evidence import HandUpdates
-from .findings import Finding
-from .inventory import Inventory, shape_text
-from .watching import WatchEntry
+from .. import fixes, frames, graph
+from ..evidence import HandUpdates
+from ..findings import Finding
+from ..inventory import Inventory, shape_text
+from ..watching import WatchEntry
+from . import constructors as checks
 
 
 def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
@@ -201,10 +202,10 @@ class LossLeaves:
             out.append(checks.make(
                 "not_in_optimizer", name, "info",
                 f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
-                f"one check cannot tell its two readings apart: if the same tensor is used at every step "
-                f"(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
-                f"fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
-                f"A Monitor, which sees the next step, decides.",
+                "one check cannot tell its two readings apart: if the same tensor is used at every step "
+                "(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
+                "fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
+                "A Monitor, which sees the next step, decides.",
                 f"if it should train, {add}; if it is fixed, create it "
                 "without `requires_grad=True`; if it is made fresh each step, nothing",
                 tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None))

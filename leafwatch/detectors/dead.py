@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .checks import dead_grad
-from .history import FindingHistory
+from ..history import FindingsView
+from ..verdicts import Verdict, Verdicts
+from .constructors import dead_grad
 
 #: Value checks in a row with an exactly-zero gradient before ``dead_grad`` is reported.
 DEAD_AFTER = 3
@@ -25,26 +26,37 @@ class DeadGradTracker:
     """Per name, how many value checks in a row saw an exactly-zero gradient.
 
     Args:
-        history: Where ``dead_grad`` findings go.
+        view: The findings so far (read-only).
     """
 
-    def __init__(self, history: FindingHistory) -> None:
-        self.history = history
+    def __init__(self, view: FindingsView) -> None:
+        self.view = view
         self.streak: dict[str, int] = {}
         #: Names with an open dead_grad finding (the resolve pass runs only while there are some).
         self.open_names: set[str] = set()
 
-    def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> None:
+    def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> Verdicts:
         """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
+        out: Verdicts = []
+        now: dict[str, bool] = {}  # open or not after this call's verdicts (the history applies them later)
+
+        def is_open(name: str) -> bool:
+            return now[name] if name in now else self.view.is_open(("dead_grad", name))
+
         for step, checked, zero in results:
             streak: dict[str, int] = {}
             for name in zero:
                 count = streak[name] = self.streak.get(name, 0) + 1
                 # Written once when the streak crosses the threshold (not at every value check after:
                 # a deep chain whose gradients underflow has hundreds of them).
-                if count >= DEAD_AFTER and not self.history.is_open(("dead_grad", name)):
-                    self.history.upsert(dead_grad(name, count, step))
+                if count >= DEAD_AFTER and not is_open(name):
+                    now[name] = True
+                    out.append(Verdict.open(dead_grad(name, count, step)))
             self.streak = streak  # a name not zero at this check (or without a gradient) starts over
             if self.open_names:
-                self.history.resolve_where(lambda f: f.kind == "dead_grad" and f.name not in zero, step)
+                still = {n for n in self.view.open_names("dead_grad") if n not in now} | {n for n, o in now.items() if o}
+                for name in sorted(still - zero):
+                    now[name] = False
+                    out.append(Verdict.resolve(("dead_grad", name), step))
             self.open_names = {n for n, c in streak.items() if c >= DEAD_AFTER}
+        return out

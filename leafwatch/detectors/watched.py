@@ -1,0 +1,125 @@
+"""Watched tensors (``watch()``, ``Monitor(tensors=...)``): did each get a gradient since the last check?
+
+A watched non-leaf or a watched tensor without a gradient is a finding of its own (under the
+name it was watched by); a watched leaf that gets gradients while no optimizer holds it is
+judged by the gradient rule (:class:`~leafwatch.evidence.HandUpdates`): held one check, then
+nothing when its value changed (updated by hand) and ``not_in_optimizer`` when it did not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .. import evidence, inventory
+from ..findings import Finding, Status, Waiting
+from ..history import FindingsView
+from ..verdicts import Verdict, Verdicts
+from ..watching import WatchEntry
+from . import constructors as checks
+from . import outside
+
+
+class WatchedTracker:
+    """Whether each watched tensor got a gradient since the last check, turned into findings.
+
+    A watched finding that does not recur (a gradient arrived, or the tensor is gone) is
+    resolved; that scan runs only while such a finding can be open, not every step.
+
+    Args:
+        view: The findings so far (read-only).
+    """
+
+    def __init__(self, view: FindingsView) -> None:
+        self.view = view
+        self._counts: dict[str, tuple[WatchEntry, int]] = {}
+        self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
+        self._hand = evidence.HandUpdates()
+        #: Set by the owner to anything that changes when the optimizers or their groups change.
+        self.optimizers_version: object = None
+        #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
+        self.may_be_open = True
+
+    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
+               in_optimizer: Callable[[WatchEntry], bool] | None = None) -> Verdicts:
+        """Record one check of the watched tensors; returns the verdicts.
+
+        ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
+        it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
+        """
+        if not (entries or self.may_be_open):
+            return []  # nothing watched and no watched finding open: nothing to do at all
+        out: Verdicts = []
+        current: set[tuple[str, str]] = set()
+        counts: dict[str, tuple[WatchEntry, int]] = {}
+        if entries:
+            got = {}
+            for e in entries:
+                seen = self._counts.get(e.name)
+                # A name watched again (the next step's activation) is a new entry that counts from 0.
+                t = e.tensor()
+                if e.is_leaf and (seen is None or seen[0] is not e):
+                    # First sight of a leaf: its end state is its .grad (the watch hook may have
+                    # counted gradients from before this check's owner existed).
+                    got[e.name] = t is not None and t.grad is not None
+                else:
+                    last = seen[1] if seen is not None and seen[0] is e else 0
+                    got[e.name] = e.grads_seen > last or (
+                        e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
+                counts[e.name] = (e, e.grads_seen)
+            for f in checks.watched_findings(entries, step, got, inv):
+                current.add(f.key)
+                out.append(Verdict.open(f))
+            if in_optimizer is not None:
+                current |= self._outside_optimizers(entries, step, inv, in_optimizer, out)
+        self._counts = counts  # only the live entries: bounded by what is watched now
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
+        self.may_be_open = bool(current)
+        for f in self.view:
+            if f.details.get("source") == "watch" and f.key not in current:
+                if f.status == Status.OPEN:
+                    out.append(Verdict.resolve(f.key, step))
+                elif f.status == Status.PENDING:
+                    out.append(Verdict.drop(f.key))
+        return out
+
+    def _outside_optimizers(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
+                            in_optimizer: Callable[[WatchEntry], bool], out: Verdicts) -> set[tuple[str, str]]:
+        """The gradient rule for watched leaves in no optimizer that get gradients: held at the
+        first check that sees the gradient, then nothing when the value changed between checks
+        (updated by hand), ``not_in_optimizer`` when it did not. Returns the keys written."""
+        keys = set()
+        found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
+                                                in_optimizer=self._cached(in_optimizer), inventory=inv)
+        tensors = {e.name: e.tensor() for e in entries}
+        for f in found:
+            t = tensors.get(f.name)
+            verdict = self._hand.verdict(t) if t is not None else "unchanged"
+            if verdict == "by_hand":
+                continue
+            keys.add(f.key)
+            if verdict == "wait":
+                out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP})))
+            else:
+                out.append(Verdict.open(f))
+        return keys
+
+    def decide(self, f: Finding) -> Finding | None:
+        """At the end of the run: a held watched finding is open unless the tensor changed since
+        the check that held it (updated by hand)."""
+        entry = next((e for e in self._counts.values() if e[0].name == f.name), None)
+        t = entry[0].tensor() if entry is not None else None
+        if t is None or self._hand.verdict(t, final=True) == "by_hand":
+            return None
+        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
+
+    def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
+        """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
+        def cached(entry: WatchEntry) -> bool:
+            verdict = self._verdicts.get(entry.name)
+            if verdict is None or verdict[0] is not entry or verdict[2] != self.optimizers_version:
+                verdict = self._verdicts[entry.name] = (entry, in_optimizer(entry), self.optimizers_version)
+            return verdict[1]
+        return cached
+
+    def sizes(self) -> int:
+        return len(self._counts)

@@ -1,0 +1,94 @@
+"""Verdicts: what a detector decides, as values; the history applies them, and only it writes.
+
+A detector (:mod:`leafwatch.detectors`) reads the evidence of a check and the findings so far
+through a read-only :class:`~leafwatch.history.FindingsView`, and returns a list of verdicts.
+The check hands them to :meth:`leafwatch.history.FindingHistory.apply`, in order, once the
+detector has returned: a detector that raises returns nothing, so none of its half-made
+decisions reaches the history (the report says ``incomplete`` instead).
+
+The verbs:
+
+=========  ==========================================================================
+``open``   a finding seen at this check: added, or merged into the one of its key
+           (its first step kept, its count of steps seen bumped)
+``hold``   a suspicion waiting for named evidence (``details["pending"]``, a
+           :class:`~leafwatch.findings.Waiting`): kept out of reports; never takes back a
+           finding already shown
+``confirm`` a held suspicion the evidence confirmed: shown, with ``changes`` (a better cause)
+``drop``   a held suspicion the evidence dropped: forgotten, never shown
+``resolve`` an open finding that no longer holds: shown as resolved at ``step``
+``set``    a finding replaced as it is (a status or text decided outside the usual merge)
+``count``  a finding's step and counts brought up to date: no change a user would see
+=========  ==========================================================================
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from .findings import Finding, _WordEnum
+
+
+class Action(_WordEnum):
+    """What a verdict does to the history."""
+
+    OPEN = "open"
+    HOLD = "hold"
+    CONFIRM = "confirm"
+    DROP = "drop"
+    RESOLVE = "resolve"
+    SET = "set"
+    COUNT = "count"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One decision of a detector about one finding key.
+
+    Build one with the class methods (``Verdict.open(f)``, ``Verdict.resolve(key, step)``, ...).
+    """
+
+    action: Action
+    key: tuple[str, str]
+    finding: Finding | None = None
+    step: int | None = None
+    changes: Mapping[str, Any] | None = None
+
+    @classmethod
+    def open(cls, f: Finding) -> Verdict:
+        return cls(Action.OPEN, f.key, f)
+
+    @classmethod
+    def hold(cls, f: Finding) -> Verdict:
+        return cls(Action.HOLD, f.key, f)
+
+    @classmethod
+    def confirm(cls, key: tuple[str, str], **changes: Any) -> Verdict:
+        return cls(Action.CONFIRM, key, changes=changes)
+
+    @classmethod
+    def drop(cls, key: tuple[str, str]) -> Verdict:
+        return cls(Action.DROP, key)
+
+    @classmethod
+    def resolve(cls, key: tuple[str, str], step: int | None) -> Verdict:
+        return cls(Action.RESOLVE, key, step=step)
+
+    @classmethod
+    def set(cls, f: Finding) -> Verdict:
+        return cls(Action.SET, f.key, f)
+
+    @classmethod
+    def count(cls, f: Finding) -> Verdict:
+        return cls(Action.COUNT, f.key, f)
+
+    def __repr__(self) -> str:
+        return f"Verdict.{self.action.value}({self.key[0]} {self.key[1]!r})"
+
+
+#: What a detector returns.
+Verdicts = list[Verdict]

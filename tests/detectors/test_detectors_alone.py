@@ -1,0 +1,191 @@
+"""Each detector alone: evidence handed to it, verdicts out, the history never touched.
+
+No Monitor and no hooks here: a detector reads a read-only view of the findings and the facts
+a test gives it, and returns verdicts; the tests apply them to a history themselves where the
+outcome matters.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from leafwatch.detectors import dead, loop, structure
+from leafwatch.detectors.constructors import dead_grad, make
+from leafwatch.detectors.gradients import GradientTracker
+from leafwatch.detectors.watched import WatchedTracker
+from leafwatch.findings import Kind, Status, Waiting
+from leafwatch.history import FindingHistory, FindingsView
+from leafwatch.inventory import Inventory, ParamInfo
+from leafwatch.options import WarnOnce
+from leafwatch.pipeline import Part, Pipeline
+from leafwatch.structure import CheckList
+from leafwatch.tracing import Tracer
+from leafwatch.verdicts import Action, Verdict
+from leafwatch.watching import WatchSet, add_watch
+
+
+def _actions(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
+    return [(str(v.action), v.key[0], v.key[1]) for v in verdicts]
+
+
+# -- dead gradients -----------------------------------------------------------------------------
+def test_dead_grad_opens_at_the_third_zero_value_check_and_resolves_when_the_gradient_moves() -> None:
+    history = FindingHistory()
+    tracker = dead.DeadGradTracker(history.view)
+    zero = [(s, ["gate", "w"], {"gate"}) for s in (10, 20)]
+    assert tracker.record(zero) == []  # two zero checks: not yet
+    opened = tracker.record([(30, ["gate", "w"], {"gate"})])
+    assert _actions(opened) == [("open", "dead_grad", "gate")]
+    assert opened[0].finding is not None and opened[0].finding.details["zero_checks"] == dead.DEAD_AFTER
+    assert len(history) == 0  # the detector wrote nothing
+    history.apply(opened)
+    assert history.is_open(("dead_grad", "gate"))
+    assert tracker.record([(40, ["gate", "w"], {"gate"})]) == []  # already open: said once
+    assert _actions(tracker.record([(50, ["gate", "w"], set())])) == [("resolve", "dead_grad", "gate")]
+
+
+def test_dead_grad_sees_its_own_verdicts_across_value_checks_that_complete_together() -> None:
+    # Value checks read late (CUDA) complete together: opened at the third, resolved at the fourth.
+    tracker = dead.DeadGradTracker(FindingsView({}))
+    verdicts = tracker.record([(s, ["g"], {"g"}) for s in (1, 2, 3)] + [(4, ["g"], set())])
+    assert _actions(verdicts) == [("open", "dead_grad", "g"), ("resolve", "dead_grad", "g")]
+
+
+# -- the structure ------------------------------------------------------------------------------
+def test_a_structural_finding_the_new_reading_lacks_is_resolved_and_the_new_ones_open_or_wait() -> None:
+    old = make("not_in_optimizer", "head.weight", "error", "m", "c", "f", step=1)
+    outside = make("not_in_optimizer", "temperature", "error", "m", "c", "f", step=1, outside=True)
+    new = make("orphan_tensor", "blocks.0.weight", "error", "m", "c", "f", step=2)
+    held = make("stale_param", "fc.weight", "error", "m", "c", "f", step=2, pending=Waiting.STRUCTURE)
+    view = FindingsView({f.key: f for f in (old, outside)})
+    verdicts = structure.verdicts(view, [new], 2, [held])
+    # A tensor outside the model is judged at checks, never resolved by a reading of the structure.
+    assert _actions(verdicts) == [("resolve", "not_in_optimizer", "head.weight"),
+                                  ("open", "orphan_tensor", "blocks.0.weight"),
+                                  ("hold", "stale_param", "fc.weight")]
+
+
+def test_the_structure_detector_reads_a_model_and_its_optimizer_alone() -> None:
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    opt = torch.optim.SGD(model[0].parameters(), lr=0.1)
+    found = structure.structural(Inventory(model, [opt]), step=0)
+    assert sorted((f.kind, f.name) for f in found) == [("not_in_optimizer", "1.bias"), ("not_in_optimizer", "1.weight")]
+
+
+# -- missing gradients --------------------------------------------------------------------------
+def _checklist(model: nn.Module) -> CheckList:
+    named = list(model.named_parameters())
+    return CheckList(params=[p for _, p in named], names=tuple(n for n, _ in named),
+                     infos=[ParamInfo(n, n.rpartition(".")[0], n.rpartition(".")[2]) for n, _ in named],
+                     ids=frozenset(id(p) for _, p in named))
+
+
+def test_the_gradient_detector_opens_missing_grad_after_patience_and_makes_it_intermittent_on_recovery() -> None:
+    model = nn.ModuleDict({"body": nn.Linear(2, 2), "head": nn.Linear(2, 1)})
+    clist = _checklist(model)
+    history = FindingHistory()
+    tracker = GradientTracker(history.view, patience=2, diagnose=False)
+    missing = [i for i, n in enumerate(clist.names) if n.startswith("head")]
+    clist.checks = 1
+    assert tracker.update(clist, missing, 1, tracer=Tracer(), reachable=None, skip=set()) == []  # patience 2
+    clist.checks = 2
+    opened = tracker.update(clist, missing, 2, tracer=Tracer(), reachable=None, skip=set())
+    assert _actions(opened) == [("open", "missing_grad", "head.weight"), ("open", "missing_grad", "head.bias")]
+    assert len(history) == 0
+    history.apply(opened)
+    clist.checks = 3
+    recovered = tracker.update(clist, [], 3, tracer=Tracer(), reachable=None, skip=set())
+    assert _actions(recovered) == [("set", "missing_grad", "head.weight"), ("set", "missing_grad", "head.bias")]
+    history.apply(recovered)
+    assert {f.status for f in history} == {Status.INTERMITTENT}
+
+
+def test_a_replaced_tensor_with_an_open_stale_param_gets_no_missing_grad() -> None:
+    stale = make("stale_param", "old", "error", "m", "c", "f", step=1)
+    tracker = GradientTracker(FindingsView({stale.key: stale}), patience=1, diagnose=False)
+    p = nn.Parameter(torch.ones(1))
+    clist = CheckList(params=[p], names=("old",), infos=[None], ids=frozenset([id(p)]), checks=1)
+    assert tracker.update(clist, [0], 1, tracer=Tracer(), reachable=None, skip=set()) == []
+
+
+# -- watched tensors ----------------------------------------------------------------------------
+def test_a_watched_non_leaf_is_one_open_verdict_and_is_resolved_once_it_is_gone() -> None:
+    watches = WatchSet()
+    leaf = torch.ones(2, requires_grad=True)
+    scale = leaf * 2  # a non-leaf: its .grad stays None
+    with pytest.warns(Warning, match="scale"):
+        add_watch(watches, scale, "scale")
+    history = FindingHistory()
+    tracker = WatchedTracker(history.view)
+    verdicts = tracker.update(watches.entries(), 1, None)
+    assert ("open", "non_leaf", "scale") in _actions(verdicts)
+    history.apply(verdicts)
+    del scale
+    assert ("resolve", "non_leaf", "scale") in _actions(tracker.update(watches.entries(), 2, None))
+
+
+# -- the training loop --------------------------------------------------------------------------
+def test_every_gradient_cleared_before_the_step_is_one_error_and_a_missing_grad_suspicion_is_withdrawn() -> None:
+    model = nn.Linear(2, 1)
+    clist = _checklist(model)
+    suspicion = make("missing_grad", "weight", "error", "m", "c", "f", step=1)
+    cleared = loop.ClearedGradients(FindingsView({suspicion.key: suspicion}))
+    left, ids, verdicts = cleared.judge(clist, [0, 1], {id(p) for p in clist.params}, "optimizers[0]", 2)
+    assert left == [] and sorted(ids) == sorted(id(p) for p in clist.params)
+    assert _actions(verdicts) == [("resolve", "missing_grad", "weight"), ("open", "grad_cleared", "optimizers[0]")]
+
+
+def test_a_learning_rate_stuck_at_zero_is_a_no_update_verdict_after_its_checks() -> None:
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lrs = loop.LearningRates()
+    model(torch.ones(1, 2)).sum().backward()
+    assert lrs.read(opt, "optimizers[0]", 1, 1, lambda t: None) == []  # lr 0.1 when first seen
+    opt.param_groups[0]["lr"] = 0.0
+    verdicts = []
+    for checks in range(2, 2 + loop.LR_ZERO_AFTER + 1):
+        verdicts += lrs.read(opt, "optimizers[0]", checks, checks, lambda t: None)
+    assert _actions(verdicts) == [("open", "no_update", "optimizers[0].param_groups[0]")]
+    opt.param_groups[0]["lr"] = 0.1
+    assert _actions(lrs.read(opt, "optimizers[0]", 20, 20, lambda t: None)) == [
+        ("resolve", "no_update", "optimizers[0].param_groups[0]")]
+
+
+# -- the pipeline: a failing detector costs only its own verdicts -------------------------------
+def test_a_part_that_raises_applies_none_of_its_verdicts_and_leaves_an_incomplete_finding() -> None:
+    history = FindingHistory()
+
+    def healthy(_: object) -> list[Verdict]:
+        return [Verdict.open(dead_grad("a", 3, 1))]
+
+    def failing(_: object) -> list[Verdict]:
+        made = [Verdict.open(dead_grad("b", 3, 1))]  # decided, then the detector fails
+        raise RuntimeError(f"boom after {len(made)} verdict")
+
+    pipeline = Pipeline((Part("healthy", healthy), Part("the failing part", failing)), history, WarnOnce())
+    with pytest.warns(Warning, match="the failing part"):
+        pipeline.run(None, 1)
+    assert {(f.kind, f.name) for f in history} == {("dead_grad", "a"), (Kind.INCOMPLETE, "the failing part")}
+    incomplete = history.get((Kind.INCOMPLETE, "the failing part"))
+    assert incomplete is not None and "RuntimeError: boom after 1 verdict" in incomplete.cause
+
+
+def test_every_action_has_its_effect_on_the_history() -> None:
+    history = FindingHistory()
+    f = dead_grad("g", 3, 1)
+    history.apply([Verdict.hold(f)])
+    assert history.get(f.key).status == Status.PENDING and history.report(1).findings == []
+    history.apply([Verdict.confirm(f.key, cause="seen")])
+    assert history.get(f.key).status == Status.OPEN and history.get(f.key).cause == "seen"
+    version = history.version
+    history.apply([Verdict.count(f.replace(step=5, cause="seen"))])
+    assert history.version == version and history.get(f.key).step == 5  # counts only: no new version
+    history.apply([Verdict.resolve(f.key, 6)])
+    assert history.get(f.key).status == Status.RESOLVED and history.get(f.key).last_step == 6
+    history.apply([Verdict.hold(f), Verdict.drop(f.key)])  # a hold never takes back a shown finding
+    assert history.get(f.key).status == Status.RESOLVED
+    history.apply([Verdict.set(f.replace(status=Status.INTERMITTENT))])
+    assert history.get(f.key).status == Status.INTERMITTENT
+    assert {a.value for a in Action} == {"open", "hold", "confirm", "drop", "resolve", "set", "count"}

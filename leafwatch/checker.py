@@ -257,7 +257,7 @@ class Checker:
         out = self._grads.refresh(self.step) + self._membership.escalate_late(self.step)
         for f in self.history_store.view.pending():
             if f.kind == "missing_grad":
-                decided = self._grads.decide(f)
+                decided = self._grads.held.decide(f)
             elif f.details.get("source") == "watch":
                 decided = self._watched.decide(f)
             else:

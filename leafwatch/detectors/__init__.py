@@ -14,7 +14,8 @@ once, in :class:`leafwatch.checker.Checker`; every front-end (``audit()``, ``Mon
 ``structure``       a reading of the model and its optimizers: not_in_optimizer, frozen_in_optimizer,
                     stale optimizers (stale_param), orphan tensors, device/dtype mismatches
 ``gradients``       streaks of missing gradients: missing_grad (with the observed cause), intermittent,
-                    stalled; LayerDrop and EMA-target suspicions held until the evidence decides
+                    stalled; with ``held``, LayerDrop and EMA-target suspicions held until the
+                    evidence decides
 ``watched``         tensors flagged with ``watch()`` / ``tensors=``: non_leaf, no gradient, in no optimizer
 ``outside``         trainable leaves of the loss's graph that no optimizer holds
 ``membership``      not_in_optimizer suspicions decided by the gradient rule (teachers, EMA copies,

@@ -10,18 +10,17 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import torch
 
 from .. import cuts, evidence, inventory, tracing
-from ..findings import Finding, Severity, Status, Waiting
+from ..findings import Finding, Severity, Status
 from ..history import FindingsView
 from ..structure import CheckList
 from ..verdicts import Verdict, Verdicts
 from . import constructors as checks
+from .held import HeldMisses
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -64,13 +63,8 @@ class GradientTracker:
         self.misses: dict[int, int] = {}
         self.longest: dict[int, int] = {}
         self._restored: dict[str, int] = {}
-        #: Tensors no gradient reaches that change by other means (EMA / target networks): not
-        #: followed any more, so a whole target network costs one set lookup per tensor.
-        self.targets: set[int] = set()
-        self._evidence = evidence.ChangeEvidence()
-        self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
-        self._decided: set[int] = set()
-        self._skips = evidence.SiblingSkips()
+        #: The misses held until the evidence decides (EMA / target networks, LayerDrop).
+        self.held = HeldMisses()
         self._modules: dict[str, torch.nn.Module] = {}
         self._layers: dict[str, tuple[str, int] | None] = {}
         self._steady: dict[int, tuple[str, CheckList, int]] = {}
@@ -78,28 +72,27 @@ class GradientTracker:
         #: count, the missing indices, their ids) of a check where every miss was a steady one.
         self._steady_changes = 0
         self._repeat: tuple[CheckList, int, list[int], list[int]] | None = None
-        self._new_targets: set[int] = set()
         #: The cut last seen upstream of each tensor in a streak (forwards after the first are not
         #: instrumented while nothing changes: the cut stays known).
         self._cuts: dict[int, cuts.Cut] = {}
         #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
         self.changes = 0
 
+    @property
+    def targets(self) -> set[int]:
+        """Tensors no gradient reaches that change by other means (EMA / target networks): not
+        followed any more, so a whole target network costs one set lookup per tensor."""
+        return self.held.targets
+
     def take_new_targets(self) -> set[int]:
         """Targets found since the last call (the structure cache leaves them out of the checks)."""
-        found, self._new_targets = self._new_targets, set()
-        return found
+        return self.held.take_new_targets()
 
     def rebuilt(self, inv: inventory.Inventory) -> None:
         """A new reading of the structure: forget what was learnt about tensors that are gone."""
         alive = set(inv.tensors) | set(inv.in_optimizer)
-        self.targets &= alive
-        self._decided &= alive
-        gone = [pid for pid in self._suspects if pid not in alive]
-        for pid in gone:
-            del self._suspects[pid]
+        self.held.forget(alive)
         self._cuts = {pid: c for pid, c in self._cuts.items() if pid in alive}
-        self._evidence.forget(gone)
         self._modules = inv.modules
         self._layers = {}
         self._steady = {}
@@ -142,7 +135,7 @@ class GradientTracker:
                     continue
                 layer = self._layer(clist.infos[i])
                 if layer is not None:
-                    self._skips.skipped(layer[0], layer[1], clist.checks, self._modules)
+                    self.held.skips.skipped(layer[0], layer[1], clist.checks, self._modules)
         steady, streaks, counts = self._steady, self.streak, self.misses
         steady_hits: list[int] = []
         for i in missing:
@@ -155,7 +148,7 @@ class GradientTracker:
                 streaks[pid] += 1
                 counts[pid] += 1
                 continue
-            if not p.requires_grad or pid in skip or pid in self.targets:
+            if not p.requires_grad or pid in skip or pid in self.held.targets:
                 continue
             now.add(pid)
             streak = streaks[pid] = streaks.get(pid, 0) + 1
@@ -205,32 +198,12 @@ class GradientTracker:
                 details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
         return out
 
-    def _module_already_open(self, clist: CheckList, info: inventory.ParamInfo, out: Verdicts) -> bool:
-        """Another parameter of the same module is already an open missing_grad error (or confirmed
-        by this check's verdicts): the module is known not to run (a parameter handed to the
-        optimizer later is no new LayerDrop suspicion)."""
-        confirmed = {v.key[1] for v in out if v.key[0] == "missing_grad" and (
-            v.action == "confirm" or (v.action == "open" and v.finding is not None and v.finding.status == Status.OPEN))}
-        return any(other is not None and other is not info and other.module == info.module
-                   and (n in confirmed or self.view.is_open(("missing_grad", n)))
-                   for n, other in zip(clist.names, clist.infos))
-
-    @staticmethod
-    def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
-        """Another parameter of the same module, not shared with any other module (a tied weight
-        gets its gradient through the module it is tied to), got a gradient."""
-        return any(other is not None and other is not info and other.module == info.module and not other.aliases
-                   and q.grad is not None for q, other in zip(clist.params, clist.infos))
-
-    def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
-                     streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                     reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int,
-                     out: Verdicts) -> None:
-        pid = id(p)
-        old = self.view.get(("missing_grad", name))
+    def _explain(self, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
+                 tracer: tracing.Tracer) -> tracing.Explanation | None:
+        """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
         explanation = None
         if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
-                and self._siblings_got_grads(clist, info):
+                and _siblings_got_grads(clist, info):
             # The module never ran through its hooks, yet its other parameters got gradients.
             explanation = tracing.called_directly(name, info.module)
         elif info is not None:
@@ -242,38 +215,45 @@ class GradientTracker:
             # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
             # whole stays a module-level cause: an EMA target is told from a mistake by it).
             explanation = tracing.explain_cut(name, cut, pid, info.attribute if info is not None else "")
+        return explanation
+
+    def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
+                     streak: int, misses: int, step: int, tracer: tracing.Tracer,
+                     reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int,
+                     out: Verdicts) -> None:
+        pid = id(p)
+        old = self.view.get(("missing_grad", name))
+        explanation = self._explain(clist, pid, name, info, tracer)
         reason = explanation.reason if explanation is not None else None
-        if pid not in self._decided:
-            if pid in self._suspects or reason == "grad_disabled":
-                # Ran only under no_grad: an EMA / target network, or an encoder run under
-                # no_grad by mistake. Whether it changes between checks tells them apart.
-                out += self._judge_target(p, name, info, checks_of_p, misses, step, explanation, old)
-                return
-            if layer is not None and reason == "never_ran" and misses >= checks_of_p \
-                    and not self._skips.all_skipped(layer[0], list_checks):
-                chance = self._skips.chance(layer[0], layer[1], misses, list_checks)
-                f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
-                                        checks=checks_of_p, misses=misses)
-                f = f.replace(details={**f.details, "container": layer[0], "chance": chance,
-                                       "declared_drop_rate": self._skips.declared(layer[0])})
-                if chance >= evidence.LAYERDROP_FALSE_ALARM and not self._module_already_open(clist, info, out):
-                    out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP})))
-                    return
-                self._decided.add(pid)
-                out.append(Verdict.hold(f))
-                out.append(Verdict.confirm(f.key, cause=f"{f.cause} Its siblings in `{layer[0]}` ran: skipped at "
-                                           f"all {misses} checks, it is no layer dropped at random (chance "
-                                           f"{chance:.1e}).", step=step, last_step=step))
+        if self.held.judges(pid, reason):
+            # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
+            # mistake. Whether it changes between checks tells them apart.
+            found = self.held.target(p, name, old, explanation, step, lambda: checks.missing_grad(
+                name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))
+            if found is None:  # it changes by other means: a target, no longer followed
+                self.changes += 1
+                self.streak.pop(pid, None)
+                self.misses.pop(pid, None)
+                found = [Verdict.drop(("missing_grad", name))]
+            out += found
+            return
+        if pid not in self.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
+            found = self.held.layerdrop(
+                pid, checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+                                         checks=checks_of_p, misses=misses),
+                layer, misses, list_checks, step, lambda: _module_already_open(self.view, clist, info, out))
+            if found is not None:
+                out += found
                 return
         if old is not None and old.status == Status.PENDING:
             old = None  # a suspicion the evidence settled: reported afresh below
         if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
             # Explained before and nothing new: keep the cause, update the counts.
-            out.append(Verdict.open(self._stalled(
+            out.append(Verdict.open(_stalled(
                 old.replace(step=step, last_step=step,
                             status=Status.OPEN if old.status != Status.INTERMITTENT else Status.INTERMITTENT,
                             details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
-                pid, streak, checks_of_p, misses)))
+                streak, self._stall_limit(pid), checks_of_p, misses)))
             return
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
@@ -291,7 +271,7 @@ class GradientTracker:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
             f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
-        f = self._stalled(f, pid, streak, checks_of_p, misses)
+        f = _stalled(f, streak, self._stall_limit(pid), checks_of_p, misses)
         out.append(Verdict.open(f))
         if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
                 and old is not None and (old.status, old.cause) == (f.status, f.cause):
@@ -328,76 +308,13 @@ class GradientTracker:
             if old.status != Status.OPEN:
                 out.append(Verdict.set(old))
         if old is not None and old.status in (Status.OPEN, Status.PENDING):
-            self._suspects.pop(pid, None)
+            self.held.suspects.pop(pid, None)
             old = old.replace(details={k: v for k, v in old.details.items() if k != "pending"})
             out.append(Verdict.set(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)))
         return out
 
-    def _judge_target(self, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
-                      misses: int, step: int, explanation: tracing.Explanation | None,
-                      old: Finding | None) -> Verdicts:
-        """Hold a no_grad miss until the tensor is seen to change (a target) or not (an error)."""
-        pid = id(p)
-        verdict = self._evidence.verdict(p)
-        if verdict == "changed":
-            self._settled(pid)
-            self.targets.add(pid)
-            self._new_targets.add(pid)
-            self.changes += 1
-            self.streak.pop(pid, None)
-            self.misses.pop(pid, None)
-            return [Verdict.drop(("missing_grad", name))]
-        if explanation is None and old is not None:
-            f = old.replace(step=step, last_step=step)
-        else:
-            f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
-                                    checks=checks_of_p, misses=misses)
-        if verdict == "unknown":
-            self._suspects[pid] = (weakref.ref(p), name)
-            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
-        self._settled(pid)
-        self._decided.add(pid)
-        return [Verdict.hold(f), Verdict.confirm(f.key, **_unchanged(f))]
-
-    def _settled(self, pid: int) -> None:
-        self._suspects.pop(pid, None)
-        self._evidence.forget([pid])
-
-    def decide(self, f: Finding) -> Finding | None:
-        """What a finding still held at the end of the run becomes (None: dropped as intended)."""
-        waiting = f.details.get("pending")
-        details = {k: v for k, v in f.details.items() if k != "pending"}
-        if waiting == Waiting.TARGET:
-            entry = next(((ref, n) for ref, n in self._suspects.values() if n == f.name), None)
-            t = entry[0]() if entry is not None else None
-            verdict = self._evidence.verdict(t, final=True) if t is not None else "unknown"
-            if verdict == "changed":
-                return None
-            if verdict == "unknown":
-                return f.replace(status=Status.OPEN, severity=Severity.WARNING, details=details,
-                                 message=f"`{f.name}` got no gradient, and the run ended before leafwatch "
-                                 "could tell whether something else updates it (an EMA target).")
-            return f.replace(status=Status.OPEN, **_unchanged(f))
-        if waiting == Waiting.LAYERDROP:
-            chance = float(f.details.get("chance", 1.0))
-            if chance < evidence.LAYERDROP_END_OF_RUN:
-                return f.replace(status=Status.OPEN, details=details)
-            return f.replace(status=Status.INTERMITTENT, severity=Severity.INFO, details=details,
-                             message=f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} "
-                             f"checked steps, which a random layer drop explains with chance {chance:.1e}: "
-                             "too short a run to tell LayerDrop from a layer that is never called.")
-        return f.replace(status=Status.OPEN, details=details)
-
-    def _stalled(self, f: Finding, pid: int, streak: int, checks_of_p: int, misses: int) -> Finding:
-        """An intermittent tensor without a gradient for long: open again, as a warning."""
-        limit = max(self.patience, STALLED_AFTER, 2 * self.longest.get(pid, 0))
-        if misses >= checks_of_p or streak < limit:
-            return f
-        return f.replace(
-            status=Status.OPEN, severity=Severity.WARNING,
-            message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
-            "it stopped training.",
-            details={**f.details, "stalled_for": streak})
+    def _stall_limit(self, pid: int) -> int:
+        return max(self.patience, STALLED_AFTER, 2 * self.longest.get(pid, 0))
 
     def missing_ids(self, lists: Iterable[CheckList]) -> list[int]:
         """The ids in a streak now that belong to one of ``lists``."""
@@ -426,8 +343,30 @@ class GradientTracker:
         self._restored = {}
 
 
-def _unchanged(f: Finding) -> dict[str, Any]:
-    """The changes that confirm a no_grad miss: it did not change by other means either."""
-    return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
-                     "nothing trains it.",
-            "details": {**{k: v for k, v in f.details.items() if k != "pending"}, "changed": False}}
+def _module_already_open(view: FindingsView, clist: CheckList, info: inventory.ParamInfo, out: Verdicts) -> bool:
+    """Another parameter of the same module is already an open missing_grad error (or confirmed
+    by this check's verdicts): the module is known not to run (a parameter handed to the
+    optimizer later is no new LayerDrop suspicion)."""
+    confirmed = {v.key[1] for v in out if v.key[0] == "missing_grad" and (
+        v.action == "confirm" or (v.action == "open" and v.finding is not None and v.finding.status == Status.OPEN))}
+    return any(other is not None and other is not info and other.module == info.module
+               and (n in confirmed or view.is_open(("missing_grad", n)))
+               for n, other in zip(clist.names, clist.infos))
+
+
+def _siblings_got_grads(clist: CheckList, info: inventory.ParamInfo) -> bool:
+    """Another parameter of the same module, not shared with any other module (a tied weight
+    gets its gradient through the module it is tied to), got a gradient."""
+    return any(other is not None and other is not info and other.module == info.module and not other.aliases
+               and q.grad is not None for q, other in zip(clist.params, clist.infos))
+
+
+def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int) -> Finding:
+    """An intermittent tensor without a gradient for ``limit`` checks or more: open again, as a warning."""
+    if misses >= checks_of_p or streak < limit:
+        return f
+    return f.replace(
+        status=Status.OPEN, severity=Severity.WARNING,
+        message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
+        "it stopped training.",
+        details={**f.details, "stalled_for": streak})

@@ -189,3 +189,32 @@ def test_every_action_has_its_effect_on_the_history() -> None:
     history.apply([Verdict.set(f.replace(status=Status.INTERMITTENT))])
     assert history.get(f.key).status == Status.INTERMITTENT
     assert {a.value for a in Action} == {"open", "hold", "confirm", "drop", "resolve", "set", "count"}
+
+
+# -- suspicions held until the evidence decides --------------------------------------------------
+def test_a_no_grad_miss_is_held_then_dropped_as_a_target_when_its_value_changes() -> None:
+    from leafwatch.detectors.held import HeldMisses
+
+    held = HeldMisses()
+    ema = nn.Parameter(torch.ones(3))
+    made = lambda: make("missing_grad", "ema.weight", "error", "m", "ran under no_grad", "f", step=1)  # noqa: E731
+    assert held.judges(id(ema), "grad_disabled") and not held.judges(id(ema), "never_ran")
+    first = held.target(ema, "ema.weight", None, None, 1, made)
+    assert _actions(first) == [("hold", "missing_grad", "ema.weight")]
+    assert first[0].finding.details["pending"] == Waiting.TARGET
+    with torch.no_grad():
+        ema.mul_(0.9).add_(0.1)  # the EMA update between checks
+    assert held.target(ema, "ema.weight", None, None, 2, made) is None  # a target: no finding
+    assert id(ema) in held.targets and held.take_new_targets() == {id(ema)}
+
+
+def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
+    from leafwatch.detectors.held import HeldMisses
+
+    held = HeldMisses()
+    frozen = nn.Parameter(torch.ones(3))
+    made = lambda: make("missing_grad", "enc.weight", "error", "m", "ran under no_grad.", "f", step=1)  # noqa: E731
+    held.target(frozen, "enc.weight", None, None, 1, made)
+    verdicts = held.target(frozen, "enc.weight", None, None, 2, made)
+    assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
+    assert "did not change between checks" in verdicts[1].changes["cause"]

@@ -1,0 +1,136 @@
+"""Missing gradients held as suspicions until the evidence decides: intent or accident?
+
+Two kinds of miss are not reported when first seen:
+
+- a tensor whose module ran only under ``no_grad``: an EMA / target network updated by other
+  means, or an encoder run under ``no_grad`` by mistake. Held (``Waiting.TARGET``) until its
+  value is seen to change between checks (a target: no finding, never followed again) or not
+  (``missing_grad``, saying it did not change either);
+- a layer of a ``ModuleList`` that never ran while its siblings did: a layer dropped at random
+  (LayerDrop), unless the chance that random drops skip it at every check is negligible
+  (``Waiting.LAYERDROP`` until then).
+
+What a run ends with still held is decided by :meth:`HeldMisses.decide`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import evidence, tracing
+from ..findings import Finding, Severity, Status, Waiting
+from ..verdicts import Verdict, Verdicts
+
+
+class HeldMisses:
+    """The suspicions of the gradient tracker, and the evidence that decides them."""
+
+    def __init__(self) -> None:
+        #: Tensors no gradient reaches that change by other means (EMA / target networks).
+        self.targets: set[int] = set()
+        self._new_targets: set[int] = set()
+        self.evidence = evidence.ChangeEvidence()
+        #: Tensors held as possible targets: id -> (a weak reference, the name).
+        self.suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+        #: Tensors whose suspicion the evidence settled: reported as plain misses from now on.
+        self.decided: set[int] = set()
+        #: How often each layer's siblings were skipped (LayerDrop).
+        self.skips = evidence.SiblingSkips()
+
+    def forget(self, alive: set[int]) -> None:
+        """A new reading of the structure: forget the tensors that are gone."""
+        self.targets &= alive
+        self.decided &= alive
+        gone = [pid for pid in self.suspects if pid not in alive]
+        for pid in gone:
+            del self.suspects[pid]
+        self.evidence.forget(gone)
+
+    def take_new_targets(self) -> set[int]:
+        """Targets found since the last call (the structure cache leaves them out of the checks)."""
+        found, self._new_targets = self._new_targets, set()
+        return found
+
+    def judges(self, pid: int, reason: str | None) -> bool:
+        """Whether a miss is a target suspicion: held before, or its module ran under ``no_grad``."""
+        return pid not in self.decided and (pid in self.suspects or reason == "grad_disabled")
+
+    def target(self, p: torch.Tensor, name: str, old: Finding | None, explanation: tracing.Explanation | None,
+               step: int, made: Callable[[], Finding]) -> Verdicts | None:
+        """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error).
+
+        ``made`` makes the ``missing_grad`` finding. None: the tensor changed, it is a target.
+        """
+        pid = id(p)
+        verdict = self.evidence.verdict(p)
+        if verdict == "changed":
+            self._settled(pid)
+            self.targets.add(pid)
+            self._new_targets.add(pid)
+            return None
+        f = old.replace(step=step, last_step=step) if explanation is None and old is not None else made()
+        if verdict == "unknown":
+            self.suspects[pid] = (weakref.ref(p), name)
+            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
+        self._settled(pid)
+        self.decided.add(pid)
+        return [Verdict.hold(f), Verdict.confirm(f.key, **_unchanged(f))]
+
+    def layerdrop(self, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
+                  sibling_open: Callable[[], bool]) -> Verdicts | None:
+        """A layer of ``layer[0]`` that never ran while its siblings did: held while random drops
+        explain it, confirmed once they cannot. None: every sibling was skipped too (no LayerDrop)."""
+        container, index = layer
+        if self.skips.all_skipped(container, list_checks):
+            return None
+        chance = self.skips.chance(container, index, misses, list_checks)
+        f = f.replace(details={**f.details, "container": container, "chance": chance,
+                               "declared_drop_rate": self.skips.declared(container)})
+        # A parameter of a module already known not to run is no new LayerDrop suspicion.
+        if chance >= evidence.LAYERDROP_FALSE_ALARM and not sibling_open():
+            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
+        self.decided.add(pid)
+        return [Verdict.hold(f),
+                Verdict.confirm(f.key, cause=f"{f.cause} Its siblings in `{container}` ran: skipped at all {misses} "
+                                f"checks, it is no layer dropped at random (chance {chance:.1e}).",
+                                step=step, last_step=step)]
+
+    def _settled(self, pid: int) -> None:
+        self.suspects.pop(pid, None)
+        self.evidence.forget([pid])
+
+    def decide(self, f: Finding) -> Finding | None:
+        """What a finding still held at the end of the run becomes (None: dropped as intended)."""
+        waiting = f.details.get("pending")
+        details = {k: v for k, v in f.details.items() if k != "pending"}
+        if waiting == Waiting.TARGET:
+            entry = next(((ref, n) for ref, n in self.suspects.values() if n == f.name), None)
+            t = entry[0]() if entry is not None else None
+            verdict = self.evidence.verdict(t, final=True) if t is not None else "unknown"
+            if verdict == "changed":
+                return None
+            if verdict == "unknown":
+                return f.replace(status=Status.OPEN, severity=Severity.WARNING, details=details,
+                                 message=f"`{f.name}` got no gradient, and the run ended before leafwatch "
+                                 "could tell whether something else updates it (an EMA target).")
+            return f.replace(status=Status.OPEN, **_unchanged(f))
+        if waiting == Waiting.LAYERDROP:
+            chance = float(f.details.get("chance", 1.0))
+            if chance < evidence.LAYERDROP_END_OF_RUN:
+                return f.replace(status=Status.OPEN, details=details)
+            return f.replace(status=Status.INTERMITTENT, severity=Severity.INFO, details=details,
+                             message=f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} "
+                             f"checked steps, which a random layer drop explains with chance {chance:.1e}: "
+                             "too short a run to tell LayerDrop from a layer that is never called.")
+        return f.replace(status=Status.OPEN, details=details)
+
+
+def _unchanged(f: Finding) -> dict[str, Any]:
+    """The changes that confirm a no_grad miss: it did not change by other means either."""
+    return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
+                     "nothing trains it.",
+            "details": {**{k: v for k, v in f.details.items() if k != "pending"}, "changed": False}}

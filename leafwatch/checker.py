@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import graph, inventory, structure, tracing, watching
+from . import graph, inventory, structure, watching
 from .detectors import constructors as checks
 from .detectors import loop as stepping
 from .detectors import outside
@@ -25,6 +25,7 @@ from .detectors.gradients import GradientTracker
 from .detectors.membership import MembershipJudge
 from .detectors.values import GradientValues
 from .detectors.watched import WatchedTracker
+from .diagnostics import Diagnostics
 from .events import CheckEvent
 from .findings import Report
 from .history import FindingHistory
@@ -81,10 +82,8 @@ class Checker:
         self.structure = structure_
         self.history_store = history
         self.watches = watches
-        self.diagnose = diagnose
         self.check_values_every_n_steps = check_values_every_n_steps
         self._warn = warn
-        self._on_skipped = on_skipped
         #: The step of the current (or last) check.
         self.step = 0
         #: How many checks ran.
@@ -95,22 +94,22 @@ class Checker:
         self._membership = MembershipJudge(view)
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self._loss_leaves = outside.LossLeaves()
-        self._tracer = tracing.Tracer(on_error=warn)
-        self._loop = stepping.LoopWatch(view, self._check_skipped, lambda: self.step, warn)
+        self._loop = stepping.LoopWatch(view, on_skipped, lambda: self.step, warn)
+        self.diagnostics = Diagnostics(structure_, self._grads, self._loop, diagnose, warn)
+        self._tracer = self.diagnostics.tracer
         self._ignore_checked = False
         self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
         self._state = CheckState(None, None)
         self._emitted = -1  # the first check's event counts as a change
-        self._retargeted: tuple[int, int, object] | None = None
         #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[CheckState] = Pipeline((
             Part("reading the model's structure", self._read_structure),
             Part("the gradient check", self._read_gradients),
             Part("the check of watched tensors", self._judge_watched),
             Part("the loss-graph check", self._judge_loss_leaves),
-            Part("the optimizer-membership check", self._judge_membership),
-            Part("the NaN/Inf gradient check", self._judge_values),
+            Part("the optimizer-membership check", lambda _: self._membership.judge(self.structure.inventory, self.step)),
+            Part("the NaN/Inf gradient check", lambda s: self.values.judge(self.step, s.lists, s.force_values)),
             Part("the diagnostic hooks", self._retarget_diagnostics),
         ), history, warn)
         #: What a scan before any gradient reads.
@@ -127,15 +126,7 @@ class Checker:
         """At creation: diagnostic hooks on every module until the first check (never raises)."""
         snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
         self._grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
-        if self.diagnose and snapshot is not None:
-            try:
-                # A compiled model runs no cut recorder: a torch-function mode forces a recompile.
-                roots = self.structure.roots.values() if self.structure.roots is not None else [self.structure.model]
-                self._tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
-                self._tracer.arm(snapshot.modules)
-                self._loop.arrivals.arm(t for t, _ in self.structure.named_params())
-            except Exception as error:  # never stop training for a diagnostic
-                self._warn("arming the diagnostic hooks", error)
+        self.diagnostics.arm(snapshot)
 
     def run(self, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None, step: int) -> None:
         """One check at ``step``: every part in order."""
@@ -194,13 +185,13 @@ class Checker:
 
     def close(self) -> None:
         """Remove the diagnostic and loop hooks."""
-        self._tracer.disarm()
-        self._loop.close()
+        self.diagnostics.close()
 
     def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
                             outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
-                            variables: Callable[[], dict[int, str]] | None = None) -> None:
+                            variables: Callable[[], dict[int, str]] | None = None, values_until: int = 0) -> None:
         """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
+        self.values.every_check_values_until = validate_int(values_until, "values_until", 0)
         self.structure.variables = variables
         self._membership.grace = validate_int(checks_, "checks", 0)
         self._membership.waiting_optimizers = waiting
@@ -219,18 +210,12 @@ class Checker:
 
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
-        records = self._tracer.records
         return {
             "streaks": len(self._grads.streak),
             "miss_counts": len(self._grads.misses),
-            "diagnostic_hooks": len(self._tracer.handles),
-            "diagnostic_records": len(records),
-            "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
-            "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
-            "cut_sites": len(self._tracer.cuts),
+            **self.diagnostics.stats(),
             "watch_counts": self._watched.sizes(),
             **self.values.stats(),
-            "arrival_hooks": len(self._loop.arrivals.handles),
             "step_watches": len(self._loop.skips),
             "loss_graph_walks": self._loss_leaves.walks,
         }
@@ -261,7 +246,7 @@ class Checker:
             elif f.details.get("source") == "watch":
                 decided = self._watched.decide(f)
             else:
-                decided = self._membership.decide(f, inv, self._tracer, self.step)
+                decided = self._membership.decide(f, inv, self.step)
             out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
         return out
 
@@ -350,31 +335,8 @@ class Checker:
             loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
                 cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries))]
 
-    def _judge_membership(self, state: CheckState) -> Verdicts:
-        return self._membership.judge(self.structure.inventory, self._tracer, self.step)
-
-    def _judge_values(self, state: CheckState) -> Verdicts:
-        return self.values.judge(self.step, state.lists, state.force_values)
-
     def _retarget_diagnostics(self, state: CheckState) -> None:
-        cache, tracer, loop = self.structure, self._tracer, self._loop
-        # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an
-        # arrival hook armed, or a cleared gradient followed.
-        if tracer.handles or self._grads.streak or loop.arrivals.handles or loop.cleared.ongoing \
-                or loop.cleared.all_cleared:
-            # Keep hooks only on the modules (and their ancestors) owning a parameter that misses,
-            # and arrival hooks only on the tensors that miss or whose gradient was cleared: worked
-            # out again only when one of those changes (not at every check of a model with 500
-            # tensors that miss). The next forward is instrumented (the cut recorder) after a new
-            # miss or a new structure only.
-            retarget = (self._grads.changes, cache.rebuilds, loop.take_cleared())
-            if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
-                instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
-                self._retargeted = retarget
-                missing_ids = self._grads.missing_ids(cache.lists.values())
-                tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
-                loop.rearm(missing_ids, cache.inventory.tensors, retarget[2])
-        tracer.end_check(state.index, len(cache.optimizers))
+        self.diagnostics.retarget(state.index)
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
         """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
@@ -383,7 +345,3 @@ class Checker:
         mine = self.structure.optimizers
         optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
-
-    def _check_skipped(self, optimizer: torch.optim.Optimizer) -> None:
-        """Asked at the end of a backward pass: ``optimizer`` skipped many steps and nothing checked it."""
-        self._on_skipped(optimizer)

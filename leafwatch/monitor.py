@@ -112,14 +112,8 @@ class Monitor:
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
         self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
-        self._sinks = Sinks(sinks, self._warn)
+        self._sinks = _sinks(sinks, verbose, writer, self._warn)
         self.verbose = verbose
-        if verbose:
-            self._sinks.add(NewFindingWarnings(), first=True)
-        if writer is not None:
-            from .tensorboard_sink import TensorBoardSink
-
-            self._sinks.add(TensorBoardSink(writer))
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
                                 warn=self._warn, on_skipped=self.check)
@@ -136,7 +130,6 @@ class Monitor:
     def step(self) -> int:
         """The step of the last check (its ``step=``, or a count of checks)."""
         return self._checker.step
-
 
     @property
     def model(self) -> nn.Module | None:
@@ -338,8 +331,7 @@ class Monitor:
         roots no optimizer holds), and check gradient values at every check up to ``values_until``;
         ``variables``: object id -> the script's variable for it, named by the fixes.
         """
-        self._checker.values.every_check_values_until = validate_int(values_until, "values_until", 0)
-        self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables)
+        self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
 
 
 class _StepHooks:
@@ -401,3 +393,15 @@ def _validate_switches(sinks: Any, distributed: Any, verbose: Any) -> None:
         raise TypeError(f"`sinks` must be a sequence of callables taking a CheckEvent, got {got(sinks)}")
     if distributed is not None and not isinstance(distributed, bool):
         raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
+
+
+def _sinks(extra: Sequence[Callable[[CheckEvent], Any]], verbose: bool | None, writer: Any, warn: WarnOnce) -> Sinks:
+    """The sinks a Monitor writes to: the console lines first (``verbose``), the user's, TensorBoard."""
+    sinks = Sinks(extra, warn)
+    if verbose:
+        sinks.add(NewFindingWarnings(), first=True)
+    if writer is not None:
+        from .tensorboard_sink import TensorBoardSink
+
+        sinks.add(TensorBoardSink(writer))
+    return sinks

@@ -463,37 +463,9 @@ def explain_missing(
     record = records.get(module_name)
     shown = f"`{module_name}`" if module_name else "the root module"
     if record is None:
-        ran_below = [r for n, r in records.items() if n != module_name and _is_descendant(n, module_name)]
-        if ran_below or module_name == "":
-            return Explanation(
-                cause=f"`{param_name}` is never used in the computation of the loss "
-                f"({shown} did not run a forward of its own that uses it).",
-                fix=f"use `{param_name}` in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)",
-                reason="unused",
-            )
-        parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
-        parent = max(parents, key=lambda r: len(r.name), default=None)
-        parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
-        where = f" ({parent_name} ran, but did not call it)" if parent else ""
-        call = f"`{fixes.module_code(fixes.module_to_call(module_name, records, modules))}`" if module_name else shown
-        return Explanation(
-            cause=f"module {shown} never ran in this step's forward{where}.",
-            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
-            reason="never_ran",
-        )
+        return _did_not_run(param_name, module_name, shown, records, modules)
     if not record.grad_enabled:
-        if record.in_checkpoint:
-            return Explanation(
-                cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
-                "require grad, so it ran without autograd and backward never recomputes it.",
-                fix="pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad",
-                reason="checkpoint",
-            )
-        return Explanation(
-            cause=f"{shown} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`).",
-            fix=f"call {shown} outside `torch.no_grad()` during training",
-            reason="grad_disabled",
-        )
+        return _ran_without_autograd(shown, record)
     if not record.output_requires_grad:
         if record.output_opaque:
             return None  # an output of a type the hook cannot look into: nothing to conclude
@@ -513,6 +485,44 @@ def explain_missing(
         f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
         fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), or delete it",
         reason="unused",
+    )
+
+def _did_not_run(param_name: str, module_name: str, shown: str, records: dict[str, RunRecord],
+                 modules: dict[str, nn.Module] | None) -> Explanation:
+    """The module holding the parameter ran no forward of its own: unused, or never called."""
+    ran_below = [r for n, r in records.items() if n != module_name and _is_descendant(n, module_name)]
+    if ran_below or module_name == "":
+        return Explanation(
+            cause=f"`{param_name}` is never used in the computation of the loss "
+            f"({shown} did not run a forward of its own that uses it).",
+            fix=f"use `{param_name}` in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)",
+            reason="unused",
+        )
+    parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
+    parent = max(parents, key=lambda r: len(r.name), default=None)
+    parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
+    where = f" ({parent_name} ran, but did not call it)" if parent else ""
+    call = f"`{fixes.module_code(fixes.module_to_call(module_name, records, modules))}`" if module_name else shown
+    return Explanation(
+        cause=f"module {shown} never ran in this step's forward{where}.",
+        fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+        reason="never_ran",
+    )
+
+
+def _ran_without_autograd(shown: str, record: RunRecord) -> Explanation:
+    """The module ran with gradients disabled: ``no_grad`` / ``inference_mode``, or a reentrant checkpoint."""
+    if record.in_checkpoint:
+        return Explanation(
+            cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
+            "require grad, so it ran without autograd and backward never recomputes it.",
+            fix="pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad",
+            reason="checkpoint",
+        )
+    return Explanation(
+        cause=f"{shown} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`).",
+        fix=f"call {shown} outside `torch.no_grad()` during training",
+        reason="grad_disabled",
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import fixes, tracing
+from .. import fixes
 from ..evidence import HandUpdates
 from ..findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..history import FindingsView
@@ -81,7 +81,7 @@ class MembershipJudge:
         self._hand.keep(alive)
         self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
-    def judge(self, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> Verdicts:
+    def judge(self, inv: Inventory | None, step: int) -> Verdicts:
         """At a check: decide the held findings (nothing to do when none is held)."""
         self._checks += 1  # every check counts, for the messages that say how many
         if not self.waiting:
@@ -188,7 +188,7 @@ class MembershipJudge:
         return base.replace(severity=severity, message=message, cause=cause,
                             details={**base.details, "late_optimizer": True})
 
-    def decide(self, f: Finding, inv: Inventory | None, tracer: tracing.Tracer, step: int) -> Finding | None:
+    def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:
         """At the end of the run: what a held (or late-optimizer) finding becomes."""
         waiting = f.details.get("pending")
         if waiting == Waiting.STRUCTURE:

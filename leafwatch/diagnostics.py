@@ -1,0 +1,88 @@
+"""The diagnostic hooks of one check: where they sit, and when a forward is instrumented.
+
+At creation forward hooks go on every module (and arrival hooks on every trainable tensor), so
+that the first step's missing gradients are fully explained; the first forward runs the cut
+recorder. After each check the hooks are kept only on the modules (and their ancestors) owning
+a tensor that misses its gradient, and arrival hooks only on the tensors that miss or whose
+gradient was cleared; that is worked out again only when one of those changes, and the next
+forward is instrumented again only after a new miss or a new structure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import structure, tracing
+from .detectors.gradients import GradientTracker
+from .detectors.loop import LoopWatch
+
+
+class Diagnostics:
+    """The tracer (forward hooks, cut recorder) and the arming of the loop watch's arrival hooks.
+
+    Args:
+        structure_: The structure cache (the modules, the tensors, the check lists).
+        grads: The gradient tracker (which tensors miss now, and when that changes).
+        loop: The loop watch (its arrival hooks follow the misses and the cleared gradients).
+        diagnose: Whether any hook is armed at all.
+        warn: Warns once per internal failure.
+    """
+
+    def __init__(self, structure_: structure.StructureCache, grads: GradientTracker, loop: LoopWatch,
+                 diagnose: bool, warn: Callable[..., Any]) -> None:
+        self.structure = structure_
+        self.grads = grads
+        self.loop = loop
+        self.diagnose = diagnose
+        self.warn = warn
+        self.tracer = tracing.Tracer(on_error=warn)
+        self._retargeted: tuple[int, int, object] | None = None
+
+    def arm(self, snapshot: Any) -> None:
+        """At creation: hooks on every module and every trainable tensor (never raises)."""
+        if not self.diagnose or snapshot is None:
+            return
+        try:
+            # A compiled model runs no cut recorder: a torch-function mode forces a recompile.
+            cache = self.structure
+            roots = cache.roots.values() if cache.roots is not None else [cache.model]
+            self.tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
+            self.tracer.arm(snapshot.modules)
+            self.loop.arrivals.arm(t for t, _ in cache.named_params())
+        except Exception as error:  # never stop training for a diagnostic
+            self.warn("arming the diagnostic hooks", error)
+
+    def retarget(self, index: int | None) -> None:
+        """After a check (of optimizer ``index``): the hooks follow the tensors that miss now."""
+        cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
+        # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an
+        # arrival hook armed, or a cleared gradient followed.
+        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing \
+                or loop.cleared.all_cleared:
+            # Worked out again only when the misses, the structure or the cleared gradients
+            # change (not at every check of a model with 500 tensors that miss).
+            retarget = (grads.changes, cache.rebuilds, loop.take_cleared())
+            if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
+                instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
+                self._retargeted = retarget
+                missing_ids = grads.missing_ids(cache.lists.values())
+                tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
+                loop.rearm(missing_ids, cache.inventory.tensors, retarget[2])
+        tracer.end_check(index, len(cache.optimizers))
+
+    def close(self) -> None:
+        """Remove every diagnostic hook (the loop watch's sentinels too)."""
+        self.tracer.disarm()
+        self.loop.close()
+
+    def stats(self) -> dict[str, int]:
+        records = self.tracer.records
+        return {
+            "diagnostic_hooks": len(self.tracer.handles),
+            "diagnostic_records": len(records),
+            "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
+            "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
+            "cut_sites": len(self.tracer.cuts),
+            "arrival_hooks": len(self.loop.arrivals.handles),
+        }

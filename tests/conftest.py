@@ -38,6 +38,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         node_id = getattr(item, "_id", None)
         if isinstance(grouped, str) and grouped != item.nodeid and node_id is not None and hasattr(node_id, "parse"):
             item._id = type(node_id).parse(grouped)
+    if hasattr(config, "workerinput"):
+        _slow_first(items)
+
+
+def _slow_first(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist, hands the ``slow`` tests out first (the order is kept otherwise).
+
+    xdist's scheduler gives each worker the next test (or ``xdist_group``, the larger groups
+    first) in collection order as it finishes the last one, so a long test collected late (the
+    wheel build, at the end of the alphabet) ran while the other worker had nothing left. The
+    workers all collect the same order, so they agree; without xdist nothing moves.
+    """
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture(autouse=True)

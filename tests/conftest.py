@@ -21,6 +21,9 @@ TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
+import _demo_run  # noqa: E402  (from this folder, put on sys.path just above)
+from _requirements import require_module  # noqa: E402
+
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -59,3 +62,11 @@ def _clean_state():
     leafwatch.unwatch_all()
     yield
     leafwatch.unwatch_all()
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> _demo_run.DemoRun:
+    """``leafwatch demo`` run once for the tests that read it (``_demo_run.py``). Without PyTorch
+    Lightning (the demo trains with it) they skip locally and fail in CI."""
+    require_module("pytorch_lightning")
+    return _demo_run.run_demo(tmp_path_factory.mktemp("demo"))

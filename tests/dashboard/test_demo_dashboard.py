@@ -11,13 +11,12 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
-from _requirements import require_module
-from _tensorboard_runs import REPO_ROOT, get_json, tensorboard_server, wait_for
+from _demo_run import DEMO_GROUP, DemoRun
+from _tensorboard_runs import get_json, tensorboard_server, wait_for
 
 DEMO_BUGS = {
     ("missing_grad", "aux_head.weight"),
@@ -27,12 +26,6 @@ DEMO_BUGS = {
 }
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    return env
-
-
 def _tensorboard_command() -> list[str]:
     installed = any(ep.name == "leafwatch" for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
     binary = shutil.which("tensorboard", path=os.path.dirname(sys.executable))
@@ -40,17 +33,15 @@ def _tensorboard_command() -> list[str]:
         return [binary]
     return [sys.executable, "-m", "leafwatch.tensorboard_plugin"]
 
-# The demo runs and its TensorBoard server starts once (module-scoped): under pytest-xdist
-# (--dist loadgroup) these tests share a worker.
-pytestmark = pytest.mark.xdist_group("demo_dashboard")
+# The demo runs once (tests/conftest.py's `demo_run`, shared with its own end-to-end test) and its
+# TensorBoard server starts once (module-scoped): under pytest-xdist (--dist loadgroup) these
+# tests share a worker.
+pytestmark = pytest.mark.xdist_group(DEMO_GROUP)
 
 
 @pytest.fixture(scope="module")
-def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    require_module("pytorch_lightning")  # `leafwatch demo` trains with Lightning
-    runs = tmp_path_factory.mktemp("runs")
-    demo = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", str(runs), "--steps", "6"],
-                          capture_output=True, text=True, env=_env(), timeout=300)
+def demo_server(demo_run: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    runs, demo = demo_run.logdir, demo_run.done  # `leafwatch demo --logdir <runs> --steps 6`
     assert demo.returncode == 0, demo.stdout + demo.stderr
     assert f"tensorboard --logdir {runs}" in demo.stdout
     with tensorboard_server(runs, tmp_path_factory.mktemp("tensorboard"), command=_tensorboard_command()) as url:

@@ -1,9 +1,14 @@
-"""A multi-process leafwatch run, launched by tests/integrations/test_distributed.py.
+"""Multi-process leafwatch runs, launched by tests/integrations/test_distributed.py.
 
-Usage: ``python -m torch.distributed.run --nproc_per_node 2 ddp_check.py SCENARIO OUT_DIR [STEPS]``
+Usage: ``python -m torch.distributed.run --nproc_per_node 2 ddp_check.py SCENARIOS OUT_DIR [STEPS]``
 (or two processes with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set, as the tests do).
-Each rank writes ``OUT_DIR/rank{N}.json``: the report of each check, how many sink events the
-rank saw, and the error that stopped it (if any).
+``SCENARIOS`` is one scenario or several, comma-separated, each with its own number of steps
+after a colon (default ``STEPS``, else 3): ``unused,fsdp2:2``. The scenarios run one after the
+other in the same two processes and process group (the process start, ``import torch`` and the
+gloo rendezvous are paid once). Each rank writes ``OUT_DIR/SCENARIO/rank{N}.json`` when a
+scenario ends: the report of each check, how many sink events the rank saw, and the error that
+stopped it (if any). A scenario that leaves the ranks out of step (:data:`LAST_ONLY`) must come
+last.
 """
 
 from __future__ import annotations
@@ -96,18 +101,30 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
     raise ValueError(f"unknown scenario {scenario!r}")
 
 
-def main() -> None:
-    scenario, out_dir = sys.argv[1], sys.argv[2]
-    steps = int(sys.argv[3]) if len(sys.argv) > 3 else 3
-    global DEVICE
-    if os.environ.get("LEAFWATCH_TEST_BACKEND") == "nccl":
-        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(DEVICE)
-        dist.init_process_group("nccl")
-    else:
-        dist.init_process_group("gloo")
-    rank = dist.get_rank()
+#: The gather timeout leafwatch ships with, restored before each scenario.
+DEFAULT_TIMEOUT_S = leafwatch.distributed.DEFAULT_TIMEOUT_S
+
+#: Scenarios after which the ranks are out of step: one rank gave up a collective (the gather of
+#: ``rank0_only``, DDP's gradient all-reduce of ``branch_strict``) that the other never joined.
+LAST_ONLY = ("branch_strict", "rank0_only")
+
+
+def parse(scenarios: str, steps: int) -> list[tuple[str, int]]:
+    """``"unused,fsdp2:2"`` -> ``[("unused", steps), ("fsdp2", 2)]``; an out-of-step scenario only last."""
+    parsed = []
+    for item in scenarios.split(","):
+        name, _, count = item.partition(":")
+        parsed.append((name, int(count) if count else steps))
+    for name, _ in parsed[:-1]:
+        if name in LAST_ONLY:
+            raise ValueError(f"scenario {name!r} leaves the ranks out of step: it must come last")
+    return parsed
+
+
+def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
+    """One scenario from a fresh seed and the default gather timeout; writes its result."""
     torch.manual_seed(rank)
+    leafwatch.distributed.DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
     inner, trained, options = build(scenario, rank)
     events = []
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
@@ -141,8 +158,24 @@ def main() -> None:
     result["rounds"] = gatherer.rounds if gatherer is not None else None
     if monitor is not None:
         monitor.close()
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+    os.makedirs(os.path.join(out_dir, scenario), exist_ok=True)
+    with open(os.path.join(out_dir, scenario, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def main() -> None:
+    out_dir = sys.argv[2]
+    scenarios = parse(sys.argv[1], int(sys.argv[3]) if len(sys.argv) > 3 else 3)
+    global DEVICE
+    if os.environ.get("LEAFWATCH_TEST_BACKEND") == "nccl":
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
+        dist.init_process_group("nccl")
+    else:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for scenario, steps in scenarios:
+        run(scenario, steps, rank, out_dir)
     dist.destroy_process_group()
 
 

@@ -1,8 +1,11 @@
-"""A Hugging Face Trainer DDP run (CPU, gloo, 2 processes) with the LeafWatchCallback.
+"""Hugging Face Trainer DDP runs (CPU, gloo, 2 processes) with the LeafWatchCallback.
 
-Usage: ``python hf_ddp.py SCENARIO OUT_DIR`` on each rank, with the environment torchrun gives
-its workers (RANK, WORLD_SIZE, MASTER_ADDR/PORT...). Each rank writes ``OUT_DIR/rank{N}.json``:
-the callback's report, the leafwatch warnings it saw, and the error that stopped ``train``.
+Usage: ``python hf_ddp.py SCENARIOS OUT_DIR`` on each rank, with the environment torchrun gives
+its workers (RANK, WORLD_SIZE, MASTER_ADDR/PORT...), where ``SCENARIOS`` is one scenario or
+several, comma-separated: their Trainers run one after the other in the same two processes and
+process group. Each rank writes ``OUT_DIR/SCENARIO/rank{N}.json``: the callback's report, the
+leafwatch warnings it saw, and the error that stopped ``train``. A scenario whose ``train``
+fails (``strict``) must come last, where the ranks stop anyway.
 """
 
 from __future__ import annotations
@@ -56,9 +59,9 @@ class Sentences(torch.utils.data.Dataset):
         return {"input_ids": ids, "attention_mask": torch.ones(8, dtype=torch.long), "labels": torch.tensor(i % 2)}
 
 
-def main() -> None:
-    scenario, out = sys.argv[1], sys.argv[2]
-    rank = int(os.environ["RANK"])
+def run(scenario: str, out_dir: str, rank: int) -> None:
+    """One scenario's ``train``; writes its result."""
+    out = os.path.join(out_dir, scenario)
     torch.manual_seed(0)
     models = {"unused": UnusedHead, "strict": UnusedHead, "branch": RankBranch}
     model = models.get(scenario, BertForSequenceClassification)(config())
@@ -80,8 +83,19 @@ def main() -> None:
         "error_type": error_type,
         "world_size": torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1,
     }
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def main() -> None:
+    scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
+    for scenario in scenarios[:-1]:
+        if scenario == "strict":
+            raise ValueError("scenario 'strict' stops `train` with an error: it must come last")
+    rank = int(os.environ["RANK"])
+    for scenario in scenarios:
+        run(scenario, out_dir, rank)
 
 
 if __name__ == "__main__":

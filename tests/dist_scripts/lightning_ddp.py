@@ -1,8 +1,11 @@
-"""A Lightning DDP run (CPU, gloo, 2 processes) with the LeafWatch callback.
+"""Lightning DDP runs (CPU, gloo, 2 processes) with the LeafWatch callback.
 
-Usage: ``python lightning_ddp.py SCENARIO OUT_DIR`` with MASTER_ADDR/MASTER_PORT set; Lightning
-starts the second process itself. Each rank writes ``OUT_DIR/rank{N}.json``: the callback's
-report, the leafwatch warnings it saw, and the error that stopped ``fit`` (if any).
+Usage: ``python lightning_ddp.py SCENARIOS OUT_DIR`` with MASTER_ADDR/MASTER_PORT set, where
+``SCENARIOS`` is one scenario or several, comma-separated. Lightning starts the second process
+itself (running this script again) at the first ``fit``; the later scenarios' Trainers run in the
+same two processes and process group. Each rank writes ``OUT_DIR/SCENARIO/rank{N}.json``: the
+callback's report, the leafwatch warnings it saw, and the error that stopped ``fit`` (if any).
+A scenario whose ``fit`` fails (``strict``) must come last, where the ranks stop anyway.
 """
 
 from __future__ import annotations
@@ -67,14 +70,14 @@ SCENARIOS = {
 }
 
 
-def main() -> None:
-    scenario, out_dir = sys.argv[1], sys.argv[2]
+def run(scenario: str, out_dir: str) -> None:
+    """One scenario's ``fit``; writes its result."""
     model_class, strategy, options = SCENARIOS[scenario]
     callback = LeafWatch(**options)
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=3, callbacks=[callback],
         logger=False, enable_progress_bar=False, enable_model_summary=False,
-        enable_checkpointing=False, default_root_dir=out_dir,
+        enable_checkpointing=False, default_root_dir=os.path.join(out_dir, scenario),
     )
     result: dict = {"error": None, "error_type": None}
     with warnings.catch_warnings(record=True) as caught:
@@ -89,8 +92,18 @@ def main() -> None:
     result["warnings"] = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
     result["internal"] = [str(w.message) for w in caught if issubclass(w.category, leafwatch.LeafwatchInternalWarning)]
     result["report"] = callback.report.to_dict()
-    with open(os.path.join(out_dir, f"rank{trainer.global_rank}.json"), "w") as f:
+    os.makedirs(os.path.join(out_dir, scenario), exist_ok=True)
+    with open(os.path.join(out_dir, scenario, f"rank{trainer.global_rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def main() -> None:
+    scenarios, out_dir = sys.argv[1].split(","), sys.argv[2]
+    for scenario in scenarios[:-1]:
+        if scenario == "strict":
+            raise ValueError("scenario 'strict' stops `fit` with an error: it must come last")
+    for scenario in scenarios:
+        run(scenario, out_dir)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from _requirements import optional_import, require_module
+from _demo_run import DEMO_GROUP
+from _requirements import optional_import
 
 from leafwatch import cli
 
@@ -41,14 +42,10 @@ def assert_demo_findings(report) -> None:
     assert "ToCopyBackward" in by_key[("orphan_tensor", "temperature")].cause
 
 
-def test_demo_command_end_to_end(tmp_path):
-    require_module("pytorch_lightning")  # `leafwatch demo` trains with Lightning
-    logdir = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(
-        [sys.executable, "-m", "leafwatch", "demo", "--logdir", str(logdir), "--steps", "6"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
-    )
+@pytest.mark.xdist_group(DEMO_GROUP)  # the demo run is shared with the dashboard's tests
+def test_demo_command_end_to_end(demo_run):
+    # `python -m leafwatch demo --logdir <tmp_path>/runs --steps 6` from tmp_path (tests/conftest.py).
+    tmp_path, logdir, env, done = demo_run.cwd, demo_run.logdir, demo_run.env, demo_run.done
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LeafwatchInternalWarning" not in done.stderr, done.stderr[-3000:]
     out = done.stdout

@@ -4,6 +4,11 @@ The multi-process tests launch real 2-process jobs on CPU (gloo, bound to 127.0.
 the environment ``torch.distributed.run`` gives its workers (plain torch; the agent process
 itself is left out to save a torch import) or a Lightning ``Trainer(strategy="ddp")``,
 and read back what each rank wrote. A hang fails the test through the launch timeout.
+
+Starting two processes, importing torch (and Lightning) and the gloo rendezvous cost far more
+than a scenario's few steps, so the scenarios share launches: a module-scoped fixture starts
+each launch once with its list of scenarios, which run one after the other in the same
+processes, each writing its own result; each test reads its scenario's result.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -57,56 +63,126 @@ def _env(port: int) -> dict[str, str]:
     return env
 
 
-def _run(commands: list[list[str]], out: Path, port: int, ranks: list[int | None],
-         backend: str = "gloo") -> dict[int, dict]:
-    """Start the processes; one still running after the timeout (a hang) fails the test."""
-    out.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for command, rank in zip(commands, ranks):
-        env = _env(port)
-        env["LEAFWATCH_TEST_BACKEND"] = backend
-        if rank is not None:
-            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-        procs.append(subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
-    logs = []
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    hung = False
-    for proc in procs:
-        try:
-            logs.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
-        except subprocess.TimeoutExpired:
-            hung = True
-            logs.append("")
-    if hung:
-        for proc in procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-        pytest.fail(f"the 2-process job hung (no exit within {LAUNCH_TIMEOUT_S} s):\n{''.join(logs)[-3000:]}")
-    log = "\n".join(logs)
-    results = {}
-    for rank in (0, 1):
-        path = out / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing:\n{log[-3000:]}"
-        results[rank] = json.loads(path.read_text())
-    return results
+#: A shared launch's results: the scenario's name -> what each rank wrote.
+Results = Callable[[str], dict[int, dict]]
+
+
+class Launch:
+    """Processes started together, each running the same scenarios; read back once they exit."""
+
+    def __init__(self, commands: list[list[str]], out: Path, ranks: list[int | None], timeout_s: float,
+                 backend: str = "gloo") -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.out, self.timeout_s = out, timeout_s
+        port = _free_port()
+        self.procs = []
+        for command, rank in zip(commands, ranks):
+            env = _env(port)
+            env["LEAFWATCH_TEST_BACKEND"] = backend
+            if rank is not None:
+                env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+            self.procs.append(subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, start_new_session=True))
+        self.deadline = time.monotonic() + timeout_s
+        self.hung = False
+        self.log = ""
+
+    def wait(self) -> Launch:
+        """Wait for every process; those still running at the deadline (a hang) are killed."""
+        logs = []
+        for proc in self.procs:
+            try:
+                logs.append(proc.communicate(timeout=max(1.0, self.deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                self.hung = True
+                logs.append("")
+        if self.hung:
+            for proc in self.procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.communicate()
+        self.log = "\n".join(logs)
+        return self
+
+    def results(self, scenario: str) -> dict[int, dict]:
+        """What each rank wrote for ``scenario``; a hang anywhere in the launch fails the test."""
+        if self.hung:
+            pytest.fail(f"the 2-process job hung (no exit within {self.timeout_s:.0f} s):\n{self.log[-3000:]}")
+        results = {}
+        for rank in (0, 1):
+            path = self.out / scenario / f"rank{rank}.json"
+            assert path.exists(), f"rank {rank} wrote nothing for {scenario!r}:\n{self.log[-3000:]}"
+            results[rank] = json.loads(path.read_text())
+        return results
+
+
+def _torchrun_launch(scenarios: list[str], out: Path, timeout_s: float = LAUNCH_TIMEOUT_S,
+                     backend: str = "gloo") -> Launch:
+    """The two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without its agent."""
+    command = [sys.executable, str(SCRIPTS / "ddp_check.py"), ",".join(scenarios), str(out)]
+    return Launch([command, command], out, [0, 1], timeout_s, backend)
 
 
 def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "gloo") -> dict[int, dict]:
-    """The two ranks as torchrun starts them (RANK, WORLD_SIZE, MASTER_ADDR/PORT), without its agent."""
-    port = _free_port()
-    command = [sys.executable, str(SCRIPTS / "ddp_check.py"), scenario, str(tmp_path), str(steps)]
-    return _run([command, command], tmp_path, port, [0, 1], backend)
+    """One scenario in a launch of its own."""
+    return _torchrun_launch([f"{scenario}:{steps}"], tmp_path, backend=backend).wait().results(scenario)
 
 
-def _lightning(scenario: str, tmp_path: Path) -> dict[int, dict]:
-    """Lightning starts the second process itself."""
-    port = _free_port()
-    results = _run([[sys.executable, str(SCRIPTS / "lightning_ddp.py"), scenario, str(tmp_path)]], tmp_path, port, [None])
-    for rank in (0, 1):
-        assert results[rank]["internal"] == [], f"leafwatch failed internally on rank {rank}"
+#: The plain-torch scenarios (with their steps), in two launches that start together. In the
+#: first the scenarios that end in an error on every rank (DDP's, leafwatch's strict one) come
+#: after those that train through, and the one that leaves the ranks out of step (a Monitor on
+#: rank zero only) comes last; ``branch_strict`` ends with one rank gone, so it runs alone.
+TORCHRUN_LAUNCHES = (
+    ["clean:3", "branch:3", "unused_fup:2", "fsdp2:2", "fsdp_orig:2", "fsdp_flat:2", "unused:3",
+     "strict:3", "rank0_only:3"],
+    ["branch_strict:2"],
+)
+
+#: The Lightning scenarios, in one launch: those whose ``fit`` ends in an error come last.
+LIGHTNING_SCENARIOS = ["clean", "branch", "unused", "strict"]
+
+#: The limit of a launch of several scenarios (one alone: :data:`LAUNCH_TIMEOUT_S`).
+SHARED_LAUNCH_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    """Each plain-torch scenario's results by name: ``torchrun("unused")[rank]``."""
+    import torch.distributed.fsdp  # not imported by `import torch`
+
+    launches = {}
+    for scenarios in TORCHRUN_LAUNCHES:
+        if not hasattr(torch.distributed.fsdp, "fully_shard"):
+            scenarios = [s for s in scenarios if not s.startswith("fsdp2:")]
+        out = tmp_path_factory.mktemp("torchrun")
+        launches.update(dict.fromkeys(scenarios, _torchrun_launch(scenarios, out, SHARED_LAUNCH_TIMEOUT_S)))
+    for launch in set(launches.values()):
+        launch.wait()
+    by_scenario = {s.partition(":")[0]: launch for s, launch in launches.items()}
+    return lambda scenario: by_scenario[scenario].results(scenario)
+
+
+@pytest.fixture(scope="module")
+def lightning(tmp_path_factory: pytest.TempPathFactory) -> Results:
+    """Each Lightning scenario's results by name (Lightning starts the second process itself)."""
+    require_lightning_callback()
+    out = tmp_path_factory.mktemp("lightning")
+    command = [sys.executable, str(SCRIPTS / "lightning_ddp.py"), ",".join(LIGHTNING_SCENARIOS), str(out)]
+    launch = Launch([command], out, [None], SHARED_LAUNCH_TIMEOUT_S).wait()
+
+    def results(scenario: str) -> dict[int, dict]:
+        results = launch.results(scenario)
+        for rank in (0, 1):
+            assert results[rank]["internal"] == [], f"leafwatch failed internally on rank {rank}"
+        return results
+
     return results
+
+
+#: Tests that read a shared launch run on one pytest-xdist worker (``--dist loadgroup``), which
+#: starts it once.
+in_torchrun_launch = pytest.mark.xdist_group("distributed_torchrun")
+in_lightning_launch = pytest.mark.xdist_group("distributed_lightning")
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
@@ -116,8 +192,9 @@ def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
 
 
 # -- plain torch DDP, 2 processes -----------------------------------------------------------------
-def test_ddp_unused_layer_named_from_rank_zero_at_step_one(tmp_path: Path) -> None:
-    results = _torchrun("unused", tmp_path)
+@in_torchrun_launch
+def test_ddp_unused_layer_named_from_rank_zero_at_step_one(torchrun: Results) -> None:
+    results = torchrun("unused")
     for rank in (0, 1):
         first = results[rank]["reports"][0]
         assert first["step"] == 1
@@ -137,8 +214,9 @@ def test_ddp_unused_layer_named_from_rank_zero_at_step_one(tmp_path: Path) -> No
     assert results[1]["sink_events"] == []
 
 
-def test_ddp_strict_raises_on_every_rank_without_hang(tmp_path: Path) -> None:
-    results = _torchrun("strict", tmp_path)
+@in_torchrun_launch
+def test_ddp_strict_raises_on_every_rank_without_hang(torchrun: Results) -> None:
+    results = torchrun("strict")
     for rank in (0, 1):
         assert results[rank]["error_type"] == "LeafwatchError"
         assert results[rank]["reports"] == []
@@ -148,8 +226,9 @@ def test_ddp_strict_raises_on_every_rank_without_hang(tmp_path: Path) -> None:
         assert "Expected to have finished reduction in the prior" not in message
 
 
-def test_ddp_rank_dependent_branch_named_with_its_rank(tmp_path: Path) -> None:
-    results = _torchrun("branch", tmp_path)
+@in_torchrun_launch
+def test_ddp_rank_dependent_branch_named_with_its_rank(torchrun: Results) -> None:
+    results = torchrun("branch")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         for report in results[rank]["reports"]:
@@ -164,8 +243,9 @@ def test_ddp_rank_dependent_branch_named_with_its_rank(tmp_path: Path) -> None:
     assert results[0]["rounds"] == results[1]["rounds"] == 1
 
 
-def test_ddp_unused_layer_with_find_unused_parameters_is_still_dead(tmp_path: Path) -> None:
-    results = _torchrun("unused_fup", tmp_path, steps=2)
+@in_torchrun_launch
+def test_ddp_unused_layer_with_find_unused_parameters_is_still_dead(torchrun: Results) -> None:
+    results = torchrun("unused_fup")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         f = _findings(results[rank]["reports"][-1], "missing_grad")["unused.weight"]
@@ -173,8 +253,9 @@ def test_ddp_unused_layer_with_find_unused_parameters_is_still_dead(tmp_path: Pa
         assert "no gradient on any rank" in f["cause"]
 
 
-def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
-    results = _torchrun("clean", tmp_path)
+@in_torchrun_launch
+def test_ddp_clean_model_reports_nothing(torchrun: Results) -> None:
+    results = torchrun("clean")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
@@ -182,11 +263,12 @@ def test_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
         assert results[rank]["warnings"] == []
 
 
+@in_torchrun_launch
 def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_that_skipped(
-        tmp_path: Path) -> None:
+        torchrun: Results) -> None:
     # Rank 0 waits in DDP's backward for the branch's gradient and never reaches the check;
     # rank 1 gives up gathering after the (shortened) timeout and raises with its own findings.
-    results = _torchrun("branch_strict", tmp_path, steps=2)
+    results = torchrun("branch_strict")
     assert results[1]["error_type"] == "LeafwatchError"
     assert "branch.{bias,weight}" in results[1]["error"] and "on rank(s) 1" in results[1]["error"]
     assert "never ran" in results[1]["error"]
@@ -194,8 +276,9 @@ def test_ddp_rank_branch_without_find_unused_parameters_is_named_by_the_rank_tha
     assert results[0]["reports"] == []
 
 
-def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(tmp_path: Path) -> None:
-    results = _torchrun("rank0_only", tmp_path)
+@in_torchrun_launch
+def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(torchrun: Results) -> None:
+    results = torchrun("rank0_only")
     for rank in (0, 1):
         assert results[rank]["error"] is None
     assert len(results[0]["reports"]) == 3 and results[0]["reports"][0]["findings"] == []
@@ -222,12 +305,13 @@ def test_ddp_on_nccl_gathers_over_a_gloo_side_group(tmp_path: Path, scenario: st
 
 
 # -- sharded strategies, 2 processes --------------------------------------------------------------
-def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Path) -> None:
+@in_torchrun_launch
+def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(torchrun: Results) -> None:
     import torch.distributed.fsdp  # not imported by `import torch`: the test may run first in its worker
 
     if not hasattr(torch.distributed.fsdp, "fully_shard"):
         pytest.skip("this torch has no torch.distributed.fsdp.fully_shard")
-    results = _torchrun("fsdp2", tmp_path, steps=2)
+    results = torchrun("fsdp2")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         for report in results[rank]["reports"]:
@@ -240,13 +324,14 @@ def test_fully_shard_reads_dtensor_grads_and_names_the_unused_layer(tmp_path: Pa
         assert results[rank]["warnings"] == []
 
 
+@in_torchrun_launch
 @pytest.mark.parametrize(("scenario", "name", "words"), [
     ("fsdp_orig", "FSDP sharded parameters", "use_orig_params=True"),
     ("fsdp_flat", "FSDP flat parameters", "use_orig_params=False"),
 ])
-def test_fsdp_skips_the_gradient_check_with_one_info_finding(tmp_path: Path, scenario: str, name: str,
+def test_fsdp_skips_the_gradient_check_with_one_info_finding(torchrun: Results, scenario: str, name: str,
                                                              words: str) -> None:
-    results = _torchrun(scenario, tmp_path, steps=2)
+    results = torchrun(scenario)
     for rank in (0, 1):
         assert results[rank]["error"] is None
         for report in results[rank]["reports"]:
@@ -259,8 +344,9 @@ def test_fsdp_skips_the_gradient_check_with_one_info_finding(tmp_path: Path, sce
 
 # -- Lightning DDP (CPU, gloo, 2 processes) -------------------------------------------------------
 @needs_callback
-def test_lightning_ddp_unused_layer_warned_once_from_rank_zero(tmp_path: Path) -> None:
-    results = _lightning("unused", tmp_path)
+@in_lightning_launch
+def test_lightning_ddp_unused_layer_warned_once_from_rank_zero(lightning: Results) -> None:
+    results = lightning("unused")
     assert any("`unused` (2 tensors: unused.{bias,weight})" in w for w in results[0]["warnings"])
     assert not any("unused" in w for w in results[1]["warnings"])
     for rank in (0, 1):
@@ -271,8 +357,9 @@ def test_lightning_ddp_unused_layer_warned_once_from_rank_zero(tmp_path: Path) -
 
 
 @needs_callback
-def test_lightning_ddp_strict_raises_on_every_rank(tmp_path: Path) -> None:
-    results = _lightning("strict", tmp_path)
+@in_lightning_launch
+def test_lightning_ddp_strict_raises_on_every_rank(lightning: Results) -> None:
+    results = lightning("strict")
     for rank in (0, 1):
         assert results[rank]["error_type"] == "LeafwatchError"
         assert "unused.{bias,weight}" in results[rank]["error"]
@@ -280,8 +367,9 @@ def test_lightning_ddp_strict_raises_on_every_rank(tmp_path: Path) -> None:
 
 
 @needs_callback
-def test_lightning_ddp_rank_dependent_branch(tmp_path: Path) -> None:
-    results = _lightning("branch", tmp_path)
+@in_lightning_launch
+def test_lightning_ddp_rank_dependent_branch(lightning: Results) -> None:
+    results = lightning("branch")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         f = _findings(results[rank]["report"], "missing_grad")["branch.weight"]
@@ -290,8 +378,9 @@ def test_lightning_ddp_rank_dependent_branch(tmp_path: Path) -> None:
 
 
 @needs_callback
-def test_lightning_ddp_clean_model_reports_nothing(tmp_path: Path) -> None:
-    results = _lightning("clean", tmp_path)
+@in_lightning_launch
+def test_lightning_ddp_clean_model_reports_nothing(lightning: Results) -> None:
+    results = lightning("clean")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         assert results[rank]["report"]["findings"] == []

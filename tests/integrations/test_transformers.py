@@ -398,39 +398,64 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _ddp(scenario: str, tmp_path: Path) -> dict[int, dict[str, Any]]:
-    """Two ranks started as torchrun starts its workers; a hang fails through the timeout."""
-    port = _free_port()
-    procs = []
-    for rank in (0, 1):
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        if os.path.exists("/sys/class/net/lo"):
-            env["GLOO_SOCKET_IFNAME"] = "lo"
-        procs.append(subprocess.Popen([sys.executable, str(DDP_SCRIPT), scenario, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=DDP_TIMEOUT_S)[0])
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-            proc.communicate()
-        pytest.fail(f"the 2-process Trainer hung (no exit within {DDP_TIMEOUT_S} s)")
-    results = {}
-    for rank in (0, 1):
-        path = tmp_path / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote nothing:\n{''.join(logs)[-3000:]}"
-        results[rank] = json.loads(path.read_text())
-    return results
+class DDPRuns:
+    """The DDP scenarios, run in one 2-process launch (process start, imports and rendezvous paid
+    once), started as torchrun starts its workers; a hang fails each test through the timeout."""
+
+    def __init__(self, scenarios: list[str], out: Path) -> None:
+        self.out = out
+        port = _free_port()
+        procs = []
+        for rank in (0, 1):
+            env = dict(os.environ)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+            if os.path.exists("/sys/class/net/lo"):
+                env["GLOO_SOCKET_IFNAME"] = "lo"
+            procs.append(subprocess.Popen([sys.executable, str(DDP_SCRIPT), ",".join(scenarios), str(out)], env=env,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = []
+        self.hung = False
+        try:
+            for proc in procs:
+                logs.append(proc.communicate(timeout=DDP_TIMEOUT_S)[0])
+        except subprocess.TimeoutExpired:
+            self.hung = True
+            for proc in procs:
+                proc.kill()
+                proc.communicate()
+        self.log = "".join(logs)
+
+    def __call__(self, scenario: str) -> dict[int, dict[str, Any]]:
+        """What each rank wrote for ``scenario``."""
+        if self.hung:
+            pytest.fail(f"the 2-process Trainer hung (no exit within {DDP_TIMEOUT_S} s)")
+        results = {}
+        for rank in (0, 1):
+            path = self.out / scenario / f"rank{rank}.json"
+            assert path.exists(), f"rank {rank} wrote nothing for {scenario!r}:\n{self.log[-3000:]}"
+            results[rank] = json.loads(path.read_text())
+        return results
+
+
+#: The DDP scenarios, in one launch; ``strict`` stops ``train`` with an error, so it comes last.
+DDP_SCENARIOS = ["branch", "unused", "strict"]
+
+
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory: pytest.TempPathFactory) -> DDPRuns:
+    return DDPRuns(DDP_SCENARIOS, tmp_path_factory.mktemp("ddp"))
+
+
+#: The DDP tests read one launch: under pytest-xdist (``--dist loadgroup``) they share a worker.
+in_ddp_launch = pytest.mark.xdist_group("transformers_ddp")
 
 
 @pytest.mark.slow
-def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(tmp_path: Path) -> None:
-    results = _ddp("unused", tmp_path)
+@in_ddp_launch
+def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(ddp: DDPRuns) -> None:
+    results = ddp("unused")
     for rank in (0, 1):
         assert results[rank]["world_size"] == 2 and results[rank]["error"] is None
         f = next(m for f in results[rank]["report"]["findings"] for m in f["members"] if m["name"] == "unused_head.weight")
@@ -438,15 +463,16 @@ def test_ddp_unused_layer_merged_and_written_by_the_main_process_only(tmp_path: 
         assert "no gradient on any rank" in f["cause"]
     assert any("`unused_head` (2 tensors: unused_head.{bias,weight})" in w for w in results[0]["warnings"])
     assert results[1]["warnings"] == []
-    events = [name for name in os.listdir(tmp_path / "run" / LOG_SUBDIR) if name.startswith("events.out")]
+    events = [name for name in os.listdir(ddp.out / "unused" / "run" / LOG_SUBDIR) if name.startswith("events.out")]
     assert len(events) == 1  # one writer: the main process
 
 
 @pytest.mark.slow
-def test_ddp_rank_dependent_branch_named_with_the_rank_that_skipped(tmp_path: Path) -> None:
+@in_ddp_launch
+def test_ddp_rank_dependent_branch_named_with_the_rank_that_skipped(ddp: DDPRuns) -> None:
     # The Trainer's DDP fills rank 0's gradient of the head (find_unused_parameters=True, its
     # default for a PreTrainedModel): only watching which parameters each rank used tells.
-    results = _ddp("branch", tmp_path)
+    results = ddp("branch")
     for rank in (0, 1):
         assert results[rank]["error"] is None
         f = next(m for f in results[rank]["report"]["findings"] for m in f["members"] if m["name"] == "aux_head.weight")
@@ -455,8 +481,9 @@ def test_ddp_rank_dependent_branch_named_with_the_rank_that_skipped(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_ddp_strict_raises_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
-    results = _ddp("strict", tmp_path)
+@in_ddp_launch
+def test_ddp_strict_raises_on_every_rank_at_the_same_step(ddp: DDPRuns) -> None:
+    results = ddp("strict")
     for rank in (0, 1):
         assert results[rank]["error_type"] == "LeafwatchError"
         assert "unused_head.{bias,weight}" in results[rank]["error"] and "on rank(s) 0, 1" in results[rank]["error"]

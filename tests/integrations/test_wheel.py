@@ -68,14 +68,19 @@ def test_the_demo_runs_from_an_installed_wheel_outside_the_source_tree(tmp_path)
     (wheel,) = dist.glob("leafwatch-*.whl")
 
     python = _fresh_venv(tmp_path / "venv")
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
+    # Without PYTHONPATH: a checkout on it with an editable install's leafwatch.egg-info (the
+    # source tree's root) makes pip say "already installed" and install nothing.
+    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+         env=env)
     scripts = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]).stdout.strip())
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONWARNINGS"] = "ignore::DeprecationWarning"
 
-    where = _run([str(python), "-c", "import leafwatch, leafwatch.demo; print(leafwatch.demo.__file__)"],
+    # Where `leafwatch.demo` is imported from, found without running it (that would import
+    # Lightning once more): the `leafwatch demo` below runs it.
+    where = _run([str(python), "-c", "import importlib.util; print(importlib.util.find_spec('leafwatch.demo').origin)"],
                  cwd=elsewhere, env=env).stdout.strip()
     assert Path(where).resolve().is_relative_to((tmp_path / "venv").resolve()), where
 

@@ -181,8 +181,12 @@ def lightning(tmp_path_factory: pytest.TempPathFactory) -> Results:
 
 #: Tests that read a shared launch run on one pytest-xdist worker (``--dist loadgroup``), which
 #: starts it once.
-in_torchrun_launch = pytest.mark.xdist_group("distributed_torchrun")
-in_lightning_launch = pytest.mark.xdist_group("distributed_lightning")
+def in_torchrun_launch(test):  # noqa: ANN001, ANN201 - a decorator: multi-process, so `slow` too
+    return pytest.mark.slow(pytest.mark.xdist_group("distributed_torchrun")(test))
+
+
+def in_lightning_launch(test):  # noqa: ANN001, ANN201
+    return pytest.mark.slow(pytest.mark.xdist_group("distributed_lightning")(test))
 
 
 def _findings(report: dict, kind: str | None = None) -> dict[str, dict]:
@@ -287,6 +291,7 @@ def test_ddp_monitor_on_rank_zero_only_stalls_once_then_trains_on(torchrun: Resu
     assert len(warned) == 1 and "each rank must create its Monitor" in warned[0]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices for NCCL")
 @pytest.mark.parametrize("scenario", ["unused", "strict", "branch", "clean"])
 def test_ddp_on_nccl_gathers_over_a_gloo_side_group(tmp_path: Path, scenario: str) -> None:

@@ -55,14 +55,19 @@ class FindingsView:
         return {f.name for f in self._records.values() if f.kind == kind and f.status == Status.OPEN}
 
 
-class FindingHistory:
+class FindingHistory(FindingsView):
     """Findings over time; the report of the current version, with ``ignore`` applied.
+
+    Reads as a :class:`FindingsView`; only :meth:`apply` (and :meth:`load`) write.
 
     Args:
         ignore: Pattern -> reason (validated, see :mod:`leafwatch.options`).
     """
 
+    __slots__ = ("ignore", "tensor_names", "version", "_revision", "_report", "_report_revision", "view")
+
     def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
+        super().__init__({})
         self.ignore = dict(ignore or {})
         #: The qualified names of the model's trainable tensors (set by the Checker from the
         #: structure): a mistake grouped by module is named by the largest module whose
@@ -72,26 +77,12 @@ class FindingHistory:
         self.version = 0
         #: Bumped by every write (the report is rebuilt: step counts and last steps too).
         self._revision = 0
-        self._records: dict[tuple[str, str], Finding] = {}
         self._report: Report = Report(step=0)
         self._report_revision = 0
         #: What detectors read: the same records, no way to write them.
         self.view = FindingsView(self._records)
 
     # -- reading -----------------------------------------------------------------------------
-    def get(self, key: tuple[str, str]) -> Finding | None:
-        return self._records.get(key)
-
-    def is_open(self, key: tuple[str, str]) -> bool:
-        found = self._records.get(key)
-        return found is not None and found.status == Status.OPEN
-
-    def __iter__(self) -> Iterator[Finding]:
-        return iter(list(self._records.values()))
-
-    def __len__(self) -> int:
-        return len(self._records)
-
     def as_dict(self) -> dict[tuple[str, str], Finding]:
         """Every finding by key, the ``ignore`` patterns applied (a new dict)."""
         return {f.key: f for f in apply_ignore(self._records.values(), self.ignore)}
@@ -106,9 +97,6 @@ class FindingHistory:
         else:
             self._report.step = step
         return self._report
-
-    def pending(self) -> list[Finding]:
-        return [f for f in self._records.values() if f.status == Status.PENDING]
 
     # -- writing -----------------------------------------------------------------------------
     def apply(self, verdicts: Iterable[Verdict]) -> None:

@@ -13,10 +13,11 @@ until the evidence confirms it (:meth:`confirm`) or drops it (:meth:`drop`), or 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import KIND_SPECS, STRUCTURAL_KINDS, Finding, Report, Status
+from .findings import KIND_SPECS, STRUCTURAL_KINDS, Finding, MistakeMemo, Report, Status
 from .names import parent
 from .options import apply_ignore
 
@@ -41,6 +42,9 @@ class FindingHistory:
         self._records: dict[tuple[str, str], Finding] = {}
         self._report: Report = Report(step=0)
         self._report_revision = 0
+        # What the last report was built from: a rebuild reworks only the mistakes that changed.
+        self._lifted: dict[int, tuple[Finding, str, Finding]] = {}
+        self._mistakes = MistakeMemo()
 
     # -- reading -----------------------------------------------------------------------------
     def get(self, key: tuple[str, str]) -> Finding | None:
@@ -65,7 +69,8 @@ class FindingHistory:
         if self._report_revision != self._revision:
             shown = [f for f in self._records.values() if f.status != Status.PENDING]
             names = self.tensor_names() if self.tensor_names is not None and shown else ()
-            self._report = Report(apply_ignore(lift_to_modules(shown, names), self.ignore), step=step)
+            lifted = lift_to_modules(shown, names, self._lifted)
+            self._report = Report(apply_ignore(lifted, self.ignore), step=step, memo=self._mistakes)
             self._report_revision = self._revision
         else:
             self._report.step = step
@@ -185,13 +190,18 @@ class FindingHistory:
         self._changed()
 
 
-def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> list[Finding]:
+def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
+                    memo: dict[int, tuple[Finding, str, Finding]] | None = None) -> list[Finding]:
     """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
     whose trainable tensors all have a finding of that kind, status and group: one module left
     out of the optimizer is one finding however deep its layers go. That module is each
     finding's ``details["cover"]``: its group (:func:`~leafwatch.findings.group_of`) unless its
     detector named one (a cut point), and what one ``ignore`` pattern of the mistake names. A top-level module
     is the largest (never the whole model).
+
+    ``memo`` (a dict kept by the caller) holds the findings lifted by the last call: a finding
+    given again with the same cover comes back as the same object (so the mistakes made of
+    unchanged findings are not regrouped, see :class:`~leafwatch.findings.MistakeMemo`).
 
     Example::
 
@@ -202,30 +212,39 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
     under = _modules_under(tensor_names if isinstance(tensor_names, tuple) else tuple(tensor_names))
     if not under:
         return findings
-    having: dict[tuple[str, str, str, str], int] = {}
-    lifted = []
+    # Findings of the same kind, status and detector-named group count together, per module.
+    having: dict[tuple[tuple[str, str, str], str], int] = {}
+    lifted: list[tuple[Finding, tuple[str, str, str], tuple[str, ...]]] = []
     for f in findings:
         spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
         if spec is None or spec.grouped_by != "module":
             continue
-        lifted.append(f)
-        named = str(f.details.get("group") or "")
-        for module in _ancestors(f.name):
-            key = (f.kind, f.status, named, module)
+        alike = (f.kind, f.status, str(f.details.get("group") or ""))
+        modules = _ancestors(f.name)
+        lifted.append((f, alike, modules))
+        for module in modules:
+            key = (alike, module)
             having[key] = having.get(key, 0) + 1
     covers: dict[int, str] = {}
-    for f in lifted:
-        named = str(f.details.get("group") or "")
-        for module in _ancestors(f.name):
-            if having.get((f.kind, f.status, named, module)) != under.get(module):
+    for f, alike, modules in lifted:
+        for module in modules:
+            if having.get((alike, module)) != under.get(module):
                 break
             covers[id(f)] = module
     out = []
+    kept: dict[int, tuple[Finding, str, Finding]] = {}
     for f in findings:
         cover = covers.get(id(f))
         if cover is not None:
-            f = f.replace(details={**f.details, "cover": cover})
+            last = memo.get(id(f)) if memo is not None else None
+            if last is None or last[0] is not f or last[1] != cover:
+                last = (f, cover, f.replace(details={**f.details, "cover": cover}))
+            kept[id(f)] = last
+            f = last[2]
         out.append(f)
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)  # the last call's only (each entry holds its finding: no id is reused)
     return out
 
 
@@ -243,12 +262,15 @@ def _modules_under(names: tuple[str, ...]) -> dict[str, int]:
     return _UNDER[1]
 
 
-def _ancestors(name: str) -> Iterator[str]:
+@functools.lru_cache(maxsize=1 << 16)  # the same names at every rebuild of the report
+def _ancestors(name: str) -> tuple[str, ...]:
     """The module paths above a tensor's name, nearest first (``a.b``, ``a`` of ``a.b.weight``)."""
+    out = []
     module = parent(name)
     while module != name and module:
-        yield module
+        out.append(module)
         name, module = module, parent(module)
+    return tuple(out)
 
 
 def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:

@@ -36,15 +36,16 @@ class DeadGradTracker:
 
     def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> None:
         """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
+        before, is_open = self.streak, self.history.is_open
         for step, checked, zero in results:
             streak: dict[str, int] = {}
             for name in zero:
-                count = streak[name] = self.streak.get(name, 0) + 1
+                count = streak[name] = before.get(name, 0) + 1
                 # Written once when the streak crosses the threshold (not at every value check after:
                 # a deep chain whose gradients underflow has hundreds of them).
-                if count >= DEAD_AFTER and not self.history.is_open(("dead_grad", name)):
+                if count >= DEAD_AFTER and not is_open(("dead_grad", name)):
                     self.history.upsert(dead_grad(name, count, step))
-            self.streak = streak  # a name not zero at this check (or without a gradient) starts over
+            self.streak = before = streak  # a name not zero at this check (or without a gradient) starts over
             if self.open_names:
                 self.history.resolve_where(lambda f: f.kind == "dead_grad" and f.name not in zero, step)
             self.open_names = {n for n, c in streak.items() if c >= DEAD_AFTER}

@@ -149,6 +149,19 @@ def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
     assert sorted(bad) == [(2, 7), (2, 50), (2, 53), (2, 55), (2, 56)]
 
 
+def test_batched_value_check_names_the_zero_and_non_finite_gradients_of_every_chunk(monkeypatch):
+    from leafwatch import values
+
+    monkeypatch.setattr(values, "CHUNK_NUMEL", 40)  # 4 tensors of 9 elements per flat buffer
+    grads = [torch.randn(3, 3) for _ in range(14)]
+    for i in (0, 3, 4, 13):
+        grads[i].zero_()
+    grads[5][0, 0], grads[12][2, 1] = float("nan"), float("inf")
+    checker = ValueChecker(track_zeros=True)
+    assert checker.check(grads, step=1) == ([1], [(1, 5), (1, 12)])
+    assert checker.zeros == {1: {0, 3, 4, 13}}
+
+
 def _leaves(value: Any) -> list[Any]:
     if isinstance(value, (tuple, list)):
         return [leaf for item in value for leaf in _leaves(item)]

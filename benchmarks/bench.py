@@ -322,6 +322,14 @@ def run_rounds(variants: list[Variant], rounds: int, steps: int, rng: random.Ran
     return samples
 
 
+#: Lightning fits per variant (quick, full), one of each per round in a shuffled order, and the steps
+#: timed in each. The callback's share of a step is a ratio of two fits run one after the other: on a
+#: shared 2-core machine single pairs of 20 steps gave 0.6% to 1.4% for the same code, so the median
+#: is over several pairs, each of 40 steps (two value checks of the default cadence in each).
+LIGHTNING_ROUNDS = {True: 5, False: 7}
+LIGHTNING_STEPS = 40
+
+
 def lightning_rounds(shape: Shape, rounds: int, steps: int, rng: random.Random) -> dict[str, Samples] | None:
     """A Lightning Trainer with and without LeafWatch, one fit per variant per round."""
     try:
@@ -504,7 +512,7 @@ def budgets(results: list[ShapeResult]) -> list[tuple[str, bool, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 10 steps, no Lightning rounds beyond 2")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 10 steps, 5 Lightning rounds")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 7, quick 3)")
     parser.add_argument("--steps", type=int, default=None,
                         help="steps per variant per round (default: a multiple of 10 near 1 s of training, "
@@ -553,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     for result in results:
         if result.shape.key == "transformer" and not args.no_lightning:
             print(f"[{time.perf_counter() - started:6.1f}s] {result.shape.title}: Lightning", file=sys.stderr)
-            result.lightning = lightning_rounds(result.shape, 2 if args.quick else 3, 20, rng)
+            result.lightning = lightning_rounds(result.shape, LIGHTNING_ROUNDS[args.quick], LIGHTNING_STEPS, rng)
     elapsed = time.perf_counter() - started
     header = (f"### leafwatch overhead ({datetime.date.today().isoformat()}; {platform.system()} "
               f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "

@@ -31,9 +31,13 @@ class NewFindingWarnings:
         self.warned: set[tuple[str, str]] = set()
         self._warn = warn
         self._every_status = every_status
+        self._read: Report | None = None  # the last report read at a check
 
     def __call__(self, event: CheckEvent) -> None:
-        self.report(event.report)
+        # A Monitor hands the same report object again until its history changes: nothing new in it.
+        if event.report is not self._read:
+            self._read = event.report
+            self.report(event.report)
 
     def close(self, report: Report) -> None:
         """The end of the run: what it decided (a suspicion that waited for evidence) is warned too."""

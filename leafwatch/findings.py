@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import operator
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -475,9 +476,15 @@ def _shape(text: str, member: Finding, group: str) -> str:
     return text
 
 
-def group_findings(findings: Iterable[Finding]) -> list[Finding]:
+def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None) -> list[Finding]:
     """The mistakes of per-tensor findings (or of mistakes: their members are regrouped), one
     finding per ``(kind, group)``, in the one order (:meth:`Finding.sort_key`).
+
+    Args:
+        findings: Per-tensor findings, or mistakes.
+        memo: The mistakes of the last grouping with this memo: a mistake whose tensors are the
+            very same finding objects as then is taken from it, not worked out again (a report
+            rebuilt after one tensor of hundreds of open mistakes changed regroups that one).
 
     Example::
 
@@ -489,7 +496,39 @@ def group_findings(findings: Iterable[Finding]) -> list[Finding]:
     for f in findings:
         for member in f.tensors:
             buckets.setdefault((member.kind, group_of(member)), []).append(member)
-    return sorted((_mistake(group, members) for (_, group), members in buckets.items()), key=Finding.sort_key)
+    if memo is None:
+        mistakes = [_mistake(group, members) for (_, group), members in buckets.items()]
+    else:
+        mistakes = memo.mistakes(buckets)
+    return sorted(mistakes, key=Finding.sort_key)
+
+
+class MistakeMemo:
+    """The mistakes of the last :func:`group_findings` call given this memo, by ``(kind, group)``
+    with the finding objects they were made of (frozen: the same objects make the same mistake).
+
+    Holds only the last grouping's mistakes: its size is bounded by one report.
+    """
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]]) -> list[Finding]:
+        """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones)."""
+        known, kept = self._known, {}
+        out = []
+        for key, members in buckets.items():
+            last = known.get(key)
+            if last is None or len(last[0]) != len(members) or not all(map(operator.is_, last[0], members)):
+                given = tuple(members)  # before _mistake sorts them in place
+                last = (given, _mistake(key[1], members))
+            kept[key] = last
+            out.append(last[1])
+        self._known = kept
+        return out
 
 
 class Report:
@@ -512,9 +551,10 @@ class Report:
         (False, 0)
     """
 
-    def __init__(self, findings: Iterable[Finding] = (), step: int | None = None) -> None:
+    def __init__(self, findings: Iterable[Finding] = (), step: int | None = None, *,
+                 memo: MistakeMemo | None = None) -> None:
         #: One finding per mistake, in the one order.
-        self.findings: list[Finding] = group_findings(findings)
+        self.findings: list[Finding] = group_findings(findings, memo)
         self.step = step
 
     def __iter__(self) -> Iterator[Finding]:

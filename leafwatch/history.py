@@ -13,10 +13,11 @@ until a verdict confirms it or drops it, or the run ends and the detector that h
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import KIND_SPECS, Finding, Report, Status
+from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
 from .names import parent
 from .options import apply_ignore
 from .verdicts import Action, Verdict
@@ -64,7 +65,8 @@ class FindingHistory(FindingsView):
         ignore: Pattern -> reason (validated, see :mod:`leafwatch.options`).
     """
 
-    __slots__ = ("ignore", "tensor_names", "version", "_revision", "_report", "_report_revision", "view")
+    __slots__ = ("ignore", "tensor_names", "version", "_revision", "_report", "_report_revision", "view",
+                 "_lifted", "_mistakes", "_module_counts")
 
     def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
         super().__init__({})
@@ -79,6 +81,10 @@ class FindingHistory(FindingsView):
         self._revision = 0
         self._report: Report = Report(step=0)
         self._report_revision = 0
+        # What the last report was built from: a rebuild reworks only the mistakes that changed.
+        self._lifted: dict[int, tuple[Finding, str, Finding]] = {}
+        self._mistakes = MistakeMemo()
+        self._module_counts = ModuleCounts()
         #: What detectors read: the same records, no way to write them.
         self.view = FindingsView(self._records)
 
@@ -92,7 +98,8 @@ class FindingHistory(FindingsView):
         if self._report_revision != self._revision:
             shown = [f for f in self._records.values() if f.status != Status.PENDING]
             names = self.tensor_names() if self.tensor_names is not None and shown else ()
-            self._report = Report(apply_ignore(lift_to_modules(shown, names), self.ignore), step=step)
+            lifted = lift_to_modules(shown, names, self._lifted, self._module_counts)
+            self._report = Report(apply_ignore(lifted, self.ignore), step=step, memo=self._mistakes)
             self._report_revision = self._revision
         else:
             self._report.step = step
@@ -196,7 +203,9 @@ class FindingHistory(FindingsView):
         self._changed()
 
 
-def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> list[Finding]:
+def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
+                    memo: dict[int, tuple[Finding, str, Finding]] | None = None,
+                    counts: ModuleCounts | None = None) -> list[Finding]:
     """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
     whose trainable tensors all have a finding of that kind, status and group: one module left
     out of the optimizer is one finding however deep its layers go. That module is each
@@ -204,62 +213,86 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str]) -> lis
     detector named one (a cut point), and what one ``ignore`` pattern of the mistake names. A top-level module
     is the largest (never the whole model).
 
+    ``memo`` (a dict kept by the caller) holds the findings lifted by the last call: a finding
+    given again with the same cover comes back as the same object (so the mistakes made of
+    unchanged findings are not regrouped, see :class:`~leafwatch.findings.MistakeMemo`);
+    ``counts`` (kept by the caller too) the modules' tensor counts of the last names given.
+
     Example::
 
         >>> found = [Finding("missing_grad", n, "error", "m") for n in ("aux.0.weight", "aux.2.weight")]
         >>> [f.details["cover"] for f in lift_to_modules(found, ["aux.0.weight", "aux.2.weight", "body.weight"])]
         ['aux', 'aux']
     """
-    under = _modules_under(tensor_names if isinstance(tensor_names, tuple) else tuple(tensor_names))
+    names = tensor_names if isinstance(tensor_names, tuple) else tuple(tensor_names)
+    under = (counts if counts is not None else ModuleCounts()).of(names)
     if not under:
         return findings
-    having: dict[tuple[str, str, str, str], int] = {}
-    lifted = []
+    # Findings of the same kind, status and detector-named group count together, per module.
+    having: dict[tuple[tuple[str, str, str], str], int] = {}
+    lifted: list[tuple[Finding, tuple[str, str, str], tuple[str, ...]]] = []
     for f in findings:
         spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
         if spec is None or spec.grouped_by != "module":
             continue
-        lifted.append(f)
-        named = str(f.details.get("group") or "")
-        for module in _ancestors(f.name):
-            key = (f.kind, f.status, named, module)
+        alike = (f.kind, f.status, str(f.details.get("group") or ""))
+        modules = _ancestors(f.name)
+        lifted.append((f, alike, modules))
+        for module in modules:
+            key = (alike, module)
             having[key] = having.get(key, 0) + 1
     covers: dict[int, str] = {}
-    for f in lifted:
-        named = str(f.details.get("group") or "")
-        for module in _ancestors(f.name):
-            if having.get((f.kind, f.status, named, module)) != under.get(module):
+    for f, alike, modules in lifted:
+        for module in modules:
+            if having.get((alike, module)) != under.get(module):
                 break
             covers[id(f)] = module
     out = []
+    kept: dict[int, tuple[Finding, str, Finding]] = {}
     for f in findings:
         cover = covers.get(id(f))
         if cover is not None:
-            f = f.replace(details={**f.details, "cover": cover})
+            last = memo.get(id(f)) if memo is not None else None
+            if last is None or last[0] is not f or last[1] != cover:
+                last = (f, cover, f.replace(details={**f.details, "cover": cover}))
+            kept[id(f)] = last
+            f = last[2]
         out.append(f)
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)  # the last call's only (each entry holds its finding: no id is reused)
     return out
 
 
-_UNDER: list[Any] = [None, {}]  # the last names given and their counts (the same tuple at every check)
+class ModuleCounts:
+    """How many of the model's trainable tensors each module path holds, for the last names
+    given (the Checker gives the same tuple at every check: worked out again only for new names)."""
+
+    __slots__ = ("_names", "_under")
+
+    def __init__(self) -> None:
+        self._names: tuple[str, ...] | None = None
+        self._under: dict[str, int] = {}
+
+    def of(self, names: tuple[str, ...]) -> dict[str, int]:
+        if self._names is not names and self._names != names:
+            under: dict[str, int] = {}
+            for name in names:
+                for module in _ancestors(name):
+                    under[module] = under.get(module, 0) + 1
+            self._names, self._under = names, under
+        return self._under
 
 
-def _modules_under(names: tuple[str, ...]) -> dict[str, int]:
-    """How many of ``names`` each module path holds (worked out again only for new names)."""
-    if _UNDER[0] is not names and _UNDER[0] != names:
-        under: dict[str, int] = {}
-        for name in names:
-            for module in _ancestors(name):
-                under[module] = under.get(module, 0) + 1
-        _UNDER[:] = [names, under]
-    return _UNDER[1]
-
-
-def _ancestors(name: str) -> Iterator[str]:
+@functools.lru_cache(maxsize=1 << 16)  # the same names at every rebuild of the report
+def _ancestors(name: str) -> tuple[str, ...]:
     """The module paths above a tensor's name, nearest first (``a.b``, ``a`` of ``a.b.weight``)."""
+    out = []
     module = parent(name)
     while module != name and module:
-        yield module
+        out.append(module)
         name, module = module, parent(module)
+    return tuple(out)
 
 
 def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:

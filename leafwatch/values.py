@@ -128,11 +128,11 @@ def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[i
     index: list[int] = []
     chunk: list[torch.Tensor] = []
     chunk_index: list[int] = []
+    lengths: list[int] = []
     chunk_numel = 0
 
     def flush() -> None:
         flat = torch._utils._flatten_dense_tensors(chunk).abs_()
-        lengths = [t.numel() for t in chunk]
         norms.append(_segment_max(flat, lengths))
         index.extend(chunk_index)
 
@@ -146,9 +146,10 @@ def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[i
             continue
         if chunk_numel + n > CHUNK_NUMEL:
             flush()
-            chunk, chunk_index, chunk_numel = [], [], 0
+            chunk, chunk_index, lengths, chunk_numel = [], [], [], 0
         chunk.append(t)
         chunk_index.append(j)
+        lengths.append(n)
         chunk_numel += n
     if chunk:
         flush()

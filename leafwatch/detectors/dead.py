@@ -43,16 +43,17 @@ class DeadGradTracker:
         def is_open(name: str) -> bool:
             return now[name] if name in now else self.view.is_open(("dead_grad", name))
 
+        before = self.streak
         for step, checked, zero in results:
             streak: dict[str, int] = {}
             for name in zero:
-                count = streak[name] = self.streak.get(name, 0) + 1
+                count = streak[name] = before.get(name, 0) + 1
                 # Written once when the streak crosses the threshold (not at every value check after:
                 # a deep chain whose gradients underflow has hundreds of them).
                 if count >= DEAD_AFTER and not is_open(name):
                     now[name] = True
                     out.append(Verdict.open(dead_grad(name, count, step)))
-            self.streak = streak  # a name not zero at this check (or without a gradient) starts over
+            self.streak = before = streak  # a name not zero at this check (or without a gradient) starts over
             if self.open_names:
                 still = {n for n in self.view.open_names("dead_grad") if n not in now} | {n for n, o in now.items() if o}
                 for name in sorted(still - zero):

@@ -77,11 +77,14 @@ class GradientValues:
 
     def _check(self, step: int, lists: list[structure.CheckList]) -> Verdicts:
         self._last_step = step
-        params = [p for c in lists for p in c.params]
+        if len(lists) == 1:  # one optimizer: its list as it is (a new list at each structure reading)
+            params, names = lists[0].params, lists[0].names
+        else:
+            params = [p for c in lists for p in c.params]
+            names = tuple(n for c in lists for n in c.names)
         grads = [p.grad for p in params]
         if self.structure.grad_view.local_grads:
             grads = [distributed.local_tensor(g) for g in grads]
-        names = tuple(n for c in lists for n in c.names)
         return self._record(step, *self._values.check(names, params, grads, step))
 
     def _record(self, step: int, completed: list[int], bad: list[tuple[int, str, torch.Tensor]]) -> Verdicts:

@@ -89,14 +89,22 @@ class _LeafWatchMixin(CallbackBase):
 
     #: The last optimizer wrapper met and the torch optimizer under it (until the Monitor closes).
     _unwrapped: tuple[Any, Any] | None = None
+    #: The options the state key was made of, and the key.
+    _state_key: tuple[tuple[Any, ...], str] | None = None
 
     # -- identity and state --------------------------------------------------------------------
     @property
     def state_key(self) -> str:
-        return self._generate_state_key(  # type: ignore[attr-defined]
-            patience=self.patience, ignore=sorted(self.ignore),
-            check_values_every_n_steps=self.check_values_every_n_steps,
-        )
+        # The Trainer reads it around every hook of every callback, batch after batch (its
+        # profiler's name for the call): made once per set of options.
+        options = (self.patience, self.check_values_every_n_steps, *self.ignore)
+        known = self._state_key
+        if known is None or known[0] != options:
+            known = self._state_key = (options, self._generate_state_key(  # type: ignore[attr-defined]
+                patience=self.patience, ignore=sorted(self.ignore),
+                check_values_every_n_steps=self.check_values_every_n_steps,
+            ))
+        return known[1]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -145,6 +145,25 @@ def test_one_mistake_is_one_console_warning_however_many_tensors_it_lists():
     assert len(lines) == 1 and "`experts` (38 tensors: experts.{2..39})" in lines[0]
 
 
+def test_the_console_warns_at_the_check_where_a_mistake_appears_and_never_again():
+    model = _Experts(n=12, used=10)  # experts.10 and .11 never used
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lines: list[str] = []
+    counts = []
+    with leafwatch.Monitor(model, opt, verbose=False, check_values_every_n_steps=1,
+                           sinks=[NewFindingWarnings(lines.append)]) as monitor:
+        for step in range(1, 9):
+            opt.zero_grad()
+            model(torch.randn(4)).backward()
+            if step == 5:
+                model.experts[0].grad[1] = float("nan")
+            monitor.check()  # the same report between changes: the console has nothing new to say
+            opt.step()
+            counts.append(len(lines))
+    assert counts == [1, 1, 1, 1, 2, 2, 2, 2]
+    assert "`experts` (2 tensors: experts.{10,11})" in lines[0] and "experts.0" in lines[1]
+
+
 _DEEP = textwrap.dedent("""
     import torch
     from torch import nn

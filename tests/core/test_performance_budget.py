@@ -149,6 +149,27 @@ def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
     assert sorted(bad) == [(2, 7), (2, 50), (2, 53), (2, 55), (2, 56)]
 
 
+@pytest.mark.parametrize(("sizes", "chunk"), [
+    ([9] * 14, 40),  # 4 tensors per flat buffer
+    ([7, 8, 9, 10, 11] * 3, 40),
+    ([300, 301, 302, 303] * 4, 1000),  # not tiny: one fused max per view of the buffer
+    ([9] * 12 + [300] * 4 + [5] * 8, 1 << 22),  # one buffer
+    ([9, 5] * 8, 1 << 22),
+])
+def test_batched_value_check_names_the_zero_and_non_finite_gradients_of_every_chunk(monkeypatch, sizes, chunk):
+    from leafwatch import values
+
+    monkeypatch.setattr(values, "CHUNK_NUMEL", chunk)
+    grads = [torch.randn(n) + 3.0 for n in sizes]
+    for i in (0, 3, 4, 13):
+        grads[i].zero_()
+    grads[5][0], grads[12][-1], grads[7][1] = float("nan"), float("inf"), float("-inf")
+    grads[6][2] = 0.0  # one zero element is not a zero gradient
+    checker = ValueChecker(track_zeros=True)
+    assert checker.check(grads, step=1) == ([1], [(1, 5), (1, 7), (1, 12)])
+    assert checker.zeros == {1: {0, 3, 4, 13}}
+
+
 def _leaves(value: Any) -> list[Any]:
     if isinstance(value, (tuple, list)):
         return [leaf for item in value for leaf in _leaves(item)]

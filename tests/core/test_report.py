@@ -217,3 +217,66 @@ def test_monitor_ignore_reason_reaches_the_printed_report():
     assert "  IGNORED missing_grad        extra (since step 1)" in text
     assert "      ignored: an auxiliary head for later (pattern 'extra.*')" in text
     assert "cause:" not in text
+
+
+def _fresh_report(history, step: int) -> Report:
+    """The report of ``history`` built from nothing (no memo of an earlier report)."""
+    from leafwatch.findings import Status
+    from leafwatch.history import lift_to_modules
+    from leafwatch.options import apply_ignore
+
+    shown = [f for f in history if f.status != Status.PENDING]
+    names = history.tensor_names() if history.tensor_names is not None else ()
+    return Report(apply_ignore(lift_to_modules(shown, names), history.ignore), step=step)
+
+
+@pytest.mark.parametrize("ignore", [None, {"layers.1*": "kept for later"}])
+def test_a_report_rebuilt_after_one_change_equals_one_built_afresh_and_keeps_the_unchanged_mistakes(ignore):
+    from leafwatch.detectors.constructors import dead_grad
+    from leafwatch.history import FindingHistory
+    from leafwatch.verdicts import Verdict
+
+    names = tuple(f"layers.{i}.{p}" for i in range(40) for p in ("weight", "bias"))
+    history = FindingHistory(ignore)
+    history.tensor_names = lambda: names
+    history.apply([Verdict.open(dead_grad(name, 3, 3)) for name in names[:60]])
+    first = history.report(3)
+    # One tensor's gradient comes back, another's dies: only the mistakes of their modules change.
+    history.apply([Verdict.resolve(("dead_grad", "layers.2.bias"), 4),
+                   Verdict.open(dead_grad("layers.35.weight", 3, 4))])
+    second = history.report(4)
+    assert second.to_dict() == _fresh_report(history, 4).to_dict()
+    before = {f.key: f for f in first}
+    changed = {f.key for f in second if before.get(f.key) is not f}
+    ignored = {f.key for f in second if f.status == "ignored"}  # marked afresh at each rebuild
+    assert changed - ignored == {("dead_grad", "layers.2"), ("dead_grad", "layers.35")}
+    assert len(second) == len(first) + 1 and len(ignored) == (11 if ignore else 0)
+    # A report read again without a change is the same report; the step follows the check.
+    assert history.report(5) is second and second.step == 5
+
+
+def test_a_monitor_report_with_mistakes_coming_and_going_equals_one_built_afresh():
+    torch.manual_seed(0)
+
+    class Heads(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(4, 4)
+            self.heads = nn.ModuleList(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 1)) for _ in range(6))
+            self.used = 1
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.body(x)
+            return sum(self.heads[i](h).sum() for i in range(self.used))
+
+    model = Heads()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt, verbose=False) as monitor:
+        for step in range(1, 11):
+            model.used = 1 + step // 2  # a head more every other step: its mistake changes status
+            opt.zero_grad()
+            model(torch.randn(2, 4)).backward()
+            report = monitor.check()
+            assert report.to_dict() == _fresh_report(monitor.history_store, step).to_dict()
+            opt.step()
+        assert [(f.name, f.status) for f in report] == [(f"heads.{i}", "intermittent") for i in range(1, 6)]

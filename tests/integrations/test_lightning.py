@@ -505,6 +505,15 @@ def test_two_instances_have_distinct_state_keys():
     assert LeafWatch(patience=1).state_key != LeafWatch(patience=3).state_key
 
 
+def test_the_state_key_read_at_every_hook_is_made_once_and_follows_the_options():
+    callback = LeafWatch(patience=1, ignore=["aux.*"])
+    key = callback.state_key
+    assert callback.state_key is key  # the Trainer reads it around every hook: not made again
+    callback.patience = 3
+    callback.ignore["head.*"] = "unused on purpose"
+    assert callback.state_key == LeafWatch(patience=3, ignore={"aux.*": "", "head.*": "x"}).state_key != key
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -13,7 +13,6 @@ processes, each writing its own result; each test reads its scenario's result.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _launch import rank_results
 from _requirements import require_lightning_callback
 from torch import nn
 
@@ -108,12 +108,7 @@ class Launch:
         """What each rank wrote for ``scenario``; a hang anywhere in the launch fails the test."""
         if self.hung:
             pytest.fail(f"the 2-process job hung (no exit within {self.timeout_s:.0f} s):\n{self.log[-3000:]}")
-        results = {}
-        for rank in (0, 1):
-            path = self.out / scenario / f"rank{rank}.json"
-            assert path.exists(), f"rank {rank} wrote nothing for {scenario!r}:\n{self.log[-3000:]}"
-            results[rank] = json.loads(path.read_text())
-        return results
+        return rank_results(self.out, scenario, self.log)
 
 
 def _torchrun_launch(scenarios: list[str], out: Path, timeout_s: float = LAUNCH_TIMEOUT_S,

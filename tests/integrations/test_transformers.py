@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _launch import rank_results
 from _requirements import require_module
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
@@ -431,12 +432,7 @@ class DDPRuns:
         """What each rank wrote for ``scenario``."""
         if self.hung:
             pytest.fail(f"the 2-process Trainer hung (no exit within {DDP_TIMEOUT_S} s)")
-        results = {}
-        for rank in (0, 1):
-            path = self.out / scenario / f"rank{rank}.json"
-            assert path.exists(), f"rank {rank} wrote nothing for {scenario!r}:\n{self.log[-3000:]}"
-            results[rank] = json.loads(path.read_text())
-        return results
+        return rank_results(self.out, scenario, self.log)
 
 
 #: The DDP scenarios, in one launch; ``strict`` stops ``train`` with an error, so it comes last.

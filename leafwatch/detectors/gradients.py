@@ -106,10 +106,6 @@ class GradientTracker:
             self._layers[info.module] = evidence.layer_of(info.module, self._modules)
         return self._layers[info.module]
 
-    def __bool__(self) -> bool:
-        """Whether some tensor is in a streak of missing gradients now."""
-        return bool(self.streak)
-
     def update(self, clist: CheckList, missing: list[int], step: int, *, tracer: tracing.Tracer,
                reachable: set[int] | None, skip: set[int]) -> Verdicts:
         """Record one check of ``clist``: ``missing`` are the indices without a gradient.

@@ -92,3 +92,23 @@ class Verdict:
 
 #: What a detector returns.
 Verdicts = list[Verdict]
+
+
+def open_after(verdicts: Verdicts, kind: str) -> dict[str, bool]:
+    """For each name of ``kind`` that ``verdicts`` touch, whether its finding is open once they are
+    applied in order (a detector that reads its own decisions before the history applies them).
+
+    ``hold`` and ``drop`` leave a finding's openness as it was: a hold never takes back a shown
+    finding and a drop forgets only a held one.
+    """
+    after: dict[str, bool] = {}
+    for v in verdicts:
+        if v.key[0] != kind or v.action in (Action.HOLD, Action.DROP):
+            continue
+        if v.action == Action.CONFIRM:
+            after[v.key[1]] = True
+        elif v.action == Action.RESOLVE:
+            after[v.key[1]] = False
+        else:  # open, set, count: the finding as it will stand
+            after[v.key[1]] = v.finding is not None and v.finding.status == "open"
+    return after

@@ -38,10 +38,13 @@ class DeadGradTracker:
     def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> Verdicts:
         """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
         out: Verdicts = []
-        now: dict[str, bool] = {}  # open or not after this call's verdicts (the history applies them later)
+        opened: set[str] | None = None  # open after this call's verdicts, read when first needed
 
-        def is_open(name: str) -> bool:
-            return now[name] if name in now else self.view.is_open(("dead_grad", name))
+        def open_now() -> set[str]:
+            nonlocal opened
+            if opened is None:
+                opened = self.view.open_names("dead_grad")
+            return opened
 
         before = self.streak
         for step, checked, zero in results:
@@ -50,14 +53,13 @@ class DeadGradTracker:
                 count = streak[name] = before.get(name, 0) + 1
                 # Written once when the streak crosses the threshold (not at every value check after:
                 # a deep chain whose gradients underflow has hundreds of them).
-                if count >= DEAD_AFTER and not is_open(name):
-                    now[name] = True
+                if count >= DEAD_AFTER and name not in open_now():
+                    open_now().add(name)
                     out.append(Verdict.open(dead_grad(name, count, step)))
             self.streak = before = streak  # a name not zero at this check (or without a gradient) starts over
             if self.open_names:
-                still = {n for n in self.view.open_names("dead_grad") if n not in now} | {n for n, o in now.items() if o}
-                for name in sorted(still - zero):
-                    now[name] = False
+                for name in sorted(open_now() - zero):
+                    open_now().discard(name)
                     out.append(Verdict.resolve(("dead_grad", name), step))
             self.open_names = {n for n, c in streak.items() if c >= DEAD_AFTER}
         return out

@@ -18,7 +18,7 @@ from .. import cuts, evidence, inventory, tracing
 from ..findings import Finding, Severity, Status
 from ..history import FindingsView
 from ..structure import CheckList
-from ..verdicts import Verdict, Verdicts
+from ..verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .held import HeldMisses
 
@@ -343,10 +343,9 @@ def _module_already_open(view: FindingsView, clist: CheckList, info: inventory.P
     """Another parameter of the same module is already an open missing_grad error (or confirmed
     by this check's verdicts): the module is known not to run (a parameter handed to the
     optimizer later is no new LayerDrop suspicion)."""
-    confirmed = {v.key[1] for v in out if v.key[0] == "missing_grad" and (
-        v.action == "confirm" or (v.action == "open" and v.finding is not None and v.finding.status == Status.OPEN))}
+    after = open_after(out, "missing_grad")
     return any(other is not None and other is not info and other.module == info.module
-               and (n in confirmed or view.is_open(("missing_grad", n)))
+               and after.get(n, view.is_open(("missing_grad", n)))
                for n, other in zip(clist.names, clist.infos))
 
 

@@ -15,7 +15,7 @@ from .. import distributed, inventory, structure
 from ..findings import Kind, Status
 from ..history import FindingsView
 from ..values import NamedValueCheck, nonfinite
-from ..verdicts import Verdict, Verdicts
+from ..verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .dead import DeadGradTracker
 
@@ -63,9 +63,9 @@ class GradientValues:
             out += self._record(step, *self._values.flush())
         named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
         params, names = [p for p, _ in named], [n for _, n in named]
-        flagged = self.view.open_names(Kind.NONFINITE_GRAD) | {v.key[1] for v in out if v.action == "open"
-                                                               and v.key[0] == Kind.NONFINITE_GRAD}
-        flagged -= {v.key[1] for v in out if v.action == "resolve" and v.key[0] == Kind.NONFINITE_GRAD}
+        after = open_after(out, Kind.NONFINITE_GRAD)
+        flagged = {n for n in self.view.open_names(Kind.NONFINITE_GRAD) if after.get(n, True)}
+        flagged |= {n for n, is_open in after.items() if is_open}
         for _, i in nonfinite(params, step):
             if names[i] not in flagged:
                 out.append(Verdict.open(checks.nonfinite_param(names[i], params[i], step)))

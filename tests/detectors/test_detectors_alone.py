@@ -218,3 +218,14 @@ def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
     verdicts = held.target(frozen, "enc.weight", None, None, 2, made)
     assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
     assert "did not change between checks" in verdicts[1].changes["cause"]
+
+
+def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None:
+    from leafwatch.verdicts import open_after
+
+    a, b, c = (dead_grad(n, 3, 1) for n in ("a", "b", "c"))
+    verdicts = [Verdict.open(a), Verdict.resolve(a.key, 2), Verdict.hold(b), Verdict.confirm(b.key),
+                Verdict.open(c.replace(status=Status.INTERMITTENT)), Verdict.drop(("dead_grad", "d")),
+                Verdict.open(make("missing_grad", "a", "error", "m", "c", "f", step=1))]
+    assert open_after(verdicts, "dead_grad") == {"a": False, "b": True, "c": False}
+    assert open_after(verdicts, "missing_grad") == {"a": True}

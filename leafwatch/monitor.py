@@ -112,7 +112,7 @@ class Monitor:
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
         self._warn = WarnOnce() if self._goes_on is None else WarnOnce(self._goes_on)
-        self._sinks = _sinks(sinks, verbose, writer, self._warn)
+        self._sinks = _build_sinks(sinks, verbose, writer, self._warn)
         self.verbose = verbose
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
@@ -395,7 +395,7 @@ def _validate_switches(sinks: Any, distributed: Any, verbose: Any) -> None:
         raise TypeError(f"`distributed` must be a bool or None, got {type(distributed).__name__}: {distributed!r}")
 
 
-def _sinks(extra: Sequence[Callable[[CheckEvent], Any]], verbose: bool | None, writer: Any, warn: WarnOnce) -> Sinks:
+def _build_sinks(extra: Sequence[Callable[[CheckEvent], Any]], verbose: bool | None, writer: Any, warn: WarnOnce) -> Sinks:
     """The sinks a Monitor writes to: the console lines first (``verbose``), the user's, TensorBoard."""
     sinks = Sinks(extra, warn)
     if verbose:

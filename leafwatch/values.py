@@ -3,27 +3,36 @@
 The gradients are grouped by device and dtype (one C++ call). A healthy step costs, per group:
 
 - on CPU, where every op pays a fixed dispatch cost that dwarfs a small tensor's data, the
-  small gradients are flattened into one buffer (in chunks of bounded size); that buffer and
-  each large gradient (in place, no copy) get one ``aminmax`` (vectorized, and NaN/Inf show in
-  the minimum or the maximum). All of it is read on the host once. Only when something is not
-  finite is each tensor of the failing group checked on its own, to name it.
+  gradients of at least :data:`NORM_NUMEL` elements get their L2 norm, all in one fused call that
+  reads them in place; the smaller ones are flattened into one buffer (in chunks of bounded size),
+  made absolute and reduced to one max-abs value per tensor. All of it is read on the host once.
+  An L2 norm can overflow for a huge finite gradient or underflow to 0 for a tiny nonzero one, so
+  each tensor it flags is looked at exactly before it is reported: a flag is never a false alarm.
+  (Without the zero test, one ``aminmax`` per buffer and per large gradient; only when something
+  is not finite is each tensor of the failing group checked on its own, to name it.)
 - on CUDA, one fused ``torch._foreach_norm(ord=inf)`` over the group and one ``isfinite``; the
   per-tensor mask is copied with ``non_blocking=True`` into pinned memory behind an event and
-  read at a later check, once the event says it is done: no host-device sync.
-
-The max-abs norm is NaN for a NaN anywhere and Inf for an Inf anywhere, and unlike the L2 norm
-it cannot overflow for a large but finite low-precision gradient: a flag is never a false alarm.
+  read at a later check, once the event says it is done: no host-device sync. The max-abs norm
+  is NaN for a NaN anywhere and Inf for an Inf anywhere, and unlike the L2 norm it cannot
+  overflow for a large but finite low-precision gradient.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 import torch
 
-#: Gradients with at most this many elements are flattened together on CPU.
+#: Gradients with at most this many elements are flattened together on CPU (by :func:`_cpu_all_finite`).
 SMALL_NUMEL = 1 << 16
+#: Gradients with at least this many elements get their own norm in one fused call on CPU (by
+#: :func:`_cpu_check`): under it the copy into a flat buffer is cheaper than a norm per tensor.
+NORM_NUMEL = 1 << 10
+#: Up to this many gradients of one CPU dtype group all get their own norm in that one call:
+#: cheaper than the few more ops that flatten the small ones.
+FEW_TENSORS = 64
 #: At most this many elements are copied into one flat buffer at a time.
 CHUNK_NUMEL = 1 << 22
 _INF = float("inf")
@@ -45,13 +54,14 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
     return grad._values() if grad.is_sparse else grad
 
 
-def _plain(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The list itself when every tensor is a plain dense one (the usual case), else dense copies."""
+def _plain(tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], bool]:
+    """Dense tensors to check (the list itself when every tensor is a plain dense one, the usual
+    case), and whether any of them was sparse; one pass."""
     plain = torch.Tensor
     for t in tensors:
         if type(t) is not plain or t.is_sparse:
-            return [_dense(t) for t in tensors]
-    return tensors
+            return [_dense(t) for t in tensors], any(t.is_sparse for t in tensors)
+    return tensors, False
 
 
 def _is_finite(grad: torch.Tensor) -> bool:
@@ -116,16 +126,35 @@ def _segment_max(flat: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     return torch.segment_reduce(flat, "max", lengths=torch.tensor(lengths, dtype=torch.long))
 
 
-def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int]]:
-    """The max-abs value of each non-empty tensor of one CPU dtype group, and their indices.
+def _l2_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of each tensor, in one fused call, accumulated in float32 at least."""
+    wide = torch.float32 if tensors[0].dtype in (torch.float16, torch.bfloat16) else None
+    try:
+        norms = torch._foreach_norm(tensors, 2, dtype=wide) if wide is not None else torch._foreach_norm(tensors, 2)
+    except (RuntimeError, TypeError):  # an older torch without the dtype, or an exotic tensor subclass
+        norms = [torch.linalg.vector_norm(t, 2, dtype=wide) for t in tensors]
+    return torch.stack(norms)
 
-    The small tensors are flattened into one buffer (in chunks), which is made absolute in place
-    and reduced per tensor with one segmented max, or one fused max over views of the buffer when
-    the tensors are not tiny (NaN propagates either way): a few ops whatever the number of tensors.
-    A large tensor gets its own ``aminmax`` (no copy).
+
+def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[int], int]:
+    """A norm of each tensor of one real CPU dtype group, their indices, and how many of them (the
+    first ones) are L2 norms.
+
+    Right after backward every distinct torch op runs cold (tens of µs each), so the check makes
+    as few as it can. Up to :data:`FEW_TENSORS` tensors, or a tensor of at least
+    :data:`NORM_NUMEL` elements, get their L2 norm, all in one fused call that reads each tensor in
+    place (no copy). The L2 norm is NaN or Inf for any NaN or Inf and 0 for an all-zero tensor, but
+    it can also overflow for a huge finite tensor, underflow to 0 for a tiny nonzero one, and is 0
+    for an empty one: what it flags is confirmed exactly (:func:`_cpu_check`). Many small tensors
+    are flattened into one buffer (in chunks), made absolute in place and reduced per tensor with
+    one segmented max, or one fused max over views of the buffer when they are not tiny: their
+    max-abs value, exact (NaN propagates, nothing overflows, empty tensors are left out).
     """
+    if len(tensors) <= FEW_TENSORS:
+        return _l2_norms(tensors), list(range(len(tensors))), len(tensors)
     norms: list[torch.Tensor] = []
     index: list[int] = []
+    large: list[torch.Tensor] = []
     chunk: list[torch.Tensor] = []
     chunk_index: list[int] = []
     lengths: list[int] = []
@@ -138,8 +167,8 @@ def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[i
 
     for j, t in enumerate(tensors):
         n = t.numel()
-        if n > SMALL_NUMEL:
-            norms.append(_extremes(t).abs().amax().view(1))
+        if n >= NORM_NUMEL:
+            large.append(t)
             index.append(j)
             continue
         if n == 0:
@@ -151,22 +180,33 @@ def _cpu_norms(tensors: list[torch.Tensor]) -> tuple[torch.Tensor | None, list[i
         chunk_index.append(j)
         lengths.append(n)
         chunk_numel += n
+    if large:
+        norms.insert(0, _l2_norms(large))
     if chunk:
         flush()
     if not norms:
-        return None, []
-    return (norms[0] if len(norms) == 1 else torch.cat(norms)), index
+        return None, [], 0
+    return (norms[0] if len(norms) == 1 else torch.cat(norms)), index, len(large)
 
 
 def _cpu_check(tensors: list[torch.Tensor]) -> tuple[list[int], list[int]]:
-    """The indices of the non-finite tensors and of the exactly-zero ones, with one host read."""
-    norms, index = _cpu_norms(tensors)
+    """The indices of the non-finite tensors and of the exactly-zero ones, with one host read
+    (and one exact look at each tensor an L2 norm flagged, so that nothing is a false alarm)."""
+    norms, index, inexact = _cpu_norms(tensors)
     if norms is None:
         return [], []
-    k = len(index)
-    # One vector, one read: positions below k are non-finite tensors, from k on zero ones.
-    flagged = torch.cat([~torch.isfinite(norms), norms == 0]).nonzero().flatten().tolist()
-    return [index[i] for i in flagged if i < k], [index[i - k] for i in flagged if i >= k]
+    bad, zero = [], []
+    finite = math.isfinite
+    for j, value in enumerate(norms.tolist()):  # the one host read; the flags in Python (no more ops)
+        if value and finite(value):
+            continue
+        t = tensors[index[j]]
+        if not finite(value):
+            if j >= inexact or not _is_finite(t):  # not an overflow of a huge finite tensor
+                bad.append(index[j])
+        elif j >= inexact or (t.numel() and not bool(t.any())):  # not an underflow, nor empty
+            zero.append(index[j])
+    return bad, zero
 
 
 def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
@@ -221,8 +261,8 @@ class ValueChecker:
         deferred: dict[torch.device, tuple[list[torch.Tensor], list[int]]] = {}
         for (device, dtype), (tensors, indices) in _group(present).items():
             # A sparse gradient's zeros are rows it does not touch: never "carries nothing".
-            want_zeros = self.track_zeros and not dtype.is_complex and not any(t.is_sparse for t in tensors)
-            tensors = _plain(tensors)
+            tensors, sparse = _plain(tensors)
+            want_zeros = self.track_zeros and not sparse and not dtype.is_complex
             if where is not None:
                 indices = [where[j] for j in indices]
             if device.type == "cuda":

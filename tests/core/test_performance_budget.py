@@ -85,19 +85,22 @@ def test_default_check_reads_each_grad_once_and_runs_no_tensor_op(layers):
 
 
 def test_value_check_reads_the_host_once_whatever_the_number_of_tensors():
+    from leafwatch import values
+
     counts = {}
-    for layers in (5, 300):
+    for layers in (5, 20, 150, 300):  # 10 and 40 tensors: few; 300 and 600: many
         _, _, monitor = _trained_once(layers, check_values_every_n_steps=1)
         with _TorchCalls() as seen:
             report = monitor.check()
         assert report.findings == []
         counts[layers] = (seen.host_reads, seen.ops)
         monitor.close()
-    (reads_small, ops_small), (reads_large, ops_large) = counts[5], counts[300]
-    assert reads_small == reads_large == 1
-    assert ops_small == ops_large  # the same few batched ops for 10 and for 600 tensors
-    # flatten, abs_, one segmented max (NaN/Inf and the dead_grad zero test at once), one host read
-    assert sum(ops_large.values()) <= 11
+    assert 2 * 20 <= values.FEW_TENSORS < 2 * 150
+    assert all(reads == 1 for reads, _ in counts.values())
+    # The same few batched ops for 10 and 40 tensors (one fused L2 norm, one host read), and for
+    # 300 and 600 (flatten, abs_, one segmented max: NaN/Inf and the dead_grad zero test at once).
+    assert counts[5][1] == counts[20][1] and sum(counts[5][1].values()) <= 4
+    assert counts[150][1] == counts[300][1] and sum(counts[300][1].values()) <= 8
 
 
 def test_default_value_checks_run_every_n_checks_and_on_the_first():
@@ -174,6 +177,34 @@ def _leaves(value: Any) -> list[Any]:
     if isinstance(value, (tuple, list)):
         return [leaf for item in value for leaf in _leaves(item)]
     return [value]
+
+@pytest.mark.parametrize("few", [64, 0])  # every tensor its own norm; only the large ones
+def test_the_l2_norms_of_gradients_flag_nothing_that_is_finite_and_nonzero(monkeypatch, few):
+    """An L2 norm overflows for huge finite values and underflows for tiny nonzero ones, and is 0
+    for an empty tensor: none of them is reported; a real NaN, -Inf or all-zero gradient is."""
+    from leafwatch import values
+
+    monkeypatch.setattr(values, "FEW_TENSORS", few)
+    n = values.NORM_NUMEL
+    grads = [
+        torch.full((n,), 1e30),  # L2 overflows in float32: finite
+        torch.full((n,), 1e-30),  # L2 underflows to 0: not zero
+        torch.full((2 * n,), 60000.0, dtype=torch.float16),  # finite fp16 whose L2 is above the fp16 range
+        torch.full((n,), 1e-30, dtype=torch.bfloat16),
+        torch.randn(n), torch.randn(n), torch.randn(n), torch.zeros(n),
+        torch.randn(3),
+        torch.zeros(5),
+        torch.empty(0),  # no elements: neither
+        torch.full((3,), 1e-30),
+    ]
+    grads[4][7] = float("-inf")
+    grads[5][0] = float("nan")
+    grads[8][1] = float("inf")
+    checker = ValueChecker(track_zeros=True)
+    assert checker.check(grads, step=1) == ([1], [(1, 4), (1, 5), (1, 8)])
+    assert checker.zeros == {1: {7, 9}}
+    large = [torch.randn(n), torch.randn(3), torch.randn(n + 1)]
+    assert values._cpu_norms(large)[2] == (3 if few else 2)  # only the large ones, or all of them, get an L2 norm
 
 
 def test_fingerprint_read_each_check_does_not_grow_with_the_parameters():

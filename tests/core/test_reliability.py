@@ -225,7 +225,7 @@ class _NormlessTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("_foreach_norm", "vector_norm", "norm", "isfinite"):
+        if getattr(func, "__name__", "") in ("_foreach_norm", "vector_norm", "linalg_vector_norm", "norm", "isfinite"):
             raise RuntimeError(f"{func.__name__} is not implemented for _NormlessTensor")
         return super().__torch_function__(func, types, args, kwargs or {})
 

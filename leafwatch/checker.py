@@ -10,7 +10,6 @@ optimizers, sinks, strict mode, distributed merging) and asks its Checker to run
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +24,7 @@ from .detectors.gradients import GradientTracker
 from .detectors.membership import MembershipJudge
 from .detectors.values import GradientValues
 from .detectors.watched import WatchedTracker
+from .check_state import CheckState
 from .diagnostics import Diagnostics
 from .events import CheckEvent
 from .findings import Report
@@ -32,23 +32,6 @@ from .history import FindingHistory
 from .options import WarnOnce, validate_int, warn_unmatched_ignore
 from .pipeline import Part, Pipeline
 from .verdicts import Verdict, Verdicts
-
-
-@dataclasses.dataclass
-class CheckState:
-    """What one check has read so far, handed from one part of the pipeline to the next."""
-
-    optimizer: torch.optim.Optimizer | None
-    loss: torch.Tensor | None
-    streaks_before: int = 0
-    #: The index of ``optimizer`` among the Monitor's (None: every optimizer is checked).
-    index: int | None = None
-    lists: list[structure.CheckList] = dataclasses.field(default_factory=list)
-    #: Indices into the joined names of the tensors without a gradient at this check.
-    missing: list[int] = dataclasses.field(default_factory=list)
-    entries: list[watching.WatchEntry] = dataclasses.field(default_factory=list)
-    #: A loop watch asked for the value check now (a step about to be skipped).
-    force_values: bool = False
 
 
 class Checker:
@@ -91,7 +74,7 @@ class Checker:
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
         self._grads = GradientTracker(view, patience, diagnose)
         self._watched = WatchedTracker(view)
-        self._membership = MembershipJudge(view)
+        self._membership = MembershipJudge(view, lambda: self.checks)
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self._loss_leaves = outside.LossLeaves()
         self._loop = stepping.LoopWatch(view, on_skipped, lambda: self.step, warn)
@@ -100,17 +83,20 @@ class Checker:
         self._ignore_checked = False
         self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
-        self._state = CheckState(None, None)
+        self._state = state = CheckState(None, None)
         self._emitted = -1  # the first check's event counts as a change
+        #: The history's revision when the last event was built (-1: none yet).
+        self.emitted_revision = -1
         #: The one ordered list of the check's parts; a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[CheckState] = Pipeline((
             Part("reading the model's structure", self._read_structure),
             Part("the gradient check", self._read_gradients),
-            Part("the check of watched tensors", self._judge_watched),
-            Part("the loss-graph check", self._judge_loss_leaves),
-            Part("the optimizer-membership check", lambda _: self._membership.judge(self.structure.inventory, self.step)),
-            Part("the NaN/Inf gradient check", lambda s: self.values.judge(self.step, s.lists, s.force_values)),
-            Part("the diagnostic hooks", self._retarget_diagnostics),
+            Part("the check of watched tensors", self._judge_watched,
+                 when=((watching.DEFAULT, "by_name"), (watches, "by_name"), (self._watched, "may_be_open"))),
+            Part("the loss-graph check", self._judge_loss_leaves, when=((state, "loss"),)),
+            Part("the optimizer-membership check", self._membership.judge, when=((self._membership, "waiting"),)),
+            Part("the NaN/Inf gradient check", self.values.judge),
+            Part("the diagnostic hooks", self.diagnostics.retarget),
         ), history, warn)
         #: What a scan before any gradient reads.
         self.scanning: tuple[Part[Any], ...] = (Part("the structure scan", self._scan),)
@@ -135,6 +121,7 @@ class Checker:
         # One state object for every check (fresh lists: an event keeps the last check's).
         state = self._state
         state.optimizer, state.loss, state.streaks_before = optimizer, loss, len(self._grads.streak)
+        state.step, state.inventory = step, self.structure.inventory
         state.index, state.lists, state.missing, state.entries, state.force_values = None, [], [], [], False
         self.pipeline.run(state, step)
         state.loss = None  # kept for the event, never the user's graph
@@ -157,8 +144,9 @@ class Checker:
 
         ``changed`` compares with the last event built: a Monitor without sinks builds none.
         """
-        report = self.history_store.report(self.step)
-        changed, self._emitted = self._emitted != self.history_store.version, self.history_store.version
+        history = self.history_store
+        report = history.report(self.step)
+        changed, self._emitted, self.emitted_revision = self._emitted != history.version, history.version, history.revision
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
         state = self._state
@@ -274,11 +262,13 @@ class Checker:
     def _read_structure(self, state: CheckState) -> Verdicts | None:
         cache, optimizer = self.structure, state.optimizer
         if optimizer is not None:
-            state.index = cache.optimizer_index(optimizer)
+            state.index = cache.index_of.get(id(optimizer))
             if state.index is None:  # an optimizer the Monitor was not given: adopt it
                 cache.add_optimizer(optimizer)
                 state.index = cache.optimizer_index(optimizer)
         inv = cache.refresh(self.step)
+        if inv is not None:
+            state.inventory = inv
         state.lists = cache.all_lists if optimizer is None else [cache.lists[state.index]]
         return self._rebuilt(inv) if inv is not None else None
 
@@ -315,12 +305,12 @@ class Checker:
                 out = found if out is None else out + found
                 state.missing.extend([i + offset for i in missing] if offset else missing)
             offset += len(clist.params)
-        if grads.targets:
+        if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
             cache.leave_out(grads.take_new_targets())
         return out
 
     def _judge_watched(self, state: CheckState) -> Verdicts | None:
-        if not (watching.DEFAULT or self.watches or self._watched.may_be_open):
+        if not (watching.DEFAULT.by_name or self.watches.by_name or self._watched.may_be_open):
             return None  # nothing watched and no watched finding open
         entries = state.entries = self._watch_entries()
         if entries:
@@ -334,9 +324,6 @@ class Checker:
         return [Verdict.open(f) for f in self._loss_leaves.observe(
             loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
                 cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries))]
-
-    def _retarget_diagnostics(self, state: CheckState) -> None:
-        self.diagnostics.retarget(state.index)
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
         """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every

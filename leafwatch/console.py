@@ -27,6 +27,10 @@ class NewFindingWarnings:
             only open ones.
     """
 
+    #: A report it already read says nothing new: the Monitor builds no event for it while the
+    #: history stays the same (see :class:`~leafwatch.events.Sinks`).
+    changes_only = True
+
     def __init__(self, warn: Callable[[str], None] | None = None, *, every_status: bool = False) -> None:
         self.warned: set[tuple[str, str]] = set()
         self._warn = warn

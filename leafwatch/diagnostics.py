@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import structure, tracing
+from .check_state import CheckState
 from .detectors.gradients import GradientTracker
 from .detectors.loop import LoopWatch
 
@@ -53,8 +54,9 @@ class Diagnostics:
         except Exception as error:  # never stop training for a diagnostic
             self.warn("arming the diagnostic hooks", error)
 
-    def retarget(self, index: int | None) -> None:
-        """After a check (of optimizer ``index``): the hooks follow the tensors that miss now."""
+    def retarget(self, check: CheckState) -> None:
+        """After a check (of the optimizer at ``check.index``, the check's state): the hooks follow
+        the tensors that miss now. A part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
         # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an
         # arrival hook armed, or a cleared gradient followed.
@@ -69,7 +71,7 @@ class Diagnostics:
                 missing_ids = grads.missing_ids(cache.lists.values())
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 loop.rearm(missing_ids, cache.inventory.tensors, retarget[2])
-        tracer.end_check(index, len(cache.optimizers))
+        tracer.end_check(check.index, len(cache.optimizers))
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""

@@ -44,6 +44,9 @@ class Sinks:
         #: The sinks, in order (a Monitor with none builds no event: the report is all it needs).
         self.sinks = list(sinks)
         self._warn = warn
+        #: Whether every sink is changes-only (its ``changes_only`` attribute: it does nothing with
+        #: a report it already read), so that no event is built while the history stays the same.
+        self.changes_only = self._all_changes_only()
 
     def __len__(self) -> int:
         return len(self.sinks)
@@ -51,6 +54,10 @@ class Sinks:
     def add(self, sink: Callable[[CheckEvent], Any], *, first: bool = False) -> None:
         """Add ``sink`` last (``first``: before the others, as the console's short lines are)."""
         self.sinks.insert(0 if first else len(self.sinks), sink)
+        self.changes_only = self._all_changes_only()
+
+    def _all_changes_only(self) -> bool:
+        return all(getattr(sink, "changes_only", False) is True for sink in self.sinks)
 
     def emit(self, event: CheckEvent) -> None:
         for sink in self.sinks:

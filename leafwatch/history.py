@@ -65,7 +65,7 @@ class FindingHistory(FindingsView):
         ignore: Pattern -> reason (validated, see :mod:`leafwatch.options`).
     """
 
-    __slots__ = ("ignore", "tensor_names", "version", "_revision", "_report", "_report_revision", "view",
+    __slots__ = ("ignore", "tensor_names", "version", "revision", "_report", "_report_revision", "view",
                  "_lifted", "_mistakes", "_module_counts")
 
     def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
@@ -77,8 +77,9 @@ class FindingHistory(FindingsView):
         self.tensor_names: Callable[[], Iterable[str]] | None = None
         #: Bumped by every change a user would see (a sink logs the report again).
         self.version = 0
-        #: Bumped by every write (the report is rebuilt: step counts and last steps too).
-        self._revision = 0
+        #: Bumped by every write (the report is rebuilt: step counts and last steps too); the
+        #: same report object is handed out while it stays the same.
+        self.revision = 0
         self._report: Report = Report(step=0)
         self._report_revision = 0
         # What the last report was built from: a rebuild reworks only the mistakes that changed.
@@ -95,12 +96,12 @@ class FindingHistory(FindingsView):
 
     def report(self, step: int) -> Report:
         """The current report (built once per change; pending findings left out)."""
-        if self._report_revision != self._revision:
+        if self._report_revision != self.revision:
             shown = [f for f in self._records.values() if f.status != Status.PENDING]
             names = self.tensor_names() if self.tensor_names is not None and shown else ()
             lifted = lift_to_modules(shown, names, self._lifted, self._module_counts)
             self._report = Report(apply_ignore(lifted, self.ignore), step=step, memo=self._mistakes)
-            self._report_revision = self._revision
+            self._report_revision = self.revision
         else:
             self._report.step = step
         return self._report
@@ -129,7 +130,7 @@ class FindingHistory(FindingsView):
 
     def _changed(self) -> None:
         self.version += 1
-        self._revision += 1
+        self.revision += 1
 
     def _upsert(self, f: Finding) -> None:
         """Add a finding, or update the one of the same key (keeping its first step and count)."""
@@ -143,7 +144,7 @@ class FindingHistory(FindingsView):
             steps_seen=old.steps_seen + 1,
         )
         self._records[f.key] = updated
-        self._revision += 1
+        self.revision += 1
         # An intermittent finding's message counts the steps: that count alone is no change worth
         # logging again (it would rewrite the whole report every other step of a routed model).
         counted = old.status == updated.status == Status.INTERMITTENT
@@ -154,7 +155,7 @@ class FindingHistory(FindingsView):
     def _touch(self, f: Finding) -> None:
         """Replace the record of ``f.key`` with new steps and counts only: no version change."""
         self._records[f.key] = f
-        self._revision += 1
+        self.revision += 1
 
     def _put(self, f: Finding) -> None:
         """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""

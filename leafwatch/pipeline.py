@@ -28,10 +28,18 @@ State = TypeVar("State")
 
 @dataclasses.dataclass(frozen=True)
 class Part(Generic[State]):
-    """One part of the check: what it is called in the user's words, and what it does."""
+    """One part of the check: what it is called in the user's words, and what it does.
+
+    ``when`` names what the part waits on, as ``(owner, attribute)`` pairs: the part runs only at a
+    check where one of them is truthy (and always while it is failing, so that its ``incomplete``
+    finding can clear). Empty: it runs at every check. Right after backward each call runs cold,
+    so a part with nothing to do costs an attribute read instead; the part still checks for
+    itself, ``when`` only saves the call.
+    """
 
     name: str
     run: Callable[[State], Verdicts | None]
+    when: tuple[tuple[object, str], ...] = ()
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
@@ -70,7 +78,14 @@ class Pipeline(Generic[State]):
 
     def run(self, state: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
         """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
+        failing = self._failing  # (the same set while the parts run: read once)
         for part in self.parts if parts is None else parts:
+            if part.when and not (failing and part.name in failing):
+                for owner, attribute in part.when:
+                    if getattr(owner, attribute):
+                        break
+                else:
+                    continue  # nothing it waits on is there: the part has nothing to do
             try:
                 verdicts = part.run(state)
             except Exception as error:  # noqa: BLE001 - a part's failure must not stop training
@@ -78,8 +93,8 @@ class Pipeline(Generic[State]):
             else:
                 if verdicts:
                     self.history.apply(verdicts)
-                if self._failing and part.name in self._failing:
-                    self._failing.discard(part.name)
+                if failing and part.name in failing:
+                    failing.discard(part.name)
                     self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part.name), step)])
 
     def failed(self, part: str, error: BaseException, step: int | None) -> None:

@@ -133,7 +133,9 @@ class StructureCache:
     def __init__(self, model: nn.Module | None, optimizers: list[torch.optim.Optimizer],
                  roots: Mapping[str, nn.Module] | None = None) -> None:
         self.model = model
-        self.optimizers = optimizers
+        self.optimizers = list(optimizers)  # its own list: added to only by add_optimizer()
+        #: ``id(optimizer)`` -> its index in :attr:`optimizers` (each held here, so its id stays its own).
+        self.index_of = {id(o): i for i, o in enumerate(self.optimizers)}
         self.roots = dict(roots) if roots is not None else None
         self.inventory: inventory.Inventory | None = None
         self.grad_view = distributed.PLAIN
@@ -181,16 +183,13 @@ class StructureCache:
         return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
 
     def optimizer_index(self, optimizer: torch.optim.Optimizer | None) -> int | None:
-        if optimizer is not None:
-            for i, o in enumerate(self.optimizers):
-                if o is optimizer:
-                    return i
-        return None
+        return None if optimizer is None else self.index_of.get(id(optimizer))
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> bool:
         """Check ``optimizer`` too from now on; True when it was new (the next check rebuilds)."""
         if self.optimizer_index(optimizer) is not None:
             return False
+        self.index_of[id(optimizer)] = len(self.optimizers)
         self.optimizers.append(optimizer)
         _known_optimizers.add(optimizer)
         self.invalidate()

@@ -72,23 +72,25 @@ class WatchSet:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: dict[str, WatchEntry] = {}
+        #: The entries by name (read-only outside this class; dead ones included until the next
+        #: locked call): its truth is the hot path's lock-free "is anything watched?".
+        self.by_name: dict[str, WatchEntry] = {}
         # Weak-reference callbacks run wherever the garbage collector runs, also inside
         # ``with self._lock`` in this very thread: they only queue the dead entry
         # (deque.append is atomic), and the next locked call drops it.
         self._dead: collections.deque[tuple[str, weakref.ReferenceType]] = collections.deque()
 
     def __bool__(self) -> bool:
-        """Whether anything is watched (dead entries included): a lock-free test for the hot path."""
-        return bool(self._entries)
+        """Whether anything is watched (dead entries included): lock-free."""
+        return bool(self.by_name)
 
     def _purge_dead(self) -> None:
         """Drop the entries whose tensor was freed; call with the lock held."""
         while self._dead:
             name, ref = self._dead.popleft()
-            entry = self._entries.get(name)
+            entry = self.by_name.get(name)
             if entry is not None and entry.ref is ref:
-                del self._entries[name]
+                del self.by_name[name]
 
     def _finalizer(self, name: str) -> Any:
         dead = self._dead
@@ -107,7 +109,7 @@ class WatchSet:
         """
         with self._lock:
             self._purge_dead()
-            existing = self._entries.get(name)
+            existing = self.by_name.get(name)
             if existing is not None:
                 live = existing.tensor()
                 if live is tensor:
@@ -136,7 +138,7 @@ class WatchSet:
                     entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
             else:
                 hook_error = None
-            self._entries[name] = entry
+            self.by_name[name] = entry
         return entry, hook_error
 
     def _remove(self, entry: WatchEntry) -> None:
@@ -146,14 +148,14 @@ class WatchSet:
             except Exception:
                 pass
             entry.handle = None
-        self._entries.pop(entry.name, None)
+        self.by_name.pop(entry.name, None)
 
     def remove(self, tensor_or_name: torch.Tensor | str) -> bool:
         """Stop watching a tensor (by the tensor or its name); True when something was removed."""
         with self._lock:
             self._purge_dead()
             if isinstance(tensor_or_name, str):
-                entry = self._entries.get(tensor_or_name)
+                entry = self.by_name.get(tensor_or_name)
                 if entry is None:
                     return False
                 self._remove(entry)
@@ -164,7 +166,7 @@ class WatchSet:
                     f"{tensor_or_name!r:.80}"
                 )
             removed = False
-            for entry in list(self._entries.values()):
+            for entry in list(self.by_name.values()):
                 if entry.tensor() is tensor_or_name:
                     self._remove(entry)
                     removed = True
@@ -174,7 +176,7 @@ class WatchSet:
         """Stop watching every tensor of this set."""
         with self._lock:
             self._purge_dead()
-            for entry in list(self._entries.values()):
+            for entry in list(self.by_name.values()):
                 self._remove(entry)
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -182,7 +184,7 @@ class WatchSet:
         with self._lock:
             self._purge_dead()
             out = {}
-            for name, entry in self._entries.items():
+            for name, entry in self.by_name.items():
                 t = entry.tensor()
                 if t is not None:
                     out[name] = t
@@ -191,7 +193,7 @@ class WatchSet:
     def entries(self) -> list[WatchEntry]:
         with self._lock:
             self._purge_dead()
-            return [e for e in self._entries.values() if e.tensor() is not None]
+            return [e for e in self.by_name.values() if e.tensor() is not None]
 
 
 #: The set ``leafwatch.watch()`` adds to; every ``audit()`` and Monitor check consults it.

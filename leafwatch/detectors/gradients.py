@@ -78,12 +78,6 @@ class GradientTracker:
         #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
         self.changes = 0
 
-    @property
-    def targets(self) -> set[int]:
-        """Tensors no gradient reaches that change by other means (EMA / target networks): not
-        followed any more, so a whole target network costs one set lookup per tensor."""
-        return self.held.targets
-
     def take_new_targets(self) -> set[int]:
         """Targets found since the last call (the structure cache leaves them out of the checks)."""
         return self.held.take_new_targets()

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import fixes
+from ..check_state import CheckState
 from ..evidence import HandUpdates
 from ..findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..history import FindingsView
@@ -36,8 +37,10 @@ class MembershipJudge:
         view: The findings so far (read-only): the held ones are decided here.
     """
 
-    def __init__(self, view: FindingsView) -> None:
+    def __init__(self, view: FindingsView, checks: Callable[[], int]) -> None:
         self.view = view
+        #: How many checks ran so far (the messages say it; the grace counts in it).
+        self.checks = checks
         #: Checks during which membership stays pending (optimizers may still appear).
         self.grace = 0
         #: Optimizers that exist but have not stepped yet (their tensors are named as such).
@@ -50,7 +53,7 @@ class MembershipJudge:
         self._quiet: set[int] = set()
         self._hand = HandUpdates()
         self._roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
-        self._checks = 0
+        #: Whether a finding is held for this judge: a check has work for it only then.
         self.waiting = False
 
     def split(self, found: Iterable[Finding], inv: Inventory, *, before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
@@ -81,11 +84,11 @@ class MembershipJudge:
         self._hand.keep(alive)
         self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
-    def judge(self, inv: Inventory | None, step: int) -> Verdicts:
+    def judge(self, check: CheckState) -> Verdicts:
         """At a check: decide the held findings (nothing to do when none is held)."""
-        self._checks += 1  # every check counts, for the messages that say how many
         if not self.waiting:
             return []
+        inv, step = check.inventory, check.step
         out: Verdicts = []
         still = False
         for f in self.view.pending():
@@ -113,7 +116,7 @@ class MembershipJudge:
         if rule == "quiet":
             self._quiet.add(id(t))
             return Verdict.drop(f.key)
-        if rule == "wait" or self._checks <= self.grace:
+        if rule == "wait" or self.checks() <= self.grace:
             return None  # the value evidence, or an optimizer that steps late, may still come
         # The grace period is over: an error, unless an optimizer the script holds has not
         # stepped yet (it may still step: a warning until the end of the run).
@@ -178,11 +181,11 @@ class MembershipJudge:
         held_by_waiting = self._held_by_waiting(t)
         base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if held_by_waiting:
-            message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self._checks} "
+            message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self.checks()} "
                        "checks: it never changes.")
             cause = f"the optimizer holding `{f.name}` was created but `step()` is never called on it."
         else:
-            message = (f"`{f.name}` requires grad but no optimizer that stepped in {self._checks} checks "
+            message = (f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks "
                        "holds it: it never changes.")
             cause = base.cause
         return base.replace(severity=severity, message=message, cause=cause,
@@ -217,7 +220,7 @@ class MembershipJudge:
         out: Verdicts = []
         for f in self.view:
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                message = re.sub(r"has not stepped in \d+ checks", f"never stepped in {self._checks} checks",
+                message = re.sub(r"has not stepped in \d+ checks", f"never stepped in {self.checks()} checks",
                                  f.message)
                 out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=message,
                                                  details={**f.details, "decided_step": step})))

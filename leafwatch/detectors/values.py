@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import distributed, inventory, structure
+from ..check_state import CheckState
 from ..findings import Kind, Status
 from ..history import FindingsView
 from ..values import NamedValueCheck, nonfinite
@@ -40,14 +41,14 @@ class GradientValues:
         self._last_step = -1
         self._off_cadence_steps: set[int] = set()
 
-    def judge(self, step: int, lists: list[structure.CheckList], forced: bool) -> Verdicts:
+    def judge(self, check: CheckState) -> Verdicts:
         """At a check: the value check when it is due."""
-        every = self.every
-        on_cadence = bool(every) and (step == 1 or step % every == 0 or forced)
+        every, step = self.every, check.step
+        on_cadence = bool(every) and (step == 1 or step % every == 0 or check.force_values)
         if on_cadence or (every and step <= self.every_check_values_until):
             if not on_cadence:
                 self._off_cadence_steps.add(step)
-            return self._check(step, lists)
+            return self._check(step, check.lists)
         return []
 
     def finish(self, step: int) -> Verdicts:

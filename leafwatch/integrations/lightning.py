@@ -132,7 +132,8 @@ class _LeafWatchMixin(CallbackBase):
         unwrapped = self._unwrapped
         if unwrapped is None or unwrapped[0] is not optimizer:
             unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
-        toggled = self._untoggle(pl_module)
+        # (the call only when toggle_optimizer saved flags: read in place at every step)
+        toggled = self._untoggle(pl_module) if getattr(pl_module, "_param_requires_grad_state", None) else []
         try:
             self._check(unwrapped[1], int(trainer.global_step) + 1)
         finally:

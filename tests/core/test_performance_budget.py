@@ -72,6 +72,39 @@ def _trained_once(layers: int, **monitor_kwargs: Any) -> tuple[_Chain, torch.opt
     return model, opt, monitor
 
 
+def test_no_event_is_built_for_sinks_that_read_only_a_new_report_while_the_history_stays_the_same():
+    from leafwatch.console import NewFindingWarnings
+
+    every: list[int] = []
+    model = _Chain(3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    console = leafwatch.Monitor(model, opt, sinks=[NewFindingWarnings(lambda line: None)], check_values_every_n_steps=0)
+    both = leafwatch.Monitor(model, opt, sinks=[NewFindingWarnings(), lambda e: every.append(e.step)],
+                             check_values_every_n_steps=0)
+    built = {"console": 0, "both": 0}
+    for key, monitor in (("console", console), ("both", both)):
+        make = monitor._checker.event
+
+        def counted(*args: Any, _make: Any = make, _key: str = key, **kwargs: Any) -> Any:
+            built[_key] += 1
+            return _make(*args, **kwargs)
+
+        monitor._checker.event = counted
+    for step in range(1, 6):
+        model(torch.ones(4, 2)).sum().backward()
+        if step == 4:
+            model.layers[1].weight.grad = None  # the history changes: a new report, an event, a line
+        console.check(opt)
+        both.check(opt)
+        opt.zero_grad()
+    # Built at the first check, at step 4 (missing_grad opens) and at step 5 (the gradient is back:
+    # it changes again); never at steps 2 and 3, when nothing changed.
+    assert built["console"] == 3 and ("missing_grad", "layers.1.weight") in console.history
+    assert built["both"] == 5 and every == [1, 2, 3, 4, 5]  # a sink without changes_only gets every check
+    console.close()
+    both.close()
+
+
 @pytest.mark.parametrize("layers", [5, 200])
 def test_default_check_reads_each_grad_once_and_runs_no_tensor_op(layers):
     model, _, monitor = _trained_once(layers, check_values_every_n_steps=0)

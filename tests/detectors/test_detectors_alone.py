@@ -172,6 +172,35 @@ def test_a_part_that_raises_applies_none_of_its_verdicts_and_leaves_an_incomplet
     assert incomplete is not None and "RuntimeError: boom after 1 verdict" in incomplete.cause
 
 
+def test_a_part_runs_when_what_it_waits_on_is_there_and_while_it_is_failing() -> None:
+    class Owner:
+        waiting = False
+        busy: list[int] = []
+
+    history, owner, ran = FindingHistory(), Owner(), []
+
+    def part(_: object) -> list[Verdict]:
+        ran.append(len(ran))
+        if len(ran) == 2:
+            raise RuntimeError("once")
+        return []
+
+    pipeline = Pipeline((Part("the gated part", part, when=((owner, "waiting"), (owner, "busy"))),), history, WarnOnce())
+    pipeline.run(None, 1)
+    assert ran == []  # nothing it waits on: not called
+    owner.busy = [1]
+    pipeline.run(None, 2)
+    owner.busy, owner.waiting = [], True
+    with pytest.warns(Warning, match="the gated part"):
+        pipeline.run(None, 3)  # called (either attribute), and fails
+    owner.waiting = False
+    pipeline.run(None, 4)  # nothing to wait on, but failing: runs, and its incomplete finding clears
+    assert ran == [0, 1, 2]
+    assert history.get((Kind.INCOMPLETE, "the gated part")).status == Status.RESOLVED
+    pipeline.run(None, 5)
+    assert ran == [0, 1, 2]
+
+
 def test_every_action_has_its_effect_on_the_history() -> None:
     history = FindingHistory()
     f = dead_grad("g", 3, 1)

@@ -46,9 +46,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import constructors as checks
 from .events import CheckEvent
 from .findings import Finding, LeafwatchWarning, Report
+from .inventory import describe_tensor
 from .options import apply_ignore
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
@@ -92,7 +92,7 @@ PLAIN = GradientView()
 
 def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None,
                   because: str | None = None) -> Finding:
-    return checks.make(
+    return Finding.new(
         "missing_grad", name, "info",
         f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
         "cannot tell a missing gradient from a zero one.",
@@ -475,13 +475,13 @@ class Gatherer:
             p = ref()
             if p is None or id(p) in self._used or p.grad is None or not p.requires_grad:
                 continue
-            out.append(checks.make(
+            out.append(Finding.new(
                 "missing_grad", name, "error",
                 f"`{name}` requires grad but got no gradient on this rank.",
                 "its gradient was not computed on this rank in this step (its module did not "
                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
                 "filled its .grad with the average from the ranks that used it.",
-                "", tensor=p, step=step, reason="unused_on_rank", source="ddp_use",
+                "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
             ))
         self._used.clear()
         return out

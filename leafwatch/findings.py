@@ -246,6 +246,19 @@ class Finding:
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     members: tuple[Finding, ...] = ()
 
+    @classmethod
+    def new(cls, kind: str, name: str, severity: str, message: str, cause: str, fix: str, *,
+            step: int | None = None, aliases: Iterable[str] = (), shape: tuple[int, ...] | None = None,
+            dtype: str | None = None, device: str | None = None, **details: Any) -> Finding:
+        """A finding first seen at ``step`` (its first and last step too), with ``details``: the
+        one constructor of every detector's findings (:func:`leafwatch.detectors.constructors.make`
+        fills the tensor's shape, dtype and device)."""
+        return cls(
+            kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix, step=step,  # type: ignore[arg-type]
+            first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype, device=device,
+            details=details,
+        )
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
         object.__setattr__(self, "severity", _word(Severity, self.severity))

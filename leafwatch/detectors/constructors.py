@@ -30,12 +30,7 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
          tensor: torch.Tensor | None = None, step: int | None = None,
          aliases: Iterable[str] = (), **details: Any) -> Finding:
     described = describe_tensor(tensor) if tensor is not None else {}
-    return Finding(
-        kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix, step=step,
-        first_step=step, last_step=step, aliases=tuple(aliases),
-        shape=described.get("shape"), dtype=described.get("dtype"), device=described.get("device"),
-        details=details,
-    )
+    return Finding.new(kind, name, severity, message, cause, fix, step=step, aliases=aliases, **described, **details)
 
 
 # -- non-leaf ---------------------------------------------------------------------------------

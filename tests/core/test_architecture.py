@@ -117,6 +117,25 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
     }
 
 
+#: The modules outside ``detectors/`` that import it, and why: everything else sits below the
+#: detectors (a finding is built with ``Finding.new``, not with a detector's constructors).
+DETECTOR_USERS = {
+    "leafwatch.checker": "runs the detectors, part by part",
+    "leafwatch.diagnostics": "drives the gradient tracker's and the loop watch's hooks between checks",
+    "leafwatch.auditing": "audit(tensors=...) builds the findings of the tensors it is handed",
+    "leafwatch.integrations.runner.session": "a run that ended before its first check: the structure "
+                                             "and the misses of its only optimizer step, read once",
+}
+
+
+def test_only_the_modules_that_run_a_check_import_the_detectors() -> None:
+    graph = _import_graph()
+    users = {module for module, deps in graph.items() if not module.startswith("leafwatch.detectors")
+             and any(dep.startswith("leafwatch.detectors") for dep in deps)}
+    assert users - set(DETECTOR_USERS) == set(), "a module below the detectors imports them"
+    assert "leafwatch.distributed" not in users
+
+
 #: The modules that walk the call stack themselves, and why. Everything else asks `frames.py`.
 STACK_WALKERS = {
     "leafwatch.frames": "the one helper for the first frame of user code",

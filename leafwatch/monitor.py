@@ -119,8 +119,7 @@ class Monitor:
                                 warn=self._warn, on_skipped=self.check)
         self._report = Report(step=0)
         self._in_check = self._closed = False
-        #: The last optimizer handed to check() that the Monitor knows: taken again without a call.
-        self._checked_optimizer: torch.optim.Optimizer | None = None
+        self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
         self._step_hooks = _StepHooks(self.check)
         structure.REGISTRATION_HOOKS.acquire()
         self._gatherer = _distributed.make_gatherer(
@@ -179,13 +178,11 @@ class Monitor:
             TypeError: an argument of the wrong type.
         """
         # The hot path, right after backward when every line runs cold: no call that a default check
-        # does not need (the arguments are checked only when given, the event built only for sinks).
-        # (an optimizer already checked, and an int step, pass without a call: the callbacks' case)
+        # does not need (an optimizer already checked and an int step pass as they are, the event is
+        # built only for sinks that read it).
         if (optimizer is not None and optimizer is not self._checked_optimizer) or loss is not None \
                 or (step is not None and type(step) is not int):
-            optimizer = _check_arguments(self.structure, optimizer, step, loss)
-            if optimizer is not None and self.structure.optimizer_index(optimizer) is not None:
-                self._checked_optimizer = optimizer
+            optimizer = self._checked_optimizer = _check_arguments(self.structure, optimizer, step, loss)
         if self._in_check or self._closed:
             return self._report
         checker = self._checker
@@ -193,11 +190,10 @@ class Monitor:
         try:
             try:
                 checker.run(optimizer, loss, step if step is not None else checker.step + 1)
-                # No sink and no other rank to tell, or only sinks that ignore a report they have read
-                # and the same report: the report is all a check makes (no event built).
-                sinks = self._sinks
-                quiet = self._gatherer is None and (not sinks.sinks or (
-                    sinks.changes_only and self.history_store.revision == checker.emitted_revision))
+                # No sink and no other rank to tell, or only changes-only sinks and the same report:
+                # the report is all a check makes (no event built).
+                quiet = self._gatherer is None and (not self._sinks.sinks or (self._sinks.changes_only
+                                                    and self.history_store.revision == checker.emitted_revision))
                 event: CheckEvent | None = None if quiet else checker.event(optimizer)
                 report = checker.report() if quiet else None
             except Exception as error:
@@ -272,21 +268,15 @@ class Monitor:
 
     def stats(self) -> dict[str, int]:
         """Sizes of what the Monitor holds, for tests of its bounds and of its hot path."""
-        return {
-            "findings": len(self.history_store),
-            **self.structure.stats(),
-            "own_watches": len(self.watches.entries()),
-            "step_hooks": len(self._step_hooks),
-            "sinks": len(self._sinks),
-            **self._checker.stats(),
-        }
+        return {"findings": len(self.history_store), **self.structure.stats(),
+                "own_watches": len(self.watches.entries()), "step_hooks": len(self._step_hooks),
+                "sinks": len(self._sinks), **self._checker.stats()}
 
     def close(self) -> Report:
         """Remove every hook leafwatch installed, flush pending value checks, close sinks."""
         if self._closed:
             return self._report
         self._closed = True
-        self._checked_optimizer = None
         self._checker.finish()
         try:
             self._report = self.history_store.report(self.step)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from . import graph, inventory, structure, watching
+from .check_state import CheckState
 from .detectors import constructors as checks
 from .detectors import loop as stepping
 from .detectors import outside
@@ -24,7 +25,6 @@ from .detectors.gradients import GradientTracker
 from .detectors.membership import MembershipJudge
 from .detectors.values import GradientValues
 from .detectors.watched import WatchedTracker
-from .check_state import CheckState
 from .diagnostics import Diagnostics
 from .events import CheckEvent
 from .findings import Report

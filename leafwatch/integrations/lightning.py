@@ -132,8 +132,9 @@ class _LeafWatchMixin(CallbackBase):
         unwrapped = self._unwrapped
         if unwrapped is None or unwrapped[0] is not optimizer:
             unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
-        # (the call only when toggle_optimizer saved flags: read in place at every step)
-        toggled = self._untoggle(pl_module) if getattr(pl_module, "_param_requires_grad_state", None) else []
+        # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
+        saved = getattr(pl_module, "_param_requires_grad_state", None)
+        toggled = self._untoggle(saved) if saved else []
         try:
             self._check(unwrapped[1], int(trainer.global_step) + 1)
         finally:
@@ -158,15 +159,13 @@ class _LeafWatchMixin(CallbackBase):
 
     # -- helpers -------------------------------------------------------------------------------
     @staticmethod
-    def _untoggle(pl_module: Any) -> list[Any]:
+    def _untoggle(saved: dict[Any, bool]) -> list[Any]:
         """Undo ``toggle_optimizer`` for the length of a check, so the structure is read as configured.
 
-        ``toggle_optimizer`` sets ``requires_grad=False`` on the other optimizers' parameters;
-        read at that moment, they would look frozen. Returns what to set back.
+        ``toggle_optimizer`` sets ``requires_grad=False`` on the other optimizers' parameters (and
+        saves their flags in ``saved``, the module's ``_param_requires_grad_state``); read at that
+        moment, they would look frozen. Returns what to set back.
         """
-        saved = getattr(pl_module, "_param_requires_grad_state", None)
-        if not saved:
-            return []
         toggled = [p for p, requires in saved.items() if requires and not p.requires_grad]
         for p in toggled:
             p.requires_grad_(True)

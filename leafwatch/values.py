@@ -2,10 +2,11 @@
 
 The gradients are grouped by device and dtype (one C++ call). A healthy step costs, per group:
 
-- on CPU, where every op pays a fixed dispatch cost that dwarfs a small tensor's data, the
-  gradients of at least :data:`NORM_NUMEL` elements get their L2 norm, all in one fused call that
-  reads them in place; the smaller ones are flattened into one buffer (in chunks of bounded size),
-  made absolute and reduced to one max-abs value per tensor. All of it is read on the host once.
+- on CPU, where every op pays a fixed dispatch cost that dwarfs a small tensor's data, up to
+  :data:`FEW_TENSORS` gradients, or any of at least :data:`NORM_NUMEL` elements, get their L2
+  norm, all in one fused call that reads them in place; many smaller ones are flattened into one
+  buffer (in chunks of bounded size), made absolute and reduced to one max-abs value per tensor.
+  All of it is read on the host once.
   An L2 norm can overflow for a huge finite gradient or underflow to 0 for a tiny nonzero one, so
   each tensor it flags is looked at exactly before it is reported: a flag is never a false alarm.
   (Without the zero test, one ``aminmax`` per buffer and per large gradient; only when something

@@ -369,8 +369,13 @@ def lightning_rounds(shape: Shape, rounds: int, steps: int, rng: random.Random) 
             self.starts.append((time.perf_counter(), self.spent[0]))
 
     def timed(callback: Any, spent: list[float]) -> Any:
+        """Times each per-batch hook that leafwatch defines (the ones inherited from Lightning's
+        ``Callback`` do nothing, and the Trainer calls them for any callback)."""
         for name in dir(callback):
             if not (name.startswith("on_") and "batch" in name or name.startswith(("on_before", "on_after"))):
+                continue
+            owner = next((c for c in type(callback).__mro__ if name in vars(c)), None)
+            if owner is None or not owner.__module__.startswith("leafwatch"):
                 continue
             method = getattr(callback, name)
             if not callable(method):

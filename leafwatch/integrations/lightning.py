@@ -57,6 +57,32 @@ def _callback_bases() -> tuple[type, ...]:
     return tuple(bases)
 
 
+#: ``trainer.global_step`` is compared with the progress counter read in its place at the first
+#: read and every this many reads after it.
+VERIFY_STEP_EVERY = 64
+
+
+def _step_counter(trainer: Any, pl_module: Any) -> Any:
+    """The Lightning progress tracker whose ``completed`` count ``trainer.global_step`` returns, or None.
+
+    ``global_step`` is six property calls deep (the fit loop, the epoch loop, the LightningModule
+    through the strategy, its optimization mode, the progress counter): about 10 µs at every
+    optimizer step, right after backward, when each call runs cold. The tracker it ends at is
+    updated in place by Lightning, so the callback reads it directly, and compares it with
+    ``global_step`` at the first read and every :data:`VERIFY_STEP_EVERY` reads (see
+    ``on_before_optimizer_step``).
+    """
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        if pl_module.automatic_optimization:
+            tracker = loop.automatic_optimization.optim_progress.optimizer.step.total
+        else:
+            tracker = loop.manual_optimization.optim_step_progress.total
+    except AttributeError:  # another Lightning layout
+        return None
+    return tracker if type(getattr(tracker, "completed", None)) is int else None
+
+
 def _is_summary_writer(experiment: Any) -> bool:
     if type(experiment).__name__ != "SummaryWriter":
         return False
@@ -91,6 +117,10 @@ class _LeafWatchMixin(CallbackBase):
     _unwrapped: tuple[Any, Any] | None = None
     #: The options the state key was made of, and the key.
     _state_key: tuple[tuple[Any, ...], str] | None = None
+    #: The progress tracker read in place of ``trainer.global_step`` (None: not found yet or
+    #: dropped, then ``global_step`` is read), and how many steps were read.
+    _counter: Any = None
+    _steps_read = 0
 
     # -- identity and state --------------------------------------------------------------------
     @property
@@ -115,6 +145,7 @@ class _LeafWatchMixin(CallbackBase):
         state["_last_report"] = None
         state["_final_state"] = {}
         state["_unwrapped"] = None
+        state["_counter"], state["_steps_read"] = None, 0
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -135,8 +166,16 @@ class _LeafWatchMixin(CallbackBase):
         # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
         saved = getattr(pl_module, "_param_requires_grad_state", None)
         toggled = self._untoggle(saved) if saved else []
+        # trainer.global_step's counter, read in place; global_step itself at the first read and
+        # every VERIFY_STEP_EVERY reads (any difference: global_step from then on).
+        self._steps_read = reads = self._steps_read + 1
+        counter = self._counter
+        if counter is not None and reads % VERIFY_STEP_EVERY:
+            step = counter.completed
+        else:
+            step = self._verified_step(trainer, pl_module)
         try:
-            self._check(unwrapped[1], int(trainer.global_step) + 1)
+            self._check(unwrapped[1], step + 1)
         finally:
             for p in toggled:
                 p.requires_grad_(False)
@@ -156,8 +195,18 @@ class _LeafWatchMixin(CallbackBase):
     @override
     def _release(self) -> None:
         self._unwrapped = None
+        self._counter, self._steps_read = None, 0
 
     # -- helpers -------------------------------------------------------------------------------
+    def _verified_step(self, trainer: Any, pl_module: Any) -> int:
+        """``trainer.global_step``; the counter read in its place is kept only while it agrees."""
+        step = int(trainer.global_step)
+        if self._steps_read == 1:
+            self._counter = _step_counter(trainer, pl_module)
+        if self._counter is not None and self._counter.completed != step:
+            self._counter = None  # another layout, or the optimization mode switched: no shortcut
+        return step
+
     @staticmethod
     def _untoggle(saved: dict[Any, bool]) -> list[Any]:
         """Undo ``toggle_optimizer`` for the length of a check, so the structure is read as configured.

@@ -237,6 +237,52 @@ def test_accumulate_grad_batches_checks_only_at_optimizer_steps(tmp_path):
     assert [e.step for e in acc.Scalars("leafwatch/grad_coverage")] == [1, 2, 3]  # 6 batches, 3 steps
 
 
+class StepProbe(pl.Callback):
+    """After the LeafWatch callback: the step it checked at, next to ``trainer.global_step + 1``."""
+
+    def __init__(self, watched: LeafWatch, swap_at: int | None = None) -> None:
+        self.watched, self.swap_at, self.seen = watched, swap_at, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if batch_idx == self.swap_at:  # a counter that stops agreeing (another Lightning layout)
+            from pytorch_lightning.loops.progress import _ReadyCompletedTracker
+
+            self.watched._counter = _ReadyCompletedTracker()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.seen.append((self.watched.monitor.step, trainer.global_step + 1))
+
+
+@pytest.mark.parametrize("module", ["automatic", "manual, two optimizers", "accumulating"])
+def test_checks_are_numbered_by_global_step_read_through_its_counter(tmp_path, module):
+    callback = LeafWatch(verbose=False)
+    probe = StepProbe(callback)
+    model = {"automatic": Boring, "manual, two optimizers": GAN, "accumulating": Boring}[module]()
+    t = trainer(tmp_path, callback, logger=False, max_steps=6,
+                accumulate_grad_batches=2 if module == "accumulating" else 1)
+    t.callbacks.append(probe)
+    t.fit(model, loader(n=48))
+    assert len(probe.seen) == 6 and all(checked == expected for checked, expected in probe.seen)
+    assert callback._counter is None  # released with the Monitor
+
+
+def test_a_counter_that_stops_agreeing_with_global_step_is_dropped_at_its_next_comparison(tmp_path, monkeypatch):
+    from leafwatch.integrations import lightning as module
+
+    monkeypatch.setattr(module, "VERIFY_STEP_EVERY", 3)
+    callback = LeafWatch(verbose=False)
+    probe = StepProbe(callback, swap_at=3)  # swapped before the 4th read; compared at the 6th
+    t = trainer(tmp_path, callback, logger=False, max_steps=8)
+    t.callbacks.append(probe)
+    counters = []
+    t.callbacks.append(type("Spy", (pl.Callback,), {"on_before_optimizer_step": lambda s, *a: counters.append(
+        callback._counter)})())
+    t.fit(Boring(), loader(n=48))
+    assert [c is not None for c in counters] == [True] * 5 + [False] * 3
+    assert all(checked == expected for checked, expected in probe.seen[:3] + probe.seen[5:])
+    assert [checked for checked, _ in probe.seen[3:5]] == [1, 1]  # the swapped-in count, until compared
+
+
 def test_bf16_mixed_precision_on_cpu(tmp_path):
     model, callback = UnusedHead(), LeafWatch(verbose=False)
     t = trainer(tmp_path, callback, precision="bf16-mixed")

@@ -71,31 +71,40 @@ class Pipeline(Generic[State]):
     """
 
     def __init__(self, parts: Sequence[Part[State]], history: FindingHistory, warn: WarnOnce) -> None:
-        self.parts = tuple(parts)
+        self._parts = tuple(parts)
+        # What run() reads of each part, as plain tuples (a part is a dataclass: each field read
+        # is a dict lookup, and right after backward each one runs cold).
+        self._plan = tuple((part.name, part.run, part.when) for part in self._parts)
         self.history = history
         self.warn = warn
         self._failing: set[str] = set()
 
+    @property
+    def parts(self) -> tuple[Part[State], ...]:
+        """The parts, in the order they run (fixed at construction)."""
+        return self._parts
+
     def run(self, state: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
         """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
         failing = self._failing  # (the same set while the parts run: read once)
-        for part in self.parts if parts is None else parts:
-            if part.when and not (failing and part.name in failing):
-                for owner, attribute in part.when:
+        plan = self._plan if parts is None else tuple((part.name, part.run, part.when) for part in parts)
+        for name, run, when in plan:
+            if when and not (failing and name in failing):
+                for owner, attribute in when:
                     if getattr(owner, attribute):
                         break
                 else:
                     continue  # nothing it waits on is there: the part has nothing to do
             try:
-                verdicts = part.run(state)
+                verdicts = run(state)
             except Exception as error:  # noqa: BLE001 - a part's failure must not stop training
-                self.failed(part.name, error, step)
+                self.failed(name, error, step)
             else:
                 if verdicts:
                     self.history.apply(verdicts)
-                if failing and part.name in failing:
-                    failing.discard(part.name)
-                    self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part.name), step)])
+                if failing and name in failing:
+                    failing.discard(name)
+                    self.history.apply([Verdict.resolve((Kind.INCOMPLETE, name), step)])
 
     def failed(self, part: str, error: BaseException, step: int | None) -> None:
         """Record that ``part`` failed at ``step`` (also for parts run outside :meth:`run`)."""

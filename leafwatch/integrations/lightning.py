@@ -163,9 +163,6 @@ class _LeafWatchMixin(CallbackBase):
         unwrapped = self._unwrapped
         if unwrapped is None or unwrapped[0] is not optimizer:
             unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
-        # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
-        saved = getattr(pl_module, "_param_requires_grad_state", None)
-        toggled = self._untoggle(saved) if saved else []
         # trainer.global_step's counter, read in place; global_step itself at the first read and
         # every VERIFY_STEP_EVERY reads (any difference: global_step from then on).
         self._steps_read = reads = self._steps_read + 1
@@ -174,6 +171,9 @@ class _LeafWatchMixin(CallbackBase):
             step = counter.completed
         else:
             step = self._verified_step(trainer, pl_module)
+        # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
+        saved = getattr(pl_module, "_param_requires_grad_state", None)
+        toggled = self._untoggle(saved) if saved else []
         try:
             self._check(unwrapped[1], step + 1)
         finally:

@@ -49,11 +49,13 @@ class FindingsView:
         return len(self._records)
 
     def pending(self) -> list[Finding]:
-        return [f for f in self._records.values() if f.status == Status.PENDING]
+        pending = Status.PENDING  # (an enum member's lookup costs 0.2 µs on Python 3.11: once per pass)
+        return [f for f in self._records.values() if f.status == pending]
 
     def open_names(self, kind: str) -> set[str]:
         """The names with an open finding of ``kind``."""
-        return {f.name for f in self._records.values() if f.kind == kind and f.status == Status.OPEN}
+        open_ = Status.OPEN
+        return {f.name for key, f in self._records.items() if key[0] == kind and f.status == open_}
 
 
 class FindingHistory(FindingsView):
@@ -97,7 +99,8 @@ class FindingHistory(FindingsView):
     def report(self, step: int) -> Report:
         """The current report (built once per change; pending findings left out)."""
         if self._report_revision != self.revision:
-            shown = [f for f in self._records.values() if f.status != Status.PENDING]
+            pending = Status.PENDING
+            shown = [f for f in self._records.values() if f.status != pending]
             names = self.tensor_names() if self.tensor_names is not None and shown else ()
             lifted = lift_to_modules(shown, names, self._lifted, self._module_counts)
             self._report = Report(apply_ignore(lifted, self.ignore), step=step, memo=self._mistakes)

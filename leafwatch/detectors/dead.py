@@ -38,28 +38,25 @@ class DeadGradTracker:
     def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> Verdicts:
         """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
         out: Verdicts = []
-        opened: set[str] | None = None  # open after this call's verdicts, read when first needed
-
-        def open_now() -> set[str]:
-            nonlocal opened
-            if opened is None:
-                opened = self.view.open_names("dead_grad")
-            return opened
-
+        opened: set[str] | None = None  # open after this call's verdicts, read once when first needed
         before = self.streak
         for step, checked, zero in results:
-            streak: dict[str, int] = {}
-            for name in zero:
-                count = streak[name] = before.get(name, 0) + 1
+            # A name not zero at this check (or without a gradient) starts over.
+            get = before.get
+            streak = {name: get(name, 0) + 1 for name in zero}
+            due = {name for name, count in streak.items() if count >= DEAD_AFTER}
+            if due or self.open_names:
+                if opened is None:
+                    opened = self.view.open_names("dead_grad")
                 # Written once when the streak crosses the threshold (not at every value check after:
                 # a deep chain whose gradients underflow has hundreds of them).
-                if count >= DEAD_AFTER and name not in open_now():
-                    open_now().add(name)
-                    out.append(Verdict.open(dead_grad(name, count, step)))
-            self.streak = before = streak  # a name not zero at this check (or without a gradient) starts over
-            if self.open_names:
-                for name in sorted(open_now() - zero):
-                    open_now().discard(name)
-                    out.append(Verdict.resolve(("dead_grad", name), step))
-            self.open_names = {n for n, c in streak.items() if c >= DEAD_AFTER}
+                for name in sorted(due - opened):
+                    out.append(Verdict.open(dead_grad(name, streak[name], step)))
+                opened |= due
+                if self.open_names:
+                    for name in sorted(opened - zero):
+                        opened.discard(name)
+                        out.append(Verdict.resolve(("dead_grad", name), step))
+            self.streak = before = streak
+            self.open_names = due
         return out

@@ -96,9 +96,9 @@ class GradientValues:
             out.append(Verdict.open(checks.nonfinite_grad(name, param, bad_step)))
         if completed:
             latest = max(completed)
+            kind, open_ = Kind.NONFINITE_GRAD, Status.OPEN
             out += [Verdict.resolve(f.key, latest) for f in self.view
-                    if f.kind == Kind.NONFINITE_GRAD and f.status == Status.OPEN and f.name not in flagged
-                    and (f.last_step or 0) < latest]
+                    if f.kind == kind and f.status == open_ and f.name not in flagged and (f.last_step or 0) < latest]
         zeros = self._values.take_zeros()
         if self._off_cadence_steps:
             zeros = [z for z in zeros if z[0] not in self._off_cadence_steps]

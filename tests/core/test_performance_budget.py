@@ -17,6 +17,8 @@ import warnings
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
@@ -131,7 +133,8 @@ def test_value_check_reads_the_host_once_whatever_the_number_of_tensors():
     assert 2 * 20 <= values.FEW_TENSORS < 2 * 150
     assert all(reads == 1 for reads, _ in counts.values())
     # The same few batched ops for 10 and 40 tensors (one fused L2 norm, one host read), and for
-    # 300 and 600 (flatten, abs_, one segmented max: NaN/Inf and the dead_grad zero test at once).
+    # 300 and 600 (per shape one concatenation and one max-abs per row: NaN/Inf and the dead_grad
+    # zero test at once).
     assert counts[5][1] == counts[20][1] and sum(counts[5][1].values()) <= 4
     assert counts[150][1] == counts[300][1] and sum(counts[300][1].values()) <= 8
 
@@ -188,7 +191,7 @@ def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
 @pytest.mark.parametrize(("sizes", "chunk"), [
     ([9] * 14, 40),  # 4 tensors per flat buffer
     ([7, 8, 9, 10, 11] * 3, 40),
-    ([300, 301, 302, 303] * 4, 1000),  # not tiny: one fused max per view of the buffer
+    ([300, 301, 302, 303] * 4, 1000),  # not tiny: three per copy
     ([9] * 12 + [300] * 4 + [5] * 8, 1 << 22),  # one buffer
     ([9, 5] * 8, 1 << 22),
 ])
@@ -204,6 +207,91 @@ def test_batched_value_check_names_the_zero_and_non_finite_gradients_of_every_ch
     checker = ValueChecker(track_zeros=True)
     assert checker.check(grads, step=1) == ([1], [(1, 5), (1, 7), (1, 12)])
     assert checker.zeros == {1: {0, 3, 4, 13}}
+
+
+def test_small_gradients_grouped_by_shape_are_judged_exactly_and_left_as_they_were():
+    """Many small gradients are concatenated by shape (0-dim ones stacked) and reduced per row: each
+    tensor's flags are its own, a group of one works, and no gradient is written to."""
+    from leafwatch import values
+
+    grads = [torch.randn(3, 4) + 5.0 for _ in range(40)] + [torch.randn(12) + 5.0 for _ in range(30)]
+    grads += [torch.tensor(2.0), torch.tensor(0.0), torch.tensor(float("nan")), torch.randn(2, 5) + 5.0]
+    grads[3].zero_()
+    grads[41].zero_()
+    grads[7][2, 1] = float("nan")
+    grads[50][0] = float("-inf")
+    grads[73][1, 4] = float("inf")  # the only (2, 5) tensor: a group of one
+    grads[9][0, 0] = 1e-44  # subnormal, nonzero: not zero
+    grads[10][1, 1] = 3e38  # huge, finite
+    before = [g.clone() for g in grads]
+    checker = ValueChecker(track_zeros=True)
+    assert len(grads) > values.FEW_TENSORS  # the grouped path
+    assert checker.check(grads, step=1) == ([1], [(1, 7), (1, 50), (1, 72), (1, 73)])
+    assert checker.zeros == {1: {3, 41, 71}}
+    assert all(torch.allclose(g, b, rtol=0, atol=0, equal_nan=True) for g, b in zip(grads, before))
+    assert len(checker._plans) == 1  # worked out once for these sizes
+
+
+def test_a_gradient_reshaped_to_the_same_size_is_grouped_again():
+    """The grouping is kept per set of sizes; a tensor whose shape changes but not its size makes the
+    concatenation fail, and the check groups again rather than misreading a row."""
+    from leafwatch import values
+
+    grads = [torch.randn(4, 4) + 5.0 for _ in range(values.FEW_TENSORS)] + [torch.randn(16) + 5.0]
+    checker = ValueChecker(track_zeros=True)
+    assert checker.check(grads, step=1) == ([1], [])
+    grads[5] = torch.zeros(16)  # was (4, 4): same size, another shape
+    grads[64] = torch.full((4, 4), float("nan"))  # was (16,)
+    assert checker.check(grads, step=2) == ([2], [(2, 64)])
+    assert checker.zeros[2] == {5}
+    assert len(checker._plans) == 1  # the same sizes: the plan replaced, not added
+
+
+_SHAPES = [(), (1,), (3,), (4, 3), (2, 6), (12,), (2, 2, 3), (0, 4), (5,)]
+_SPECIALS = [None, None, None, "zero", "nan", "inf", "-inf", "tiny", "huge"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(picks=st.lists(st.tuples(st.sampled_from(_SHAPES), st.sampled_from(_SPECIALS)), min_size=65, max_size=160),
+       dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+       reshaped=st.lists(st.integers(0, 159), max_size=4))
+def test_the_value_check_of_many_small_gradients_agrees_with_each_tensor_looked_at_alone(picks, dtype, reshaped):
+    """Against the truth worked out per tensor: non-finite anywhere, or every element exactly zero
+    (an empty tensor is neither), at two checks with the same checker, some tensors reshaped to
+    the same size in between."""
+    info = torch.finfo(dtype)
+
+    def make(shape: tuple[int, ...], special: str | None) -> torch.Tensor:
+        t = (torch.rand(shape) + 0.5).to(dtype)
+        if t.numel() and special is not None:
+            flat = t.view(-1)
+            if special == "zero":
+                t.zero_()
+            else:
+                flat[-1] = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf"),
+                            "tiny": info.tiny, "huge": info.max}[special]
+        return t
+
+    grads = [make(shape, special) for shape, special in picks]
+    checker = ValueChecker(track_zeros=True)
+    for step in (1, 2):
+        bad = [(step, i) for i, g in enumerate(grads) if not torch.isfinite(g).all()]
+        zero = {i for i, g in enumerate(grads) if g.numel() and not g.any()}
+        assert checker.check(grads, step=step) == ([step], bad)
+        assert checker.zeros.pop(step, set()) == zero
+        for i in reshaped:
+            if i < len(grads) and grads[i].dim() == 2:
+                grads[i] = grads[i].reshape(-1)  # the same size, another shape
+
+
+def test_the_shape_plans_a_checker_keeps_are_bounded():
+    from leafwatch import values
+
+    checker = ValueChecker(track_zeros=True)
+    for extra in range(3 * values.PLANS_KEPT):
+        grads = [torch.randn(3) + 5.0 for _ in range(values.FEW_TENSORS)] + [torch.randn(2 + extra) + 5.0]
+        assert checker.check(grads, step=extra + 1) == ([extra + 1], [])
+    assert 1 <= len(checker._plans) <= values.PLANS_KEPT
 
 
 def _leaves(value: Any) -> list[Any]:

@@ -29,12 +29,12 @@ import torch
 #: Gradients with at most this many elements are flattened together on CPU (by :func:`_cpu_all_finite`).
 SMALL_NUMEL = 1 << 16
 #: Gradients with at least this many elements get their own norm in one fused call on CPU (by
-#: :func:`_cpu_check`): under it the copy into a flat buffer is cheaper than a norm per tensor.
+#: :func:`_cpu_check`): under it the copy with the others of its shape is cheaper than a norm per tensor.
 NORM_NUMEL = 1 << 10
 #: Up to this many gradients of one CPU dtype group all get their own norm in that one call:
-#: cheaper than the few more ops that flatten the small ones.
+#: cheaper than the few more ops that group the small ones by shape.
 FEW_TENSORS = 64
-#: At most this many elements are copied into one flat buffer at a time.
+#: At most this many elements are copied into one buffer at a time (a flat one, or one shape's rows).
 CHUNK_NUMEL = 1 << 22
 _INF = float("inf")
 
@@ -155,9 +155,9 @@ def _max_abs_by_shape(tensors: list[torch.Tensor], numels: list[int],
     The tensors of one shape are concatenated in one copy (no view per tensor: flattening 1,000
     small tensors one view each costs about 1 ms on CPU, their concatenation by shape a tenth of
     it) and reduced per row. The grouping is worked out once per set of sizes (``plans``, keyed by
-    the dtype and every tensor's number of elements, read anyway): with each tensor's size known, a
-    concatenation that succeeds proves each shape (the size and the trailing dimensions fix the
-    first); one that fails (a tensor reshaped to the same size) groups them again.
+    the dtype and every tensor's number of elements, read anyway): with each tensor's size known,
+    each tensor is one row of its group's concatenation whatever its shape; a concatenation that
+    fails (a tensor reshaped to the same size) groups them again.
     """
     key = (tensors[0].dtype, tuple(numels))
     plan = plans.get(key)

@@ -12,19 +12,8 @@ import importlib.util
 from typing import Any
 
 from .events import CheckEvent
-from .findings import (
-    KINDS,
-    SEVERITIES,
-    Finding,
-    Kind,
-    LeafwatchAssertionError,
-    LeafwatchError,
-    LeafwatchInternalWarning,
-    LeafwatchWarning,
-    Report,
-    Severity,
-    Status,
-)
+from .options import LeafwatchAssertionError, LeafwatchError, LeafwatchInternalWarning, LeafwatchWarning
+from .report.findings import KINDS, SEVERITIES, Finding, Kind, Report, Severity, Status
 
 __version__ = "0.1.0"
 

@@ -15,9 +15,10 @@ from torch import nn
 from . import inventory, watching
 from .detectors import constructors as checks
 from .events import CheckEvent
-from .findings import Finding, Kind, Report
+from .report.findings import Finding, Kind, Report
 from .monitor import Monitor
-from .options import apply_ignore, got, validate_ignore
+from .options import got, validate_ignore
+from .report.findings import apply_ignore
 
 
 def audit(

@@ -27,11 +27,11 @@ from .detectors.values import GradientValues
 from .detectors.watched import WatchedTracker
 from .diagnostics import Diagnostics
 from .events import CheckEvent
-from .findings import Report
-from .history import FindingHistory
+from .report.findings import Report
+from .report.history import FindingHistory
 from .options import WarnOnce, validate_int, warn_unmatched_ignore
 from .pipeline import Part, Pipeline
-from .verdicts import Verdict, Verdicts
+from .report.verdicts import Verdict, Verdicts
 
 
 class Checker:

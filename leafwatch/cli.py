@@ -57,8 +57,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     ),
     "report": Subcommand(
         "print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
-        "leafwatch.report_cli:configure_report_parser",
-        "leafwatch.report_cli:report_main",
+        "leafwatch.report.reader:configure_report_parser",
+        "leafwatch.report.reader:report_main",
     ),
 }
 

@@ -1,7 +1,7 @@
 """The console sink: one short warning per new open finding, at the user's line.
 
 Used by ``Monitor(verbose=True)`` / ``attach()`` and the Lightning callback. The line is
-:func:`leafwatch.format.finding_line` (severity, kind, name, when, the one-line fix); the full
+:func:`leafwatch.report.format.finding_line` (severity, kind, name, when, the one-line fix); the full
 table, causes included, is for summaries (``print(report)``). The warning points at the first
 frame outside leafwatch, torch and the training frameworks: the ``optimizer.step()`` or
 ``trainer.fit(...)`` line.
@@ -13,8 +13,9 @@ import warnings
 from collections.abc import Callable
 
 from .events import CheckEvent
-from .findings import LeafwatchWarning, Report
-from .format import finding_line
+from .report.findings import Report
+from .options import LeafwatchWarning
+from .report.format import finding_line
 from .frames import stacklevel_outside
 
 

@@ -47,9 +47,10 @@ import torch
 from torch import nn
 
 from .events import CheckEvent
-from .findings import Finding, LeafwatchWarning, Report
+from .report.findings import Finding, Report
+from .options import LeafwatchWarning
 from .inventory import describe_tensor
-from .options import apply_ignore
+from .report.findings import apply_ignore
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
 #: gradient all-reduce, so they are seconds apart at most; a Monitor made on one rank only

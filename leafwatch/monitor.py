@@ -3,7 +3,7 @@
 The Monitor is the public surface: it validates its arguments, owns the
 :class:`~leafwatch.structure.StructureCache` (names, optimizer sets, what is read per step;
 rebuilt only when a cheap fingerprint changes) and the
-:class:`~leafwatch.history.FindingHistory` (findings over time, a version per change), hooks the
+:class:`~leafwatch.report.history.FindingHistory` (findings over time, a version per change), hooks the
 optimizers (:meth:`Monitor.attach`), runs the sinks, strict mode and, when distributed, the
 :class:`~leafwatch.distributed.Gatherer`. What one check does, in order, is its
 :class:`~leafwatch.checker.Checker`'s: per optimizer step only what can change per step, one
@@ -23,8 +23,8 @@ from . import inventory, structure, watching
 from .checker import Checker
 from .console import NewFindingWarnings
 from .events import CheckEvent, Sinks
-from .findings import Finding, Report
-from .history import FindingHistory, parse_state
+from .report.findings import Finding, Report
+from .report.history import FindingHistory, parse_state
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int
 
 #: The NaN/Inf check runs every this many checks: on a model of 1,000 small tensors one batched

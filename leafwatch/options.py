@@ -14,8 +14,33 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .findings import Finding, LeafwatchInternalWarning, LeafwatchWarning, Status
 from .frames import stacklevel_outside
+
+# -- the library's exception and warnings --------------------------------------------------------
+class LeafwatchError(RuntimeError):
+    """Raised for findings in strict mode; ``report`` holds the :class:`~leafwatch.Report`."""
+
+    def __init__(self, message: str, report: Any = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class LeafwatchAssertionError(LeafwatchError, AssertionError):
+    """Raised by :func:`leafwatch.assert_trains`: a :class:`LeafwatchError` that test frameworks
+    also see as a failed assertion (``except AssertionError`` catches it)."""
+
+
+class LeafwatchWarning(UserWarning):
+    """The category of every warning leafwatch emits, so users can filter them."""
+
+
+class LeafwatchInternalWarning(LeafwatchWarning):
+    """leafwatch's own failure (never a finding): training goes on without the part that failed.
+
+    A test suite can make these errors without touching the warnings about findings:
+    ``filterwarnings = ["error::leafwatch.LeafwatchInternalWarning"]``.
+    """
+
 
 #: The reason given to patterns passed without one.
 DEFAULT_IGNORE_REASON = "ignored by the user"
@@ -123,20 +148,6 @@ def matching_pattern(ignore: Mapping[str, str], names: Iterable[str]) -> str | N
         if any(pattern_matches(pattern, n) for n in names):
             return pattern
     return None
-
-
-def apply_ignore(findings: Iterable[Finding], ignore: Mapping[str, str]) -> list[Finding]:
-    """Mark the findings whose name or alias matches an ``ignore`` pattern as ignored, with the reason."""
-    if not ignore:
-        return list(findings)
-    out = []
-    for f in findings:
-        pattern = matching_pattern(ignore, (f.name, *f.aliases))
-        if pattern is not None:
-            f = f.replace(status=Status.IGNORED, details={**f.details, "ignored_because": ignore[pattern],
-                                                           "pattern": pattern})
-        out.append(f)
-    return out
 
 
 def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[str]:

@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from .findings import Finding, Kind, Severity
-from .history import FindingHistory
+from .report.findings import Finding, Kind, Severity
+from .report.history import FindingHistory
 from .options import WarnOnce
-from .verdicts import Verdict, Verdicts
+from .report.verdicts import Verdict, Verdicts
 
 State = TypeVar("State")
 

@@ -9,9 +9,9 @@ What it writes, all under the ``leafwatch/`` prefix:
 - a custom-scalars layout "leafwatch", in its own sub-run ``<log_dir>/leafwatch-layout`` so
   that it never replaces the user's own layout;
 - records for the Leafwatch tab, tensor summaries with ``plugin_name="leafwatch"`` and
-  ``DATA_CLASS_TENSOR`` holding one string (see :data:`leafwatch.records.RECORD_FORMAT`).
+  ``DATA_CLASS_TENSOR`` holding one string (see :data:`leafwatch.report.records.RECORD_FORMAT`).
 
-The tag names and the record format live in :mod:`leafwatch.records`, shared with the Leafwatch
+The tag names and the record format live in :mod:`leafwatch.report.records`, shared with the Leafwatch
 tab and ``leafwatch report``. The sink is part of the core: ``Monitor(writer=...)`` builds one.
 ``leafwatch.integrations.tensorboard`` re-exports it at its earlier import path.
 """
@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from . import records
+from .report import records
 from .events import CheckEvent
-from .findings import KINDS, Report
-from .records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
+from .report.findings import KINDS, Report
+from .report.records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
 
 
 def _ranges_append(ranges: list[list[int]], value: int) -> None:

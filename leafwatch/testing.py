@@ -14,8 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .findings import LeafwatchAssertionError, Report
-from .format import tensor_count
+from .report.findings import Report
+from .options import LeafwatchAssertionError
+from .report.format import tensor_count
 from .monitor import Monitor
 from .options import validate_int
 

@@ -19,7 +19,7 @@ import torch
 
 from . import fixes, graph
 from .frames import caller_location, stacklevel_outside
-from .findings import LeafwatchInternalWarning, LeafwatchWarning
+from .options import LeafwatchInternalWarning, LeafwatchWarning
 
 
 @dataclasses.dataclass(eq=False)

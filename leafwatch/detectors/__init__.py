@@ -3,8 +3,8 @@
 A detector reads what the hooks, the structure and the step observed (the evidence modules:
 :mod:`leafwatch.structure`, :mod:`leafwatch.inventory`, :mod:`leafwatch.tracing`,
 :mod:`leafwatch.cuts`, :mod:`leafwatch.evidence`, :mod:`leafwatch.values`) and the findings so
-far through a read-only :class:`~leafwatch.history.FindingsView`, and returns
-:class:`~leafwatch.verdicts.Verdict` values. It never writes the history: the check's
+far through a read-only :class:`~leafwatch.report.history.FindingsView`, and returns
+:class:`~leafwatch.report.verdicts.Verdict` values. It never writes the history: the check's
 :class:`~leafwatch.pipeline.Pipeline` applies the verdicts once the detector has returned, so a
 detector that raises costs only its own verdicts. The list of detectors and their order exist
 once, in :class:`leafwatch.checker.Checker`; every front-end (``audit()``, ``Monitor``,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import fixes, graph
-from ..findings import Finding
+from ..report.findings import Finding
 from ..inventory import Inventory, ParamInfo, describe_tensor
 from ..tracing import Explanation
 from ..watching import WatchEntry

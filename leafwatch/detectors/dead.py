@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..history import FindingsView
-from ..verdicts import Verdict, Verdicts
+from ..report.history import FindingsView
+from ..report.verdicts import Verdict, Verdicts
 from .constructors import dead_grad
 
 #: Value checks in a row with an exactly-zero gradient before ``dead_grad`` is reported.

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from .. import cuts, evidence, inventory, tracing
-from ..findings import Finding, Severity, Status
-from ..history import FindingsView
+from ..report.findings import Finding, Severity, Status
+from ..report.history import FindingsView
 from ..structure import CheckList
-from ..verdicts import Verdict, Verdicts, open_after
+from ..report.verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .held import HeldMisses
 

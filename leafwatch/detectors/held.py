@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from .. import evidence, tracing
-from ..findings import Finding, Severity, Status, Waiting
-from ..verdicts import Verdict, Verdicts
+from ..report.findings import Finding, Severity, Status, Waiting
+from ..report.verdicts import Verdict, Verdicts
 
 
 class HeldMisses:

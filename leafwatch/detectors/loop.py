@@ -31,11 +31,11 @@ from typing import Any
 
 import torch
 
-from ..findings import Status
-from ..history import FindingsView
+from ..report.findings import Status
+from ..report.history import FindingsView
 from ..inventory import shape_text
 from ..structure import CheckList
-from ..verdicts import Verdict, Verdicts
+from ..report.verdicts import Verdict, Verdicts
 from . import constructors as checks
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).

@@ -23,10 +23,10 @@ import torch
 from .. import fixes
 from ..check_state import CheckState
 from ..evidence import HandUpdates
-from ..findings import WAITING_KINDS, Finding, Severity, Status, Waiting
-from ..history import FindingsView
+from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
+from ..report.history import FindingsView
 from ..inventory import Inventory, ParamInfo
-from ..verdicts import Verdict, Verdicts
+from ..report.verdicts import Verdict, Verdicts
 from . import structure
 
 

@@ -25,7 +25,7 @@ import torch
 
 from .. import fixes, frames, graph
 from ..evidence import HandUpdates
-from ..findings import Finding
+from ..report.findings import Finding
 from ..inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from . import constructors as checks

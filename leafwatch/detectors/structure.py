@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from .. import fixes, graph
-from ..findings import STRUCTURAL_KINDS, Finding
-from ..history import FindingsView
+from ..report.findings import STRUCTURAL_KINDS, Finding
+from ..report.history import FindingsView
 from ..inventory import Inventory, Orphan, ParamInfo, is_uninitialized, shape_of, shape_text
-from ..verdicts import Verdict, Verdicts
+from ..report.verdicts import Verdict, Verdicts
 from .. import replaced
 from .constructors import make, non_leaf, silence_hint
 

@@ -13,10 +13,10 @@ import torch
 
 from .. import distributed, inventory, structure
 from ..check_state import CheckState
-from ..findings import Kind, Status
-from ..history import FindingsView
+from ..report.findings import Kind, Status
+from ..report.history import FindingsView
 from ..values import NamedValueCheck, nonfinite
-from ..verdicts import Verdict, Verdicts, open_after
+from ..report.verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .dead import DeadGradTracker
 

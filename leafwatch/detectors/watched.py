@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import evidence, inventory
-from ..findings import Finding, Status, Waiting
-from ..history import FindingsView
-from ..verdicts import Verdict, Verdicts
+from ..report.findings import Finding, Status, Waiting
+from ..report.history import FindingsView
+from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
 from . import constructors as checks
 from . import outside

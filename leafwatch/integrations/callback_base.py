@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..console import NewFindingWarnings
-from ..findings import LeafwatchError, LeafwatchInternalWarning, Report
+from ..report.findings import Report
+from ..options import LeafwatchError, LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..frames import stacklevel_outside
 from ..options import validate_bool, validate_ignore, validate_int

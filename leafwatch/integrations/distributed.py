@@ -8,24 +8,7 @@ Module constants are read from :mod:`leafwatch.distributed`: set ``DEFAULT_TIMEO
 
 from __future__ import annotations
 
-from ..distributed import (
-    DDP_FIX,
-    DDP_NEXT_STEP_ERROR,
-    DECLARED_STRATEGIES,
-    DEFAULT_TIMEOUT_S,
-    PLAIN,
-    Gatherer,
-    GradientView,
-    declare_ddp,
-    declare_gradients,
-    find_ddp,
-    gradient_view,
-    is_distributed,
-    local_tensor,
-    make_gatherer,
-    merge,
-    world,
-)
+from ..distributed import DDP_FIX, DDP_NEXT_STEP_ERROR, DECLARED_STRATEGIES, DEFAULT_TIMEOUT_S, PLAIN, Gatherer, GradientView, declare_ddp, declare_gradients, find_ddp, gradient_view, is_distributed, local_tensor, make_gatherer, merge, world
 
 __all__ = [
     "DDP_FIX",

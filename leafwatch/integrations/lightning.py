@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from .. import records
+from ..report import records
 from ..environment import install_command
 from ..events import CheckEvent
-from ..findings import KINDS
+from ..report.findings import KINDS
 from .callback_base import CallbackBase
 from ..inventory import unwrap_optimizer
 

@@ -29,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..findings import Finding, Report, Status
-from ..format import tensor_count
-from ..options import WarnOnce, apply_ignore, parse_ignore, validate_ignore, validate_int
+from ..report.findings import Finding, Report, Status
+from ..report.format import tensor_count
+from ..options import WarnOnce, parse_ignore, validate_ignore, validate_int
+from ..report.findings import apply_ignore
 
 if TYPE_CHECKING:
     from .runner import Session

@@ -20,7 +20,7 @@ Example::
 
 from __future__ import annotations
 
-from ..records import LAYOUT_RUN
+from ..report.records import LAYOUT_RUN
 from ..tensorboard_sink import TensorBoardSink, tensor_summary
 
 __all__ = ["LAYOUT_RUN", "TensorBoardSink", "tensor_summary"]

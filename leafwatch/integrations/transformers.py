@@ -31,7 +31,7 @@ import torch
 from typing_extensions import override
 
 from .. import distributed
-from ..findings import LeafwatchInternalWarning
+from ..options import LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY
 from ..frames import stacklevel_outside
 from .callback_base import CallbackBase

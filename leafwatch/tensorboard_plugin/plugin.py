@@ -9,7 +9,7 @@ Routes, under ``/data/plugin/leafwatch``:
   most N columns (200 by default), optionally only the steps from A to B.
 
 The records are the ones :class:`leafwatch.TensorBoardSink` writes; their
-tags and format are in :mod:`leafwatch.records`, and findings are listed in the order of
+tags and format are in :mod:`leafwatch.report.records`, and findings are listed in the order of
 :meth:`leafwatch.Finding.sort_key` (each served finding carries its ``sort_key``, so the page
 merges runs in that order too). This module imports TensorBoard, werkzeug and leafwatch's
 torch-free modules only.
@@ -33,8 +33,8 @@ from tensorboard.data import provider
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from ..findings import Finding, group_findings, sort_key_of
-from ..records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
+from ..report.findings import Finding, group_findings, sort_key_of
+from ..report.records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
 
 #: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
 DEFAULT_BINS = 200

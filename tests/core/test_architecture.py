@@ -70,7 +70,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_inside_leafwatch_has_no_cycle() -> None:
     graph = _import_graph()
     assert "leafwatch.monitor" in graph and "leafwatch.integrations.lightning" in graph
-    assert "leafwatch.history" in graph["leafwatch.monitor"]  # the walk sees relative imports
+    assert "leafwatch.report.history" in graph["leafwatch.monitor"]  # the walk sees relative imports
     assert _cycles(graph) == []
 
 
@@ -164,8 +164,8 @@ def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.findings, leafwatch.options, leafwatch.frames, leafwatch.events, leafwatch.history, "
-            "leafwatch.records, leafwatch.format, leafwatch.environment, leafwatch.report_cli; "
+    code = ("import sys, leafwatch.report.findings, leafwatch.options, leafwatch.frames, leafwatch.events, leafwatch.report.history, "
+            "leafwatch.report.records, leafwatch.report.format, leafwatch.environment, leafwatch.report.reader; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
@@ -176,7 +176,7 @@ def test_torch_free_modules_import_no_torch() -> None:
 WRITERS = {"_upsert", "_touch", "_put", "_resolve", "_hold", "_confirm", "_drop"}
 #: The modules that hand verdicts to the history: the pipeline (each part's verdicts), the
 #: Checker (verdicts it asks for outside a part: a state_dict()'s counts), and the history itself.
-APPLIERS = {"leafwatch.history", "leafwatch.pipeline", "leafwatch.checker"}
+APPLIERS = {"leafwatch.report.history", "leafwatch.pipeline", "leafwatch.checker"}
 
 
 def _writes_history(tree: ast.Module) -> list[str]:

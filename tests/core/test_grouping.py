@@ -14,8 +14,8 @@ from torch import nn
 import leafwatch
 from leafwatch import Finding, Report
 from leafwatch.console import NewFindingWarnings
-from leafwatch.names import compress_names, natural_key
-from leafwatch.records import decode, encode_report
+from leafwatch.report.names import compress_names, natural_key
+from leafwatch.report.records import decode, encode_report
 
 
 class _Experts(nn.Module):

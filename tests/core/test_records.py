@@ -1,6 +1,6 @@
 """The TensorBoard vocabulary lives in one place, and the one order of findings holds everywhere.
 
-``leafwatch.records`` names every tag and encodes/decodes the versioned records for the sink, the
+``leafwatch.report.records`` names every tag and encodes/decodes the versioned records for the sink, the
 Leafwatch tab and ``leafwatch report``; ``Finding.sort_key`` orders findings for reports, the
 distributed merge and the tab.
 """
@@ -17,10 +17,11 @@ from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 
 import leafwatch
-from leafwatch import Finding, Report, records
+from leafwatch import Finding, Report
+from leafwatch.report import records
 from leafwatch.integrations.distributed import merge
 from leafwatch.integrations.tensorboard import tensor_summary
-from leafwatch.report_cli import format_text, read_reports
+from leafwatch.report.reader import format_text, read_reports
 from leafwatch.tensorboard_plugin.plugin import _flat, sorted_findings
 
 PACKAGE = Path(leafwatch.__file__).parent
@@ -46,7 +47,7 @@ def test_tag_names_are_spelled_only_in_records() -> None:
         for line, text in _string_literals(path)
         if "leafwatch/" in text or "leafwatch-layout" in text
     }
-    assert spelled and set(spelled) == {"records.py"}, spelled
+    assert spelled and set(spelled) == {"report/records.py"}, spelled
 
 
 class _Model(nn.Module):

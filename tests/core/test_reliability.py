@@ -266,8 +266,7 @@ def test_a_part_that_fails_is_an_incomplete_finding_everywhere_and_clears_when_i
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from leafwatch import records
-
+    from leafwatch.report import records
     model = Healthy()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     writer = SummaryWriter(str(tmp_path))
@@ -299,7 +298,7 @@ def test_a_part_that_fails_is_an_incomplete_finding_everywhere_and_clears_when_i
     values = {e.step: e.value for e in accumulator.Scalars(records.open_tag("incomplete"))}
     assert values[1] == 1 and values[2] == 0
     # `leafwatch report` (and the tab, which reads the same records) shows it, resolved at the end.
-    from leafwatch.report_cli import read_reports
+    from leafwatch.report.reader import read_reports
 
     (run,) = read_reports(str(tmp_path))
     assert [(f.kind, f.name, f.status) for f in run.report.by_kind("incomplete")] == [

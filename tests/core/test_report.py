@@ -165,9 +165,9 @@ def test_names_and_by_kind():
     assert len(report) == 4
 
 
-# -- the words: leafwatch.format ------------------------------------------------------------
+# -- the words: leafwatch.report.format ------------------------------------------------------------
 def test_finding_line_is_short_severity_kind_name_when_and_fix():
-    from leafwatch.format import finding_line
+    from leafwatch.report.format import finding_line
 
     line = finding_line(_finding(step=4, first_step=2))
     assert line == "leafwatch: ERROR missing_grad `a.weight` at step 2. Fix: use it"
@@ -178,7 +178,7 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
 
 
 def test_findings_of_the_scan_before_the_first_step_say_at_start():
-    from leafwatch.format import finding_line
+    from leafwatch.report.format import finding_line
 
     f = _finding(kind="not_in_optimizer", name="loss_weight", step=0, first_step=0, last_step=0)
     assert finding_line(f) == "leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix: use it"
@@ -192,7 +192,7 @@ def test_findings_of_the_scan_before_the_first_step_say_at_start():
 
 
 def test_ignored_findings_print_as_ignored_with_the_reason_given():
-    from leafwatch.format import finding_line
+    from leafwatch.report.format import finding_line
 
     ignored = _finding(status="ignored", details={"ignored_because": "kept for fine-tuning", "pattern": "a.*"})
     text = str(Report([ignored], step=3))
@@ -221,9 +221,9 @@ def test_monitor_ignore_reason_reaches_the_printed_report():
 
 def _fresh_report(history, step: int) -> Report:
     """The report of ``history`` built from nothing (no memo of an earlier report)."""
-    from leafwatch.findings import Status
-    from leafwatch.history import lift_to_modules
-    from leafwatch.options import apply_ignore
+    from leafwatch.report.findings import Status
+    from leafwatch.report.history import lift_to_modules
+    from leafwatch.report.findings import apply_ignore
 
     shown = [f for f in history if f.status != Status.PENDING]
     names = history.tensor_names() if history.tensor_names is not None else ()
@@ -233,8 +233,8 @@ def _fresh_report(history, step: int) -> Report:
 @pytest.mark.parametrize("ignore", [None, {"layers.1*": "kept for later"}])
 def test_a_report_rebuilt_after_one_change_equals_one_built_afresh_and_keeps_the_unchanged_mistakes(ignore):
     from leafwatch.detectors.constructors import dead_grad
-    from leafwatch.history import FindingHistory
-    from leafwatch.verdicts import Verdict
+    from leafwatch.report.history import FindingHistory
+    from leafwatch.report.verdicts import Verdict
 
     names = tuple(f"layers.{i}.{p}" for i in range(40) for p in ("weight", "bias"))
     history = FindingHistory(ignore)

@@ -328,7 +328,7 @@ def test_the_findings_tables_last_row_is_visible(tab_url: str, tmp_path: Path) -
 
 def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reasons(
         logs: Path, tab_url: str, tmp_path: Path) -> None:
-    from leafwatch.report_cli import read_reports
+    from leafwatch.report.reader import read_reports
 
     (cli,) = read_reports(str(logs / "mixed"))
     cli_order = [[f.kind, f.name] for f in cli.report]

@@ -24,7 +24,7 @@ from torch.utils.tensorboard import SummaryWriter
 from werkzeug.test import Client
 
 import leafwatch
-from leafwatch import records
+from leafwatch.report import records
 from leafwatch.tensorboard_plugin import LeafwatchPlugin
 
 # The file collects without Lightning; the test that uses it skips (locally) or fails (in CI).

@@ -15,14 +15,14 @@ from leafwatch.detectors import dead, loop, structure
 from leafwatch.detectors.constructors import dead_grad, make
 from leafwatch.detectors.gradients import GradientTracker
 from leafwatch.detectors.watched import WatchedTracker
-from leafwatch.findings import Kind, Status, Waiting
-from leafwatch.history import FindingHistory, FindingsView
+from leafwatch.report.findings import Kind, Status, Waiting
+from leafwatch.report.history import FindingHistory, FindingsView
 from leafwatch.inventory import Inventory, ParamInfo
 from leafwatch.options import WarnOnce
 from leafwatch.pipeline import Part, Pipeline
 from leafwatch.structure import CheckList
 from leafwatch.tracing import Tracer
-from leafwatch.verdicts import Action, Verdict
+from leafwatch.report.verdicts import Action, Verdict
 from leafwatch.watching import WatchSet, add_watch
 
 
@@ -250,7 +250,7 @@ def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
 
 
 def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None:
-    from leafwatch.verdicts import open_after
+    from leafwatch.report.verdicts import open_after
 
     a, b, c = (dead_grad(n, 3, 1) for n in ("a", "b", "c"))
     verdicts = [Verdict.open(a), Verdict.resolve(a.key, 2), Verdict.hold(b), Verdict.confirm(b.key),

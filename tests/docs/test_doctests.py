@@ -16,7 +16,7 @@ MODULES = sorted(
     for info in pkgutil.walk_packages(leafwatch.__path__, prefix="leafwatch.")
     if not info.name.endswith("__main__")
 )
-WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.findings", "leafwatch.integrations.lightning",
+WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.report.findings", "leafwatch.integrations.lightning",
                  "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.testing", "leafwatch.transformers",
                  "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_sink", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 

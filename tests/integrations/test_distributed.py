@@ -31,7 +31,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch.integrations import distributed
-from leafwatch.findings import Finding
+from leafwatch.report.findings import Finding
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "dist_scripts"
 REPO = Path(__file__).resolve().parents[2]

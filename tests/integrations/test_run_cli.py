@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from leafwatch.integrations import runner
-from leafwatch.report_cli import read_reports
+from leafwatch.report.reader import read_reports
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -484,7 +484,7 @@ def test_run_help_lists_the_exit_codes_in_order():
 
 def test_an_internal_failure_under_strict_exits_70_and_says_the_check_is_incomplete(monkeypatch, capsys):
     import leafwatch.monitor
-    from leafwatch.findings import LeafwatchInternalWarning
+    from leafwatch.options import LeafwatchInternalWarning
 
     def broken(self, *args, **kwargs):
         raise RuntimeError("broken on purpose")

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from ...findings import Report
+from ...report.findings import Report
 from ...options import parse_ignore, positive_int
 from .session import Session, StrictStop
 

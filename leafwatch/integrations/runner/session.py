@@ -22,9 +22,10 @@ from torch import nn
 from ... import fixes, inventory, watching
 from ...detectors import constructors as checks, structure as structure_detector
 from ...console import NewFindingWarnings
-from ...findings import Finding, Kind, Report
+from ...report.findings import Finding, Kind, Report
 from ...monitor import Monitor
-from ...options import WarnOnce, apply_ignore
+from ...options import WarnOnce
+from ...report.findings import apply_ignore
 from ...tracing import Explanation
 from .discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from .names import compress_names
 
 #: How a finding's status and severity words are compared here (the ``Status`` and ``Severity``
-#: members of :mod:`leafwatch.findings` are these strings).
+#: members of :mod:`leafwatch.report.findings` are these strings).
 OPEN, IGNORED, INFO = "open", "ignored", "info"
 
 

@@ -1,6 +1,6 @@
 """The finding history: every finding seen so far by ``(kind, name)``, with a version counter.
 
-The only writer of findings. Detectors return :class:`~leafwatch.verdicts.Verdict` values and
+The only writer of findings. Detectors return :class:`~leafwatch.report.verdicts.Verdict` values and
 read the findings so far through a read-only :class:`FindingsView`; the check applies their
 verdicts with :meth:`FindingHistory.apply`, which bumps :attr:`~FindingHistory.version` when
 what a user would see changes. "Changed since the last event" is ``version != emitted``, and the
@@ -19,7 +19,7 @@ from typing import Any
 
 from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
 from .names import parent
-from .options import apply_ignore
+from .findings import apply_ignore
 from .verdicts import Action, Verdict
 
 
@@ -111,7 +111,7 @@ class FindingHistory(FindingsView):
 
     # -- writing -----------------------------------------------------------------------------
     def apply(self, verdicts: Iterable[Verdict]) -> None:
-        """Apply detectors' verdicts in order (see :mod:`leafwatch.verdicts`)."""
+        """Apply detectors' verdicts in order (see :mod:`leafwatch.report.verdicts`)."""
         for v in verdicts:
             action = v.action
             if action is Action.OPEN:
@@ -213,13 +213,13 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
     """Name the mistakes grouped by module (:attr:`KindSpec.grouped_by`) by the largest module
     whose trainable tensors all have a finding of that kind, status and group: one module left
     out of the optimizer is one finding however deep its layers go. That module is each
-    finding's ``details["cover"]``: its group (:func:`~leafwatch.findings.group_of`) unless its
+    finding's ``details["cover"]``: its group (:func:`~leafwatch.report.findings.group_of`) unless its
     detector named one (a cut point), and what one ``ignore`` pattern of the mistake names. A top-level module
     is the largest (never the whole model).
 
     ``memo`` (a dict kept by the caller) holds the findings lifted by the last call: a finding
     given again with the same cover comes back as the same object (so the mistakes made of
-    unchanged findings are not regrouped, see :class:`~leafwatch.findings.MistakeMemo`);
+    unchanged findings are not regrouped, see :class:`~leafwatch.report.findings.MistakeMemo`);
     ``counts`` (kept by the caller too) the modules' tensor counts of the last names given.
 
     Example::

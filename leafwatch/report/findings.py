@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .format import report_markdown, report_text
+from ..options import LeafwatchError, matching_pattern
 from .names import compress_names, container, natural_key, parent
 
 
@@ -165,29 +166,18 @@ def _word(enum_type: type[_WordEnum], value: Any) -> Any:
         return value
 
 
-class LeafwatchError(RuntimeError):
-    """Raised for findings in strict mode; ``report`` holds the :class:`Report`."""
-
-    def __init__(self, message: str, report: Report | None = None) -> None:
-        super().__init__(message)
-        self.report = report
-
-
-class LeafwatchAssertionError(LeafwatchError, AssertionError):
-    """Raised by :func:`leafwatch.assert_trains`: a :class:`LeafwatchError` that test frameworks
-    also see as a failed assertion (``except AssertionError`` catches it)."""
-
-
-class LeafwatchWarning(UserWarning):
-    """The category of every warning leafwatch emits, so users can filter them."""
-
-
-class LeafwatchInternalWarning(LeafwatchWarning):
-    """leafwatch's own failure (never a finding): training goes on without the part that failed.
-
-    A test suite can make these errors without touching the warnings about findings:
-    ``filterwarnings = ["error::leafwatch.LeafwatchInternalWarning"]``.
-    """
+def apply_ignore(findings: Iterable[Finding], ignore: Mapping[str, str]) -> list[Finding]:
+    """Mark the findings whose name or alias matches an ``ignore`` pattern as ignored, with the reason."""
+    if not ignore:
+        return list(findings)
+    out = []
+    for f in findings:
+        pattern = matching_pattern(ignore, (f.name, *f.aliases))
+        if pattern is not None:
+            f = f.replace(status=Status.IGNORED, details={**f.details, "ignored_because": ignore[pattern],
+                                                           "pattern": pattern})
+        out.append(f)
+    return out
 
 
 def check_severity(value: Any, argument: str = "min_severity") -> str:
@@ -617,7 +607,7 @@ class Report:
         return [f for f in self.open if _SEVERITY_RANK.get(f.severity, 9) <= limit]
 
     def __str__(self) -> str:
-        """The findings table (:func:`leafwatch.format.report_text`)."""
+        """The findings table (:func:`leafwatch.report.format.report_text`)."""
         return report_text(self.findings, self.step)
 
     def to_markdown(self) -> str:

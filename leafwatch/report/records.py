@@ -4,7 +4,7 @@ The one place both sides agree on, torch-free (as TensorBoard's own ``plugins/te
 is shared by its summary writer and its plugin): the sink
 (:mod:`leafwatch.tensorboard_sink`) and the Lightning metrics sink write these tags, the
 Leafwatch tab (:mod:`leafwatch.tensorboard_plugin`) and ``leafwatch report``
-(:mod:`leafwatch.report_cli`) read them back.
+(:mod:`leafwatch.report.reader`) read them back.
 
 Tags, all under the ``leafwatch/`` prefix:
 

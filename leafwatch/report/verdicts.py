@@ -1,8 +1,8 @@
 """Verdicts: what a detector decides, as values; the history applies them, and only it writes.
 
 A detector (:mod:`leafwatch.detectors`) reads the evidence of a check and the findings so far
-through a read-only :class:`~leafwatch.history.FindingsView`, and returns a list of verdicts.
-The check hands them to :meth:`leafwatch.history.FindingHistory.apply`, in order, once the
+through a read-only :class:`~leafwatch.report.history.FindingsView`, and returns a list of verdicts.
+The check hands them to :meth:`leafwatch.report.history.FindingHistory.apply`, in order, once the
 detector has returned: a detector that raises returns nothing, so none of its half-made
 decisions reaches the history (the report says ``incomplete`` instead).
 
@@ -12,7 +12,7 @@ The verbs:
 ``open``   a finding seen at this check: added, or merged into the one of its key
            (its first step kept, its count of steps seen bumped)
 ``hold``   a suspicion waiting for named evidence (``details["pending"]``, a
-           :class:`~leafwatch.findings.Waiting`): kept out of reports; never takes back a
+           :class:`~leafwatch.report.findings.Waiting`): kept out of reports; never takes back a
            finding already shown
 ``confirm`` a held suspicion the evidence confirmed: shown, with ``changes`` (a better cause)
 ``drop``   a held suspicion the evidence dropped: forgotten, never shown

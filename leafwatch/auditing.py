@@ -60,18 +60,7 @@ def audit(
         >>> [(f.name, f.names) for f in leafwatch.audit(model, opt)]
         [('1', ('1.bias', '1.weight'))]
     """
-    model = inventory.normalize_model(model)
-    opts = inventory.normalize_optimizers(optimizers)
-    named = inventory.normalize_tensors(tensors)
-    ignore_map = validate_ignore(ignore)
-    if loss is not None and not isinstance(loss, torch.Tensor):
-        raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
-    if not isinstance(check_values, bool):
-        raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
-
-    if model is None and not opts and not named and not watching.any_watched():
-        raise ValueError("audit() has nothing to check: pass `model`, `optimizers` or `tensors` "
-                         "(or watch() a tensor first), got none of them")
+    model, opts, named, ignore_map = _arguments(model, optimizers, tensors, loss, ignore, check_values)
     # The one check pipeline, run once: a fresh Monitor carries nothing from one call to the next.
     events: list[CheckEvent] = []
     # Local to this process: one rank's audit() call must never wait for the other ranks.
@@ -89,10 +78,28 @@ def audit(
     return Report(findings, step=step)
 
 
+def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any, check_values: Any
+               ) -> tuple[nn.Module | None, list[torch.optim.Optimizer], dict[str, torch.Tensor], Mapping[str, str]]:
+    """audit()'s arguments checked and normalized (a TypeError/ValueError naming the argument)."""
+    model = inventory.normalize_model(model)
+    opts = inventory.normalize_optimizers(optimizers)
+    named = inventory.normalize_tensors(tensors)
+    ignore_map = validate_ignore(ignore)
+    if loss is not None and not isinstance(loss, torch.Tensor):
+        raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
+    if not isinstance(check_values, bool):
+        raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
+    if model is None and not opts and not named and not watching.any_watched():
+        raise ValueError("audit() has nothing to check: pass `model`, `optimizers` or `tensors` "
+                         "(or watch() a tensor first), got none of them")
+    return model, opts, named, ignore_map
+
+
 class _OneCheck(Monitor):
     """The Monitor that one audit() call runs once; its internal failures say what audit() does."""
 
     _goes_on = "audit() reports everything else (the report has an `incomplete` finding)."
+    _observes = False  # no global hook: nothing an audit() call sees changes a later verdict
 
 
 def _no_gradient_at_all(findings: list[Finding], missing: list[Finding], ignore: Mapping[str, str],

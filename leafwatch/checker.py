@@ -323,12 +323,13 @@ class Checker:
             return None
         return [Verdict.open(f) for f in self._loss_leaves.observe(
             loss, self.step, new_miss=True, inventory=cache.inventory, exclude=lambda: outside.judged_elsewhere(
-                cache.inventory, [*cache.optimizers, *structure.known_optimizers()], state.entries))]
+                cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], state.entries))]
 
     def _in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
-        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by every
-        optimizer known in the process. A Monitor without optimizers judges nothing."""
+        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by its
+        optimizers and every optimizer seen stepping while a Monitor was open (never by one that only
+        an ``audit()`` call was given). A Monitor without optimizers judges nothing."""
         own = any(e is entry for e in self.watches.entries())
         mine = self.structure.optimizers
-        optimizers = mine if own or not mine else [*mine, *structure.known_optimizers()]
+        optimizers = mine if own or not mine else [*mine, *structure.stepping_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)

@@ -80,6 +80,7 @@ class Monitor:
 
     #: What an internal-failure warning says happens next (None: training goes on without the part).
     _goes_on: str | None = None
+    _observes = True  #: holds the global registration and step hooks while open (audit(): none)
 
     def __init__(
         self,
@@ -120,8 +121,7 @@ class Monitor:
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
-        self._step_hooks = _StepHooks(self.check)
-        structure.REGISTRATION_HOOKS.acquire()
+        self._step_hooks = _StepHooks(self.check, self._observes)
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
         self._checker.arm()
@@ -287,7 +287,6 @@ class Monitor:
             self._gatherer.close()
         self._checker.close()
         self.watches.clear()
-        structure.REGISTRATION_HOOKS.release()
         self._sinks.close(self.report)
         return self.report
 
@@ -336,12 +335,17 @@ class Monitor:
 
 class _StepHooks:
     """Checks before each ``optimizer.step()`` (after it for a step with a closure, ``LBFGS``,
-    which computes its gradients inside ``step()``); the handles are removed at close."""
+    which computes its gradients inside ``step()``); the handles are removed at close. An
+    observing Monitor's also hold the counted global hooks (registration, optimizers stepping)
+    until :meth:`remove`; ``audit()``'s hold none."""
 
-    def __init__(self, check: Callable[[torch.optim.Optimizer], Any]) -> None:
+    def __init__(self, check: Callable[[torch.optim.Optimizer], Any], global_hooks: bool = True) -> None:
         self._check = check
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
+        self._global = (structure.REGISTRATION_HOOKS, structure.STEP_HOOKS) if global_hooks else ()
+        for hooks in self._global:
+            hooks.acquire()
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -355,6 +359,9 @@ class _StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for hooks in self._global:
+            hooks.release()
+        self._global = ()
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.

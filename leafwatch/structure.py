@@ -85,13 +85,37 @@ def _install_registration_hooks() -> list[Any]:
 #: The hooks that bump :func:`structure_generation`; each Monitor holds them while it is open.
 REGISTRATION_HOOKS = SharedGlobalHooks(_install_registration_hooks)
 
-#: Every optimizer a Monitor was given or adopted, process-wide and weakly: a tensor watched with
-#: ``leafwatch.watch()`` is in an optimizer if any of these holds it.
-_known_optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+#: The optimizers seen stepping while a Monitor was open, weakly: a tensor flagged with
+#: ``leafwatch.watch()`` is in an optimizer if one of these (or one the Monitor was given) holds it.
+#: Filled only by a step that really happens (``audit()`` adds nothing, as it observes no step),
+#: and emptied when the last Monitor closes, so nothing outlives the Monitors that observed it.
+_stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
-def known_optimizers() -> list[torch.optim.Optimizer]:
-    return list(_known_optimizers)
+class _Forget:
+    """The handle that forgets the optimizers seen stepping when the step hook goes."""
+
+    def remove(self) -> None:
+        _stepping.clear()
+
+
+def _install_step_hook() -> list[Any]:
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    def saw_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        _stepping.add(optimizer)
+
+    return [register_optimizer_step_pre_hook(saw_step), _Forget()]
+
+
+#: The global optimizer step pre-hook that records which optimizers step; each Monitor holds it
+#: while it is open.
+STEP_HOOKS = SharedGlobalHooks(_install_step_hook)
+
+
+def stepping_optimizers() -> list[torch.optim.Optimizer]:
+    """The optimizers seen stepping while a Monitor was open (none once every Monitor closed)."""
+    return list(_stepping)
 
 
 def structure_generation() -> int:
@@ -162,7 +186,6 @@ class StructureCache:
         self.rebuilds = 0
         #: Object id -> the user's variable, when the front-end knows them (``leafwatch run``).
         self.variables: Callable[[], dict[int, str]] | None = None
-        _known_optimizers.update(optimizers)
 
     # -- what is checked ---------------------------------------------------------------------
     @property
@@ -191,7 +214,6 @@ class StructureCache:
             return False
         self.index_of[id(optimizer)] = len(self.optimizers)
         self.optimizers.append(optimizer)
-        _known_optimizers.add(optimizer)
         self.invalidate()
         return True
 

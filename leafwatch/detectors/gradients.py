@@ -248,15 +248,8 @@ class GradientTracker:
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
                                 reachable=None if reachable is None else pid in reachable,
                                 checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
-        traced_before = old is not None and old.details.get("reason") in ("pending", "unknown")
-        if explanation is None and reachable is None and self.diagnose and info is not None and not traced_before:
-            f = f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
-                          details={**f.details, "reason": "pending"})
-        elif explanation is None and reachable is None and traced_before:
-            # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
-            f = f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
-                                                       shown=f"`{info.module}`" if info and info.module else "the model"),
-                          details={**f.details, "reason": "unknown"})
+        if explanation is None and reachable is None:
+            f = self._unexplained(f, name, info, old)
         if misses < checks_of_p:
             f = checks.intermittent(f, checks_of_p, misses, step)
         elif old is not None and old.status == Status.INTERMITTENT:
@@ -268,6 +261,19 @@ class GradientTracker:
             # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
             self._steady_changes += 1
+
+    def _unexplained(self, f: Finding, name: str, info: inventory.ParamInfo | None, old: Finding | None) -> Finding:
+        """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
+        traced_before = old is not None and old.details.get("reason") in ("pending", "unknown")
+        if self.diagnose and info is not None and not traced_before:
+            return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
+                             details={**f.details, "reason": "pending"})
+        if traced_before:
+            # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
+            return f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
+                                                          shown=f"`{info.module}`" if info and info.module else "the model"),
+                             details={**f.details, "reason": "unknown"})
+        return f
 
     def _observed_cut(self, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
         """The cut the recorder saw upstream of ``pid``: this round's when a forward was

@@ -313,3 +313,15 @@ def test_public_names_are_in_all(name: str) -> None:
     if name == "LeafWatch":
         require_module("pytorch_lightning")  # the callback is built on Lightning's Callback
     assert getattr(leafwatch, name) is not None
+
+
+def test_no_class_over_300_lines_and_no_function_over_60() -> None:
+    """Counted from `def`/`class` to its last line, docstring included (a piece one can read whole)."""
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            lines = getattr(node, "end_lineno", 0) - getattr(node, "lineno", 0) + 1
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and lines > 60 \
+                    or isinstance(node, ast.ClassDef) and lines > 300:
+                too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not too_long, too_long

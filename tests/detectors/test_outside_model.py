@@ -55,14 +55,67 @@ def test_a_watched_leaf_in_an_optimizer_is_no_finding() -> None:
     assert leafwatch.audit(model, opt).findings == []
 
 
-def test_a_watched_leaf_in_another_known_optimizer_is_no_finding() -> None:
+def test_a_watched_leaf_in_another_optimizer_that_steps_is_no_finding() -> None:
     model, logit_scale, opt = _clip_like()
-    other = torch.optim.SGD([logit_scale], lr=0.1)
-    leafwatch.Monitor(nn.Linear(1, 1), other).close()  # leafwatch knows `other` from now on
+    other = torch.optim.SGD([logit_scale], lr=0.1)  # the Monitor is not given it; it steps
     leafwatch.watch(logit_scale, name="logit_scale")
+    reports = []
     with leafwatch.Monitor(model, opt) as monitor:
-        (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
-        assert monitor.check().findings == []
+        for _ in range(3):
+            opt.zero_grad(), other.zero_grad()
+            (model(torch.randn(2, 4)) * logit_scale.exp()).sum().backward()
+            reports.append(monitor.check())
+            opt.step(), other.step()
+    assert [r.findings for r in reports] == [[], [], []]
+
+
+def _held_only_by_a_never_stepping_optimizer(audit_first: bool) -> list[leafwatch.Report]:
+    """A watched `w` held only by `opt2`, which never steps and which the Monitor is not given."""
+    model = nn.Linear(4, 1)
+    w = torch.ones([], requires_grad=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt2 = torch.optim.SGD([w], lr=0.1)
+    leafwatch.watch(w, name="w")
+    if audit_first:
+        (model(torch.randn(2, 4)) * w).sum().backward()
+        leafwatch.audit(optimizers=opt2)  # an unrelated audit() of opt2 earlier in the process
+    reports = []
+    with leafwatch.Monitor(model, opt) as monitor:
+        for step in range(2):
+            opt.zero_grad(), opt2.zero_grad()
+            (model(torch.randn(2, 4)) * w).sum().backward()
+            reports.append(monitor.check())
+            if not audit_first and step == 0:
+                leafwatch.audit(optimizers=opt2)  # an audit() of opt2 between the Monitor's checks
+            opt.step()
+    return reports
+
+
+@pytest.mark.parametrize("audit_first", [True, False], ids=["audit-before", "audit-between-checks"])
+def test_an_audit_of_an_optimizer_changes_no_later_verdict_of_a_monitor(audit_first: bool) -> None:
+    """audit() is pure: it installs no hook and leaves no process-wide trace, so an audit() given
+    `opt2` does not make `opt2` count as an optimizer that trains `w` for a Monitor."""
+    first, second = _held_only_by_a_never_stepping_optimizer(audit_first)
+    assert first.findings == [], "held at the first gradient: it may be updated by hand"
+    (finding,) = second
+    assert (finding.kind, finding.name, finding.severity) == ("not_in_optimizer", "w", "error")
+
+
+def test_audit_installs_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leafwatch import structure
+
+    acquired: list[str] = []
+    for name in ("REGISTRATION_HOOKS", "STEP_HOOKS"):
+        hooks = getattr(structure, name)
+        monkeypatch.setattr(hooks, "acquire", lambda name=name, real=hooks.acquire: (acquired.append(name), real()))
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(3, 2)).sum()
+    loss.backward()
+    assert leafwatch.audit(model, opt, loss=loss).findings == []
+    assert acquired == [], "audit() installed a global hook"
+    leafwatch.Monitor(model, opt).close()  # the recorder sees a Monitor's hooks
+    assert acquired == ["REGISTRATION_HOOKS", "STEP_HOOKS"]
 
 
 def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_an_error_named_by_its_variable() -> None:

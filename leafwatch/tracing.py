@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import cuts, fixes
+from .report.names import ancestors
 
 if TYPE_CHECKING:
     from .inventory import Inventory
@@ -203,7 +204,7 @@ class Tracer:
     # -- the cut recorder -------------------------------------------------------------------------
     def _hook_roots(self) -> None:
         """Enter/leave hooks on the top armed modules: those with no armed ancestor."""
-        tops = {n for n in self.handles if not any(a in self.handles for a in _ancestors(n))}
+        tops = {n for n in self.handles if not (n != "" and "" in self.handles) or any(a in self.handles for a in ancestors(n))}
         for name in list(self._root_handles):
             if name not in tops:
                 pre, post = self._root_handles.pop(name)
@@ -360,14 +361,6 @@ def _reached(record: RunRecord):
             record.backward_reached = True
 
     return mark
-
-
-def _ancestors(name: str) -> list[str]:
-    """``"a.b.c"`` -> ``["", "a", "a.b"]`` (the root is ``""``)."""
-    if not name:
-        return []
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(len(parts))]
 
 
 def _is_descendant(name: str, ancestor: str) -> bool:

@@ -13,12 +13,11 @@ until a verdict confirms it or drops it, or the run ends and the detector that h
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
-from .names import parent
+from .names import ancestors
 from .findings import apply_ignore
 from .verdicts import Action, Verdict
 
@@ -240,7 +239,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
         if spec is None or spec.grouped_by != "module":
             continue
         alike = (f.kind, f.status, str(f.details.get("group") or ""))
-        modules = _ancestors(f.name)
+        modules = ancestors(f.name)
         lifted.append((f, alike, modules))
         for module in modules:
             key = (alike, module)
@@ -282,21 +281,10 @@ class ModuleCounts:
         if self._names is not names and self._names != names:
             under: dict[str, int] = {}
             for name in names:
-                for module in _ancestors(name):
+                for module in ancestors(name):
                     under[module] = under.get(module, 0) + 1
             self._names, self._under = names, under
         return self._under
-
-
-@functools.lru_cache(maxsize=1 << 16)  # the same names at every rebuild of the report
-def _ancestors(name: str) -> tuple[str, ...]:
-    """The module paths above a tensor's name, nearest first (``a.b``, ``a`` of ``a.b.weight``)."""
-    out = []
-    module = parent(name)
-    while module != name and module:
-        out.append(module)
-        name, module = module, parent(module)
-    return tuple(out)
 
 
 def parse_state(state: Any) -> tuple[int, list[Finding], dict[str, int], dict[int | None, int]]:

@@ -26,6 +26,7 @@ from ...report.findings import Finding, Kind, Report
 from ...monitor import Monitor
 from ...options import WarnOnce
 from ...report.findings import apply_ignore
+from ...report.names import ancestors
 from ...tracing import Explanation
 from .discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 
@@ -303,7 +304,7 @@ class Session:
 
 def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanation:
     """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
-    if info.module not in ran and any(n in ran for n in _ancestors(info.module)):
+    if info.module not in ran and ("" in ran or any(n in ran for n in ancestors(info.module))):
         shown = f"`{info.module}`"
         call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
         return Explanation(
@@ -316,11 +317,6 @@ def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanati
         "created before the first forward pass).",
         fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
         reason="unknown")
-
-
-def _ancestors(module_name: str) -> list[str]:
-    parts = module_name.split(".") if module_name else []
-    return [".".join(parts[:i]) for i in range(len(parts))]
 
 
 def _distributed_run() -> bool:

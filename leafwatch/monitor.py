@@ -121,7 +121,7 @@ class Monitor:
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
-        self._step_hooks = _StepHooks(self.check, self._observes)
+        self._step_hooks = StepHooks(self.check, self._observes)
         self._gatherer = _distributed.make_gatherer(
             self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
         self._checker.arm()
@@ -333,7 +333,7 @@ class Monitor:
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
 
 
-class _StepHooks:
+class StepHooks:
     """Checks before each ``optimizer.step()`` (after it for a step with a closure, ``LBFGS``,
     which computes its gradients inside ``step()``); the handles are removed at close. An
     observing Monitor's also hold the counted global hooks (registration, optimizers stepping)
@@ -354,6 +354,13 @@ class _StepHooks:
         for opt in optimizers:
             self._handles.append(opt.register_step_pre_hook(self._before_step))
             self._handles.append(opt.register_step_post_hook(self._after_step))
+
+    def install_global(self) -> None:
+        """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self._handles.append(register_optimizer_step_pre_hook(self._before_step))
+        self._handles.append(register_optimizer_step_post_hook(self._after_step))
 
     def remove(self) -> None:
         for handle in self._handles:

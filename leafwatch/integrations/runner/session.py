@@ -23,7 +23,7 @@ from ... import fixes, inventory, watching
 from ...detectors import constructors as checks, structure as structure_detector
 from ...console import NewFindingWarnings
 from ...report.findings import Finding, Kind, Report
-from ...monitor import Monitor
+from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
 from ...report.findings import apply_ignore
 from ...report.names import ancestors
@@ -69,8 +69,7 @@ class Session:
         self._writer: Any = None
         self._sink: Any = None
         self._lines = NewFindingWarnings(warn=self.write, every_status=True)
-        self._handles: list[Any] = []
-        self._closure_steps: set[int] = set()
+        self._step_hooks = StepHooks(self._checked_step, global_hooks=False)
         self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
         self._checking = self._closed = False
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
@@ -92,24 +91,8 @@ class Session:
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        self._handles.append(register_optimizer_step_pre_hook(self._on_step))
-        self._handles.append(register_optimizer_step_post_hook(self._on_step_done))
+        self._step_hooks.install_global()
         self.found.arm()
-
-    def _on_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")  # args[0] is the optimizer
-        if closure is not None:
-            # LBFGS and friends compute the gradients inside step(): check after it.
-            self._closure_steps.add(id(optimizer))
-            return
-        self._checked_step(optimizer)
-
-    def _on_step_done(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if id(optimizer) in self._closure_steps:
-            self._closure_steps.discard(id(optimizer))
-            self._checked_step(optimizer)
 
     def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._checking or self._closed:
@@ -216,9 +199,7 @@ class Session:
             return self.report or Report(step=self.steps)
         self._closed = True
         self.found.disarm()
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        self._step_hooks.remove()
         report: Report
         try:
             if self.monitor is not None and self.report is not None:

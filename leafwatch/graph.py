@@ -119,8 +119,15 @@ def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tenso
     return leaves, count < limit
 
 
-def reachable_leaf_ids(loss: torch.Tensor) -> set[int] | None:
-    """The ``id`` of every leaf that a backward from ``loss`` reaches; None when unknown."""
+#: What :func:`reachable_leaf_ids` returns for a loss with no autograd graph: no leaf is reached.
+NO_GRAPH: frozenset[int] = frozenset()
+
+
+def reachable_leaf_ids(loss: torch.Tensor) -> set[int] | frozenset[int] | None:
+    """The ``id`` of every leaf that a backward from ``loss`` reaches; :data:`NO_GRAPH` for a loss
+    that has no autograd graph (it does not require grad); None when unknown."""
+    if isinstance(loss, torch.Tensor) and loss.grad_fn is None and not loss.requires_grad:
+        return NO_GRAPH
     if not isinstance(loss, torch.Tensor) or loss.grad_fn is None:
         return None
     leaves, complete = leaves_of(loss.grad_fn, limit=10 * MAX_NODES)

@@ -123,16 +123,23 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
 
 # -- missing gradients ------------------------------------------------------------------------
 def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
-                 info: ParamInfo | None = None, reachable: bool | None = None,
+                 info: ParamInfo | None = None, reachable: bool | str | None = None,
                  checks: int | None = None, misses: int | None = None,
                  watched_from_start: bool = False) -> Finding:
     """A trainable tensor without a gradient.
 
-    ``watched_from_start`` says that a Monitor watched the run from its start, so the audit's
-    advice to create one would be wrong.
+    ``reachable``: whether backward from the loss given reaches it (``"no_graph"``: that loss has
+    no autograd graph). ``watched_from_start`` says that a Monitor watched the run from its start,
+    so the audit's advice to create one would be wrong.
     """
     if explanation is not None:
         cause, fix, reason = explanation.cause, explanation.fix, explanation.reason
+    elif reachable == "no_graph":
+        cause = ("the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+                 "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a "
+                 "tensor from it.")
+        fix, reason = ("pass the loss that `backward()` is called on, computed with gradients on "
+                       "(its `grad_fn` is not None)"), "loss_without_graph"
     elif reachable is False:
         cause = (f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never "
                  "used, or cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a "
@@ -154,9 +161,11 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     details: dict[str, Any] = {"reason": reason}
     if explanation is not None and explanation.group is not None:
         details["group"] = explanation.group  # every tensor cut at one place is one mistake
+    elif reason == "loss_without_graph":
+        details["group"] = "the loss given"  # one mistake: the loss, whichever tensors it misses
     if info is not None:
         details["module"] = info.module
-        if reason in ("detached", "unused", "never_ran") or "group" in details:
+        if reason in ("detached", "unused", "never_ran") or "group" in details and reason != "loss_without_graph":
             fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
         details["checks"] = checks

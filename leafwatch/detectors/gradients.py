@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .. import cuts, evidence, inventory, tracing
+from .. import cuts, evidence, graph, inventory, tracing
 from ..report.findings import Finding, Severity, Status
 from ..report.history import FindingsView
 from ..structure import CheckList
@@ -246,7 +246,8 @@ class GradientTracker:
                 streak, self._stall_limit(pid), checks_of_p, misses)))
             return
         f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
-                                reachable=None if reachable is None else pid in reachable,
+                                reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
+                                else pid in reachable,
                                 checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
         if explanation is None and reachable is None:
             f = self._unexplained(f, name, info, old)

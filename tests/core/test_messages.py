@@ -192,3 +192,16 @@ def test_ignore_applies_to_the_history_with_its_reason() -> None:
     assert not report
     ignored = history[("missing_grad", "spare.weight")]
     assert ignored.status == "ignored" and ignored.details["ignored_because"] == "kept for the next experiment"
+
+
+def test_audit_with_a_loss_that_has_no_graph_says_so() -> None:
+    """A `loss=` that does not require grad (a constant, or computed under no_grad) reaches no
+    parameter: the cause names that loss, not the diagnostic hooks or `diagnose=`."""
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (finding,) = leafwatch.audit(model, opt, loss=torch.tensor(1.0))
+    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "the loss given", "loss_without_graph")
+    assert finding.names == ("bias", "weight")
+    assert "`loss=` has no autograd graph" in finding.cause
+    assert "diagnose" not in finding.cause and "pass `loss=`" not in finding.cause
+    assert finding.fix == "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)"

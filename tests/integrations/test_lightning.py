@@ -578,6 +578,15 @@ def test_bad_options_are_rejected_with_the_argument_named(kwargs, error, match):
         LeafWatch(**kwargs)
 
 
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    (("x",), {}, r"^LeafWatch\.__init__\(\) takes 1 positional argument but 2 were given$"),
+    ((), {"stric": True}, r"^LeafWatch\.__init__\(\) got an unexpected keyword argument 'stric'"),
+])
+def test_a_wrong_argument_names_leafwatch_not_the_base_class(args, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        LeafWatch(*args, **kwargs)
+
+
 def test_without_lightning_the_callback_says_how_to_install_it():
     code = (
         "import sys\n"

@@ -75,7 +75,7 @@ def audit(
     missing = [f for f in findings if f.kind == Kind.MISSING_GRAD]
     if loss is None and len(missing) > 1 and events and events[-1].coverage == 0.0:
         findings = _no_gradient_at_all(findings, missing, ignore_map, step, opts)
-    return Report(findings, step=step)
+    return Report(findings, step=step, nothing_to_check=report.nothing_to_check)
 
 
 def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any, check_values: Any

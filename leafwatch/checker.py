@@ -10,6 +10,7 @@ optimizers, sinks, strict mode, distributed merging) and asks its Checker to run
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +30,9 @@ from .diagnostics import Diagnostics
 from .events import CheckEvent
 from .report.findings import Report
 from .report.history import FindingHistory
-from .options import WarnOnce, validate_int, warn_unmatched_ignore
+from .frames import stacklevel_outside
+from .options import LeafwatchWarning, WarnOnce, validate_int, warn_unmatched_ignore
+from .report.format import NOTHING_TO_CHECK
 from .pipeline import Part, Pipeline
 from .report.verdicts import Verdict, Verdicts
 
@@ -257,7 +260,20 @@ class Checker:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
             warn_unmatched_ignore(self.history_store.ignore, names)
+        self._say_if_nothing_to_check(inv, out)
         return out
+
+    def _say_if_nothing_to_check(self, inv: inventory.Inventory, found: Verdicts) -> None:
+        """No tensor requires grad, nothing is watched and the structure shows nothing: the report
+        says "nothing to check", not "no findings", and a warning says so when it becomes true."""
+        nothing = (not found and not any(t.requires_grad for t in inv.tensors.values())
+                   and not any(p.requires_grad for params in inv.optimizer_params for p in params)
+                   and not self._watch_entries())
+        if nothing and not self.history_store.nothing_to_check:
+            warnings.warn(f"leafwatch: nothing to check: {NOTHING_TO_CHECK} (a model without parameters, "
+                          "or every parameter frozen), so no finding can appear.",
+                          LeafwatchWarning, stacklevel=stacklevel_outside())
+        self.history_store.nothing_to_check = nothing
 
     def _read_structure(self, state: CheckState) -> Verdicts | None:
         cache, optimizer = self.structure, state.optimizer

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from .environment import tensorboard_command
-from .options import positive_int
+from .options import folder_problem, positive_int
 
 
 class Subcommand(NamedTuple):
@@ -112,7 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- demo ---------------------------------------------------------------------------------------
 def demo_main(args: argparse.Namespace) -> int:
     """Train the seeded-bug demo (:mod:`leafwatch.demo`), print the findings table and, last, the
-    command that opens TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`)."""
+    command that opens TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`).
+    An unusable ``--logdir`` exits 2 before anything is imported or trained, as in ``leafwatch run``."""
+    problem = folder_problem(args.logdir, "--logdir", create=True)
+    if problem is not None:
+        print(f"leafwatch demo: {problem}", file=sys.stderr)
+        return 2
     try:
         from .integrations.lightning import LeafWatch  # noqa: F401  (fails early with the install hint)
         from . import demo as example

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
+import tempfile
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -134,6 +136,57 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
     return value
+
+
+def folder_problem(path: str, argument: str, *, create: bool = False) -> str | None:
+    """What is wrong with ``path`` as the folder ``argument`` names, in one clause that names
+    both, or None: ``leafwatch demo``, ``run`` (``--logdir``) and ``report`` (``LOGDIR``) say it
+    before they start.
+
+    Args:
+        path: The path as the user gave it.
+        argument: What the command line calls it (``--logdir``, ``LOGDIR``).
+        create: A log directory: create it when missing (its parents too) and check that a
+            file can be written in it. Without it a missing folder is a problem.
+
+    Returns:
+        ``"`--logdir` 'afile.txt' is a file, not a folder"`` and the like, or None.
+
+    Example::
+
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(suffix=".txt") as f:
+        ...     folder_problem(f.name, "--logdir") == f"`--logdir` {f.name!r} is a file, not a folder"
+        True
+        >>> folder_problem("no/such/folder", "LOGDIR")
+        "`LOGDIR` 'no/such/folder' does not exist"
+    """
+    given = f"`{argument}` {path!r}"
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"{given} {_not_a_folder(path)}"
+    if not os.path.isdir(path):
+        if not create:
+            return f"{given} does not exist"
+        above = os.path.dirname(os.path.normpath(path))
+        while above and not os.path.exists(above) and os.path.dirname(above) != above:
+            above = os.path.dirname(above)
+        if above and os.path.exists(above) and not os.path.isdir(above):
+            return f"{given} cannot be created: {above!r} {_not_a_folder(above)}"
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as error:
+            return f"{given} cannot be created ({error.strerror or error})"
+    if create:
+        try:
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as error:
+            return f"{given} is not writable ({error.strerror or error})"
+    return None
+
+
+def _not_a_folder(path: str) -> str:
+    return "is a file, not a folder" if os.path.isfile(path) else "is not a folder"
 
 
 def pattern_matches(pattern: str, name: str) -> bool:

@@ -543,6 +543,8 @@ class Report:
     tensors. Iterating yields every finding, the intermittent, resolved and ignored ones too
     (they say so in ``status``). A mistake is open while one of its tensors is: an ``ignore``
     pattern that matches some of them marks those ignored and keeps the rest open.
+    ``nothing_to_check`` is true when the check had nothing to look at (no tensor requires grad
+    and nothing is watched): the text says "nothing to check", not "no findings".
 
     Example::
 
@@ -555,10 +557,12 @@ class Report:
     """
 
     def __init__(self, findings: Iterable[Finding] = (), step: int | None = None, *,
-                 memo: MistakeMemo | None = None) -> None:
+                 memo: MistakeMemo | None = None, nothing_to_check: bool = False) -> None:
         #: One finding per mistake, in the one order.
         self.findings: list[Finding] = group_findings(findings, memo)
         self.step = step
+        #: The check had nothing to look at: no tensor requires grad and nothing is watched.
+        self.nothing_to_check = nothing_to_check
 
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
@@ -608,26 +612,31 @@ class Report:
 
     def __str__(self) -> str:
         """The findings table (:func:`leafwatch.report.format.report_text`)."""
-        return report_text(self.findings, self.step)
+        return report_text(self.findings, self.step, nothing_to_check=self.nothing_to_check)
 
     def to_markdown(self) -> str:
         """A markdown table (with the blank line before it that TensorBoard needs)."""
-        return report_markdown(self.findings, self.step)
+        return report_markdown(self.findings, self.step, nothing_to_check=self.nothing_to_check)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``."""
-        return {
+        """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``, and
+        ``"nothing_to_check": true`` only when it is (so older readers read it unchanged)."""
+        data = {
             "step": self.step,
             "counts": self.counts(),
             "findings": [f.to_dict() for f in self.findings],
         }
+        if self.nothing_to_check:
+            data["nothing_to_check"] = True
+        return data
 
     def to_json(self, **kwargs: Any) -> str:
         return json.dumps(self.to_dict(), **kwargs)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        return cls((Finding.from_dict(f) for f in data.get("findings", ())), step=data.get("step"))
+        return cls((Finding.from_dict(f) for f in data.get("findings", ())), step=data.get("step"),
+                   nothing_to_check=data.get("nothing_to_check") is True)
 
     def raise_for_findings(self, min_severity: str = "error") -> None:
         """Raise :class:`LeafwatchError` with the table when an open finding is that severe.

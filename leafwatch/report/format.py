@@ -25,6 +25,9 @@ from .names import compress_names
 #: How a finding's status and severity words are compared here (the ``Status`` and ``Severity``
 #: members of :mod:`leafwatch.report.findings` are these strings).
 OPEN, IGNORED, INFO = "open", "ignored", "info"
+#: Why a report without findings says "nothing to check" rather than "no findings" (its
+#: ``nothing_to_check``), and the warning that says so once.
+NOTHING_TO_CHECK = "no tensor requires grad and nothing is watched"
 
 
 class FindingText(Protocol):
@@ -162,9 +165,10 @@ def _head(text: str, step: int | None) -> str:
     return f"{text} {moment}" if moment else text
 
 
-def report_text(findings: Sequence[FindingText], step: int | None = None) -> str:
+def report_text(findings: Sequence[FindingText], step: int | None = None, *, nothing_to_check: bool = False) -> str:
     """The findings table: per finding its line, the message, the cause and the fix; an ignored
-    finding gives the reason it is ignored instead of the cause and the fix.
+    finding gives the reason it is ignored instead of the cause and the fix. Without findings,
+    "no findings", or "nothing to check" when the check had nothing to look at.
 
     Example::
 
@@ -177,6 +181,8 @@ def report_text(findings: Sequence[FindingText], step: int | None = None) -> str
               ignored: kept for fine-tuning
     """
     if not findings:
+        if nothing_to_check:
+            return f"{_head('leafwatch: nothing to check', step)}: {NOTHING_TO_CHECK}"
         return _head("leafwatch: no findings", step)
     n_open = sum(1 for f in findings if f.is_open)
     lines = [_head(f"leafwatch: {n_open} open of {len(findings)} finding(s)", step)]
@@ -207,10 +213,10 @@ def escape_markdown(text: str) -> str:
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ")
 
 
-def report_markdown(findings: Sequence[FindingText], step: int | None = None) -> str:
+def report_markdown(findings: Sequence[FindingText], step: int | None = None, *, nothing_to_check: bool = False) -> str:
     """The findings as a markdown table (with the blank line before it that TensorBoard needs)."""
     if not findings:
-        return "**leafwatch**: no findings."
+        return f"**leafwatch**: nothing to check: {NOTHING_TO_CHECK}." if nothing_to_check else "**leafwatch**: no findings."
     n_open = sum(1 for f in findings if f.is_open)
     rows = [
         _head(f"**leafwatch**: {n_open} open finding(s)", step),
@@ -237,6 +243,7 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None) ->
 
 
 __all__ = [
+    "NOTHING_TO_CHECK",
     "FindingText",
     "decided_step",
     "escape_markdown",

@@ -66,8 +66,8 @@ class FindingHistory(FindingsView):
         ignore: Pattern -> reason (validated, see :mod:`leafwatch.options`).
     """
 
-    __slots__ = ("ignore", "tensor_names", "version", "revision", "_report", "_report_revision", "view",
-                 "_lifted", "_mistakes", "_module_counts")
+    __slots__ = ("ignore", "tensor_names", "nothing_to_check", "version", "revision", "_report", "_report_revision",
+                 "view", "_lifted", "_mistakes", "_module_counts")
 
     def __init__(self, ignore: Mapping[str, str] | None = None) -> None:
         super().__init__({})
@@ -76,6 +76,9 @@ class FindingHistory(FindingsView):
         #: structure): a mistake grouped by module is named by the largest module whose
         #: tensors all share it (`aux_head`, not `aux_head.0` and `aux_head.2`).
         self.tensor_names: Callable[[], Iterable[str]] | None = None
+        #: Set by the Checker from the structure: no tensor requires grad and nothing is watched
+        #: (the report says "nothing to check").
+        self.nothing_to_check = False
         #: Bumped by every change a user would see (a sink logs the report again).
         self.version = 0
         #: Bumped by every write (the report is rebuilt: step counts and last steps too); the
@@ -106,6 +109,7 @@ class FindingHistory(FindingsView):
             self._report_revision = self.revision
         else:
             self._report.step = step
+        self._report.nothing_to_check = self.nothing_to_check
         return self._report
 
     # -- writing -----------------------------------------------------------------------------

@@ -18,8 +18,10 @@ from typing import Any
 
 from .findings import Report
 from .records import REPORT_TAG, decode
+from ..options import folder_problem
+
 FAIL_ON = ("error", "warning", "never")
-#: Exit codes: findings at or above --fail-on open; no leafwatch data (or no such folder).
+#: Exit codes: findings at or above --fail-on open; no leafwatch data (or LOGDIR is no folder).
 EXIT_FINDINGS, EXIT_NO_DATA = 1, 2
 
 
@@ -98,10 +100,11 @@ def read_reports(logdir: str) -> list[RunReport]:
     """The latest leafwatch record of every run under ``logdir``, in folder order.
 
     Raises:
-        ValueError: ``logdir`` is not a folder.
+        ValueError: ``logdir`` is not a folder (a file, or nothing).
     """
-    if not os.path.isdir(logdir):
-        raise ValueError(f"`logdir` must be a folder, got {logdir!r} (no such folder)")
+    problem = folder_problem(logdir, "logdir")
+    if problem is not None:
+        raise ValueError(problem)
     out = []
     for folder, files in _run_folders(logdir):
         found = _latest_record(files)
@@ -144,6 +147,10 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def report_main(args: argparse.Namespace) -> int:
     """Print the reports found under ``args.logdir``; the exit code."""
+    problem = folder_problem(args.logdir, "LOGDIR")
+    if problem is not None:
+        sys.stderr.write(f"leafwatch report: {problem}\n")
+        return EXIT_NO_DATA
     try:
         reports = read_reports(args.logdir)
     except ValueError as error:

@@ -52,6 +52,8 @@ leafwatch/report          latest wins; written when the findings change and at c
     {"version": 2, "step": int, "counts": {kind: open mistakes}, "findings": [Finding.to_dict(), ...]}
     one finding per mistake; its "members" are the per-tensor findings (Finding.to_dict() each,
     with "members": []). Version 1 wrote per-tensor findings only (no "members").
+    "nothing_to_check": true is added when no tensor required grad and nothing was watched
+    (absent otherwise, and in records written before it: read as false).
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
     sampling never drops history); the latest sample of a tag is the whole chunk so far,
     zlib-compressed JSON (rewritten a few times per chunk and when the findings change):

@@ -187,6 +187,45 @@ def test_a_matching_ignore_pattern_does_not_warn(recwarn) -> None:
     assert not [w for w in recwarn if issubclass(w.category, leafwatch.LeafwatchWarning)]
 
 
+NOTHING_TO_CHECK = ("leafwatch: nothing to check: no tensor requires grad and nothing is watched (a model without "
+                    "parameters, or every parameter frozen), so no finding can appear.")
+
+
+def _nothing_to_check_said(caught) -> list[str]:
+    return [str(w.message) for w in caught if "nothing to check" in str(w.message)]
+
+
+@pytest.mark.parametrize("model", [nn.ReLU(), nn.Linear(2, 1).requires_grad_(False)], ids=["no parameters", "all frozen"])
+def test_audit_with_nothing_to_check_says_nothing_to_check_not_no_findings(model) -> None:
+    with pytest.warns(leafwatch.LeafwatchWarning) as caught:
+        line = sys._getframe().f_lineno + 1
+        report = leafwatch.audit(model)
+    assert _nothing_to_check_said(caught) == [NOTHING_TO_CHECK]
+    (warning,) = [w for w in caught if "nothing to check" in str(w.message)]
+    assert (warning.filename, warning.lineno) == (__file__, line)
+    assert report.nothing_to_check and len(report) == 0
+    assert str(report) == "leafwatch: nothing to check: no tensor requires grad and nothing is watched"
+
+
+def test_a_monitor_with_nothing_to_check_warns_once_and_its_report_says_so() -> None:
+    with pytest.warns(leafwatch.LeafwatchWarning) as caught:
+        monitor = leafwatch.Monitor(nn.ReLU())
+        monitor.check()
+        monitor.check()
+        report = monitor.close()
+    assert _nothing_to_check_said(caught) == [NOTHING_TO_CHECK]
+    assert str(report) == "leafwatch: nothing to check at step 2: no tensor requires grad and nothing is watched"
+
+
+def test_a_watched_tensor_or_a_trainable_parameter_is_something_to_check(recwarn) -> None:
+    watched = leafwatch.audit(nn.ReLU(), tensors={"scale": torch.ones(1, requires_grad=True)})
+    assert not watched.nothing_to_check and watched.names("missing_grad") == {"scale"}
+    model, optimizer = _trained_step()
+    clean = leafwatch.audit(model, optimizer)
+    assert not clean.nothing_to_check and str(clean) == "leafwatch: no findings"
+    assert not _nothing_to_check_said(recwarn)
+
+
 # -- Monitor ----------------------------------------------------------------------------------
 def test_monitor_rejects_a_model_that_is_not_a_module() -> None:
     with pytest.raises(TypeError, match=r"`model` must be a torch\.nn\.Module, got str: 'gpt2'"):

@@ -83,6 +83,22 @@ def test_markdown_of_an_empty_report():
     assert Report().to_markdown() == "**leafwatch**: no findings."
 
 
+def test_a_report_with_nothing_to_check_says_so_and_keeps_old_records_readable():
+    nothing = Report(step=2, nothing_to_check=True)
+    assert str(nothing) == "leafwatch: nothing to check at step 2: no tensor requires grad and nothing is watched"
+    assert str(Report(nothing_to_check=True)) == "leafwatch: nothing to check: no tensor requires grad and nothing is watched"
+    assert nothing.to_markdown() == "**leafwatch**: nothing to check: no tensor requires grad and nothing is watched."
+    assert not nothing and len(nothing) == 0
+    data = json.loads(json.dumps(nothing.to_dict()))
+    assert data["nothing_to_check"] is True and Report.from_dict(data).nothing_to_check
+    # Written only when true: every other record, and those written before the flag, read as before.
+    assert "nothing_to_check" not in Report(step=2).to_dict()
+    old = Report.from_dict({"version": 2, "step": 3, "counts": {}, "findings": []})
+    assert not old.nothing_to_check and str(old) == "leafwatch: no findings at step 3"
+    # Findings are shown whatever the flag says.
+    assert str(Report([_finding()], step=5, nothing_to_check=True)).startswith("leafwatch: 1 open of 1 finding(s) at step 5")
+
+
 def test_to_dict_from_dict_round_trip_through_json():
     report = _real_report()
     assert len(report) >= 3

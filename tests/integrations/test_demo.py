@@ -110,6 +110,17 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
     assert match in capsys.readouterr().err
 
 
+def test_demo_with_a_logdir_that_is_a_file_exits_2_before_training(tmp_path):
+    (tmp_path / "afile.txt").write_text("not a folder")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+    done = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", "afile.txt"], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert done.stdout == ""  # not even the "training ..." line
+    assert done.stderr.splitlines() == ["leafwatch demo: `--logdir` 'afile.txt' is a file, not a folder"]
+    assert (tmp_path / "afile.txt").read_text() == "not a folder"
+
+
 def test_leafwatch_report_does_not_import_torch(tmp_path):
     # `leafwatch report` in CI only reads event files: the parser of `leafwatch run`, whose
     # package imports torch, is not built for it.

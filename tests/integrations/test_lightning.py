@@ -329,6 +329,40 @@ def test_without_a_logger_it_reports_on_the_console(tmp_path, capsys):
     assert "missing_grad" in out and "head.{bias,weight}" in out  # the table at fit end
 
 
+class NoParameters(pl.LightningModule):
+    """A LightningModule without a parameter and without an optimizer: it logs a loss and trains nothing."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("loss", nn.functional.mse_loss(x.sum(dim=1, keepdim=True), y))  # returns None: no backward
+
+    def configure_optimizers(self):
+        return None
+
+
+def test_a_module_without_parameters_is_nothing_to_check_not_no_findings(tmp_path, capsys):
+    from leafwatch.report.reader import read_reports
+
+    callback = LeafWatch()
+    t = trainer(tmp_path, callback, max_steps=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.fit(NoParameters(), loader())
+    said = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
+    assert [str(w.message) for w in said] == [
+        "leafwatch: nothing to check: no tensor requires grad and nothing is watched (a model without "
+        "parameters, or every parameter frozen), so no finding can appear."]  # once, at fit start
+    assert said[0].filename == __file__  # the fit line
+    report = callback.report
+    assert report.nothing_to_check and report.findings == []
+    out = capsys.readouterr().out
+    assert "leafwatch: nothing to check" in out and "no findings" not in out
+    assert str(report).startswith("leafwatch: nothing to check")
+    assert str(report).endswith(": no tensor requires grad and nothing is watched")
+    (written,) = read_reports(str(tmp_path))  # the record says so too
+    assert written.data["nothing_to_check"] is True and written.report.nothing_to_check
+
+
 def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
     model, callback = UnusedHead(), LeafWatch()
     t = trainer(tmp_path, callback, logger=False)
@@ -576,6 +610,15 @@ def test_the_state_key_read_at_every_hook_is_made_once_and_follows_the_options()
 def test_bad_options_are_rejected_with_the_argument_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         LeafWatch(**kwargs)
+
+
+@pytest.mark.parametrize(("args", "kwargs", "match"), [
+    (("x",), {}, r"^LeafWatch\.__init__\(\) takes 1 positional argument but 2 were given$"),
+    ((), {"stric": True}, r"^LeafWatch\.__init__\(\) got an unexpected keyword argument 'stric'"),
+])
+def test_a_wrong_argument_names_leafwatch_not_the_base_class(args, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        LeafWatch(*args, **kwargs)
 
 
 def test_without_lightning_the_callback_says_how_to_install_it():

@@ -150,8 +150,18 @@ def test_report_without_leafwatch_data_exits_2(tmp_path):
     assert result.returncode == 2
     assert "no leafwatch data under" in result.stderr and result.stdout == ""
     missing = _leafwatch("report", str(tmp_path / "nope"))
-    assert missing.returncode == 2
-    assert "no such folder" in missing.stderr
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.splitlines() == [f"leafwatch report: `LOGDIR` {str(tmp_path / 'nope')!r} does not exist"]
+
+
+def test_report_of_a_file_says_it_is_a_file_and_exits_2(tmp_path, monkeypatch):
+    (tmp_path / "afile.txt").write_text("not a folder")
+    result = _leafwatch("report", "afile.txt", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["leafwatch report: `LOGDIR` 'afile.txt' is a file, not a folder"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="^`logdir` 'afile.txt' is a file, not a folder$"):
+        read_reports("afile.txt")
 
 
 def test_report_ignores_event_files_written_by_others(tmp_path):
@@ -456,7 +466,15 @@ def test_an_unusable_logdir_exits_2_before_the_script_runs(tmp_path):
     assert result.returncode == runner.USAGE_EXIT_CODE == 2
     assert result.stdout == ""  # the script did not run
     assert result.stderr.splitlines() == [
-        f"leafwatch run: --logdir {str(logdir)!r} is not usable: cannot create it (Not a directory)"]
+        f"leafwatch run: `--logdir` {str(logdir)!r} cannot be created: {str(blocker)!r} is a file, not a folder"]
+
+
+def test_a_logdir_that_is_a_file_exits_2_before_the_script_runs(tmp_path):
+    (tmp_path / "afile.txt").write_text("not a folder")
+    result = _leafwatch("run", "--logdir", "afile.txt", str(SCRIPTS / "left_out.py"), cwd=tmp_path)
+    assert result.returncode == runner.USAGE_EXIT_CODE == 2
+    assert result.stdout == ""  # the script did not run
+    assert result.stderr.splitlines() == ["leafwatch run: `--logdir` 'afile.txt' is a file, not a folder"]
 
 
 @pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes in a read-only folder")
@@ -469,7 +487,8 @@ def test_a_read_only_logdir_exits_2(tmp_path):
     finally:
         logdir.chmod(0o700)
     assert result.returncode == 2 and result.stdout == ""
-    assert f"--logdir {str(logdir)!r} is not usable: cannot write in it (Permission denied)" in result.stderr
+    assert result.stderr.splitlines() == [
+        f"leafwatch run: `--logdir` {str(logdir)!r} is not writable (Permission denied)"]
 
 
 def test_run_help_lists_the_exit_codes_in_order():

@@ -26,7 +26,7 @@ included, at exit; the script's stdout is its own, and the exit code follows
 from __future__ import annotations
 
 from ...options import parse_ignore
-from .command import EXIT_CODES_HELP, INCOMPLETE_EXIT_CODE, STRICT_EXIT_CODE, USAGE_EXIT_CODE, configure_run_parser, exit_code, logdir_problem, run, run_main, run_target
+from .command import EXIT_CODES_HELP, INCOMPLETE_EXIT_CODE, STRICT_EXIT_CODE, USAGE_EXIT_CODE, configure_run_parser, exit_code, run, run_main, run_target
 from .discovery import STABLE_STEPS, Discovery, user_frames
 from .session import EVERY_STEP_VALUE_CHECKS, LATE_OPTIMIZER_CHECKS, Session, StrictStop
 
@@ -43,7 +43,6 @@ __all__ = [
     "StrictStop",
     "configure_run_parser",
     "exit_code",
-    "logdir_problem",
     "parse_ignore",
     "run",
     "run_main",

@@ -9,13 +9,12 @@ import argparse
 import os
 import runpy
 import sys
-import tempfile
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
 from ...report.findings import Report
-from ...options import parse_ignore, positive_int
+from ...options import folder_problem, parse_ignore, positive_int
 from .session import Session, StrictStop
 
 #: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
@@ -234,32 +233,9 @@ def run_main(args: argparse.Namespace) -> int:
             sys.stderr.write(f"leafwatch run: can't open file {script!r}: no such file\n")
             return USAGE_EXIT_CODE
     if args.logdir is not None:
-        problem = logdir_problem(args.logdir)
+        problem = folder_problem(args.logdir, "--logdir", create=True)
         if problem is not None:
-            sys.stderr.write(f"leafwatch run: --logdir {args.logdir!r} is not usable: {problem}\n")
+            sys.stderr.write(f"leafwatch run: {problem}\n")
             return USAGE_EXIT_CODE
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
                patience=args.patience, ignore=ignore)
-
-
-def logdir_problem(logdir: str) -> str | None:
-    """Why ``logdir`` cannot take TensorBoard records (it is created if missing), or None.
-
-    Args:
-        logdir: The folder given to ``--logdir``.
-
-    Returns:
-        The reason in a few words, or None when a file can be written there.
-    """
-    try:
-        os.makedirs(logdir, exist_ok=True)
-    except OSError as error:
-        return f"cannot create it ({error.strerror or error})"
-    if not os.path.isdir(logdir):
-        return "it is not a folder"
-    try:
-        with tempfile.TemporaryFile(dir=logdir):
-            pass
-    except OSError as error:
-        return f"cannot write in it ({error.strerror or error})"
-    return None

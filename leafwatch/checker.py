@@ -260,20 +260,8 @@ class Checker:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
             warn_unmatched_ignore(self.history_store.ignore, names)
-        self._say_if_nothing_to_check(inv, out)
+        _say_if_nothing_to_check(self.history_store, inv, out, self._watch_entries)
         return out
-
-    def _say_if_nothing_to_check(self, inv: inventory.Inventory, found: Verdicts) -> None:
-        """No tensor requires grad, nothing is watched and the structure shows nothing: the report
-        says "nothing to check", not "no findings", and a warning says so when it becomes true."""
-        nothing = (not found and not any(t.requires_grad for t in inv.tensors.values())
-                   and not any(p.requires_grad for params in inv.optimizer_params for p in params)
-                   and not self._watch_entries())
-        if nothing and not self.history_store.nothing_to_check:
-            warnings.warn(f"leafwatch: nothing to check: {NOTHING_TO_CHECK} (a model without parameters, "
-                          "or every parameter frozen), so no finding can appear.",
-                          LeafwatchWarning, stacklevel=stacklevel_outside())
-        self.history_store.nothing_to_check = nothing
 
     def _read_structure(self, state: CheckState) -> Verdicts | None:
         cache, optimizer = self.structure, state.optimizer
@@ -349,3 +337,17 @@ class Checker:
         mine = self.structure.optimizers
         optimizers = mine if own or not mine else [*mine, *structure.stepping_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
+
+
+def _say_if_nothing_to_check(history: FindingHistory, inv: inventory.Inventory, found: Verdicts,
+                             watched: Callable[[], list[Any]]) -> None:
+    """No tensor requires grad, nothing is watched and the structure shows nothing: the report
+    says "nothing to check", not "no findings", and a warning says so when it becomes true."""
+    nothing = (not found and not any(t.requires_grad for t in inv.tensors.values())
+               and not any(p.requires_grad for params in inv.optimizer_params for p in params)
+               and not watched())
+    if nothing and not history.nothing_to_check:
+        warnings.warn(f"leafwatch: nothing to check: {NOTHING_TO_CHECK} (a model without parameters, "
+                      "or every parameter frozen), so no finding can appear.",
+                      LeafwatchWarning, stacklevel=stacklevel_outside())
+    history.nothing_to_check = nothing

@@ -21,6 +21,7 @@ live report during training, the final one after it, the saved one before a resu
 
 from __future__ import annotations
 
+import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -75,6 +76,20 @@ class CallbackBase:
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
         self._final_state: dict[str, Any] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that takes these options as they are gets this ``__init__`` under its own
+        name, so that Python's TypeError for a wrong argument names it (``LeafWatch.__init__()``,
+        also for the classes :func:`~leafwatch.integrations.lightning.callback_class` builds),
+        not ``CallbackBase.__init__()``."""
+        super().__init_subclass__(**kwargs)
+        if "__init__" not in cls.__dict__:
+            base = CallbackBase.__init__
+            init = types.FunctionType(base.__code__, base.__globals__, "__init__", base.__defaults__, base.__closure__)
+            init.__kwdefaults__, init.__doc__ = base.__kwdefaults__, base.__doc__
+            init.__annotations__, init.__module__ = base.__annotations__, base.__module__
+            init.__qualname__ = f"{cls.__qualname__}.__init__"
+            cls.__init__ = init  # type: ignore[misc]
 
     # -- the lifecycle -------------------------------------------------------------------------
     def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None) -> None:

@@ -20,7 +20,7 @@ callback on one chosen base.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
@@ -30,7 +30,6 @@ from ..environment import install_command
 from ..events import CheckEvent
 from ..report.findings import KINDS
 from .callback_base import CallbackBase
-from ..monitor import DEFAULT_VALUE_CHECK_EVERY
 from ..inventory import unwrap_optimizer
 
 if TYPE_CHECKING:
@@ -294,22 +293,6 @@ class LeafWatch(_LeafWatchMixin, *_BASES):  # type: ignore[misc]  (the installed
         >>> trainer = Trainer(callbacks=[LeafWatch(strict=True)], max_steps=1, logger=False)
     """
 
-    def __init__(
-        self,
-        *,
-        strict: bool = False,
-        patience: int = 1,
-        ignore: Mapping[str, str] | Sequence[str] | None = None,
-        check_values_every_n_steps: int = DEFAULT_VALUE_CHECK_EVERY,
-        log_every_n_steps: int | None = None,
-        verbose: bool = True,
-    ) -> None:
-        # Declared here, as LeafWatchCallback declares its own: Python's TypeError for a wrong
-        # argument names the class whose __init__ it is (`LeafWatch.__init__()`, not CallbackBase's).
-        super().__init__(strict=strict, patience=patience, ignore=ignore,
-                         check_values_every_n_steps=check_values_every_n_steps,
-                         log_every_n_steps=log_every_n_steps, verbose=verbose)
-
 
 def callback_class(base: type | tuple[type, ...], name: str = "LeafWatch") -> type:
     """The same callback on chosen ``Callback`` base(s), e.g. one namespace only.
@@ -323,11 +306,8 @@ def callback_class(base: type | tuple[type, ...], name: str = "LeafWatch") -> ty
     """
     bases = base if isinstance(base, tuple) else (base,)
 
-    class Callback(_LeafWatchMixin, *bases):  # type: ignore[misc]
-        __doc__ = LeafWatch.__doc__
-
-    Callback.__name__ = Callback.__qualname__ = name
-    return Callback
+    # Named at creation: its __init__ takes the class's name then (CallbackBase.__init_subclass__).
+    return type(name, (_LeafWatchMixin, *bases), {"__doc__": LeafWatch.__doc__, "__module__": __name__})
 
 
 __all__ = ["INSTALL_HINT", "LeafWatch", "callback_class"]

@@ -619,6 +619,9 @@ def test_bad_options_are_rejected_with_the_argument_named(kwargs, error, match):
 def test_a_wrong_argument_names_leafwatch_not_the_base_class(args, kwargs, match):
     with pytest.raises(TypeError, match=match):
         LeafWatch(*args, **kwargs)
+    built = callback_class(pl.Callback, "LeafWatch")  # a class callback_class builds: its own name too
+    with pytest.raises(TypeError, match=match):
+        built(*args, **kwargs)
 
 
 def test_without_lightning_the_callback_says_how_to_install_it():

@@ -52,7 +52,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import monitor as monitor_module
-from leafwatch import structure as structure_module
+from leafwatch.observe import structure as structure_module
 
 #: Budgets: what "cheap enough to leave on" means. The check per tensor is met when either the
 #: absolute bound or the bound relative to the bare ``p.grad`` loop holds (the absolute one is
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
 def value_check_timings(work: Workload, repeats: int = 50) -> None:
     """The batched value check alone on this shape's gradients: NaN/Inf only, and with the
     per-tensor zero test of ``dead_grad`` (one segmented max), printed to stderr."""
-    from leafwatch.values import ValueChecker
+    from leafwatch.observe.values import ValueChecker
 
     grads = [p.grad for p in work.params]
     spent = {}

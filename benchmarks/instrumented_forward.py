@@ -25,7 +25,7 @@ import time
 import torch
 from torch import nn
 
-from leafwatch import tracing
+from leafwatch.observe import tracing
 
 
 def make_model() -> nn.Module:

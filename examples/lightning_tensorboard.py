@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bugs", default=",".join(BUGS), help=f"comma-separated among {', '.join(BUGS)} ('' for none)")
     args = parser.parse_args(argv)
     train(args.logdir, bugs=[b for b in args.bugs.split(",") if b], max_steps=args.steps)
-    from leafwatch.environment import tensorboard_command
+    from leafwatch.integrations.environment import tensorboard_command
 
     print(f"\nOpen the dashboard: {tensorboard_command(args.logdir)}")
     return 0

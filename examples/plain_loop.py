@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     report = train(args.logdir, bugs=[b for b in args.bugs.split(",") if b], max_steps=args.steps)
     print(report)
-    from leafwatch.environment import tensorboard_command
+    from leafwatch.integrations.environment import tensorboard_command
 
     print(f"\nOpen the dashboard: {tensorboard_command(args.logdir)}")
     return 0

@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from .events import CheckEvent
+from .report.events import CheckEvent
 from .options import LeafwatchAssertionError, LeafwatchError, LeafwatchInternalWarning, LeafwatchWarning
 from .report.findings import KINDS, SEVERITIES, Finding, Kind, Report, Severity, Status
 
@@ -27,7 +27,7 @@ _LAZY = {
     "watched": "watching",
     "Monitor": "monitor",
     "LeafWatch": "integrations.lightning",
-    "TensorBoardSink": "tensorboard_sink",
+    "TensorBoardSink": "sinks.tensorboard",
 }
 
 __all__ = [
@@ -59,7 +59,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
-        # A submodule (``leafwatch.distributed``) reached as an attribute, as with an eager package.
+        # A submodule (``leafwatch.monitor``) reached as an attribute, as with an eager package.
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:
             return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'leafwatch' has no attribute {name!r}")

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import inventory, watching
+from .observe import inventory
+from . import watching
 from .detectors import constructors as checks
-from .events import CheckEvent
+from .report.events import CheckEvent
 from .report.findings import Finding, Kind, Report
 from .monitor import Monitor
 from .options import got, validate_ignore

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from .environment import tensorboard_command
+from .integrations.environment import tensorboard_command
 from .options import folder_problem, positive_int
 
 
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- demo ---------------------------------------------------------------------------------------
 def demo_main(args: argparse.Namespace) -> int:
     """Train the seeded-bug demo (:mod:`leafwatch.demo`), print the findings table and, last, the
-    command that opens TensorBoard in this environment (:func:`leafwatch.environment.tensorboard_command`).
+    command that opens TensorBoard in this environment (:func:`leafwatch.integrations.environment.tensorboard_command`).
     An unusable ``--logdir`` exits 2 before anything is imported or trained, as in ``leafwatch run``."""
     problem = folder_problem(args.logdir, "--logdir", create=True)
     if problem is not None:

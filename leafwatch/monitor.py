@@ -1,12 +1,12 @@
 """``Monitor``: the checks across steps, with history, patience and diagnostic hooks.
 
 The Monitor is the public surface: it validates its arguments, owns the
-:class:`~leafwatch.structure.StructureCache` (names, optimizer sets, what is read per step;
+:class:`~leafwatch.observe.structure.StructureCache` (names, optimizer sets, what is read per step;
 rebuilt only when a cheap fingerprint changes) and the
 :class:`~leafwatch.report.history.FindingHistory` (findings over time, a version per change), hooks the
 optimizers (:meth:`Monitor.attach`), runs the sinks, strict mode and, when distributed, the
-:class:`~leafwatch.distributed.Gatherer`. What one check does, in order, is its
-:class:`~leafwatch.checker.Checker`'s: per optimizer step only what can change per step, one
+:class:`~leafwatch.detectors.ranks.Gatherer`. What one check does, in order, is its
+:class:`~leafwatch.detectors.checker.Checker`'s: per optimizer step only what can change per step, one
 pass over a precomputed list reading ``p.grad``.
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import distributed as _distributed
-from . import inventory, structure, watching
-from .checker import Checker
-from .console import NewFindingWarnings
-from .events import CheckEvent, Sinks
+from .detectors import ranks as _distributed
+from .observe import inventory, structure
+from . import watching
+from .detectors.checker import Checker
+from .sinks.console import NewFindingWarnings
+from .report.events import CheckEvent, Sinks
 from .report.findings import Finding, Report
 from .report.history import FindingHistory, parse_state
 from .options import WarnOnce, got, validate_bool, validate_ignore, validate_int
@@ -415,7 +416,7 @@ def _build_sinks(extra: Sequence[Callable[[CheckEvent], Any]], verbose: bool | N
     if verbose:
         sinks.add(NewFindingWarnings(), first=True)
     if writer is not None:
-        from .tensorboard_sink import TensorBoardSink
+        from .sinks.tensorboard import TensorBoardSink
 
         sinks.add(TensorBoardSink(writer))
     return sinks

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .frames import stacklevel_outside
+from .observe.frames import stacklevel_outside
 
 # -- the library's exception and warnings --------------------------------------------------------
 class LeafwatchError(RuntimeError):

@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from . import fixes, graph
-from .frames import caller_location, stacklevel_outside
+from .detectors import fixes
+from .observe import graph
+from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning
 
 

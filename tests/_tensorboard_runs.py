@@ -137,7 +137,7 @@ def write_large_run(log_dir: Path, blocks: int = 500, steps: int = 2000) -> tupl
     """Drives the TensorBoard sink with the checks of a ``4 * blocks``-tensor model: one tensor
     (``blocks.3.norm.bias``) never gets a gradient, one (``blocks.7.weight``) misses every
     other step. Returns the tensor names."""
-    from leafwatch.events import CheckEvent
+    from leafwatch.report.events import CheckEvent
     from leafwatch.integrations.tensorboard import TensorBoardSink
 
     names = tuple(f"blocks.{i}.{part}" for i in range(blocks) for part in ("weight", "bias", "norm.weight", "norm.bias"))

@@ -1,13 +1,13 @@
 """The detectors: one module per concern, each turning a check's evidence into verdicts.
 
 A detector reads what the hooks, the structure and the step observed (the evidence modules:
-:mod:`leafwatch.structure`, :mod:`leafwatch.inventory`, :mod:`leafwatch.tracing`,
-:mod:`leafwatch.cuts`, :mod:`leafwatch.evidence`, :mod:`leafwatch.values`) and the findings so
+:mod:`leafwatch.observe.structure`, :mod:`leafwatch.observe.inventory`, :mod:`leafwatch.observe.tracing`,
+:mod:`leafwatch.observe.cuts`, :mod:`leafwatch.observe.changes`, :mod:`leafwatch.observe.values`) and the findings so
 far through a read-only :class:`~leafwatch.report.history.FindingsView`, and returns
 :class:`~leafwatch.report.verdicts.Verdict` values. It never writes the history: the check's
-:class:`~leafwatch.pipeline.Pipeline` applies the verdicts once the detector has returned, so a
+:class:`~leafwatch.detectors.pipeline.Pipeline` applies the verdicts once the detector has returned, so a
 detector that raises costs only its own verdicts. The list of detectors and their order exist
-once, in :class:`leafwatch.checker.Checker`; every front-end (``audit()``, ``Monitor``,
+once, in :class:`leafwatch.detectors.checker.Checker`; every front-end (``audit()``, ``Monitor``,
 ``leafwatch run``, the Lightning, Hugging Face and pytest front-ends) runs that one list.
 
 ==================  ============================================================================
@@ -23,7 +23,10 @@ once, in :class:`leafwatch.checker.Checker`; every front-end (``audit()``, ``Mon
 ``values``          NaN/Inf gradients (nonfinite_grad) and, with ``dead``, exactly-zero ones (dead_grad)
 ``loop``            the training loop: gradients cleared before the step (grad_cleared), a learning
                     rate stuck at 0 and steps always skipped (no_update)
-``constructors``    each finding's message, cause and fix, shared by the detectors
+``causes``          why a tensor missed its gradient, read from the tracer's records
+``ranks``           the merge across ranks and the info finding of sharded gradients
+``constructors``    the message, cause and fix of the findings several detectors make
+``pipeline``        runs the Checker's parts (``checker``) in order, each guarded
 ==================  ============================================================================
 
 A new detector is a new module here returning verdicts, and one ``Part`` in the Checker's list.

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from .. import fixes, graph
+from . import fixes
+from ..observe import graph
 from ..report.findings import Finding
-from ..inventory import Inventory, ParamInfo, describe_tensor
-from ..tracing import Explanation
+from ..observe.inventory import Inventory, ParamInfo, describe_tensor
+from .causes import Explanation
 from ..watching import WatchEntry
 
 UNKNOWN_CAUSE = (

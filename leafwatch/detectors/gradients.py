@@ -14,12 +14,12 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from .. import cuts, evidence, graph, inventory, tracing
+from ..observe import changes as evidence, cuts, graph, inventory, tracing
 from ..report.findings import Finding, Severity, Status
 from ..report.history import FindingsView
-from ..structure import CheckList
+from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import constructors as checks
+from . import causes, constructors as checks
 from .held import HeldMisses
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
@@ -189,22 +189,22 @@ class GradientTracker:
         return out
 
     def _explain(self, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
-                 tracer: tracing.Tracer) -> tracing.Explanation | None:
+                 tracer: tracing.Tracer) -> causes.Explanation | None:
         """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
         explanation = None
         if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
                 and _siblings_got_grads(clist, info):
             # The module never ran through its hooks, yet its other parameters got gradients.
-            explanation = tracing.called_directly(name, info.module)
+            explanation = causes.called_directly(name, info.module)
         elif info is not None:
-            explanation = tracing.explain_missing(name, info.module, info.attribute, tracer.records,
+            explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records,
                                                   tracer.armed_since_reset, self._modules,
                                                   ops_traced=tracer.ops_traced)
         cut = self._observed_cut(pid, tracer)
         if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
             # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
             # whole stays a module-level cause: an EMA target is told from a mistake by it).
-            explanation = tracing.explain_cut(name, cut, pid, info.attribute if info is not None else "")
+            explanation = causes.explain_cut(name, cut, pid, info.attribute if info is not None else "")
         return explanation
 
     def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,

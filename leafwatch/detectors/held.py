@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from .. import evidence, tracing
+from ..observe import changes as evidence
+from . import causes
 from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.verdicts import Verdict, Verdicts
 
@@ -59,7 +60,7 @@ class HeldMisses:
         """Whether a miss is a target suspicion: held before, or its module ran under ``no_grad``."""
         return pid not in self.decided and (pid in self.suspects or reason == "grad_disabled")
 
-    def target(self, p: torch.Tensor, name: str, old: Finding | None, explanation: tracing.Explanation | None,
+    def target(self, p: torch.Tensor, name: str, old: Finding | None, explanation: causes.Explanation | None,
                step: int, made: Callable[[], Finding]) -> Verdicts | None:
         """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error).
 

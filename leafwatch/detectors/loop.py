@@ -33,8 +33,8 @@ import torch
 
 from ..report.findings import Status
 from ..report.history import FindingsView
-from ..inventory import shape_text
-from ..structure import CheckList
+from ..observe.inventory import shape_text
+from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts
 from . import constructors as checks
 

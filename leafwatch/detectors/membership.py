@@ -20,12 +20,12 @@ from typing import Any
 
 import torch
 
-from .. import fixes
-from ..check_state import CheckState
-from ..evidence import HandUpdates
+from . import fixes
+from ..observe.evidence import CheckState
+from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
-from ..inventory import Inventory, ParamInfo
+from ..observe.inventory import Inventory, ParamInfo
 from ..report.verdicts import Verdict, Verdicts
 from . import structure
 

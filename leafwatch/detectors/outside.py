@@ -23,10 +23,11 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from .. import fixes, frames, graph
-from ..evidence import HandUpdates
+from . import fixes
+from ..observe import frames, graph
+from ..observe.changes import HandUpdates
 from ..report.findings import Finding
-from ..inventory import Inventory, shape_text
+from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from . import constructors as checks
 

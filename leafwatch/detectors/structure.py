@@ -1,6 +1,6 @@
 """The structure detector: what a reading of the model and its optimizers says, before any gradient.
 
-A pure function of the :class:`~leafwatch.inventory.Inventory` (and of the names the last
+A pure function of the :class:`~leafwatch.observe.inventory.Inventory` (and of the names the last
 reading saw): trainable tensors in no optimizer, frozen ones kept in one, optimizers that hold
 replaced tensors (stale optimizers), trainable tensors kept where ``.parameters()`` never looks
 (a plain list or dict: orphans), tensors on another device or dtype than the rest of the model.
@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from .. import fixes, graph
+from . import fixes
+from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, Finding
 from ..report.history import FindingsView
-from ..inventory import Inventory, Orphan, ParamInfo, is_uninitialized, shape_of, shape_text
+from ..observe.inventory import Inventory, Orphan, ParamInfo, is_uninitialized, shape_of, shape_text
 from ..report.verdicts import Verdict, Verdicts
-from .. import replaced
+from ..observe import replaced
 from .constructors import make, non_leaf, silence_hint
 
 
@@ -48,7 +49,7 @@ def structural(inventory: Inventory, *, step: int | None,
                seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
     """Optimizer membership, stale and frozen tensors, orphans and devices: no gradient needed.
 
-    ``stale`` is :func:`leafwatch.replaced.pair` of this inventory when the caller has it already.
+    ``stale`` is :func:`leafwatch.observe.replaced.pair` of this inventory when the caller has it already.
     """
     out: list[Finding] = []
     out += _optimizer_membership(inventory, step, previous_names or {}, stale, seen_frozen)

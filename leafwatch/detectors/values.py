@@ -1,6 +1,6 @@
 """The values of the gradients: NaN/Inf (``nonfinite_grad``) and exactly-zero streaks (``dead_grad``).
 
-One batched check per value check, never one host read per tensor (:mod:`leafwatch.values`), at
+One batched check per value check, never one host read per tensor (:mod:`leafwatch.observe.values`), at
 a cadence: every ``check_values_every_n_steps`` checks, the first check, a check a loop watch
 asks for (a step about to be skipped), and every check up to ``every_check_values_until`` (so
 ``leafwatch run`` names a NaN at the step it appears). The exactly-zero streaks count only the
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from .. import distributed, inventory, structure
-from ..check_state import CheckState
+from ..observe import inventory, sharding as distributed, structure
+from ..observe.evidence import CheckState
 from ..report.findings import Kind, Status
 from ..report.history import FindingsView
-from ..values import NamedValueCheck, nonfinite
+from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .dead import DeadGradTracker

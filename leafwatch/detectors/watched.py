@@ -2,7 +2,7 @@
 
 A watched non-leaf or a watched tensor without a gradient is a finding of its own (under the
 name it was watched by); a watched leaf that gets gradients while no optimizer holds it is
-judged by the gradient rule (:class:`~leafwatch.evidence.HandUpdates`): held one check, then
+judged by the gradient rule (:class:`~leafwatch.observe.changes.HandUpdates`): held one check, then
 nothing when its value changed (updated by hand) and ``not_in_optimizer`` when it did not.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .. import evidence, inventory
+from ..observe import changes as evidence, inventory
 from ..report.findings import Finding, Status, Waiting
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts

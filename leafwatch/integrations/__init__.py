@@ -2,8 +2,8 @@
 
 - ``lightning``: the ``LeafWatch`` callback for PyTorch Lightning (both namespaces);
 - ``runner``: ``leafwatch run``, global optimizer/module hooks around an unmodified script;
-- ``distributed``, ``tensorboard``: re-exports of :mod:`leafwatch.distributed` and
-  :mod:`leafwatch.tensorboard_sink` at their earlier import paths (the core never imports this package).
+- ``distributed``, ``tensorboard``: re-exports of :mod:`leafwatch.observe.sharding` and
+  :mod:`leafwatch.sinks.tensorboard` at their earlier import paths (the core never imports this package).
 
 A new front-end goes here; it builds a ``Monitor`` and calls its public methods only.
 """

@@ -26,11 +26,11 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..console import NewFindingWarnings
+from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
 from ..options import LeafwatchError, LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..frames import stacklevel_outside
+from ..observe.frames import stacklevel_outside
 from ..options import validate_bool, validate_ignore, validate_int
 
 #: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the

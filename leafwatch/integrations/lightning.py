@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from ..report import records
-from ..environment import install_command
-from ..events import CheckEvent
+from .environment import install_command
+from ..report.events import CheckEvent
 from ..report.findings import KINDS
 from .callback_base import CallbackBase
-from ..inventory import unwrap_optimizer
+from ..observe.inventory import unwrap_optimizer
 
 if TYPE_CHECKING:
     import pytorch_lightning as pl
@@ -244,7 +244,7 @@ class _LeafWatchMixin(CallbackBase):
         if others:
             sinks.append(_MetricsSink(others, log_every))
         if writers:
-            from ..tensorboard_sink import TensorBoardSink
+            from ..sinks.tensorboard import TensorBoardSink
 
             sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
         return sinks

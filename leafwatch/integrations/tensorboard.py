@@ -1,4 +1,4 @@
-"""The TensorBoard sink, at its earlier import path: re-exports :mod:`leafwatch.tensorboard_sink`.
+"""The TensorBoard sink, at its earlier import path: re-exports :mod:`leafwatch.sinks.tensorboard`.
 
 The sink is part of the core (``Monitor(writer=...)`` builds one, and the core never imports
 ``leafwatch.integrations``); its public name is :class:`leafwatch.TensorBoardSink`.
@@ -21,6 +21,6 @@ Example::
 from __future__ import annotations
 
 from ..report.records import LAYOUT_RUN
-from ..tensorboard_sink import TensorBoardSink, tensor_summary
+from ..sinks.tensorboard import TensorBoardSink, tensor_summary
 
 __all__ = ["LAYOUT_RUN", "TensorBoardSink", "tensor_summary"]

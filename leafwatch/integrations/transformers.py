@@ -30,12 +30,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from .. import distributed
+from ..observe import sharding as distributed
 from ..options import LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY
-from ..frames import stacklevel_outside
+from ..observe.frames import stacklevel_outside
 from .callback_base import CallbackBase
-from ..inventory import unwrap_optimizer
+from ..observe.inventory import unwrap_optimizer
 
 INSTALL_HINT = 'pip install "leafwatch[transformers]"'
 
@@ -66,7 +66,7 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
     Returns:
         ``(strategy, optimizer)``: None and the torch optimizer to check when it steps the model's
         own parameters; ``"deepspeed"`` or ``"master_copies"`` and None when it does not (see
-        :func:`leafwatch.distributed.declare_gradients`).
+        :func:`leafwatch.observe.sharding.declare_gradients`).
     """
     inner, deepspeed = unwrap_optimizer(optimizer)
     if deepspeed or getattr(args, "deepspeed", None) or getattr(args, "deepspeed_plugin", None):
@@ -130,7 +130,7 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
 
     Under DeepSpeed, or with an optimizer that steps master copies of the parameters, the
     model's ``.grad`` cannot tell a missing gradient: the gradient check is skipped with one
-    info finding. FSDP is handled as in :func:`leafwatch.distributed.gradient_view`,
+    info finding. FSDP is handled as in :func:`leafwatch.observe.sharding.gradient_view`,
     and under DDP every rank checks its own gradients and the main process reports them merged;
     with ``find_unused_parameters`` (the Trainer's default for a ``PreTrainedModel``) a
     parameter that one rank skips is named with that rank.
@@ -264,7 +264,7 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter
 
-        from ..tensorboard_sink import TensorBoardSink
+        from ..sinks.tensorboard import TensorBoardSink
 
         self._writer = SummaryWriter(log_dir)
         log_every = self.log_every_n_steps or max(1, int(getattr(state, "logging_steps", 0) or 50))

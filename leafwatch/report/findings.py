@@ -16,7 +16,8 @@ from typing import Any
 
 from .format import report_markdown, report_text
 from ..options import LeafwatchError, matching_pattern
-from .names import compress_names, container, natural_key, parent
+from ..observe.names import parent
+from .names import compress_names, container, natural_key
 
 
 class _WordEnum(str, enum.Enum):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
-from .names import ancestors
+from ..observe.names import ancestors
 from .findings import apply_ignore
 from .verdicts import Action, Verdict
 

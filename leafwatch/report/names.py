@@ -11,6 +11,9 @@ import functools
 import re
 from collections.abc import Iterable
 
+from ..observe.names import parent
+
+
 _DIGITS = re.compile(r"(\d+)")
 
 
@@ -24,37 +27,6 @@ def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
         ['experts.1.w', 'experts.2', 'experts.10']
     """
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in _DIGITS.split(name) if part)
-
-
-@functools.lru_cache(maxsize=1 << 16)  # the same names at every rebuild of the report
-def ancestors(name: str) -> tuple[str, ...]:
-    """The module paths above a name, nearest first (``a.b``, ``a`` of ``a.b.weight`` or of the
-    module ``a.b.c``); the root module (``""``) is not among them.
-
-    Example::
-
-        >>> ancestors("blocks.0.fc1.weight"), ancestors("head")
-        (('blocks.0.fc1', 'blocks.0', 'blocks'), ())
-    """
-    out = []
-    module = parent(name)
-    while module != name and module:
-        out.append(module)
-        name, module = module, parent(module)
-    return tuple(out)
-
-
-def parent(name: str) -> str:
-    """The module path of a tensor's qualified name (``blocks.0.fc1`` of ``blocks.0.fc1.weight``,
-    ``blocks[0]`` of ``blocks[0].weight``); the name itself when it has none.
-
-    Example::
-
-        >>> parent("blocks.0.fc1.weight"), parent("blocks[0].weight"), parent("temperature")
-        ('blocks.0.fc1', 'blocks[0]', 'temperature')
-    """
-    head, dot, _ = name.rpartition(".")
-    return head if dot and head else name
 
 
 def container(name: str) -> str:
@@ -125,4 +97,4 @@ def _compressed(names: tuple[str, ...], limit: int) -> str:
     return ", ".join(parts)
 
 
-__all__ = ["compress_names", "container", "natural_key", "parent"]
+__all__ = ["compress_names", "container", "natural_key"]

@@ -2,7 +2,7 @@
 
 The one place both sides agree on, torch-free (as TensorBoard's own ``plugins/text/metadata.py``
 is shared by its summary writer and its plugin): the sink
-(:mod:`leafwatch.tensorboard_sink`) and the Lightning metrics sink write these tags, the
+(:mod:`leafwatch.sinks.tensorboard`) and the Lightning metrics sink write these tags, the
 Leafwatch tab (:mod:`leafwatch.tensorboard_plugin`) and ``leafwatch report``
 (:mod:`leafwatch.report.reader`) read them back.
 

@@ -12,7 +12,7 @@ from _requirements import require_module
 from torch import nn
 
 import leafwatch
-from leafwatch import structure
+from leafwatch.observe import structure
 
 PACKAGE = Path(leafwatch.__file__).parent
 
@@ -80,9 +80,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 #: The package's front doors: they name front-ends on purpose and nothing in the core imports
-#: them. `leafwatch.cli` runs the `leafwatch demo | run` front-ends; `leafwatch.transformers` is
+#: them. `leafwatch.cli` runs the `leafwatch demo | run` front-ends (`leafwatch.demo` asks the
+#: environment for the TensorBoard command it prints); `leafwatch.transformers` is
 #: the public import path of the Hugging Face callback (a re-export).
-FRONT_DOORS = {"leafwatch.cli", "leafwatch.transformers"}
+FRONT_DOORS = {"leafwatch.cli", "leafwatch.demo", "leafwatch.transformers"}
 
 
 def _is_core(module: str) -> bool:
@@ -98,33 +99,34 @@ def _core_imports_of_integrations(graph: dict[str, set[str]]) -> dict[str, list[
 
 def test_the_core_never_imports_integrations() -> None:
     graph = _import_graph()
-    assert "leafwatch.tensorboard_sink" in graph and "leafwatch.distributed" in graph
-    assert "leafwatch.distributed" in graph["leafwatch.monitor"]  # the walk sees `from . import x`
+    assert "leafwatch.sinks.tensorboard" in graph and "leafwatch.observe.sharding" in graph
+    assert "leafwatch.detectors.ranks" in graph["leafwatch.monitor"]  # the walk sees `from .detectors import x`
     assert _core_imports_of_integrations(graph) == {}
 
 
 def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> None:
     trees = {name: ast.parse(code) for name, code in {
         "leafwatch.monitor": "def sink():\n    from .integrations.tensorboard import TensorBoardSink\n",
-        "leafwatch.structure": "import leafwatch.integrations.distributed\n",
+        "leafwatch.observe.structure": "import leafwatch.integrations.distributed\n",
         "leafwatch.integrations": "",
         "leafwatch.integrations.tensorboard": "from ..monitor import Monitor\n",
         "leafwatch.integrations.distributed": "",
     }.items()}
     assert _core_imports_of_integrations(_graph_of(trees)) == {
         "leafwatch.monitor": ["leafwatch.integrations.tensorboard"],
-        "leafwatch.structure": ["leafwatch.integrations.distributed"],
+        "leafwatch.observe.structure": ["leafwatch.integrations.distributed"],
     }
 
 
 #: The modules outside ``detectors/`` that import it, and why: everything else sits below the
 #: detectors (a finding is built with ``Finding.new``, not with a detector's constructors).
 DETECTOR_USERS = {
-    "leafwatch.checker": "runs the detectors, part by part",
-    "leafwatch.diagnostics": "drives the gradient tracker's and the loop watch's hooks between checks",
+    "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer",
     "leafwatch.auditing": "audit(tensors=...) builds the findings of the tensors it is handed",
+    "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding",
     "leafwatch.integrations.runner.session": "a run that ended before its first check: the structure "
                                              "and the misses of its only optimizer step, read once",
+    "leafwatch.integrations.distributed": "re-exports the merge and the Gatherer at their old path",
 }
 
 
@@ -133,14 +135,67 @@ def test_only_the_modules_that_run_a_check_import_the_detectors() -> None:
     users = {module for module, deps in graph.items() if not module.startswith("leafwatch.detectors")
              and any(dep.startswith("leafwatch.detectors") for dep in deps)}
     assert users - set(DETECTOR_USERS) == set(), "a module below the detectors imports them"
-    assert "leafwatch.distributed" not in users
+    assert "leafwatch.observe.sharding" not in users
+
+
+# -- imports run one way: observe -> detectors -> report -> sinks ----------------------------
+#: What each package must never import (any module in it, at any depth, even inside a function).
+FORBIDDEN = {
+    "leafwatch.observe": ("leafwatch.detectors", "leafwatch.report", "leafwatch.sinks", "leafwatch.integrations",
+                          "leafwatch.monitor", "leafwatch.auditing"),
+    "leafwatch.detectors": ("leafwatch.sinks", "leafwatch.integrations"),
+    "leafwatch.report": ("leafwatch.detectors", "leafwatch.sinks", "leafwatch.integrations", "leafwatch.monitor"),
+}
+
+
+def _wrong_way(graph: dict[str, set[str]]) -> dict[str, list[str]]:
+    out = {}
+    for module, deps in graph.items():
+        for package, banned in FORBIDDEN.items():
+            if module == package or module.startswith(package + "."):
+                bad = sorted(d for d in deps if d.startswith(banned))
+                if bad:
+                    out[module] = bad
+    return out
+
+
+def test_imports_run_one_way_from_observe_to_the_sinks() -> None:
+    graph = _import_graph()
+    assert {"leafwatch.observe.tracing", "leafwatch.detectors.causes", "leafwatch.sinks.console"} <= set(graph)
+    assert _wrong_way(graph) == {}
+
+
+def test_the_one_way_check_finds_an_import_against_the_flow() -> None:
+    trees = {name: ast.parse(code) for name, code in {
+        "leafwatch.observe": "",
+        "leafwatch.observe.tracing": "def explain():\n    from ..detectors import fixes\n",
+        "leafwatch.detectors": "",
+        "leafwatch.detectors.fixes": "from ..sinks.console import x\n",
+        "leafwatch.sinks": "",
+        "leafwatch.sinks.console": "from ..observe import tracing\n",
+    }.items()}
+    assert _wrong_way(_graph_of(trees)) == {
+        "leafwatch.observe.tracing": ["leafwatch.detectors.fixes"],
+        "leafwatch.detectors.fixes": ["leafwatch.sinks.console"],
+    }
+
+
+#: The top level holds the public entry points only; everything else lives in a package.
+TOP_LEVEL = {"__init__", "__main__", "auditing", "monitor", "watching", "testing", "transformers", "cli", "demo",
+             "options"}
+
+
+def test_the_top_level_holds_only_the_public_entry_points() -> None:
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+    assert {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} == {
+        "observe", "detectors", "report", "sinks", "integrations", "tensorboard_plugin"}
 
 
 #: The modules that walk the call stack themselves, and why. Everything else asks `frames.py`.
 STACK_WALKERS = {
-    "leafwatch.frames": "the one helper for the first frame of user code",
-    "leafwatch.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
-    "leafwatch.cuts": "finds the line of the op that cut a graph (a library's line, past torch's own "
+    "leafwatch.observe.frames": "the one helper for the first frame of user code",
+    "leafwatch.observe.tracing": "looks for torch's reentrant checkpoint frame, not for the user's",
+    "leafwatch.observe.cuts": "finds the line of the op that cut a graph (a library's line, past torch's own "
                       "frames); the user's frame above it comes from frames.py",
     "leafwatch.detectors.loop": "looks for a scheduler in every frame, the frameworks' included (a Lightning Trainer)",
 }
@@ -156,7 +211,7 @@ def _walks_the_stack(tree: ast.Module) -> bool:
 
 def test_the_first_frame_of_user_code_is_found_by_one_helper() -> None:
     walkers = {_module_name(p) for p in PACKAGE.rglob("*.py") if _walks_the_stack(ast.parse(p.read_text()))}
-    assert "leafwatch.frames" in walkers  # the scan sees a walk
+    assert "leafwatch.observe.frames" in walkers  # the scan sees a walk
     assert walkers - set(STACK_WALKERS) == set()
 
 
@@ -164,8 +219,8 @@ def test_torch_free_modules_import_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, leafwatch.report.findings, leafwatch.options, leafwatch.frames, leafwatch.events, leafwatch.report.history, "
-            "leafwatch.report.records, leafwatch.report.format, leafwatch.environment, leafwatch.report.reader; "
+    code = ("import sys, leafwatch.report.findings, leafwatch.options, leafwatch.observe.frames, leafwatch.report.events, leafwatch.report.history, "
+            "leafwatch.report.records, leafwatch.report.format, leafwatch.integrations.environment, leafwatch.report.reader; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
@@ -176,7 +231,7 @@ def test_torch_free_modules_import_no_torch() -> None:
 WRITERS = {"_upsert", "_touch", "_put", "_resolve", "_hold", "_confirm", "_drop"}
 #: The modules that hand verdicts to the history: the pipeline (each part's verdicts), the
 #: Checker (verdicts it asks for outside a part: a state_dict()'s counts), and the history itself.
-APPLIERS = {"leafwatch.report.history", "leafwatch.pipeline", "leafwatch.checker"}
+APPLIERS = {"leafwatch.report.history", "leafwatch.detectors.pipeline", "leafwatch.detectors.checker"}
 
 
 def _writes_history(tree: ast.Module) -> list[str]:
@@ -196,11 +251,17 @@ def test_only_the_pipeline_and_the_checker_hand_verdicts_to_the_history() -> Non
     trees = {_module_name(p): ast.parse(p.read_text()) for p in PACKAGE.rglob("*.py")}
     writers = {m: _writes_history(t) for m, t in trees.items() if _writes_history(t)}
     assert set(writers) <= APPLIERS, writers
-    assert "leafwatch.pipeline" in writers  # the scan sees a write
+    assert "leafwatch.detectors.pipeline" in writers  # the scan sees a write
+
+
+#: The two modules of ``detectors/`` that run the detectors rather than being one: the pipeline
+#: hands their verdicts to the history, the Checker owns the history and the check's order.
+DETECTOR_RUNNERS = {"leafwatch.detectors.pipeline", "leafwatch.detectors.checker"}
 
 
 def test_detectors_return_verdicts_and_never_hold_the_history() -> None:
-    detectors = {_module_name(p): p.read_text() for p in (PACKAGE / "detectors").glob("*.py")}
+    detectors = {_module_name(p): p.read_text() for p in (PACKAGE / "detectors").glob("*.py")
+                 if _module_name(p) not in DETECTOR_RUNNERS}
     assert {"leafwatch.detectors.gradients", "leafwatch.detectors.structure", "leafwatch.detectors.loop"} <= set(detectors)
     for module, code in detectors.items():
         assert "FindingHistory" not in code, module  # they read a FindingsView
@@ -307,9 +368,9 @@ def test_leafwatch_run_sessions_leave_no_global_hook(tmp_path: Path) -> None:
     assert _global_hooks() == before
 
 
-@pytest.mark.parametrize("name", ["Monitor", "LeafWatch", "audit", "watch", "Report", "Kind", "Status"])
-def test_public_names_are_in_all(name: str) -> None:
-    assert name in leafwatch.__all__
+@pytest.mark.parametrize("name", sorted(leafwatch.__all__))
+def test_every_public_name_resolves(name: str) -> None:
+    assert name in leafwatch.__all__ and name in dir(leafwatch)
     if name == "LeafWatch":
         require_module("pytorch_lightning")  # the callback is built on Lightning's Callback
     assert getattr(leafwatch, name) is not None

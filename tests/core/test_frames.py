@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from leafwatch import frames
+from leafwatch.observe import frames
 
 
 def test_from_user_code_the_first_user_frame_is_the_caller() -> None:

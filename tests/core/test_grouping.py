@@ -13,7 +13,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import Finding, Report
-from leafwatch.console import NewFindingWarnings
+from leafwatch.sinks.console import NewFindingWarnings
 from leafwatch.report.names import compress_names, natural_key
 from leafwatch.report.records import decode, encode_report
 

@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 import leafwatch
 from leafwatch import monitor as monitor_module
-from leafwatch.values import SMALL_NUMEL, ValueChecker
+from leafwatch.observe.values import SMALL_NUMEL, ValueChecker
 
 #: Tensor methods that read a value on the host (on CUDA: a host-device sync).
 HOST_READS = frozenset({"item", "__bool__", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu"})
@@ -75,7 +75,7 @@ def _trained_once(layers: int, **monitor_kwargs: Any) -> tuple[_Chain, torch.opt
 
 
 def test_no_event_is_built_for_sinks_that_read_only_a_new_report_while_the_history_stays_the_same():
-    from leafwatch.console import NewFindingWarnings
+    from leafwatch.sinks.console import NewFindingWarnings
 
     every: list[int] = []
     model = _Chain(3)
@@ -120,7 +120,7 @@ def test_default_check_reads_each_grad_once_and_runs_no_tensor_op(layers):
 
 
 def test_value_check_reads_the_host_once_whatever_the_number_of_tensors():
-    from leafwatch import values
+    from leafwatch.observe import values
 
     counts = {}
     for layers in (5, 20, 150, 300):  # 10 and 40 tensors: few; 300 and 600: many
@@ -196,7 +196,7 @@ def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
     ([9, 5] * 8, 1 << 22),
 ])
 def test_batched_value_check_names_the_zero_and_non_finite_gradients_of_every_chunk(monkeypatch, sizes, chunk):
-    from leafwatch import values
+    from leafwatch.observe import values
 
     monkeypatch.setattr(values, "CHUNK_NUMEL", chunk)
     grads = [torch.randn(n) + 3.0 for n in sizes]
@@ -212,7 +212,7 @@ def test_batched_value_check_names_the_zero_and_non_finite_gradients_of_every_ch
 def test_small_gradients_grouped_by_shape_are_judged_exactly_and_left_as_they_were():
     """Many small gradients are concatenated by shape (0-dim ones stacked) and reduced per row: each
     tensor's flags are its own, a group of one works, and no gradient is written to."""
-    from leafwatch import values
+    from leafwatch.observe import values
 
     grads = [torch.randn(3, 4) + 5.0 for _ in range(40)] + [torch.randn(12) + 5.0 for _ in range(30)]
     grads += [torch.tensor(2.0), torch.tensor(0.0), torch.tensor(float("nan")), torch.randn(2, 5) + 5.0]
@@ -235,7 +235,7 @@ def test_small_gradients_grouped_by_shape_are_judged_exactly_and_left_as_they_we
 def test_a_gradient_reshaped_to_the_same_size_is_grouped_again():
     """The grouping is kept per set of sizes; a tensor whose shape changes but not its size makes the
     concatenation fail, and the check groups again rather than misreading a row."""
-    from leafwatch import values
+    from leafwatch.observe import values
 
     grads = [torch.randn(4, 4) + 5.0 for _ in range(values.FEW_TENSORS)] + [torch.randn(16) + 5.0]
     checker = ValueChecker(track_zeros=True)
@@ -285,7 +285,7 @@ def test_the_value_check_of_many_small_gradients_agrees_with_each_tensor_looked_
 
 
 def test_the_shape_plans_a_checker_keeps_are_bounded():
-    from leafwatch import values
+    from leafwatch.observe import values
 
     checker = ValueChecker(track_zeros=True)
     for extra in range(3 * values.PLANS_KEPT):
@@ -303,7 +303,7 @@ def _leaves(value: Any) -> list[Any]:
 def test_the_l2_norms_of_gradients_flag_nothing_that_is_finite_and_nonzero(monkeypatch, few):
     """An L2 norm overflows for huge finite values and underflows for tiny nonzero ones, and is 0
     for an empty tensor: none of them is reported; a real NaN, -Inf or all-zero gradient is."""
-    from leafwatch import values
+    from leafwatch.observe import values
 
     monkeypatch.setattr(values, "FEW_TENSORS", few)
     n = values.NORM_NUMEL

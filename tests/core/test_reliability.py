@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch import inventory
+from leafwatch.observe import inventory
 from leafwatch.integrations.tensorboard import TensorBoardSink
 
 

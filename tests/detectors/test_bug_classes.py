@@ -19,7 +19,7 @@ import leafwatch
 from leafwatch import LeafwatchWarning
 from leafwatch.detectors.constructors import UNKNOWN_CAUSE
 from leafwatch.detectors.gradients import STALLED_AFTER
-from leafwatch.structure import REQUIRES_GRAD_EVERY
+from leafwatch.observe.structure import REQUIRES_GRAD_EVERY
 
 
 class TwoLayer(nn.Module):

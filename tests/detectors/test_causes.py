@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch.structure import REQUIRES_GRAD_EVERY
+from leafwatch.observe.structure import REQUIRES_GRAD_EVERY
 
 
 def _monitor_step(model: nn.Module, opt: torch.optim.Optimizer | None = None) -> leafwatch.Report:

@@ -17,11 +17,11 @@ from leafwatch.detectors.gradients import GradientTracker
 from leafwatch.detectors.watched import WatchedTracker
 from leafwatch.report.findings import Kind, Status, Waiting
 from leafwatch.report.history import FindingHistory, FindingsView
-from leafwatch.inventory import Inventory, ParamInfo
+from leafwatch.observe.inventory import Inventory, ParamInfo
 from leafwatch.options import WarnOnce
-from leafwatch.pipeline import Part, Pipeline
-from leafwatch.structure import CheckList
-from leafwatch.tracing import Tracer
+from leafwatch.detectors.pipeline import Part, Pipeline
+from leafwatch.observe.structure import CheckList
+from leafwatch.observe.tracing import Tracer
 from leafwatch.report.verdicts import Action, Verdict
 from leafwatch.watching import WatchSet, add_watch
 

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import leafwatch
 from leafwatch.detectors.structure import device_on_purpose, dtype_changes_training
-from leafwatch.evidence import ChangeEvidence, LAYERDROP_FALSE_ALARM
+from leafwatch.observe.changes import ChangeEvidence, LAYERDROP_FALSE_ALARM
 
 # The file collects without Lightning; the tests that use it skip (locally) or fail (in CI).
 pl = optional_import("pytorch_lightning")

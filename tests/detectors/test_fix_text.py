@@ -148,8 +148,8 @@ def test_a_module_that_never_ran_is_named_as_the_user_assigned_it() -> None:
 
 
 def test_the_module_assigned_is_the_one_holding_exactly_the_tensors() -> None:
-    from leafwatch import fixes
-    from leafwatch.inventory import Inventory
+    from leafwatch.detectors import fixes
+    from leafwatch.observe.inventory import Inventory
 
     inv = Inventory(NotCalled())
     encoder = [n for n in (i.name for i in inv.params.values()) if n.startswith("encoder.")]

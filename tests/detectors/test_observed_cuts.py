@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import leafwatch
-from leafwatch import cuts
+from leafwatch.observe import cuts
 from tests._requirements import require_module
 
 _HERE = os.path.basename(__file__)
@@ -383,7 +383,7 @@ def test_a_failing_recorder_warns_once_and_training_goes_on(monkeypatch) -> None
 def test_a_cut_inside_a_library_names_its_line_and_the_users_call(tmp_path, monkeypatch) -> None:
     import importlib.util
 
-    from leafwatch import frames
+    from leafwatch.observe import frames
 
     library = tmp_path / "fakelib"
     library.mkdir()

@@ -102,7 +102,7 @@ def test_an_audit_of_an_optimizer_changes_no_later_verdict_of_a_monitor(audit_fi
 
 
 def test_audit_installs_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leafwatch import structure
+    from leafwatch.observe import structure
 
     acquired: list[str] = []
     for name in ("REGISTRATION_HOOKS", "STEP_HOOKS"):

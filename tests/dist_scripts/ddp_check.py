@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 import leafwatch
-import leafwatch.distributed
+import leafwatch.detectors.ranks
 
 
 #: CPU with gloo; LEAFWATCH_TEST_BACKEND=nccl puts each rank on its own GPU.
@@ -102,7 +102,7 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
 
 
 #: The gather timeout leafwatch ships with, restored before each scenario.
-DEFAULT_TIMEOUT_S = leafwatch.distributed.DEFAULT_TIMEOUT_S
+DEFAULT_TIMEOUT_S = leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S
 
 #: Scenarios after which the ranks are out of step: one rank gave up a collective (the gather of
 #: ``rank0_only``, DDP's gradient all-reduce of ``branch_strict``) that the other never joined.
@@ -124,7 +124,7 @@ def parse(scenarios: str, steps: int) -> list[tuple[str, int]]:
 def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
     """One scenario from a fresh seed and the default gather timeout; writes its result."""
     torch.manual_seed(rank)
-    leafwatch.distributed.DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
+    leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
     inner, trained, options = build(scenario, rank)
     events = []
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
@@ -132,10 +132,10 @@ def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
     model = trained if isinstance(trained, nn.parallel.DistributedDataParallel) else inner
     monitor = None
     if scenario == "branch_strict":
-        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = 3.0
     if scenario == "rank0_only":
         # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
-        leafwatch.distributed.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = 3.0
     if scenario != "rank0_only" or rank == 0:
         monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda e: events.append(e.step)], **options)
     result: dict = {"rank": rank, "reports": [], "error": None, "error_type": None}

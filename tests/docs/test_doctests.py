@@ -18,7 +18,7 @@ MODULES = sorted(
 )
 WITH_EXAMPLES = {"leafwatch.auditing", "leafwatch.report.findings", "leafwatch.integrations.lightning",
                  "leafwatch.integrations.transformers", "leafwatch.monitor", "leafwatch.testing", "leafwatch.transformers",
-                 "leafwatch.integrations.tensorboard", "leafwatch.tensorboard_sink", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
+                 "leafwatch.integrations.tensorboard", "leafwatch.sinks.tensorboard", "leafwatch.tensorboard_plugin.plugin", "leafwatch.watching"}
 
 #: Modules that import an optional package: without it their examples skip (locally) or fail (in CI).
 NEEDS = {"leafwatch.demo": "pytorch_lightning", "leafwatch.integrations.lightning": "pytorch_lightning",

@@ -81,7 +81,7 @@ def _expected_tensorboard(path: str, cwd: Path) -> list[str]:
 
 @pytest.mark.parametrize("on_path", [True, False])
 def test_the_tensorboard_command_is_the_one_next_to_this_interpreter(on_path, tmp_path, monkeypatch):
-    from leafwatch.environment import tensorboard_command
+    from leafwatch.integrations.environment import tensorboard_command
 
     folder = os.path.dirname(sys.executable)
     monkeypatch.setenv("PATH", os.pathsep.join([folder, "/usr/bin", "/bin"] if on_path else ["/usr/bin", "/bin"]))
@@ -178,7 +178,7 @@ def test_the_install_hint_follows_how_leafwatch_was_installed(direct_url, target
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: leafwatch\nVersion: 0.1.0\n")
     if direct_url is not None:
         (info / "direct_url.json").write_text(json.dumps(direct_url))
-    code = ("import leafwatch.environment as e, leafwatch; "
+    code = ("import leafwatch.integrations.environment as e, leafwatch; "
             "print(leafwatch.__file__); print(e.install_command('lightning'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)

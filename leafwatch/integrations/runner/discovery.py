@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ... import frames, graph, inventory
+from ...observe import frames, graph, inventory
 from ...monitor import Monitor
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
@@ -43,7 +43,7 @@ _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
     """The frames of user code of the caller's stack, innermost first, at most ``limit``:
-    :func:`leafwatch.frames.user_frames` passing over leafwatch's and torch's own frames only
+    :func:`leafwatch.observe.frames.user_frames` passing over leafwatch's and torch's own frames only
     (a framework's frame, such as a Trainer's, may hold the script's objects)."""
     return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=depth), limit)
 
@@ -76,7 +76,7 @@ def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
 
 def _contained_modules(module: nn.Module) -> list[nn.Module]:
     """Every module below ``module``: registered submodules and modules kept in plain containers
-    (the walk :func:`leafwatch.inventory.contained` does for orphans)."""
+    (the walk :func:`leafwatch.observe.inventory.contained` does for orphans)."""
     out: list[nn.Module] = []
     seen: set[int] = {id(module)}
     stack = [module]

@@ -19,15 +19,17 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from ... import fixes, inventory, watching
+from ...detectors import fixes
+from ...observe import inventory
+from ... import watching
 from ...detectors import constructors as checks, structure as structure_detector
-from ...console import NewFindingWarnings
+from ...sinks.console import NewFindingWarnings
 from ...report.findings import Finding, Kind, Report
 from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
 from ...report.findings import apply_ignore
-from ...report.names import ancestors
-from ...tracing import Explanation
+from ...observe.names import ancestors
+from ...detectors.causes import Explanation
 from .discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).

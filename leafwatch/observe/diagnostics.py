@@ -14,9 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import structure, tracing
-from .check_state import CheckState
-from .detectors.gradients import GradientTracker
-from .detectors.loop import LoopWatch
+from .evidence import CheckState
 
 
 class Diagnostics:
@@ -24,13 +22,14 @@ class Diagnostics:
 
     Args:
         structure_: The structure cache (the modules, the tensors, the check lists).
-        grads: The gradient tracker (which tensors miss now, and when that changes).
+        grads: The gradient tracker (which tensors miss now, and when that changes); it is read,
+            never imported (observe/ knows nothing of the detectors).
         loop: The loop watch (its arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
         warn: Warns once per internal failure.
     """
 
-    def __init__(self, structure_: structure.StructureCache, grads: GradientTracker, loop: LoopWatch,
+    def __init__(self, structure_: structure.StructureCache, grads: Any, loop: Any,
                  diagnose: bool, warn: Callable[..., Any]) -> None:
         self.structure = structure_
         self.grads = grads

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from types import FrameType
 
 #: The folder of the leafwatch package (every frame under it is leafwatch's own).
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 #: The frameworks whose frames stand between the user's code and leafwatch's hooks and callbacks
 #: (an optimizer step pre-hook runs inside torch, a callback inside Lightning's Trainer).

@@ -20,7 +20,7 @@ from pathlib import Path
 
 #: The distribution name of leafwatch.
 DISTRIBUTION = "leafwatch"
-_CHECKOUT = Path(__file__).resolve().parent.parent
+_CHECKOUT = Path(__file__).resolve().parent.parent.parent
 
 
 def _display(path: str | os.PathLike[str]) -> str:

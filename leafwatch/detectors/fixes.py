@@ -29,8 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames
-from .inventory import unwrap, unwrap_optimizer
+from ..observe import frames
+from ..observe.inventory import unwrap, unwrap_optimizer
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -499,7 +499,7 @@ _NON_LEAF_WORDS = {
 
 
 def non_leaf(name: str, found: Any = None, *, location: str | None = None, tensor: Any = None) -> str:
-    """The fix for a non-leaf tensor (``found``: its :class:`leafwatch.graph.Origin`), from the
+    """The fix for a non-leaf tensor (``found``: its :class:`leafwatch.observe.graph.Origin`), from the
     statement that assigned it when ``location`` points at it, else from its name."""
     hint = getattr(found, "fix_hint", "other")
     words = _NON_LEAF_WORDS.get(hint, _NON_LEAF_WORDS["other"])

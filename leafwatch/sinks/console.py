@@ -12,11 +12,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
-from .events import CheckEvent
-from .report.findings import Report
-from .options import LeafwatchWarning
-from .report.format import finding_line
-from .frames import stacklevel_outside
+from ..report.events import CheckEvent
+from ..report.findings import Report
+from ..options import LeafwatchWarning
+from ..report.format import finding_line
+from ..observe.frames import stacklevel_outside
 
 
 class NewFindingWarnings:
@@ -29,7 +29,7 @@ class NewFindingWarnings:
     """
 
     #: A report it already read says nothing new: the Monitor builds no event for it while the
-    #: history stays the same (see :class:`~leafwatch.events.Sinks`).
+    #: history stays the same (see :class:`~leafwatch.report.events.Sinks`).
     changes_only = True
 
     def __init__(self, warn: Callable[[str], None] | None = None, *, every_status: bool = False) -> None:

@@ -1,7 +1,7 @@
 """Who owns which tensor: qualified names and aliases, optimizer sets, and orphans.
 
 Built once from a model and its optimizers and rebuilt only when the parameter sets change
-(see :mod:`leafwatch.structure`). Nothing here runs per step.
+(see :mod:`leafwatch.observe.structure`). Nothing here runs per step.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from . import graph
-from .options import got
+from ..options import got
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]

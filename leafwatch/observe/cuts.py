@@ -1,6 +1,6 @@
 """Observed graph cuts: the operations inside a forward pass that leave autograd.
 
-On an instrumented forward (see :class:`leafwatch.tracing.Tracer`) a
+On an instrumented forward (see :class:`leafwatch.observe.tracing.Tracer`) a
 :class:`torch.overrides.TorchFunctionMode` watches every torch call and records the few that take
 a tensor out of autograd: ``.detach()``/``.detach_()``, ``.data``, ``.numpy()``/``__array__``,
 ``.tolist()``, ``.item()``, ``float()``/``int()``, ``torch.tensor``/``torch.as_tensor`` of a

@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .report.findings import Report
+from .findings import Report
 
 
 @dataclasses.dataclass

@@ -1,16 +1,10 @@
-"""Distributed training: each rank checks its own gradients, rank zero reports for all of them.
+"""Distributed training, judged: rank zero reports for every rank.
 
-Two parts, both used by :class:`~leafwatch.Monitor`:
-
-- :func:`gradient_view` tells, from the model alone, where ``p.grad`` cannot be read per
-  parameter: FSDP's ``FullyShardedDataParallel`` (flat parameters, or original parameters
-  whose gradients are shards filled with zeros where a parameter was unused) and DeepSpeed
-  (gradients kept in the engine's partitioned buffers), or what a front-end that sees the
-  optimizer declares (:func:`declare_gradients`: DeepSpeed ZeRO-1/2 behind a plain module, an
-  optimizer that steps master copies). Those parameters are left out of the gradient check,
-  and ONE info finding says why. ``fully_shard`` (FSDP2) needs nothing: its
-  parameters are DTensors whose ``.grad`` stays None when unused, so it is read as is (the
-  NaN/Inf check reads the local shard).
+- :func:`sharded_finding`: the one info finding that says why gradients that cannot be read
+  per parameter (:func:`leafwatch.observe.sharding.gradient_view`) are left out of the check.
+- :func:`merge`: one finding per ``(kind, name)`` with the ranks it was seen on; a gradient
+  missing on some ranks only is per-rank branching (an error under DDP without
+  ``find_unused_parameters``, where DDP hangs a step later).
 - :class:`Gatherer` merges the findings of every rank after each local check, so that rank
   zero logs each finding once with the ranks it was seen on, and strict mode raises on every
   rank at the same step. Collectives are issued on every rank or on none, on a gloo side group
@@ -18,20 +12,11 @@ Two parts, both used by :class:`~leafwatch.Monitor`:
   all-gathers the (small, plain-data) findings of every rank; afterwards each check starts ONE
   all-reduce of a single int ("did any rank's findings change?") without waiting for it, and
   reads it at the next check, where a yes (on every rank alike) triggers the next all-gather.
+  Under DDP with ``find_unused_parameters=True`` it reads which parameters this rank used from
+  :class:`leafwatch.observe.sharding.UseTracker`.
 
-Under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter that a
-rank did not use with the other ranks' average, so ``p.grad is None`` says nothing per rank;
-the Gatherer then watches gradient accumulation (one post-accumulate-grad hook per parameter)
-to know which parameters each rank really used.
-
-This module is part of the core (the Monitor imports it; it imports nothing from
-``leafwatch.integrations``); :mod:`leafwatch.integrations.distributed` re-exports its public
-names. Its only module-level state is what the public API promises: the declarations made
-through :func:`declare_gradients` and :func:`declare_ddp` (``_DECLARED``, ``_DDP_DECLARED``:
-model -> declaration, held weakly). A front-end makes them before any Monitor exists, for a
-model it has not handed over yet, so they cannot live in a Monitor; a Monitor reads them when
-it builds its structure and its Gatherer, and the front-end withdraws them at the end of its run
-(``strategy=None``).
+Part of the core (the Monitor imports it); :mod:`leafwatch.integrations.distributed`
+re-exports its public names. Set ``DEFAULT_TIMEOUT_S`` here.
 """
 
 from __future__ import annotations
@@ -39,18 +24,16 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import warnings
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import nn
 
-from .events import CheckEvent
-from .report.findings import Finding, Report
-from .options import LeafwatchWarning
-from .inventory import describe_tensor
-from .report.findings import apply_ignore
+from ..observe.inventory import describe_tensor
+from ..observe.sharding import GradientView, UseTracker, declared_ddp, find_ddp, is_distributed, world
+from ..options import LeafwatchWarning
+from ..report.events import CheckEvent
+from ..report.findings import Finding, Report, apply_ignore
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
 #: gradient all-reduce, so they are seconds apart at most; a Monitor made on one rank only
@@ -69,250 +52,67 @@ DDP_FIX = (
 )
 
 
-# -- where gradients can be read ---------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class GradientView:
-    """How the gradients of one model can be read.
 
-    Attributes:
-        strategy: ``"plain"``, ``"fsdp2"``, ``"fsdp"``, ``"fsdp_flat"``, ``"deepspeed"`` or
-            ``"master_copies"`` (declared by a front-end, see :func:`declare_gradients`).
-        skip: ids of the parameters whose ``.grad`` cannot tell a missing gradient.
-        local_grads: The gradients are DTensors: value checks read their local shard.
-        finding: The one info finding that says why ``skip`` is left out (None when empty).
-    """
-
-    strategy: str = "plain"
-    skip: frozenset[int] = frozenset()
-    local_grads: bool = False
-    finding: Finding | None = None
-
-
-PLAIN = GradientView()
-
-
-def _skip_finding(strategy: str, name: str, count: int, cause: str, fix: str, step: int | None,
-                  because: str | None = None) -> Finding:
-    return Finding.new(
-        "missing_grad", name, "info",
-        f"{strategy}: the gradient check is skipped for {count} parameter(s): their .grad "
-        "cannot tell a missing gradient from a zero one.",
-        cause, fix, step=step, reason="sharded_gradients", strategy=strategy, parameters=count,
-        ignored_because=because or f"gradients are sharded by {strategy}",
-    ).replace(status="ignored")
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
-
-
-def _is_deepspeed(model: Any, params: Iterable[torch.Tensor]) -> bool:
-    if any(type(m).__name__ == "DeepSpeedEngine" for m in _chain(model)):
-        return True
-    return any(hasattr(p, "ds_id") for p in params)
-
-
-def _chain(model: Any) -> list[Any]:
-    """The model, the wrappers Lightning keeps around it, and nothing else."""
-    out = [model]
-    trainer = getattr(model, "_trainer", None)
-    strategy = getattr(trainer, "strategy", None)
-    wrapped = getattr(strategy, "model", None) if strategy is not None else None
-    if wrapped is not None and wrapped is not model:
-        out.append(wrapped)
-    return out
-
-
-#: Models whose gradients a front-end knows cannot be read per parameter (it sees the optimizer,
-#: which the model does not show): model -> strategy, held weakly, set by :func:`declare_gradients`.
-_DECLARED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
-#: The strategies :func:`declare_gradients` takes.
-DECLARED_STRATEGIES = ("deepspeed", "master_copies")
-
-
-def declare_gradients(model: nn.Module, strategy: str | None) -> None:
-    """Say how the gradients of ``model`` are kept, when the model alone cannot show it.
-
-    A front-end that sees the optimizer calls it before building the Monitor: under DeepSpeed
-    ZeRO-1/2 the model is a plain module whose ``.grad`` the engine empties into its own
-    buffers, and an optimizer that steps master copies of the parameters (fp32 copies, flat
-    buffers) never reads the model's ``.grad``. :func:`gradient_view` then skips the model's
-    parameters with one info finding. The model is held weakly and not modified.
-
-    Args:
-        model: The module handed to the Monitor.
-        strategy: ``"deepspeed"``, ``"master_copies"``, or None to withdraw the declaration.
-
-    Raises:
-        TypeError: ``model`` is not a module.
-        ValueError: an unknown ``strategy``.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
-    if strategy is None:
-        _DECLARED.pop(model, None)
-        return
-    if strategy not in DECLARED_STRATEGIES:
-        raise ValueError(f"`strategy` can be {', '.join(DECLARED_STRATEGIES)} or None, got {strategy!r}")
-    _DECLARED[model] = strategy
-
-
-#: Models wrapped in DDP by a front-end that does not hand the wrapper over (the Hugging Face
-#: Trainer gives callbacks the inner model): model -> DDP's find_unused_parameters, held weakly.
-_DDP_DECLARED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
-
-
-def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
-    """Say that ``model`` trains inside a ``DistributedDataParallel`` the Monitor cannot see.
-
-    With ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter a rank did not
-    use; knowing it, the Monitor's :class:`Gatherer` watches which parameters each rank really
-    used (as it does when it finds the wrapper itself). The model is held weakly and not
-    modified.
-
-    Args:
-        model: The module handed to the Monitor.
-        find_unused_parameters: DDP's setting (``static_graph=True`` counts as True), or None
-            to withdraw the declaration.
-
-    Raises:
-        TypeError: ``model`` is not a module, or the setting not a bool or None.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
-    if find_unused_parameters is None:
-        _DDP_DECLARED.pop(model, None)
-        return
-    if not isinstance(find_unused_parameters, bool):
-        raise TypeError(f"`find_unused_parameters` must be a bool or None, got "
-                        f"{type(find_unused_parameters).__name__}: {find_unused_parameters!r:.80}")
-    _DDP_DECLARED[model] = find_unused_parameters
-
-
-def _declared_ddp(model: Any) -> bool | None:
-    models = list(model.values()) if isinstance(model, Mapping) else [model]
-    for m in models:
-        if isinstance(m, nn.Module) and m in _DDP_DECLARED:
-            return _DDP_DECLARED[m]
-    return None
-
-
-def _declared(models: Sequence[Any]) -> str | None:
-    for m in models:
-        if isinstance(m, nn.Module) and m in _DECLARED:
-            return _DECLARED[m]
-    return None
-
-
+# -- the one info finding of gradients that cannot be read per parameter --------------------
 @dataclasses.dataclass(frozen=True)
 class _Sharded:
-    """One way of keeping gradients whose ``.grad`` cannot tell a missing gradient: the words of
-    its one info finding."""
+    """The words of the one info finding of a way of keeping gradients whose ``.grad`` cannot tell
+    a missing gradient."""
 
-    strategy: str
     label: str
     name: str
     cause: str
     fix: str
     because: str | None = None
 
-    def view(self, skip: frozenset[int], step: int | None) -> GradientView:
-        return GradientView(self.strategy, skip, False,
-                            _skip_finding(self.label, self.name, len(skip), self.cause, self.fix, step, self.because))
-
 
 _FSDP2_FIX = ("use `torch.distributed.fsdp.fully_shard` (FSDP2), whose unused parameters keep "
               ".grad None, or run a few steps with plain DDP to have every parameter checked")
 
-_DEEPSPEED = _Sharded(
-    "deepspeed", "DeepSpeed", "DeepSpeed gradients",
-    "DeepSpeed keeps gradients in its own partitioned buffers (ZeRO), not in each "
-    "parameter's .grad, so a missing .grad does not mean a missing gradient.",
-    "nothing; to have leafwatch check gradients, run a few steps without DeepSpeed "
-    "(or with plain DDP) once")
-_MASTER_COPIES = _Sharded(
-    "master_copies", "Master copies", "optimizer master copies",
-    "the optimizer steps copies of the parameters (fp32 master weights or flat buffers), "
-    "not the model's own tensors, and may move or clear the model's .grad before it "
-    "steps, so a missing .grad does not mean a missing gradient.",
-    "nothing; to have leafwatch check gradients, run a few steps with a plain torch "
-    "optimizer over the model's parameters once",
-    because="the optimizer steps master copies of the parameters")
-#: FSDP1, tried in this order: the tensor attribute that marks a parameter it shards, and how.
-_FSDP1 = (
-    ("_is_flat_param", _Sharded(
-        "fsdp_flat", "FSDP (use_orig_params=False)", "FSDP flat parameters",
+#: :attr:`GradientView.strategy` -> the words of its finding.
+_SHARDED = {
+    "deepspeed": _Sharded(
+        "DeepSpeed", "DeepSpeed gradients",
+        "DeepSpeed keeps gradients in its own partitioned buffers (ZeRO), not in each "
+        "parameter's .grad, so a missing .grad does not mean a missing gradient.",
+        "nothing; to have leafwatch check gradients, run a few steps without DeepSpeed "
+        "(or with plain DDP) once"),
+    "master_copies": _Sharded(
+        "Master copies", "optimizer master copies",
+        "the optimizer steps copies of the parameters (fp32 master weights or flat buffers), "
+        "not the model's own tensors, and may move or clear the model's .grad before it "
+        "steps, so a missing .grad does not mean a missing gradient.",
+        "nothing; to have leafwatch check gradients, run a few steps with a plain torch "
+        "optimizer over the model's parameters once",
+        because="the optimizer steps master copies of the parameters"),
+    "fsdp_flat": _Sharded(
+        "FSDP (use_orig_params=False)", "FSDP flat parameters",
         "FullyShardedDataParallel with use_orig_params=False flattens each wrapped module's "
         "parameters into one FlatParameter; its .grad is a shard of all of them, and the part "
         "of an unused parameter is filled with zeros.",
-        _FSDP2_FIX)),
-    ("_fsdp_flattened", _Sharded(
-        "fsdp", "FSDP (use_orig_params=True)", "FSDP sharded parameters",
+        _FSDP2_FIX),
+    "fsdp": _Sharded(
+        "FSDP (use_orig_params=True)", "FSDP sharded parameters",
         "FullyShardedDataParallel gives each rank only its shard of each gradient: a "
         "parameter outside this rank's shard has .grad None even though it trains, and an "
         "unused parameter gets zeros on the rank that holds it.",
-        _FSDP2_FIX)),
-)
+        _FSDP2_FIX),
+}
 
 
-def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]],
-                  step: int | None = None) -> GradientView:
-    """Detect the sharding strategy of ``model`` and say which gradients can be read per parameter.
-
-    Args:
-        model: The model handed to the Monitor (a module, or a mapping name -> module).
-        params: ``(id, tensor, name)`` of every parameter the Monitor knows.
-        step: The step to put on the info finding.
-
-    Returns:
-        A :class:`GradientView`; :data:`PLAIN` when nothing is sharded.
-    """
-    entries = list(params)
-    if not entries:
-        return PLAIN
-    tensors = [t for _, t, _ in entries]
-    models = list(model.values()) if isinstance(model, Mapping) else [model]
-    declared = _declared(models)
-    everything = frozenset(k for k, _, _ in entries)
-    if declared == "deepspeed" or any(_is_deepspeed(m, tensors) for m in models if m is not None):
-        return _DEEPSPEED.view(everything, step)
-    if declared == "master_copies":
-        return _MASTER_COPIES.view(everything, step)
-    for marker, sharded in _FSDP1:
-        skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
-        if skip:
-            return sharded.view(skip, step)
-    if any(_is_dtensor(t) for t in tensors):
-        return GradientView("fsdp2", frozenset(), True, None)
-    return PLAIN
-
-
-def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
-    """The local shard of a DTensor (no communication); any other tensor as it is."""
-    if t is not None and _is_dtensor(t):
-        return t.to_local()
-    return t
-
-
-# -- the process group --------------------------------------------------------------------------
-def world() -> tuple[int, int]:
-    """``(rank, world_size)`` of the default process group, ``(0, 1)`` when there is none."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return 0, 1
-    return torch.distributed.get_rank(), torch.distributed.get_world_size()
-
-
-def is_distributed() -> bool:
-    """True when ``torch.distributed`` is initialized with more than one process."""
-    return world()[1] > 1
-
-
-def find_ddp(model: Any) -> nn.Module | None:
-    """The DistributedDataParallel wrapping ``model``: itself, or Lightning's ``strategy.model``."""
-    for m in _chain(model):
-        if isinstance(m, nn.parallel.DistributedDataParallel):
-            return m
-    return None
+def sharded_finding(view: GradientView, step: int | None) -> Finding | None:
+    """The one info finding (``missing_grad``/``sharded_gradients``, ignored) that says why the
+    gradients ``view.skip`` are left out of the gradient check; None when none are."""
+    words = _SHARDED.get(view.strategy)
+    if words is None or not view.skip:
+        return None
+    return Finding.new(
+        "missing_grad", words.name, "info",
+        f"{words.label}: the gradient check is skipped for {len(view.skip)} parameter(s): their .grad "
+        "cannot tell a missing gradient from a zero one.",
+        words.cause, words.fix, step=step, reason="sharded_gradients", strategy=words.label,
+        parameters=len(view.skip), ignored_because=words.because or f"gradients are sharded by {words.label}",
+    ).replace(status="ignored")
 
 
 # -- merging -----------------------------------------------------------------------------------
@@ -431,18 +231,16 @@ class Gatherer:
         self._sent: Any = None
         self._merged: Report | None = None
         ddp = find_ddp(model)
-        self.ddp_unused: bool | None = _declared_ddp(model) if ddp is None else bool(
+        self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
-        self._handles: list[Any] = []
-        self._tracked: list[tuple[Any, str]] = []
-        self._used: set[int] = set()
+        self._use: UseTracker | None = None
         self.rounds = 0
         self.changed = False
         self.pipelined = pipelined
         self._pending: Any = None
         self._flag = torch.zeros(1, dtype=torch.int32)
         if self.ddp_unused:
-            self._track_use(params)
+            self._use = UseTracker(params)
 
     @property
     def is_zero(self) -> bool:
@@ -458,24 +256,12 @@ class Gatherer:
         """The last merged report (None before the first gather)."""
         return self._merged
 
-    def _track_use(self, params: Sequence[tuple[torch.Tensor, str]]) -> None:
-        used = self._used
-        for p, name in params:
-            if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
-                continue
-            key = id(p)
-            self._handles.append(p.register_post_accumulate_grad_hook(_marker(used, key)))
-            self._tracked.append((weakref.ref(p), name))
-
     def _locally_unused(self, step: int) -> list[Finding]:
         """Parameters this rank did not use although DDP gave them a gradient."""
-        if not self._tracked:
+        if self._use is None:
             return []
         out = []
-        for ref, name in self._tracked:
-            p = ref()
-            if p is None or id(p) in self._used or p.grad is None or not p.requires_grad:
-                continue
+        for p, name in self._use.unused():
             out.append(Finding.new(
                 "missing_grad", name, "error",
                 f"`{name}` requires grad but got no gradient on this rank.",
@@ -484,7 +270,6 @@ class Gatherer:
                 "filled its .grad with the average from the ranks that used it.",
                 "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
             ))
-        self._used.clear()
         return out
 
     def _ensure_group(self) -> Any:
@@ -577,18 +362,8 @@ class Gatherer:
                 pending.wait()
             except Exception:  # a peer already gone: nothing left to agree on
                 pass
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        self._tracked.clear()
-
-
-def _marker(used: set[int], key: int) -> Callable[[torch.Tensor], None]:
-    def mark(t: torch.Tensor) -> None:
-        if t.grad is not None:  # torch calls the hook with no gradient too: that is no use
-            used.add(key)
-
-    return mark
+        if self._use is not None:
+            self._use.close()
 
 
 def make_gatherer(model: Any, params: Callable[[], Sequence[tuple[torch.Tensor, str]]], distributed: bool | None,

@@ -1,6 +1,6 @@
 """The structure cache: what the Monitor checks, rebuilt only when the parameter sets change.
 
-Owns the :class:`~leafwatch.inventory.Inventory` (names, aliases, optimizer sets, orphans), the
+Owns the :class:`~leafwatch.observe.inventory.Inventory` (names, aliases, optimizer sets, orphans), the
 optimizers, the per-optimizer :class:`CheckList` of tensors read at each step, the cheap
 fingerprint that says when to rebuild, and the process-wide registration hooks that bump the
 fingerprint when any module registers a parameter or a submodule. Those hooks are counted: the
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import inventory, replaced
-from . import distributed
+from . import sharding as distributed
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
@@ -331,7 +331,7 @@ class StructureCache:
         self.stale_ids = frozenset(self.stale.old_ids())
         old_lists, self.lists = self.lists, {}
         view = self.grad_view = distributed.gradient_view(
-            self.source, [(k, t, inv.params[k].name) for k, t in inv.tensors.items()], step)
+            self.source, [(k, t, inv.params[k].name) for k, t in inv.tensors.items()])
         self.left_out &= set(inv.tensors) | set(inv.in_optimizer)
         skip = view.skip | self.left_out if self.left_out else view.skip
         if self.optimizers:

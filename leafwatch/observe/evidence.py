@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from .inventory import Inventory
     from .structure import CheckList
-    from .watching import WatchEntry
+    from ..watching import WatchEntry
 
 
 @dataclasses.dataclass

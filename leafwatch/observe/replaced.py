@@ -15,7 +15,7 @@ leaves the optimizer stepping the old tensors while the model's new ones are in 
 An old tensor that pairs with nothing is "unpaired": it is reported in one finding per optimizer,
 an error while some live parameter is in no optimizer, information ("harmless, costs memory")
 once every live parameter is stepped (after the fix's ``add_param_group``, or a layer removed).
-Pure functions over an :class:`~leafwatch.inventory.Inventory`; nothing is kept.
+Pure functions over an :class:`~leafwatch.observe.inventory.Inventory`; nothing is kept.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :class:`Checker` holds the small owners a check needs (the gradient tracker, the watched-tensor
 tracker, the membership judge, the loss-graph leaves, the batched value check, dead gradients,
 the loop watch and the diagnostic tracer) and the one ordered list of the check's parts, run by
-a :class:`~leafwatch.pipeline.Pipeline` so that a part that fails leaves an ``incomplete``
+a :class:`~leafwatch.detectors.pipeline.Pipeline` so that a part that fails leaves an ``incomplete``
 finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments, hooks on the
 optimizers, sinks, strict mode, distributed merging) and asks its Checker to run a check.
 """
@@ -16,25 +16,26 @@ from typing import Any
 
 import torch
 
-from . import graph, inventory, structure, watching
-from .check_state import CheckState
-from .detectors import constructors as checks
-from .detectors import loop as stepping
-from .detectors import outside
-from .detectors import structure as structural
-from .detectors.gradients import GradientTracker
-from .detectors.membership import MembershipJudge
-from .detectors.values import GradientValues
-from .detectors.watched import WatchedTracker
-from .diagnostics import Diagnostics
-from .events import CheckEvent
-from .report.findings import Report
-from .report.history import FindingHistory
-from .frames import stacklevel_outside
-from .options import LeafwatchWarning, WarnOnce, validate_int, warn_unmatched_ignore
-from .report.format import NOTHING_TO_CHECK
+from ..observe import graph, inventory, structure
+from .. import watching
+from ..observe.evidence import CheckState
+from . import constructors as checks, ranks
+from . import loop as stepping
+from . import outside
+from . import structure as structural
+from .gradients import GradientTracker
+from .membership import MembershipJudge
+from .values import GradientValues
+from .watched import WatchedTracker
+from ..observe.diagnostics import Diagnostics
+from ..report.events import CheckEvent
+from ..report.findings import Report
+from ..report.history import FindingHistory
+from ..observe.frames import stacklevel_outside
+from ..options import LeafwatchWarning, WarnOnce, validate_int, warn_unmatched_ignore
+from ..report.format import NOTHING_TO_CHECK
 from .pipeline import Part, Pipeline
-from .report.verdicts import Verdict, Verdicts
+from ..report.verdicts import Verdict, Verdicts
 
 
 class Checker:
@@ -243,7 +244,6 @@ class Checker:
 
     def _rebuilt(self, inv: inventory.Inventory, before_gradients: bool = False) -> Verdicts:
         """After a rebuild of the structure: its verdicts, and what waited for the names."""
-        grad_view = self.structure.grad_view
         self._grads.rebuilt(inv)
         self._membership.rebuilt(inv)
         shown, held = self._membership.split(
@@ -251,9 +251,10 @@ class Checker:
                                   stale=self.structure.stale, seen_frozen=self.structure.seen_frozen), inv,
             before_gradients=before_gradients)
         out = structural.verdicts(self.history_store.view, shown, self.step, held)
-        if grad_view.finding is not None and self.history_store.get(grad_view.finding.key) is None \
-                and all(f.key != grad_view.finding.key for f in shown):
-            out.append(Verdict.open(grad_view.finding))
+        sharded = ranks.sharded_finding(self.structure.grad_view, self.step)
+        if sharded is not None and self.history_store.get(sharded.key) is None \
+                and all(f.key != sharded.key for f in shown):
+            out.append(Verdict.open(sharded))
         self._grads.apply_restored(inv.known_names())
         self._loop.skips.track(self.structure.optimizers, self.structure.lists, self.structure.stale_ids)
         if self.history_store.ignore and not self._ignore_checked:

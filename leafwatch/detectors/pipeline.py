@@ -18,10 +18,10 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
-from .report.findings import Finding, Kind, Severity
-from .report.history import FindingHistory
-from .options import WarnOnce
-from .report.verdicts import Verdict, Verdicts
+from ..report.findings import Finding, Kind, Severity
+from ..report.history import FindingHistory
+from ..options import WarnOnce
+from ..report.verdicts import Verdict, Verdicts
 
 State = TypeVar("State")
 

@@ -21,10 +21,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .report import records
-from .events import CheckEvent
-from .report.findings import KINDS, Report
-from .report.records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
+from ..report import records
+from ..report.events import CheckEvent
+from ..report.findings import KINDS, Report
+from ..report.records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
 
 
 def _ranges_append(ranges: list[list[int]], value: int) -> None:

@@ -1,0 +1,261 @@
+"""Distributed training, observed: where gradients cannot be read per parameter, and which
+parameters each rank used.
+
+- :func:`gradient_view` tells, from the model alone, where ``p.grad`` cannot be read per
+  parameter: FSDP's ``FullyShardedDataParallel`` (flat parameters, or original parameters
+  whose gradients are shards filled with zeros where a parameter was unused) and DeepSpeed
+  (gradients kept in the engine's partitioned buffers), or what a front-end that sees the
+  optimizer declares (:func:`declare_gradients`: DeepSpeed ZeRO-1/2 behind a plain module, an
+  optimizer that steps master copies). Those parameters are left out of the gradient check;
+  :mod:`leafwatch.detectors.ranks` words the one info finding that says why. ``fully_shard``
+  (FSDP2) needs nothing: its parameters are DTensors whose ``.grad`` stays None when unused,
+  so it is read as is (the NaN/Inf check reads the local shard).
+- :class:`UseTracker`: under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad``
+  of a parameter that a rank did not use with the other ranks' average, so ``p.grad is None``
+  says nothing per rank; one post-accumulate-grad hook per parameter records which parameters
+  this rank really used.
+
+Its only module-level state is what the public API promises: the declarations made through
+:func:`declare_gradients` and :func:`declare_ddp` (``_DECLARED``, ``_DDP_DECLARED``: model ->
+declaration, held weakly). A front-end makes them before any Monitor exists, for a model it
+has not handed over yet, so they cannot live in a Monitor; a Monitor reads them when it builds
+its structure and its Gatherer, and the front-end withdraws them at the end of its run
+(``strategy=None``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+# -- where gradients can be read ---------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GradientView:
+    """How the gradients of one model can be read.
+
+    Attributes:
+        strategy: ``"plain"``, ``"fsdp2"``, ``"fsdp"``, ``"fsdp_flat"``, ``"deepspeed"`` or
+            ``"master_copies"`` (declared by a front-end, see :func:`declare_gradients`).
+        skip: ids of the parameters whose ``.grad`` cannot tell a missing gradient.
+        local_grads: The gradients are DTensors: value checks read their local shard.
+    """
+
+    strategy: str = "plain"
+    skip: frozenset[int] = frozenset()
+    local_grads: bool = False
+
+
+PLAIN = GradientView()
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def _is_deepspeed(model: Any, params: Iterable[torch.Tensor]) -> bool:
+    if any(type(m).__name__ == "DeepSpeedEngine" for m in _chain(model)):
+        return True
+    return any(hasattr(p, "ds_id") for p in params)
+
+
+def _chain(model: Any) -> list[Any]:
+    """The model, the wrappers Lightning keeps around it, and nothing else."""
+    out = [model]
+    trainer = getattr(model, "_trainer", None)
+    strategy = getattr(trainer, "strategy", None)
+    wrapped = getattr(strategy, "model", None) if strategy is not None else None
+    if wrapped is not None and wrapped is not model:
+        out.append(wrapped)
+    return out
+
+
+#: Models whose gradients a front-end knows cannot be read per parameter (it sees the optimizer,
+#: which the model does not show): model -> strategy, held weakly, set by :func:`declare_gradients`.
+_DECLARED: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+#: The strategies :func:`declare_gradients` takes.
+DECLARED_STRATEGIES = ("deepspeed", "master_copies")
+
+
+def declare_gradients(model: nn.Module, strategy: str | None) -> None:
+    """Say how the gradients of ``model`` are kept, when the model alone cannot show it.
+
+    A front-end that sees the optimizer calls it before building the Monitor: under DeepSpeed
+    ZeRO-1/2 the model is a plain module whose ``.grad`` the engine empties into its own
+    buffers, and an optimizer that steps master copies of the parameters (fp32 copies, flat
+    buffers) never reads the model's ``.grad``. :func:`gradient_view` then skips the model's
+    parameters with one info finding. The model is held weakly and not modified.
+
+    Args:
+        model: The module handed to the Monitor.
+        strategy: ``"deepspeed"``, ``"master_copies"``, or None to withdraw the declaration.
+
+    Raises:
+        TypeError: ``model`` is not a module.
+        ValueError: an unknown ``strategy``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    if strategy is None:
+        _DECLARED.pop(model, None)
+        return
+    if strategy not in DECLARED_STRATEGIES:
+        raise ValueError(f"`strategy` can be {', '.join(DECLARED_STRATEGIES)} or None, got {strategy!r}")
+    _DECLARED[model] = strategy
+
+
+#: Models wrapped in DDP by a front-end that does not hand the wrapper over (the Hugging Face
+#: Trainer gives callbacks the inner model): model -> DDP's find_unused_parameters, held weakly.
+_DDP_DECLARED: weakref.WeakKeyDictionary[nn.Module, bool] = weakref.WeakKeyDictionary()
+
+
+def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
+    """Say that ``model`` trains inside a ``DistributedDataParallel`` the Monitor cannot see.
+
+    With ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter a rank did not
+    use; knowing it, the Monitor's :class:`Gatherer` watches which parameters each rank really
+    used (as it does when it finds the wrapper itself). The model is held weakly and not
+    modified.
+
+    Args:
+        model: The module handed to the Monitor.
+        find_unused_parameters: DDP's setting (``static_graph=True`` counts as True), or None
+            to withdraw the declaration.
+
+    Raises:
+        TypeError: ``model`` is not a module, or the setting not a bool or None.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
+    if find_unused_parameters is None:
+        _DDP_DECLARED.pop(model, None)
+        return
+    if not isinstance(find_unused_parameters, bool):
+        raise TypeError(f"`find_unused_parameters` must be a bool or None, got "
+                        f"{type(find_unused_parameters).__name__}: {find_unused_parameters!r:.80}")
+    _DDP_DECLARED[model] = find_unused_parameters
+
+
+def declared_ddp(model: Any) -> bool | None:
+    models = list(model.values()) if isinstance(model, Mapping) else [model]
+    for m in models:
+        if isinstance(m, nn.Module) and m in _DDP_DECLARED:
+            return _DDP_DECLARED[m]
+    return None
+
+
+def _declared(models: Sequence[Any]) -> str | None:
+    for m in models:
+        if isinstance(m, nn.Module) and m in _DECLARED:
+            return _DECLARED[m]
+    return None
+
+
+#: FSDP1, tried in this order: the tensor attribute that marks a parameter it shards, and how.
+_FSDP1 = (("_is_flat_param", "fsdp_flat"), ("_fsdp_flattened", "fsdp"))
+
+
+def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -> GradientView:
+    """Detect the sharding strategy of ``model`` and say which gradients can be read per parameter.
+
+    Args:
+        model: The model handed to the Monitor (a module, or a mapping name -> module).
+        params: ``(id, tensor, name)`` of every parameter the Monitor knows.
+
+    Returns:
+        A :class:`GradientView`; :data:`PLAIN` when nothing is sharded.
+    """
+    entries = list(params)
+    if not entries:
+        return PLAIN
+    tensors = [t for _, t, _ in entries]
+    models = list(model.values()) if isinstance(model, Mapping) else [model]
+    declared = _declared(models)
+    everything = frozenset(k for k, _, _ in entries)
+    if declared == "deepspeed" or any(_is_deepspeed(m, tensors) for m in models if m is not None):
+        return GradientView("deepspeed", everything)
+    if declared == "master_copies":
+        return GradientView("master_copies", everything)
+    for marker, strategy in _FSDP1:
+        skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
+        if skip:
+            return GradientView(strategy, skip)
+    if any(_is_dtensor(t) for t in tensors):
+        return GradientView("fsdp2", frozenset(), True)
+    return PLAIN
+
+
+def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The local shard of a DTensor (no communication); any other tensor as it is."""
+    if t is not None and _is_dtensor(t):
+        return t.to_local()
+    return t
+
+
+# -- the process group --------------------------------------------------------------------------
+def world() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group, ``(0, 1)`` when there is none."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return 0, 1
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def is_distributed() -> bool:
+    """True when ``torch.distributed`` is initialized with more than one process."""
+    return world()[1] > 1
+
+
+def find_ddp(model: Any) -> nn.Module | None:
+    """The DistributedDataParallel wrapping ``model``: itself, or Lightning's ``strategy.model``."""
+    for m in _chain(model):
+        if isinstance(m, nn.parallel.DistributedDataParallel):
+            return m
+    return None
+
+
+class UseTracker:
+    """Which parameters this rank used in its backward passes since the last :meth:`take`.
+
+    One post-accumulate-grad hook per parameter that requires grad (torch >= 2.2); the hooks
+    hold the tensors weakly and go at :meth:`close`.
+    """
+
+    def __init__(self, params: Sequence[tuple[torch.Tensor, str]]) -> None:
+        self.used: set[int] = set()
+        self.tracked: list[tuple[Any, str]] = []
+        self._handles: list[Any] = []
+        for p, name in params:
+            if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
+                continue
+            self._handles.append(p.register_post_accumulate_grad_hook(_marker(self.used, id(p))))
+            self.tracked.append((weakref.ref(p), name))
+
+    def unused(self) -> list[tuple[torch.Tensor, str]]:
+        """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
+        out = []
+        for ref, name in self.tracked:
+            p = ref()
+            if p is None or id(p) in self.used or p.grad is None or not p.requires_grad:
+                continue
+            out.append((p, name))
+        self.used.clear()
+        return out
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self.tracked.clear()
+
+
+def _marker(used: set[int], key: int) -> Callable[[torch.Tensor], None]:
+    def mark(t: torch.Tensor) -> None:
+        if t.grad is not None:  # torch calls the hook with no gradient too: that is no use
+            used.add(key)
+
+    return mark

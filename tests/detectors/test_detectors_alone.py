@@ -258,3 +258,17 @@ def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None
                 Verdict.open(make("missing_grad", "a", "error", "m", "c", "f", step=1))]
     assert open_after(verdicts, "dead_grad") == {"a": False, "b": True, "c": False}
     assert open_after(verdicts, "missing_grad") == {"a": True}
+
+
+def test_the_tracer_puts_its_recorder_hooks_on_the_top_armed_modules_only() -> None:
+    """Armed on every module, the cut recorder's enter/leave hooks go on the root alone; armed on
+    two sibling blocks and a child of one, on the two blocks."""
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.Linear(2, 1))
+    tracer = Tracer()
+    tracer.arm(dict(model.named_modules()))
+    assert set(tracer._root_handles) == {""}
+    tracer.disarm()
+    tracer.arm({"0": model[0], "0.0": model[0][0], "1": model[1]})
+    assert set(tracer._root_handles) == {"0", "1"}
+    tracer.reset()
+    tracer.disarm()

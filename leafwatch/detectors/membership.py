@@ -171,25 +171,24 @@ class MembershipJudge:
             self._roots_read = (inv, outside)
         return self._roots_read[1].get(id(t))
 
+    def _waiting_holder(self, t: torch.Tensor) -> torch.optim.Optimizer | None:
+        """The optimizer that exists but has not stepped and holds ``t``; None when none does."""
+        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
+        return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
+
     def _held_by_waiting(self, t: torch.Tensor) -> bool:
         """Whether an optimizer that exists but has not stepped holds ``t``."""
-        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
-        return any(p is t for opt in waiting for g in opt.param_groups for p in g["params"])
+        return self._waiting_holder(t) is not None
 
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
               inv: Inventory | None = None) -> Finding:
-        held_by_waiting = self._held_by_waiting(t)
+        holder = self._waiting_holder(t)
         base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if held_by_waiting:
-            message = (f"`{f.name}` is held only by an optimizer that has not stepped in {self.checks()} "
-                       "checks: it never changes.")
-            cause = f"the optimizer holding `{f.name}` was created but `step()` is never called on it."
-        else:
-            message = (f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks "
-                       "holds it: it never changes.")
-            cause = base.cause
-        return base.replace(severity=severity, message=message, cause=cause,
-                            details={**base.details, "late_optimizer": True})
+        if holder is not None:
+            return _never_stepped(f.name, holder, self.checks(), base, severity, inv)
+        message = (f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks "
+                   "holds it: it never changes.")
+        return base.replace(severity=severity, message=message, details={**base.details, "late_optimizer": True})
 
     def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:
         """At the end of the run: what a held (or late-optimizer) finding becomes."""
@@ -225,6 +224,29 @@ class MembershipJudge:
                 out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=message,
                                                  details={**f.details, "decided_step": step})))
         return out
+
+
+def _never_stepped(name: str, optimizer: torch.optim.Optimizer, checks: int, base: Finding, severity: str,
+                   inv: Inventory | None) -> Finding:
+    """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
+    ``step()`` is never called; the fix is that call, on the user's variable for the optimizer."""
+    variable = fixes.variable_for(optimizer, inv.variables if inv is not None else None,
+                                  inv.fix_names if inv is not None else None)
+    cls = type(optimizer).__name__
+    if variable:
+        article = "an" if cls[:1] in "AEIOU" else "a"
+        holder, fix = f"`{variable}` ({article} `{cls}`)", (f"call `{variable}.step()` after the backward pass that "
+                                                     f"computes its gradients, as for the optimizers that step")
+    else:
+        holder, fix = f"the `{cls}` that holds it", (f"call `step()` on the `{cls}` that holds it after the "
+                                                     "backward pass that computes its gradients")
+    return base.replace(
+        severity=severity,
+        message=f"`{name}` is held only by an optimizer that has not stepped in {checks} checks: it never changes.",
+        cause=f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
+        fix=fix,
+        details={**base.details, "late_optimizer": True, "reason": "never_stepped",
+                 "applicability": "code" if variable else "words"})
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],

@@ -411,9 +411,10 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
                         f"({WRAPPERS_ACCEPTED})") from None
 
 
-def name_roots(modules: Sequence[nn.Module]) -> dict[str, nn.Module]:
-    """Names for root modules: one root gets no prefix, several their class name (``Generator``,
-    ``Discriminator``; ``Linear``, ``Linear_1`` for two of one class).
+def name_roots(modules: Sequence[nn.Module], variables: Mapping[int, str] | None = None) -> dict[str, nn.Module]:
+    """Names for root modules: one root gets no prefix; several the script's variable for each
+    (``variables``: module id -> the module-level name, ``generator``), else their class name
+    (``Generator``, ``Discriminator``; ``Linear``, ``Linear_1`` for two of one class).
 
     Example::
 
@@ -425,8 +426,15 @@ def name_roots(modules: Sequence[nn.Module]) -> dict[str, nn.Module]:
         return {"": modules[0]}
     roots: dict[str, nn.Module] = {}
     counts: dict[str, int] = {}
+    named = {id(m): variables[id(m)] for m in modules if variables and id(m) in variables}
+    taken = set(named.values())
     for module in modules:
+        if id(module) in named:
+            roots[named[id(module)]] = module
+            continue
         base = type(module).__name__
+        while base in taken:
+            base += "_"
         n = counts.get(base, 0)
         counts[base] = n + 1
         roots[base if n == 0 else f"{base}_{n}"] = module

@@ -554,18 +554,22 @@ def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a
     assert result.returncode == 1, result.stderr
     assert result.stdout == "gan done\n"  # a warning while it may still step: the script runs on
     live, summary = result.stderr.split("leafwatch: summary after 40 optimizer steps")
-    # The generator is one mistake: its four tensors listed.
-    assert "WARNING not_in_optimizer `Sequential` (4 tensors: Sequential.{0,2}.{bias,weight}) seen at step 2, " \
-        "decided at step 27" in live
-    names = {"Sequential.0.weight", "Sequential.0.bias", "Sequential.2.weight", "Sequential.2.bias"}
-    assert "ERROR   not_in_optimizer    Sequential (since step 2, decided at step 40)" in summary
-    assert "each of `Sequential.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 39 checks" \
+    # The generator is one mistake, named by the script's variable: its four tensors listed.
+    assert "WARNING not_in_optimizer `generator` (4 tensors: generator.{0,2}.{bias,weight}) seen at step 2, " \
+        "decided at step 27. Fix: call `opt_g.step()` after the backward pass" in live
+    names = {"generator.0.weight", "generator.0.bias", "generator.2.weight", "generator.2.bias"}
+    assert "ERROR   not_in_optimizer    generator (since step 2, decided at step 40)" in summary
+    assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 39 checks" \
         in summary
-    assert "step()` is never called on it" in summary
-    assert "`Sequential_1." not in result.stderr  # the critic trains
+    # The cause and the fix say the same thing: `opt_g` holds it and is never stepped.
+    assert "cause: `opt_g` (an `Adam`) was created with it, but its `step()` is never called" in summary
+    assert "fix:   call `opt_g.step()` after the backward pass that computes its gradients" in summary
+    assert "opt_d" not in summary
+    assert "`critic." not in result.stderr  # the critic trains
     (run,) = read_reports(str(tmp_path))
     assert run.report.names("not_in_optimizer") == names
     assert {f.severity for f in run.report.open} == {"error"}
+    assert {(f.details["reason"], f.details["applicability"]) for f in run.report.open} == {("never_stepped", "code")}
 
 
 def test_a_script_without_modules_gets_a_sentence_that_fits_it():
@@ -600,13 +604,13 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
     fix = ('add it to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({"params": '
            "calib.parameters()})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an "
            '`"lr"` key in the dict sets its own; or, if it should stay fixed, `calib.requires_grad_(False)`')
-    assert ("leafwatch: WARNING not_in_optimizer `Linear_1` (2 tensors: Linear_1.{bias,weight}) seen at step 2, "
+    assert ("leafwatch: WARNING not_in_optimizer `calib` (2 tensors: calib.{bias,weight}) seen at step 2, "
             f"decided at step 27. Fix: {fix}") in result.stderr
-    assert "each of `Linear_1.{bias,weight}` gets gradients but no optimizer holds it, nor any tensor of `calib`" \
+    assert "each of `calib.{bias,weight}` gets gradients but no optimizer holds it, nor any tensor of `calib`" \
         in result.stderr
     (run,) = read_reports(str(tmp_path))
     assert {(f.kind, f.name, f.severity) for f in run.report.tensors() if f.is_open} == {
-        ("not_in_optimizer", "Linear_1.weight", "warning"), ("not_in_optimizer", "Linear_1.bias", "warning")}
+        ("not_in_optimizer", "calib.weight", "warning"), ("not_in_optimizer", "calib.bias", "warning")}
     assert {f.details["root"] for f in run.report.open} == {"calib"}
 
 
@@ -614,8 +618,8 @@ def test_a_twin_critic_left_out_of_its_optimizer_is_named_not_its_per_step_q_val
     result = _leafwatch("run", "--strict", str(SCRIPTS / "td3_twin_left_out.py"))
     assert result.returncode == 0, result.stderr
     named = [line.split("`")[1] for line in result.stderr.splitlines() if line.startswith("leafwatch: WARNING")]
-    assert named == ["Sequential_1"]  # the twin critic: one mistake
-    assert "`Sequential_1` (4 tensors: Sequential_1.{0,2}.{bias,weight})" in result.stderr
+    assert named == ["critic2"]  # the twin critic, by its variable: one mistake
+    assert "`critic2` (4 tensors: critic2.{0,2}.{bias,weight})" in result.stderr
     assert "`critic2.requires_grad_(False)`" in result.stderr
     assert "ERROR" not in result.stderr and "non_leaf" not in result.stderr
     for per_step in ("q1", "q2", "critic_loss", "actor_loss", "tq"):

@@ -316,7 +316,7 @@ class Discovery:
         else:
             self._stable = 0
             self._roots_key = key
-            self._roots = inventory.name_roots([i.module for i in kept])
+            self._roots = inventory.name_roots([i.module for i in kept], self.script_variables())
             if self.on_roots is not None:
                 self.on_roots(dict(self._roots))  # rebuilt at the next check
         self._owned = owned

@@ -302,7 +302,8 @@ class Gatherer:
                 extra = apply_ignore(extra, self.ignore)
                 known = {f.key for f in findings}
                 findings += [f for f in extra if f.key not in known]
-            digest = hash(tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings)))
+            idle = local.nothing_to_check
+            digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
             group = self._ensure_group()
             if self._merged is None:
                 # The first check exchanges at once: DDP fails at the next step's forward pass.
@@ -319,9 +320,11 @@ class Gatherer:
                 self.changed = bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
-                torch.distributed.all_gather_object(gathered, [f.to_dict() for f in findings], group=group)
-                per_rank = [[Finding.from_dict(d) for d in (g or [])] for g in gathered]
-                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy), step=step)
+                torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
+                per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
+                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy), step=step,
+                                      # nothing to check on every rank: the merged report says so too
+                                      nothing_to_check=all(bool(g and g[0]) for g in gathered))
                 self._sent = digest
                 self.rounds += 1
             else:

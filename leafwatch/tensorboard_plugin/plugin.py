@@ -34,6 +34,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
 from ..report.findings import Finding, group_findings, sort_key_of
+from ..report.format import NOTHING_TO_CHECK
 from ..report.records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
 
 #: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
@@ -337,7 +338,9 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
             if report is None:
                 continue
             out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
-                        "findings": sorted_findings(report.get("findings", []))}
+                        "findings": sorted_findings(report.get("findings", [])),
+                        # Why there is nothing to check (the console's words), None when there is.
+                        "nothing_to_check": NOTHING_TO_CHECK if report.get("nothing_to_check") is True else None}
         return out
 
     # -- routes ------------------------------------------------------------------------------

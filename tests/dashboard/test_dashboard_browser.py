@@ -414,3 +414,33 @@ def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: s
     if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.parent.mkdir(exist_ok=True)
         SCREENSHOT.write_bytes(data)
+
+
+def test_a_run_with_nothing_to_check_says_so_in_the_tab_not_no_findings(tmp_path: Path) -> None:
+    """A frozen model and nothing watched: the tab says what the console says ("nothing to
+    check"), never "no findings: every checked tensor trains"."""
+    import warnings
+
+    import torch
+    from torch.utils.tensorboard import SummaryWriter
+
+    import leafwatch
+
+    model = torch.nn.Linear(2, 1).requires_grad_(False)
+    writer = SummaryWriter(str(tmp_path / "logs" / "idle"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchWarning)  # the "nothing to check" warning
+        with leafwatch.Monitor(model, writer=writer) as monitor:
+            model(torch.ones(1, 2))
+            assert monitor.check().nothing_to_check
+    writer.close()
+    (tmp_path / "tensorboard").mkdir()
+    with tensorboard_server(tmp_path / "logs", tmp_path / "tensorboard") as url:
+        wait_for(lambda: get_json(f"{url}/data/plugin/leafwatch/runs")["runs"], 120, "run not loaded")
+        result = _chromium(tmp_path / "chromium", "--dump-dom", f"{url}/data/plugin_entry.html?name=leafwatch")
+    parsed = _Elements()
+    parsed.feed(result.stdout)
+    text = " ".join("".join(parsed.text).split())
+    assert "Nothing to check: no tensor requires grad and nothing is watched." in text
+    assert "nothing to check (no tensor requires grad and nothing is watched)" in text
+    assert "No findings" not in text and "no findings" not in text

@@ -84,6 +84,10 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
     if scenario in ("clean", "rank0_only"):
         inner = Clean()
         return inner, ddp(inner), {}
+    if scenario == "frozen":
+        # Nothing requires grad (DDP refuses such a module: it is not wrapped).
+        inner = Clean().requires_grad_(False)
+        return inner, inner, {}
     if scenario == "unused_fup":
         inner = TwoLayers()
         return inner, ddp(inner, find_unused_parameters=True), {}
@@ -137,16 +141,20 @@ def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
         # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
         leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = 3.0
     if scenario != "rank0_only" or rank == 0:
-        monitor = leafwatch.Monitor(model, optimizer, sinks=[lambda e: events.append(e.step)], **options)
+        # The frozen model is handed without its optimizer: nothing at all to check.
+        given = None if scenario == "frozen" else optimizer
+        monitor = leafwatch.Monitor(model, given, sinks=[lambda e: events.append(e.step)], **options)
     result: dict = {"rank": rank, "reports": [], "error": None, "error_type": None}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             for _ in range(steps):
                 optimizer.zero_grad()
-                trained(torch.randn(8, 4, device=DEVICE)).sum().backward()
+                loss = trained(torch.randn(8, 4, device=DEVICE)).sum()
+                if loss.requires_grad:  # not in the frozen scenario
+                    loss.backward()
                 if monitor is not None:
-                    result["reports"].append(monitor.check(optimizer).to_dict())
+                    result["reports"].append(monitor.check(given).to_dict())
                 optimizer.step()
         except Exception as error:
             result["error"] = str(error)

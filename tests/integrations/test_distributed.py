@@ -129,7 +129,7 @@ def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "glo
 #: after those that train through, and the one that leaves the ranks out of step (a Monitor on
 #: rank zero only) comes last; ``branch_strict`` ends with one rank gone, so it runs alone.
 TORCHRUN_LAUNCHES = (
-    ["clean:3", "branch:3", "unused_fup:2", "fsdp2:2", "fsdp_orig:2", "fsdp_flat:2", "unused:3",
+    ["clean:3", "frozen:2", "branch:3", "unused_fup:2", "fsdp2:2", "fsdp_orig:2", "fsdp_flat:2", "unused:3",
      "strict:3", "rank0_only:3"],
     ["branch_strict:2"],
 )
@@ -261,6 +261,16 @@ def test_ddp_clean_model_reports_nothing(torchrun: Results) -> None:
         assert [r["findings"] for r in results[rank]["reports"]] == [[], [], []]
         assert results[rank]["rounds"] == 1
         assert results[rank]["warnings"] == []
+
+
+@in_torchrun_launch
+def test_ddp_nothing_to_check_on_every_rank_is_said_by_the_merged_report(torchrun: Results) -> None:
+    results = torchrun("frozen")
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        reports = results[rank]["reports"]
+        assert [(r["findings"], r.get("nothing_to_check")) for r in reports] == [([], True), ([], True)]
+        assert results[rank]["rounds"] == 1
 
 
 @in_torchrun_launch

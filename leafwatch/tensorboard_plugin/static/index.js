@@ -267,7 +267,7 @@ function renderSummary() {
     const parts = STATUSES.filter((s) => counts[s]).map((s) => `${counts[s]} ${s}`);
     ui.summary.append(el("p", { class: "run-summary" },
       el("strong", {}, run), ` \u2014 report ${report.step === 0 ? "at start" : `at step ${report.step ?? "?"}`}: `,
-      report.findings.length ? parts.join(", ") : "no findings",
+      report.findings.length ? parts.join(", ") : report.nothing_to_check ? `nothing to check (${report.nothing_to_check})` : "no findings",
       errors ? el("span", { class: "badge sev-error" }, `${errors} open error${errors > 1 ? "s" : ""}`) : null));
   }
 }
@@ -278,8 +278,11 @@ function renderTable() {
   const allRuns = state.run === ALL;
   clear(ui.table);
   if (!rows.length) {
-    const any = Object.values(state.reports).some((r) => r.findings.length);
-    ui.table.append(el("p", { class: "note" }, any ? "No finding matches the filters." : "No findings: every checked tensor trains."));
+    const reports = Object.values(state.reports);
+    const any = reports.some((r) => r.findings.length);
+    const idle = reports.length && reports.every((r) => r.nothing_to_check);
+    ui.table.append(el("p", { class: "note" }, any ? "No finding matches the filters."
+      : idle ? `Nothing to check: ${reports[0].nothing_to_check}.` : "No findings: every checked tensor trains."));
     return;
   }
   const head = ["Severity", "Status", "Kind", "Name", "Cause", "Fix", "Steps"];

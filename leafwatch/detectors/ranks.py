@@ -298,11 +298,10 @@ class Gatherer:
             findings = local.tensors()  # merged per tensor, grouped again by the Report
             extra = self._locally_unused(step)
             if extra:
-
                 extra = apply_ignore(extra, self.ignore)
                 known = {f.key for f in findings}
                 findings += [f for f in extra if f.key not in known]
-            idle = local.nothing_to_check
+            idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
             group = self._ensure_group()
             if self._merged is None:
@@ -322,9 +321,8 @@ class Gatherer:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
                 per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
-                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy), step=step,
-                                      # nothing to check on every rank: the merged report says so too
-                                      nothing_to_check=all(bool(g and g[0]) for g in gathered))
+                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy),
+                                      step=step, nothing_to_check=all(bool(g and g[0]) for g in gathered))
                 self._sent = digest
                 self.rounds += 1
             else:

@@ -6,7 +6,7 @@ The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds g
   :class:`~leafwatch.Monitor` that adopts every optimizer it sees (:mod:`.session`);
 - a global module forward pre-hook sees the modules that run, and the frames of user code at a
   step show the optimizers the script holds; the *roots* among the modules give the qualified
-  names (:mod:`.discovery`). Once the roots are stable the module hook is removed, so the
+  names (:mod:`leafwatch.observe.discovery`). Once the roots are stable the module hook is removed, so the
   script runs at full speed.
 
 The structural checks (``not_in_optimizer`` above all) need every optimizer of the script: the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from ...options import parse_ignore
 from .command import EXIT_CODES_HELP, INCOMPLETE_EXIT_CODE, STRICT_EXIT_CODE, USAGE_EXIT_CODE, configure_run_parser, exit_code, run, run_main, run_target
-from .discovery import STABLE_STEPS, Discovery, user_frames
+from ...observe.discovery import STABLE_STEPS, Discovery, user_frames
 from .session import EVERY_STEP_VALUE_CHECKS, LATE_OPTIMIZER_CHECKS, Session, StrictStop
 
 __all__ = [

@@ -2,7 +2,7 @@
 :class:`~leafwatch.Monitor` that checks each step, the console lines and the summary.
 
 What the script trains (modules, roots, optimizers, module-level tensors) is found by
-:class:`~leafwatch.integrations.runner.discovery.Discovery`; the session decides when to check:
+:class:`~leafwatch.observe.discovery.Discovery`; the session decides when to check:
 the first check waits until some optimizer steps a second time (alternating GAN optimizers have
 all been seen), and optimizer membership stays pending for :data:`LATE_OPTIMIZER_CHECKS` checks
 (an optimizer may step late: WGAN-GP's ``n_critic``, TD3's ``policy_delay``). A run that ends
@@ -30,7 +30,7 @@ from ...options import WarnOnce
 from ...report.findings import apply_ignore
 from ...observe.names import ancestors
 from ...detectors.causes import Explanation
-from .discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
+from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
 LATE_OPTIMIZER_CHECKS = 25
@@ -118,7 +118,7 @@ class Session:
             found.find_optimizers()
         monitor = self.monitor
         if found.steps <= SCRIPT_SCANS or new_params:
-            found.scan_script_globals(monitor)
+            found.scan_script_globals(monitor.watches)
             found.script_variables()  # the names the fixes use, kept for decisions after the script ends
         if self.report is None and count < 2:
             # Not every optimizer has stepped yet: the first check waits for them. What this step

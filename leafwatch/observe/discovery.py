@@ -27,8 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...observe import frames, graph, inventory
-from ...monitor import Monitor
+from . import frames, graph, inventory
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
@@ -327,11 +326,11 @@ class Discovery:
                 self.disarm()
 
     # -- the script's module-level tensors ---------------------------------------------------------
-    def scan_script_globals(self, monitor: Monitor) -> None:
+    def scan_script_globals(self, watches: Any) -> None:
         """Watch the script's module-level tensors that require grad and stay the same tensor
         from one scan to the next (an activation or a loss is a new tensor each step): a leaf in
         no optimizer is ``not_in_optimizer``, one an optimizer holds must get a gradient, a
-        non-leaf is ``non_leaf``, under its variable name."""
+        non-leaf is ``non_leaf``, under its variable name. ``watches``: the Monitor's watch set."""
         found = {name: value for name, value in _script_scope().items()
                  if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__")
                  and id(value) not in self._owned}
@@ -343,7 +342,7 @@ class Discovery:
             if not t.is_leaf and self._derived_from_model(t, in_optimizers):
                 continue  # an output or a loss kept at module level
             # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
-            monitor.watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
+            watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
                                 location="the script's module level")
             self._script_watched.add(name)
         self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}

@@ -150,18 +150,19 @@ class Monitor:
         """Check ``optimizer``'s parameters too from the next check on (a no-op if known)."""
         self.structure.add_optimizer(inventory.as_optimizer(optimizer))
 
-    def set_roots(self, roots: Mapping[str, nn.Module] | Sequence[nn.Module]) -> None:
+    def set_roots(self, roots: Mapping[str, nn.Module] | Sequence[nn.Module],
+                  variables: Callable[[], dict[int, str]] | None = None) -> None:
         """Read these root modules instead of the model from the next check on.
 
         Args:
             roots: A mapping name -> module, or a sequence of modules (one root gets no prefix,
                 several their class name, as ``leafwatch run`` names them).
+            variables: Object id -> the user's code for it (``trainer.loss``), named by the fixes.
 
         Raises:
             TypeError: ``roots`` of another form.
         """
-        named = inventory.normalize_roots(roots)
-        self.structure.set_roots(named or {})
+        self.structure.set_roots(inventory.normalize_roots(roots) or {}, variables)
 
     # -- public ------------------------------------------------------------------------------
     def check(self, optimizer: torch.optim.Optimizer | None = None, *, step: int | None = None,

@@ -58,7 +58,7 @@ class Checker:
         inv = self.structure.inventory
         if inv is None:
             return ()
-        names = tuple(info.name for info, _ in inv.trainable())
+        names = inv.trainable_paths()
         if names != self._names:
             self._names = names
         return self._names

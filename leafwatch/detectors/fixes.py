@@ -193,11 +193,13 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
     if inventory is None:
         return None
     known, cache = getattr(inventory, "variables", None), getattr(inventory, "fix_names", None)
-    for prefix, root in getattr(inventory, "roots", {}).items():
+    roots = getattr(inventory, "roots", {})
+    # The longest prefix first: a root named beside the model ("" with "trainer.loss") owns its names.
+    for prefix in sorted(roots, key=len, reverse=True):
         if prefix == "":
-            return tensor_code(name, root, known=known, cache=cache)
+            return tensor_code(name, roots[prefix], known=known, cache=cache)
         if name.startswith(prefix + "."):
-            return tensor_code(name[len(prefix) + 1:], root, known=known, cache=cache)
+            return tensor_code(name[len(prefix) + 1:], roots[prefix], known=known, cache=cache)
     return None
 
 
@@ -273,10 +275,11 @@ def outside_module(name: str, inventory: Any) -> str | None:
             if tensor is None or not tensor.requires_grad:
                 continue
             out = key not in inventory.in_optimizer
-            parts = info.name.split(".")
-            for depth in range(1, len(parts)):
-                module = ".".join(parts[:depth])
-                all_out[module] = all_out.get(module, True) and out
+            for name_ in (info.name, *info.aliases):  # a module that holds the model too is not left out
+                parts = name_.split(".")
+                for depth in range(1, len(parts)):
+                    module = ".".join(parts[:depth])
+                    all_out[module] = all_out.get(module, True) and out
         outside = {m for m, out in all_out.items() if out}
         if cache is not None:
             cache["outside modules"] = outside

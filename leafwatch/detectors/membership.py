@@ -253,24 +253,29 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
                           inv: Inventory | None = None) -> Finding:
     """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
     changes: a forgotten optimizer, or a fixed network that should not require grad (a warning).
-    ``names``: the module's name in the script and the optimizer's variable ("" when unknown)."""
+    ``names``: the module's name in the script and the optimizer's variable ("" when unknown).
+    The module is code in the fix only when the user's code for it is known (its variable, or
+    its path from the Trainer); a root named by its class is said in words."""
     root, optimizer = names
     base = structure.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
-    optimizers = inv.optimizers if inv is not None else []
-    if optimizer and root:
-        add = fixes.add_to_optimizer(f"{root}.parameters()", optimizers, variable=optimizer, what="it",
-                                     cache=inv.fix_names if inv is not None else None)
+    module = inv.roots.get(root) if inv is not None else None
+    code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
+    if code:
+        add = fixes.add_to_optimizer(f"{code}.parameters()", inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
+                                     variable=optimizer or None, known=inv.variables, cache=inv.fix_names)  # type: ignore[union-attr]
+        frozen = f"`{code}.requires_grad_(False)`"
     else:
-        add = "add it to an optimizer (a new one, or yours with `add_param_group`)"
+        add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)"
+        frozen = "`requires_grad_(False)` on it"
     owner = f"`{root}`" if root else "its module"
-    frozen = f"`{root}.requires_grad_(False)`" if root else "`requires_grad_(False)` on it"
     return base.replace(
         severity=Severity.WARNING,
         message=f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes.",
         cause=f"{owner} (which holds `{info.name}`) is in no optimizer: its optimizer was forgotten, or it is a "
         "fixed network that still requires grad.",
         fix=f"{add}; or, if it should stay fixed, {frozen}",
-        details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer})
+        details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer,
+                 "applicability": "code" if code else "words"})
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

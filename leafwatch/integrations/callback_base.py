@@ -26,10 +26,13 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from torch import nn
+
 from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
 from ..options import LeafwatchError, LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
+from ..observe.discovery import StepModules, user_scope
 from ..observe.frames import stacklevel_outside
 from ..options import validate_bool, validate_ignore, validate_int
 
@@ -72,6 +75,8 @@ class CallbackBase:
             None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
         )
         self.monitor: Monitor | None = None
+        #: The modules a step runs beyond the model (a loss module, a head the trainer owns).
+        self._step_modules: StepModules | None = None
         self._console: NewFindingWarnings | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
@@ -92,7 +97,8 @@ class CallbackBase:
             cls.__init__ = init  # type: ignore[misc]
 
     # -- the lifecycle -------------------------------------------------------------------------
-    def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None) -> None:
+    def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None,
+               owners: Callable[[], dict[str, Any]] = user_scope) -> None:
         """Build the Monitor at train start, take up ``saved`` and report the structural findings.
 
         Never raises: a failure of ``prepare`` or of the Monitor warns and training goes on
@@ -103,6 +109,8 @@ class CallbackBase:
             prepare: Returns the optimizers to check and the sinks (it may set
                 :meth:`_console_sinks`' console and whatever :meth:`_release` frees).
             saved: A history from :meth:`state_dict` to go on from (a resumed run).
+            owners: Name -> object the user reaches modules through (``{"trainer": trainer}``):
+                a module a step runs beyond the model is named by its path from them.
         """
         try:
             optimizers, sinks = prepare()
@@ -117,6 +125,9 @@ class CallbackBase:
             )
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
+            if isinstance(model, nn.Module):
+                self._step_modules = StepModules(model, owners)
+                self._step_modules.arm()
         except Exception as error:  # never stop training for leafwatch
             self._close(print_table=False)
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
@@ -136,6 +147,9 @@ class CallbackBase:
         if monitor is None:
             return
         try:
+            roots = self._step_modules.update() if self._step_modules is not None else None
+            if roots is not None:
+                monitor.set_roots(roots, self._step_modules.paths)  # read from this check on, by the user's paths
             monitor.check(optimizer, step=step)
         except LeafwatchError:
             # Strict mode stops training here: remove the hooks and write the records first.
@@ -145,6 +159,9 @@ class CallbackBase:
     def _close(self, *, print_table: bool) -> None:
         """Close the Monitor, keep its final report and history, print the table if asked."""
         monitor, self.monitor = self.monitor, None
+        if self._step_modules is not None:
+            self._step_modules.disarm()
+            self._step_modules = None
         try:
             if monitor is not None:
                 report = monitor.close()

@@ -33,7 +33,8 @@ from typing_extensions import override
 from ..observe import sharding as distributed
 from ..options import LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY
-from ..observe.frames import stacklevel_outside
+from ..observe.discovery import user_scope
+from ..observe.frames import every_frame, stacklevel_outside
 from .callback_base import CallbackBase
 from ..observe.inventory import unwrap_optimizer
 
@@ -53,6 +54,20 @@ if TYPE_CHECKING:
 
 #: The folder under ``args.output_dir`` the records go to (a TensorBoard run of its own).
 LOG_SUBDIR = "leafwatch"
+
+
+def _trainer_scope() -> dict[str, Any]:
+    """The user's variables, led by the Trainer that runs the callback under the user's name for
+    it (``trainer`` when no frame of the user's holds it): a module its ``compute_loss`` trains
+    beyond the model is named by its path, ``trainer.loss.classifier``."""
+    from transformers import Trainer
+
+    scope = user_scope()
+    trainer = next((f.f_locals["self"] for f in every_frame(2) if isinstance(f.f_locals.get("self"), Trainer)), None)
+    if trainer is None:
+        return scope
+    name = next((k for k, v in scope.items() if v is trainer), "trainer")
+    return {name: trainer, **scope}
 
 
 def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) -> tuple[str | None, Any]:
@@ -228,7 +243,8 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
                           "training goes on without leafwatch.", LeafwatchInternalWarning,
                           stacklevel=stacklevel_outside())
             return
-        self._start(model, lambda: self._prepare(model, args, state, kwargs.get("optimizer")), saved)
+        self._start(model, lambda: self._prepare(model, args, state, kwargs.get("optimizer")), saved,
+                    owners=_trainer_scope)
 
     @override
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,

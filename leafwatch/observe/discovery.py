@@ -364,3 +364,138 @@ def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:
     except Exception:
         return None
     return inner if isinstance(inner, torch.optim.Optimizer) and not deepspeed else None
+
+
+# -- the modules a step runs beyond a known model (the callbacks, an attached Monitor) ------------
+class StepModules:
+    """The modules a training step runs beyond the model a front-end was given: a loss module that
+    owns a classifier (sentence-transformers' ``SoftmaxLoss``, held as ``trainer.loss``), a head
+    a ``Trainer`` subclass owns, a module the script keeps apart. Only modules with a tensor that
+    requires grad and that the model does not hold count; each is named by the user's path to it.
+
+    A global module forward pre-hook records the modules that run (weakly), until the extra
+    modules stayed the same for :data:`STABLE_STEPS` updates; then it goes.
+
+    Args:
+        model: The model the front-end holds (its tensors are never extra).
+        owners: Called at each update: name -> object the user reaches modules through
+            (``{"trainer": trainer}``); the script's module-level variables come after them.
+    """
+
+    def __init__(self, model: nn.Module, owners: Callable[[], dict[str, Any]]) -> None:
+        self._model = weakref.ref(model)
+        self.owners = owners
+        self.seen: dict[int, weakref.ReferenceType] = {}
+        self._handle: Any = None
+        self._key: tuple[int, ...] = ()
+        self._stable = 0
+        self._paths: dict[int, str] = {}
+
+    def paths(self) -> dict[int, str]:
+        """Module id -> the user's code for each extra module a path reaches (``trainer.loss``)."""
+        return dict(self._paths)
+
+    def arm(self) -> None:
+        if self._handle is None:
+            self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward_pre)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    @property
+    def armed(self) -> bool:
+        return self._handle is not None
+
+    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        key = id(module)
+        if key not in self.seen:
+            try:
+                self.seen[key] = weakref.ref(module, lambda _, key=key: self.seen.pop(key, None))
+            except TypeError:  # a module class that refuses weak references
+                pass
+
+    def update(self) -> dict[str, nn.Module] | None:
+        """After a step: the roots to read (the model as ``""``, each extra module by its path)
+        when the extra modules changed, else None."""
+        model = self._model()
+        if model is None or not self.armed:
+            return None
+        inside = {id(p) for p in model.parameters()}
+        held = {id(model), *(id(m) for m in _contained_modules(model))}
+        extras = [m for m in (ref() for ref in list(self.seen.values())) if m is not None and id(m) not in held
+                  and any(p.requires_grad and id(p) not in inside for p in m.parameters())]
+        below = {id(s) for m in extras for s in _contained_modules(m)}
+        tops = [m for m in extras if id(m) not in below]
+        key = tuple(sorted(id(m) for m in tops))
+        if key == self._key:
+            self._stable += 1
+            if self._stable >= STABLE_STEPS:
+                self.disarm()
+            return None
+        self._key, self._stable = key, 0
+        names = self._paths = paths_to(tops, {**self.owners(), **_script_scope()})
+        roots: dict[str, nn.Module] = {"": model}
+        for m in tops:  # a module no path reaches: its class name, as leafwatch run names roots
+            name = names.get(id(m)) or type(m).__name__
+            while name in roots:
+                name += "_"
+            roots[name] = m
+        return roots
+
+
+def paths_to(modules: list[nn.Module], owners: dict[str, Any], depth: int = 3) -> dict[int, str]:
+    """The shortest path of names, attributes and indexes from ``owners`` to each module:
+    ``trainer.loss.classifier``, ``heads[0]``; a module no path reaches is left out.
+
+    Example::
+
+        >>> import torch
+        >>> loss = torch.nn.Module(); loss.classifier = torch.nn.Linear(2, 2)
+        >>> holder = type("Holder", (), {})(); holder.loss = loss
+        >>> paths_to([loss.classifier], {"trainer": holder})[id(loss.classifier)]
+        'trainer.loss.classifier'
+    """
+    wanted = {id(m) for m in modules}
+    found: dict[int, str] = {}
+    queue = [(name, value, 0) for name, value in owners.items() if name.isidentifier() and not name.startswith("_")]
+    visited: set[int] = set()
+    while queue and len(found) < len(wanted) and len(visited) < _MAX_LOCALS:
+        path, value, level = queue.pop(0)
+        if id(value) in visited:
+            continue
+        visited.add(id(value))
+        if id(value) in wanted:
+            found.setdefault(id(value), path)
+        if level < depth:
+            queue.extend((path + key, child, level + 1) for key, child in _children(value))
+    return found
+
+
+def _children(value: Any) -> list[tuple[str, Any]]:
+    """The ``(path step, object)`` below ``value`` that can lead to a module."""
+    if isinstance(value, (list, tuple)) and len(value) <= 64:
+        return [(f"[{i}]", v) for i, v in enumerate(value)]
+    if isinstance(value, dict) and len(value) <= 64:
+        return [(f"[{k!r}]", v) for k, v in value.items() if isinstance(k, (str, int))]
+    if isinstance(value, (torch.Tensor, str, bytes, int, float, type)) or not hasattr(value, "__dict__"):
+        return []
+    try:
+        attributes = list(vars(value).items())
+    except TypeError:
+        return []
+    if isinstance(value, nn.Module):
+        attributes = list(value._modules.items()) + attributes
+    return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
+            and isinstance(v, (nn.Module, list, tuple, dict))]
+
+
+def user_scope(limit: int = 8) -> dict[str, Any]:
+    """The variables of the user's frames on the stack, innermost first (a name seen first wins):
+    where a callback or a step hook finds the user's names for the objects it was not handed."""
+    scope: dict[str, Any] = {}
+    for frame in itertools.islice(frames.user_frames(depth=2), limit):
+        for key, value in list(frame.f_locals.items())[:_MAX_LOCALS]:
+            scope.setdefault(key, value)
+    return scope

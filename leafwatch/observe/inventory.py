@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from . import graph
+from .names import ancestors
 from ..options import got
 
 def _wrapper_types() -> tuple[type, ...]:
@@ -299,6 +300,15 @@ class Inventory:
 
     def trainable(self) -> list[tuple[ParamInfo, torch.Tensor]]:
         return [(self.params[k], t) for k, t in self.tensors.items() if t.requires_grad]
+
+    def trainable_paths(self) -> tuple[str, ...]:
+        """Every name of a trainable tensor, aliases included (a loss module that holds the model
+        names its tensors too), and one marker under each path above a root named by a path
+        (``trainer`` above ``trainer.head``): the user reaches more than leafwatch reads there, so
+        no mistake is named by it (:func:`leafwatch.report.history.lift_to_modules`)."""
+        names = [n for info, _ in self.trainable() for n in (info.name, *info.aliases)]
+        names += [f"{above}.<not read>" for prefix in self.roots for above in ancestors(prefix)]
+        return tuple(names)
 
     # -- orphans -----------------------------------------------------------------------------
     def orphans(self) -> list[Orphan]:

@@ -217,9 +217,12 @@ class StructureCache:
         self.invalidate()
         return True
 
-    def set_roots(self, roots: Mapping[str, nn.Module]) -> None:
-        """Read these named root modules instead of the model from the next check on."""
+    def set_roots(self, roots: Mapping[str, nn.Module], variables: Callable[[], dict[int, str]] | None = None) -> None:
+        """Read these named root modules instead of the model from the next check on
+        (``variables``: object id -> the user's code for it, when the front-end knows it)."""
         self.roots = dict(roots)
+        if variables is not None:
+            self.variables = variables
         self.invalidate()
 
     def leave_out(self, ids: set[int]) -> None:

@@ -131,4 +131,14 @@ def test_a_whole_root_module_outside_every_optimizer_is_a_warning_naming_both_fi
     assert [(f.name, f.severity) for f in report] == [("critic", "warning")]  # one network: one mistake
     finding = report.by_kind("not_in_optimizer")[0]
     assert "nor any tensor of `critic`" in finding.message
-    assert "add it to an optimizer" in finding.fix and "`critic.requires_grad_(False)`" in finding.fix
+    # Both fixes, in the user's names: the optimizer it was forgotten from, or freezing it.
+    add = 'opt.add_param_group({"params": critic.parameters()})'
+    assert f"`{add}`" in finding.fix and "`critic.requires_grad_(False)`" in finding.fix
+    assert finding.details["applicability"] == "code"
+    exec(add, {"opt": opt, "critic": critic})  # pasted: the critic trains from the next step on
+    with leafwatch.Monitor(roots={"net": net, "critic": critic}, optimizers=opt, verbose=False) as monitor:
+        for _ in range(2):
+            opt.zero_grad()
+            (net(torch.ones(1, 2)).sum() + critic(torch.ones(1, 2)).sum()).backward()
+            assert monitor.check().findings == []
+            opt.step()

@@ -31,6 +31,7 @@ require_module("accelerate")
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
+    BertModel,
     BertForSequenceClassification,
     GPT2Config,
     GPT2LMHeadModel,
@@ -39,6 +40,7 @@ from transformers import (  # noqa: E402
 )
 
 from leafwatch import LeafwatchError, LeafwatchWarning  # noqa: E402
+from leafwatch.detectors import fixes  # noqa: E402
 from leafwatch.integrations.transformers import LOG_SUBDIR, gradient_strategy  # noqa: E402
 from leafwatch.transformers import LeafWatchCallback  # noqa: E402
 
@@ -170,6 +172,121 @@ def test_clean_bert_run_is_quiet(tmp_path: Path, recwarn: pytest.WarningsRecorde
     assert callback.report.step == 3
     assert callback.report.findings == []
     assert not [w for w in recwarn if issubclass(w.category, LeafwatchWarning)]
+
+
+# -- modules a Trainer's compute_loss trains beyond the model ----------------------------------------
+class SoftmaxLoss(nn.Module):
+    """sentence-transformers' ``losses.SoftmaxLoss``, rebuilt: the model and a classifier on its
+    pooled output; the Trainer keeps it as ``self.loss`` and calls it in ``compute_loss``."""
+
+    def __init__(self, model: nn.Module, dim: int, num_labels: int) -> None:
+        super().__init__()
+        self.model = model
+        self.classifier = nn.Linear(dim, num_labels)
+        self.loss_fct = nn.CrossEntropyLoss()
+
+    def forward(self, features: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        pooled = self.model(input_ids=features["input_ids"], attention_mask=features["attention_mask"]).pooler_output
+        return self.loss_fct(self.classifier(pooled), labels)
+
+
+class LossTrainer(Trainer):
+    """As ``SentenceTransformerTrainer``: the loss module is the Trainer's ``loss``."""
+
+    def __init__(self, *args: Any, loss: nn.Module, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.loss = loss
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        labels = inputs.pop("labels")
+        return self.loss(inputs, labels)
+
+
+class HeadTrainer(Trainer):
+    """A Trainer subclass whose ``compute_loss`` puts a head of its own on the model's output."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.head = nn.Linear(32, 2)
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        labels = inputs.pop("labels")
+        pooled = model(**inputs).pooler_output
+        return nn.functional.cross_entropy(self.head(pooled), labels)
+
+
+class DistillTrainer(Trainer):
+    """Distillation: a teacher the Trainer holds, run under ``no_grad`` (its tensors still require grad)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.teacher = BertModel(bert_config())
+
+    def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        inputs.pop("labels")
+        with torch.no_grad():
+            target = self.teacher(**inputs).pooler_output
+        return nn.functional.mse_loss(model(**inputs).pooler_output, target)
+
+
+def _trainer(cls: type, model: nn.Module, out: Path, callback: LeafWatchCallback, opt: Any, **kwargs: Any) -> Trainer:
+    args = TrainingArguments(output_dir=str(out), use_cpu=True, report_to="none", save_strategy="no", max_steps=3,
+                             per_device_train_batch_size=4, logging_strategy="no", disable_tqdm=True, seed=0,
+                             remove_unused_columns=False)
+    return cls(model=model, args=args, train_dataset=Sentences(), callbacks=[callback], optimizers=(opt, None),
+               **kwargs)
+
+
+def test_a_classifier_the_loss_module_owns_left_out_is_named_by_the_trainers_path_and_its_fix_pastes(
+        tmp_path: Path) -> None:
+    model = BertModel(bert_config())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)  # the loss module's classifier left out
+    callback = LeafWatchCallback(verbose=False)
+    trainer = _trainer(LossTrainer, model, tmp_path, callback, opt, loss=SoftmaxLoss(model, 32, 2))
+    classifier = trainer.loss.classifier.weight.detach().clone()
+    trainer.train()
+    assert torch.equal(trainer.loss.classifier.weight, classifier)  # checked from the tensor: it never changed
+    (f,) = callback.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "trainer.loss.classifier", "error")
+    assert callback.report.names("not_in_optimizer") == {"trainer.loss.classifier.weight", "trainer.loss.classifier.bias"}
+    assert "was left out when the optimizer's parameter list was built" in f.cause
+    (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
+    assert code == 'opt.add_param_group({"params": trainer.loss.classifier.parameters()})'
+    exec(code, {"opt": opt, "trainer": trainer})  # pasted where the user holds `opt` and `trainer`
+    trainer.train()
+    assert callback.report.open == [] and not torch.equal(trainer.loss.classifier.weight, classifier)
+    assert_no_hooks(model)
+
+
+def test_a_head_the_trainer_subclass_owns_outside_every_optimizer_is_a_warning_naming_both_fixes(tmp_path: Path) -> None:
+    model = BertModel(bert_config())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    callback = LeafWatchCallback(verbose=False)
+    trainer = _trainer(HeadTrainer, model, tmp_path, callback, opt)
+    trainer.train()
+    (f,) = callback.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "trainer.head", "warning")
+    assert (f.details["reason"], f.details["applicability"]) == ("root_outside", "code")
+    assert "`trainer.head` (which holds `trainer.head.bias`) is in no optimizer" in f.cause
+    add, freeze = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c or "requires_grad_" in c]
+    assert (add, freeze) == ('opt.add_param_group({"params": trainer.head.parameters()})',
+                             "trainer.head.requires_grad_(False)")
+    exec(add, {"opt": opt, "trainer": trainer})  # the first fix, pasted where the user holds them
+    trainer.train()
+    assert callback.report.open == []
+
+
+def test_a_teacher_the_trainer_holds_run_under_no_grad_is_quiet(tmp_path: Path) -> None:
+    model = BertModel(bert_config())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    callback = LeafWatchCallback(verbose=False)
+    trainer = _trainer(DistillTrainer, model, tmp_path, callback, opt)
+    trainer.train()
+    assert callback.report.step == 3
+    assert callback.report.findings == []
 
 
 def test_gpt2_tied_embeddings_not_reported(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from .detectors import ranks as _distributed
 from .observe import inventory, structure
 from . import watching
 from .detectors.checker import Checker
+from .observe.discovery import StepModules, user_scope
 from .sinks.console import NewFindingWarnings
 from .report.events import CheckEvent, Sinks
 from .report.findings import Finding, Report
@@ -248,7 +249,7 @@ class Monitor:
         if self.verbose is None:
             self.verbose = True
             self._sinks.add(NewFindingWarnings(), first=True)
-        self._step_hooks.install(self.structure.optimizers)
+        self._step_hooks.install(self.structure.optimizers, self.structure.model, self.set_roots)
         return self
 
     @property
@@ -345,6 +346,8 @@ class StepHooks:
         self._check = check
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
+        self._modules: StepModules | None = None
+        self._set_roots: Callable[..., None] = lambda roots, paths: None
         self._global = (structure.REGISTRATION_HOOKS, structure.STEP_HOOKS) if global_hooks else ()
         for hooks in self._global:
             hooks.acquire()
@@ -352,10 +355,16 @@ class StepHooks:
     def __len__(self) -> int:
         return len(self._handles)
 
-    def install(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
+                set_roots: Callable[..., None] | None = None) -> None:
+        """Hook ``optimizers``; with a ``model`` and ``set_roots``, the modules a step runs beyond
+        the model (a free module the loss uses) are read too, named by the user's variables."""
         for opt in optimizers:
             self._handles.append(opt.register_step_pre_hook(self._before_step))
             self._handles.append(opt.register_step_post_hook(self._after_step))
+        if isinstance(model, nn.Module) and set_roots is not None:
+            self._modules, self._set_roots = StepModules(model, user_scope), set_roots
+            self._modules.arm()
 
     def install_global(self) -> None:
         """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
@@ -368,6 +377,8 @@ class StepHooks:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        if self._modules is not None:
+            self._modules.disarm()
         for hooks in self._global:
             hooks.release()
         self._global = ()
@@ -377,12 +388,18 @@ class StepHooks:
         if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
             self._closure_steps.add(id(optimizer))
             return
-        self._check(optimizer)
+        self._run_check(optimizer)
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if id(optimizer) in self._closure_steps:
             self._closure_steps.discard(id(optimizer))
-            self._check(optimizer)
+            self._run_check(optimizer)
+
+    def _run_check(self, optimizer: torch.optim.Optimizer) -> None:
+        roots = self._modules.update() if self._modules is not None else None
+        if roots is not None:
+            self._set_roots(roots, self._modules.paths)  # type: ignore[union-attr]
+        self._check(optimizer)
 
 
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:

@@ -133,7 +133,9 @@ class MembershipJudge:
         computed and never applied). A tensor that an optimizer holds and never steps: ``report``."""
         if self._held_by_waiting(t):
             return "report"
-        if t.grad is None:
+        if t.grad is None and not (final and self._hand.saw(t)):
+            # No gradient: quiet. At the end of a run the loop may have cleared the gradient a
+            # check saw (a Trainer's zero_grad after each step): that check's evidence decides.
             return "quiet"
         verdict = self._hand.verdict(t, final=final)
         return {"by_hand": "quiet", "wait": "wait"}.get(verdict, "report")
@@ -271,7 +273,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     return base.replace(
         severity=Severity.WARNING,
         message=f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes.",
-        cause=f"{owner} (which holds `{info.name}`) is in no optimizer: its optimizer was forgotten, or it is a "
+        cause=f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
         "fixed network that still requires grad.",
         fix=f"{add}; or, if it should stay fixed, {frozen}",
         details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer,

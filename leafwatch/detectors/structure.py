@@ -89,13 +89,35 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
             ))
             continue
         out.append(not_in_optimizer(info, p, step=step, inventory=inv))
+    out.extend(_frozen_in_optimizer(inv, step))
+    return out
+
+
+def _frozen_in_optimizer(inv: Inventory, step: int | None) -> list[Finding]:
+    """Tensors an optimizer holds that do not require grad: a plain tensor (an error: it was
+    meant to train), a frozen parameter or a registered buffer (information: the optimizer skips
+    it). The frozen ones of one optimizer are one mistake, named by the optimizer."""
+    out: list[Finding] = []
     for i, params in enumerate(inv.optimizer_params):
+        holder: str | None = None
         for p in params:
             if p.requires_grad:
                 continue
-            name = inv.name(p)
-            plain = not isinstance(p, torch.nn.Parameter)
-            if name is None and not plain:
+            buffer, name = inv.buffer_names.get(id(p)), inv.name(p)
+            plain = buffer is None and not isinstance(p, torch.nn.Parameter)
+            if name is None and buffer is None and not plain:
+                continue
+            if not plain and holder is None:
+                holder = fixes.variable_for(inv.optimizers[i], inv.variables, inv.fix_names) or f"optimizers[{i}]"
+            if buffer is not None:
+                out.append(make(
+                    "frozen_in_optimizer", buffer, "info",
+                    f"optimizer {i} holds the buffer `{buffer}`, which is not a parameter: it gets no gradient, "
+                    "so the optimizer skips it.",
+                    f"`{buffer}` is a registered buffer, handed to the optimizer with the parameters (an optimizer "
+                    "built from a state dict's or a TensorDict's values rather than from `parameters()`).",
+                    "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`",
+                    tensor=p, step=step, optimizer=i, reason="buffer", group=holder))
                 continue
             name = name or f"optimizers[{i}] {shape_text(p)}"
             out.append(make(
@@ -107,8 +129,8 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 if plain else f"`{name}` is frozen (requires_grad=False) but still listed in the optimizer.",
                 "create it with `requires_grad=True`" if plain
                 else "nothing, if freezing is intended; to train it call `requires_grad_(True)`",
-                tensor=p, step=step, optimizer=i,
-            ))
+                tensor=p, step=step, optimizer=i, reason="plain_tensor" if plain else "frozen",
+                **({} if plain else {"group": holder})))
     return out
 
 
@@ -131,6 +153,13 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     else:
         message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
                    "step either: it never trains.")
+    if info.buffer:
+        return make(
+            "not_in_optimizer", name, "error", message,
+            f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
+            "so the optimizer was built without it.",
+            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad",
+            **({} if got_grad is None else {"got_grad": got_grad}))
     return make(
         "not_in_optimizer", name, "error", message,
         f"`{name}` was left out when the optimizer's parameter list was built.",
@@ -141,6 +170,13 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     )
 
 
+def _buffer_fix(info: ParamInfo) -> str:
+    """A buffer meant as a parameter: register it as one where it is registered now."""
+    return (f"register it as a parameter where the module registers it: "
+            f"`self.{info.attribute} = nn.Parameter(...)` in place of `self.register_buffer(\"{info.attribute}\", ...)`, "
+            "before the optimizer is built, so that `parameters()` (and the optimizer) holds it")
+
+
 def _add_fix(name: str, inv: Inventory | None) -> str:
     """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
     all of it is left out (``model.aux_head.parameters()``), else the tensor."""
@@ -149,7 +185,12 @@ def _add_fix(name: str, inv: Inventory | None) -> str:
     module = fixes.outside_module(name, inv)
     code = fixes.model_tensor_code(module, inv) if module else None
     if code is not None:
-        return fixes.add_to_optimizer(f"{code}.parameters()", inv.optimizers, model=inv.model,
+        # A module that also holds frozen tensors (a LoRA'd model: the base an optimizer may
+        # hold already) gives its trainable ones only: add_param_group refuses a tensor twice.
+        held = inv.modules[module].parameters()  # type: ignore[index]
+        params = f"[p for p in {code}.parameters() if p.requires_grad]" if any(not p.requires_grad for p in held) \
+            else f"{code}.parameters()"
+        return fixes.add_to_optimizer(params, inv.optimizers, model=inv.model,
                                       known=inv.variables, cache=inv.fix_names)
     return fixes.give_to_optimizer([name], inv)
 

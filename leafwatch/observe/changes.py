@@ -212,6 +212,10 @@ class HandUpdates:
         ref = self._by_hand.get(id(t))
         return ref is not None and ref() is t
 
+    def saw(self, t: torch.Tensor) -> bool:
+        """Whether a check saw ``t``'s gradient (its value was noted, or seen changing)."""
+        return t in self._evidence or self.by_hand(t)
+
     def verdict(self, t: torch.Tensor, *, final: bool = False) -> HandVerdict:
         """At a check that sees ``t``'s gradient (``final``: the run is over, no later check:
         what is not known to change is ``unchanged``)."""

@@ -8,6 +8,7 @@ Lightning's Trainer), past the :data:`FRAMEWORKS` too. Torch-free; nothing here 
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -35,14 +36,43 @@ def framework_dirs() -> tuple[str, ...]:
     return tuple(dirs)
 
 
+def installed_dirs() -> tuple[str, ...]:
+    """Where installed code lives: the interpreter's site-packages / dist-packages (the user's
+    too, and any such folder on ``sys.path``) and its standard library. A frame there is a
+    library's (skorch, torchrl, trl, ignite), never the user's, whether or not it is one of the
+    :data:`FRAMEWORKS`."""
+    extra = (os.path.abspath(p) + os.sep for p in sys.path
+             if isinstance(p, str) and os.path.basename(os.path.normpath(p)) in ("site-packages", "dist-packages"))
+    return tuple(dict.fromkeys((*_interpreter_dirs(), *extra)))
+
+
+@functools.lru_cache(maxsize=1)
+def _interpreter_dirs() -> tuple[str, ...]:
+    import site
+    import sysconfig
+
+    dirs = set(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib"))
+    try:
+        dirs.update(site.getsitepackages())
+        dirs.add(site.getusersitepackages())
+    except Exception:  # a stripped interpreter without them: sysconfig's paths still hold
+        pass
+    return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
+
+
 def _prefixes(frameworks: bool, skip: tuple[str, ...]) -> tuple[str, ...]:
-    return (PACKAGE_DIR, *(framework_dirs() if frameworks else ()), *skip)
+    if not frameworks:
+        return (PACKAGE_DIR, *skip)
+    # Installed code, the frameworks (an addition, and a seam for tests) and pseudo-files
+    # (``<frozen runpy>``, ``<string>``, code torch.fx generates) are never the user's.
+    return (PACKAGE_DIR, *framework_dirs(), *installed_dirs(), "<", *skip)
 
 
 def _is_under(frame: FrameType, prefixes: tuple[str, ...]) -> bool:
     filename = frame.f_code.co_filename
     if filename.startswith(prefixes):
-        return True
+        # The script run as ``__main__`` is the user's wherever it lives.
+        return filename != getattr(sys.modules.get("__main__"), "__file__", None)
     # A module imported through a relative sys.path entry has a relative co_filename.
     return not os.path.isabs(filename) and not filename.startswith("<") \
         and os.path.abspath(filename).startswith(prefixes)

@@ -159,6 +159,8 @@ class ParamInfo:
     module: str
     attribute: str
     aliases: tuple[str, ...] = ()
+    #: A buffer registered with ``requires_grad=True``, not a parameter.
+    buffer: bool = False
 
 
 @dataclasses.dataclass
@@ -250,6 +252,8 @@ class Inventory:
         self.params: dict[int, ParamInfo] = {}
         self.tensors: dict[int, torch.Tensor] = {}
         self.buffers: set[int] = set()
+        #: Buffer id -> its qualified name (``actor.action_low``).
+        self.buffer_names: dict[int, str] = {}
         self.module_names: dict[int, str] = {}
         self.modules: dict[str, nn.Module] = {}
         for prefix, root in self.roots.items():
@@ -281,9 +285,16 @@ class Inventory:
                     self.tensors[id(p)] = p
                 elif qualified != info.name and qualified not in info.aliases:
                     info.aliases += (qualified,)
-            for b in module._buffers.values():
-                if b is not None:
-                    self.buffers.add(id(b))
+            for attr, b in module._buffers.items():
+                if b is None:
+                    continue
+                self.buffers.add(id(b))
+                qualified = f"{name}.{attr}" if name else attr
+                self.buffer_names.setdefault(id(b), qualified)
+                if b.requires_grad and b.is_leaf and id(b) not in self.params:
+                    # A buffer registered with requires_grad=True (meant as a parameter): read like one.
+                    self.params[id(b)] = ParamInfo(qualified, name, attr, buffer=True)
+                    self.tensors[id(b)] = b
 
     def name(self, t: torch.Tensor) -> str | None:
         info = self.params.get(id(t))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -17,13 +18,39 @@ def test_from_user_code_the_first_user_frame_is_the_caller() -> None:
     assert frames.caller_location() == f"{__file__}:{here.f_lineno}"
 
 
-def test_frames_of_a_skipped_folder_are_passed_over() -> None:
+def test_frames_of_a_skipped_folder_are_passed_over(tmp_path) -> None:
     def inner() -> tuple[object, int]:
         return frames.user_frame(skip=(__file__,)), frames.stacklevel_outside(skip=(__file__,))
 
-    frame, level = inner()
-    assert frame is not None and frame.f_code.co_filename != __file__
-    assert level > 2
+    # Called from a file of the user's (pytest's own frames above the test are installed code).
+    caller = tmp_path / "caller.py"
+    caller.write_text("found = inner()\n")
+    scope = {"inner": inner}
+    exec(compile(caller.read_text(), str(caller), "exec"), scope)
+    frame, level = scope["found"]
+    assert frame is not None and frame.f_code.co_filename == str(caller)
+    assert level == 2  # the caller of the skipped frame
+
+
+def test_installed_code_and_pseudo_files_are_never_the_users(tmp_path, monkeypatch) -> None:
+    """A library in a site-packages folder (skorch, torchrl: no framework of the list) and code
+    compiled from a string are passed over; the user's own file is not."""
+    library = tmp_path / "site-packages"
+    library.mkdir()
+    (library / "skorch_like.py").write_text(
+        "from leafwatch.observe import frames\n"
+        "def fit():\n"
+        "    frame = frames.user_frame()  # as a hook leafwatch runs inside the library's loop\n"
+        "    return frame.f_code.co_filename if frame is not None else ''\n")
+    monkeypatch.syspath_prepend(str(library))
+    import skorch_like
+
+    caller = tmp_path / "train.py"
+    caller.write_text("found = skorch_like.fit()\npseudo = eval(compile('skorch_like.fit()', '<string>', 'eval'))\n")
+    scope = {"skorch_like": skorch_like}
+    exec(compile(caller.read_text(), str(caller), "exec"), scope)
+    assert scope["found"] == str(caller) and scope["pseudo"] == str(caller)
+    assert str(library) + os.sep in frames.installed_dirs()
 
 
 def test_a_leafwatch_warning_points_at_the_users_line() -> None:

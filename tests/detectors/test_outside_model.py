@@ -203,3 +203,45 @@ def test_the_loss_graph_is_walked_only_at_the_first_check_and_after_a_new_miss()
     assert monitor.stats()["loss_graph_walks"] == 2, "walked again once, at the new miss"
     monitor.close()
     assert ("missing_grad", "0.weight") in monitor.history
+
+
+# -- Monitor.attach(): the modules a step runs beyond the model --------------------------------------
+def test_attach_names_a_free_module_the_loss_uses_and_its_fix_pastes() -> None:
+    model = nn.Linear(4, 4)
+    head = nn.Linear(4, 1)  # a free module the loss uses, left out of the optimizer
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(steps: int) -> leafwatch.Report:
+        monitor = leafwatch.Monitor(model, opt, verbose=False).attach()
+        for _ in range(steps):
+            opt.zero_grad()
+            head(model(torch.randn(8, 4))).sum().backward()
+            opt.step()
+        return monitor.close()
+
+    report = train(3)
+    (f,) = report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "head", "warning")
+    assert report.names("not_in_optimizer") == {"head.weight", "head.bias"}
+    assert f.cause.startswith("no optimizer holds `head` (none of its tensors)")
+    assert (f.details["reason"], f.details["applicability"]) == ("root_outside", "code")
+    code = 'opt.add_param_group({"params": head.parameters()})'
+    assert f"`{code}`" in f.fix and "`head.requires_grad_(False)`" in f.fix
+    exec(code, {"opt": opt, "head": head})  # pasted in the training loop's scope
+    assert train(3).findings == []
+    assert not any(m._forward_pre_hooks for m in (model, head))
+
+
+def test_attach_on_the_generator_of_a_gan_is_quiet_about_the_critic_its_loss_runs() -> None:
+    """The critic runs in the generator's step, and another optimizer steps it: no finding."""
+    gen, critic = nn.Linear(2, 2), nn.Linear(2, 1)
+    opt_g, opt_d = torch.optim.SGD(gen.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(gen, opt_g, verbose=False).attach()
+    for _ in range(4):
+        opt_g.zero_grad()
+        critic(gen(torch.randn(8, 2))).sum().backward()
+        opt_g.step()
+        opt_d.zero_grad()
+        critic(gen(torch.randn(8, 2)).detach()).sum().backward()
+        opt_d.step()
+    assert monitor.close().findings == []

@@ -180,6 +180,42 @@ def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path)
     assert [e.value for e in acc.Scalars("leafwatch/grad_coverage")] == [1.0] * 4
 
 
+def test_a_module_the_loss_uses_that_the_lightning_module_does_not_own_is_named_by_the_callback(tmp_path):
+    """A learned loss weighting kept outside the LightningModule (a script-level object its
+    training_step uses): it gets gradients and no optimizer holds it; named by the user's name."""
+    weighting = nn.Linear(1, 1)
+
+    class WeightedLoss(Boring):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return weighting(nn.functional.mse_loss(self(x), y).reshape(1, 1)).sum()
+
+    model, callback = WeightedLoss(), LeafWatch(verbose=False)
+    trainer(tmp_path, callback).fit(model, loader())
+    (f,) = callback.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "weighting", "warning")  # a whole module: both fixes
+    assert callback.report.names("not_in_optimizer") == {"weighting.weight", "weighting.bias"}
+    assert f.cause.startswith("no optimizer holds `weighting` (none of its tensors): its optimizer was forgotten")
+    assert "in `configure_optimizers`, give `weighting.parameters()` to your `SGD`" in f.fix
+    assert "`weighting.requires_grad_(False)`" in f.fix
+    assert not any(m._forward_pre_hooks for m in (model, weighting))
+
+
+def test_a_frozen_teacher_outside_the_lightning_module_is_quiet(tmp_path):
+    teacher = nn.Linear(8, 1)  # requires grad, run under no_grad: no gradient, never judged
+
+    class Distilled(Boring):
+        def training_step(self, batch, batch_idx):
+            x, _ = batch
+            with torch.no_grad():
+                target = teacher(x)
+            return nn.functional.mse_loss(self(x), target)
+
+    callback = LeafWatch(verbose=False)
+    trainer(tmp_path, callback).fit(Distilled(), loader())
+    assert callback.report.step == 3 and callback.report.findings == []
+
+
 class GAN(pl.LightningModule):
     """Manual optimization with two optimizers and ``toggle_optimizer``."""
 

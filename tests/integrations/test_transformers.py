@@ -270,7 +270,7 @@ def test_a_head_the_trainer_subclass_owns_outside_every_optimizer_is_a_warning_n
     (f,) = callback.report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "trainer.head", "warning")
     assert (f.details["reason"], f.details["applicability"]) == ("root_outside", "code")
-    assert "`trainer.head` (which holds `trainer.head.bias`) is in no optimizer" in f.cause
+    assert f.cause.startswith("no optimizer holds `trainer.head` (none of its tensors): its optimizer was forgotten")
     add, freeze = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c or "requires_grad_" in c]
     assert (add, freeze) == ('opt.add_param_group({"params": trainer.head.parameters()})',
                              "trainer.head.requires_grad_(False)")
@@ -296,6 +296,40 @@ def test_gpt2_tied_embeddings_not_reported(tmp_path: Path) -> None:
     train(model, tmp_path, callback, data=Sentences(lm=True))
     assert callback.report.step == 3
     assert callback.report.findings == []
+
+
+def test_leafwatch_run_names_an_adapter_added_after_the_optimizer_in_a_run_shorter_than_the_wait(tmp_path: Path) -> None:
+    """`opt` built before `peft.get_peft_model`: the 8 LoRA matrices and the `modules_to_save`
+    classifier copy get gradients, are in no optimizer and never change. Six steps, fewer than
+    the 25 checks `leafwatch run` waits for a late optimizer: named at the end of the run, though
+    the Trainer cleared their gradients after the last step."""
+    peft = require_module("peft")
+    from leafwatch.report.reader import read_reports
+
+    script = REPO / "tests" / "scripts" / "hf_peft_after_optimizer.py"
+    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.endswith("done\n"), result.stderr
+    (run,) = read_reports(str(tmp_path / "logs"))
+    adapter = {f"base_model.model.bert.encoder.layer.{i}.attention.self.{m}.{ab}.default.weight"
+               for i in (0, 1) for m in ("query", "value") for ab in ("lora_A", "lora_B")}
+    adapter |= {"base_model.model.classifier.modules_to_save.default.weight",
+                "base_model.model.classifier.modules_to_save.default.bias"}
+    assert run.report.names("not_in_optimizer") == adapter
+    (left_out,) = run.report.by_kind("not_in_optimizer")
+    assert (left_out.severity, left_out.status) == ("error", "open")
+    # The frozen base in `opt`: one piece of information, named by the optimizer holding it.
+    (frozen,) = run.report.by_kind("frozen_in_optimizer")
+    assert (frozen.name, frozen.severity, frozen.details["tensors"]) == ("opt", "info", 41)
+    # The fix gives the adapter's trainable tensors only (the frozen base is in `opt` already).
+    code = 'opt.add_param_group({"params": [p for p in model.base_model.parameters() if p.requires_grad]})'
+    assert f"`{code}`" in left_out.fix
+    base = tiny_bert()
+    opt = torch.optim.AdamW(base.parameters(), lr=1e-3)
+    model = peft.get_peft_model(base, peft.LoraConfig(task_type="SEQ_CLS", r=4, target_modules=["query", "value"],
+                                                      modules_to_save=["classifier"]))
+    exec(code, {"opt": opt, "model": model})  # pastes where the script holds `opt` and `model`
+    assert len(opt.param_groups[-1]["params"]) == 10
 
 
 @pytest.mark.parametrize(("checkpointing",), [({},), ({"gradient_checkpointing": True,

@@ -18,6 +18,8 @@ snapshot (``Inventory.fix_names`` keeps the names, never an object).
 from __future__ import annotations
 
 import ast
+import dis
+import functools
 import inspect
 import linecache
 import re
@@ -30,6 +32,7 @@ import torch
 from torch import nn
 
 from ..observe import frames
+from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
 
 _MAX_FRAMES = 30
@@ -104,7 +107,8 @@ def _scopes() -> Iterable[tuple[str, dict[str, Any]]]:
             break
         count += 1
         local = frame.f_locals
-        yield "", dict(list(local.items())[:_MAX_VALUES])
+        loops = _loop_targets(frame.f_code)  # `opt` of `for opt in opts:` names a different one each turn
+        yield "", {k: v for k, v in list(local.items())[:_MAX_VALUES] if k not in loops}
         owner = local.get("self")
         if owner is not None:
             try:
@@ -138,15 +142,34 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = Non
         if name:
             return name
     try:
-        for prefix, scope in _scopes():
+        scopes = list(_scopes())
+        for prefix, scope in scopes:
             for key, value in scope.items():
                 if key.startswith("_") or not key.isidentifier():
                     continue
                 if value is obj or _unwrapped(value) is obj:
                     return prefix + key
+        # No variable holds it: the user's path to it (`opts[0]`, `net.optimizer_`, `trainer.head`).
+        for prefix, scope in scopes:
+            found = paths_to([obj], {k: v for k, v in scope.items() if not k.startswith("_")}, depth=2)
+            if found:
+                return prefix + found[id(obj)]
     except Exception:  # a frame that cannot be read: the text falls back to words
         return None
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_targets(code: Any) -> frozenset[str]:
+    """The names a ``for`` loop of ``code`` assigns (read from its bytecode)."""
+    out: set[str] = set()
+    instructions = list(dis.get_instructions(code))
+    for i, instruction in enumerate(instructions[:-1]):
+        if instruction.opname == "FOR_ITER":
+            following = instructions[i + 1:i + 1 + (instructions[i + 1].argval if instructions[i + 1].opname
+                                                      == "UNPACK_SEQUENCE" else 0) + 2]
+            out.update(str(ins.argval) for ins in following if ins.opname.startswith("STORE_"))
+    return frozenset(out)
 
 
 # -- the framework that builds the optimizer --------------------------------------------------

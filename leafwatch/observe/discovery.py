@@ -228,9 +228,10 @@ class Discovery:
         """Remember the optimizers the script holds in the calling frames, stepped or not (in a
         variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
         that steps runs at the script's module level."""
-        for i, frame in enumerate(user_frames()):
-            if i == 0 and frame.f_code.co_name == "<module>":
-                self.loop_at_module_level = True
+        first = frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
+        if first is not None and first.f_code.co_name == "<module>":
+            self.loop_at_module_level = True
+        for frame in user_frames():
             for value in _frame_values(frame):
                 if isinstance(value, (dict, list, tuple)) and len(value) <= 64:
                     items = value.values() if isinstance(value, dict) else value
@@ -485,10 +486,25 @@ def _children(value: Any) -> list[tuple[str, Any]]:
         attributes = list(vars(value).items())
     except TypeError:
         return []
+    if isinstance(value, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):  # indexed: `blocks[0]`, `heads['a']`
+        keys = [(f"[{int(k)}]" if isinstance(value, (nn.Sequential, nn.ModuleList)) else f"[{k!r}]", m)
+                for k, m in value._modules.items() if m is not None]
+        return keys + _children_of(attributes)
     if isinstance(value, nn.Module):
         attributes = list(value._modules.items()) + attributes
+    return _children_of(attributes)
+
+
+def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
     return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and isinstance(v, (nn.Module, list, tuple, dict))]
+            and isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer)) or _holds_objects(v)]
+
+
+def _holds_objects(value: Any) -> bool:
+    """A plain object of the user's or a library's (a skorch ``NeuralNet``) that may hold a module
+    or an optimizer: not a tensor, a number, a string, a class or a function."""
+    return hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, nn.Module)) \
+        and not callable(value)
 
 
 def user_scope(limit: int = 8) -> dict[str, Any]:

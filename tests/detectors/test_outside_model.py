@@ -245,3 +245,25 @@ def test_attach_on_the_generator_of_a_gan_is_quiet_about_the_critic_its_loss_run
         critic(gen(torch.randn(8, 2)).detach()).sum().backward()
         opt_d.step()
     assert monitor.close().findings == []
+
+
+def test_an_optimizer_stepped_as_a_loop_variable_is_named_by_its_stable_path() -> None:
+    """`for opt in opts: opt.step()`: `opt` names another optimizer at each turn; the fix names
+    `opts[0]`, which holds the same one wherever the user pastes it."""
+    enc, dec = nn.Linear(4, 4), nn.Linear(4, 1)
+    model = nn.Sequential(enc, dec)
+    model.register_parameter("scale", nn.Parameter(torch.ones(1)))  # in neither optimizer
+    opts = [torch.optim.SGD(enc.parameters(), lr=0.1), torch.optim.SGD(dec.parameters(), lr=0.1)]
+    monitor = leafwatch.Monitor(model, opts, verbose=False).attach()
+    for _ in range(3):
+        for opt in opts:
+            opt.zero_grad()
+        (model(torch.randn(8, 4)) * model.scale).sum().backward()
+        for opt in opts:
+            opt.step()
+    (f,) = monitor.close().open
+    assert (f.kind, f.name) == ("not_in_optimizer", "scale")
+    code = 'opts[0].add_param_group({"params": [model.scale]})'
+    assert f"`{code}`" in f.fix and "`opt." not in f.fix
+    exec(code, {"opts": opts, "model": model})
+    assert any(p is model.scale for g in opts[0].param_groups for p in g["params"])

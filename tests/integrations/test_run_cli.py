@@ -646,3 +646,84 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
     (run,) = read_reports(str(tmp_path))
     assert run.report.names("stale_param") == names
+
+
+# -- fixes that name the user's own objects --------------------------------------------------------
+SKORCH_LIKE = '''"""skorch's NeuralNet, rebuilt: it keeps the module as `module_` and the optimizer as
+`optimizer_`, and runs the training loop in its own `fit`."""
+import torch
+
+
+class NeuralNet:
+    def __init__(self, module, lr=0.1):
+        self.module, self.lr = module, lr
+
+    def initialize(self):
+        self.module_ = self.module()
+        # the parameters the optimizer gets (skorch: `optimizer__params`), the head left out
+        self.optimizer_ = torch.optim.SGD(self.module_.body.parameters(), lr=self.lr)
+
+    def fit(self, X, y, epochs=4):
+        self.initialize()
+        for _ in range(epochs):
+            for i in range(0, len(X), 4):
+                self.optimizer_.zero_grad()
+                loss = torch.nn.functional.mse_loss(self.module_(X[i:i + 4]), y[i:i + 4])
+                loss.backward()
+                self.optimizer_.step()
+        return self
+'''
+
+SKORCH_SCRIPT = '''import torch
+from torch import nn
+from skorch_like import NeuralNet
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(3, 4)
+        self.head = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+net = NeuralNet(Model)
+net.fit(torch.randn(16, 3), torch.randn(16, 1))
+print("fit")
+'''
+
+
+def test_a_library_that_keeps_the_optimizer_is_named_by_the_users_path_never_by_its_self(tmp_path):
+    """skorch keeps the optimizer as `net.optimizer_` and the module as `net.module_`: the fix names
+    them so, never the library's own `self` nor its loop."""
+    library = tmp_path / "site-packages"
+    library.mkdir()
+    (library / "skorch_like.py").write_text(SKORCH_LIKE)
+    script = tmp_path / "train.py"
+    script.write_text(SKORCH_SCRIPT)
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join((str(library), env["PYTHONPATH"]))
+    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script)],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    assert result.returncode == 0 and result.stdout == "fit\n", result.stderr
+    (run,) = read_reports(str(tmp_path / "logs"))
+    (f,) = run.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "head", "error")
+    code = 'net.optimizer_.add_param_group({"params": net.module_.head.parameters()})'
+    assert f"`{code}`" in f.fix
+    assert "self." not in f.fix
+    assert "runs inside a function" not in result.stderr  # the script calls fit at its module level
+    # The fix runs where the script holds `net` (its optimizer, its module) and mends it.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("skorch_like", library / "skorch_like.py")
+    skorch_like = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(skorch_like)
+    scope: dict = {"NeuralNet": skorch_like.NeuralNet}
+    exec(SKORCH_SCRIPT.replace("from skorch_like import NeuralNet\n", "").replace(
+        "net.fit(torch.randn(16, 3), torch.randn(16, 1))", "net.initialize()"), scope)
+    net = scope["net"]
+    exec(code, {"net": net})
+    assert {id(p) for g in net.optimizer_.param_groups for p in g["params"]} == {id(p) for p in net.module_.parameters()}

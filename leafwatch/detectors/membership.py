@@ -254,30 +254,39 @@ def _never_stepped(name: str, optimizer: torch.optim.Optimizer, checks: int, bas
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
                           inv: Inventory | None = None) -> Finding:
     """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
-    changes: a forgotten optimizer, or a fixed network that should not require grad (a warning).
-    ``names``: the module's name in the script and the optimizer's variable ("" when unknown).
-    The module is code in the fix only when the user's code for it is known (its variable, or
-    its path from the Trainer); a root named by its class is said in words."""
+    changes. Intent sets the severity: when only some of the module's tensors require grad
+    (adapters on a frozen base: someone chose what trains) its optimizer was forgotten, an
+    error; when all of it requires grad it may be a fixed network left requiring grad, a
+    warning naming both fixes. ``names``: the module's name in the script and the optimizer's
+    variable ("" when unknown). The module is code in the fix only when the user's code for it
+    is known (its variable, or its path from the Trainer); a root named by its class is words."""
     root, optimizer = names
     base = structure.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     module = inv.roots.get(root) if inv is not None else None
     code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
+    chosen = module is not None and any(not p.requires_grad for p in module.parameters())
     if code:
-        add = fixes.add_to_optimizer(f"{code}.parameters()", inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
+        params = f"[p for p in {code}.parameters() if p.requires_grad]" if chosen else f"{code}.parameters()"
+        add = fixes.add_to_optimizer(params, inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
                                      variable=optimizer or None, known=inv.variables, cache=inv.fix_names)  # type: ignore[union-attr]
         frozen = f"`{code}.requires_grad_(False)`"
     else:
         add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)"
         frozen = "`requires_grad_(False)` on it"
     owner = f"`{root}`" if root else "its module"
+    message = f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
+    details = {**base.details, "root": root, "optimizer": optimizer, "applicability": "code" if code else "words"}
+    if chosen:
+        return base.replace(
+            severity=Severity.ERROR, message=message,
+            cause=f"no optimizer holds {owner} (none of its tensors), and only some of its tensors require grad: "
+            "the ones chosen to train (adapters on a frozen base) were left out of the optimizer.",
+            fix=add, details={**details, "reason": "chosen_outside"})
     return base.replace(
-        severity=Severity.WARNING,
-        message=f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes.",
+        severity=Severity.WARNING, message=message,
         cause=f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
         "fixed network that still requires grad.",
-        fix=f"{add}; or, if it should stay fixed, {frozen}",
-        details={**base.details, "reason": "root_outside", "root": root, "optimizer": optimizer,
-                 "applicability": "code" if code else "words"})
+        fix=f"{add}; or, if it should stay fixed, {frozen}", details={**details, "reason": "root_outside"})
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

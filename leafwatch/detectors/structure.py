@@ -171,10 +171,11 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
 
 
 def _buffer_fix(info: ParamInfo) -> str:
-    """A buffer meant as a parameter: register it as one where it is registered now."""
-    return (f"register it as a parameter where the module registers it: "
-            f"`self.{info.attribute} = nn.Parameter(...)` in place of `self.register_buffer(\"{info.attribute}\", ...)`, "
-            "before the optimizer is built, so that `parameters()` (and the optimizer) holds it")
+    """A buffer meant as a parameter: register it as one where it is registered now (words: the
+    tensor it registers is the user's expression, which leafwatch does not see)."""
+    return (f"make `{info.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it")
 
 
 def _add_fix(name: str, inv: Inventory | None) -> str:

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from leafwatch.integrations import runner
+from leafwatch.detectors import fixes
 from leafwatch.report.reader import read_reports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -727,3 +728,29 @@ def test_a_library_that_keeps_the_optimizer_is_named_by_the_users_path_never_by_
     net = scope["net"]
     exec(code, {"net": net})
     assert {id(p) for g in net.optimizer_.param_groups for p in g["params"]} == {id(p) for p in net.module_.parameters()}
+
+
+def test_a_lora_text_encoder_left_out_of_every_optimizer_is_an_error_its_intent_is_plain(tmp_path):
+    """Only the adapter of `text_encoder` requires grad (someone chose what trains) and no optimizer
+    holds any of its tensors: an error, the forgotten optimizer first; never the fixed-network
+    reading of a module that requires grad as a whole (that stays a warning: the calib test)."""
+    result = _leafwatch("run", "--logdir", str(tmp_path), str(SCRIPTS / "lora_text_encoder_left_out.py"))
+    assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
+    (run,) = read_reports(str(tmp_path))
+    (f,) = run.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "text_encoder", "error")
+    assert run.report.names("not_in_optimizer") == {
+        f"text_encoder.{i}.lora_{ab}.weight" for i in (0, 2) for ab in ("A", "B")}
+    assert (f.details["reason"], f.details["applicability"]) == ("chosen_outside", "code")
+    assert "only some of its tensors require grad" in f.cause
+    assert f.fix.startswith('add it to `optimizer` (your `AdamW`, its groups as they are): '
+                            '`optimizer.add_param_group({"params": [p for p in text_encoder.parameters() '
+                            'if p.requires_grad]})`')
+    assert "requires_grad_(False)" not in f.fix
+    # Pasted in the script's scope, it gives `optimizer` the adapter (and only the adapter).
+    import runpy
+
+    scope = runpy.run_path(str(SCRIPTS / "lora_text_encoder_left_out.py"))
+    exec(next(c for c in fixes.code_spans(f.fix) if "add_param_group" in c), scope)
+    added = scope["optimizer"].param_groups[-1]["params"]
+    assert {id(p) for p in added} == {id(p) for p in scope["text_encoder"].parameters() if p.requires_grad}

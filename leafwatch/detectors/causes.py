@@ -13,6 +13,8 @@ import dataclasses
 from torch import nn
 
 from ..observe import cuts
+from ..observe.inventory import ParamInfo
+from ..observe.names import ancestors
 from ..observe.tracing import RunRecord
 from . import fixes
 
@@ -87,7 +89,7 @@ def called_directly(param_name: str, module_name: str) -> Explanation:
         "parameters are used outside its forward), so leafwatch cannot say more about where.",
         fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
         "call the module itself, not its `.forward`, so that hooks see it",
-        reason="unused",
+        reason="called_directly",
     )
 
 
@@ -143,7 +145,7 @@ def _did_not_run(param_name: str, module_name: str, shown: str, records: dict[st
             cause=f"`{param_name}` is never used in the computation of the loss "
             f"({shown} did not run a forward of its own that uses it).",
             fix=f"use `{param_name}` in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)",
-            reason="unused",
+            reason="no_forward_of_its_own",
         )
     parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
     parent = max(parents, key=lambda r: len(r.name), default=None)
@@ -249,3 +251,20 @@ def _detached_after(record: RunRecord, records: dict[str, RunRecord]) -> RunReco
         if detached:
             return min(detached, key=lambda r: r.order)
     return None
+
+
+def at_the_only_step(info: ParamInfo, ran: set[str]) -> Explanation:
+    """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
+    if info.module not in ran and ("" in ran or any(n in ran for n in ancestors(info.module))):
+        shown = f"`{info.module}`"
+        call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
+        return Explanation(
+            cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
+            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+            reason="never_ran_at_the_only_step")
+    return Explanation(
+        cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "
+        "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
+        "created before the first forward pass).",
+        fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
+        reason="unknown_at_the_only_step")

@@ -27,11 +27,14 @@ UNKNOWN_CAUSE = (
 )
 
 
-def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, *,
+def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, *, reason: str,
          tensor: torch.Tensor | None = None, step: int | None = None,
          aliases: Iterable[str] = (), **details: Any) -> Finding:
+    """A finding with its words. ``reason`` is required: each ``(kind, reason)`` has one builder,
+    listed in :data:`leafwatch.detectors.voices.VOICES`."""
     described = describe_tensor(tensor) if tensor is not None else {}
-    return Finding.new(kind, name, severity, message, cause, fix, step=step, aliases=aliases, **described, **details)
+    return Finding.new(kind, name, severity, message, cause, fix, step=step, aliases=aliases, reason=reason,
+                       **described, **details)
 
 
 # -- non-leaf ---------------------------------------------------------------------------------
@@ -49,7 +52,7 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
         "non_leaf", name, "error",
         f"`{name}` is not a leaf tensor{where}: its .grad will stay None and it will never train.",
         cause, fixes.non_leaf(name, found, location=location, tensor=t),
-        tensor=t, step=step, op=found.op if found else None,
+        tensor=t, step=step, op=found.op if found else None, reason="not_a_leaf"
     )
 
 
@@ -60,6 +63,20 @@ def _requires_grad_call(name: str) -> str:
     return "call `requires_grad_()` on your tensor"
 
 
+def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: Any) -> Finding:
+    """``missing_grad``/``requires_grad_false``: a tensor handed or watched to train that does not
+    require grad."""
+    return make(
+        "missing_grad", name, "error",
+        f"`{name}` does not require grad: it will never get a gradient.",
+        f"`{name}` does not require grad: it was created without `requires_grad=True`, frozen with "
+        "`requires_grad_(False)`, or it is the result of `.detach()` (or of an op under `torch.no_grad()`), "
+        "which returns a new leaf that does not require grad.",
+        f"create it with `requires_grad=True`, or {_requires_grad_call(name)} "
+        "(drop the `.detach()` if it is meant to share the original's gradient)",
+        tensor=t, step=step, reason="requires_grad_false", **details)
+
+
 def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
                     inventory: Inventory | None = None, watched: Iterable[WatchEntry] = ()) -> list[Finding]:
     """Findings for tensors handed to ``audit(tensors=...)``: non-leaf or no gradient."""
@@ -68,16 +85,7 @@ def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
         if not t.is_leaf:
             out.append(non_leaf(name, t, step=step, inventory=inventory, watched=watched))
         elif not t.requires_grad:
-            out.append(make(
-                "missing_grad", name, "error",
-                f"`{name}` does not require grad: it will never get a gradient.",
-                f"`{name}` does not require grad: it was created without `requires_grad=True`, or it is "
-                "the result of `.detach()` (or of an op under `torch.no_grad()`), which returns a new "
-                "leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or {_requires_grad_call(name)} "
-                "(drop the `.detach()` if it is meant to share the original's gradient)",
-                tensor=t, step=step, reason="requires_grad_false",
-            ))
+            out.append(not_requiring_grad(name, t, step))
         elif t.grad is None:
             out.append(missing_grad(name, t, step=step, explanation=None))
     return out
@@ -100,15 +108,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
         if not entry.expect_grad:
             continue
         if not t.requires_grad:
-            out.append(make(
-                "missing_grad", entry.name, "error",
-                f"`{entry.name}` does not require grad: it will never get a gradient.",
-                f"`{entry.name}` does not require grad: it was created without `requires_grad=True`, "
-                "frozen with `requires_grad_(False)`, or it is the result of `.detach()` (or of an op "
-                "under `torch.no_grad()`), which returns a new leaf that does not require grad.",
-                f"create it with `requires_grad=True`, or {_requires_grad_call(entry.name)}",
-                tensor=t, step=step, reason="requires_grad_false", source="watch",
-            ))
+            out.append(not_requiring_grad(entry.name, t, step, source="watch"))
         elif not got_grad.get(entry.name, False):
             what = "no gradient reached it" if entry.is_leaf else "no gradient flowed through it"
             out.append(make(
@@ -117,7 +117,7 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
                 "it is not used in the computation of the loss, or it is cut off from it "
                 "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
                 f"use `{entry.name}` in the loss through torch ops only",
-                tensor=t, step=step, reason="unused", source="watch",
+                tensor=t, step=step, reason="watched_unused", source="watch",
             ))
     return out
 
@@ -133,32 +133,8 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     no autograd graph). ``watched_from_start`` says that a Monitor watched the run from its start,
     so the audit's advice to create one would be wrong.
     """
-    if explanation is not None:
-        cause, fix, reason = explanation.cause, explanation.fix, explanation.reason
-    elif reachable == "no_graph":
-        cause = ("the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
-                 "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a "
-                 "tensor from it.")
-        fix, reason = ("pass the loss that `backward()` is called on, computed with gradients on "
-                       "(its `grad_fn` is not None)"), "loss_without_graph"
-    elif reachable is False:
-        cause = (f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never "
-                 "used, or cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a "
-                 "`torch.tensor(...)` rewrap).")
-        fix, reason = f"use `{name}` in the forward pass through torch ops only, or delete it", "unreachable"
-    elif reachable is True:
-        cause = (f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
-                 "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
-        fix, reason = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()", "not_backpropagated"
-    elif watched_from_start:
-        cause = (f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
-                 "how it is used. Pass `loss=` to check() to walk the loss's graph."
-                 if info is None else
-                 "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
-                 "walk the loss's graph.")
-        fix, reason = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
-    else:
-        cause, fix, reason = UNKNOWN_CAUSE, f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended", "unknown"
+    explained = explanation or _without_hooks(name, info, reachable, watched_from_start)
+    cause, fix, reason = explained.cause, explained.fix, explained.reason
     details: dict[str, Any] = {"reason": reason}
     if explanation is not None and explanation.group is not None:
         details["group"] = explanation.group  # every tensor cut at one place is one mistake
@@ -176,6 +152,39 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         f"`{name}` requires grad but got no gradient: it does not train.",
         cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
     )
+
+
+def _without_hooks(name: str, info: ParamInfo | None, reachable: bool | str | None,
+                   watched_from_start: bool) -> Explanation:
+    """Why a tensor has no gradient when no hook explained it: from the loss given (``reachable``),
+    else unknown, saying why leafwatch could not see more."""
+    use = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+    if reachable == "no_graph":
+        return Explanation(
+            cause="the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
+            fix="pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)",
+            reason="loss_without_graph")
+    if reachable is False:
+        return Explanation(
+            cause=f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never used, or "
+            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+            fix=f"use `{name}` in the forward pass through torch ops only, or delete it", reason="unreachable")
+    if reachable is True:
+        return Explanation(
+            cause=f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
+            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
+            fix="call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()",
+            reason="not_backpropagated")
+    if watched_from_start and info is None:
+        return Explanation(
+            cause=f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
+            "how it is used. Pass `loss=` to check() to walk the loss's graph.", fix=use, reason="unknown_not_a_parameter")
+    if watched_from_start:
+        return Explanation(
+            cause="unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+            "walk the loss's graph.", fix=use, reason="unknown_hooks_off")
+    return Explanation(cause=UNKNOWN_CAUSE, fix=use, reason="unknown")
 
 
 #: The name of the one finding that says no trainable tensor has a gradient at all.
@@ -218,7 +227,7 @@ def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str]
         "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
         "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
         "lower the learning rate, clip gradients, or use a GradScaler with fp16",
-        tensor=t, step=step, aliases=aliases,
+        tensor=t, step=step, aliases=aliases, reason="nan_or_inf"
     )
 
 
@@ -232,7 +241,7 @@ def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str
         "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
         "lower the learning rate, clip gradients, or use a GradScaler with fp16; to catch it at the step "
         "it happens, lower `check_values_every_n_steps`",
-        tensor=t, step=step, aliases=aliases, where="parameter",
+        tensor=t, step=step, aliases=aliases, where="parameter", reason="nan_or_inf_value"
     )
 
 
@@ -248,7 +257,7 @@ def dead_grad(name: str, checks: int, step: int) -> Finding:
         "this rank with zeros.",
         f"find what zeroes the gradient of `{name}` (`torch.autograd.grad` of one step's loss with respect "
         "to the intermediate outputs); if it is unused on purpose, freeze it with `requires_grad_(False)`",
-        step=step, zero_checks=checks,
+        step=step, zero_checks=checks, reason="zero_streak"
     )
 
 
@@ -267,7 +276,7 @@ def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: st
         f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
         "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
         f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}",
-        tensor=t, step=step, **{"source": "outside_model", "outside": True, **details},
+        tensor=t, step=step, **{"source": "outside_model", "outside": True, **details}, reason="outside_model"
     )
 
 

@@ -44,6 +44,10 @@ _PENDING_CAUSE = ("being traced: leafwatch armed forward hooks on `{module}` and
                   "the next check.")
 
 
+#: The reasons of a missing gradient whose cause is not known (yet): the hooks may still tell.
+_NO_CAUSE_YET = (None, "pending", "unknown", "unknown_hooks_off", "unknown_not_a_parameter", "traced_nothing")
+
+
 class GradientTracker:
     """Streaks and counts of missing gradients by tensor id, turned into findings.
 
@@ -237,7 +241,7 @@ class GradientTracker:
                 return
         if old is not None and old.status == Status.PENDING:
             old = None  # a suspicion the evidence settled: reported afresh below
-        if old is not None and explanation is None and old.details.get("reason") not in (None, "unknown", "pending"):
+        if old is not None and explanation is None and old.details.get("reason") not in _NO_CAUSE_YET:
             # Explained before and nothing new: keep the cause, update the counts.
             out.append(Verdict.open(_stalled(
                 old.replace(step=step, last_step=step,
@@ -257,7 +261,7 @@ class GradientTracker:
             f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
         f = _stalled(f, streak, self._stall_limit(pid), checks_of_p, misses)
         out.append(Verdict.open(f))
-        if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in (None, "unknown", "pending") \
+        if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
                 and old is not None and (old.status, old.cause) == (f.status, f.cause):
             # The same finding twice in a row: from now on it is counted, not worked out again.
             self._steady[pid] = (name, clist, misses)
@@ -265,7 +269,7 @@ class GradientTracker:
 
     def _unexplained(self, f: Finding, name: str, info: inventory.ParamInfo | None, old: Finding | None) -> Finding:
         """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
-        traced_before = old is not None and old.details.get("reason") in ("pending", "unknown")
+        traced_before = old is not None and old.details.get("reason") in _NO_CAUSE_YET[1:]
         if self.diagnose and info is not None and not traced_before:
             return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                              details={**f.details, "reason": "pending"})
@@ -273,7 +277,7 @@ class GradientTracker:
             # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
             return f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
                                                           shown=f"`{info.module}`" if info and info.module else "the model"),
-                             details={**f.details, "reason": "unknown"})
+                             details={**f.details, "reason": "traced_nothing"})
         return f
 
     def _observed_cut(self, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:

@@ -211,9 +211,9 @@ class MembershipJudge:
         """The held finding as the check decides it; a tensor unfrozen after the optimizer was
         built keeps the cause and fix that say so."""
         decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if f.details.get("reason") == "unfrozen_after":
-            decided = decided.replace(cause=f.cause, fix=f.fix,
-                                      details={**decided.details, "reason": "unfrozen_after"})
+        if f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
+            decided = decided.replace(message=f.message, cause=f.cause, fix=f.fix,
+                                      details={**decided.details, "reason": f.details["reason"]})
         return decided
 
     def escalate_late(self, step: int) -> Verdicts:

@@ -209,5 +209,5 @@ class LossLeaves:
                 "A Monitor, which sees the next step, decides.",
                 f"if it should train, {add}; if it is fixed, create it "
                 "without `requires_grad=True`; if it is made fresh each step, nothing",
-                tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None))
+                tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None, reason="loss_leaf"))
         return out

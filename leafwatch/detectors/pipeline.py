@@ -57,7 +57,7 @@ def incomplete(part: str, error: BaseException, step: int | None) -> Finding:
         fix="nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
             "the finding clears at the next check where this part runs through",
         step=step, first_step=step, last_step=step,
-        details={"part": part, "error": one_line(error)},
+        details={"part": part, "error": one_line(error), "reason": "part_failed"},
     )
 
 

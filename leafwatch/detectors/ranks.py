@@ -195,14 +195,14 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
             fix="make every rank run the same modules, or pass `find_unused_parameters=True` to "
             "DistributedDataParallel if the branching is intended",
             details={**f.details, "ranks_without_grad": active, "world_size": world_size,
-                     "per_rank_branching": True})
+                     "per_rank_branching": True, "reason": "rank_branching_hangs"})
     return f.replace(
         severity="info", status="intermittent", message=message, cause=cause,
         fix="nothing, if the branching is intended (DDP needs find_unused_parameters=True for it, "
         "and the parameter trains from the ranks that use it); otherwise make every rank run "
         "the same modules",
         details={**f.details, "ranks_without_grad": active, "world_size": world_size,
-                 "per_rank_branching": True})
+                 "per_rank_branching": True, "reason": "rank_branching"})
 
 
 # -- the gatherer ------------------------------------------------------------------------------

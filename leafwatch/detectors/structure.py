@@ -246,7 +246,7 @@ def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = N
         cause,
         _rebuild_fix([name], inv, pair.optimizer), tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
-        group=stale_group_key(pair.optimizer),
+        group=stale_group_key(pair.optimizer), reason="replaced"
     )
 
 
@@ -280,7 +280,7 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
         cause, _regroup_fix(inv, optimizer), step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
-        group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
+        group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)], reason="old_tensors"
     )
 
 
@@ -306,7 +306,7 @@ def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]],
         "nothing needed; to free the memory, " + _regroup_fix(inv, optimizer),
         step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy, leftovers=True,
         old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
-        group=stale_group_key(optimizer),
+        group=stale_group_key(optimizer), reason="leftovers"
     )
 
 
@@ -332,7 +332,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
             f"the module is stored in {where}, which `nn.Module` does not look into.",
             fixes.container_fix(_owner(inv, name), attr, kinds, modules=True),
-            tensor=t, step=step, container=orphan.container, containers=list(kinds),
+            tensor=t, step=step, container=orphan.container, containers=list(kinds), reason="module_in_container"
         )
     if kinds:
         where = _describe_containers(kinds)
@@ -341,7 +341,7 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
             f"tensors in {where} are not parameters of the module.",
             fixes.container_fix(_owner(inv, name), attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
-            containers=list(kinds),
+            containers=list(kinds), reason="tensor_in_container"
         )
     if not t.is_leaf:
         found = graph.origin(t)
@@ -355,14 +355,14 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
             f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
             cause,
             fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
-            tensor=t, step=step, container="attribute", op=found.op if found else None,
+            tensor=t, step=step, container="attribute", op=found.op if found else None, reason="non_leaf_attribute"
         )
     return make(
         "orphan_tensor", name, severity,
         f"module attribute `{name}` requires grad but is a plain tensor, not an `nn.Parameter`: {effect}.",
         "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
         fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
-        tensor=t, step=step, container="attribute",
+        tensor=t, step=step, container="attribute", reason="plain_attribute"
     )
 
 
@@ -427,7 +427,7 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
             continue
         out.append(make(
             "device_mismatch", info.name, "warning", f"`{info.name}` is {what}.",
-            cause, fix, tensor=p, step=step, aliases=info.aliases,
+            cause, fix, tensor=p, step=step, aliases=info.aliases, reason="device"
         ))
     return out
 

@@ -355,7 +355,7 @@ def test_watch_of_a_tensor_that_refuses_hooks_warns_and_still_watches_it() -> No
     # The watch still reports: a step that leaves it out names it, a step that uses it does not.
     (torch.ones(2) * 3).sum()
     (finding,) = leafwatch.audit().findings
-    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "scale", "unused")
+    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "scale", "watched_unused")
     (scale * 2).sum().backward()
     assert leafwatch.audit().findings == []
 

@@ -556,7 +556,7 @@ def test_watch_reports_a_leaf_that_got_no_gradient():
     (used * 2).sum().backward()
     (finding,) = leafwatch.audit().findings
     assert (finding.kind, finding.name) == ("missing_grad", "unused")
-    assert finding.details["reason"] == "unused"
+    assert finding.details["reason"] == "watched_unused"
     assert "not used in the computation of the loss" in finding.cause
     del unused
 

@@ -55,10 +55,10 @@ def test_dead_grad_sees_its_own_verdicts_across_value_checks_that_complete_toget
 
 # -- the structure ------------------------------------------------------------------------------
 def test_a_structural_finding_the_new_reading_lacks_is_resolved_and_the_new_ones_open_or_wait() -> None:
-    old = make("not_in_optimizer", "head.weight", "error", "m", "c", "f", step=1)
-    outside = make("not_in_optimizer", "temperature", "error", "m", "c", "f", step=1, outside=True)
-    new = make("orphan_tensor", "blocks.0.weight", "error", "m", "c", "f", step=2)
-    held = make("stale_param", "fc.weight", "error", "m", "c", "f", step=2, pending=Waiting.STRUCTURE)
+    old = make("not_in_optimizer", "head.weight", "error", "m", "c", "f", step=1, reason="left_out")
+    outside = make("not_in_optimizer", "temperature", "error", "m", "c", "f", step=1, reason="outside_model", outside=True)
+    new = make("orphan_tensor", "blocks.0.weight", "error", "m", "c", "f", step=2, reason="module_in_container")
+    held = make("stale_param", "fc.weight", "error", "m", "c", "f", step=2, reason="replaced", pending=Waiting.STRUCTURE)
     view = FindingsView({f.key: f for f in (old, outside)})
     verdicts = structure.verdicts(view, [new], 2, [held])
     # A tensor outside the model is judged at checks, never resolved by a reading of the structure.
@@ -103,7 +103,7 @@ def test_the_gradient_detector_opens_missing_grad_after_patience_and_makes_it_in
 
 
 def test_a_replaced_tensor_with_an_open_stale_param_gets_no_missing_grad() -> None:
-    stale = make("stale_param", "old", "error", "m", "c", "f", step=1)
+    stale = make("stale_param", "old", "error", "m", "c", "f", step=1, reason="replaced")
     tracker = GradientTracker(FindingsView({stale.key: stale}), patience=1, diagnose=False)
     p = nn.Parameter(torch.ones(1))
     clist = CheckList(params=[p], names=("old",), infos=[None], ids=frozenset([id(p)]), checks=1)
@@ -130,7 +130,7 @@ def test_a_watched_non_leaf_is_one_open_verdict_and_is_resolved_once_it_is_gone(
 def test_every_gradient_cleared_before_the_step_is_one_error_and_a_missing_grad_suspicion_is_withdrawn() -> None:
     model = nn.Linear(2, 1)
     clist = _checklist(model)
-    suspicion = make("missing_grad", "weight", "error", "m", "c", "f", step=1)
+    suspicion = make("missing_grad", "weight", "error", "m", "c", "f", step=1, reason="unknown")
     cleared = loop.ClearedGradients(FindingsView({suspicion.key: suspicion}))
     left, ids, verdicts = cleared.judge(clist, [0, 1], {id(p) for p in clist.params}, "optimizers[0]", 2)
     assert left == [] and sorted(ids) == sorted(id(p) for p in clist.params)
@@ -226,7 +226,7 @@ def test_a_no_grad_miss_is_held_then_dropped_as_a_target_when_its_value_changes(
 
     held = HeldMisses()
     ema = nn.Parameter(torch.ones(3))
-    made = lambda: make("missing_grad", "ema.weight", "error", "m", "ran under no_grad", "f", step=1)  # noqa: E731
+    made = lambda: make("missing_grad", "ema.weight", "error", "m", "ran under no_grad", "f", step=1, reason="grad_disabled")  # noqa: E731
     assert held.judges(id(ema), "grad_disabled") and not held.judges(id(ema), "never_ran")
     first = held.target(ema, "ema.weight", None, None, 1, made)
     assert _actions(first) == [("hold", "missing_grad", "ema.weight")]
@@ -242,7 +242,7 @@ def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
 
     held = HeldMisses()
     frozen = nn.Parameter(torch.ones(3))
-    made = lambda: make("missing_grad", "enc.weight", "error", "m", "ran under no_grad.", "f", step=1)  # noqa: E731
+    made = lambda: make("missing_grad", "enc.weight", "error", "m", "ran under no_grad.", "f", step=1, reason="grad_disabled")  # noqa: E731
     held.target(frozen, "enc.weight", None, None, 1, made)
     verdicts = held.target(frozen, "enc.weight", None, None, 2, made)
     assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
@@ -255,7 +255,7 @@ def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None
     a, b, c = (dead_grad(n, 3, 1) for n in ("a", "b", "c"))
     verdicts = [Verdict.open(a), Verdict.resolve(a.key, 2), Verdict.hold(b), Verdict.confirm(b.key),
                 Verdict.open(c.replace(status=Status.INTERMITTENT)), Verdict.drop(("dead_grad", "d")),
-                Verdict.open(make("missing_grad", "a", "error", "m", "c", "f", step=1))]
+                Verdict.open(make("missing_grad", "a", "error", "m", "c", "f", step=1, reason="unknown"))]
     assert open_after(verdicts, "dead_grad") == {"a": False, "b": True, "c": False}
     assert open_after(verdicts, "missing_grad") == {"a": True}
 

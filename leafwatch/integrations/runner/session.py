@@ -19,7 +19,6 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from ...detectors import fixes
 from ...observe import inventory
 from ... import watching
 from ...detectors import constructors as checks, structure as structure_detector
@@ -28,8 +27,7 @@ from ...report.findings import Finding, Kind, Report
 from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
 from ...report.findings import apply_ignore
-from ...observe.names import ancestors
-from ...detectors.causes import Explanation
+from ...detectors import causes
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
@@ -255,7 +253,7 @@ class Session:
                     continue  # gone, owned by no model (orphans are named above), or named already
                 named.add(info.name)
                 out.append(checks.missing_grad(info.name, p, step=step, info=info,
-                                               explanation=_one_step_explanation(info, ran)))
+                                               explanation=causes.at_the_only_step(info, ran)))
         return out
 
     def summary(self, report: Report) -> str:
@@ -283,23 +281,6 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
-
-
-def _one_step_explanation(info: inventory.ParamInfo, ran: set[str]) -> Explanation:
-    """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
-    if info.module not in ran and ("" in ran or any(n in ran for n in ancestors(info.module))):
-        shown = f"`{info.module}`"
-        call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
-        return Explanation(
-            cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
-            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
-            reason="never_ran")
-    return Explanation(
-        cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "
-        "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
-        "created before the first forward pass).",
-        fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
-        reason="unknown")
 
 
 def _distributed_run() -> bool:

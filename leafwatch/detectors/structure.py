@@ -23,6 +23,7 @@ from ..report.history import FindingsView
 from ..observe.inventory import Inventory, Orphan, ParamInfo, is_uninitialized, shape_of, shape_text
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
+from ..observe.structure import appeared
 from .constructors import make, non_leaf, silence_hint
 
 
@@ -153,6 +154,9 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     else:
         message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
                    "step either: it never trains.")
+    seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
+    if seen is not None and inventory is not None and inventory.optimizers:
+        return _created_after(info, p, seen, message, step, inventory, got_grad)
     if info.buffer:
         return make(
             "not_in_optimizer", name, "error", message,
@@ -168,6 +172,24 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
         tensor=p, step=step, aliases=info.aliases, reason="left_out",
         **({} if got_grad is None else {"got_grad": got_grad}),
     )
+
+
+def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
+                   inv: Inventory, got_grad: bool | None) -> Finding:
+    """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
+    create it while leafwatch was watching, after its optimizer was built."""
+    where, function = seen
+    module = fixes.outside_module(info.name, inv) or info.name
+    cause = (f"`{module}` was created at {where} in `{function}`, after the optimizer was built: the "
+             "optimizer's parameter list was made before it existed.")
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
+        fix = (f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
+               f"`{function}` runs after the optimizers are built")
+    else:
+        fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
+    return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
+                aliases=info.aliases, reason="created_after_optimizer",
+                **({} if got_grad is None else {"got_grad": got_grad}))
 
 
 def _buffer_fix(info: ParamInfo) -> str:

@@ -47,6 +47,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("not_in_optimizer", "left_out"): "structure.not_in_optimizer",
     ("not_in_optimizer", "buffer_requires_grad"): "structure.not_in_optimizer",
     ("not_in_optimizer", "unfrozen_after"): "structure._optimizer_membership",
+    ("not_in_optimizer", "created_after_optimizer"): "structure._created_after",
     ("not_in_optimizer", "never_stepped"): "membership._never_stepped",
     ("not_in_optimizer", "root_outside"): "membership._outside_root_finding",
     ("not_in_optimizer", "chosen_outside"): "membership._outside_root_finding",

@@ -266,6 +266,8 @@ class Inventory:
         #: Object id -> the user's variable for it, when a front-end knows them (``leafwatch run``
         #: reads the script's variables while it runs): the fixes name them.
         self.variables: Callable[[], dict[int, str]] | None = None
+        #: The registration mark when the optimizers were handed over (see ``structure.appeared``).
+        self.optimizers_mark: int | None = None
         #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
         self.fix_names: dict[Any, Any] = {}
 

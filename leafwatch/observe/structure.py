@@ -10,6 +10,7 @@ first Monitor installs them, the last ``close()`` removes them.
 from __future__ import annotations
 
 import dataclasses
+import os
 import itertools
 import threading
 import weakref
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import inventory, replaced
+from . import frames, inventory, replaced
 from . import sharding as distributed
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
@@ -71,14 +72,71 @@ def _bump(*_: Any) -> None:
     _current_generation = next(_generation)
 
 
+#: Tensors registered while a Monitor is open: id -> (the tensor, weakly; the user's line; the
+#: user's function). Emptied when the last Monitor closes; bounded.
+_appeared: dict[int, tuple[weakref.ReferenceType, int, str, str]] = {}
+_APPEARED_MAX = 50_000
+_registrations = itertools.count(1)
+_last_registration = 0
+
+
+def registration_mark() -> int:
+    """The number of the last registration seen: a tensor with a higher one came after now."""
+    return _last_registration
+
+
+def _record(tensors: Any) -> None:
+    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did."""
+    frame = frames.user_frame()
+    if frame is None or len(_appeared) >= _APPEARED_MAX:
+        return
+    global _last_registration
+    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+    _last_registration = number = next(_registrations)
+    for t in tensors:
+        try:
+            _appeared[id(t)] = (weakref.ref(t), number, where, function)
+        except TypeError:
+            pass
+
+
+def _on_parameter(module: nn.Module, name: str, param: Any) -> None:
+    _bump()
+    if param is not None:
+        _record([param])
+
+
+def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
+    _bump()
+    if isinstance(submodule, nn.Module):
+        _record(submodule.parameters())
+
+
+def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
+    """``(file:line, function)`` of the user's code that registered ``t`` after the registration
+    mark ``after`` (:func:`registration_mark`, noted when the optimizers were handed over, so
+    after they were built); None when it was not seen so."""
+    found = _appeared.get(id(t))
+    if after is None or found is None or found[0]() is not t or found[1] <= after:
+        return None
+    return found[2], found[3]
+
+
+class _ForgetAppeared:
+    def remove(self) -> None:
+        _appeared.clear()
+
+
 def _install_registration_hooks() -> list[Any]:
     _bump()  # changes that happened while no hook was installed: rebuild once
     module_mod = torch.nn.modules.module
-    handles = []
-    for name in ("register_module_parameter_registration_hook", "register_module_module_registration_hook"):
+    handles: list[Any] = [_ForgetAppeared()]
+    for name, hook in (("register_module_parameter_registration_hook", _on_parameter),
+                       ("register_module_module_registration_hook", _on_module)):
         register = getattr(module_mod, name, None)
         if register is not None:
-            handles.append(register(_bump))
+            handles.append(register(hook))
     return handles
 
 
@@ -158,6 +216,8 @@ class StructureCache:
                  roots: Mapping[str, nn.Module] | None = None) -> None:
         self.model = model
         self.optimizers = list(optimizers)  # its own list: added to only by add_optimizer()
+        #: The registration mark when the optimizers were handed over (each was built before it).
+        self.optimizers_mark: int | None = registration_mark() if self.optimizers else None
         #: ``id(optimizer)`` -> its index in :attr:`optimizers` (each held here, so its id stays its own).
         self.index_of = {id(o): i for i, o in enumerate(self.optimizers)}
         self.roots = dict(roots) if roots is not None else None
@@ -214,6 +274,7 @@ class StructureCache:
             return False
         self.index_of[id(optimizer)] = len(self.optimizers)
         self.optimizers.append(optimizer)
+        self.optimizers_mark = registration_mark()  # the last one handed over: built by now
         self.invalidate()
         return True
 
@@ -324,6 +385,7 @@ class StructureCache:
             self.previous_names.update(old.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
+        inv.optimizers_mark = self.optimizers_mark
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import sys
 import warnings
 import weakref
 from typing import Any
@@ -646,13 +647,22 @@ def test_layers_added_mid_run_are_named_not_in_optimizer() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = leafwatch.Monitor(model, optimizer)
     assert _train_step(model, optimizer, monitor).findings == []
-    model.append(nn.Linear(2, 2))
+    model.append(nn.Linear(2, 2)); line = sys._getframe().f_lineno  # noqa: E702
     # The check that first sees its gradients holds it (it may be updated by hand); the next one decides.
     assert _train_step(model, optimizer, monitor).findings == []
     report = _train_step(model, optimizer, monitor)
     assert report.names() == {"2.weight", "2.bias"}
     assert report.names("not_in_optimizer") == {"2.weight", "2.bias"}
-    assert "left out when the optimizer's parameter list was built" in report.by_kind("not_in_optimizer")[0].cause
+    (f,) = report.by_kind("not_in_optimizer")
+    # Observed by the registration hooks, not guessed: when and where the layer appeared.
+    assert f.details["reason"] == "created_after_optimizer"
+    assert f.cause == (f"`2` was created at test_reliability.py:{line} in "
+                       "`test_layers_added_mid_run_are_named_not_in_optimizer`, after the optimizer was built: "
+                       "the optimizer's parameter list was made before it existed.")
+    code = 'optimizer.add_param_group({"params": model[2].parameters()})'
+    assert f.fix.startswith("create `2` before the optimizer is built; or add it to `optimizer`") and f"`{code}`" in f.fix
+    exec(code)  # pasted here, where the script holds `optimizer` and `model`
+    assert [f.status for f in _train_step(model, optimizer, monitor).findings] == ["resolved"]
     monitor.close()
 
 

@@ -201,6 +201,34 @@ def test_a_module_the_loss_uses_that_the_lightning_module_does_not_own_is_named_
     assert not any(m._forward_pre_hooks for m in (model, weighting))
 
 
+class LateLayer(Boring):
+    """A layer created in the module's `on_fit_start`: Lightning has built the optimizer by then
+    (the callbacks' `on_fit_start`, then the module's, run after `configure_optimizers`)."""
+
+    def on_fit_start(self):
+        self.proj = nn.Linear(1, 1)  # the line the cause names
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.proj(self(x)), y)
+
+
+def test_a_layer_created_in_on_fit_start_says_when_and_where_and_the_fix_moves_it_before_the_optimizer(tmp_path):
+    import inspect
+
+    callback = LeafWatch(verbose=False)
+    trainer(tmp_path, callback).fit(LateLayer(), loader())
+    (f,) = callback.report.open
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "proj", "error")
+    assert f.details["reason"] == "created_after_optimizer"
+    line = inspect.getsourcelines(LateLayer.on_fit_start)[1] + 1
+    assert f.cause.startswith(f"`proj` was created at test_lightning.py:{line} in `LateLayer.on_fit_start`, "
+                              "after the optimizer was built")
+    # Not "give self.proj.parameters() to configure_optimizers": the layer does not exist there yet.
+    assert f.fix.startswith("create `proj` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`")
+    assert "configure_optimizers`, give" not in f.fix
+
+
 def test_a_frozen_teacher_outside_the_lightning_module_is_quiet(tmp_path):
     teacher = nn.Linear(8, 1)  # requires grad, run under no_grad: no gradient, never judged
 

@@ -115,6 +115,8 @@ def explain_missing(
         return _did_not_run(param_name, module_name, shown, records, modules)
     if not record.grad_enabled:
         return _ran_without_autograd(shown, record)
+    if record.substituted:
+        return substituted(param_name, shown)
     if not record.output_requires_grad:
         if record.output_opaque:
             return None  # an output of a type the hook cannot look into: nothing to conclude
@@ -135,6 +137,18 @@ def explain_missing(
         fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), or delete it",
         reason="unused",
     )
+
+def substituted(param_name: str, shown: str) -> Explanation:
+    """The module's forward ran with weights swapped in for its registered parameters."""
+    return Explanation(
+        cause=f"{shown}'s forward ran with other tensors in place of its registered parameters "
+        "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
+        f"gradient went to those tensors, not to `{param_name}`.",
+        fix="nothing in the forward: give the optimizer the tensors the module is called with (those passed "
+        f"to `functional_call` or swapped in); if `{param_name}` itself is meant to train, call the module "
+        "with its own parameters",
+        reason="substituted_weights")
+
 
 def _did_not_run(param_name: str, module_name: str, shown: str, records: dict[str, RunRecord],
                  modules: dict[str, nn.Module] | None) -> Explanation:

@@ -23,6 +23,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("missing_grad", "data_access"): "causes.explain_missing",
     ("missing_grad", "unused"): "causes.explain_missing",
     ("missing_grad", "called_directly"): "causes.called_directly",
+    ("missing_grad", "substituted_weights"): "causes.substituted",
     ("missing_grad", "never_ran_at_the_only_step"): "causes.at_the_only_step",
     ("missing_grad", "unknown_at_the_only_step"): "causes.at_the_only_step",
     # ... or, without them, what the loss given says, or why nothing can be said

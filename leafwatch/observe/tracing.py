@@ -47,6 +47,9 @@ class RunRecord:
     output_opaque: bool = False  # its output held no tensor the hook could see
     #: Storages of the inputs that required grad (whose outputs this module used).
     grad_inputs: frozenset[int] = frozenset()
+    #: Its forward ran with tensors in ``_parameters`` other than its registered parameters
+    #: (``torch.func.functional_call``, a TensorDict's weights swapped in, a vmapped copy).
+    substituted: bool = False
 
 
 def _items(value: Any) -> list[Any] | None:
@@ -133,6 +136,8 @@ class Tracer:
         self._depth = 0
         self._root_handles: dict[str, tuple[Any, Any]] = {}
         self._modules: dict[str, nn.Module] = {}
+        #: Each armed module's registered parameters (attribute -> id), to tell weights swapped in.
+        self._own: dict[str, dict[str, int]] = {}
 
     @property
     def armed(self) -> set[str]:
@@ -144,6 +149,9 @@ class Tracer:
         armed = self.armed
         self.disarm(armed - set(wanted))
         self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
+        # The registered parameters, read again between steps (none is swapped in then): a
+        # parameter replaced since the hooks were armed is no weight swapped in for a call.
+        self._own = {n: _own_parameters(m) for n, m in self._modules.items()}
         self._ops_next = self._ops_next or (instrument and bool(wanted))
 
     def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
@@ -169,6 +177,7 @@ class Tracer:
                 continue
             self.handles[name] = module.register_forward_hook(self._make_hook(name))
             self._modules[name] = module
+            self._own[name] = _own_parameters(module)
             self.armed_since_reset.add(name)
             if type(module).__name__ == "OptimizedModule":
                 self.compiled = True
@@ -180,6 +189,7 @@ class Tracer:
         for name in list(self.handles) if names is None else list(names):
             handle = self.handles.pop(name, None)
             self._modules.pop(name, None)
+            self._own.pop(name, None)
             if handle is not None:
                 handle.remove()
         self._hook_roots()
@@ -301,6 +311,7 @@ class Tracer:
             if record is None:
                 record = self.records[name] = RunRecord(name)
             record.calls += 1
+            record.substituted = record.substituted or _swapped_in(module, self._own.get(name))
             if self._counter < _MAX_ORDER:
                 self._counter += 1
                 record.order = self._counter
@@ -338,6 +349,15 @@ class Tracer:
                     pass
 
         return hook
+
+
+def _own_parameters(module: nn.Module) -> dict[str, int]:
+    return {a: id(p) for a, p in module._parameters.items() if p is not None}
+
+
+def _swapped_in(module: nn.Module, own: dict[str, int] | None) -> bool:
+    """Whether the module runs with tensors other than its registered parameters (read at arming)."""
+    return own is not None and any(p is not None and own.get(a) != id(p) for a, p in module._parameters.items())
 
 
 def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from .format import report_markdown, report_text
 from ..options import LeafwatchError, matching_pattern
-from ..observe.names import parent
+from ..observe.names import ancestors, parent
 from .names import compress_names, container, natural_key
 
 
@@ -384,7 +384,8 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     same = [m for m in members if m.status == first.status]
     names = [m.name for m in members]
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
-    label = compress_names(names, limit=3) if group.startswith("*") else group
+    # Every tensor of the kind at once: named by the module that holds them all when one does.
+    label = (_holder(names) or compress_names(names, limit=3)) if group.startswith("*") else group
     cause, fix = _shared(same, "cause", group), _shared(same, "fix", group)
     steps = [m.step for m in members if m.step is not None]
     firsts = [m.first_step for m in members if m.first_step is not None]
@@ -404,6 +405,18 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
         details={**first.details, "group": group, "tensors": len(members)},
         members=tuple(sorted(members, key=lambda m: natural_key(m.name))),
     )
+
+
+def _holder(names: list[str]) -> str | None:
+    """The deepest module above every one of ``names`` (``encoder`` of ``encoder.0.weight`` and
+    ``encoder.2.bias``); None when only the model itself holds them all."""
+    common: set[str] | None = None
+    for name in names:
+        above = set(ancestors(name))
+        common = above if common is None else common & above
+        if not common:
+            return None
+    return max(common, key=lambda m: m.count(".")) if common else None
 
 
 def _shared(members: list[Finding], field: str, group: str, each_only: bool = False) -> str:

@@ -508,6 +508,21 @@ def test_nonfinite_grad_is_named(value):
     assert "detect_anomaly" in finding.fix
 
 
+def test_nonfinite_grads_all_in_one_module_are_one_mistake_named_by_that_module():
+    """Every NaN gradient at once is one mistake ("all" of the kind): named by the module that
+    holds them all, not by a list of its tensors."""
+    model = nn.Sequential()
+    model.encoder = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 3))
+    model.head = nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    for p in model.encoder.parameters():
+        p.grad[0] = float("nan")
+    (finding,) = leafwatch.audit(model, opt).findings
+    assert (finding.kind, finding.name, finding.severity) == ("nonfinite_grad", "encoder", "error")
+    assert set(finding.names) == {"encoder.0.weight", "encoder.0.bias", "encoder.2.weight", "encoder.2.bias"}
+
+
 def test_audit_skips_the_value_check_when_told():
     model = TwoLayer()
     model(torch.randn(4, 3)).sum().backward()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 from torch import nn
 
 from . import frames, graph, inventory
+from ..options import LeafwatchInternalWarning
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
 STABLE_STEPS = 2
@@ -419,7 +421,18 @@ class StepModules:
 
     def update(self) -> dict[str, nn.Module] | None:
         """After a step: the roots to read (the model as ``""``, each extra module by its path)
-        when the extra modules changed, else None."""
+        when the extra modules changed, else None. A failure here never reaches the training
+        loop: it is warned once, and the extra modules are no longer read."""
+        try:
+            return self._update()
+        except Exception as error:
+            self.disarm()
+            warnings.warn(f"leafwatch: reading the modules a step runs beyond the model failed "
+                          f"({type(error).__name__}: {error}); training goes on, they are not checked.",
+                          LeafwatchInternalWarning, stacklevel=2)
+            return None
+
+    def _update(self) -> dict[str, nn.Module] | None:
         model = self._model()
         if model is None or not self.armed:
             return None

@@ -104,13 +104,22 @@ def _record(tensors: Any) -> None:
 def _on_parameter(module: nn.Module, name: str, param: Any) -> None:
     _bump()
     if param is not None:
-        _record([param])
+        _record_quietly([param])
 
 
 def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
     _bump()
     if isinstance(submodule, nn.Module):
-        _record(submodule.parameters())
+        _record_quietly(submodule.parameters())
+
+
+def _record_quietly(tensors: Any) -> None:
+    """:func:`_record` inside the user's ``self.x = ...``: a failure must never stop it (the
+    tensor is then not known as late, which only keeps today's words)."""
+    try:
+        _record(tensors)
+    except Exception:
+        pass
 
 
 def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:

@@ -1002,3 +1002,20 @@ def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounde
     assert report.names("missing_grad") == {"generator.0.weight", "generator.0.bias"}
     assert {f.details["reason"] for f in report.by_kind("missing_grad")} == {"detached"}
     monitor.close()
+
+
+def test_a_failure_reading_the_modules_beyond_the_model_warns_once_and_training_goes_on() -> None:
+    from leafwatch.observe.discovery import StepModules
+
+    def broken_owners() -> dict:
+        raise RuntimeError("an owner that cannot be read")
+
+    model, head = nn.Linear(2, 2), nn.Linear(2, 1)
+    modules = StepModules(model, broken_owners)
+    modules.arm()
+    head(model(torch.ones(1, 2))).sum().backward()  # `head` runs beyond the model: its path is asked
+    with pytest.warns(leafwatch.LeafwatchInternalWarning, match="an owner that cannot be read"):
+        assert modules.update() is None
+    assert not modules.armed  # the hook is gone: nothing more is asked of it
+    head(model(torch.ones(1, 2))).sum().backward()
+    assert modules.update() is None

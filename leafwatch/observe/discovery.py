@@ -510,7 +510,7 @@ def _children(value: Any) -> list[tuple[str, Any]]:
 
 def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
     return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer)) or _holds_objects(v)]
+            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer)) or _holds_objects(v))]
 
 
 def _holds_objects(value: Any) -> bool:

@@ -348,3 +348,18 @@ def test_looking_up_the_users_names_keeps_none_of_the_users_tensors_alive() -> N
     finally:
         gc.enable()
         leafwatch.unwatch_all()
+
+
+def test_a_path_to_an_object_goes_through_public_names_and_indexes_only() -> None:
+    """The resolver's paths are code the user can paste: public attributes, list and dict items,
+    a Sequential's index; never a private attribute."""
+    from types import SimpleNamespace
+
+    from leafwatch.observe.discovery import paths_to
+
+    head, hidden = nn.Linear(2, 1), nn.Linear(2, 1)
+    opt = torch.optim.SGD(head.parameters(), lr=0.1)
+    net = SimpleNamespace(module_=nn.Sequential(nn.Linear(2, 2), head), optimizer_=opt, heads={"a": hidden})
+    net._private = SimpleNamespace(only=nn.Linear(2, 2))
+    found = paths_to([head, opt, hidden, net._private.only], {"net": net})
+    assert found == {id(head): "net.module_[1]", id(opt): "net.optimizer_", id(hidden): "net.heads['a']"}

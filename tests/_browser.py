@@ -3,6 +3,7 @@ in it: the error badges in view, and whether a screenshot shows them."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -133,3 +134,19 @@ BADGE_PIXELS = """(async (png, badges) => {
 def visible_badges(row: str) -> str:
     """The script that waits for the tab's grid row ``row`` and lists the error badges in view."""
     return _VISIBLE_BADGES.replace("%(row)s", row)
+
+
+def tab_screenshot(chromium: str, server: str, profile: Path, row: str) -> tuple[dict, bytes, list[float]]:
+    """The Leafwatch tab of ``server`` at 1400x900, once its grid row ``row`` is drawn: the error
+    badges in view (:func:`visible_badges`), the PNG, and the share of each badge's pixels in the
+    error colour."""
+    browser = DevTools(chromium, profile)
+    try:
+        browser.open(f"{server}/#leafwatch")
+        browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+        seen = browser.evaluate(visible_badges(row))
+        png = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
+        shares = browser.evaluate(f"{BADGE_PIXELS}({json.dumps(png)}, {json.dumps(seen['badges'])})")
+    finally:
+        browser.close()
+    return seen, base64.b64decode(png), shares

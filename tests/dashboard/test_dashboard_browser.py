@@ -5,15 +5,13 @@ Set ``LEAFWATCH_UPDATE_SCREENSHOT=1`` to refresh ``docs/leafwatch-tab.png`` from
 
 from __future__ import annotations
 
-import base64
-import json
 import struct
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from _browser import BADGE_PIXELS, DevTools, visible_badges
+from _browser import DevTools, tab_screenshot
 from _requirements import find_browser, require_browser
 from _tensorboard_runs import (
     BUGGY_CUT,
@@ -269,16 +267,7 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
 
 
 def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: str, tmp_path: Path) -> None:
-    browser = DevTools(CHROMIUM, tmp_path / "profile")
-    try:
-        browser.open(f"{server}/#leafwatch")
-        browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
-        seen = browser.evaluate(visible_badges("unused.weight"))
-        png = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
-        shares = browser.evaluate(f"{BADGE_PIXELS}({json.dumps(png)}, {json.dumps(seen['badges'])})")
-    finally:
-        browser.close()
-    data = base64.b64decode(png)
+    seen, data, shares = tab_screenshot(CHROMIUM, server, tmp_path / "profile", "unused.weight")
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)
     assert seen["ratio"] == 1 and seen["rows"] == 3 and seen["text"] is False

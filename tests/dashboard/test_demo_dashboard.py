@@ -8,9 +8,7 @@ adds the tab stands in.
 
 from __future__ import annotations
 
-import base64
 import importlib.metadata
-import json
 import os
 import shutil
 import struct
@@ -19,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _browser import BADGE_PIXELS, DevTools, visible_badges
+from _browser import tab_screenshot
 from _demo_run import DEMO_GROUP, DemoRun
 from _requirements import find_browser, require_browser
 from _tensorboard_runs import get_json, tensorboard_server, wait_for
@@ -92,16 +90,7 @@ def test_the_tab_screenshot_of_the_demo_run_shows_its_open_errors(demo_server: s
     """The README's picture: the tab on the demo's run, each open error's badge in view and drawn
     in the error colour. ``LEAFWATCH_UPDATE_SCREENSHOT=1`` writes it to docs/leafwatch-tab.png."""
     require_browser()
-    browser = DevTools(find_browser(), tmp_path / "profile")
-    try:
-        browser.open(f"{demo_server}/#leafwatch")
-        browser.call("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 900, "deviceScaleFactor": 1, "mobile": False})
-        seen = browser.evaluate(visible_badges("aux_head.weight"))
-        png = browser.call("Page.captureScreenshot", {"format": "png"})["data"]
-        shares = browser.evaluate(f"{BADGE_PIXELS}({json.dumps(png)}, {json.dumps(seen['badges'])})")
-    finally:
-        browser.close()
-    data = base64.b64decode(png)
+    seen, data, shares = tab_screenshot(find_browser(), demo_server, tmp_path / "profile", "aux_head.weight")
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (1400, 900)
     assert seen["text"] is False and seen["rows"] == 3  # one row per mistake: the head, the weight, the temperature
     assert {b["row"] for b in seen["badges"]} == {"aux_head", "loss_weight", "temperature"}, seen

@@ -71,8 +71,10 @@ def _prefixes(frameworks: bool, skip: tuple[str, ...]) -> tuple[str, ...]:
 def _is_under(frame: FrameType, prefixes: tuple[str, ...]) -> bool:
     filename = frame.f_code.co_filename
     if filename.startswith(prefixes):
-        # The script run as ``__main__`` is the user's wherever it lives.
-        return filename != getattr(sys.modules.get("__main__"), "__file__", None)
+        # The script run as ``__main__`` is the user's wherever it lives, and so is a notebook
+        # cell (IPython names it ``<ipython-input-…>``).
+        return filename != getattr(sys.modules.get("__main__"), "__file__", None) \
+            and not filename.startswith("<ipython-input")
     # A module imported through a relative sys.path entry has a relative co_filename.
     return not os.path.isabs(filename) and not filename.startswith("<") \
         and os.path.abspath(filename).startswith(prefixes)

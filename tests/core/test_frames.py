@@ -50,6 +50,9 @@ def test_installed_code_and_pseudo_files_are_never_the_users(tmp_path, monkeypat
     scope = {"skorch_like": skorch_like}
     exec(compile(caller.read_text(), str(caller), "exec"), scope)
     assert scope["found"] == str(caller) and scope["pseudo"] == str(caller)
+    # A notebook cell is the user's code, though IPython names it like a pseudo-file.
+    cell = "<ipython-input-3-0123456789ab>"
+    assert eval(compile("skorch_like.fit()", cell, "eval"), scope) == cell
     assert str(library) + os.sep in frames.installed_dirs()
 
 

@@ -314,6 +314,16 @@ def outside_module(name: str, inventory: Any) -> str | None:
     return None
 
 
+def trainable_params_code(code: str, module: nn.Module) -> str:
+    """The code for the tensors of ``module`` (reached by ``code``) an optimizer should get:
+    ``encoder.parameters()``, or its trainable ones only when it also holds frozen tensors (a
+    LoRA'd model, whose base an optimizer may hold already: ``add_param_group`` refuses a tensor
+    twice)."""
+    if any(not p.requires_grad for p in module.parameters()):
+        return f"[p for p in {code}.parameters() if p.requires_grad]"
+    return f"{code}.parameters()"
+
+
 def params_code(names: Sequence[str], model: Any = None, *, inventory: Any = None) -> str | None:
     """``[model.a, model.b]``, or ``model.encoder.parameters()`` when the module the user
     assigned holds exactly those tensors; None when a name cannot be spelled."""
@@ -543,7 +553,7 @@ def non_leaf(name: str, found: Any = None, *, location: str | None = None, tenso
 
 
 __all__ = [
-    "add_to_optimizer", "assigned_module", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
+    "add_to_optimizer", "assigned_module", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
     "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "params_code", "tensor_code",
     "variable_for",
 ]

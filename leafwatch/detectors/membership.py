@@ -266,8 +266,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
     if code:
-        params = f"[p for p in {code}.parameters() if p.requires_grad]" if chosen else f"{code}.parameters()"
-        add = fixes.add_to_optimizer(params, inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
+        add = fixes.add_to_optimizer(fixes.trainable_params_code(code, module), inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
                                      variable=optimizer or None, known=inv.variables, cache=inv.fix_names)  # type: ignore[union-attr]
         frozen = f"`{code}.requires_grad_(False)`"
     else:

@@ -208,13 +208,8 @@ def _add_fix(name: str, inv: Inventory | None) -> str:
     module = fixes.outside_module(name, inv)
     code = fixes.model_tensor_code(module, inv) if module else None
     if code is not None:
-        # A module that also holds frozen tensors (a LoRA'd model: the base an optimizer may
-        # hold already) gives its trainable ones only: add_param_group refuses a tensor twice.
-        held = inv.modules[module].parameters()  # type: ignore[index]
-        params = f"[p for p in {code}.parameters() if p.requires_grad]" if any(not p.requires_grad for p in held) \
-            else f"{code}.parameters()"
-        return fixes.add_to_optimizer(params, inv.optimizers, model=inv.model,
-                                      known=inv.variables, cache=inv.fix_names)
+        return fixes.add_to_optimizer(fixes.trainable_params_code(code, inv.modules[module]), inv.optimizers,
+                                      model=inv.model, known=inv.variables, cache=inv.fix_names)
     return fixes.give_to_optimizer([name], inv)
 
 

@@ -67,6 +67,19 @@ def _script_scope() -> dict[str, Any]:
     return dict(list(scope.items())[:_MAX_GLOBALS]) if isinstance(scope, dict) else {}
 
 
+def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
+    """Keep ``module`` in ``seen`` (id -> weak reference) until it is freed."""
+    key = id(module)
+
+    def forget(_: Any, key: int = key) -> None:
+        seen.pop(key, None)
+
+    try:
+        seen[key] = weakref.ref(module, forget)
+    except TypeError:  # a module class that refuses weak references
+        pass
+
+
 def _is_builtin(module: nn.Module) -> bool:
     return type(module).__module__.startswith("torch.")
 
@@ -172,15 +185,7 @@ class Discovery:
             self._remember(module)
 
     def _remember(self, module: nn.Module) -> None:
-        key = id(module)
-
-        def forget(_: Any, key: int = key) -> None:
-            self.seen.pop(key, None)
-
-        try:
-            self.seen[key] = weakref.ref(module, forget)
-        except TypeError:  # a module class that refuses weak references
-            pass
+        remember(self.seen, module)
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
@@ -412,12 +417,8 @@ class StepModules:
         return self._handle is not None
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        key = id(module)
-        if key not in self.seen:
-            try:
-                self.seen[key] = weakref.ref(module, lambda _, key=key: self.seen.pop(key, None))
-            except TypeError:  # a module class that refuses weak references
-                pass
+        if id(module) not in self.seen:
+            remember(self.seen, module)
 
     def update(self) -> dict[str, nn.Module] | None:
         """After a step: the roots to read (the model as ``""``, each extra module by its path)

@@ -22,7 +22,7 @@ from .detectors import ranks as _distributed
 from .observe import inventory, structure
 from . import watching
 from .detectors.checker import Checker
-from .observe.discovery import StepModules, user_scope
+from .observe.discovery import Discovery, user_scope
 from .sinks.console import NewFindingWarnings
 from .report.events import CheckEvent, Sinks
 from .report.findings import Finding, Report
@@ -346,7 +346,7 @@ class StepHooks:
         self._check = check
         self._handles: list[Any] = []
         self._closure_steps: set[int] = set()
-        self._modules: StepModules | None = None
+        self._modules: Discovery | None = None
         self._set_roots: Callable[..., None] = lambda roots, paths: None
         self._global = (structure.REGISTRATION_HOOKS, structure.STEP_HOOKS) if global_hooks else ()
         for hooks in self._global:
@@ -363,7 +363,7 @@ class StepHooks:
             self._handles.append(opt.register_step_pre_hook(self._before_step))
             self._handles.append(opt.register_step_post_hook(self._after_step))
         if isinstance(model, nn.Module) and set_roots is not None:
-            self._modules, self._set_roots = StepModules(model, user_scope), set_roots
+            self._modules, self._set_roots = Discovery(model, user_scope), set_roots
             self._modules.arm()
 
     def install_global(self) -> None:

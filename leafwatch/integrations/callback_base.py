@@ -32,7 +32,7 @@ from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
 from ..options import LeafwatchError, LeafwatchInternalWarning
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
-from ..observe.discovery import StepModules, user_scope
+from ..observe.discovery import Discovery, user_scope
 from ..observe.frames import stacklevel_outside
 from ..options import validate_bool, validate_ignore, validate_int
 
@@ -76,7 +76,7 @@ class CallbackBase:
         )
         self.monitor: Monitor | None = None
         #: The modules a step runs beyond the model (a loss module, a head the trainer owns).
-        self._step_modules: StepModules | None = None
+        self._step_modules: Discovery | None = None
         self._console: NewFindingWarnings | None = None
         self._pending_state: dict[str, Any] | None = None
         self._last_report: Report | None = None
@@ -126,7 +126,7 @@ class CallbackBase:
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
             if isinstance(model, nn.Module):
-                self._step_modules = StepModules(model, owners)
+                self._step_modules = Discovery(model, owners)
                 self._step_modules.arm()
         except Exception as error:  # never stop training for leafwatch
             self._close(print_table=False)

@@ -1,5 +1,8 @@
-"""What ``leafwatch run`` discovers of an unmodified script: the modules that run, the root modules
-among them, the optimizers the script holds (stepped or not), and its module-level tensors.
+"""What a training step runs, discovered as it runs, for every front-end (:class:`Discovery`).
+
+Under ``leafwatch run`` (an unmodified script): the modules that run, the root modules among
+them, the optimizers the script holds (stepped or not), and its module-level tensors. For a
+front-end given a model (the callbacks, an attached Monitor): the modules a step runs beyond it.
 
 - A global module forward pre-hook sees the modules that run; the *roots* among them (modules that
   are neither a submodule of another one that ran, nor kept in one of its plain lists, dicts or
@@ -88,6 +91,15 @@ def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
     return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
 
 
+def _tops(modules: list[nn.Module]) -> list[nn.Module]:
+    """The modules of ``modules`` that no other one of them holds (registered or in a container)."""
+    below: set[int] = set()
+    for module in modules:
+        if id(module) not in below:
+            below.update(id(m) for m in _contained_modules(module))
+    return [m for m in modules if id(m) not in below]
+
+
 def _contained_modules(module: nn.Module) -> list[nn.Module]:
     """Every module below ``module``: registered submodules and modules kept in plain containers
     (the walk :func:`leafwatch.observe.inventory.contained` does for orphans)."""
@@ -122,13 +134,29 @@ class _RootInfo:
 
 
 class Discovery:
-    """The modules, roots and optimizers of one ``leafwatch run``, found as the script runs.
+    """The modules a training step runs, found as it runs: one discovery for every front-end.
+
+    - ``leafwatch run`` (no ``model``): every root module the script trains, the optimizers it
+      holds (stepped or not), its module-level tensors; :meth:`step` at each optimizer step.
+    - A front-end given a ``model`` (the callbacks, an attached Monitor): the modules a step runs
+      beyond it, with a tensor that requires grad the model does not hold (sentence-transformers'
+      ``SoftmaxLoss`` held as ``trainer.loss``, a head a ``Trainer`` subclass owns, a module the
+      script keeps apart), each named by the user's path to it; :meth:`update` at each check.
+
+    A global module forward pre-hook records the modules that run (weakly) until the roots stayed
+    the same for :data:`STABLE_STEPS` updates; then it goes.
 
     Args:
-        on_roots: Called with the new named roots each time they change.
+        model: The model a front-end holds (its tensors are never extra), or None.
+        owners: Name -> object the user reaches modules through (``{"trainer": trainer}``),
+            called at each update; the script's module-level variables come after them.
+        on_roots: Called with the new named roots each time they change (``leafwatch run``).
     """
 
-    def __init__(self, on_roots: Callable[[dict[str, nn.Module]], None] | None = None) -> None:
+    def __init__(self, model: nn.Module | None = None, owners: Callable[[], dict[str, Any]] | None = None,
+                 on_roots: Callable[[dict[str, nn.Module]], None] | None = None) -> None:
+        self._model = weakref.ref(model) if model is not None else None
+        self.owners = owners or dict
         self.on_roots = on_roots
         #: Optimizer steps seen, all optimizers together.
         self.steps = 0
@@ -144,6 +172,7 @@ class Discovery:
         self._opt_keys: dict[int, tuple[int, ...]] = {}
         self._roots: dict[str, nn.Module] = {}
         self._roots_key: tuple[int, ...] = ()
+        self._paths: dict[int, str] = {}
         self._owned: set[int] = set()
         self._accepted_unknown: set[int] = set()
         self._stable = 0
@@ -178,17 +207,63 @@ class Discovery:
         """The named root modules found so far (a copy)."""
         return dict(self._roots)
 
+    def paths(self) -> dict[int, str]:
+        """Module id -> the user's code for each extra module a path reaches (``trainer.loss``)."""
+        return dict(self._paths)
+
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         if module._parameters:  # a module with parameters of its own ran through module(x)
             self.saw_forward = True
         if id(module) not in self.seen:
-            self._remember(module)
-
-    def _remember(self, module: nn.Module) -> None:
-        remember(self.seen, module)
+            remember(self.seen, module)
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
+
+    def _new_roots(self, tops: list[nn.Module]) -> bool:
+        """Count a stable update, or take ``tops`` as the roots when they changed (True)."""
+        key = tuple(id(m) for m in tops)
+        if key == self._roots_key:
+            self._stable += 1
+            return False
+        self._stable, self._roots_key = 0, key
+        return True
+
+    # -- a front-end's check ---------------------------------------------------------------------
+    def update(self) -> dict[str, nn.Module] | None:
+        """Before a front-end's check: the roots to read (the model as ``""``, each extra module
+        by its path) when the extra modules changed, else None. A failure here never reaches the
+        training loop: it is warned once, and the extra modules are no longer read."""
+        try:
+            return self._update()
+        except Exception as error:
+            self.disarm()
+            warnings.warn(f"leafwatch: reading the modules a step runs beyond the model failed "
+                          f"({type(error).__name__}: {error}); training goes on, they are not checked.",
+                          LeafwatchInternalWarning, stacklevel=2)
+            return None
+
+    def _update(self) -> dict[str, nn.Module] | None:
+        model = self._model() if self._model is not None else None
+        if model is None or not self.armed:
+            return None
+        inside = {id(p) for p in model.parameters()}
+        held = {id(model), *(id(m) for m in _contained_modules(model))}
+        extras = [m for m in self.modules_seen() if id(m) not in held
+                  and any(p.requires_grad and id(p) not in inside for p in m.parameters())]
+        tops = _tops(extras)
+        if not self._new_roots(tops):
+            if self._stable >= STABLE_STEPS:
+                self.disarm()
+            return None
+        names = self._paths = paths_to(tops, {**self.owners(), **_script_scope()})
+        self._roots = {"": model}
+        for m in tops:  # a module no path reaches: its class name, as leafwatch run names roots
+            name = names.get(id(m)) or type(m).__name__
+            while name in self._roots:
+                name += "_"
+            self._roots[name] = m
+        return self.roots
 
     # -- an optimizer step -----------------------------------------------------------------------
     def step(self, optimizer: torch.optim.Optimizer, *, checked: bool) -> tuple[int, bool]:
@@ -229,7 +304,7 @@ class Discovery:
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):
-                        self._remember(value)
+                        remember(self.seen, value)
 
     def find_optimizers(self) -> None:
         """Remember the optimizers the script holds in the calling frames, stepped or not (in a
@@ -283,15 +358,6 @@ class Discovery:
         return dict(self._variables)
 
     # -- roots -----------------------------------------------------------------------------------
-    def _candidate_roots(self) -> list[nn.Module]:
-        seen = self.modules_seen()
-        contained: set[int] = set()
-        for module in seen:
-            if id(module) in contained:
-                continue
-            contained.update(id(m) for m in _contained_modules(module))
-        return [m for m in seen if id(m) not in contained]
-
     def update_roots(self, checked: bool = True) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         self._update_roots(checked)
@@ -301,7 +367,7 @@ class Discovery:
         # whose optimizer never steps is judged (named at the end of the run).
         in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
         kept: list[_RootInfo] = []
-        for module in self._candidate_roots():
+        for module in _tops(self.modules_seen()):
             if _is_builtin(module) and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
             info = _RootInfo(module)
@@ -316,13 +382,8 @@ class Discovery:
                 kept.append(info)
             # A module none of whose tensors any optimizer holds and that gets no gradient (an EMA
             # copy, a teacher, a target network, a frozen backbone) is not judged.
-        key = tuple(id(i.module) for i in kept)
         owned = set().union(*(i.owned for i in kept)) if kept else set()
-        if key == self._roots_key:
-            self._stable += 1
-        else:
-            self._stable = 0
-            self._roots_key = key
+        if self._new_roots([i.module for i in kept]):
             self._roots = inventory.name_roots([i.module for i in kept], self.script_variables())
             if self.on_roots is not None:
                 self.on_roots(dict(self._roots))  # rebuilt at the next check
@@ -372,92 +433,6 @@ def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:
     except Exception:
         return None
     return inner if isinstance(inner, torch.optim.Optimizer) and not deepspeed else None
-
-
-# -- the modules a step runs beyond a known model (the callbacks, an attached Monitor) ------------
-class StepModules:
-    """The modules a training step runs beyond the model a front-end was given: a loss module that
-    owns a classifier (sentence-transformers' ``SoftmaxLoss``, held as ``trainer.loss``), a head
-    a ``Trainer`` subclass owns, a module the script keeps apart. Only modules with a tensor that
-    requires grad and that the model does not hold count; each is named by the user's path to it.
-
-    A global module forward pre-hook records the modules that run (weakly), until the extra
-    modules stayed the same for :data:`STABLE_STEPS` updates; then it goes.
-
-    Args:
-        model: The model the front-end holds (its tensors are never extra).
-        owners: Called at each update: name -> object the user reaches modules through
-            (``{"trainer": trainer}``); the script's module-level variables come after them.
-    """
-
-    def __init__(self, model: nn.Module, owners: Callable[[], dict[str, Any]]) -> None:
-        self._model = weakref.ref(model)
-        self.owners = owners
-        self.seen: dict[int, weakref.ReferenceType] = {}
-        self._handle: Any = None
-        self._key: tuple[int, ...] = ()
-        self._stable = 0
-        self._paths: dict[int, str] = {}
-
-    def paths(self) -> dict[int, str]:
-        """Module id -> the user's code for each extra module a path reaches (``trainer.loss``)."""
-        return dict(self._paths)
-
-    def arm(self) -> None:
-        if self._handle is None:
-            self._handle = torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward_pre)
-
-    def disarm(self) -> None:
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-
-    @property
-    def armed(self) -> bool:
-        return self._handle is not None
-
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if id(module) not in self.seen:
-            remember(self.seen, module)
-
-    def update(self) -> dict[str, nn.Module] | None:
-        """After a step: the roots to read (the model as ``""``, each extra module by its path)
-        when the extra modules changed, else None. A failure here never reaches the training
-        loop: it is warned once, and the extra modules are no longer read."""
-        try:
-            return self._update()
-        except Exception as error:
-            self.disarm()
-            warnings.warn(f"leafwatch: reading the modules a step runs beyond the model failed "
-                          f"({type(error).__name__}: {error}); training goes on, they are not checked.",
-                          LeafwatchInternalWarning, stacklevel=2)
-            return None
-
-    def _update(self) -> dict[str, nn.Module] | None:
-        model = self._model()
-        if model is None or not self.armed:
-            return None
-        inside = {id(p) for p in model.parameters()}
-        held = {id(model), *(id(m) for m in _contained_modules(model))}
-        extras = [m for m in (ref() for ref in list(self.seen.values())) if m is not None and id(m) not in held
-                  and any(p.requires_grad and id(p) not in inside for p in m.parameters())]
-        below = {id(s) for m in extras for s in _contained_modules(m)}
-        tops = [m for m in extras if id(m) not in below]
-        key = tuple(sorted(id(m) for m in tops))
-        if key == self._key:
-            self._stable += 1
-            if self._stable >= STABLE_STEPS:
-                self.disarm()
-            return None
-        self._key, self._stable = key, 0
-        names = self._paths = paths_to(tops, {**self.owners(), **_script_scope()})
-        roots: dict[str, nn.Module] = {"": model}
-        for m in tops:  # a module no path reaches: its class name, as leafwatch run names roots
-            name = names.get(id(m)) or type(m).__name__
-            while name in roots:
-                name += "_"
-            roots[name] = m
-        return roots
 
 
 def paths_to(modules: list[nn.Module], owners: dict[str, Any], depth: int = 3) -> dict[int, str]:

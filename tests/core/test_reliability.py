@@ -1005,13 +1005,13 @@ def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounde
 
 
 def test_a_failure_reading_the_modules_beyond_the_model_warns_once_and_training_goes_on() -> None:
-    from leafwatch.observe.discovery import StepModules
+    from leafwatch.observe.discovery import Discovery
 
     def broken_owners() -> dict:
         raise RuntimeError("an owner that cannot be read")
 
     model, head = nn.Linear(2, 2), nn.Linear(2, 1)
-    modules = StepModules(model, broken_owners)
+    modules = Discovery(model, broken_owners)
     modules.arm()
     head(model(torch.ones(1, 2))).sum().backward()  # `head` runs beyond the model: its path is asked
     with pytest.warns(leafwatch.LeafwatchInternalWarning, match="an owner that cannot be read"):

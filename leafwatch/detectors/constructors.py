@@ -77,20 +77,6 @@ def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: 
         tensor=t, step=step, reason="requires_grad_false", **details)
 
 
-def tensor_findings(tensors: Mapping[str, torch.Tensor], step: int | None,
-                    inventory: Inventory | None = None, watched: Iterable[WatchEntry] = ()) -> list[Finding]:
-    """Findings for tensors handed to ``audit(tensors=...)``: non-leaf or no gradient."""
-    out = []
-    for name, t in tensors.items():
-        if not t.is_leaf:
-            out.append(non_leaf(name, t, step=step, inventory=inventory, watched=watched))
-        elif not t.requires_grad:
-            out.append(not_requiring_grad(name, t, step))
-        elif t.grad is None:
-            out.append(missing_grad(name, t, step=step, explanation=None))
-    return out
-
-
 def watched_findings(entries: Iterable[WatchEntry], step: int | None,
                      got_grad: Mapping[str, bool], inventory: Inventory | None = None) -> list[Finding]:
     """Findings for tensors flagged with ``watch()``; ``got_grad`` says which saw a gradient."""

@@ -243,10 +243,6 @@ class Gatherer:
             self._use = UseTracker(params)
 
     @property
-    def is_zero(self) -> bool:
-        return self.rank == 0
-
-    @property
     def runs_sinks(self) -> bool:
         """Rank zero logs the merged findings; once gathering failed, every rank logs its own."""
         return self.rank == 0 or self._disabled

@@ -371,16 +371,6 @@ class Inventory:
             return True
         return any(id(leaf) in self.tensors for leaf in leaves)
 
-    # -- the optimizers ----------------------------------------------------------------------
-    def foreign_optimizer_tensors(self) -> list[tuple[int, torch.Tensor]]:
-        """Tensors an optimizer holds that the model does not register, with the optimizer index."""
-        out = []
-        for i, ps in enumerate(self.optimizer_params):
-            for p in ps:
-                if id(p) not in self.tensors:
-                    out.append((i, p))
-        return out
-
 
 _OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"
 #: What error messages add about wrappers.

@@ -305,11 +305,6 @@ class StructureCache:
         """Rebuild at the next :meth:`refresh`."""
         self._fingerprint = None
 
-    def lists_for(self, optimizer: torch.optim.Optimizer | None) -> list[CheckList]:
-        if optimizer is None:
-            return self.all_lists
-        return [self.lists[self.optimizer_index(optimizer)]]
-
     def joined_names(self, lists: list[CheckList]) -> tuple[str, ...]:
         """The names of several lists, one tuple kept (same identity) until the lists change."""
         if len(lists) == 1:

@@ -39,7 +39,6 @@ class RunRecord:
     grad_disabled: bool = False
     in_checkpoint: bool = False
     output_requires_grad: bool = False
-    inputs_require_grad: bool = False
     backward_reached: bool = False
     order: int = -1
     output_storage: int = 0
@@ -72,10 +71,6 @@ def _first_tensor(value: Any, depth: int = 0, requires_grad: bool = True) -> tor
         if found is not None:
             return found
     return None
-
-
-def _inputs_require_grad(args: tuple[Any, ...]) -> bool:
-    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _storage(t: torch.Tensor) -> int:
@@ -320,8 +315,6 @@ class Tracer:
             else:
                 record.grad_disabled = True
                 record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
-            if _inputs_require_grad(args):
-                record.inputs_require_grad = True
             with_grad = {_storage(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad}
             if with_grad:
                 record.grad_inputs = record.grad_inputs | with_grad

@@ -93,11 +93,6 @@ def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack(norms)
 
 
-def _norms_finite(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """A bool vector: which tensors are all finite (one fused max-abs norm)."""
-    return torch.isfinite(_norms(tensors))
-
-
 def _flags(tensors: list[torch.Tensor]) -> torch.Tensor:
     """Per tensor, from its max-abs norm: 1 when not finite, 2 when exactly zero, else 0."""
     norms = _norms(tensors)

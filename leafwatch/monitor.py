@@ -119,7 +119,7 @@ class Monitor:
         self.verbose = verbose
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
-                                warn=self._warn, on_skipped=self.check)
+                                warn=self._warn, request_check=self.check)
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated

@@ -28,6 +28,7 @@ from .membership import MembershipJudge
 from .values import GradientValues
 from .watched import WatchedTracker
 from ..observe.diagnostics import Diagnostics
+from ..observe.loop import ArrivalHooks, StepSentinels
 from ..report.events import CheckEvent
 from ..report.findings import Report
 from ..report.history import FindingHistory
@@ -49,7 +50,7 @@ class Checker:
         diagnose: Whether forward hooks explain missing gradients.
         check_values_every_n_steps: The NaN/Inf check's cadence (0: off).
         warn: Warns once per internal failure.
-        on_skipped: Asked to check an optimizer that skipped many steps unchecked.
+        request_check: Asked to check an optimizer that skipped many steps unchecked.
     """
 
     def _trainable_names(self) -> tuple[str, ...]:
@@ -65,7 +66,7 @@ class Checker:
 
     def __init__(self, structure_: structure.StructureCache, history: FindingHistory, watches: watching.WatchSet, *,
                  patience: int, diagnose: bool, check_values_every_n_steps: int, warn: WarnOnce,
-                 on_skipped: Callable[[torch.optim.Optimizer], Any]) -> None:
+                 request_check: Callable[[torch.optim.Optimizer], Any]) -> None:
         self.structure = structure_
         self.history_store = history
         self.watches = watches
@@ -81,8 +82,9 @@ class Checker:
         self._membership = MembershipJudge(view, lambda: self.checks)
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self._loss_leaves = outside.LossLeaves()
-        self._loop = stepping.LoopWatch(view, on_skipped, lambda: self.step, warn)
-        self.diagnostics = Diagnostics(structure_, self._grads, self._loop, diagnose, warn)
+        self._loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
+            lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
+        self.diagnostics = Diagnostics(structure_, self._grads, loop, diagnose, warn)
         self._tracer = self.diagnostics.tracer
         self._ignore_checked = False
         self._names: tuple[str, ...] = ()
@@ -208,7 +210,7 @@ class Checker:
             **self.diagnostics.stats(),
             "watch_counts": self._watched.sizes(),
             **self.values.stats(),
-            "step_watches": len(self._loop.skips),
+            "step_watches": len(self._loop.sentinels.seen),
             "loss_graph_walks": self._loss_leaves.walks,
         }
 
@@ -256,7 +258,7 @@ class Checker:
                 and all(f.key != sharded.key for f in shown):
             out.append(Verdict.open(sharded))
         self._grads.apply_restored(inv.known_names())
-        self._loop.skips.track(self.structure.optimizers, self.structure.lists, self.structure.stale_ids)
+        self._loop.sentinels.track(self.structure.optimizers, self.structure.lists, self.structure.stale_ids)
         if self.history_store.ignore and not self._ignore_checked:
             self._ignore_checked = True
             names = inv.all_names() | {e.name for e in self._watch_entries()}
@@ -292,11 +294,10 @@ class Checker:
             missing = [i for i, p in enumerate(clist.params) if p.grad is None]
             clist.checks += 1
             if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
-                missing, found = loop.judge(clist, missing, key, self.step,
-                                            cache.optimizers[key] if key is not None else None)
+                missing, found = loop.judge(clist, missing, key, self.step, cache.optimizers)
                 out = found if out is None else out + found
             if key is not None and (clist.checks % stepping.LR_READ_EVERY == 0 or clist.checks == 1
-                                    or loop.skips.alert):  # the loop watch has work to do
+                                    or loop.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
                 force, found = loop.about_to_step(cache.optimizers[key], key, clist, self.step, cache.inventory)
                 state.force_values |= force
                 out = found if out is None else out + found

@@ -24,7 +24,7 @@ class Diagnostics:
         structure_: The structure cache (the modules, the tensors, the check lists).
         grads: The gradient tracker (which tensors miss now, and when that changes); it is read,
             never imported (observe/ knows nothing of the detectors).
-        loop: The loop watch (its arrival hooks follow the misses and the cleared gradients).
+        loop: The loop watch, read the same way (its arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
         warn: Warns once per internal failure.
     """
@@ -69,13 +69,15 @@ class Diagnostics:
                 self._retargeted = retarget
                 missing_ids = grads.missing_ids(cache.lists.values())
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
-                loop.rearm(missing_ids, cache.inventory.tensors, retarget[2])
+                tensors = cache.inventory.tensors
+                loop.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})
         tracer.end_check(check.index, len(cache.optimizers))
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""
         self.tracer.disarm()
-        self.loop.close()
+        self.loop.arrivals.disarm()
+        self.loop.sentinels.close()
 
     def stats(self) -> dict[str, int]:
         records = self.tracer.records

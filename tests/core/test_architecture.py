@@ -161,7 +161,8 @@ def _wrong_way(graph: dict[str, set[str]]) -> dict[str, list[str]]:
 
 def test_imports_run_one_way_from_observe_to_the_sinks() -> None:
     graph = _import_graph()
-    assert {"leafwatch.observe.tracing", "leafwatch.detectors.causes", "leafwatch.sinks.console"} <= set(graph)
+    assert {"leafwatch.observe.tracing", "leafwatch.observe.loop", "leafwatch.detectors.causes",
+            "leafwatch.sinks.console"} <= set(graph)
     assert _wrong_way(graph) == {}
 
 
@@ -178,6 +179,21 @@ def test_the_one_way_check_finds_an_import_against_the_flow() -> None:
         "leafwatch.observe.tracing": ["leafwatch.detectors.fixes"],
         "leafwatch.detectors.fixes": ["leafwatch.sinks.console"],
     }
+
+
+def _installs_hooks(tree: ast.Module) -> bool:
+    """Whether a module registers a torch hook on a tensor or a module, or queues an autograd callback."""
+    return any(isinstance(node, ast.Attribute) and node.attr in (
+        "register_hook", "register_post_accumulate_grad_hook", "register_forward_hook", "register_forward_pre_hook",
+        "register_full_backward_hook", "queue_callback") for node in ast.walk(tree))
+
+
+def test_every_hook_a_check_reads_is_installed_in_observe_and_no_detector_installs_one() -> None:
+    """observe/ holds the hooks and what they record (the loop hooks included: a skipped step's
+    check is asked for through the ``request_check`` their owner injects); detectors read the records."""
+    hooking = {_module_name(p) for p in PACKAGE.rglob("*.py") if _installs_hooks(ast.parse(p.read_text()))}
+    assert {"leafwatch.observe.loop", "leafwatch.observe.tracing"} <= hooking  # the scan sees a hook
+    assert sorted(m for m in hooking if m.startswith("leafwatch.detectors")) == []
 
 
 #: The top level holds the public entry points only; everything else lives in a package.

@@ -23,6 +23,8 @@ from torch import nn
 
 import leafwatch
 from leafwatch.detectors import loop as stepping
+from leafwatch.observe.loop import StepSentinels
+from leafwatch.observe.structure import CheckList
 
 REPO = Path(__file__).resolve().parents[2]
 CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
@@ -384,6 +386,44 @@ def test_the_skipped_steps_reach_the_sinks_with_attach_though_no_step_is_taken()
                            3 + stepping.SKIPPED_AFTER + 5, nonfinite_from=3)
     assert any(e.report.by_kind("no_update") for e in events)
     monitor.close()
+
+
+def test_the_skipped_step_hook_asks_for_its_check_through_the_request_check_it_is_given():
+    """The loop hooks know no Monitor: a GradScaler's skipped steps reach the callable their owner
+    injects, at every backward pass once :data:`SKIPPED_AFTER` were skipped with no other check,
+    until a real step ends the run."""
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    params = list(model.parameters())
+    asked, checks = [], [0]
+
+    def request_check(optimizer):  # as a Monitor's check, it moves the step
+        asked.append(optimizer)
+        checks[0] += 1
+
+    def failed(where, error):
+        raise AssertionError(f"{where}: {error}")
+
+    sentinels = StepSentinels(request_check, lambda: checks[0], failed)
+    sentinels.track([opt], {0: CheckList(params, ("a", "b", "c", "d"), [None] * 4, frozenset(map(id, params)))})
+    for step in range(stepping.SKIPPED_AFTER + 3):
+        opt.zero_grad(set_to_none=True)
+        x = _batch()
+        x[0, 0] = float("nan")
+        scaler.scale(model(x).pow(2).mean()).backward()
+        assert len(asked) == max(0, step - stepping.SKIPPED_AFTER + 1), step
+        scaler.step(opt)
+        scaler.update()
+    assert all(o is opt for o in asked) and sentinels.alert == {id(opt)}
+    for _ in range(2):  # finite gradients: the scaler steps, and the next backward pass sees it
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(model(_batch()).pow(2).mean()).backward()
+        scaler.step(opt)
+        scaler.update()
+    assert sentinels.alert == set() and sentinels.seen[id(opt)].skipped == 0
+    sentinels.close()
+    assert sentinels.seen == {}
 
 
 @pytest.mark.parametrize(("monitor_of",), [(_attached,)])

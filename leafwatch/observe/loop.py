@@ -1,0 +1,164 @@
+"""The loop hooks: what the training loop did with the gradients between backward and step.
+
+:class:`ArrivalHooks` records which tensors got a gradient in backward; :class:`StepSentinels`
+counts per optimizer the steps skipped in a row, and where no step hook fires asks for a check
+through the ``request_check`` callable its owner injects. Nothing here judges (``detectors/loop.py`` does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .structure import CheckList
+
+#: An optimizer that skipped this many steps in a row is looked at (a few at the start are the
+#: GradScaler finding its scale: 2**16 halves to 1 in 16 steps).
+SKIPPED_AFTER = 30
+
+
+class ArrivalHooks:
+    """Post-accumulate-grad hooks on chosen tensors: which got a gradient in backward since last read
+    (a ``.grad`` None at a check then tells "backward never reached it" from "the loop cleared it").
+
+    The hooks hold only the tensor's id: nothing of the user's is kept alive.
+    """
+
+    def __init__(self) -> None:
+        self.arrived: set[int] = set()
+        self.handles: dict[int, Any] = {}
+
+    def arm(self, tensors: Iterable[torch.Tensor]) -> None:
+        for t in tensors:
+            pid = id(t)
+            if pid in self.handles or not (t.requires_grad and t.is_leaf) or torch.nn.parameter.is_lazy(t):
+                continue  # a lazy parameter takes no hook before its first forward
+            try:
+                self.handles[pid] = t.register_post_accumulate_grad_hook(self._make_hook(pid))
+            except (RuntimeError, AttributeError):  # a tensor subclass that refuses the hook
+                pass
+
+    def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
+        def arrived(t: torch.Tensor) -> None:
+            # torch calls the hook when backward passed None too (a custom autograd.Function
+            # returning None for this input): no gradient arrived then.
+            if t.grad is not None:
+                self.arrived.add(pid)
+
+        return arrived
+
+    def retarget(self, wanted: Mapping[int, torch.Tensor]) -> None:
+        """Keep hooks on exactly the tensors ``wanted`` (by id)."""
+        self.disarm([pid for pid in self.handles if pid not in wanted])
+        self.arm(t for pid, t in wanted.items() if pid not in self.handles)
+
+    def disarm(self, ids: Iterable[int] | None = None) -> None:
+        for pid in list(self.handles) if ids is None else list(ids):
+            handle = self.handles.pop(pid, None)
+            if handle is not None:
+                handle.remove()
+        if ids is None:
+            self.arrived.clear()
+
+    def take(self, ids: frozenset[int]) -> set[int]:
+        """The tensors among ``ids`` whose gradient arrived since the last take (then forgotten)."""
+        got = self.arrived & ids
+        if got:
+            self.arrived -= got
+        return got
+
+
+@dataclasses.dataclass
+class Skipping:
+    """What the sentinel of one optimizer saw."""
+
+    handle: Any  # the tensor hook on the sentinel
+    sentinel: int  # id of the tensor whose hook counts the backward passes
+    version: int = -1  # the sentinel's ``_version`` at the start of the last backward pass
+    skipped: int = 0  # backward passes in a row that started from a cleared gradient, the sentinel unchanged
+    skipping_since: int = 0  # the step when the skipping began
+    asked_step: int = -1  # the step that a check asked for will have
+
+
+class StepSentinels:
+    """Per optimizer (by id), the steps skipped in a row: a tensor hook on one tensor it holds (the
+    sentinel) fires in every backward pass; a pass that starts from a cleared ``.grad`` with the
+    sentinel's ``_version`` unchanged since the last one followed no step (a step updates its tensors
+    in place). No optimizer hook is needed, and none is registered from inside one.
+
+    Args:
+        request_check: Called with the optimizer at the end of a backward pass when it has skipped
+            :data:`SKIPPED_AFTER` steps and nothing checked it since the skipping began.
+        step_of: The step now (it moves at every check).
+        on_error: Told of a failure inside a hook (which never stops the user's backward pass).
+    """
+
+    def __init__(self, request_check: Callable[[torch.optim.Optimizer], Any], step_of: Callable[[], int],
+                 on_error: Callable[[str, BaseException], None]) -> None:
+        self.request_check = request_check
+        self.step_of = step_of
+        self.on_error = on_error
+        self.seen: dict[int, Skipping] = {}
+        #: Optimizers (by id) that skipped :data:`SKIPPED_AFTER` steps or more in a row.
+        self.alert: set[int] = set()
+
+    def track(self, optimizers: list[torch.optim.Optimizer], lists: Mapping[int | None, CheckList],
+              leftovers: frozenset[int] = frozenset()) -> None:
+        """Hook a sentinel for each optimizer not hooked yet, or whose sentinel left it or became
+        one of the ``leftovers`` (old tensors the model no longer uses: no backward reaches them)."""
+        for i, opt in enumerate(optimizers):
+            clist = lists.get(i)
+            state = self.seen.get(id(opt))
+            if clist is None or (state is not None and state.sentinel in clist.ids and state.sentinel not in leftovers):
+                continue
+            if state is not None:
+                self.seen.pop(id(opt)).handle.remove()
+                self.alert.discard(id(opt))
+            sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf and id(p) not in leftovers
+                             and not torch.nn.parameter.is_lazy(p)), None)
+            if sentinel is not None:
+                self.seen[id(opt)] = self._hook_sentinel(opt, sentinel)
+
+    def _hook_sentinel(self, opt: torch.optim.Optimizer, sentinel: torch.Tensor) -> Skipping:
+        tensor_ref, opt_ref, key = weakref.ref(sentinel), weakref.ref(opt), id(opt)
+        state = Skipping(None, id(sentinel))
+
+        def counted(grad: torch.Tensor) -> None:
+            t = tensor_ref()
+            if t is None or t.grad is not None:
+                return  # a second backward into the same gradients (accumulation)
+            version = t._version
+            if version == state.version:
+                state.skipped += 1
+                if state.skipped == 1:
+                    state.skipping_since = self.step_of()
+            else:
+                state.skipped = 0
+                self.alert.discard(key)
+            state.version = version
+            if state.skipped < SKIPPED_AFTER:
+                return
+            self.alert.add(key)
+            if self.step_of() in (state.skipping_since, state.asked_step):
+                # No check but the ones asked for came (attach(), `leafwatch run`): ask for one.
+                state.asked_step = self.step_of() + 1
+                optimizer = opt_ref()
+                try:
+                    if optimizer is not None:
+                        torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
+                            lambda: self.request_check(optimizer))
+                except Exception as error:  # inside the user's backward: never stop it
+                    self.on_error("the skipped-step hook", error)
+
+        state.handle = sentinel.register_hook(counted)
+        return state
+
+    def close(self) -> None:
+        for state in self.seen.values():
+            state.handle.remove()
+        self.seen.clear()
+        self.alert.clear()

@@ -14,12 +14,12 @@ from torch import nn
 
 from .observe import inventory
 from . import watching
-from .detectors import constructors as checks
+from .detectors.gradients import no_gradient_at_all
+from .detectors.pipeline import Part
 from .report.events import CheckEvent
-from .report.findings import Finding, Kind, Report
+from .report.findings import Report
 from .monitor import Monitor
 from .options import got, validate_ignore
-from .report.findings import apply_ignore
 
 
 def audit(
@@ -63,20 +63,15 @@ def audit(
     """
     model, opts, named, ignore_map = _arguments(model, optimizers, tensors, loss, ignore, check_values)
     # The one check pipeline, run once: a fresh Monitor carries nothing from one call to the next.
-    events: list[CheckEvent] = []
     # Local to this process: one rank's audit() call must never wait for the other ranks.
     monitor = _OneCheck(model, opts, tensors=named or None, ignore=ignore_map or None, diagnose=False,
                         verbose=False, check_values_every_n_steps=1 if check_values else 0,
-                        sinks=[events.append], distributed=False)
+                        distributed=False, loss_given=loss is not None)
     try:
         monitor.check(loss=loss, step=step if step is not None else 1)
     finally:
         report = monitor.close()
-    findings = report.tensors()
-    missing = [f for f in findings if f.kind == Kind.MISSING_GRAD]
-    if loss is None and len(missing) > 1 and events and events[-1].coverage == 0.0:
-        findings = _no_gradient_at_all(findings, missing, ignore_map, step, opts)
-    return Report(findings, step=step, nothing_to_check=report.nothing_to_check)
+    return Report(report.tensors(), step=step, nothing_to_check=report.nothing_to_check)
 
 
 def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any, check_values: Any
@@ -102,12 +97,10 @@ class _OneCheck(Monitor):
     _goes_on = "audit() reports everything else (the report has an `incomplete` finding)."
     _observes = False  # no global hook: nothing an audit() call sees changes a later verdict
 
-
-def _no_gradient_at_all(findings: list[Finding], missing: list[Finding], ignore: Mapping[str, str],
-                        step: int | None, optimizers: Sequence[Any] = ()) -> list[Finding]:
-    """audit()'s one difference from a Monitor's first check (docs/architecture.md): with neither
-    the loss nor forward hooks, a moment where no checked tensor has a gradient is one finding that
-    says so (the check ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
-    names = [n for f in missing for n in (f.name, *f.aliases)]
-    rest = [f for f in findings if f.kind != Kind.MISSING_GRAD]
-    return [*rest, *apply_ignore([checks.no_grad_at_all(names, step=step, optimizers=optimizers)], ignore)]
+    def __init__(self, *args: Any, loss_given: bool, **kwargs: Any) -> None:
+        events: list[CheckEvent] = []
+        super().__init__(*args, sinks=[events.append], **kwargs)
+        if not loss_given:  # (with the loss, its graph names the cause of each miss)
+            history, opts = self._checker.history_store, self.structure.optimizers
+            self._checker.closing += (Part("the no-gradient-at-all check", lambda _: no_gradient_at_all(
+                events[-1].coverage if events else None, history, opts)),)

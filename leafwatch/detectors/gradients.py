@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 import torch
 
 from ..observe import changes as evidence, cuts, graph, inventory, tracing
-from ..report.findings import Finding, Severity, Status
+from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
@@ -370,3 +370,17 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
         message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
         "it stopped training.",
         details={**f.details, "stalled_for": streak})
+
+
+def no_gradient_at_all(coverage: float | None, findings: FindingsView,
+                       optimizers: list[torch.optim.Optimizer]) -> Verdicts | None:
+    """``audit()``'s closing part (docs/architecture.md): with neither the loss nor forward hooks, a
+    check where no checked tensor had a gradient (``coverage`` 0) is one finding that says so (it
+    ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
+    missing = [f for f in findings if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
+    if coverage != 0.0 or len(missing) < 2:
+        return None
+    names = [n for f in missing for n in (f.name, *f.aliases)]
+    step = missing[0].last_step
+    return [*(Verdict.merge(f.key) for f in missing),
+            Verdict.open(checks.no_grad_at_all(names, step=step, optimizers=optimizers))]

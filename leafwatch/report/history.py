@@ -127,6 +127,8 @@ class FindingHistory(FindingsView):
                 self._confirm(v.key, **(v.changes or {}))
             elif action is Action.DROP:
                 self._drop(v.key)
+            elif action is Action.MERGE:
+                self._drop(v.key, Status.OPEN)
             elif action is Action.SET:
                 self._put(v.finding)  # type: ignore[arg-type]
             elif action is Action.COUNT:
@@ -193,10 +195,11 @@ class FindingHistory(FindingsView):
         if old is not None and old.status == Status.PENDING:
             self._put(old.replace(status=Status.OPEN, **changes))
 
-    def _drop(self, key: tuple[str, str]) -> None:
-        """Forget a pending finding: the evidence says it was intended."""
+    def _drop(self, key: tuple[str, str], status: Status = Status.PENDING) -> None:
+        """Forget a pending finding (the evidence says it was intended), or an open one another
+        finding speaks for (``status``)."""
         old = self._records.get(key)
-        if old is not None and old.status == Status.PENDING:
+        if old is not None and old.status == status:
             del self._records[key]
             self._changed()
 

@@ -16,6 +16,7 @@ The verbs:
            finding already shown
 ``confirm`` a held suspicion the evidence confirmed: shown, with ``changes`` (a better cause)
 ``drop``   a held suspicion the evidence dropped: forgotten, never shown
+``merge``  findings of one check that one finding speaks for: forgotten (audit()'s "no gradient at all")
 ``resolve`` an open finding that no longer holds: shown as resolved at ``step``
 ``set``    a finding replaced as it is (a status or text decided outside the usual merge)
 ``count``  a finding's step and counts brought up to date: no change a user would see
@@ -40,6 +41,7 @@ class Action(_WordEnum):
     HOLD = "hold"
     CONFIRM = "confirm"
     DROP = "drop"
+    MERGE = "merge"
     RESOLVE = "resolve"
     SET = "set"
     COUNT = "count"
@@ -73,6 +75,10 @@ class Verdict:
     @classmethod
     def drop(cls, key: tuple[str, str]) -> Verdict:
         return cls(Action.DROP, key)
+
+    @classmethod
+    def merge(cls, key: tuple[str, str]) -> Verdict:
+        return cls(Action.MERGE, key)
 
     @classmethod
     def resolve(cls, key: tuple[str, str], step: int | None) -> Verdict:

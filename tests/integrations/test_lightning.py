@@ -436,7 +436,7 @@ def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
         t.fit(model, loader())
     ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
     assert sorted(str(w.message) for w in ours) == [  # one mistake, one line listing its tensors
-        "leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: call `head` in "
+        "leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix (advice): call `head` in "
         "forward(), or remove it (or freeze it with requires_grad_(False) if that is intended); if that is "
         'intended, silence it: `ignore=["head.*"]`',
     ]
@@ -491,8 +491,8 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
     # Seen at the fit-start scan, its gradient seen at the first (and only) check: the end of the
     # run decides it (no later check can show its value changing).
     assert lines["loss_weight"].startswith(
-        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix: ")
-    assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: ")
+        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix (advice): ")
+    assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix (advice): ")
     table = str(callback.report)
     assert "loss_weight (since start, decided at step 1)" in table and "head (since step 1)" in table
 

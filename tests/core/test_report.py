@@ -193,6 +193,35 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
         "leafwatch: INFO missing_grad `a.weight` at step 1 (intermittent) on rank(s) 1. Fix (advice): use it"
 
 
+@pytest.mark.parametrize(("fix", "mark"), [
+    ("call `opt.step()` after the backward pass", "code"),  # a call on the user's optimizer
+    ('add it to `opt`: `opt.add_param_group({"params": [model.scale]})`', "code"),
+    ("register it: `self.w = nn.Parameter(torch.ones(1))`", "code"),  # the user's own line, registered
+    ("convert the model as a whole: `model.to(torch.float32)`", "code"),
+    ("call `step()` on the `SGD` that holds it", "words"),  # no variable: whose step() is for the user to say
+    ('call `head` in forward(); if that is intended, silence it: `ignore=["head.*"]`', "words"),  # a keyword
+    ("check after `loss.backward()`; find the op (`torch.autograd.detect_anomaly()`)", "words"),
+    ("wrap the tensor in `nn.Parameter` where your module assigns it", "words"),
+    ("", None),
+])
+def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, mark):
+    from leafwatch.report.format import finding_line
+
+    f = _finding(fix=fix)
+    assert f.details.get("applicability") == mark and f.details["reason"] == "detached"
+    assert Finding.from_dict(json.loads(json.dumps(f.to_dict()))).details == f.details  # the record carries it
+    shown = {"code": "code", "words": "advice"}.get(mark)
+    if mark is None:
+        assert "Fix" not in finding_line(f) and "fix" not in str(Report([f]))
+        return
+    assert finding_line(f).endswith(f". Fix ({shown}): {fix}")
+    assert f"      fix ({shown}): {fix}" in str(Report([f]))
+    assert f"| ({shown}) " in Report([f]).to_markdown()
+    # The mark follows the fix: a finding whose fix changes is marked anew.
+    assert f.replace(fix="use it").details["applicability"] == "words"
+    assert f.replace(fix="call `opt.zero_grad()`").details["applicability"] == "code"
+
+
 def test_findings_of_the_scan_before_the_first_step_say_at_start():
     from leafwatch.report.format import finding_line
 

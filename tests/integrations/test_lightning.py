@@ -122,6 +122,10 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     assert "in `configure_optimizers`, give `self.loss_weight` to your `SGD`" in left_out
     assert '`{"params": [self.loss_weight]}`' in left_out
     assert "add_param_group" not in left_out and "AdamW" not in left_out
+    # Each fix says what it is: the line to paste, or advice (Lightning's configure_optimizers is edited by hand).
+    assert {f.name: f.details["applicability"] for f in report} == {
+        "head": "words", "loss_weight": "words", "temperature": "code"}
+    assert all(f.details["applicability"] in ("code", "words") for f in report.tensors() if f.fix)
 
 
 def assert_no_hooks(model: nn.Module) -> None:
@@ -159,8 +163,12 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     text = acc.Tensors("leafwatch/findings/text_summary")[-1].tensor_proto.string_val[0].decode()
     for name in ("`head` (2 tensors: head.{bias,weight})", "loss_weight", "temperature"):
         assert name in text
+    assert "| (code) register it where it is assigned: `self.temperature = " in text
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
     assert record["counts"]["missing_grad"] == 1 and record["version"] == 2
+    # The tab's record carries the mark with the fix.
+    assert {f["name"]: f["details"]["applicability"] for f in record["findings"]} == {
+        "head": "words", "loss_weight": "words", "temperature": "code"}
 
 
 def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path):

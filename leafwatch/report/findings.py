@@ -339,13 +339,7 @@ _CODE_CALLS = frozenset({"add_param_group", "step", "zero_grad", "to", "requires
 def applicability(fix: str) -> str | None:
     """``details["applicability"]`` of a fix (None without one): ``"code"`` when it quotes a
     statement to paste on the user's own objects, an assignment (``self.w = nn.Parameter(...)``)
-    or a call on one of them (``opt.add_param_group(...)``); else ``"words"``, advice.
-
-    Example::
-
-        >>> applicability("call `opt.step()`"), applicability("call `step()` on your optimizer")
-        ('code', 'words')
-    """
+    or a call on one of them (``opt.add_param_group(...)``); else ``"words"``, advice."""
     for span in re.findall(r"`([^`]+)`", fix):
         try:
             (node,) = ast.parse(span).body
@@ -362,7 +356,8 @@ def _marked(details: Mapping[str, Any], fix: str) -> Mapping[str, Any]:
     mark = applicability(fix)
     if details.get("applicability") == mark:
         return details
-    return {**{k: v for k, v in details.items() if k != "applicability"}, **({"applicability": mark} if mark else {})}
+    rest = {k: v for k, v in details.items() if k != "applicability"}
+    return {**rest, "applicability": mark} if mark else rest
 
 
 #: The names of the fields of a :class:`Finding`.

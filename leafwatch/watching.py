@@ -21,6 +21,8 @@ from .detectors import fixes
 from .observe import graph
 from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning
+from .report.findings import applicability
+from .report.format import FIX_MARKS
 
 
 @dataclasses.dataclass(eq=False)
@@ -262,9 +264,10 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
         )
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
+        fix = fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)
         warnings.warn(
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
-            f"Fix: {fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)}",
+            f"Fix ({FIX_MARKS[str(applicability(fix))]}): {fix}",
             LeafwatchWarning,
             stacklevel=stacklevel_outside(frameworks=False),
         )

@@ -56,11 +56,10 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
     )
 
 
-def _requires_grad_call(name: str) -> str:
-    """``call `temperature.requires_grad_()` `` when the name is the user's variable, else in words."""
-    if graph.code_name(name):
-        return f"call `{name}.requires_grad_()`"
-    return "call `requires_grad_()` on your tensor"
+def _requires_grad_call(t: torch.Tensor) -> str:
+    """``call `temperature.requires_grad_()` `` on the user's variable for ``t``, else in words."""
+    variable = fixes.variable_for(t)
+    return f"call `{variable}.requires_grad_()`" if variable else "call `requires_grad_()` on your tensor"
 
 
 def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: Any) -> Finding:
@@ -72,7 +71,7 @@ def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: 
         f"`{name}` does not require grad: it was created without `requires_grad=True`, frozen with "
         "`requires_grad_(False)`, or it is the result of `.detach()` (or of an op under `torch.no_grad()`), "
         "which returns a new leaf that does not require grad.",
-        f"create it with `requires_grad=True`, or {_requires_grad_call(name)} "
+        f"create it with `requires_grad=True`, or {_requires_grad_call(t)} "
         "(drop the `.detach()` if it is meant to share the original's gradient)",
         tensor=t, step=step, reason="requires_grad_false", **details)
 

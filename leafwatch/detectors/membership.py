@@ -247,8 +247,7 @@ def _never_stepped(name: str, optimizer: torch.optim.Optimizer, checks: int, bas
         message=f"`{name}` is held only by an optimizer that has not stepped in {checks} checks: it never changes.",
         cause=f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
         fix=fix,
-        details={**base.details, "late_optimizer": True, "reason": "never_stepped",
-                 "applicability": "code" if variable else "words"})
+        details={**base.details, "late_optimizer": True, "reason": "never_stepped"})
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
@@ -274,7 +273,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
         frozen = "`requires_grad_(False)` on it"
     owner = f"`{root}`" if root else "its module"
     message = f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
-    details = {**base.details, "root": root, "optimizer": optimizer, "applicability": "code" if code else "words"}
+    details = {**base.details, "root": root, "optimizer": optimizer}
     if chosen:
         return base.replace(
             severity=Severity.ERROR, message=message,

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..report.findings import Finding, Report, Status
-from ..report.format import tensor_count
+from ..report.format import fix_mark, tensor_count
 from ..options import WarnOnce, parse_ignore, validate_ignore, validate_int
 from ..report.findings import apply_ignore
 
@@ -182,7 +182,7 @@ def failure_message(failing: list[Finding], steps: int) -> str:
     for f in failing:
         lines.append(f"  {f.kind} `{f.name}`{tensor_count(f)}: {f.message}")
         if f.fix:
-            lines.append(f"      fix: {f.fix}")
+            lines.append(f"      fix{fix_mark(f)}: {f.fix}")
     lines.append("(the whole table is in the `leafwatch` section below; opt a test out with "
                  "@pytest.mark.leafwatch_skip or ignore names with --leafwatch-ignore PATTERN=REASON)")
     return "\n".join(lines)

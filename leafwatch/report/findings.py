@@ -6,8 +6,10 @@ kept, pickled, logged or sent across ranks without keeping anything of the user'
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import enum
+import functools
 import json
 import operator
 import re
@@ -254,6 +256,7 @@ class Finding:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
         object.__setattr__(self, "severity", _word(Severity, self.severity))
         object.__setattr__(self, "status", _word(Status, self.status))
+        object.__setattr__(self, "details", _marked(self.details, self.fix))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -295,6 +298,8 @@ class Finding:
         for name, words in (("kind", Kind), ("severity", Severity), ("status", Status)):
             if name in changes:
                 new.__dict__[name] = _word(words, changes[name])
+        if "fix" in changes or "details" in changes:
+            new.__dict__["details"] = _marked(new.details, new.fix)
         return new
 
     def to_dict(self) -> dict[str, Any]:
@@ -323,6 +328,36 @@ class Finding:
         distributed merge, the Leafwatch tab): by status (open first), then severity (errors
         first), then kind (in :data:`KINDS` order), then name."""
         return order_key(self.status, self.severity, self.kind, self.name)
+
+
+#: The calls a fix writes on the user's optimizer, model or tensor only once it found the object
+#: itself (:func:`leafwatch.detectors.fixes.variable_for`); else it says them in words.
+_CODE_CALLS = frozenset({"add_param_group", "step", "zero_grad", "to", "requires_grad_"})
+
+
+@functools.lru_cache(maxsize=4096)
+def applicability(fix: str) -> str | None:
+    """``details["applicability"]`` of a fix (None without one): ``"code"`` when it quotes a
+    statement to paste on the user's own objects, an assignment (``self.w = nn.Parameter(...)``)
+    or a call on one of them (``opt.add_param_group(...)``); else ``"words"``, advice."""
+    for span in re.findall(r"`([^`]+)`", fix):
+        try:
+            (node,) = ast.parse(span).body
+        except (SyntaxError, ValueError):
+            continue
+        call = node.value if isinstance(node, ast.Expr) else None
+        if (isinstance(node, ast.Assign) and " = " in span) or (
+                isinstance(call, ast.Call) and getattr(call.func, "attr", None) in _CODE_CALLS):
+            return "code"
+    return "words" if fix else None
+
+
+def _marked(details: Mapping[str, Any], fix: str) -> Mapping[str, Any]:
+    mark = applicability(fix)
+    if details.get("applicability") == mark:
+        return details
+    rest = {k: v for k, v in details.items() if k != "applicability"}
+    return {**rest, "applicability": mark} if mark else rest
 
 
 #: The names of the fields of a :class:`Finding`.

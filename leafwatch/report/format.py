@@ -137,6 +137,16 @@ def _ranks(f: FindingText) -> str:
     return f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
 
 
+#: How a fix's ``details["applicability"]`` reads: code to paste, or advice in words.
+FIX_MARKS = {"code": "code", "words": "advice"}
+
+
+def fix_mark(f: FindingText) -> str:
+    """`` (code)`` or `` (advice)``: what the fix is (empty when not marked)."""
+    mark = FIX_MARKS.get(str(f.details.get("applicability")))
+    return f" ({mark})" if mark else ""
+
+
 def finding_line(f: FindingText) -> str:
     """The one short line said when a finding first appears: severity, kind, name, when, and
     the one-line fix (the message when there is no fix). The cause waits for the table.
@@ -146,7 +156,7 @@ def finding_line(f: FindingText) -> str:
         >>> from leafwatch import Finding
         >>> print(finding_line(Finding("missing_grad", "head.weight", "error", "no gradient",
         ...                            cause="never ran", fix="call `head` in forward()", first_step=0)))
-        leafwatch: ERROR missing_grad `head.weight` at start. Fix: call `head` in forward()
+        leafwatch: ERROR missing_grad `head.weight` at start. Fix (advice): call `head` in forward()
     """
     if f.status == IGNORED:
         return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
@@ -157,7 +167,7 @@ def finding_line(f: FindingText) -> str:
     if f.status != OPEN:
         head += f" ({f.status})"
     head += _ranks(f)
-    return f"{head}. Fix: {f.fix}" if f.fix else f"{head}: {f.message}"
+    return f"{head}. Fix{fix_mark(f)}: {f.fix}" if f.fix else f"{head}: {f.message}"
 
 
 def _head(text: str, step: int | None) -> str:
@@ -204,7 +214,7 @@ def report_text(findings: Sequence[FindingText], step: int | None = None, *, not
         if f.cause:
             lines.append(f"      cause: {f.cause}")
         if f.fix:
-            lines.append(f"      fix:   {f.fix}")
+            lines.append(f"      fix{fix_mark(f)}: {f.fix}")
     return "\n".join(lines)
 
 
@@ -235,7 +245,7 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
             f"`{f.name}`{tensor_count(f)}",
             str(f.status),
             f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
-            "" if ignored else f.fix,
+            "" if ignored else f"{fix_mark(f)} {f.fix}".lstrip(),
             seen,
         ]
         rows.append("| " + " | ".join(escape_markdown(c) for c in cells) + " |")
@@ -248,6 +258,7 @@ __all__ = [
     "decided_step",
     "escape_markdown",
     "finding_line",
+    "fix_mark",
     "ignored_because",
     "report_markdown",
     "report_text",

@@ -56,7 +56,7 @@ def test_an_unused_layer_fails_naming_it_with_the_cause_and_the_fix():
     assert message.startswith("leafwatch.assert_trains: 1 error finding(s) open after 2 calls of step(): "
                               "missing_grad `aux_head` (2 tensors: aux_head.{bias,weight})")
     assert "cause: module `aux_head` never ran in this step's forward" in message
-    assert "fix:   call `aux_head` in forward()" in message
+    assert "fix (advice): call `aux_head` in forward()" in message
     report = failed.value.report
     assert report.names("missing_grad") == {"aux_head.weight", "aux_head.bias"}
     assert len(report.findings) == 1  # one mistake, its two tensors listed

@@ -55,7 +55,7 @@ def test_attach_warns_each_new_finding_once_at_the_users_line() -> None:
     for w in found:
         assert w.filename == __file__ and w.lineno == step_line
         text = str(w.message)
-        assert "\n" not in text and "ERROR missing_grad" in text and "Fix:" in text
+        assert "\n" not in text and "ERROR missing_grad" in text and "Fix (advice):" in text
 
 
 def test_explicit_checks_and_verbose_false_print_nothing() -> None:
@@ -99,7 +99,7 @@ def test_the_watch_warning_and_the_report_give_the_same_valid_fix(make, hint) ->
     finally:
         leafwatch.unwatch("temperature")
     assert hint in finding.fix
-    assert warned.endswith(f"Fix: {finding.fix}")
+    assert warned.endswith(f"Fix (code): {finding.fix}") and finding.details["applicability"] == "code"
     _assert_valid_code(finding.fix)
     assert "nn.Parameter" not in finding.fix  # the source was a plain tensor: nothing to register
 

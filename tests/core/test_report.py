@@ -57,7 +57,7 @@ def test_str_is_a_table_with_cause_and_fix():
     assert lines[0] == "leafwatch: 1 open of 2 finding(s) at step 5"
     assert "ERROR" in lines[1] and "missing_grad" in lines[1] and "a.weight" in lines[1] and "(since step 1)" in lines[1]
     assert "cause: it is cut by `a | b`" in text
-    assert "fix:   use it" in text
+    assert "fix (advice): use it" in text
     assert "x [intermittent]" in text
 
 
@@ -186,18 +186,47 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
     from leafwatch.report.format import finding_line
 
     line = finding_line(_finding(step=4, first_step=2))
-    assert line == "leafwatch: ERROR missing_grad `a.weight` at step 2. Fix: use it"
+    assert line == "leafwatch: ERROR missing_grad `a.weight` at step 2. Fix (advice): use it"
     assert "cut by" not in line and "\n" not in line  # the cause waits for the table
     assert finding_line(_finding(fix="", first_step=None)) == "leafwatch: ERROR missing_grad `a.weight`: `a.weight` got no gradient."
     assert finding_line(_finding(severity="info", status="intermittent", ranks=(1,))) == \
-        "leafwatch: INFO missing_grad `a.weight` at step 1 (intermittent) on rank(s) 1. Fix: use it"
+        "leafwatch: INFO missing_grad `a.weight` at step 1 (intermittent) on rank(s) 1. Fix (advice): use it"
+
+
+@pytest.mark.parametrize(("fix", "mark"), [
+    ("call `opt.step()` after the backward pass", "code"),  # a call on the user's optimizer
+    ('add it to `opt`: `opt.add_param_group({"params": [model.scale]})`', "code"),
+    ("register it: `self.w = nn.Parameter(torch.ones(1))`", "code"),  # the user's own line, registered
+    ("convert the model as a whole: `model.to(torch.float32)`", "code"),
+    ("call `step()` on the `SGD` that holds it", "words"),  # no variable: whose step() is for the user to say
+    ('call `head` in forward(); if that is intended, silence it: `ignore=["head.*"]`', "words"),  # a keyword
+    ("check after `loss.backward()`; find the op (`torch.autograd.detect_anomaly()`)", "words"),
+    ("wrap the tensor in `nn.Parameter` where your module assigns it", "words"),
+    ("", None),
+])
+def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, mark):
+    from leafwatch.report.format import finding_line
+
+    f = _finding(fix=fix)
+    assert f.details.get("applicability") == mark and f.details["reason"] == "detached"
+    assert Finding.from_dict(json.loads(json.dumps(f.to_dict()))).details == f.details  # the record carries it
+    shown = {"code": "code", "words": "advice"}.get(mark)
+    if mark is None:
+        assert "Fix" not in finding_line(f) and "fix" not in str(Report([f]))
+        return
+    assert finding_line(f).endswith(f". Fix ({shown}): {fix}")
+    assert f"      fix ({shown}): {fix}" in str(Report([f]))
+    assert f"| ({shown}) " in Report([f]).to_markdown()
+    # The mark follows the fix: a finding whose fix changes is marked anew.
+    assert f.replace(fix="use it").details["applicability"] == "words"
+    assert f.replace(fix="call `opt.zero_grad()`").details["applicability"] == "code"
 
 
 def test_findings_of_the_scan_before_the_first_step_say_at_start():
     from leafwatch.report.format import finding_line
 
     f = _finding(kind="not_in_optimizer", name="loss_weight", step=0, first_step=0, last_step=0)
-    assert finding_line(f) == "leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix: use it"
+    assert finding_line(f) == "leafwatch: ERROR not_in_optimizer `loss_weight` at start. Fix (advice): use it"
     text = str(Report([f], step=0))
     assert text.splitlines()[:2] == ["leafwatch: 1 open of 1 finding(s) at start",
                                      "  ERROR   not_in_optimizer    loss_weight (since start)"]

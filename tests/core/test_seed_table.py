@@ -76,6 +76,8 @@ def test_audit_tensors_agrees_with_torch(name, requires_grad, ops, is_leaf, gets
         assert finding.kind == "missing_grad"
         assert finding.details["reason"] == "requires_grad_false"
         assert "requires_grad" in finding.cause
+        # The call is on the variable that holds the tensor (`t`), found by identity, not on its name.
+        assert "call `t.requires_grad_()`" in finding.fix and finding.details["applicability"] == "code"
 
 
 @pytest.mark.parametrize(("name", "requires_grad", "ops", "is_leaf", "gets_grad"), SEED_TABLE)

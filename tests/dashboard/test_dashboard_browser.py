@@ -216,6 +216,7 @@ _TABLE = """(async () => {
     order: rows.map((r) => [r.dataset.kind, r.dataset.name]),
     steps: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.steps").textContent])),
     causes: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.cause").textContent])),
+    marks: Object.fromEntries(rows.map((r) => [r.dataset.name, r.querySelector("td.fix .fix-mark")?.textContent ?? null])),
     lastInsideItsBox: row.top >= box.top && row.bottom <= box.bottom + 1,
     boxScrolls: wrap.scrollHeight > wrap.clientHeight + 1,
   };
@@ -264,6 +265,10 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     assert out["steps"]["scale"] in ("at start", "start\u20131")
     assert out["steps"]["unused"] == "1\u20133"
     assert out["causes"]["kept"].startswith("ignored: kept for later")
+    # Each fix shows what it is, as the console says it ("fix (code):" / "fix (advice):").
+    marks = {f.name: {"code": "code", "words": "advice"}[f.details["applicability"]] for f in cli.report if f.fix}
+    assert out["marks"] == {name: marks.get(name) for name in out["marks"]}
+    assert set(marks.values()) == {"code", "advice"}
 
 
 def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: str, tmp_path: Path) -> None:

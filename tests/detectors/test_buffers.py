@@ -73,7 +73,7 @@ def test_a_buffer_that_requires_grad_in_no_optimizer_is_an_error_whose_fix_regis
     report = _train(model, opt, lambda x: model(x).sum())
     (f,) = report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "log_temperature", "error")
-    assert f.details["reason"] == "buffer_requires_grad"
+    assert (f.details["reason"], f.details["applicability"]) == ("buffer_requires_grad", "words")
     assert "is a buffer registered with `requires_grad=True`" in f.cause
     assert f.fix.startswith("make `log_temperature` a parameter where the module registers it: pass the same "
                             "tensor, wrapped in `nn.Parameter`, to `self.register_parameter` in place of "

@@ -929,7 +929,7 @@ def test_a_generator_whose_optimizer_never_steps_is_a_warning_then_an_error_at_t
     assert re.search(r"ERROR\s+not_in_optimizer\s+generator \(since", summary), summary
     assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in" in summary
     assert "cause: `opt_g` (an `Adam`) was created with it, but its `step()` is never called" in summary
-    assert "fix:   call `opt_g.step()` after the backward pass" in summary and "opt_d" not in summary
+    assert "fix (code): call `opt_g.step()` after the backward pass" in summary and "opt_d" not in summary
 
 
 # -- CUDA (skipped without a GPU) ---------------------------------------------------------------

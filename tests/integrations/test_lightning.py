@@ -122,6 +122,10 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     assert "in `configure_optimizers`, give `self.loss_weight` to your `SGD`" in left_out
     assert '`{"params": [self.loss_weight]}`' in left_out
     assert "add_param_group" not in left_out and "AdamW" not in left_out
+    # Each fix says what it is: the line to paste, or advice (Lightning's configure_optimizers is edited by hand).
+    assert {f.name: f.details["applicability"] for f in report} == {
+        "head": "words", "loss_weight": "words", "temperature": "code"}
+    assert all(f.details["applicability"] in ("code", "words") for f in report.tensors() if f.fix)
 
 
 def assert_no_hooks(model: nn.Module) -> None:
@@ -159,8 +163,12 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     text = acc.Tensors("leafwatch/findings/text_summary")[-1].tensor_proto.string_val[0].decode()
     for name in ("`head` (2 tensors: head.{bias,weight})", "loss_weight", "temperature"):
         assert name in text
+    assert "| (code) register it where it is assigned: `self.temperature = " in text
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
     assert record["counts"]["missing_grad"] == 1 and record["version"] == 2
+    # The tab's record carries the mark with the fix.
+    assert {f["name"]: f["details"]["applicability"] for f in record["findings"]} == {
+        "head": "words", "loss_weight": "words", "temperature": "code"}
 
 
 def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path):
@@ -436,7 +444,7 @@ def test_finding_warnings_are_short_and_point_at_the_fit_line(tmp_path):
         t.fit(model, loader())
     ours = [w for w in caught if issubclass(w.category, leafwatch.LeafwatchWarning)]
     assert sorted(str(w.message) for w in ours) == [  # one mistake, one line listing its tensors
-        "leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: call `head` in "
+        "leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix (advice): call `head` in "
         "forward(), or remove it (or freeze it with requires_grad_(False) if that is intended); if that is "
         'intended, silence it: `ignore=["head.*"]`',
     ]
@@ -491,8 +499,8 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
     # Seen at the fit-start scan, its gradient seen at the first (and only) check: the end of the
     # run decides it (no later check can show its value changing).
     assert lines["loss_weight"].startswith(
-        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix: ")
-    assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix: ")
+        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix (advice): ")
+    assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix (advice): ")
     table = str(callback.report)
     assert "loss_weight (since start, decided at step 1)" in table and "head (since step 1)" in table
 

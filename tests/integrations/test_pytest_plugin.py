@@ -92,7 +92,7 @@ def test_trains():
     assert "leafwatch: the training in this test left 1 error finding(s) open after 2 optimizer steps" in out
     result.stdout.fnmatch_lines([
         "*missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}): each of `aux_head.{bias,weight}` requires grad but got no gradient*",
-        "*fix: call `aux_head` in forward()*",
+        "*fix (advice): call `aux_head` in forward()*",
         "*- leafwatch -*",
         "leafwatch: the test's training, 2 optimizer steps",
         "*ERROR   missing_grad        aux_head (since*",

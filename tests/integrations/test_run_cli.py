@@ -89,9 +89,9 @@ def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_su
     lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
     assert len(lines) == len(BUGGY_MISTAKES)  # one line per mistake, nothing in between
     assert "leafwatch: ERROR missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}) at step 2. " \
-        "Fix: call `aux_head` in forward()" in before
+        "Fix (advice): call `aux_head` in forward()" in before
     assert "leafwatch: ERROR orphan_tensor `blocks` (4 tensors: {blocks[0],blocks[1]}.{bias,weight}) at step 2. " \
-        "Fix: register the container where it is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), " \
+        "Fix (code): register the container where it is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), " \
         "nn.Linear(4, 4)])`" in before
     assert "cause" not in before and "never ran" not in before
     assert "cause: module `aux_head` never ran" in summary
@@ -415,7 +415,7 @@ def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path)
     assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
     live, summary = result.stderr.split("leafwatch: summary after 10 optimizer steps")
     # the script's own optimizer (`optimizer`, an SGD) and model variable, read while the script ran
-    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix: add it " \
+    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix (code): add it " \
         "to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({\"params\": " \
         "[model.scale]})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an `\"lr\"` key " \
         "in the dict sets its own; or freeze it with `requires_grad_(False)`; if that is intended, silence it: " \
@@ -442,7 +442,7 @@ def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""  # stopped before the end of the loop
     live, summary = result.stderr.split("leafwatch: summary after")
-    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step {decided}. Fix:" in live
+    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step {decided}. Fix (code):" in live
     assert "WARNING" not in result.stderr
     assert f"--strict stopped the script at optimizer step {decided}: ERROR not_in_optimizer `scale`." in live
     assert f"ERROR   not_in_optimizer    scale (since step 2, decided at step {decided})" in summary
@@ -536,7 +536,7 @@ def test_a_nan_at_step_three_of_six_is_named_at_step_three_and_strict_stops_ther
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""
     # One NaN, one mistake: every tensor whose gradient holds it is listed.
-    assert "leafwatch: ERROR nonfinite_grad `{bias,weight}` (2 tensors) at step 3. Fix:" in result.stderr
+    assert "leafwatch: ERROR nonfinite_grad `{bias,weight}` (2 tensors) at step 3. Fix (advice):" in result.stderr
     assert "--strict stopped the script at optimizer step 3: ERROR nonfinite_grad" in result.stderr
     assert "ERROR   nonfinite_grad      {bias,weight} (since step 3)" in result.stderr
     (run,) = read_reports(str(tmp_path))
@@ -557,14 +557,14 @@ def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a
     live, summary = result.stderr.split("leafwatch: summary after 40 optimizer steps")
     # The generator is one mistake, named by the script's variable: its four tensors listed.
     assert "WARNING not_in_optimizer `generator` (4 tensors: generator.{0,2}.{bias,weight}) seen at step 2, " \
-        "decided at step 27. Fix: call `opt_g.step()` after the backward pass" in live
+        "decided at step 27. Fix (code): call `opt_g.step()` after the backward pass" in live
     names = {"generator.0.weight", "generator.0.bias", "generator.2.weight", "generator.2.bias"}
     assert "ERROR   not_in_optimizer    generator (since step 2, decided at step 40)" in summary
     assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 39 checks" \
         in summary
     # The cause and the fix say the same thing: `opt_g` holds it and is never stepped.
     assert "cause: `opt_g` (an `Adam`) was created with it, but its `step()` is never called" in summary
-    assert "fix:   call `opt_g.step()` after the backward pass that computes its gradients" in summary
+    assert "fix (code): call `opt_g.step()` after the backward pass that computes its gradients" in summary
     assert "opt_d" not in summary
     assert "`critic." not in result.stderr  # the critic trains
     (run,) = read_reports(str(tmp_path))
@@ -606,7 +606,7 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
            "calib.parameters()})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an "
            '`"lr"` key in the dict sets its own; or, if it should stay fixed, `calib.requires_grad_(False)`')
     assert ("leafwatch: WARNING not_in_optimizer `calib` (2 tensors: calib.{bias,weight}) seen at step 2, "
-            f"decided at step 27. Fix: {fix}") in result.stderr
+            f"decided at step 27. Fix (code): {fix}") in result.stderr
     assert "each of `calib.{bias,weight}` gets gradients but no optimizer holds it, nor any tensor of `calib`" \
         in result.stderr
     (run,) = read_reports(str(tmp_path))
@@ -639,7 +639,7 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
     # One stale optimizer, one mistake: the script's own `optimizer` and `model`, the new tensors as
     # code in one `add_param_group` (`model[0].weight`, ...).
-    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 2. Fix: add the "
+    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 2. Fix (code): add the "
             "new parameters to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group("
             '{"params": [model[0].bias, model[0].weight, model[2].bias, model[2].weight]})`') in result.stderr
     assert "or rebuild `optimizer` after the last change to the model" in result.stderr

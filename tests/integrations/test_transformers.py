@@ -137,7 +137,7 @@ def assert_no_hooks(model: nn.Module) -> None:
 def test_unused_layer_named_with_its_cause(tmp_path: Path, bf16: bool) -> None:
     callback = LeafWatchCallback()
     model = BertWithUnusedHead(bert_config())
-    with pytest.warns(LeafwatchWarning, match=r"ERROR missing_grad `unused_head` \(2 tensors: unused_head\.\{bias,weight\}\) at step 1\. Fix: call `unused_head`"):
+    with pytest.warns(LeafwatchWarning, match=r"ERROR missing_grad `unused_head` \(2 tensors: unused_head\.\{bias,weight\}\) at step 1\. Fix \(advice\): call `unused_head`"):
         train(model, tmp_path, callback, bf16=bf16)
     report = callback.report
     assert report.step == 3

@@ -47,6 +47,9 @@ function clear(node) {
   return node;
 }
 
+// What a fix is (details.applicability), in the words of the console's "fix (code):" / "fix (advice):".
+const FIX_MARKS = { code: "code", words: "advice" };
+
 // Text with `code` spans (the causes and fixes quote code that way) as DOM nodes.
 function richText(text) {
   const parts = String(text || "").split("`");
@@ -302,7 +305,9 @@ function renderTable() {
         f.status === "ignored" && f.details && f.details.ignored_because
           ? el("div", { class: "ignored-because" }, `ignored: ${f.details.ignored_because}`) : null,
         richText(f.cause || f.message)),
-      el("td", { class: "fix" }, richText(f.fix)),
+      el("td", { class: "fix" }, f.fix && FIX_MARKS[(f.details || {}).applicability]
+        ? el("span", { class: `badge fix-mark fix-${f.details.applicability}` }, FIX_MARKS[f.details.applicability]) : null,
+      richText(f.fix)),
       el("td", { class: "steps", title: `seen in ${f.steps_seen ?? "?"} check(s)` }, seen)));
   }
   const table = el("table", { class: "findings" },

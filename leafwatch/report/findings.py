@@ -339,8 +339,11 @@ _CODE_CALLS = frozenset({"add_param_group", "step", "zero_grad", "to", "requires
 def applicability(fix: str) -> str | None:
     """``details["applicability"]`` of a fix (None without one): ``"code"`` when it quotes a
     statement to paste on the user's own objects, an assignment (``self.w = nn.Parameter(...)``)
-    or a call on one of them (``opt.add_param_group(...)``); else ``"words"``, advice."""
+    or a call on one of them (``opt.add_param_group({"params": head.parameters()})``); else
+    ``"words"``, advice (a span with ``...`` left for the user to fill in is advice)."""
     for span in re.findall(r"`([^`]+)`", fix):
+        if "..." in span:
+            continue
         try:
             (node,) = ast.parse(span).body
         except (SyntaxError, ValueError):

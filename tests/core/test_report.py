@@ -202,6 +202,8 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
     ('call `head` in forward(); if that is intended, silence it: `ignore=["head.*"]`', "words"),  # a keyword
     ("check after `loss.backward()`; find the op (`torch.autograd.detect_anomaly()`)", "words"),
     ("wrap the tensor in `nn.Parameter` where your module assigns it", "words"),
+    ("move it: `model.to(...)`", "words"),  # `...` is for the user to fill in: not pasteable
+    ("register it: `self.w = nn.Parameter(...)`", "words"),
     ("", None),
 ])
 def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, mark):

@@ -13,7 +13,6 @@ step, or at the end of the run.
 
 from __future__ import annotations
 
-import re
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -187,7 +186,9 @@ class MembershipJudge:
         holder = self._waiting_holder(t)
         base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if holder is not None:
-            return _never_stepped(f.name, holder, self.checks(), base, severity, inv)
+            variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
+                                          inv.fix_names if inv is not None else None)
+            return _never_stepped(f.name, (variable or "", type(holder).__name__), self.checks(), base, severity)
         message = (f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks "
                    "holds it: it never changes.")
         return base.replace(severity=severity, message=message, details={**base.details, "late_optimizer": True})
@@ -216,25 +217,31 @@ class MembershipJudge:
                                       details={**decided.details, "reason": f.details["reason"]})
         return decided
 
-    def escalate_late(self, step: int) -> Verdicts:
-        """At the end of the run: a late-optimizer warning still open becomes an error."""
+    def escalate_late(self, step: int, inv: Inventory | None) -> Verdicts:
+        """At the end of the run: a late-optimizer warning still open becomes an error, in the
+        words of the builder that decides it (its optimizer never stepped)."""
         out: Verdicts = []
         for f in self.view:
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                message = re.sub(r"has not stepped in \d+ checks", f"never stepped in {self.checks()} checks",
-                                 f.message)
-                out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=message,
-                                                 details={**f.details, "decided_step": step})))
+                ref = self._tensors.get(f.name)
+                t = ref() if ref is not None else None
+                info = inv.params.get(id(t)) if inv is not None and t is not None else None
+                if f.details.get("reason") == "never_stepped":  # (its optimizer may be gone with the script)
+                    decided = _never_stepped(f.name, tuple(f.details["holder"]), self.checks(), f, Severity.ERROR)
+                else:
+                    decided = f if info is None else self._late(f, info, t, step, Severity.ERROR, inv)  # type: ignore[arg-type]
+                out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=decided.message,
+                                                 cause=decided.cause, fix=decided.fix,
+                                                 details={**decided.details, "decided_step": step})))
         return out
 
 
-def _never_stepped(name: str, optimizer: torch.optim.Optimizer, checks: int, base: Finding, severity: str,
-                   inv: Inventory | None) -> Finding:
+def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
     """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
-    ``step()`` is never called; the fix is that call, on the user's variable for the optimizer."""
-    variable = fixes.variable_for(optimizer, inv.variables if inv is not None else None,
-                                  inv.fix_names if inv is not None else None)
-    cls = type(optimizer).__name__
+    ``step()`` is never called; the fix is that call, on the user's variable for the optimizer.
+    ``holder``: that variable ("" when none) and the optimizer's class, kept in the details for
+    the end of the run (the optimizer may be gone with the script)."""
+    variable, cls = holder
     if variable:
         article = "an" if cls[:1] in "AEIOU" else "a"
         holder, fix = f"`{variable}` ({article} `{cls}`)", (f"call `{variable}.step()` after the backward pass that "
@@ -244,10 +251,11 @@ def _never_stepped(name: str, optimizer: torch.optim.Optimizer, checks: int, bas
                                                      "backward pass that computes its gradients")
     return base.replace(
         severity=severity,
-        message=f"`{name}` is held only by an optimizer that has not stepped in {checks} checks: it never changes.",
+        message=f"`{name}` is held only by an optimizer that "
+                f"{'never stepped' if severity == Severity.ERROR else 'has not stepped'} in {checks} checks: it never changes.",
         cause=f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
         fix=fix,
-        details={**base.details, "late_optimizer": True, "reason": "never_stepped"})
+        details={**base.details, "late_optimizer": True, "reason": "never_stepped", "holder": [variable, cls]})
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],

@@ -50,6 +50,9 @@ class Replaced:
     #: every live parameter is stepped: the unpaired old tensors are harmless leftovers (they get
     #: no gradient, the optimizer skips them) that only cost memory.
     unstepped: int = 0
+    #: Each trainable tensor of a root replaced as a whole (no optimizer holds a tensor of it, one holds old
+    #: tensors paired with some: ``to_hetero``, a copy) -> the root and that optimizer.
+    swapped: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     def old_ids(self) -> set[int]:
         """The ids of every old tensor (paired or not): none of them gets a gradient."""
@@ -93,6 +96,11 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     rest = _pair_by_position(inv, rest, free, out)
     _pair_by_shape(inv, rest, free, out)
     out.unstepped = len(free)
+    for prefix, root in inv.roots.items():
+        ids = {id(p) for p in root.parameters()}
+        held = next((p.optimizer for p in out.pairs if id(p.new) in ids), None)
+        if held is not None and not ids & inv.in_optimizer:
+            out.swapped.update((k, (prefix, held)) for k in ids if inv.tensors[k].requires_grad)
     return out
 
 

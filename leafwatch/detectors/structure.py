@@ -76,7 +76,7 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
     olds = {id(pair.new): pair for pair in found.pairs}
     for k in {**olds, **found.swapped}:
         excluded.pop(k, None)
-        out.append(_module_replaced(k, found.swapped[k], step, inv, olds.get(k)) if k in found.swapped
+        out.append(_module_replaced(k, found.swapped[k], step, inv) if k in found.swapped
                    else stale_param(olds[k], step, inv))
     for i, old in sorted(found.unpaired.items()):
         out.append(stale_group(i, old, step, inv, harmless=not found.unstepped))
@@ -270,26 +270,22 @@ def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = N
     )
 
 
-def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: Inventory,
-                     pair: replaced.Pair | None) -> Finding:
-    """A tensor of a module replaced as a whole after the optimizer was built (``to_hetero``, a copy, a new
-    instance): the optimizer holds its old tensors, none of the new ones; the fix gives it the module."""
-    (root, i), info = swapped, inv.params[k]
-    code = fixes.variable_for(inv.roots[root], inv.variables, inv.fix_names)
-    owner = f"`{code or root}`" if code or root else "the model"
-    lazy = pair is not None and shape_of(pair.old) is None
+def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: Inventory) -> Finding:
+    """A tensor of a module replaced after the optimizer was built by one with new tensors that replaced
+    nothing (``to_hetero``'s copies per edge type, a bigger head): the fix gives the optimizer the module."""
+    (module, i), info = swapped, inv.params[k]
+    code = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
+        else fixes.model_tensor_code(module, inv)
+    owner = f"`{code or module}`" if code or module else "the model"
     return make(
         "stale_param", info.name, "error",
         f"`{info.name}` is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
-        f"{owner} was replaced after the optimizer was built by one holding new tensors (a conversion such as "
-        f"`to_hetero`, a copy, a new instance, or `model.to()` making new Parameters): optimizer {i} updates the old "
-        "tensors, which get no gradient, and no optimizer holds any of the new ones." + (
-            " It was built before the lazy module's first forward: the uninitialized original of "
-            f"`{info.name}` it holds never materializes." if lazy else ""),
-        _rebuild_fix([info.name], inv, i, code and fixes.trainable_params_code(code, inv.roots[root])),
+        f"{owner} was replaced after the optimizer was built by a module with other tensors (a conversion such as "
+        f"`to_hetero`, a new layer, a copy): optimizer {i} updates the old tensors, which get no gradient, and no "
+        "optimizer holds any of the new ones.",
+        _rebuild_fix([info.name], inv, i, code and fixes.trainable_params_code(code, inv.modules[module])),
         tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i),
-        reason="module_replaced", **({} if pair is None else {
-            "old_shape": None if lazy else list(shape_of(pair.old) or ()), "paired_by": pair.how}))
+        reason="module_replaced")
 
 
 def stale_group_key(optimizer: int) -> str:

@@ -62,8 +62,7 @@ def _step(model: nn.Module, opt: torch.optim.Optimizer, monitor: leafwatch.Monit
     return report
 
 
-def _assert_stale(report: leafwatch.Report, names: set[str], params: str = "[model") -> None:
-    """``params``: how the fix spells the new tensors (a whole model replaced: ``model.parameters()``)."""
+def _assert_stale(report: leafwatch.Report, names: set[str]) -> None:
     assert report.names() == names
     assert {f.kind for f in report} == {"stale_param"}, "never missing_grad nor not_in_optimizer"
     assert [f.group for f in report] == ["optimizers[0]"]  # one stale optimizer, one mistake
@@ -72,7 +71,7 @@ def _assert_stale(report: leafwatch.Report, names: set[str], params: str = "[mod
         assert "was replaced after the optimizer was built" in f.cause
         # the user's optimizer, by its variable (the check runs in `_step(model, opt, ...)`)
         assert "rebuild `opt` after the last change" in f.fix
-        assert f'`opt.add_param_group({{"params": {params}' in f.fix  # the model's variable too
+        assert '`opt.add_param_group({"params": [model' in f.fix  # the model's variable too
         assert "AdamW(" not in f.fix
         assert "unknown" not in f.cause
 
@@ -93,6 +92,27 @@ def test_a_new_head_is_stale_param_under_its_current_name(monitor_first: bool) -
     assert weight.details["old_shape"] == [1000, 16]
     assert "resized from (1000, 16) to (10, 16)" in weight.cause
     assert weight.details["paired_by"] == ("name" if monitor_first else "position")
+
+
+def test_a_head_replaced_by_a_bigger_one_is_one_stale_optimizer_whose_fix_gives_it_the_new_head() -> None:
+    """`model.fc` becomes two layers: the first pairs with the old head, the second with nothing; both are
+    the one replacement (never a `left_out` whose fix would add the first layer a second time)."""
+    model = Net(classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.fc = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    monitor = leafwatch.Monitor(model, opt, verbose=False)
+    (f,) = _step(model, opt, monitor).open
+    assert (f.kind, f.name, f.severity) == ("stale_param", "optimizers[0]", "error")
+    assert {(m.name, m.details["reason"]) for m in f.members} == {
+        (f"fc.{i}.{w}", "module_replaced") for i in (0, 2) for w in ("weight", "bias")}
+    assert f.cause.startswith("`model.fc` was replaced after the optimizer was built by a module with other tensors")
+    (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
+    assert code == 'opt.add_param_group({"params": model.fc.parameters()})'
+    exec(code, {"opt": opt, "model": model})
+    report = _step(model, opt, monitor)
+    monitor.close()
+    assert report.at_least("warning") == [] and report.names("stale_param", status="resolved") == {
+        f"fc.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
 
 
 @pytest.mark.parametrize("when", ["before", "after", "audit"])
@@ -123,7 +143,7 @@ def test_a_whole_network_swapped_is_paired_by_position() -> None:
     monitor = leafwatch.Monitor(model, opt)
     report = _step(model, opt, monitor)
     monitor.close()
-    _assert_stale(report, {"body.weight", "body.bias", "fc.weight", "fc.bias"}, "model.parameters()})`")
+    _assert_stale(report, {"body.weight", "body.bias", "fc.weight", "fc.bias"})
     assert {f.details["paired_by"] for f in report.tensors()} == {"position"}
 
 
@@ -138,7 +158,7 @@ def test_model_to_that_overwrites_parameters_is_stale() -> None:
         torch.__future__.set_overwrite_module_params_on_conversion(False)
     report = _step(model, opt, monitor, torch.randn(4, 8, dtype=torch.float64))
     monitor.close()
-    _assert_stale(report, {"body.weight", "body.bias", "fc.weight", "fc.bias"}, "model.parameters()})`")
+    _assert_stale(report, {"body.weight", "body.bias", "fc.weight", "fc.bias"})
 
 
 @pytest.mark.parametrize("monitor_first", [True, False])
@@ -261,7 +281,7 @@ def test_a_model_converted_after_its_optimizer_was_built_is_one_stale_optimizer_
     assert {(m.severity, m.details["reason"]) for m in stale.members} == {("error", "module_replaced")}
     assert stale.message.endswith(" is in no optimizer and never changes: optimizer 0 still holds the old tensors "
                                   "of `model`.")
-    assert stale.cause.startswith("`model` was replaced after the optimizer was built by one holding new tensors "
+    assert stale.cause.startswith("`model` was replaced after the optimizer was built by a module with other tensors "
                                   "(a conversion such as `to_hetero`")
     assert stale.fix.startswith("add the new parameters to `opt` (your `Adam`, its groups as they are): ")
     assert stale.fix.endswith("; or rebuild `opt` after the last change to the model, with the same class and groups")

@@ -73,9 +73,11 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
     excluded = {k: (info, inv.tensors[k]) for k, info in inv.params.items()
                 if k not in inv.in_optimizer and inv.tensors[k].requires_grad}
     found = stale if stale is not None else replaced.pair(inv, previous_names)
-    for pair in found.pairs:
-        excluded.pop(id(pair.new), None)
-        out.append(stale_param(pair, step, inv))
+    olds = {id(pair.new): pair for pair in found.pairs}
+    for k in {**olds, **found.swapped}:
+        excluded.pop(k, None)
+        out.append(_module_replaced(k, found.swapped[k], step, inv) if k in found.swapped
+                   else stale_param(olds[k], step, inv))
     for i, old in sorted(found.unpaired.items()):
         out.append(stale_group(i, old, step, inv, harmless=not found.unstepped))
     for k, (info, p) in excluded.items():
@@ -213,8 +215,9 @@ def _add_fix(name: str, inv: Inventory | None) -> str:
     return fixes.give_to_optimizer([name], inv)
 
 
-def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None) -> str:
-    """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None, params: str | None = None) -> str:
+    """Give the new tensors (``params``: their code, when known as a whole) to the optimizer that
+    holds the old ones, or rebuild it (same class and groups)."""
     model = inv.model if inv is not None else None
     optimizers = inv.optimizers if inv is not None else []
     chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
@@ -225,8 +228,9 @@ def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | N
     known = inv.variables if inv is not None else None
     variable = next((v for v in (fixes.variable_for(o, known, cache) for o in chosen) if v is not None), None)
     which = f"`{variable}`" if variable else "your optimizer"
-    return (fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
-            + f"; or rebuild {which} after the last change to the model, with the same class and groups")
+    add = fixes.add_to_optimizer(params, chosen, model=model, what="the new parameters", known=known, cache=cache) \
+        if params else fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
+    return (add + f"; or rebuild {which} after the last change to the model, with the same class and groups")
 
 
 def _regroup_fix(inv: Inventory | None, optimizer: int) -> str:
@@ -258,13 +262,30 @@ def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = N
                  "model no longer uses and which gets no gradient.")
     return make(
         "stale_param", name, "error",
-        f"optimizer {pair.optimizer} still holds the old `{name}`: the model's current `{name}` is in no "
-        "optimizer and never changes.",
+        f"`{name}` is in no optimizer and never changes: optimizer {pair.optimizer} still holds the tensor it replaced.",
         cause,
         _rebuild_fix([name], inv, pair.optimizer), tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
         group=stale_group_key(pair.optimizer), reason="replaced"
     )
+
+
+def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: Inventory) -> Finding:
+    """A tensor of a module replaced after the optimizer was built by one with new tensors that replaced
+    nothing (``to_hetero``'s copies per edge type, a bigger head): the fix gives the optimizer the module."""
+    (module, i), info = swapped, inv.params[k]
+    code = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
+        else fixes.model_tensor_code(module, inv)
+    owner = f"`{code or module}`" if code or module else "the model"
+    return make(
+        "stale_param", info.name, "error",
+        f"`{info.name}` is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
+        f"{owner} was replaced after the optimizer was built by a module with other tensors (a conversion such as "
+        f"`to_hetero`, a new layer, a copy): optimizer {i} updates the old tensors, which get no gradient, and no "
+        "optimizer holds any of the new ones.",
+        _rebuild_fix([info.name], inv, i, code and fixes.trainable_params_code(code, inv.modules[module])),
+        tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i),
+        reason="module_replaced")
 
 
 def stale_group_key(optimizer: int) -> str:
@@ -279,12 +300,13 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
     ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were
     only removed): the leftovers get no gradient and the optimizer skips them; information.
     """
-    n = len(old)
-    if harmless:
-        return _stale_leftovers(optimizer, old, step, inv)
-    names = [name for _, name in old if name is not None]
+    n, names = len(old), [name for _, name in old if name is not None]
     known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
     lazy = sum(1 for t, _ in old if is_uninitialized(t))
+    details = dict(step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
+                   group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)])
+    if harmless:
+        return _stale_leftovers(optimizer, n, known, lazy, inv, details)
     cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
              "optimizer still holds the old tensors, which nothing uses.")
     if lazy:
@@ -296,18 +318,11 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
         f"and get{'s' if n == 1 else ''} no gradient{known}.",
-        cause, _regroup_fix(inv, optimizer), step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
-        group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)], reason="old_tensors"
-    )
+        cause, _regroup_fix(inv, optimizer), **details, reason="old_tensors")
 
 
-def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
-                     inv: Inventory | None = None) -> Finding:
+def _stale_leftovers(optimizer: int, n: int, known: str, lazy: int, inv: Inventory | None, details: dict[str, Any]) -> Finding:
     """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
-    n = len(old)
-    names = [name for _, name in old if name is not None]
-    known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
-    lazy = sum(1 for t, _ in old if is_uninitialized(t))
     them = "them" if n != 1 else "it"
     cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
              f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {optimizer}, which "
@@ -319,12 +334,8 @@ def _stale_leftovers(optimizer: int, old: list[tuple[torch.Tensor, str | None]],
         "stale_param", stale_group_key(optimizer), "info",
         f"optimizer {optimizer} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
         f"uses{known}: harmless, costs memory.",
-        cause,
-        "nothing needed; to free the memory, " + _regroup_fix(inv, optimizer),
-        step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy, leftovers=True,
-        old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)],
-        group=stale_group_key(optimizer), reason="leftovers"
-    )
+        cause, "nothing needed; to free the memory, " + _regroup_fix(inv, optimizer), **details, leftovers=True,
+        reason="leftovers")
 
 
 def _orphans(inv: Inventory, step: int | None) -> list[Finding]:

@@ -58,6 +58,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("frozen_in_optimizer", "frozen"): "structure._frozen_in_optimizer",
     ("frozen_in_optimizer", "buffer"): "structure._frozen_in_optimizer",
     ("stale_param", "replaced"): "structure.stale_param",
+    ("stale_param", "module_replaced"): "structure._module_replaced",
     ("stale_param", "old_tensors"): "structure.stale_group",
     ("stale_param", "leftovers"): "structure._stale_leftovers",
     ("orphan_tensor", "module_in_container"): "structure._orphan_finding",

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .inventory import Inventory
+from .names import ancestors
 
 
 @dataclasses.dataclass
@@ -50,6 +51,9 @@ class Replaced:
     #: every live parameter is stepped: the unpaired old tensors are harmless leftovers (they get
     #: no gradient, the optimizer skips them) that only cost memory.
     unstepped: int = 0
+    #: Each trainable tensor of a module replaced by one with new tensors that pair with nothing (see
+    #: :func:`_swapped`) -> the module's name and the optimizer that holds the old tensors.
+    swapped: dict[int, tuple[str, int]] = dataclasses.field(default_factory=dict)
 
     def old_ids(self) -> set[int]:
         """The ids of every old tensor (paired or not): none of them gets a gradient."""
@@ -93,7 +97,23 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     rest = _pair_by_position(inv, rest, free, out)
     _pair_by_shape(inv, rest, free, out)
     out.unstepped = len(free)
+    _swapped(inv, out, free)
     return out
+
+
+def _swapped(inv: Inventory, out: Replaced, free: set[int]) -> None:
+    """The outermost module no optimizer holds a tensor of, holding both tensors that replaced old ones
+    and new tensors nothing pairs with (``to_hetero``'s copies per edge type, a bigger head): all of
+    its tensors are one replacement."""
+    paired = {id(p.new): p.optimizer for p in out.pairs}
+    held: dict[str, int | None] = {}
+    for k in free:
+        for name in ("", *reversed(ancestors(inv.params[k].name))):
+            if k not in out.swapped and name not in held and name in inv.modules:
+                ids = {id(p) for p in inv.modules[name].parameters()}
+                held[name] = None if ids & inv.in_optimizer else next((paired[i] for i in ids if i in paired), None)
+                if held[name] is not None:
+                    out.swapped.update((i, (name, held[name])) for i in ids if inv.tensors[i].requires_grad)
 
 
 _Old = tuple[int, int, torch.Tensor, "str | None"]  # (optimizer, index in it, tensor, old name)

@@ -126,7 +126,7 @@ KIND_SPECS: Mapping[Kind, KindSpec] = {
     Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad",
                                        "all", "are in an optimizer but do not require grad"),
     Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped",
-                               "tensor", "are stepped by an optimizer but no longer used by the model"),
+                               "tensor", "are in no optimizer, while one steps the old tensors they replaced"),
     Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register",
                                  "container", "are held where the model does not register them"),
     Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf",

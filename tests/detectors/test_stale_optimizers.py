@@ -7,11 +7,14 @@ or after the change; old tensors nothing replaced make one finding per optimizer
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import leafwatch
+from leafwatch.detectors import fixes
 
 
 class Net(nn.Module):
@@ -89,6 +92,27 @@ def test_a_new_head_is_stale_param_under_its_current_name(monitor_first: bool) -
     assert weight.details["old_shape"] == [1000, 16]
     assert "resized from (1000, 16) to (10, 16)" in weight.cause
     assert weight.details["paired_by"] == ("name" if monitor_first else "position")
+
+
+def test_a_head_replaced_by_a_bigger_one_is_one_stale_optimizer_whose_fix_gives_it_the_new_head() -> None:
+    """`model.fc` becomes two layers: the first pairs with the old head, the second with nothing; both are
+    the one replacement (never a `left_out` whose fix would add the first layer a second time)."""
+    model = Net(classes=4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.fc = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    monitor = leafwatch.Monitor(model, opt, verbose=False)
+    (f,) = _step(model, opt, monitor).open
+    assert (f.kind, f.name, f.severity) == ("stale_param", "optimizers[0]", "error")
+    assert {(m.name, m.details["reason"]) for m in f.members} == {
+        (f"fc.{i}.{w}", "module_replaced") for i in (0, 2) for w in ("weight", "bias")}
+    assert f.cause.startswith("`model.fc` was replaced after the optimizer was built by a module with other tensors")
+    (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
+    assert code == 'opt.add_param_group({"params": model.fc.parameters()})'
+    exec(code, {"opt": opt, "model": model})
+    report = _step(model, opt, monitor)
+    monitor.close()
+    assert report.at_least("warning") == [] and report.names("stale_param", status="resolved") == {
+        f"fc.{i}.{w}" for i in (0, 2) for w in ("weight", "bias")}
 
 
 @pytest.mark.parametrize("when", ["before", "after", "audit"])
@@ -201,6 +225,83 @@ def test_a_plain_unused_tensor_in_the_optimizer_does_not_advise_creating_a_monit
     assert "no parameter of the model" in finding.cause
     # audit() saw only the end state: there the advice is true.
     assert "create `leafwatch.Monitor" in leafwatch.audit(model, opt).by_kind("missing_grad")[0].cause
+
+
+# -- a model converted after its optimizer was built: `model = to_hetero(model, metadata)` ----------
+EDGE_TYPES = ("paper__cites__paper", "author__writes__paper")
+
+
+class GNN(nn.Module):
+    """A homogeneous GNN as PyG's examples write it (each message-passing layer reduced to a Linear)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = nn.Linear(4, 8), nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv2(self.conv1(x).relu())
+
+
+class HeteroGNN(nn.Module):
+    """What `torch_geometric.nn.to_hetero` returns: a new module holding a deep copy of each layer per
+    edge type (new tensors), their outputs summed over the edge types."""
+
+    def __init__(self, module: nn.Module, edge_types: tuple[str, ...]) -> None:
+        super().__init__()
+        for name, layer in module.named_children():
+            setattr(self, name, nn.ModuleDict({t: copy.deepcopy(layer) for t in edge_types}))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = sum(layer(x) for layer in self.conv1.values()).relu()
+        return sum(layer(h) for layer in self.conv2.values())
+
+
+def test_a_model_converted_after_its_optimizer_was_built_is_one_stale_optimizer_every_new_tensor_an_error() -> None:
+    """The optimizer holds the old tensors of this very model: every new tensor is an error (never the
+    warning of a module no optimizer ever held), one mistake whose fix gives it the new model; a
+    perceptual-loss network left requiring grad beside it, which no optimizer ever held, stays that warning."""
+    model = GNN()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    model = HeteroGNN(model, EDGE_TYPES)  # `model = to_hetero(model, data.metadata())`, after the optimizer
+    perceptual = nn.Sequential(nn.Linear(2, 4), nn.Tanh())  # a fixed network still requiring grad
+    monitor = leafwatch.Monitor(model, opt, verbose=False).attach()
+
+    def train(steps: int) -> leafwatch.Report:
+        for _ in range(steps):
+            opt.zero_grad()
+            out = model(torch.randn(8, 4))
+            (out.pow(2).mean() + perceptual(out).pow(2).mean()).backward()
+            opt.step()
+        return monitor.report
+
+    stale, fixed = sorted(train(3).open, key=lambda f: f.kind, reverse=True)
+    assert (stale.kind, stale.name, stale.severity) == ("stale_param", "optimizers[0]", "error")
+    new = {f"conv{i}.{t}.{w}" for i in (1, 2) for t in EDGE_TYPES for w in ("weight", "bias")}
+    assert {m.name for m in stale.members} == new
+    assert {(m.severity, m.details["reason"]) for m in stale.members} == {("error", "module_replaced")}
+    assert stale.message.endswith(" is in no optimizer and never changes: optimizer 0 still holds the old tensors "
+                                  "of `model`.")
+    assert stale.cause.startswith("`model` was replaced after the optimizer was built by a module with other tensors "
+                                  "(a conversion such as `to_hetero`")
+    assert stale.fix.startswith("add the new parameters to `opt` (your `Adam`, its groups as they are): ")
+    assert stale.fix.endswith("; or rebuild `opt` after the last change to the model, with the same class and groups")
+    assert (fixed.kind, fixed.name, fixed.severity, fixed.details["reason"]) == (
+        "not_in_optimizer", "perceptual", "warning", "root_outside")
+    assert "`perceptual.requires_grad_(False)`" in fixed.fix
+    (code,) = [c for c in fixes.code_spans(stale.fix) if "add_param_group" in c]
+    assert code == 'opt.add_param_group({"params": model.parameters()})'
+    exec(code, {"opt": opt, "model": model})  # each mistake's fix, pasted in the training loop's scope
+    exec("perceptual.requires_grad_(False)", {"perceptual": perceptual})
+    weight = model.conv2[EDGE_TYPES[1]].weight.detach().clone()
+    report = train(3)
+    monitor.close()
+    assert not torch.equal(weight, model.conv2[EDGE_TYPES[1]].weight)  # the converted model trains
+    assert {(f.kind, f.name, f.status) for f in report.tensors() if f.name != "optimizers[0]"} == {
+        *(("stale_param", name, "resolved") for name in new),
+        ("not_in_optimizer", "perceptual.0.weight", "resolved"), ("not_in_optimizer", "perceptual.0.bias", "resolved")}
+    assert report.open == []
+    (leftovers,) = [f for f in report if f.status == "open"]  # the old tensors, which nothing uses: harmless
+    assert (leftovers.kind, leftovers.name, leftovers.severity) == ("stale_param", "optimizers[0]", "info")
 
 
 # -- lazy modules: parameters that never materialize -------------------------------------------

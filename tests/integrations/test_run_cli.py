@@ -649,6 +649,29 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     assert run.report.names("stale_param") == names
 
 
+def test_a_model_converted_after_its_optimizer_was_built_is_an_error_for_every_new_tensor(tmp_path):
+    """`model = to_hetero(model, metadata)` after the optimizer: the optimizer holds the old tensors of this
+    very model, so every new tensor is an error of the stale optimizer (never the warning of a module no
+    optimizer ever held), and the fix, pasted in the script's scope, gives the optimizer the new model."""
+    result = _leafwatch("run", "--logdir", str(tmp_path), str(SCRIPTS / "to_hetero_after_optimizer.py"))
+    assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
+    (run,) = read_reports(str(tmp_path))
+    (f,) = run.report.open
+    assert (f.kind, f.name, f.severity) == ("stale_param", "optimizers[0]", "error")
+    assert run.report.names("stale_param") == {f"conv{i}.{t}.{w}" for i in (1, 2) for w in ("weight", "bias")
+                                               for t in ("paper__cites__paper", "author__writes__paper")}
+    assert {(m.severity, m.details["reason"]) for m in f.members} == {("error", "module_replaced")}
+    assert "no optimizer holds any of the new ones" in f.cause and "WARNING" not in result.stderr
+    import runpy
+
+    scope = runpy.run_path(str(SCRIPTS / "to_hetero_after_optimizer.py"))
+    (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
+    assert code == 'optimizer.add_param_group({"params": model.parameters()})'
+    exec(code, scope)
+    held = {id(p) for g in scope["optimizer"].param_groups for p in g["params"]}
+    assert {id(p) for p in scope["model"].parameters()} <= held
+
+
 # -- fixes that name the user's own objects --------------------------------------------------------
 SKORCH_LIKE = '''"""skorch's NeuralNet, rebuilt: it keeps the module as `module_` and the optimizer as
 `optimizer_`, and runs the training loop in its own `fit`."""

@@ -21,8 +21,7 @@ from ..options import got
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    # Importing dynamo takes seconds; a model can only be compiled once something imported it.
-    # The same holds for Lightning Fabric: a module can only be wrapped once it is imported.
+    # Importing dynamo takes seconds; nothing is compiled (or Fabric-wrapped) before its package is imported.
     for module_name, class_name in _OPTIONAL_WRAPPERS:
         found = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(found, type):
@@ -125,8 +124,7 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
 
 
 def is_uninitialized(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a lazy module's parameter or buffer that has not materialized yet (it has
-    no shape and no data: only its dtype, device and flags can be read)."""
+    """Whether ``t`` is a lazy module's tensor not materialized yet (no shape, no data)."""
     return nn.parameter.is_lazy(t)
 
 
@@ -174,12 +172,7 @@ class Orphan:
 
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
-    return {
-        # A lazy module's parameter has no shape until its first forward.
-        "shape": shape_of(t),
-        "dtype": str(t.dtype).replace("torch.", ""),
-        "device": str(t.device),
-    }
+    return {"shape": shape_of(t), "dtype": str(t.dtype).replace("torch.", ""), "device": str(t.device)}
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) | {"training"}
@@ -254,7 +247,6 @@ class Inventory:
         self.buffers: set[int] = set()
         #: Buffer id -> its qualified name (``actor.action_low``).
         self.buffer_names: dict[int, str] = {}
-        self.module_names: dict[int, str] = {}
         self.modules: dict[str, nn.Module] = {}
         for prefix, root in self.roots.items():
             self._read_model(root, prefix)
@@ -276,7 +268,6 @@ class Inventory:
         for module_name, module in model.named_modules(remove_duplicate=False, prefix=prefix):
             name = clean_name(module_name)
             self.modules.setdefault(name, module)
-            self.module_names.setdefault(id(module), name)
             for attr, p in module._parameters.items():
                 if p is None:
                     continue
@@ -353,11 +344,7 @@ class Inventory:
         for module_name, module in self.modules.items():
             prefix = f"{module_name}." if module_name else ""
             for path, value, kinds in contained(module):
-                if not kinds:
-                    if isinstance(value, torch.Tensor):
-                        consider(prefix + path, value, "attribute", kinds)
-                    continue
-                consider(prefix + path, value, kinds[-1], kinds)
+                consider(prefix + path, value, kinds[-1] if kinds else "attribute", kinds)
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
@@ -367,9 +354,7 @@ class Inventory:
         not a parameter itself (the orphan is reported on its own).
         """
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-        if not complete:
-            return True
-        return any(id(leaf) in self.tensors for leaf in leaves)
+        return not complete or any(id(leaf) in self.tensors for leaf in leaves)
 
 
 _OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"
@@ -406,22 +391,17 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
     """
     if optimizers is None:
         return []
-    if isinstance(optimizers, (list, tuple)):
-        out: list[torch.optim.Optimizer] = []
-        for i, opt in enumerate(optimizers):
-            try:
-                inner = as_optimizer(opt, f"{argument}[{i}]")
-            except TypeError:
-                raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)} at index {i} "
-                                f"({WRAPPERS_ACCEPTED})") from None
-            if all(inner is not o for o in out):
-                out.append(inner)
-        return out
-    try:
-        return [as_optimizer(optimizers, argument)]
-    except TypeError:
-        raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(optimizers)} "
-                        f"({WRAPPERS_ACCEPTED})") from None
+    many = isinstance(optimizers, (list, tuple))
+    out: list[torch.optim.Optimizer] = []
+    for i, opt in enumerate(optimizers if many else [optimizers]):
+        try:
+            inner = as_optimizer(opt, f"{argument}[{i}]" if many else argument)
+        except TypeError:
+            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{f' at index {i}' if many else ''} "
+                            f"({WRAPPERS_ACCEPTED})") from None
+        if all(inner is not o for o in out):
+            out.append(inner)
+    return out
 
 
 def name_roots(modules: Sequence[nn.Module], variables: Mapping[int, str] | None = None) -> dict[str, nn.Module]:
@@ -455,6 +435,7 @@ def name_roots(modules: Sequence[nn.Module], variables: Mapping[int, str] | None
 
 
 _ROOTS_FORMS = "a mapping name -> torch.nn.Module or a sequence of modules"
+_TENSORS_FORMS = "a mapping name -> tensor or a sequence of tensors"
 
 
 def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module] | None:
@@ -502,15 +483,13 @@ def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torc
     if tensors is None:
         return {}
     if isinstance(tensors, torch.Tensor):
-        raise TypeError(f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got a single Tensor; pass [t] or {{'name': t}}")
+        raise TypeError(f"`{argument}` must be {_TENSORS_FORMS}, got a single Tensor; pass [t] or {{'name': t}}")
     if isinstance(tensors, Mapping):
         items: Iterable[tuple[Any, Any]] = tensors.items()
     elif isinstance(tensors, (list, tuple)):
         items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
     else:
-        raise TypeError(
-            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {got(tensors)}"
-        )
+        raise TypeError(f"`{argument}` must be {_TENSORS_FORMS}, got {got(tensors)}")
     out: dict[str, torch.Tensor] = {}
     for name, t in items:
         if not isinstance(name, str):

@@ -397,8 +397,8 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
         try:
             inner = as_optimizer(opt, f"{argument}[{i}]" if many else argument)
         except TypeError:
-            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{f' at index {i}' if many else ''} "
-                            f"({WRAPPERS_ACCEPTED})") from None
+            at = f" at index {i}" if many else ""
+            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{at} ({WRAPPERS_ACCEPTED})") from None
         if all(inner is not o for o in out):
             out.append(inner)
     return out

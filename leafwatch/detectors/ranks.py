@@ -52,7 +52,6 @@ DDP_FIX = (
 )
 
 
-
 # -- the one info finding of gradients that cannot be read per parameter --------------------
 @dataclasses.dataclass(frozen=True)
 class _Sharded:
@@ -233,14 +232,12 @@ class Gatherer:
         ddp = find_ddp(model)
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
-        self._use: UseTracker | None = None
+        self._use = UseTracker(params) if self.ddp_unused else None
         self.rounds = 0
         self.changed = False
         self.pipelined = pipelined
         self._pending: Any = None
         self._flag = torch.zeros(1, dtype=torch.int32)
-        if self.ddp_unused:
-            self._use = UseTracker(params)
 
     @property
     def runs_sinks(self) -> bool:
@@ -254,19 +251,14 @@ class Gatherer:
 
     def _locally_unused(self, step: int) -> list[Finding]:
         """Parameters this rank did not use although DDP gave them a gradient."""
-        if self._use is None:
-            return []
-        out = []
-        for p, name in self._use.unused():
-            out.append(Finding.new(
-                "missing_grad", name, "error",
-                f"`{name}` requires grad but got no gradient on this rank.",
-                "its gradient was not computed on this rank in this step (its module did not "
-                "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
-                "filled its .grad with the average from the ranks that used it.",
-                "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
-            ))
-        return out
+        return [Finding.new(
+            "missing_grad", name, "error",
+            f"`{name}` requires grad but got no gradient on this rank.",
+            "its gradient was not computed on this rank in this step (its module did not "
+            "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
+            "filled its .grad with the average from the ranks that used it.",
+            "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
+        ) for p, name in (self._use.unused() if self._use is not None else ())]
 
     def _ensure_group(self) -> Any:
         if self._group is None:
@@ -370,7 +362,7 @@ def make_gatherer(model: Any, params: Callable[[], Sequence[tuple[torch.Tensor, 
     ``params`` is called only when a Gatherer is made (it lists ``(tensor, name)``).
     """
     if distributed is False or not is_distributed():
-        if distributed is True and not is_distributed():
+        if distributed is True:
             warnings.warn(
                 "leafwatch: `distributed=True` but torch.distributed is not initialized with more "
                 "than one process; findings are not gathered across ranks.",

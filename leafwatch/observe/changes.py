@@ -1,6 +1,6 @@
 """Evidence that tells intent from accident for tensors that got no gradient.
 
-Real code does on purpose what a bug does by accident. Two such cases are judged here, only for
+Real code does on purpose what a bug does by accident. Three such cases are judged here, only for
 the few tensors under suspicion and never on a healthy step:
 
 - **a tensor updated by other means** (an EMA / momentum target network, a mean teacher): no

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
+from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status, apply_ignore
 from ..observe.names import ancestors
-from .findings import apply_ignore
 from .verdicts import Action, Verdict
 
 
@@ -168,17 +167,16 @@ class FindingHistory(FindingsView):
         self._records[f.key] = f
         self._changed()
 
-    def _resolve(self, key: tuple[str, str], step: int | None) -> bool:
-        """Mark an open (or pending) finding resolved; True when it changed."""
+    def _resolve(self, key: tuple[str, str], step: int | None) -> None:
+        """Mark an open (or pending) finding resolved."""
         old = self._records.get(key)
         if old is None or old.status not in (Status.OPEN, Status.PENDING):
-            return False
+            return
         if old.status == Status.PENDING:
             del self._records[key]  # a suspicion that the evidence dropped was never shown
         else:
             self._records[key] = old.replace(status=Status.RESOLVED, last_step=step)
         self._changed()
-        return True
 
     def _hold(self, f: Finding) -> None:
         """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""

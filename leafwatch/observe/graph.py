@@ -71,18 +71,9 @@ class Origin:
         )
 
 
-def _describe_dtype(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
 def leaf_info(tensor: torch.Tensor) -> LeafInfo:
-    return LeafInfo(
-        shape=tuple(tensor.shape),
-        dtype=_describe_dtype(tensor.dtype),
-        device=str(tensor.device),
-        is_parameter=isinstance(tensor, torch.nn.Parameter),
-        tensor_id=id(tensor),
-    )
+    return LeafInfo(shape=tuple(tensor.shape), dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device),
+                    is_parameter=isinstance(tensor, torch.nn.Parameter), tensor_id=id(tensor))
 
 
 def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
@@ -152,13 +143,9 @@ def origin(tensor: torch.Tensor) -> Origin | None:
             )
             hint = "device"
         elif leaf is not None and leaf.dtype != tensor.dtype:
-            what = (
-                f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`"
-            )
-            hint = "dtype"
+            what, hint = f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`", "dtype"
         else:
-            what = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`"
-            hint = "device"
+            what, hint = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`", "device"
     elif base in _CLONE_OPS:
         what, hint = "`.clone()` of a tensor that requires grad", "clone"
     elif base in _ARITHMETIC_OPS:

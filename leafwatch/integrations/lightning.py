@@ -11,15 +11,11 @@ data flows one way:
   accumulation and AMP unscaling, for that optimizer's parameters only;
 - ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
   print the summary table on global rank zero.
-
-One class serves both namespaces: ``LeafWatch`` is a class statement whose bases are the
-``Callback`` of every installed Lightning namespace (``pytorch_lightning`` and
-``lightning.pytorch``), so either Trainer accepts it. :func:`callback_class` builds the same
-callback on one chosen base.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,18 +38,11 @@ INSTALL_HINT = install_command("lightning")
 
 def _callback_bases() -> tuple[type, ...]:
     bases: list[type] = []
-    try:
-        from pytorch_lightning import Callback as PLCallback
-
-        bases.append(PLCallback)
-    except ImportError:
-        pass
-    try:
-        from lightning.pytorch import Callback as LCallback
-
-        bases.append(LCallback)
-    except ImportError:
-        pass
+    for namespace in ("pytorch_lightning", "lightning.pytorch"):
+        try:
+            bases.append(importlib.import_module(namespace).Callback)
+        except ImportError:
+            pass
     return tuple(bases)
 
 
@@ -84,9 +73,8 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
 
 
 def _is_summary_writer(experiment: Any) -> bool:
-    if type(experiment).__name__ != "SummaryWriter":
-        return False
-    return all(callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
+    return type(experiment).__name__ == "SummaryWriter" and all(
+        callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
 
 
 class _MetricsSink:
@@ -138,14 +126,8 @@ class _LeafWatchMixin(CallbackBase):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        saved = self.state_dict()
-        state["monitor"] = None
-        state["_console"] = None
-        state["_pending_state"] = saved or None
-        state["_last_report"] = None
-        state["_final_state"] = {}
-        state["_unwrapped"] = None
-        state["_counter"], state["_steps_read"] = None, 0
+        state.update(monitor=None, _console=None, _pending_state=self.state_dict() or None, _last_report=None,
+                     _final_state={}, _unwrapped=None, _counter=None, _steps_read=0)
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -167,10 +149,8 @@ class _LeafWatchMixin(CallbackBase):
         # every VERIFY_STEP_EVERY reads (any difference: global_step from then on).
         self._steps_read = reads = self._steps_read + 1
         counter = self._counter
-        if counter is not None and reads % VERIFY_STEP_EVERY:
-            step = counter.completed
-        else:
-            step = self._verified_step(trainer, pl_module)
+        fast = counter is not None and reads % VERIFY_STEP_EVERY
+        step = counter.completed if fast else self._verified_step(trainer, pl_module)
         # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
         saved = getattr(pl_module, "_param_requires_grad_state", None)
         toggled = self._untoggle(saved) if saved else []
@@ -305,7 +285,6 @@ def callback_class(base: type | tuple[type, ...], name: str = "LeafWatch") -> ty
         A callback class taking the arguments of :class:`LeafWatch`.
     """
     bases = base if isinstance(base, tuple) else (base,)
-
     # Named at creation: its __init__ takes the class's name then (CallbackBase.__init_subclass__).
     return type(name, (_LeafWatchMixin, *bases), {"__doc__": LeafWatch.__doc__, "__module__": __name__})
 

@@ -30,11 +30,10 @@ from torch import nn
 
 from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
-from ..options import LeafwatchError, LeafwatchInternalWarning
+from ..options import LeafwatchError, LeafwatchInternalWarning, validate_bool, validate_ignore, validate_int
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..observe.discovery import Discovery, user_scope
 from ..observe.frames import stacklevel_outside
-from ..options import validate_bool, validate_ignore, validate_int
 
 #: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
 #: Monitor's default) and the sinks, computed inside the guard that keeps training going.
@@ -71,9 +70,8 @@ class CallbackBase:
         self.patience = validate_int(patience, "patience", 1)
         self.ignore = validate_ignore(ignore)
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
-        self.log_every_n_steps = (
-            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
-        )
+        self.log_every_n_steps = log_every_n_steps if log_every_n_steps is None else validate_int(
+            log_every_n_steps, "log_every_n_steps", 1)
         self.monitor: Monitor | None = None
         #: The modules a step runs beyond the model (a loss module, a head the trainer owns).
         self._step_modules: Discovery | None = None
@@ -114,15 +112,8 @@ class CallbackBase:
         """
         try:
             optimizers, sinks = prepare()
-            self.monitor = Monitor(
-                model,
-                optimizers,
-                patience=self.patience,
-                ignore=self.ignore,
-                check_values_every_n_steps=self.check_values_every_n_steps,
-                strict=self.strict,
-                sinks=sinks,
-            )
+            self.monitor = Monitor(model, optimizers, patience=self.patience, ignore=self.ignore, strict=self.strict,
+                                   check_values_every_n_steps=self.check_values_every_n_steps, sinks=sinks)
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
             if isinstance(model, nn.Module):
@@ -164,8 +155,7 @@ class CallbackBase:
             self._step_modules = None
         try:
             if monitor is not None:
-                report = monitor.close()
-                self._last_report = report
+                report = self._last_report = monitor.close()
                 self._final_state = {"monitor": monitor.state_dict()}
                 if print_table and self.verbose:
                     print(report)

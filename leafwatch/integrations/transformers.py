@@ -12,12 +12,8 @@ data flows one way:
 - ``on_train_end``: close the Monitor (every hook removed), write the last records and print
   the summary table on the main process.
 
-Findings go to leafwatch's own TensorBoard records under ``args.output_dir`` (``leafwatch/``
-beneath it), written by the main process only: they do not depend on ``report_to``, so
-``leafwatch report OUTPUT_DIR`` and the Leafwatch tab show them in every configuration.
-
-The history travels in checkpoints through transformers' ``ExportableState``
-(``trainer_state.json``, ``stateful_callbacks``), so ``resume_from_checkpoint`` keeps it.
+Findings go to leafwatch's own TensorBoard records (:class:`LeafWatchCallback` says where and
+why); the history travels in checkpoints through transformers' ``ExportableState``.
 """
 
 from __future__ import annotations
@@ -203,18 +199,10 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
     @override
     def state(self) -> dict[str, Any]:
         """What ``Trainer`` saves in ``trainer_state.json`` (``ExportableState``)."""
-        return {
-            "args": {
-                "strict": self.strict,
-                "patience": self.patience,
-                "ignore": dict(self.ignore),
+        args = {"strict": self.strict, "patience": self.patience, "ignore": dict(self.ignore),
                 "check_values_every_n_steps": self.check_values_every_n_steps,
-                "log_every_n_steps": self.log_every_n_steps,
-                "log_dir": self.log_dir,
-                "verbose": self.verbose,
-            },
-            "attributes": {"_pending_state": self.state_dict() or None},
-        }
+                "log_every_n_steps": self.log_every_n_steps, "log_dir": self.log_dir, "verbose": self.verbose}
+        return {"args": args, "attributes": {"_pending_state": self.state_dict() or None}}
 
     def _saved_in(self, state: TrainerState) -> dict[str, Any] | None:
         """The history this callback saved in the checkpoint ``state`` was loaded from."""

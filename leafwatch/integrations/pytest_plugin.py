@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..report.findings import Finding, Report, Status
+from ..report.findings import Finding, Report, Status, apply_ignore
 from ..report.format import tensor_count
 from ..options import WarnOnce, parse_ignore, validate_ignore, validate_int
-from ..report.findings import apply_ignore
 
 if TYPE_CHECKING:
     from .runner import Session

@@ -23,12 +23,12 @@ from ...observe import inventory
 from ... import watching
 from ...detectors import constructors as checks, structure as structure_detector
 from ...sinks.console import NewFindingWarnings
-from ...report.findings import Finding, Kind, Report
+from ...report.findings import Finding, Kind, Report, apply_ignore
 from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
-from ...report.findings import apply_ignore
 from ...detectors import causes
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
+from ...observe.sharding import is_distributed
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
 LATE_OPTIMIZER_CHECKS = 25
@@ -125,8 +125,7 @@ class Session:
             return
         for opt in found.optimizers:
             monitor.add_optimizer(opt)
-        report = monitor.check(optimizer, step=found.steps)
-        self.report = report
+        report = self.report = monitor.check(optimizer, step=found.steps)
         if self.strict and report.at_least("error"):
             raise StrictStop(report, found.steps)
 
@@ -238,7 +237,7 @@ class Session:
         return Report(apply_ignore(found, self.ignore), step=self.steps)
 
     def _first_step_findings(self, inv: inventory.Inventory, named: set[str]) -> list[Finding]:
-        if not self._first_misses or _distributed_run():
+        if not self._first_misses or is_distributed():
             return []  # (across ranks the Monitor's merge decides; one local step cannot)
         ran = {name for prefix, root in inv.roots.items()
                for name, module in root.named_modules(remove_duplicate=False, prefix=prefix)
@@ -281,8 +280,3 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
-
-
-def _distributed_run() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

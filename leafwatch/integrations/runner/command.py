@@ -49,22 +49,14 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str]) -> i
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
+        target = module if module is not None else script
+        assert target is not None
+        sys.argv = [target, *argv]
+        sys.path[:1] = [os.getcwd() if module is not None else os.path.dirname(os.path.abspath(target))]
         if module is not None:
-            sys.argv = [module, *argv]
-            if sys.path:
-                sys.path[0] = os.getcwd()
-            else:
-                sys.path.insert(0, os.getcwd())
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            assert script is not None
-            sys.argv = [script, *argv]
-            directory = os.path.dirname(os.path.abspath(script))
-            if sys.path:
-                sys.path[0] = directory
-            else:
-                sys.path.insert(0, directory)
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(target, run_name="__main__")
         return 0
     except SystemExit as stop:
         return _system_exit_code(stop.code)

@@ -41,18 +41,10 @@ class WatchEntry:
         return self.ref()
 
 
-
 def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
     if not tensor.requires_grad:
         return None
     entry_ref = weakref.ref(entry)
-
-    def count_leaf(t: torch.Tensor) -> None:
-        # torch calls the hook when backward passed None too (a custom autograd.Function that
-        # returns None for this input): only a gradient that exists counts.
-        e = entry_ref()
-        if e is not None and t.grad is not None:
-            e.grads_seen += 1
 
     def count(grad: torch.Tensor | None) -> None:
         e = entry_ref()
@@ -60,7 +52,9 @@ def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
             e.grads_seen += 1
 
     if tensor.is_leaf:
-        return tensor.register_post_accumulate_grad_hook(count_leaf)
+        # torch calls this hook when backward passed None too (a custom autograd.Function that
+        # returns None for this input): only a gradient that exists counts.
+        return tensor.register_post_accumulate_grad_hook(lambda t: count(t.grad))
     return tensor.register_hook(count)
 
 
@@ -95,11 +89,7 @@ class WatchSet:
 
     def _finalizer(self, name: str) -> Any:
         dead = self._dead
-
-        def finalize(ref: weakref.ReferenceType) -> None:
-            dead.append((name, ref))  # never take the lock here: the collector may run while it is held
-
-        return finalize
+        return lambda ref: dead.append((name, ref))  # never take the lock here: the collector may run while it is held
 
     def add(self, tensor: torch.Tensor, name: str, *, named_by_caller: bool, expect_leaf: bool,
             expect_grad: bool, location: str) -> tuple[WatchEntry, BaseException | None]:
@@ -122,15 +112,9 @@ class WatchSet:
                         "pick a unique name or unwatch() the other one first"
                     )
                 self._remove(existing)
-            entry = WatchEntry(
-                name=name,
-                ref=weakref.ref(tensor, self._finalizer(name)),
-                expect_leaf=expect_leaf,
-                expect_grad=expect_grad,
-                location=location,
-                is_leaf=tensor.is_leaf,
-                origin=graph.origin(tensor) if not tensor.is_leaf else None,
-            )
+            entry = WatchEntry(name=name, ref=weakref.ref(tensor, self._finalizer(name)), expect_leaf=expect_leaf,
+                               expect_grad=expect_grad, location=location, is_leaf=tensor.is_leaf,
+                               origin=graph.origin(tensor) if not tensor.is_leaf else None)
             try:
                 entry.handle = _make_hook(tensor, entry)
             except Exception as error:  # an exotic tensor subclass: watch without counting gradients
@@ -162,16 +146,12 @@ class WatchSet:
                 self._remove(entry)
                 return True
             if not isinstance(tensor_or_name, torch.Tensor):
-                raise TypeError(
-                    f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
-                    f"{tensor_or_name!r:.80}"
-                )
-            removed = False
-            for entry in list(self.by_name.values()):
-                if entry.tensor() is tensor_or_name:
-                    self._remove(entry)
-                    removed = True
-            return removed
+                raise TypeError(f"`tensor_or_name` must be a torch.Tensor or a str, got "
+                                f"{type(tensor_or_name).__name__}: {tensor_or_name!r:.80}")
+            removed = [e for e in self.by_name.values() if e.tensor() is tensor_or_name]
+            for entry in removed:
+                self._remove(entry)
+            return bool(removed)
 
     def clear(self) -> None:
         """Stop watching every tensor of this set."""
@@ -184,12 +164,7 @@ class WatchSet:
         """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
         with self._lock:
             self._purge_dead()
-            out = {}
-            for name, entry in self.by_name.items():
-                t = entry.tensor()
-                if t is not None:
-                    out[name] = t
-            return out
+            return {name: t for name, entry in self.by_name.items() if (t := entry.tensor()) is not None}
 
     def entries(self) -> list[WatchEntry]:
         with self._lock:
@@ -201,13 +176,8 @@ class WatchSet:
 DEFAULT = WatchSet()
 
 
-def watch(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    *,
-    expect_leaf: bool = True,
-    expect_grad: bool = True,
-) -> torch.Tensor:
+def watch(tensor: torch.Tensor, name: str | None = None, *, expect_leaf: bool = True,
+          expect_grad: bool = True) -> torch.Tensor:
     """Flag a tensor that should train; returns the same tensor, so it can wrap an expression.
 
     Args:

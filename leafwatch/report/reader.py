@@ -55,9 +55,7 @@ def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
 
 def _payload_of(value: Any) -> bytes | None:
     tensor = value.tensor if value.HasField("tensor") else None
-    if tensor is None or not tensor.string_val:
-        return None
-    return tensor.string_val[0]
+    return tensor.string_val[0] if tensor is not None and tensor.string_val else None
 
 
 def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
@@ -108,10 +106,8 @@ def read_reports(logdir: str) -> list[RunReport]:
     out = []
     for folder, files in _run_folders(logdir):
         found = _latest_record(files)
-        if found is None:
-            continue
-        wall_time, data = found
-        out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=wall_time, data=data))
+        if found is not None:
+            out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=found[0], data=found[1]))
     return out
 
 
@@ -125,10 +121,7 @@ def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
 
 
 def format_text(reports: Sequence[RunReport]) -> str:
-    blocks = []
-    for r in reports:
-        blocks.append(f"run: {r.run}\n{r.report}")
-    return "\n\n".join(blocks)
+    return "\n\n".join(f"run: {r.run}\n{r.report}" for r in reports)
 
 
 def format_json(logdir: str, reports: Sequence[RunReport]) -> str:

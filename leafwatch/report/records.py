@@ -82,12 +82,8 @@ def is_coverage_tag(tag: str) -> bool:
 
 def layout() -> dict[str, Any]:
     """The custom-scalars layout: one chart of the open findings per kind, one of the coverage."""
-    return {
-        PLUGIN_NAME: {
-            "open findings per kind": ["Multiline", [rf"{OPEN_PREFIX}.*"]],
-            "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]],
-        }
-    }
+    return {PLUGIN_NAME: {"open findings per kind": ["Multiline", [rf"{OPEN_PREFIX}.*"]],
+                          "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]]}}
 
 
 def encode_report(report: Mapping[str, Any]) -> str:

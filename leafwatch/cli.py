@@ -41,25 +41,14 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
 
 
-
-
 #: The subcommands: the help, what adds their arguments, and what runs them.
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "demo": Subcommand(
-        "train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
-        _demo_arguments,
-        "leafwatch.cli:demo_main",
-    ),
-    "run": Subcommand(
-        "run an unmodified PyTorch script and name every tensor that does not train",
-        "leafwatch.integrations.runner:configure_run_parser",
-        "leafwatch.integrations.runner:run_main",
-    ),
-    "report": Subcommand(
-        "print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
-        "leafwatch.report.reader:configure_report_parser",
-        "leafwatch.report.reader:report_main",
-    ),
+    "demo": Subcommand("train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
+                       _demo_arguments, "leafwatch.cli:demo_main"),
+    "run": Subcommand("run an unmodified PyTorch script and name every tensor that does not train",
+                      "leafwatch.integrations.runner:configure_run_parser", "leafwatch.integrations.runner:run_main"),
+    "report": Subcommand("print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
+                         "leafwatch.report.reader:configure_report_parser", "leafwatch.report.reader:report_main"),
 }
 
 
@@ -69,10 +58,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ``leafwatch run`` needs (torch)."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="leafwatch",
-        description="Name every PyTorch tensor that will not train, say why, and give the one-line fix.",
-    )
+    parser = argparse.ArgumentParser(prog="leafwatch", description="Name every PyTorch tensor that will not train, "
+                                     "say why, and give the one-line fix.")
     parser.add_argument("--version", action="version", version=f"leafwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in SUBCOMMANDS.items():
@@ -132,13 +119,9 @@ def demo_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report: Any = example.train(logdir, max_steps=args.steps, verbose=False)
     elapsed = time.perf_counter() - started
-    print()
-    print(report)
-    print()
+    print(f"\n{report}\n")
     print(f"Trained in {elapsed:.1f} s; the findings are also in TensorBoard (scalars, text and the Leafwatch tab).")
-    print("Open the dashboard with:")
-    print()
-    print(f"    {tensorboard_command(logdir)}")
+    print(f"Open the dashboard with:\n\n    {tensorboard_command(logdir)}")
     return 0
 
 

@@ -97,10 +97,8 @@ class WatchedTracker:
             if verdict == "by_hand":
                 continue
             keys.add(f.key)
-            if verdict == "wait":
-                out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP})))
-            else:
-                out.append(Verdict.open(f))
+            out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
+                       if verdict == "wait" else Verdict.open(f))
         return keys
 
     def decide(self, f: Finding) -> Finding | None:

@@ -95,15 +95,11 @@ def tensorboard_command(logdir: str | os.PathLike[str]) -> str:
     plugin is not installed.
     """
     log = shlex.quote(str(logdir))
-    installed = any(ep.name == DISTRIBUTION
-                    for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
-    if installed:
-        beside = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
+    beside = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
+    if beside is not None and any(ep.name == DISTRIBUTION
+                                  for ep in importlib.metadata.entry_points(group="tensorboard_plugins")):
         on_path = shutil.which("tensorboard")
-        if beside is not None:
-            if on_path is not None and _same(on_path, beside):
-                return f"tensorboard --logdir {log}"
-            return f"{shown(beside)} --logdir {log}"
+        return f"{'tensorboard' if on_path is not None and _same(on_path, beside) else shown(beside)} --logdir {log}"
     return f"{shown(sys.executable)} -m leafwatch.tensorboard_plugin --logdir {log}"
 
 

@@ -300,11 +300,8 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["kind"], data["severity"], data["status"] = str(self.kind), str(self.severity), str(self.status)
-        data["shape"] = list(self.shape) if self.shape is not None else None
-        data["aliases"] = list(self.aliases)
-        data["ranks"] = list(self.ranks)
-        data["details"] = dict(self.details)
-        data["members"] = [m.to_dict() for m in self.members]
+        data.update(shape=list(self.shape) if self.shape is not None else None, aliases=list(self.aliases),
+                    ranks=list(self.ranks), details=dict(self.details), members=[m.to_dict() for m in self.members])
         return data
 
     @classmethod
@@ -604,13 +601,8 @@ class Report:
 
     def names(self, kind: str | None = None, status: str | None = "open") -> set[str]:
         """The names of the tensors with findings of one kind (every kind when None) with that status."""
-        return {
-            m.name
-            for f in self.findings
-            if kind is None or f.kind == kind
-            for m in f.tensors
-            if status is None or m.status == status
-        }
+        return {m.name for f in self.findings if kind is None or f.kind == kind
+                for m in f.tensors if status is None or m.status == status}
 
     def counts(self) -> dict[str, int]:
         """Open mistakes per kind (one finding each, however many tensors it lists), every kind
@@ -635,11 +627,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``, and
         ``"nothing_to_check": true`` only when it is (so older readers read it unchanged)."""
-        data = {
-            "step": self.step,
-            "counts": self.counts(),
-            "findings": [f.to_dict() for f in self.findings],
-        }
+        data = {"step": self.step, "counts": self.counts(), "findings": [f.to_dict() for f in self.findings]}
         if self.nothing_to_check:
             data["nothing_to_check"] = True
         return data

@@ -398,7 +398,8 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
             inner = as_optimizer(opt, f"{argument}[{i}]" if many else argument)
         except TypeError:
             at = f" at index {i}" if many else ""
-            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{at} ({WRAPPERS_ACCEPTED})") from None
+            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{at} "
+                            f"({WRAPPERS_ACCEPTED})") from None
         if all(inner is not o for o in out):
             out.append(inner)
     return out
@@ -452,13 +453,7 @@ def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module]
         raise TypeError(f"`{argument}` must be {_ROOTS_FORMS}, got a single module ({got(roots)}); "
                         "pass it as `model`, or as `[module]`")
     if isinstance(roots, Mapping):
-        items = list(roots.items())
-        for name, module in items:
-            if not isinstance(name, str):
-                raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
-            if not isinstance(module, nn.Module):
-                raise TypeError(f"`{argument}[{name!r}]` must be a torch.nn.Module, got {got(module)}")
-        out = dict(items)
+        out = _checked_items(roots.items(), argument, nn.Module, "torch.nn.Module")
     elif isinstance(roots, (list, tuple)):
         for i, module in enumerate(roots):
             if not isinstance(module, nn.Module):
@@ -490,11 +485,16 @@ def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torc
         items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
     else:
         raise TypeError(f"`{argument}` must be {_TENSORS_FORMS}, got {got(tensors)}")
-    out: dict[str, torch.Tensor] = {}
-    for name, t in items:
+    return _checked_items(items, argument, torch.Tensor, "torch.Tensor")
+
+
+def _checked_items(items: Iterable[tuple[Any, Any]], argument: str, kind: type, what: str) -> dict[str, Any]:
+    """``items`` as a dict; TypeError naming ``argument`` for a key that is no str or a value that is no ``kind``."""
+    out = {}
+    for name, value in items:
         if not isinstance(name, str):
             raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {got(t)}")
-        out[name] = t
+        if not isinstance(value, kind):
+            raise TypeError(f"`{argument}[{name!r}]` must be a {what}, got {got(value)}")
+        out[name] = value
     return out

@@ -116,17 +116,13 @@ def _contained_modules(module: nn.Module) -> list[nn.Module]:
 
 
 class _RootInfo:
-    """What one candidate root module holds: registered parameters and unregistered tensors."""
+    """What one candidate root module holds: registered parameters, and with its unregistered tensors ``owned``."""
 
     def __init__(self, module: nn.Module) -> None:
         inv = inventory.Inventory(module)
         self.module = module
         self.registered = set(inv.tensors)
-        self.unregistered = {id(o.tensor) for o in inv.orphans()}
-
-    @property
-    def owned(self) -> set[int]:
-        return self.registered | self.unregistered
+        self.owned = self.registered | {id(o.tensor) for o in inv.orphans()}
 
 
 class Discovery:

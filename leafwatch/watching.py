@@ -107,10 +107,8 @@ class WatchSet:
                     existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
                     return existing, None
                 if live is not None and named_by_caller:
-                    raise ValueError(
-                        f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
-                        "pick a unique name or unwatch() the other one first"
-                    )
+                    raise ValueError(f"`name` {name!r} already names another watched tensor (watched at "
+                                     f"{existing.location}); pick a unique name or unwatch() the other one first")
                 self._remove(existing)
             entry = WatchEntry(name=name, ref=weakref.ref(tensor, self._finalizer(name)), expect_leaf=expect_leaf,
                                expect_grad=expect_grad, location=location, is_leaf=tensor.is_leaf,
@@ -232,17 +230,13 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
             f"({type(hook_error).__name__}: {hook_error}); "
             + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
                else "leafwatch cannot tell whether gradients flow through it."),
-            LeafwatchInternalWarning,
-            stacklevel=stacklevel_outside(frameworks=False),
-        )
+            LeafwatchInternalWarning, stacklevel=stacklevel_outside(frameworks=False))
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         warnings.warn(
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
             f"Fix: {fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)}",
-            LeafwatchWarning,
-            stacklevel=stacklevel_outside(frameworks=False),
-        )
+            LeafwatchWarning, stacklevel=stacklevel_outside(frameworks=False))
     return tensor
 
 

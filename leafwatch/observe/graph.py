@@ -64,11 +64,8 @@ class Origin:
             who = "the leaf it is a view of"  # usually a tensor the caller still holds
         else:
             who = "an unnamed temporary leaf that nothing in your code holds"
-        return (
-            f"{text}: backward() puts the gradient into {who} "
-            f"(shape {tuple(self.leaf.shape)}, {self.leaf.dtype}, {self.leaf.device}), "
-            f"and `{name}.grad` stays None."
-        )
+        return (f"{text}: backward() puts the gradient into {who} (shape {tuple(self.leaf.shape)}, "
+                f"{self.leaf.dtype}, {self.leaf.device}), and `{name}.grad` stays None.")
 
 
 def leaf_info(tensor: torch.Tensor) -> LeafInfo:
@@ -137,11 +134,8 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     info = leaf_info(leaf) if leaf is not None else None
     if base in _COPY_OPS:
         if leaf is not None and leaf.device != tensor.device:
-            what = (
-                f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
-                "made after `requires_grad=True`"
-            )
-            hint = "device"
+            what, hint = (f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
+                          "made after `requires_grad=True`", "device")
         elif leaf is not None and leaf.dtype != tensor.dtype:
             what, hint = f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`", "dtype"
         else:

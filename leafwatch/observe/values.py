@@ -268,9 +268,7 @@ class ValueChecker:
         #: How the small CPU gradients were grouped by shape, per set of sizes (plain ints, no tensor).
         self._plans: dict[tuple[object, ...], _ShapePlan] = {}
 
-    def check(
-        self, grads: Sequence[torch.Tensor | None], step: int
-    ) -> tuple[list[int], list[tuple[int, int]]]:
+    def check(self, grads: Sequence[torch.Tensor | None], step: int) -> tuple[list[int], list[tuple[int, int]]]:
         """Launch a check of ``grads``; return the steps whose results are in, and ``(step, index)``
         for every non-finite gradient among them.
 

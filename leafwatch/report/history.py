@@ -144,10 +144,8 @@ class FindingHistory(FindingsView):
             self._records[f.key] = f
             self._changed()
             return
-        updated = f.replace(
-            first_step=old.first_step if old.first_step is not None else f.first_step,
-            steps_seen=old.steps_seen + 1,
-        )
+        updated = f.replace(first_step=old.first_step if old.first_step is not None else f.first_step,
+                            steps_seen=old.steps_seen + 1)
         self._records[f.key] = updated
         self.revision += 1
         # An intermittent finding's message counts the steps: that count alone is no change worth

@@ -47,7 +47,7 @@ def _callback_bases() -> tuple[type, ...]:
 
 
 #: ``trainer.global_step`` is compared with the progress counter read in its place at the first
-#: read and every this many reads after it.
+#: read and every this many reads after it (any difference: ``global_step`` from then on).
 VERIFY_STEP_EVERY = 64
 
 
@@ -56,10 +56,8 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
 
     ``global_step`` is six property calls deep (the fit loop, the epoch loop, the LightningModule
     through the strategy, its optimization mode, the progress counter): about 10 µs at every
-    optimizer step, right after backward, when each call runs cold. The tracker it ends at is
-    updated in place by Lightning, so the callback reads it directly, and compares it with
-    ``global_step`` at the first read and every :data:`VERIFY_STEP_EVERY` reads (see
-    ``on_before_optimizer_step``).
+    optimizer step, right after backward, when each call runs cold. Lightning updates that tracker
+    in place, so the callback reads it directly (checked as :data:`VERIFY_STEP_EVERY` says).
     """
     try:
         loop = trainer.fit_loop.epoch_loop
@@ -145,8 +143,6 @@ class _LeafWatchMixin(CallbackBase):
         unwrapped = self._unwrapped
         if unwrapped is None or unwrapped[0] is not optimizer:
             unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
-        # trainer.global_step's counter, read in place; global_step itself at the first read and
-        # every VERIFY_STEP_EVERY reads (any difference: global_step from then on).
         self._steps_read = reads = self._steps_read + 1
         counter = self._counter
         fast = counter is not None and reads % VERIFY_STEP_EVERY

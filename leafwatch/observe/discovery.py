@@ -79,10 +79,6 @@ def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
         pass
 
 
-def _is_builtin(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("torch.")
-
-
 def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
     return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
 
@@ -350,7 +346,7 @@ class Discovery:
         in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
         kept: list[_RootInfo] = []
         for module in _tops(self.modules_seen()):
-            if _is_builtin(module) and not any(True for _ in module.parameters()):
+            if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
             info = _RootInfo(module)
             if not info.owned:

@@ -53,11 +53,6 @@ def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
             yield folder, [os.path.join(folder, f) for f in events]
 
 
-def _payload_of(value: Any) -> bytes | None:
-    tensor = value.tensor if value.HasField("tensor") else None
-    return tensor.string_val[0] if tensor is not None and tensor.string_val else None
-
-
 def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
     from tensorboard.backend.event_processing import event_file_loader
 
@@ -69,8 +64,8 @@ def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
             for value in event.summary.value:
                 if value.tag != REPORT_TAG:
                     continue
-                payload = _payload_of(value)
-                data = None if payload is None else decode(payload)
+                tensor = value.tensor if value.HasField("tensor") else None
+                data = decode(tensor.string_val[0]) if tensor is not None and tensor.string_val else None
                 if data is None:
                     continue
                 key = (event.wall_time, file_index, event_index)

@@ -441,6 +441,7 @@ def _shared_text(members: list[Finding], field: str, group: str, each_only: bool
     if len(texts) == 1:
         return texts.pop()
     first = getattr(members[0], field)
+    fallback = "" if each_only or not first else f"for `{members[0].name}`: {first}"
     shapes = {_shape(getattr(m, field), m, group) for m in members}
     if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
@@ -449,15 +450,13 @@ def _shared_text(members: list[Finding], field: str, group: str, each_only: bool
                                for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
             ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
             if ignore is None and "\2" in shape:
-                return f"for `{members[0].name}`: {first}" if not each_only else ""
+                return fallback
             params = sorted({p for m in members for p in _PARAMS.findall(getattr(m, field))}, key=natural_key)
             if "\3" in shape and not 0 < len(params) <= 8:
-                return f"for `{members[0].name}`: {first}" if not each_only else ""
+                return fallback
             return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
                     .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
-    if each_only:
-        return ""
-    return f"for `{members[0].name}`: {first}" if first else first
+    return fallback
 
 
 #: What may stand before "each of ..." in a mistake's text (the start of a clause, a verb or a

@@ -144,16 +144,17 @@ class Session:
 
     def _make_monitor(self) -> Monitor:
         sinks: list[Any] = [self._lines]
-        try:
-            writer = self._get_writer()
-        except Exception as error:  # the check goes on without TensorBoard records
-            self._warn("opening the TensorBoard writer", error)
-            writer = None
-        if writer is not None:
-            from ..tensorboard import TensorBoardSink
+        if self.logdir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._sink = TensorBoardSink(writer)
-            sinks.append(self._sink)
+                from ..tensorboard import TensorBoardSink
+
+                self._writer = self._writer or SummaryWriter(self.logdir)
+                self._sink = TensorBoardSink(self._writer)
+                sinks.append(self._sink)
+            except Exception as error:  # the check goes on without TensorBoard records
+                self._warn("opening the TensorBoard writer", error)
         monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
@@ -161,14 +162,6 @@ class Session:
                                     self.found.outside_root_tensors, values_until=EVERY_STEP_VALUE_CHECKS,
                                     variables=self.found.script_variables)
         return monitor
-
-    def _get_writer(self) -> Any:
-        if self.logdir is None or self._writer is not None:
-            return self._writer
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._writer = SummaryWriter(self.logdir)
-        return self._writer
 
     @property
     def failed_parts(self) -> list[str]:

@@ -113,14 +113,13 @@ class WatchSet:
             entry = WatchEntry(name=name, ref=weakref.ref(tensor, self._finalizer(name)), expect_leaf=expect_leaf,
                                expect_grad=expect_grad, location=location, is_leaf=tensor.is_leaf,
                                origin=graph.origin(tensor) if not tensor.is_leaf else None)
+            hook_error: BaseException | None = None
             try:
                 entry.handle = _make_hook(tensor, entry)
             except Exception as error:  # an exotic tensor subclass: watch without counting gradients
-                hook_error: BaseException | None = error
+                hook_error = error
                 if not entry.is_leaf:
                     entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
-            else:
-                hook_error = None
             self.by_name[name] = entry
         return entry, hook_error
 

@@ -115,10 +115,8 @@ def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool
     chosen = getattr(args, "ddp_find_unused_parameters", None)
     if chosen is not None:
         return bool(chosen)
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is there: the callback imported it
-        return True
+    from transformers import PreTrainedModel
+
     if not isinstance(model, PreTrainedModel):
         return True
     checkpointing = getattr(model, "is_activation_checkpointing", None)

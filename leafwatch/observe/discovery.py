@@ -55,12 +55,10 @@ def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
 def _frame_values(frame: Any) -> list[Any]:
     """A frame's local values and, for a method, the attributes of ``self``."""
     values = list(frame.f_locals.values())
-    owner = frame.f_locals.get("self")
-    if owner is not None:
-        try:
-            values.extend(vars(owner).values())
-        except TypeError:
-            pass
+    try:
+        values.extend(vars(frame.f_locals.get("self")).values())
+    except TypeError:  # no `self`, or one without attributes
+        pass
     return values[:_MAX_LOCALS]
 
 

@@ -79,8 +79,6 @@ def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = Non
     ``seen``: node ids already walked (by an earlier walk that shares it), passed over; the ids
     of the nodes this walk visits are added to it.
     """
-    if root is None:
-        return
     seen = set() if seen is None else seen
     limit += len(seen)
     stack = [root]

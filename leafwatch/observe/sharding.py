@@ -220,12 +220,8 @@ class UseTracker:
 
     def unused(self) -> list[tuple[torch.Tensor, str]]:
         """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
-        out = []
-        for ref, name in self.tracked:
-            p = ref()
-            if p is None or id(p) in self.used or p.grad is None or not p.requires_grad:
-                continue
-            out.append((p, name))
+        out = [(p, name) for ref, name in self.tracked
+               if (p := ref()) is not None and id(p) not in self.used and p.grad is not None and p.requires_grad]
         self.used.clear()
         return out
 

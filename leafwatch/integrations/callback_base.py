@@ -2,18 +2,11 @@
 
 A front-end (Lightning, Hugging Face, and any later one: Fabric, accelerate) subclasses
 :class:`CallbackBase` and maps its framework's events onto three calls, so that the lifecycle,
-strict mode and the saved history are the same everywhere:
-
-- :meth:`CallbackBase._start` at train start: build the :class:`~leafwatch.Monitor` (a failure
-  warns and training goes on without it), take up a saved history, and report the structural
-  findings of the scan. The scan only reports: strict mode never raises there, because
-  findings such as ``not_in_optimizer`` are decided when gradients are seen at the first check;
-- :meth:`CallbackBase._check` before each optimizer step: ``monitor.check(optimizer, step=...)``;
-  in strict mode an open error finding raises :class:`~leafwatch.LeafwatchError` from here,
-  after the Monitor is closed (every hook removed, every sink flushed);
-- :meth:`CallbackBase._close` at train end, on an exception or teardown: close the Monitor,
-  keep its final report and history, print the table; :meth:`CallbackBase._release` frees what
-  the front-end holds besides (a writer, a declaration).
+strict mode and the saved history are the same everywhere: :meth:`CallbackBase._start` at train
+start, :meth:`CallbackBase._check` before each optimizer step, :meth:`CallbackBase._close` at
+train end, on an exception or teardown. The scan at the start only reports: strict mode never
+raises there, because findings such as ``not_in_optimizer`` are decided when gradients are seen
+at the first check.
 
 ``report``, ``state_dict()`` and ``load_state_dict()`` mean the same in every callback: the
 live report during training, the final one after it, the saved one before a resumed run starts.

@@ -1,9 +1,5 @@
 """What a training step runs, discovered as it runs, for every front-end (:class:`Discovery`).
 
-Under ``leafwatch run`` (an unmodified script): the modules that run, the root modules among
-them, the optimizers the script holds (stepped or not), and its module-level tensors. For a
-front-end given a model (the callbacks, an attached Monitor): the modules a step runs beyond it.
-
 - A global module forward pre-hook sees the modules that run; the *roots* among them (modules that
   are neither a submodule of another one that ran, nor kept in one of its plain lists, dicts or
   attributes) give the qualified names: with one root no prefix, with several a prefix from the

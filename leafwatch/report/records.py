@@ -4,16 +4,8 @@ The one place both sides agree on, torch-free (as TensorBoard's own ``plugins/te
 is shared by its summary writer and its plugin): the sink
 (:mod:`leafwatch.sinks.tensorboard`) and the Lightning metrics sink write these tags, the
 Leafwatch tab (:mod:`leafwatch.tensorboard_plugin`) and ``leafwatch report``
-(:mod:`leafwatch.report.reader`) read them back.
-
-Tags, all under the ``leafwatch/`` prefix:
-
-- scalars ``leafwatch/open/<kind>`` (:func:`open_tag`) and ``leafwatch/grad_coverage``
-  (:data:`GRAD_COVERAGE_TAG`);
-- text ``leafwatch/findings`` (:data:`FINDINGS_TEXT_TAG`): the markdown findings table;
-- a custom-scalars layout (:func:`layout`) in the sub-run :data:`LAYOUT_RUN`;
-- records for the tab and for ``leafwatch report``: tensor summaries with
-  ``plugin_name=`` :data:`PLUGIN_NAME`, each one string (see :data:`RECORD_FORMAT`).
+(:mod:`leafwatch.report.reader`) read them back. The tags, all under the ``leafwatch/`` prefix,
+are the constants below (when each is written: :mod:`leafwatch.sinks.tensorboard`).
 """
 
 from __future__ import annotations

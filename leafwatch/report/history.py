@@ -13,6 +13,7 @@ until a verdict confirms it or drops it, or the run ends and the detector that h
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -232,7 +233,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
     if not under:
         return findings
     # Findings of the same kind, status and detector-named group count together, per module.
-    having: dict[tuple[tuple[str, str, str], str], int] = {}
+    having: Counter[tuple[tuple[str, str, str], str]] = Counter()
     lifted: list[tuple[Finding, tuple[str, str, str], tuple[str, ...]]] = []
     for f in findings:
         spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
@@ -241,9 +242,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
         alike = (f.kind, f.status, str(f.details.get("group") or ""))
         modules = ancestors(f.name)
         lifted.append((f, alike, modules))
-        for module in modules:
-            key = (alike, module)
-            having[key] = having.get(key, 0) + 1
+        having.update((alike, module) for module in modules)
     covers: dict[int, str] = {}
     for f, alike, modules in lifted:
         for module in modules:
@@ -279,11 +278,7 @@ class ModuleCounts:
 
     def of(self, names: tuple[str, ...]) -> dict[str, int]:
         if self._names is not names and self._names != names:
-            under: dict[str, int] = {}
-            for name in names:
-                for module in ancestors(name):
-                    under[module] = under.get(module, 0) + 1
-            self._names, self._under = names, under
+            self._names, self._under = names, Counter(module for name in names for module in ancestors(name))
         return self._under
 
 

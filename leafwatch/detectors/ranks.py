@@ -292,19 +292,16 @@ class Gatherer:
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
             group = self._ensure_group()
-            if self._merged is None:
-                # The first check exchanges at once: DDP fails at the next step's forward pass.
-                self.changed = True
-            elif self.pipelined:
+            if self._merged is not None and self.pipelined:
                 # The flag all-reduced at the previous check is long done: reading it costs no wait.
                 assert self._pending is not None
                 self._pending.wait()
                 self._pending = None
-                self.changed = bool(self._flag.item())
-            else:
+            elif self._merged is not None:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, group=group)
-                self.changed = bool(self._flag.item())
+            # The first check exchanges at once: DDP fails at the next step's forward pass.
+            self.changed = self._merged is None or bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)

@@ -20,7 +20,7 @@ import torch
 from .detectors import fixes
 from .observe import graph
 from .observe.frames import caller_location, stacklevel_outside
-from .options import LeafwatchInternalWarning, LeafwatchWarning
+from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
 
 
 @dataclasses.dataclass(eq=False)
@@ -207,9 +207,8 @@ def watch(
         raise TypeError(f"`tensor` must be a torch.Tensor, got {type(tensor).__name__}: {tensor!r:.80}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"`name` must be a str or None, got {type(name).__name__}: {name!r:.80}")
-    for arg, value in (("expect_leaf", expect_leaf), ("expect_grad", expect_grad)):
-        if not isinstance(value, bool):
-            raise TypeError(f"`{arg}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+    validate_bool(expect_leaf, "expect_leaf")
+    validate_bool(expect_grad, "expect_grad")
     return add_watch(DEFAULT, tensor, name, expect_leaf=expect_leaf, expect_grad=expect_grad)
 
 

@@ -115,28 +115,20 @@ class LeafwatchAudit:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        # The setup failed or skipped: the call never ran, the session is closed unjudged.
-        session = item.stash.get(_SESSION, None)
-        if session is not None:
-            del item.stash[_SESSION]
-            try:
-                session.close()
-            except Exception as error:
-                self._warn("removing the hooks", error)
+        self._finish(item, judge=False)  # the setup failed or skipped: the call never ran, closed unjudged
 
-    def _finish(self, item: pytest.Item) -> None:
+    def _finish(self, item: pytest.Item, judge: bool = True) -> None:
         session = item.stash.get(_SESSION, None)
         if session is None:
             return
         del item.stash[_SESSION]
         try:
             report = session.close()
-            if session.steps == 0:
-                return  # no optimizer stepped: the test is left as it is
-            report = _ignore_more(report, self.ignore)
-            item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
+            if judge and session.steps:  # no optimizer stepped: the test is left as it is
+                report = _ignore_more(report, self.ignore)
+                item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
         except Exception as error:  # leafwatch's own failure: the test keeps its own outcome
-            self._warn("judging the test", error)
+            self._warn("judging the test" if judge else "removing the hooks", error)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:

@@ -319,25 +319,24 @@ class Inventory:
         """Tensors that need grad but are not registered: plain attributes, Python lists/dicts."""
         if self.model is None:
             return []
-        registered = set(self.tensors) | self.buffers
+        taken = set(self.tensors) | self.buffers  # registered, or found already
         found: list[Orphan] = []
-        seen: set[int] = set()
 
         def consider(name: str, value: Any, container: str, kinds: tuple[str, ...]) -> None:
             if isinstance(value, torch.Tensor):
-                if id(value) in registered or id(value) in seen or not value.requires_grad:
+                if id(value) in taken or not value.requires_grad:
                     return
                 if not value.is_leaf and self._derived_from_parameters(value):
                     # weight_norm / spectral_norm / pruning weights, and stored outputs or losses:
                     # computed from the model's own parameters, not would-be parameters.
                     return
-                seen.add(id(value))
+                taken.add(id(value))
                 found.append(Orphan(name, value, container, containers=kinds))
             elif isinstance(value, nn.Module) and container != "attribute":
                 for sub, p in value.named_parameters():
-                    if id(p) in registered or id(p) in seen or not p.requires_grad:
+                    if id(p) in taken or not p.requires_grad:
                         continue
-                    seen.add(id(p))
+                    taken.add(id(p))
                     found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
                                         containers=kinds))
 

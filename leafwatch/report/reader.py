@@ -89,13 +89,13 @@ def run_label(folder: str, logdir: str) -> str:
     return run.replace(os.sep, "/")
 
 
-def read_reports(logdir: str) -> list[RunReport]:
+def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
     """The latest leafwatch record of every run under ``logdir``, in folder order.
 
     Raises:
-        ValueError: ``logdir`` is not a folder (a file, or nothing).
+        ValueError: ``logdir`` is not a folder (a file, or nothing); the message calls it ``argument``.
     """
-    problem = folder_problem(logdir, "logdir")
+    problem = folder_problem(logdir, argument)
     if problem is not None:
         raise ValueError(problem)
     out = []
@@ -135,12 +135,8 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def report_main(args: argparse.Namespace) -> int:
     """Print the reports found under ``args.logdir``; the exit code."""
-    problem = folder_problem(args.logdir, "LOGDIR")
-    if problem is not None:
-        sys.stderr.write(f"leafwatch report: {problem}\n")
-        return EXIT_NO_DATA
     try:
-        reports = read_reports(args.logdir)
+        reports = read_reports(args.logdir, "LOGDIR")
     except ValueError as error:
         sys.stderr.write(f"leafwatch report: {error}\n")
         return EXIT_NO_DATA

@@ -181,9 +181,7 @@ class CallbackBase:
         """Plain data (the Monitor's history), JSON-ready; saved in checkpoints."""
         if self.monitor is not None:
             return {"monitor": self.monitor.state_dict()}
-        if self._pending_state is not None:
-            return dict(self._pending_state)
-        return dict(self._final_state or {})
+        return dict(self._pending_state if self._pending_state is not None else self._final_state or {})
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Take up a history from :meth:`state_dict` (at the next start if not training).

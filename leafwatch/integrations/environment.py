@@ -74,9 +74,7 @@ def _pip() -> str:
     """``pip`` when the one on ``PATH`` belongs to this interpreter, else ``<python> -m pip``."""
     beside = Path(sys.executable).parent / ("pip.exe" if os.name == "nt" else "pip")
     on_path = shutil.which("pip")
-    if on_path and beside.exists() and _same(on_path, beside):
-        return "pip"
-    return f"{shown(sys.executable)} -m pip"
+    return "pip" if on_path and beside.exists() and _same(on_path, beside) else f"{shown(sys.executable)} -m pip"
 
 
 def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:

@@ -88,9 +88,7 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
         return "master_copies", None
     own = {id(p) for p in model.parameters()}
     stepped = [p for group in inner.param_groups for p in group["params"]]
-    if stepped and not any(id(p) in own for p in stepped):
-        return "master_copies", None
-    return None, inner
+    return ("master_copies", None) if stepped and not any(id(p) in own for p in stepped) else (None, inner)
 
 
 def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool | None:

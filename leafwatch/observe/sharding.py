@@ -173,9 +173,7 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -
         skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
         if skip:
             return GradientView(strategy, skip)
-    if any(_is_dtensor(t) for t in tensors):
-        return GradientView("fsdp2", frozenset(), True)
-    return PLAIN
+    return GradientView("fsdp2", frozenset(), True) if any(_is_dtensor(t) for t in tensors) else PLAIN
 
 
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:

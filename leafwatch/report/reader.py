@@ -110,9 +110,7 @@ def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
     """Whether a finding at least as severe as ``fail_on`` is open in any run."""
     if fail_on not in FAIL_ON:
         raise ValueError(f"`fail_on` can be one of {', '.join(FAIL_ON)}, got {fail_on!r}")
-    if fail_on == "never":
-        return False
-    return any(r.report.at_least(fail_on) for r in reports)
+    return fail_on != "never" and any(r.report.at_least(fail_on) for r in reports)
 
 
 def format_text(reports: Sequence[RunReport]) -> str:

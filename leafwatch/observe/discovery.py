@@ -274,11 +274,9 @@ class Discovery:
         return count, new_params
 
     def _find_owners(self, unknown: set[int]) -> None:
-        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``.
-
-        A container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are
-        called one by one) is found there: the training loop holds it in a variable.
-        """
+        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
+        container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
+        one by one) is found there, the training loop holds it in a variable."""
         for frame in user_frames():
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:

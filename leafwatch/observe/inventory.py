@@ -347,11 +347,8 @@ class Inventory:
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
-        """Whether a non-leaf was computed from at least one registered parameter.
-
-        Any one is enough: a loss kept in ``self.outputs`` that also depends on an orphan is
-        not a parameter itself (the orphan is reported on its own).
-        """
+        """Whether a non-leaf was computed from at least one registered parameter (any one: a loss kept
+        in ``self.outputs`` that also depends on an orphan is no parameter; the orphan is reported on its own)."""
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
         return not complete or any(id(leaf) in self.tensors for leaf in leaves)
 

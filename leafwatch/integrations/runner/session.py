@@ -221,8 +221,7 @@ class Session:
         return report
 
     def _structural_report(self) -> Report:
-        """The report of a run that ended before any check: the structure now, every optimizer
-        known, and the tensors that got no gradient at their optimizer's only step."""
+        """The report of a run that ended before any check (the module docstring says what it holds)."""
         self.found.update_roots()
         inv = inventory.Inventory(self.found.roots, self.found.optimizers)
         found = structure_detector.structural(inv, step=self.steps)

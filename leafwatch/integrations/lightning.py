@@ -118,8 +118,7 @@ class _LeafWatchMixin(CallbackBase):
         if known is None or known[0] != options:
             known = self._state_key = (options, self._generate_state_key(  # type: ignore[attr-defined]
                 patience=self.patience, ignore=sorted(self.ignore),
-                check_values_every_n_steps=self.check_values_every_n_steps,
-            ))
+                check_values_every_n_steps=self.check_values_every_n_steps))
         return known[1]
 
     def __getstate__(self) -> dict[str, Any]:

@@ -7,18 +7,8 @@ and module hooks), installed before the test's setup (so training done by its fi
 and closed when its call ends. The test is judged from the session's final report (the whole
 test's run, however many steps): an error finding still open fails a test that would have passed,
 and the findings table is added to the test's report as a ``leafwatch`` section. A test that steps
-no optimizer is left as it is, with no section.
-
-Options:
-    ``--leafwatch``: turn the audit on.
-    ``--leafwatch-ignore PATTERN[=REASON]`` (repeatable): report findings whose name matches as
-    ignored, as ``leafwatch run --ignore`` does. Applied to each test's final report, so a pattern
-    that matches nothing in most tests does not warn in each of them.
-
-Markers:
-    ``@pytest.mark.leafwatch_skip(reason=...)``: do not audit this test.
-    ``@pytest.mark.leafwatch(ignore={"teacher.*": "distillation target"}, patience=2)``: options
-    for this test (patterns that match nothing in it warn, as the ``Monitor`` does).
+no optimizer is left as it is, with no section. The options (``--leafwatch``, ``--leafwatch-ignore``)
+and markers (``leafwatch_skip``, ``leafwatch(ignore=..., patience=...)``) are described in docs/testing.md.
 """
 
 from __future__ import annotations

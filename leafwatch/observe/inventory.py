@@ -251,9 +251,8 @@ class Inventory:
         for prefix, root in self.roots.items():
             self._read_model(root, prefix)
         self.optimizers = list(optimizers)
-        self.optimizer_params: list[list[torch.Tensor]] = [
-            [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
-        ]
+        self.optimizer_params: list[list[torch.Tensor]] = [[p for group in opt.param_groups for p in group["params"]]
+                                                           for opt in self.optimizers]
         self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
         #: Object id -> the user's variable for it, when a front-end knows them (``leafwatch run``
         #: reads the script's variables while it runs): the fixes name them.

@@ -244,11 +244,9 @@ class Finding:
         """A finding first seen at ``step`` (its first and last step too), with ``details``: the
         one constructor of every detector's findings (:func:`leafwatch.detectors.constructors.make`
         fills the tensor's shape, dtype and device)."""
-        return cls(
-            kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix, step=step,  # type: ignore[arg-type]
-            first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype, device=device,
-            details=details,
-        )
+        return cls(kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix,  # type: ignore[arg-type]
+                   step=step, first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype,
+                   device=device, details=details)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _word(Kind, self.kind))

@@ -139,11 +139,9 @@ def report_main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"leafwatch report: {error}\n")
         return EXIT_NO_DATA
     if not reports:
-        sys.stderr.write(
-            f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
-            f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
-            "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n"
-        )
+        sys.stderr.write(f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
+                         f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
+                         "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n")
         return EXIT_NO_DATA
     sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
     return EXIT_FINDINGS if failing(reports, args.fail_on) else 0

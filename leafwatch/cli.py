@@ -25,14 +25,13 @@ class Subcommand(NamedTuple):
 
     Attributes:
         help: The one-line help.
-        add_arguments: Adds the subcommand's arguments to its parser: a function, or
-            ``"module:function"`` imported when the parser is built.
+        add_arguments: ``"module:function"`` that adds the subcommand's arguments to its parser.
         target: ``"module:function"`` run with the parsed arguments; returns the exit code. Imported
             only when the subcommand runs.
     """
 
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None] | str
+    add_arguments: str
     target: str
 
 
@@ -44,7 +43,7 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
 #: The subcommands: the help, what adds their arguments, and what runs them.
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand("train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
-                       _demo_arguments, "leafwatch.cli:demo_main"),
+                       "leafwatch.cli:_demo_arguments", "leafwatch.cli:demo_main"),
     "run": Subcommand("run an unmodified PyTorch script and name every tensor that does not train",
                       "leafwatch.integrations.runner:configure_run_parser", "leafwatch.integrations.runner:run_main"),
     "report": Subcommand("print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
@@ -66,10 +65,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         subparser = sub.add_parser(name, help=command.help, description=command.help)
         if only is not None and name != only:
             continue
-        add_arguments = command.add_arguments
-        if isinstance(add_arguments, str):
-            add_arguments = _load_target(add_arguments)
-        add_arguments(subparser)
+        _load_target(command.add_arguments)(subparser)
     return parser
 
 

@@ -117,11 +117,11 @@ def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on
     """
     out: dict[str, str] = {}
     for value in values or ():
-        pattern, sep, reason = value.partition("=")
+        pattern, _, reason = value.partition("=")
         pattern = pattern.strip()
         if not pattern:
             raise ValueError(f"`--ignore` takes PATTERN[=REASON] with a non-empty pattern, got {value!r}")
-        out[pattern] = reason.strip() if sep and reason.strip() else default_reason
+        out[pattern] = reason.strip() or default_reason
     return out
 
 

@@ -138,10 +138,9 @@ class WatchSet:
             self._purge_dead()
             if isinstance(tensor_or_name, str):
                 entry = self.by_name.get(tensor_or_name)
-                if entry is None:
-                    return False
-                self._remove(entry)
-                return True
+                if entry is not None:
+                    self._remove(entry)
+                return entry is not None
             if not isinstance(tensor_or_name, torch.Tensor):
                 raise TypeError(f"`tensor_or_name` must be a torch.Tensor or a str, got "
                                 f"{type(tensor_or_name).__name__}: {tensor_or_name!r:.80}")

@@ -159,7 +159,6 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,
                     causes: Mapping[int, str], plain: bool = True) -> Finding:
-    name = f.name
     if f.details.get("reason") == "sharded_gradients":
         return f
     if len(active) == world_size:
@@ -181,9 +180,9 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
         )
     others = [r for r in range(world_size) if r not in active]
     where = _ranks_words(active)
-    message = (f"`{name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
+    message = (f"`{f.name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
                "per-rank branching, a different bug from a dead layer.")
-    cause = (f"the forward pass takes a rank-dependent path: on {where} `{name}` is not used "
+    cause = (f"the forward pass takes a rank-dependent path: on {where} `{f.name}` is not used "
              "(a branch on the rank, or data-dependent routing that differs between ranks). "
              f"On {where}: {causes[active[0]]}")
     if ddp_unused is False:

@@ -163,12 +163,10 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -
         return PLAIN
     tensors = [t for _, t, _ in entries]
     models = list(model.values()) if isinstance(model, Mapping) else [model]
-    declared = _declared(_DECLARED, model)
-    everything = frozenset(k for k, _, _ in entries)
-    if declared == "deepspeed" or any(_is_deepspeed(m, tensors) for m in models if m is not None):
-        return GradientView("deepspeed", everything)
-    if declared == "master_copies":
-        return GradientView("master_copies", everything)
+    deepspeed = any(_is_deepspeed(m, tensors) for m in models if m is not None)
+    strategy = "deepspeed" if deepspeed else _declared(_DECLARED, model)  # or what a front-end declared
+    if strategy is not None:
+        return GradientView(strategy, frozenset(k for k, _, _ in entries))
     for marker, strategy in _FSDP1:
         skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
         if skip:

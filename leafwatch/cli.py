@@ -25,14 +25,13 @@ class Subcommand(NamedTuple):
 
     Attributes:
         help: The one-line help.
-        add_arguments: Adds the subcommand's arguments to its parser: a function, or
-            ``"module:function"`` imported when the parser is built.
+        add_arguments: ``"module:function"`` that adds the subcommand's arguments to its parser.
         target: ``"module:function"`` run with the parsed arguments; returns the exit code. Imported
             only when the subcommand runs.
     """
 
     help: str
-    add_arguments: Callable[[argparse.ArgumentParser], None] | str
+    add_arguments: str
     target: str
 
 
@@ -41,25 +40,14 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
 
 
-
-
 #: The subcommands: the help, what adds their arguments, and what runs them.
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "demo": Subcommand(
-        "train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
-        _demo_arguments,
-        "leafwatch.cli:demo_main",
-    ),
-    "run": Subcommand(
-        "run an unmodified PyTorch script and name every tensor that does not train",
-        "leafwatch.integrations.runner:configure_run_parser",
-        "leafwatch.integrations.runner:run_main",
-    ),
-    "report": Subcommand(
-        "print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
-        "leafwatch.report.reader:configure_report_parser",
-        "leafwatch.report.reader:report_main",
-    ),
+    "demo": Subcommand("train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
+                       "leafwatch.cli:_demo_arguments", "leafwatch.cli:demo_main"),
+    "run": Subcommand("run an unmodified PyTorch script and name every tensor that does not train",
+                      "leafwatch.integrations.runner:configure_run_parser", "leafwatch.integrations.runner:run_main"),
+    "report": Subcommand("print the findings leafwatch wrote to TensorBoard logs (exit 1 on findings, for CI)",
+                         "leafwatch.report.reader:configure_report_parser", "leafwatch.report.reader:report_main"),
 }
 
 
@@ -69,20 +57,15 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     ``leafwatch run`` needs (torch)."""
     from . import __version__
 
-    parser = argparse.ArgumentParser(
-        prog="leafwatch",
-        description="Name every PyTorch tensor that will not train, say why, and give the one-line fix.",
-    )
+    parser = argparse.ArgumentParser(prog="leafwatch", description="Name every PyTorch tensor that will not train, "
+                                     "say why, and give the one-line fix.")
     parser.add_argument("--version", action="version", version=f"leafwatch {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, command in SUBCOMMANDS.items():
         subparser = sub.add_parser(name, help=command.help, description=command.help)
         if only is not None and name != only:
             continue
-        add_arguments = command.add_arguments
-        if isinstance(add_arguments, str):
-            add_arguments = _load_target(add_arguments)
-        add_arguments(subparser)
+        _load_target(command.add_arguments)(subparser)
     return parser
 
 
@@ -132,13 +115,9 @@ def demo_main(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     report: Any = example.train(logdir, max_steps=args.steps, verbose=False)
     elapsed = time.perf_counter() - started
-    print()
-    print(report)
-    print()
+    print(f"\n{report}\n")
     print(f"Trained in {elapsed:.1f} s; the findings are also in TensorBoard (scalars, text and the Leafwatch tab).")
-    print("Open the dashboard with:")
-    print()
-    print(f"    {tensorboard_command(logdir)}")
+    print(f"Open the dashboard with:\n\n    {tensorboard_command(logdir)}")
     return 0
 
 

@@ -52,9 +52,7 @@ def got(value: Any) -> str:
     """How an error message shows a wrong value: ``type: repr`` on one line (the type alone
     when the repr spans lines, as an optimizer's or a module's does)."""
     text = repr(value)
-    if "\n" in text:
-        return type(value).__name__
-    return f"{type(value).__name__}: {text:.80}"
+    return type(value).__name__ if "\n" in text else f"{type(value).__name__}: {text:.80}"
 
 
 def validate_int(value: Any, argument: str, minimum: int) -> int:
@@ -119,11 +117,11 @@ def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on
     """
     out: dict[str, str] = {}
     for value in values or ():
-        pattern, sep, reason = value.partition("=")
+        pattern, _, reason = value.partition("=")
         pattern = pattern.strip()
         if not pattern:
             raise ValueError(f"`--ignore` takes PATTERN[=REASON] with a non-empty pattern, got {value!r}")
-        out[pattern] = reason.strip() if sep and reason.strip() else default_reason
+        out[pattern] = reason.strip() or default_reason
     return out
 
 
@@ -197,30 +195,18 @@ def pattern_matches(pattern: str, name: str) -> bool:
 def matching_pattern(ignore: Mapping[str, str], names: Iterable[str]) -> str | None:
     """The first pattern of ``ignore`` (in its order) that matches one of ``names``."""
     names = tuple(names)
-    for pattern in ignore:
-        if any(pattern_matches(pattern, n) for n in names):
-            return pattern
-    return None
-
-
-def unmatched_patterns(ignore: Mapping[str, str], names: Iterable[str]) -> list[str]:
-    """The patterns of ``ignore`` that match none of ``names`` (likely typos)."""
-    names = set(names)
-    return [p for p in ignore if not any(pattern_matches(p, n) for n in names)]
+    return next((p for p in ignore if any(pattern_matches(p, n) for n in names)), None)
 
 
 def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int | None = None) -> None:
-    """Warn for each ``ignore`` pattern that matches none of ``names`` (at the user's line by default)."""
+    """Warn for each ``ignore`` pattern that matches none of ``names`` (a typo?), at the user's line by default."""
     names = set(names)
     if stacklevel is None:
         stacklevel = stacklevel_outside()
-    for pattern in unmatched_patterns(ignore, names):
-        warnings.warn(
-            f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
-            f"(for example {sorted(names)[:3]})",
-            LeafwatchWarning,
-            stacklevel=stacklevel,
-        )
+    for pattern in ignore:
+        if not any(pattern_matches(pattern, n) for n in names):
+            warnings.warn(f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
+                          f"(for example {sorted(names)[:3]})", LeafwatchWarning, stacklevel=stacklevel)
 
 
 class WarnOnce:
@@ -238,8 +224,5 @@ class WarnOnce:
         if where in self.seen:
             return
         self.seen.add(where)
-        warnings.warn(
-            f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); {self.goes_on}",
-            LeafwatchInternalWarning,
-            stacklevel=stacklevel,
-        )
+        warnings.warn(f"leafwatch: internal failure in {where} ({type(error).__name__}: {error}); {self.goes_on}",
+                      LeafwatchInternalWarning, stacklevel=stacklevel)

@@ -15,10 +15,9 @@ import torch
 from torch import nn
 
 from .report.findings import Report
-from .options import LeafwatchAssertionError
+from .options import LeafwatchAssertionError, validate_int
 from .report.format import tensor_count
 from .monitor import Monitor
-from .options import validate_int
 
 
 def assert_trains(

@@ -20,7 +20,7 @@ import torch
 from .detectors import fixes
 from .observe import graph
 from .observe.frames import caller_location, stacklevel_outside
-from .options import LeafwatchInternalWarning, LeafwatchWarning
+from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
 from .report.findings import applicability
 from .report.format import FIX_MARKS
 
@@ -43,18 +43,10 @@ class WatchEntry:
         return self.ref()
 
 
-
 def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
     if not tensor.requires_grad:
         return None
     entry_ref = weakref.ref(entry)
-
-    def count_leaf(t: torch.Tensor) -> None:
-        # torch calls the hook when backward passed None too (a custom autograd.Function that
-        # returns None for this input): only a gradient that exists counts.
-        e = entry_ref()
-        if e is not None and t.grad is not None:
-            e.grads_seen += 1
 
     def count(grad: torch.Tensor | None) -> None:
         e = entry_ref()
@@ -62,7 +54,9 @@ def _make_hook(tensor: torch.Tensor, entry: WatchEntry) -> Any:
             e.grads_seen += 1
 
     if tensor.is_leaf:
-        return tensor.register_post_accumulate_grad_hook(count_leaf)
+        # torch calls this hook when backward passed None too (a custom autograd.Function that
+        # returns None for this input): only a gradient that exists counts.
+        return tensor.register_post_accumulate_grad_hook(lambda t: count(t.grad))
     return tensor.register_hook(count)
 
 
@@ -97,11 +91,7 @@ class WatchSet:
 
     def _finalizer(self, name: str) -> Any:
         dead = self._dead
-
-        def finalize(ref: weakref.ReferenceType) -> None:
-            dead.append((name, ref))  # never take the lock here: the collector may run while it is held
-
-        return finalize
+        return lambda ref: dead.append((name, ref))  # never take the lock here: the collector may run while it is held
 
     def add(self, tensor: torch.Tensor, name: str, *, named_by_caller: bool, expect_leaf: bool,
             expect_grad: bool, location: str) -> tuple[WatchEntry, BaseException | None]:
@@ -119,28 +109,19 @@ class WatchSet:
                     existing.expect_leaf, existing.expect_grad = expect_leaf, expect_grad
                     return existing, None
                 if live is not None and named_by_caller:
-                    raise ValueError(
-                        f"`name` {name!r} already names another watched tensor (watched at {existing.location}); "
-                        "pick a unique name or unwatch() the other one first"
-                    )
+                    raise ValueError(f"`name` {name!r} already names another watched tensor (watched at "
+                                     f"{existing.location}); pick a unique name or unwatch() the other one first")
                 self._remove(existing)
-            entry = WatchEntry(
-                name=name,
-                ref=weakref.ref(tensor, self._finalizer(name)),
-                expect_leaf=expect_leaf,
-                expect_grad=expect_grad,
-                location=location,
-                is_leaf=tensor.is_leaf,
-                origin=graph.origin(tensor) if not tensor.is_leaf else None,
-            )
+            entry = WatchEntry(name=name, ref=weakref.ref(tensor, self._finalizer(name)), expect_leaf=expect_leaf,
+                               expect_grad=expect_grad, location=location, is_leaf=tensor.is_leaf,
+                               origin=graph.origin(tensor) if not tensor.is_leaf else None)
+            hook_error: BaseException | None = None
             try:
                 entry.handle = _make_hook(tensor, entry)
             except Exception as error:  # an exotic tensor subclass: watch without counting gradients
-                hook_error: BaseException | None = error
+                hook_error = error
                 if not entry.is_leaf:
                     entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
-            else:
-                hook_error = None
             self.by_name[name] = entry
         return entry, hook_error
 
@@ -159,21 +140,16 @@ class WatchSet:
             self._purge_dead()
             if isinstance(tensor_or_name, str):
                 entry = self.by_name.get(tensor_or_name)
-                if entry is None:
-                    return False
-                self._remove(entry)
-                return True
-            if not isinstance(tensor_or_name, torch.Tensor):
-                raise TypeError(
-                    f"`tensor_or_name` must be a torch.Tensor or a str, got {type(tensor_or_name).__name__}: "
-                    f"{tensor_or_name!r:.80}"
-                )
-            removed = False
-            for entry in list(self.by_name.values()):
-                if entry.tensor() is tensor_or_name:
+                if entry is not None:
                     self._remove(entry)
-                    removed = True
-            return removed
+                return entry is not None
+            if not isinstance(tensor_or_name, torch.Tensor):
+                raise TypeError(f"`tensor_or_name` must be a torch.Tensor or a str, got "
+                                f"{type(tensor_or_name).__name__}: {tensor_or_name!r:.80}")
+            removed = [e for e in self.by_name.values() if e.tensor() is tensor_or_name]
+            for entry in removed:
+                self._remove(entry)
+            return bool(removed)
 
     def clear(self) -> None:
         """Stop watching every tensor of this set."""
@@ -186,12 +162,7 @@ class WatchSet:
         """The watched tensors still alive, by name (a new dict of strong references: don't keep it)."""
         with self._lock:
             self._purge_dead()
-            out = {}
-            for name, entry in self.by_name.items():
-                t = entry.tensor()
-                if t is not None:
-                    out[name] = t
-            return out
+            return {name: t for name, entry in self.by_name.items() if (t := entry.tensor()) is not None}
 
     def entries(self) -> list[WatchEntry]:
         with self._lock:
@@ -237,9 +208,8 @@ def watch(
         raise TypeError(f"`tensor` must be a torch.Tensor, got {type(tensor).__name__}: {tensor!r:.80}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"`name` must be a str or None, got {type(name).__name__}: {name!r:.80}")
-    for arg, value in (("expect_leaf", expect_leaf), ("expect_grad", expect_grad)):
-        if not isinstance(value, bool):
-            raise TypeError(f"`{arg}` must be a bool, got {type(value).__name__}: {value!r:.80}")
+    validate_bool(expect_leaf, "expect_leaf")
+    validate_bool(expect_grad, "expect_grad")
     return add_watch(DEFAULT, tensor, name, expect_leaf=expect_leaf, expect_grad=expect_grad)
 
 
@@ -259,18 +229,14 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
             f"({type(hook_error).__name__}: {hook_error}); "
             + ("leafwatch checks only whether its .grad is set." if entry.is_leaf
                else "leafwatch cannot tell whether gradients flow through it."),
-            LeafwatchInternalWarning,
-            stacklevel=stacklevel_outside(frameworks=False),
-        )
+            LeafwatchInternalWarning, stacklevel=stacklevel_outside(frameworks=False))
     if expect_leaf and not tensor.is_leaf:
         cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
         fix = fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)
         warnings.warn(
             f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
             f"Fix ({FIX_MARKS[str(applicability(fix))]}): {fix}",
-            LeafwatchWarning,
-            stacklevel=stacklevel_outside(frameworks=False),
-        )
+            LeafwatchWarning, stacklevel=stacklevel_outside(frameworks=False))
     return tensor
 
 

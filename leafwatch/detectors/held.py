@@ -109,8 +109,7 @@ class HeldMisses:
         waiting = f.details.get("pending")
         details = {k: v for k, v in f.details.items() if k != "pending"}
         if waiting == Waiting.TARGET:
-            entry = next(((ref, n) for ref, n in self.suspects.values() if n == f.name), None)
-            t = entry[0]() if entry is not None else None
+            t = next((ref() for ref, n in self.suspects.values() if n == f.name), None)
             verdict = self.evidence.verdict(t, final=True) if t is not None else "unknown"
             if verdict == "changed":
                 return None

@@ -52,7 +52,6 @@ DDP_FIX = (
 )
 
 
-
 # -- the one info finding of gradients that cannot be read per parameter --------------------
 @dataclasses.dataclass(frozen=True)
 class _Sharded:
@@ -160,7 +159,6 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,
                     causes: Mapping[int, str], plain: bool = True) -> Finding:
-    name = f.name
     if f.details.get("reason") == "sharded_gradients":
         return f
     if len(active) == world_size:
@@ -182,9 +180,9 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
         )
     others = [r for r in range(world_size) if r not in active]
     where = _ranks_words(active)
-    message = (f"`{name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
+    message = (f"`{f.name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
                "per-rank branching, a different bug from a dead layer.")
-    cause = (f"the forward pass takes a rank-dependent path: on {where} `{name}` is not used "
+    cause = (f"the forward pass takes a rank-dependent path: on {where} `{f.name}` is not used "
              "(a branch on the rank, or data-dependent routing that differs between ranks). "
              f"On {where}: {causes[active[0]]}")
     if ddp_unused is False:
@@ -233,14 +231,12 @@ class Gatherer:
         ddp = find_ddp(model)
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
-        self._use: UseTracker | None = None
+        self._use = UseTracker(params) if self.ddp_unused else None
         self.rounds = 0
         self.changed = False
         self.pipelined = pipelined
         self._pending: Any = None
         self._flag = torch.zeros(1, dtype=torch.int32)
-        if self.ddp_unused:
-            self._use = UseTracker(params)
 
     @property
     def runs_sinks(self) -> bool:
@@ -254,19 +250,14 @@ class Gatherer:
 
     def _locally_unused(self, step: int) -> list[Finding]:
         """Parameters this rank did not use although DDP gave them a gradient."""
-        if self._use is None:
-            return []
-        out = []
-        for p, name in self._use.unused():
-            out.append(Finding.new(
-                "missing_grad", name, "error",
-                f"`{name}` requires grad but got no gradient on this rank.",
-                "its gradient was not computed on this rank in this step (its module did not "
-                "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
-                "filled its .grad with the average from the ranks that used it.",
-                "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
-            ))
-        return out
+        return [Finding.new(
+            "missing_grad", name, "error",
+            f"`{name}` requires grad but got no gradient on this rank.",
+            "its gradient was not computed on this rank in this step (its module did not "
+            "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
+            "filled its .grad with the average from the ranks that used it.",
+            "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
+        ) for p, name in (self._use.unused() if self._use is not None else ())]
 
     def _ensure_group(self) -> Any:
         if self._group is None:
@@ -300,19 +291,16 @@ class Gatherer:
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
             group = self._ensure_group()
-            if self._merged is None:
-                # The first check exchanges at once: DDP fails at the next step's forward pass.
-                self.changed = True
-            elif self.pipelined:
+            if self._merged is not None and self.pipelined:
                 # The flag all-reduced at the previous check is long done: reading it costs no wait.
                 assert self._pending is not None
                 self._pending.wait()
                 self._pending = None
-                self.changed = bool(self._flag.item())
-            else:
+            elif self._merged is not None:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, group=group)
-                self.changed = bool(self._flag.item())
+            # The first check exchanges at once: DDP fails at the next step's forward pass.
+            self.changed = self._merged is None or bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
@@ -370,7 +358,7 @@ def make_gatherer(model: Any, params: Callable[[], Sequence[tuple[torch.Tensor, 
     ``params`` is called only when a Gatherer is made (it lists ``(tensor, name)``).
     """
     if distributed is False or not is_distributed():
-        if distributed is True and not is_distributed():
+        if distributed is True:
             warnings.warn(
                 "leafwatch: `distributed=True` but torch.distributed is not initialized with more "
                 "than one process; findings are not gathered across ranks.",

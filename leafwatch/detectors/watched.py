@@ -84,9 +84,7 @@ class WatchedTracker:
 
     def _outside_optimizers(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
                             in_optimizer: Callable[[WatchEntry], bool], out: Verdicts) -> set[tuple[str, str]]:
-        """The gradient rule for watched leaves in no optimizer that get gradients: held at the
-        first check that sees the gradient, then nothing when the value changed between checks
-        (updated by hand), ``not_in_optimizer`` when it did not. Returns the keys written."""
+        """The gradient rule for watched leaves in no optimizer (as the module docstring says); the keys written."""
         keys = set()
         found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
                                                 in_optimizer=self._cached(in_optimizer), inventory=inv)
@@ -97,10 +95,8 @@ class WatchedTracker:
             if verdict == "by_hand":
                 continue
             keys.add(f.key)
-            if verdict == "wait":
-                out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP})))
-            else:
-                out.append(Verdict.open(f))
+            out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
+                       if verdict == "wait" else Verdict.open(f))
         return keys
 
     def decide(self, f: Finding) -> Finding | None:

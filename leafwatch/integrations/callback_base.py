@@ -2,18 +2,11 @@
 
 A front-end (Lightning, Hugging Face, and any later one: Fabric, accelerate) subclasses
 :class:`CallbackBase` and maps its framework's events onto three calls, so that the lifecycle,
-strict mode and the saved history are the same everywhere:
-
-- :meth:`CallbackBase._start` at train start: build the :class:`~leafwatch.Monitor` (a failure
-  warns and training goes on without it), take up a saved history, and report the structural
-  findings of the scan. The scan only reports: strict mode never raises there, because
-  findings such as ``not_in_optimizer`` are decided when gradients are seen at the first check;
-- :meth:`CallbackBase._check` before each optimizer step: ``monitor.check(optimizer, step=...)``;
-  in strict mode an open error finding raises :class:`~leafwatch.LeafwatchError` from here,
-  after the Monitor is closed (every hook removed, every sink flushed);
-- :meth:`CallbackBase._close` at train end, on an exception or teardown: close the Monitor,
-  keep its final report and history, print the table; :meth:`CallbackBase._release` frees what
-  the front-end holds besides (a writer, a declaration).
+strict mode and the saved history are the same everywhere: :meth:`CallbackBase._start` at train
+start, :meth:`CallbackBase._check` before each optimizer step, :meth:`CallbackBase._close` at
+train end, on an exception or teardown. The scan at the start only reports: strict mode never
+raises there, because findings such as ``not_in_optimizer`` are decided when gradients are seen
+at the first check.
 
 ``report``, ``state_dict()`` and ``load_state_dict()`` mean the same in every callback: the
 live report during training, the final one after it, the saved one before a resumed run starts.
@@ -30,11 +23,10 @@ from torch import nn
 
 from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
-from ..options import LeafwatchError, LeafwatchInternalWarning
+from ..options import LeafwatchError, LeafwatchInternalWarning, validate_bool, validate_ignore, validate_int
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..observe.discovery import Discovery, user_scope
 from ..observe.frames import stacklevel_outside
-from ..options import validate_bool, validate_ignore, validate_int
 
 #: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
 #: Monitor's default) and the sinks, computed inside the guard that keeps training going.
@@ -71,9 +63,8 @@ class CallbackBase:
         self.patience = validate_int(patience, "patience", 1)
         self.ignore = validate_ignore(ignore)
         self.check_values_every_n_steps = validate_int(check_values_every_n_steps, "check_values_every_n_steps", 0)
-        self.log_every_n_steps = (
-            None if log_every_n_steps is None else validate_int(log_every_n_steps, "log_every_n_steps", 1)
-        )
+        self.log_every_n_steps = log_every_n_steps if log_every_n_steps is None else validate_int(
+            log_every_n_steps, "log_every_n_steps", 1)
         self.monitor: Monitor | None = None
         #: The modules a step runs beyond the model (a loss module, a head the trainer owns).
         self._step_modules: Discovery | None = None
@@ -114,15 +105,8 @@ class CallbackBase:
         """
         try:
             optimizers, sinks = prepare()
-            self.monitor = Monitor(
-                model,
-                optimizers,
-                patience=self.patience,
-                ignore=self.ignore,
-                check_values_every_n_steps=self.check_values_every_n_steps,
-                strict=self.strict,
-                sinks=sinks,
-            )
+            self.monitor = Monitor(model, optimizers, patience=self.patience, ignore=self.ignore, strict=self.strict,
+                                   check_values_every_n_steps=self.check_values_every_n_steps, sinks=sinks)
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
             if isinstance(model, nn.Module):
@@ -164,8 +148,7 @@ class CallbackBase:
             self._step_modules = None
         try:
             if monitor is not None:
-                report = monitor.close()
-                self._last_report = report
+                report = self._last_report = monitor.close()
                 self._final_state = {"monitor": monitor.state_dict()}
                 if print_table and self.verbose:
                     print(report)
@@ -198,9 +181,7 @@ class CallbackBase:
         """Plain data (the Monitor's history), JSON-ready; saved in checkpoints."""
         if self.monitor is not None:
             return {"monitor": self.monitor.state_dict()}
-        if self._pending_state is not None:
-            return dict(self._pending_state)
-        return dict(self._final_state or {})
+        return dict(self._pending_state if self._pending_state is not None else self._final_state or {})
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Take up a history from :meth:`state_dict` (at the next start if not training).

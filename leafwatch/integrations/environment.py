@@ -74,9 +74,7 @@ def _pip() -> str:
     """``pip`` when the one on ``PATH`` belongs to this interpreter, else ``<python> -m pip``."""
     beside = Path(sys.executable).parent / ("pip.exe" if os.name == "nt" else "pip")
     on_path = shutil.which("pip")
-    if on_path and beside.exists() and _same(on_path, beside):
-        return "pip"
-    return f"{shown(sys.executable)} -m pip"
+    return "pip" if on_path and beside.exists() and _same(on_path, beside) else f"{shown(sys.executable)} -m pip"
 
 
 def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -95,15 +93,11 @@ def tensorboard_command(logdir: str | os.PathLike[str]) -> str:
     plugin is not installed.
     """
     log = shlex.quote(str(logdir))
-    installed = any(ep.name == DISTRIBUTION
-                    for ep in importlib.metadata.entry_points(group="tensorboard_plugins"))
-    if installed:
-        beside = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
+    beside = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
+    if beside is not None and any(ep.name == DISTRIBUTION
+                                  for ep in importlib.metadata.entry_points(group="tensorboard_plugins")):
         on_path = shutil.which("tensorboard")
-        if beside is not None:
-            if on_path is not None and _same(on_path, beside):
-                return f"tensorboard --logdir {log}"
-            return f"{shown(beside)} --logdir {log}"
+        return f"{'tensorboard' if on_path is not None and _same(on_path, beside) else shown(beside)} --logdir {log}"
     return f"{shown(sys.executable)} -m leafwatch.tensorboard_plugin --logdir {log}"
 
 

@@ -11,15 +11,11 @@ data flows one way:
   accumulation and AMP unscaling, for that optimizer's parameters only;
 - ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
   print the summary table on global rank zero.
-
-One class serves both namespaces: ``LeafWatch`` is a class statement whose bases are the
-``Callback`` of every installed Lightning namespace (``pytorch_lightning`` and
-``lightning.pytorch``), so either Trainer accepts it. :func:`callback_class` builds the same
-callback on one chosen base.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -42,23 +38,16 @@ INSTALL_HINT = install_command("lightning")
 
 def _callback_bases() -> tuple[type, ...]:
     bases: list[type] = []
-    try:
-        from pytorch_lightning import Callback as PLCallback
-
-        bases.append(PLCallback)
-    except ImportError:
-        pass
-    try:
-        from lightning.pytorch import Callback as LCallback
-
-        bases.append(LCallback)
-    except ImportError:
-        pass
+    for namespace in ("pytorch_lightning", "lightning.pytorch"):
+        try:
+            bases.append(importlib.import_module(namespace).Callback)
+        except ImportError:
+            pass
     return tuple(bases)
 
 
 #: ``trainer.global_step`` is compared with the progress counter read in its place at the first
-#: read and every this many reads after it.
+#: read and every this many reads after it (any difference: ``global_step`` from then on).
 VERIFY_STEP_EVERY = 64
 
 
@@ -67,10 +56,8 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
 
     ``global_step`` is six property calls deep (the fit loop, the epoch loop, the LightningModule
     through the strategy, its optimization mode, the progress counter): about 10 µs at every
-    optimizer step, right after backward, when each call runs cold. The tracker it ends at is
-    updated in place by Lightning, so the callback reads it directly, and compares it with
-    ``global_step`` at the first read and every :data:`VERIFY_STEP_EVERY` reads (see
-    ``on_before_optimizer_step``).
+    optimizer step, right after backward, when each call runs cold. Lightning updates that tracker
+    in place, so the callback reads it directly (checked as :data:`VERIFY_STEP_EVERY` says).
     """
     try:
         loop = trainer.fit_loop.epoch_loop
@@ -84,9 +71,8 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
 
 
 def _is_summary_writer(experiment: Any) -> bool:
-    if type(experiment).__name__ != "SummaryWriter":
-        return False
-    return all(callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
+    return type(experiment).__name__ == "SummaryWriter" and all(
+        callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
 
 
 class _MetricsSink:
@@ -132,20 +118,13 @@ class _LeafWatchMixin(CallbackBase):
         if known is None or known[0] != options:
             known = self._state_key = (options, self._generate_state_key(  # type: ignore[attr-defined]
                 patience=self.patience, ignore=sorted(self.ignore),
-                check_values_every_n_steps=self.check_values_every_n_steps,
-            ))
+                check_values_every_n_steps=self.check_values_every_n_steps))
         return known[1]
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        saved = self.state_dict()
-        state["monitor"] = None
-        state["_console"] = None
-        state["_pending_state"] = saved or None
-        state["_last_report"] = None
-        state["_final_state"] = {}
-        state["_unwrapped"] = None
-        state["_counter"], state["_steps_read"] = None, 0
+        state.update(monitor=None, _console=None, _pending_state=self.state_dict() or None, _last_report=None,
+                     _final_state={}, _unwrapped=None, _counter=None, _steps_read=0)
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -163,14 +142,10 @@ class _LeafWatchMixin(CallbackBase):
         unwrapped = self._unwrapped
         if unwrapped is None or unwrapped[0] is not optimizer:
             unwrapped = self._unwrapped = (optimizer, unwrap_optimizer(optimizer)[0])
-        # trainer.global_step's counter, read in place; global_step itself at the first read and
-        # every VERIFY_STEP_EVERY reads (any difference: global_step from then on).
         self._steps_read = reads = self._steps_read + 1
         counter = self._counter
-        if counter is not None and reads % VERIFY_STEP_EVERY:
-            step = counter.completed
-        else:
-            step = self._verified_step(trainer, pl_module)
+        fast = counter is not None and reads % VERIFY_STEP_EVERY
+        step = counter.completed if fast else self._verified_step(trainer, pl_module)
         # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
         saved = getattr(pl_module, "_param_requires_grad_state", None)
         toggled = self._untoggle(saved) if saved else []
@@ -305,7 +280,6 @@ def callback_class(base: type | tuple[type, ...], name: str = "LeafWatch") -> ty
         A callback class taking the arguments of :class:`LeafWatch`.
     """
     bases = base if isinstance(base, tuple) else (base,)
-
     # Named at creation: its __init__ takes the class's name then (CallbackBase.__init_subclass__).
     return type(name, (_LeafWatchMixin, *bases), {"__doc__": LeafWatch.__doc__, "__module__": __name__})
 

@@ -7,18 +7,8 @@ and module hooks), installed before the test's setup (so training done by its fi
 and closed when its call ends. The test is judged from the session's final report (the whole
 test's run, however many steps): an error finding still open fails a test that would have passed,
 and the findings table is added to the test's report as a ``leafwatch`` section. A test that steps
-no optimizer is left as it is, with no section.
-
-Options:
-    ``--leafwatch``: turn the audit on.
-    ``--leafwatch-ignore PATTERN[=REASON]`` (repeatable): report findings whose name matches as
-    ignored, as ``leafwatch run --ignore`` does. Applied to each test's final report, so a pattern
-    that matches nothing in most tests does not warn in each of them.
-
-Markers:
-    ``@pytest.mark.leafwatch_skip(reason=...)``: do not audit this test.
-    ``@pytest.mark.leafwatch(ignore={"teacher.*": "distillation target"}, patience=2)``: options
-    for this test (patterns that match nothing in it warn, as the ``Monitor`` does).
+no optimizer is left as it is, with no section. The options (``--leafwatch``, ``--leafwatch-ignore``)
+and markers (``leafwatch_skip``, ``leafwatch(ignore=..., patience=...)``) are described in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -29,10 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..report.findings import Finding, Report, Status
+from ..report.findings import Finding, Report, Status, apply_ignore
 from ..report.format import fix_mark, tensor_count
 from ..options import WarnOnce, parse_ignore, validate_ignore, validate_int
-from ..report.findings import apply_ignore
 
 if TYPE_CHECKING:
     from .runner import Session
@@ -116,28 +105,20 @@ class LeafwatchAudit:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
-        # The setup failed or skipped: the call never ran, the session is closed unjudged.
-        session = item.stash.get(_SESSION, None)
-        if session is not None:
-            del item.stash[_SESSION]
-            try:
-                session.close()
-            except Exception as error:
-                self._warn("removing the hooks", error)
+        self._finish(item, judge=False)  # the setup failed or skipped: the call never ran, closed unjudged
 
-    def _finish(self, item: pytest.Item) -> None:
+    def _finish(self, item: pytest.Item, judge: bool = True) -> None:
         session = item.stash.get(_SESSION, None)
         if session is None:
             return
         del item.stash[_SESSION]
         try:
             report = session.close()
-            if session.steps == 0:
-                return  # no optimizer stepped: the test is left as it is
-            report = _ignore_more(report, self.ignore)
-            item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
+            if judge and session.steps:  # no optimizer stepped: the test is left as it is
+                report = _ignore_more(report, self.ignore)
+                item.stash[_VERDICT] = (report, report.at_least("error"), session.steps)
         except Exception as error:  # leafwatch's own failure: the test keeps its own outcome
-            self._warn("judging the test", error)
+            self._warn("judging the test" if judge else "removing the hooks", error)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, pytest.TestReport, pytest.TestReport]:

@@ -12,12 +12,8 @@ data flows one way:
 - ``on_train_end``: close the Monitor (every hook removed), write the last records and print
   the summary table on the main process.
 
-Findings go to leafwatch's own TensorBoard records under ``args.output_dir`` (``leafwatch/``
-beneath it), written by the main process only: they do not depend on ``report_to``, so
-``leafwatch report OUTPUT_DIR`` and the Leafwatch tab show them in every configuration.
-
-The history travels in checkpoints through transformers' ``ExportableState``
-(``trainer_state.json``, ``stateful_callbacks``), so ``resume_from_checkpoint`` keeps it.
+Findings go to leafwatch's own TensorBoard records (:class:`LeafWatchCallback` says where and
+why); the history travels in checkpoints through transformers' ``ExportableState``.
 """
 
 from __future__ import annotations
@@ -92,9 +88,7 @@ def gradient_strategy(model: torch.nn.Module, optimizer: Any, args: Any = None) 
         return "master_copies", None
     own = {id(p) for p in model.parameters()}
     stepped = [p for group in inner.param_groups for p in group["params"]]
-    if stepped and not any(id(p) in own for p in stepped):
-        return "master_copies", None
-    return None, inner
+    return ("master_copies", None) if stepped and not any(id(p) in own for p in stepped) else (None, inner)
 
 
 def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool | None:
@@ -119,10 +113,8 @@ def ddp_find_unused_parameters(model: torch.nn.Module, args: Any = None) -> bool
     chosen = getattr(args, "ddp_find_unused_parameters", None)
     if chosen is not None:
         return bool(chosen)
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers is there: the callback imported it
-        return True
+    from transformers import PreTrainedModel
+
     if not isinstance(model, PreTrainedModel):
         return True
     checkpointing = getattr(model, "is_activation_checkpointing", None)
@@ -203,18 +195,10 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
     @override
     def state(self) -> dict[str, Any]:
         """What ``Trainer`` saves in ``trainer_state.json`` (``ExportableState``)."""
-        return {
-            "args": {
-                "strict": self.strict,
-                "patience": self.patience,
-                "ignore": dict(self.ignore),
+        args = {"strict": self.strict, "patience": self.patience, "ignore": dict(self.ignore),
                 "check_values_every_n_steps": self.check_values_every_n_steps,
-                "log_every_n_steps": self.log_every_n_steps,
-                "log_dir": self.log_dir,
-                "verbose": self.verbose,
-            },
-            "attributes": {"_pending_state": self.state_dict() or None},
-        }
+                "log_every_n_steps": self.log_every_n_steps, "log_dir": self.log_dir, "verbose": self.verbose}
+        return {"args": args, "attributes": {"_pending_state": self.state_dict() or None}}
 
     def _saved_in(self, state: TrainerState) -> dict[str, Any] | None:
         """The history this callback saved in the checkpoint ``state`` was loaded from."""

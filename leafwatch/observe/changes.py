@@ -1,6 +1,6 @@
 """Evidence that tells intent from accident for tensors that got no gradient.
 
-Real code does on purpose what a bug does by accident. Two such cases are judged here, only for
+Real code does on purpose what a bug does by accident. Three such cases are judged here, only for
 the few tensors under suspicion and never on a healthy step:
 
 - **a tensor updated by other means** (an EMA / momentum target network, a mean teacher): no
@@ -75,12 +75,9 @@ class _Fingerprint:
                 self.host = values.cpu()
 
     def ready(self, wait: bool = False) -> bool:
-        if self.event is None:
-            return True
-        if wait:
+        if self.event is not None and wait:
             self.event.synchronize()
-            return True
-        return bool(self.event.query())
+        return self.event is None or wait or bool(self.event.query())
 
     def equals(self, other: _Fingerprint) -> bool:
         return self.host.shape == other.host.shape and bool(torch.equal(self.host, other.host))
@@ -262,11 +259,9 @@ def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> floa
         rate = p  # fairseq's LayerDropModuleList(p=...)
     for depth in range(len(parts) + 1):
         module = modules.get(".".join(parts[:depth]))
-        if module is None:
-            continue
         for owner in (module, getattr(module, "config", None)):
             for attribute in DROP_RATE_ATTRIBUTES:
-                value = getattr(owner, attribute, None) if owner is not None else None
+                value = getattr(owner, attribute, None)
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
                     rate = max(rate, float(value))
     return rate

@@ -142,10 +142,7 @@ def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR) or _is_setup(frame):
         return None
     user = next(frames.outside(frame), None)
-    here = Place.of(frame)
-    if user is None or user is frame:
-        return here, None
-    return here, Place.of(user)
+    return Place.of(frame), None if user is None or user is frame else Place.of(user)
 
 
 def _switch_name(frame: FrameType | None) -> str:
@@ -162,24 +159,16 @@ def _switch_name(frame: FrameType | None) -> str:
 
 def _grad_sources(kind: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The inputs of a cutting op that require grad (``torch.tensor([a, b])`` reads each)."""
-    if not args:
-        return []
-    first = args[0]
-    if isinstance(first, torch.Tensor):
-        return [first] if first.requires_grad else []
-    if kind is torch.tensor and isinstance(first, (list, tuple)):
-        return [t for t in first[:64] if isinstance(t, torch.Tensor) and t.requires_grad]
+    if args and (isinstance(args[0], torch.Tensor) or kind is torch.tensor):
+        return _inputs_with_grad(args[:1])
     return []
 
 
 def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
     found = []
     for a in args:
-        if isinstance(a, torch.Tensor):
-            if a.requires_grad:
-                found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found.extend(t for t in a[:64] if isinstance(t, torch.Tensor) and t.requires_grad)
+        items = a[:64] if isinstance(a, (list, tuple)) else (a,)
+        found.extend(t for t in items if isinstance(t, torch.Tensor) and t.requires_grad)
     return found
 
 

@@ -1,9 +1,5 @@
 """What a training step runs, discovered as it runs, for every front-end (:class:`Discovery`).
 
-Under ``leafwatch run`` (an unmodified script): the modules that run, the root modules among
-them, the optimizers the script holds (stepped or not), and its module-level tensors. For a
-front-end given a model (the callbacks, an attached Monitor): the modules a step runs beyond it.
-
 - A global module forward pre-hook sees the modules that run; the *roots* among them (modules that
   are neither a submodule of another one that ran, nor kept in one of its plain lists, dicts or
   attributes) give the qualified names: with one root no prefix, with several a prefix from the
@@ -55,12 +51,10 @@ def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
 def _frame_values(frame: Any) -> list[Any]:
     """A frame's local values and, for a method, the attributes of ``self``."""
     values = list(frame.f_locals.values())
-    owner = frame.f_locals.get("self")
-    if owner is not None:
-        try:
-            values.extend(vars(owner).values())
-        except TypeError:
-            pass
+    try:
+        values.extend(vars(frame.f_locals.get("self")).values())
+    except TypeError:  # no `self`, or one without attributes
+        pass
     return values[:_MAX_LOCALS]
 
 
@@ -73,18 +67,10 @@ def _script_scope() -> dict[str, Any]:
 def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
     """Keep ``module`` in ``seen`` (id -> weak reference) until it is freed."""
     key = id(module)
-
-    def forget(_: Any, key: int = key) -> None:
-        seen.pop(key, None)
-
     try:
-        seen[key] = weakref.ref(module, forget)
+        seen[key] = weakref.ref(module, lambda _, key=key: seen.pop(key, None))
     except TypeError:  # a module class that refuses weak references
         pass
-
-
-def _is_builtin(module: nn.Module) -> bool:
-    return type(module).__module__.startswith("torch.")
 
 
 def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
@@ -120,17 +106,13 @@ def _contained_modules(module: nn.Module) -> list[nn.Module]:
 
 
 class _RootInfo:
-    """What one candidate root module holds: registered parameters and unregistered tensors."""
+    """What one candidate root module holds: registered parameters, and with its unregistered tensors ``owned``."""
 
     def __init__(self, module: nn.Module) -> None:
         inv = inventory.Inventory(module)
         self.module = module
         self.registered = set(inv.tensors)
-        self.unregistered = {id(o.tensor) for o in inv.orphans()}
-
-    @property
-    def owned(self) -> set[int]:
-        return self.registered | self.unregistered
+        self.owned = self.registered | {id(o.tensor) for o in inv.orphans()}
 
 
 class Discovery:
@@ -142,9 +124,6 @@ class Discovery:
       beyond it, with a tensor that requires grad the model does not hold (sentence-transformers'
       ``SoftmaxLoss`` held as ``trainer.loss``, a head a ``Trainer`` subclass owns, a module the
       script keeps apart), each named by the user's path to it; :meth:`update` at each check.
-
-    A global module forward pre-hook records the modules that run (weakly) until the roots stayed
-    the same for :data:`STABLE_STEPS` updates; then it goes.
 
     Args:
         model: The model a front-end holds (its tensors are never extra), or None.
@@ -291,15 +270,13 @@ class Discovery:
                 self.arm()
                 self._find_owners(unknown)
         if self._handles or new_params:
-            self._update_roots(checked)
+            self.update_roots(checked)
         return count, new_params
 
     def _find_owners(self, unknown: set[int]) -> None:
-        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``.
-
-        A container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are
-        called one by one) is found there: the training loop holds it in a variable.
-        """
+        """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
+        container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
+        one by one) is found there, the training loop holds it in a variable."""
         for frame in user_frames():
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
@@ -315,13 +292,10 @@ class Discovery:
             self.loop_at_module_level = True
         for frame in user_frames():
             for value in _frame_values(frame):
+                items = [value]
                 if isinstance(value, (dict, list, tuple)) and len(value) <= 64:
                     items = value.values() if isinstance(value, dict) else value
-                    self._held_optimizers.update(o for o in map(_real_optimizer, items) if o is not None)
-                else:
-                    optimizer = _real_optimizer(value)
-                    if optimizer is not None:
-                        self._held_optimizers.add(optimizer)
+                self._held_optimizers.update(o for o in map(_real_optimizer, items) if o is not None)
 
     def waiting_optimizers(self) -> list[torch.optim.Optimizer]:
         """Optimizers the script holds that have not stepped (yet)."""
@@ -360,15 +334,11 @@ class Discovery:
     # -- roots -----------------------------------------------------------------------------------
     def update_roots(self, checked: bool = True) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
-        self._update_roots(checked)
-
-    def _update_roots(self, checked: bool) -> None:
-        # The optimizers that stepped and those the script holds that have not (yet): a network
-        # whose optimizer never steps is judged (named at the end of the run).
+        # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
         kept: list[_RootInfo] = []
         for module in _tops(self.modules_seen()):
-            if _is_builtin(module) and not any(True for _ in module.parameters()):
+            if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
             info = _RootInfo(module)
             if not info.owned:
@@ -376,12 +346,8 @@ class Discovery:
             if info.owned & in_optimizers or not info.registered:
                 kept.append(info)
             elif id(module) in self._outside or any(p.grad is not None for p in module.parameters()):
-                # No optimizer holds any of its tensors, yet gradients reach it: judged by the
-                # gradient rule (a forgotten optimizer, or a fixed network that requires grad).
-                self._outside[id(module)] = weakref.ref(module)
+                self._outside[id(module)] = weakref.ref(module)  # gradients but no optimizer: the gradient rule
                 kept.append(info)
-            # A module none of whose tensors any optimizer holds and that gets no gradient (an EMA
-            # copy, a teacher, a target network, a frozen backbone) is not judged.
         owned = set().union(*(i.owned for i in kept)) if kept else set()
         if self._new_roots([i.module for i in kept]):
             self._roots = inventory.name_roots([i.module for i in kept], self.script_variables())

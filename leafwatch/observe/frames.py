@@ -28,8 +28,7 @@ def framework_dirs() -> tuple[str, ...]:
     imported so far (none is imported here)."""
     dirs = []
     for name in FRAMEWORKS:
-        module = sys.modules.get(name)
-        path = getattr(module, "__file__", None) if module is not None else None
+        path = getattr(sys.modules.get(name), "__file__", None)
         if path:
             path = os.path.abspath(path)
             dirs.append(os.path.dirname(path) + os.sep if path.endswith("__init__.py") else path)
@@ -146,6 +145,4 @@ def stacklevel_outside(skip: tuple[str, ...] = (), *, frameworks: bool = True) -
 def caller_location(*, frameworks: bool = False) -> str:
     """``file:line`` of the first frame of user code above the caller, ``"<unknown>"`` when none."""
     frame = _first_outside(sys._getframe(1), _prefixes(frameworks, ()))[0]
-    if frame is None:
-        return "<unknown>"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"

@@ -64,25 +64,13 @@ class Origin:
             who = "the leaf it is a view of"  # usually a tensor the caller still holds
         else:
             who = "an unnamed temporary leaf that nothing in your code holds"
-        return (
-            f"{text}: backward() puts the gradient into {who} "
-            f"(shape {tuple(self.leaf.shape)}, {self.leaf.dtype}, {self.leaf.device}), "
-            f"and `{name}.grad` stays None."
-        )
-
-
-def _describe_dtype(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
+        return (f"{text}: backward() puts the gradient into {who} (shape {tuple(self.leaf.shape)}, "
+                f"{self.leaf.dtype}, {self.leaf.device}), and `{name}.grad` stays None.")
 
 
 def leaf_info(tensor: torch.Tensor) -> LeafInfo:
-    return LeafInfo(
-        shape=tuple(tensor.shape),
-        dtype=_describe_dtype(tensor.dtype),
-        device=str(tensor.device),
-        is_parameter=isinstance(tensor, torch.nn.Parameter),
-        tensor_id=id(tensor),
-    )
+    return LeafInfo(shape=tuple(tensor.shape), dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device),
+                    is_parameter=isinstance(tensor, torch.nn.Parameter), tensor_id=id(tensor))
 
 
 def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
@@ -91,8 +79,6 @@ def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = Non
     ``seen``: node ids already walked (by an earlier walk that shares it), passed over; the ids
     of the nodes this walk visits are added to it.
     """
-    if root is None:
-        return
     seen = set() if seen is None else seen
     limit += len(seen)
     stack = [root]
@@ -146,19 +132,12 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     info = leaf_info(leaf) if leaf is not None else None
     if base in _COPY_OPS:
         if leaf is not None and leaf.device != tensor.device:
-            what = (
-                f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
-                "made after `requires_grad=True`"
-            )
-            hint = "device"
+            what, hint = (f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
+                          "made after `requires_grad=True`", "device")
         elif leaf is not None and leaf.dtype != tensor.dtype:
-            what = (
-                f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`"
-            )
-            hint = "dtype"
+            what, hint = f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`", "dtype"
         else:
-            what = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`"
-            hint = "device"
+            what, hint = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`", "device"
     elif base in _CLONE_OPS:
         what, hint = "`.clone()` of a tensor that requires grad", "clone"
     elif base in _ARITHMETIC_OPS:

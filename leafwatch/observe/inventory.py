@@ -21,8 +21,7 @@ from ..options import got
 
 def _wrapper_types() -> tuple[type, ...]:
     types: list[type] = [nn.DataParallel, nn.parallel.DistributedDataParallel]
-    # Importing dynamo takes seconds; a model can only be compiled once something imported it.
-    # The same holds for Lightning Fabric: a module can only be wrapped once it is imported.
+    # Importing dynamo takes seconds; nothing is compiled (or Fabric-wrapped) before its package is imported.
     for module_name, class_name in _OPTIONAL_WRAPPERS:
         found = getattr(sys.modules.get(module_name), class_name, None)
         if isinstance(found, type):
@@ -125,8 +124,7 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
 
 
 def is_uninitialized(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a lazy module's parameter or buffer that has not materialized yet (it has
-    no shape and no data: only its dtype, device and flags can be read)."""
+    """Whether ``t`` is a lazy module's tensor not materialized yet (no shape, no data)."""
     return nn.parameter.is_lazy(t)
 
 
@@ -174,12 +172,7 @@ class Orphan:
 
 
 def describe_tensor(t: torch.Tensor) -> dict[str, Any]:
-    return {
-        # A lazy module's parameter has no shape until its first forward.
-        "shape": shape_of(t),
-        "dtype": str(t.dtype).replace("torch.", ""),
-        "device": str(t.device),
-    }
+    return {"shape": shape_of(t), "dtype": str(t.dtype).replace("torch.", ""), "device": str(t.device)}
 
 
 _MODULE_INTERNALS = frozenset(vars(nn.Module()).keys()) | {"training"}
@@ -254,14 +247,12 @@ class Inventory:
         self.buffers: set[int] = set()
         #: Buffer id -> its qualified name (``actor.action_low``).
         self.buffer_names: dict[int, str] = {}
-        self.module_names: dict[int, str] = {}
         self.modules: dict[str, nn.Module] = {}
         for prefix, root in self.roots.items():
             self._read_model(root, prefix)
         self.optimizers = list(optimizers)
-        self.optimizer_params: list[list[torch.Tensor]] = [
-            [p for group in opt.param_groups for p in group["params"]] for opt in self.optimizers
-        ]
+        self.optimizer_params: list[list[torch.Tensor]] = [[p for group in opt.param_groups for p in group["params"]]
+                                                           for opt in self.optimizers]
         self.in_optimizer: set[int] = {id(p) for ps in self.optimizer_params for p in ps}
         #: Object id -> the user's variable for it, when a front-end knows them (``leafwatch run``
         #: reads the script's variables while it runs): the fixes name them.
@@ -276,7 +267,6 @@ class Inventory:
         for module_name, module in model.named_modules(remove_duplicate=False, prefix=prefix):
             name = clean_name(module_name)
             self.modules.setdefault(name, module)
-            self.module_names.setdefault(id(module), name)
             for attr, p in module._parameters.items():
                 if p is None:
                     continue
@@ -328,48 +318,38 @@ class Inventory:
         """Tensors that need grad but are not registered: plain attributes, Python lists/dicts."""
         if self.model is None:
             return []
-        registered = set(self.tensors) | self.buffers
+        taken = set(self.tensors) | self.buffers  # registered, or found already
         found: list[Orphan] = []
-        seen: set[int] = set()
 
         def consider(name: str, value: Any, container: str, kinds: tuple[str, ...]) -> None:
             if isinstance(value, torch.Tensor):
-                if id(value) in registered or id(value) in seen or not value.requires_grad:
+                if id(value) in taken or not value.requires_grad:
                     return
                 if not value.is_leaf and self._derived_from_parameters(value):
                     # weight_norm / spectral_norm / pruning weights, and stored outputs or losses:
                     # computed from the model's own parameters, not would-be parameters.
                     return
-                seen.add(id(value))
+                taken.add(id(value))
                 found.append(Orphan(name, value, container, containers=kinds))
             elif isinstance(value, nn.Module) and container != "attribute":
                 for sub, p in value.named_parameters():
-                    if id(p) in registered or id(p) in seen or not p.requires_grad:
+                    if id(p) in taken or not p.requires_grad:
                         continue
-                    seen.add(id(p))
+                    taken.add(id(p))
                     found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
                                         containers=kinds))
 
         for module_name, module in self.modules.items():
             prefix = f"{module_name}." if module_name else ""
             for path, value, kinds in contained(module):
-                if not kinds:
-                    if isinstance(value, torch.Tensor):
-                        consider(prefix + path, value, "attribute", kinds)
-                    continue
-                consider(prefix + path, value, kinds[-1], kinds)
+                consider(prefix + path, value, kinds[-1] if kinds else "attribute", kinds)
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:
-        """Whether a non-leaf was computed from at least one registered parameter.
-
-        Any one is enough: a loss kept in ``self.outputs`` that also depends on an orphan is
-        not a parameter itself (the orphan is reported on its own).
-        """
+        """Whether a non-leaf was computed from at least one registered parameter (any one: a loss kept
+        in ``self.outputs`` that also depends on an orphan is no parameter; the orphan is reported on its own)."""
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-        if not complete:
-            return True
-        return any(id(leaf) in self.tensors for leaf in leaves)
+        return not complete or any(id(leaf) in self.tensors for leaf in leaves)
 
 
 _OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"
@@ -406,22 +386,18 @@ def normalize_optimizers(optimizers: Any, argument: str = "optimizers") -> list[
     """
     if optimizers is None:
         return []
-    if isinstance(optimizers, (list, tuple)):
-        out: list[torch.optim.Optimizer] = []
-        for i, opt in enumerate(optimizers):
-            try:
-                inner = as_optimizer(opt, f"{argument}[{i}]")
-            except TypeError:
-                raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)} at index {i} "
-                                f"({WRAPPERS_ACCEPTED})") from None
-            if all(inner is not o for o in out):
-                out.append(inner)
-        return out
-    try:
-        return [as_optimizer(optimizers, argument)]
-    except TypeError:
-        raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(optimizers)} "
-                        f"({WRAPPERS_ACCEPTED})") from None
+    many = isinstance(optimizers, (list, tuple))
+    out: list[torch.optim.Optimizer] = []
+    for i, opt in enumerate(optimizers if many else [optimizers]):
+        try:
+            inner = as_optimizer(opt, f"{argument}[{i}]" if many else argument)
+        except TypeError:
+            at = f" at index {i}" if many else ""
+            raise TypeError(f"`{argument}` must be {_OPTIMIZER_FORMS}, got {got(opt)}{at} "
+                            f"({WRAPPERS_ACCEPTED})") from None
+        if all(inner is not o for o in out):
+            out.append(inner)
+    return out
 
 
 def name_roots(modules: Sequence[nn.Module], variables: Mapping[int, str] | None = None) -> dict[str, nn.Module]:
@@ -455,6 +431,7 @@ def name_roots(modules: Sequence[nn.Module], variables: Mapping[int, str] | None
 
 
 _ROOTS_FORMS = "a mapping name -> torch.nn.Module or a sequence of modules"
+_TENSORS_FORMS = "a mapping name -> tensor or a sequence of tensors"
 
 
 def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module] | None:
@@ -471,13 +448,7 @@ def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module]
         raise TypeError(f"`{argument}` must be {_ROOTS_FORMS}, got a single module ({got(roots)}); "
                         "pass it as `model`, or as `[module]`")
     if isinstance(roots, Mapping):
-        items = list(roots.items())
-        for name, module in items:
-            if not isinstance(name, str):
-                raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
-            if not isinstance(module, nn.Module):
-                raise TypeError(f"`{argument}[{name!r}]` must be a torch.nn.Module, got {got(module)}")
-        out = dict(items)
+        out = _checked_items(roots.items(), argument, nn.Module, "torch.nn.Module")
     elif isinstance(roots, (list, tuple)):
         for i, module in enumerate(roots):
             if not isinstance(module, nn.Module):
@@ -502,20 +473,23 @@ def normalize_tensors(tensors: Any, argument: str = "tensors") -> dict[str, torc
     if tensors is None:
         return {}
     if isinstance(tensors, torch.Tensor):
-        raise TypeError(f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got a single Tensor; pass [t] or {{'name': t}}")
+        raise TypeError(f"`{argument}` must be {_TENSORS_FORMS}, got a single Tensor; pass [t] or {{'name': t}}")
     if isinstance(tensors, Mapping):
         items: Iterable[tuple[Any, Any]] = tensors.items()
     elif isinstance(tensors, (list, tuple)):
         items = ((f"tensors[{i}]", t) for i, t in enumerate(tensors))
     else:
-        raise TypeError(
-            f"`{argument}` must be a mapping name -> tensor or a sequence of tensors, got {got(tensors)}"
-        )
-    out: dict[str, torch.Tensor] = {}
-    for name, t in items:
+        raise TypeError(f"`{argument}` must be {_TENSORS_FORMS}, got {got(tensors)}")
+    return _checked_items(items, argument, torch.Tensor, "torch.Tensor")
+
+
+def _checked_items(items: Iterable[tuple[Any, Any]], argument: str, kind: type, what: str) -> dict[str, Any]:
+    """``items`` as a dict; TypeError naming ``argument`` for a key that is no str or a value that is no ``kind``."""
+    out = {}
+    for name, value in items:
         if not isinstance(name, str):
             raise TypeError(f"`{argument}` keys must be str, got {got(name)}")
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"`{argument}[{name!r}]` must be a torch.Tensor, got {got(t)}")
-        out[name] = t
+        if not isinstance(value, kind):
+            raise TypeError(f"`{argument}[{name!r}]` must be a {what}, got {got(value)}")
+        out[name] = value
     return out

@@ -59,20 +59,13 @@ def _is_dtensor(t: torch.Tensor) -> bool:
 
 
 def _is_deepspeed(model: Any, params: Iterable[torch.Tensor]) -> bool:
-    if any(type(m).__name__ == "DeepSpeedEngine" for m in _chain(model)):
-        return True
-    return any(hasattr(p, "ds_id") for p in params)
+    return any(type(m).__name__ == "DeepSpeedEngine" for m in _chain(model)) or any(hasattr(p, "ds_id") for p in params)
 
 
 def _chain(model: Any) -> list[Any]:
     """The model, the wrappers Lightning keeps around it, and nothing else."""
-    out = [model]
-    trainer = getattr(model, "_trainer", None)
-    strategy = getattr(trainer, "strategy", None)
-    wrapped = getattr(strategy, "model", None) if strategy is not None else None
-    if wrapped is not None and wrapped is not model:
-        out.append(wrapped)
-    return out
+    wrapped = getattr(getattr(getattr(model, "_trainer", None), "strategy", None), "model", None)
+    return [model, wrapped] if wrapped is not None and wrapped is not model else [model]
 
 
 #: Models whose gradients a front-end knows cannot be read per parameter (it sees the optimizer,
@@ -142,18 +135,13 @@ def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
 
 
 def declared_ddp(model: Any) -> bool | None:
-    models = list(model.values()) if isinstance(model, Mapping) else [model]
-    for m in models:
-        if isinstance(m, nn.Module) and m in _DDP_DECLARED:
-            return _DDP_DECLARED[m]
-    return None
+    return _declared(_DDP_DECLARED, model)
 
 
-def _declared(models: Sequence[Any]) -> str | None:
-    for m in models:
-        if isinstance(m, nn.Module) and m in _DECLARED:
-            return _DECLARED[m]
-    return None
+def _declared(table: Mapping[nn.Module, Any], model: Any) -> Any:
+    """What ``table`` holds for ``model`` (or for the first module of a mapping that it holds), else None."""
+    models = model.values() if isinstance(model, Mapping) else [model]
+    return next((table[m] for m in models if isinstance(m, nn.Module) and m in table), None)
 
 
 #: FSDP1, tried in this order: the tensor attribute that marks a parameter it shards, and how.
@@ -175,26 +163,20 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -
         return PLAIN
     tensors = [t for _, t, _ in entries]
     models = list(model.values()) if isinstance(model, Mapping) else [model]
-    declared = _declared(models)
-    everything = frozenset(k for k, _, _ in entries)
-    if declared == "deepspeed" or any(_is_deepspeed(m, tensors) for m in models if m is not None):
-        return GradientView("deepspeed", everything)
-    if declared == "master_copies":
-        return GradientView("master_copies", everything)
+    deepspeed = any(_is_deepspeed(m, tensors) for m in models if m is not None)
+    strategy = "deepspeed" if deepspeed else _declared(_DECLARED, model)  # or what a front-end declared
+    if strategy is not None:
+        return GradientView(strategy, frozenset(k for k, _, _ in entries))
     for marker, strategy in _FSDP1:
         skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
         if skip:
             return GradientView(strategy, skip)
-    if any(_is_dtensor(t) for t in tensors):
-        return GradientView("fsdp2", frozenset(), True)
-    return PLAIN
+    return GradientView("fsdp2", frozenset(), True) if any(_is_dtensor(t) for t in tensors) else PLAIN
 
 
 def local_tensor(t: torch.Tensor | None) -> torch.Tensor | None:
     """The local shard of a DTensor (no communication); any other tensor as it is."""
-    if t is not None and _is_dtensor(t):
-        return t.to_local()
-    return t
+    return t.to_local() if t is not None and _is_dtensor(t) else t
 
 
 # -- the process group --------------------------------------------------------------------------
@@ -212,10 +194,7 @@ def is_distributed() -> bool:
 
 def find_ddp(model: Any) -> nn.Module | None:
     """The DistributedDataParallel wrapping ``model``: itself, or Lightning's ``strategy.model``."""
-    for m in _chain(model):
-        if isinstance(m, nn.parallel.DistributedDataParallel):
-            return m
-    return None
+    return next((m for m in _chain(model) if isinstance(m, nn.parallel.DistributedDataParallel)), None)
 
 
 class UseTracker:
@@ -237,12 +216,8 @@ class UseTracker:
 
     def unused(self) -> list[tuple[torch.Tensor, str]]:
         """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
-        out = []
-        for ref, name in self.tracked:
-            p = ref()
-            if p is None or id(p) in self.used or p.grad is None or not p.requires_grad:
-                continue
-            out.append((p, name))
+        out = [(p, name) for ref, name in self.tracked
+               if (p := ref()) is not None and id(p) not in self.used and p.grad is not None and p.requires_grad]
         self.used.clear()
         return out
 

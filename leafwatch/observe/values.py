@@ -107,8 +107,7 @@ def _extremes(t: torch.Tensor) -> torch.Tensor:
     return torch.stack(torch.aminmax(t))
 
 
-#: How many shape plans a checker keeps (one per set of small-tensor sizes it met; a model's
-#: structure changes rarely).
+#: How many shape plans a checker keeps (one per set of small-tensor sizes it met).
 PLANS_KEPT = 4
 
 
@@ -180,16 +179,11 @@ def _l2_norms(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _cpu_norms(tensors: list[torch.Tensor], plans: dict[tuple[object, ...], _ShapePlan] | None = None,
                ) -> tuple[torch.Tensor | None, list[int], int]:
     """A norm of each tensor of one real CPU dtype group, their indices, and how many of them (the
-    first ones) are L2 norms.
+    first ones) are L2 norms (the module docstring says which; empty tensors are left out).
 
     Right after backward every distinct torch op runs cold (tens of µs each), so the check makes
-    as few as it can. Up to :data:`FEW_TENSORS` tensors, or a tensor of at least
-    :data:`NORM_NUMEL` elements, get their L2 norm, all in one fused call that reads each tensor in
-    place (no copy). The L2 norm is NaN or Inf for any NaN or Inf and 0 for an all-zero tensor, but
-    it can also overflow for a huge finite tensor, underflow to 0 for a tiny nonzero one, and is 0
-    for an empty one: what it flags is confirmed exactly (:func:`_cpu_check`). Many small tensors
-    get their max-abs value, exact, a few ops per shape (:func:`_max_abs_by_shape`; ``plans``
-    keeps its grouping from one call to the next); empty tensors are left out.
+    as few as it can. An L2 norm is also 0 for an empty tensor: :func:`_cpu_check` confirms what
+    it flags; ``plans`` keeps the grouping of :func:`_max_abs_by_shape` from one call to the next.
     """
     if len(tensors) <= FEW_TENSORS:
         return _l2_norms(tensors), list(range(len(tensors))), len(tensors)
@@ -274,9 +268,7 @@ class ValueChecker:
         #: How the small CPU gradients were grouped by shape, per set of sizes (plain ints, no tensor).
         self._plans: dict[tuple[object, ...], _ShapePlan] = {}
 
-    def check(
-        self, grads: Sequence[torch.Tensor | None], step: int
-    ) -> tuple[list[int], list[tuple[int, int]]]:
+    def check(self, grads: Sequence[torch.Tensor | None], step: int) -> tuple[list[int], list[tuple[int, int]]]:
         """Launch a check of ``grads``; return the steps whose results are in, and ``(step, index)``
         for every non-finite gradient among them.
 
@@ -404,8 +396,7 @@ class NamedValueCheck:
             if step in self._launched:
                 names, _, present = self._launched[step]
                 self._zeros.append((step, [names[i] for i in present], {names[i] for i in zero}))
-        pending = self.checker.pending_steps()
-        for s in [s for s in self._launched if s not in pending]:
+        for s in [s for s in self._launched if s not in in_flight]:
             del self._launched[s]
         return out
 

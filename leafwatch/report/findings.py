@@ -246,11 +246,9 @@ class Finding:
         """A finding first seen at ``step`` (its first and last step too), with ``details``: the
         one constructor of every detector's findings (:func:`leafwatch.detectors.constructors.make`
         fills the tensor's shape, dtype and device)."""
-        return cls(
-            kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix, step=step,  # type: ignore[arg-type]
-            first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype, device=device,
-            details=details,
-        )
+        return cls(kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix,  # type: ignore[arg-type]
+                   step=step, first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype,
+                   device=device, details=details)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
@@ -305,11 +303,8 @@ class Finding:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["kind"], data["severity"], data["status"] = str(self.kind), str(self.severity), str(self.status)
-        data["shape"] = list(self.shape) if self.shape is not None else None
-        data["aliases"] = list(self.aliases)
-        data["ranks"] = list(self.ranks)
-        data["details"] = dict(self.details)
-        data["members"] = [m.to_dict() for m in self.members]
+        data.update(shape=list(self.shape) if self.shape is not None else None, aliases=list(self.aliases),
+                    ranks=list(self.ranks), details=dict(self.details), members=[m.to_dict() for m in self.members])
         return data
 
     @classmethod
@@ -482,6 +477,7 @@ def _shared_text(members: list[Finding], field: str, group: str, each_only: bool
     if len(texts) == 1:
         return texts.pop()
     first = getattr(members[0], field)
+    fallback = "" if each_only or not first else f"for `{members[0].name}`: {first}"
     shapes = {_shape(getattr(m, field), m, group) for m in members}
     if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
@@ -490,15 +486,13 @@ def _shared_text(members: list[Finding], field: str, group: str, each_only: bool
                                for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
             ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
             if ignore is None and "\2" in shape:
-                return f"for `{members[0].name}`: {first}" if not each_only else ""
+                return fallback
             params = sorted({p for m in members for p in _PARAMS.findall(getattr(m, field))}, key=natural_key)
             if "\3" in shape and not 0 < len(params) <= 8:
-                return f"for `{members[0].name}`: {first}" if not each_only else ""
+                return fallback
             return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
                     .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
-    if each_only:
-        return ""
-    return f"for `{members[0].name}`: {first}" if first else first
+    return fallback
 
 
 #: What may stand before "each of ..." in a mistake's text (the start of a clause, a verb or a
@@ -642,13 +636,8 @@ class Report:
 
     def names(self, kind: str | None = None, status: str | None = "open") -> set[str]:
         """The names of the tensors with findings of one kind (every kind when None) with that status."""
-        return {
-            m.name
-            for f in self.findings
-            if kind is None or f.kind == kind
-            for m in f.tensors
-            if status is None or m.status == status
-        }
+        return {m.name for f in self.findings if kind is None or f.kind == kind
+                for m in f.tensors if status is None or m.status == status}
 
     def counts(self) -> dict[str, int]:
         """Open mistakes per kind (one finding each, however many tensors it lists), every kind
@@ -673,11 +662,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict: ``{"step": ..., "counts": {...}, "findings": [...]}``, and
         ``"nothing_to_check": true`` only when it is (so older readers read it unchanged)."""
-        data = {
-            "step": self.step,
-            "counts": self.counts(),
-            "findings": [f.to_dict() for f in self.findings],
-        }
+        data = {"step": self.step, "counts": self.counts(), "findings": [f.to_dict() for f in self.findings]}
         if self.nothing_to_check:
             data["nothing_to_check"] = True
         return data

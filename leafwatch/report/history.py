@@ -13,12 +13,12 @@ until a verdict confirms it or drops it, or the run ends and the detector that h
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status
+from .findings import KIND_SPECS, Finding, MistakeMemo, Report, Status, apply_ignore
 from ..observe.names import ancestors
-from .findings import apply_ignore
 from .verdicts import Action, Verdict
 
 
@@ -147,10 +147,8 @@ class FindingHistory(FindingsView):
             self._records[f.key] = f
             self._changed()
             return
-        updated = f.replace(
-            first_step=old.first_step if old.first_step is not None else f.first_step,
-            steps_seen=old.steps_seen + 1,
-        )
+        updated = f.replace(first_step=old.first_step if old.first_step is not None else f.first_step,
+                            steps_seen=old.steps_seen + 1)
         self._records[f.key] = updated
         self.revision += 1
         # An intermittent finding's message counts the steps: that count alone is no change worth
@@ -170,17 +168,16 @@ class FindingHistory(FindingsView):
         self._records[f.key] = f
         self._changed()
 
-    def _resolve(self, key: tuple[str, str], step: int | None) -> bool:
-        """Mark an open (or pending) finding resolved; True when it changed."""
+    def _resolve(self, key: tuple[str, str], step: int | None) -> None:
+        """Mark an open (or pending) finding resolved."""
         old = self._records.get(key)
         if old is None or old.status not in (Status.OPEN, Status.PENDING):
-            return False
+            return
         if old.status == Status.PENDING:
             del self._records[key]  # a suspicion that the evidence dropped was never shown
         else:
             self._records[key] = old.replace(status=Status.RESOLVED, last_step=step)
         self._changed()
-        return True
 
     def _hold(self, f: Finding) -> None:
         """Keep ``f`` as a suspicion (``pending``) until :meth:`confirm` or :meth:`drop`."""
@@ -239,7 +236,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
     if not under:
         return findings
     # Findings of the same kind, status and detector-named group count together, per module.
-    having: dict[tuple[tuple[str, str, str], str], int] = {}
+    having: Counter[tuple[tuple[str, str, str], str]] = Counter()
     lifted: list[tuple[Finding, tuple[str, str, str], tuple[str, ...]]] = []
     for f in findings:
         spec = KIND_SPECS.get(f.kind)  # type: ignore[call-overload]
@@ -248,9 +245,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
         alike = (f.kind, f.status, str(f.details.get("group") or ""))
         modules = ancestors(f.name)
         lifted.append((f, alike, modules))
-        for module in modules:
-            key = (alike, module)
-            having[key] = having.get(key, 0) + 1
+        having.update((alike, module) for module in modules)
     covers: dict[int, str] = {}
     for f, alike, modules in lifted:
         for module in modules:
@@ -286,11 +281,7 @@ class ModuleCounts:
 
     def of(self, names: tuple[str, ...]) -> dict[str, int]:
         if self._names is not names and self._names != names:
-            under: dict[str, int] = {}
-            for name in names:
-                for module in ancestors(name):
-                    under[module] = under.get(module, 0) + 1
-            self._names, self._under = names, under
+            self._names, self._under = names, Counter(module for name in names for module in ancestors(name))
         return self._under
 
 

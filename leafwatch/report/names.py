@@ -8,6 +8,7 @@ Torch-free. ``experts.2`` sorts before ``experts.10`` everywhere leafwatch lists
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Iterable
 
@@ -46,16 +47,11 @@ def _ranges(keys: list[str]) -> str:
     """``0..3,5`` of ``["0", "1", "2", "3", "5"]`` (numbers), ``bias,weight`` of words."""
     if not all(k.isdigit() for k in keys):
         return ",".join(sorted(keys, key=natural_key))
-    numbers = sorted(int(k) for k in keys)
     out: list[str] = []
-    start = prev = numbers[0]
-    for n in [*numbers[1:], None]:
-        if n is not None and n == prev + 1:
-            prev = n
-            continue
-        out.append(str(start) if start == prev else f"{start},{prev}" if prev == start + 1 else f"{start}..{prev}")
-        if n is not None:
-            start = prev = n
+    for _, group in itertools.groupby(enumerate(sorted(int(k) for k in keys)), lambda pair: pair[1] - pair[0]):
+        run = [n for _, n in group]  # consecutive numbers
+        start, last = run[0], run[-1]
+        out.append(str(start) if start == last else f"{start},{last}" if last == start + 1 else f"{start}..{last}")
     return ",".join(out)
 
 

@@ -53,13 +53,6 @@ def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
             yield folder, [os.path.join(folder, f) for f in events]
 
 
-def _payload_of(value: Any) -> bytes | None:
-    tensor = value.tensor if value.HasField("tensor") else None
-    if tensor is None or not tensor.string_val:
-        return None
-    return tensor.string_val[0]
-
-
 def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
     from tensorboard.backend.event_processing import event_file_loader
 
@@ -71,8 +64,8 @@ def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
             for value in event.summary.value:
                 if value.tag != REPORT_TAG:
                     continue
-                payload = _payload_of(value)
-                data = None if payload is None else decode(payload)
+                tensor = value.tensor if value.HasField("tensor") else None
+                data = decode(tensor.string_val[0]) if tensor is not None and tensor.string_val else None
                 if data is None:
                     continue
                 key = (event.wall_time, file_index, event_index)
@@ -96,22 +89,20 @@ def run_label(folder: str, logdir: str) -> str:
     return run.replace(os.sep, "/")
 
 
-def read_reports(logdir: str) -> list[RunReport]:
+def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
     """The latest leafwatch record of every run under ``logdir``, in folder order.
 
     Raises:
-        ValueError: ``logdir`` is not a folder (a file, or nothing).
+        ValueError: ``logdir`` is not a folder (a file, or nothing); the message calls it ``argument``.
     """
-    problem = folder_problem(logdir, "logdir")
+    problem = folder_problem(logdir, argument)
     if problem is not None:
         raise ValueError(problem)
     out = []
     for folder, files in _run_folders(logdir):
         found = _latest_record(files)
-        if found is None:
-            continue
-        wall_time, data = found
-        out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=wall_time, data=data))
+        if found is not None:
+            out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=found[0], data=found[1]))
     return out
 
 
@@ -119,16 +110,11 @@ def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
     """Whether a finding at least as severe as ``fail_on`` is open in any run."""
     if fail_on not in FAIL_ON:
         raise ValueError(f"`fail_on` can be one of {', '.join(FAIL_ON)}, got {fail_on!r}")
-    if fail_on == "never":
-        return False
-    return any(r.report.at_least(fail_on) for r in reports)
+    return fail_on != "never" and any(r.report.at_least(fail_on) for r in reports)
 
 
 def format_text(reports: Sequence[RunReport]) -> str:
-    blocks = []
-    for r in reports:
-        blocks.append(f"run: {r.run}\n{r.report}")
-    return "\n\n".join(blocks)
+    return "\n\n".join(f"run: {r.run}\n{r.report}" for r in reports)
 
 
 def format_json(logdir: str, reports: Sequence[RunReport]) -> str:
@@ -147,21 +133,15 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 def report_main(args: argparse.Namespace) -> int:
     """Print the reports found under ``args.logdir``; the exit code."""
-    problem = folder_problem(args.logdir, "LOGDIR")
-    if problem is not None:
-        sys.stderr.write(f"leafwatch report: {problem}\n")
-        return EXIT_NO_DATA
     try:
-        reports = read_reports(args.logdir)
+        reports = read_reports(args.logdir, "LOGDIR")
     except ValueError as error:
         sys.stderr.write(f"leafwatch report: {error}\n")
         return EXIT_NO_DATA
     if not reports:
-        sys.stderr.write(
-            f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
-            f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
-            "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n"
-        )
+        sys.stderr.write(f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
+                         f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
+                         "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n")
         return EXIT_NO_DATA
     sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
     return EXIT_FINDINGS if failing(reports, args.fail_on) else 0

@@ -4,16 +4,8 @@ The one place both sides agree on, torch-free (as TensorBoard's own ``plugins/te
 is shared by its summary writer and its plugin): the sink
 (:mod:`leafwatch.sinks.tensorboard`) and the Lightning metrics sink write these tags, the
 Leafwatch tab (:mod:`leafwatch.tensorboard_plugin`) and ``leafwatch report``
-(:mod:`leafwatch.report.reader`) read them back.
-
-Tags, all under the ``leafwatch/`` prefix:
-
-- scalars ``leafwatch/open/<kind>`` (:func:`open_tag`) and ``leafwatch/grad_coverage``
-  (:data:`GRAD_COVERAGE_TAG`);
-- text ``leafwatch/findings`` (:data:`FINDINGS_TEXT_TAG`): the markdown findings table;
-- a custom-scalars layout (:func:`layout`) in the sub-run :data:`LAYOUT_RUN`;
-- records for the tab and for ``leafwatch report``: tensor summaries with
-  ``plugin_name=`` :data:`PLUGIN_NAME`, each one string (see :data:`RECORD_FORMAT`).
+(:mod:`leafwatch.report.reader`) read them back. The tags, all under the ``leafwatch/`` prefix,
+are the constants below (when each is written: :mod:`leafwatch.sinks.tensorboard`).
 """
 
 from __future__ import annotations
@@ -82,12 +74,8 @@ def is_coverage_tag(tag: str) -> bool:
 
 def layout() -> dict[str, Any]:
     """The custom-scalars layout: one chart of the open findings per kind, one of the coverage."""
-    return {
-        PLUGIN_NAME: {
-            "open findings per kind": ["Multiline", [rf"{OPEN_PREFIX}.*"]],
-            "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]],
-        }
-    }
+    return {PLUGIN_NAME: {"open findings per kind": ["Multiline", [rf"{OPEN_PREFIX}.*"]],
+                          "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]]}}
 
 
 def encode_report(report: Mapping[str, Any]) -> str:

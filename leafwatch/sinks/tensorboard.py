@@ -57,15 +57,10 @@ def tensor_summary(tag: str, payload: str | bytes) -> Any:
     the Leafwatch plugin."""
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
 
-    metadata = summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=records.PLUGIN_CONTENT),
-        data_class=summary_pb2.DATA_CLASS_TENSOR,
-    )
-    tensor = tensor_pb2.TensorProto(
-        dtype=types_pb2.DT_STRING,
-        string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload],
-        tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-    )
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=records.PLUGIN_CONTENT)
+    metadata = summary_pb2.SummaryMetadata(plugin_data=plugin, data_class=summary_pb2.DATA_CLASS_TENSOR)
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                    string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload])
     return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
@@ -178,9 +173,8 @@ class TensorBoardSink:
 
     def _add_record(self, tag: str, payload: str | bytes, step: int) -> None:
         get_writer = getattr(self.writer, "_get_file_writer", None)
-        if get_writer is None:
-            return
-        get_writer().add_summary(tensor_summary(tag, payload), step)
+        if get_writer is not None:
+            get_writer().add_summary(tensor_summary(tag, payload), step)
 
     def _add_layout(self) -> None:
         log_dir = getattr(self.writer, "log_dir", None) or getattr(self.writer, "logdir", None)

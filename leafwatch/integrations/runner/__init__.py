@@ -1,21 +1,11 @@
 """``leafwatch run``: audit an unmodified PyTorch script, the way ``python -m cProfile`` runs one.
 
-The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds global hooks:
-
-- a global optimizer step pre-hook checks the parameters of each optimizer that steps, with a
-  :class:`~leafwatch.Monitor` that adopts every optimizer it sees (:mod:`.session`);
-- a global module forward pre-hook sees the modules that run, and the frames of user code at a
-  step show the optimizers the script holds; the *roots* among the modules give the qualified
-  names (:mod:`leafwatch.observe.discovery`). Once the roots are stable the module hook is removed, so the
-  script runs at full speed.
-
-The structural checks (``not_in_optimizer`` above all) need every optimizer of the script: the
-first check waits until some optimizer steps a second time, and optimizer membership stays
-pending for :data:`LATE_OPTIMIZER_CHECKS` checks (an optimizer may step late). Then a tensor no
+The script runs as ``__main__`` with its own ``sys.argv``; leafwatch only adds global hooks: an
+optimizer step pre-hook checks each optimizer that steps (:mod:`.session` says when the first
+check comes and how long optimizer membership waits), and a module forward pre-hook names the
+modules that run until their roots are stable (:mod:`leafwatch.observe.discovery`). A tensor no
 stepping optimizer holds is an error (a warning while an optimizer the script holds has not
-stepped: an error at the end of the run if it never does); a module none of whose tensors any
-optimizer holds is judged by the gradient rule (no finding without a gradient or when its
-value changes; a warning when it gets gradients and never changes).
+stepped: an error at the end of the run if it never does).
 
 Findings go to stderr once each as they appear (one short line with the fix, and the step it
 was decided when later than the step it was first seen), and the table of all of them, causes

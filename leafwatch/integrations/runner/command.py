@@ -49,22 +49,14 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str]) -> i
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
+        target = module if module is not None else script
+        assert target is not None
+        sys.argv = [target, *argv]
+        sys.path[:1] = [os.getcwd() if module is not None else os.path.dirname(os.path.abspath(target))]
         if module is not None:
-            sys.argv = [module, *argv]
-            if sys.path:
-                sys.path[0] = os.getcwd()
-            else:
-                sys.path.insert(0, os.getcwd())
             runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            assert script is not None
-            sys.argv = [script, *argv]
-            directory = os.path.dirname(os.path.abspath(script))
-            if sys.path:
-                sys.path[0] = directory
-            else:
-                sys.path.insert(0, directory)
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(target, run_name="__main__")
         return 0
     except SystemExit as stop:
         return _system_exit_code(stop.code)
@@ -213,29 +205,26 @@ def run_main(args: argparse.Namespace) -> int:
     try:
         ignore = parse_ignore(args.ignore)
     except ValueError as error:
-        sys.stderr.write(f"leafwatch run: {error}\n")
-        return USAGE_EXIT_CODE
-    module_args = args.module
-    if module_args is not None:
-        if not module_args:
-            sys.stderr.write("leafwatch run: -m needs a module name\n")
-            return USAGE_EXIT_CODE
-        module, argv, script = module_args[0], module_args[1:], None
+        return _usage_error(str(error))
+    if args.module is not None:
+        if not args.module:
+            return _usage_error("-m needs a module name")
         if args.script_args:
-            sys.stderr.write(f"leafwatch run: give a script or -m MODULE, not both (got {args.script_args[0]!r})\n")
-            return USAGE_EXIT_CODE
+            return _usage_error(f"give a script or -m MODULE, not both (got {args.script_args[0]!r})")
+        module, argv, script = args.module[0], args.module[1:], None
     else:
         if not args.script_args:
-            sys.stderr.write("leafwatch run: give a script to run: leafwatch run [options] script.py [args ...]\n")
-            return USAGE_EXIT_CODE
+            return _usage_error("give a script to run: leafwatch run [options] script.py [args ...]")
         script, argv, module = args.script_args[0], args.script_args[1:], None
         if not os.path.exists(script):
-            sys.stderr.write(f"leafwatch run: can't open file {script!r}: no such file\n")
-            return USAGE_EXIT_CODE
-    if args.logdir is not None:
-        problem = folder_problem(args.logdir, "--logdir", create=True)
-        if problem is not None:
-            sys.stderr.write(f"leafwatch run: {problem}\n")
-            return USAGE_EXIT_CODE
+            return _usage_error(f"can't open file {script!r}: no such file")
+    problem = None if args.logdir is None else folder_problem(args.logdir, "--logdir", create=True)
+    if problem is not None:
+        return _usage_error(problem)
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
                patience=args.patience, ignore=ignore)
+
+
+def _usage_error(problem: str) -> int:
+    sys.stderr.write(f"leafwatch run: {problem}\n")
+    return USAGE_EXIT_CODE

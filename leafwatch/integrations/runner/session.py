@@ -23,12 +23,12 @@ from ...observe import inventory
 from ... import watching
 from ...detectors import constructors as checks, structure as structure_detector
 from ...sinks.console import NewFindingWarnings
-from ...report.findings import Finding, Kind, Report
+from ...report.findings import Finding, Kind, Report, apply_ignore
 from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
-from ...report.findings import apply_ignore
 from ...detectors import causes
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
+from ...observe.sharding import is_distributed
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
 LATE_OPTIMIZER_CHECKS = 25
@@ -125,8 +125,7 @@ class Session:
             return
         for opt in found.optimizers:
             monitor.add_optimizer(opt)
-        report = monitor.check(optimizer, step=found.steps)
-        self.report = report
+        report = self.report = monitor.check(optimizer, step=found.steps)
         if self.strict and report.at_least("error"):
             raise StrictStop(report, found.steps)
 
@@ -145,16 +144,17 @@ class Session:
 
     def _make_monitor(self) -> Monitor:
         sinks: list[Any] = [self._lines]
-        try:
-            writer = self._get_writer()
-        except Exception as error:  # the check goes on without TensorBoard records
-            self._warn("opening the TensorBoard writer", error)
-            writer = None
-        if writer is not None:
-            from ..tensorboard import TensorBoardSink
+        if self.logdir is not None:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
 
-            self._sink = TensorBoardSink(writer)
-            sinks.append(self._sink)
+                from ..tensorboard import TensorBoardSink
+
+                self._writer = self._writer or SummaryWriter(self.logdir)
+                self._sink = TensorBoardSink(self._writer)
+                sinks.append(self._sink)
+            except Exception as error:  # the check goes on without TensorBoard records
+                self._warn("opening the TensorBoard writer", error)
         monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
@@ -162,14 +162,6 @@ class Session:
                                     self.found.outside_root_tensors, values_until=EVERY_STEP_VALUE_CHECKS,
                                     variables=self.found.script_variables)
         return monitor
-
-    def _get_writer(self) -> Any:
-        if self.logdir is None or self._writer is not None:
-            return self._writer
-        from torch.utils.tensorboard import SummaryWriter
-
-        self._writer = SummaryWriter(self.logdir)
-        return self._writer
 
     @property
     def failed_parts(self) -> list[str]:
@@ -229,8 +221,7 @@ class Session:
         return report
 
     def _structural_report(self) -> Report:
-        """The report of a run that ended before any check: the structure now, every optimizer
-        known, and the tensors that got no gradient at their optimizer's only step."""
+        """The report of a run that ended before any check (the module docstring says what it holds)."""
         self.found.update_roots()
         inv = inventory.Inventory(self.found.roots, self.found.optimizers)
         found = structure_detector.structural(inv, step=self.steps)
@@ -238,7 +229,7 @@ class Session:
         return Report(apply_ignore(found, self.ignore), step=self.steps)
 
     def _first_step_findings(self, inv: inventory.Inventory, named: set[str]) -> list[Finding]:
-        if not self._first_misses or _distributed_run():
+        if not self._first_misses or is_distributed():
             return []  # (across ranks the Monitor's merge decides; one local step cannot)
         ran = {name for prefix, root in inv.roots.items()
                for name, module in root.named_modules(remove_duplicate=False, prefix=prefix)
@@ -281,8 +272,3 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
-
-
-def _distributed_run() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

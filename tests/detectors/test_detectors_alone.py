@@ -217,7 +217,11 @@ def test_every_action_has_its_effect_on_the_history() -> None:
     assert history.get(f.key).status == Status.RESOLVED
     history.apply([Verdict.set(f.replace(status=Status.INTERMITTENT))])
     assert history.get(f.key).status == Status.INTERMITTENT
-    assert {a.value for a in Action} == {"open", "hold", "confirm", "drop", "resolve", "set", "count"}
+    g = dead_grad("h", 3, 1)
+    history.apply([Verdict.open(g)])
+    history.apply([Verdict.merge(f.key), Verdict.merge(g.key)])  # one finding speaks for open ones
+    assert history.get(g.key) is None and history.get(f.key).status == Status.INTERMITTENT  # only open ones go
+    assert {a.value for a in Action} == {"open", "hold", "confirm", "drop", "merge", "resolve", "set", "count"}
 
 
 # -- suspicions held until the evidence decides --------------------------------------------------

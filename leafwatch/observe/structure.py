@@ -346,10 +346,7 @@ class StructureCache:
         # one number per param group and never a pass over the parameters.
         fingerprint = [_current_generation]
         for opt in self.optimizers:
-            fingerprint.append(id(opt))
-            for group in opt.param_groups:
-                fingerprint.append(len(group["params"]))
-            fingerprint.append(-1)
+            fingerprint += [id(opt), *(len(group["params"]) for group in opt.param_groups), -1]
         return fingerprint
 
     def refresh(self, step: int) -> inventory.Inventory | None:
@@ -384,9 +381,8 @@ class StructureCache:
         return self.rebuild(step)
 
     def rebuild(self, step: int) -> inventory.Inventory:
-        old = self.inventory
-        if old is not None:
-            self.previous_names.update(old.known_names())
+        if self.inventory is not None:
+            self.previous_names.update(self.inventory.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
         inv.optimizers_mark = self.optimizers_mark
@@ -426,9 +422,7 @@ class StructureCache:
         return tuple(t.requires_grad for t in self.inventory.tensors.values()) if self.inventory else ()
 
     def _requires_grad_changed(self, step: int) -> bool:
-        """Every few checks: was a parameter frozen or unfrozen since the last build?"""
-        if abs(step - self._flags_read_at) < REQUIRES_GRAD_EVERY:
-            return False
+        """Every few checks (the caller tells when): was a parameter frozen or unfrozen since the last build?"""
         self._flags_read_at = step
         return self._read_requires_grad() != self._requires_grad_flags
 

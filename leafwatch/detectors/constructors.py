@@ -130,8 +130,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         if reason in ("detached", "unused", "never_ran") or "group" in details and reason != "loss_without_graph":
             fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
-        details["checks"] = checks
-        details["steps_without_grad"] = misses
+        details.update(checks=checks, steps_without_grad=misses)
     return make(
         "missing_grad", name, "error",
         f"`{name}` requires grad but got no gradient: it does not train.",

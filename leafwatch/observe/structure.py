@@ -15,6 +15,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -132,15 +133,10 @@ def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
     return found[2], found[3]
 
 
-class _ForgetAppeared:
-    def remove(self) -> None:
-        _appeared.clear()
-
-
 def _install_registration_hooks() -> list[Any]:
     _bump()  # changes that happened while no hook was installed: rebuild once
     module_mod = torch.nn.modules.module
-    handles: list[Any] = [_ForgetAppeared()]
+    handles: list[Any] = [SimpleNamespace(remove=_appeared.clear)]  # forgets them when the last Monitor closes
     for name, hook in (("register_module_parameter_registration_hook", _on_parameter),
                        ("register_module_module_registration_hook", _on_module)):
         register = getattr(module_mod, name, None)
@@ -159,20 +155,13 @@ REGISTRATION_HOOKS = SharedGlobalHooks(_install_registration_hooks)
 _stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
-class _Forget:
-    """The handle that forgets the optimizers seen stepping when the step hook goes."""
-
-    def remove(self) -> None:
-        _stepping.clear()
-
-
 def _install_step_hook() -> list[Any]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def saw_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         _stepping.add(optimizer)
 
-    return [register_optimizer_step_pre_hook(saw_step), _Forget()]
+    return [register_optimizer_step_pre_hook(saw_step), SimpleNamespace(remove=_stepping.clear)]
 
 
 #: The global optimizer step pre-hook that records which optimizers step; each Monitor holds it

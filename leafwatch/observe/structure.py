@@ -191,10 +191,7 @@ class CheckList:
     added_at: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def name_of(self, pid: int) -> str:
-        for p, name in zip(self.params, self.names):
-            if id(p) == pid:
-                return name
-        return ""
+        return next((name for p, name in zip(self.params, self.names) if id(p) == pid), "")
 
     def checks_of(self, pid: int) -> int:
         """How many checks of this list the tensor ``pid`` has been part of."""

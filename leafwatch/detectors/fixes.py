@@ -271,8 +271,7 @@ def give_to_optimizer(names: Sequence[str], inventory: Any, optimizers: Sequence
                       what: str = "it") -> str:
     """:func:`add_to_optimizer` for the inventory's tensors ``names``, in the inventory's terms
     (its optimizers, its model's variable, the variables a front-end read)."""
-    model = getattr(inventory, "model", None)
-    known = getattr(inventory, "variables", None)
+    model, known = getattr(inventory, "model", None), getattr(inventory, "variables", None)
     codes = [model_tensor_code(n, inventory) for n in names]
     params = "[" + ", ".join(c for c in codes if c) + "]" if codes and all(codes) else None
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))

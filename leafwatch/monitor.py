@@ -301,12 +301,8 @@ class Monitor:
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""
-        return {
-            "step": self.step,
-            "records": self.history_store.to_list(),
-            "misses": self._checker.misses_by_name(),
-            "checks": self.structure.check_counts(),
-        }
+        return {"step": self.step, "records": self.history_store.to_list(),
+                "misses": self._checker.misses_by_name(), "checks": self.structure.check_counts()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (a resumed run keeps its history).
@@ -360,8 +356,8 @@ class StepHooks:
         """Hook ``optimizers``; with a ``model`` and ``set_roots``, the modules a step runs beyond
         the model (a free module the loss uses) are read too, named by the user's variables."""
         for opt in optimizers:
-            self._handles.append(opt.register_step_pre_hook(self._before_step))
-            self._handles.append(opt.register_step_post_hook(self._after_step))
+            self._handles += [opt.register_step_pre_hook(self._before_step),
+                              opt.register_step_post_hook(self._after_step)]
         if isinstance(model, nn.Module) and set_roots is not None:
             self._modules, self._set_roots = Discovery(model, user_scope), set_roots
             self._modules.arm()
@@ -370,8 +366,8 @@ class StepHooks:
         """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        self._handles.append(register_optimizer_step_pre_hook(self._before_step))
-        self._handles.append(register_optimizer_step_post_hook(self._after_step))
+        self._handles += [register_optimizer_step_pre_hook(self._before_step),
+                          register_optimizer_step_post_hook(self._after_step)]
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -34,6 +34,7 @@ class Explanation:
     group: str | None = None
 
 
+_GRAD_OFF_FIX = "keep grad mode on for the computation that feeds the loss: do not switch it off at {at}"
 #: What to change at a cut's line, by op.
 _CUT_FIXES = {
     "`.detach()`": "remove the `.detach()` at {at} (detach only a copy kept for logging or a target, "
@@ -44,12 +45,10 @@ _CUT_FIXES = {
     "`torch.no_grad()`": "move the computation that feeds the loss out of the `torch.no_grad()` block at {at}",
     "`torch.inference_mode()`": "move the computation that feeds the loss out of the "
                                 "`torch.inference_mode()` block at {at}",
-    "`torch.set_grad_enabled(False)`": "keep grad mode on for the computation that feeds the loss: do not "
-                                       "switch it off at {at}",
+    "`torch.set_grad_enabled(False)`": _GRAD_OFF_FIX,
 }
 _VALUE_FIX = ("keep the values a tensor at {at}: use torch ops on the tensor itself, not {op} (a Python "
               "number, list or NumPy array has no autograd graph, and a tensor made from it is a new leaf)")
-_GRAD_OFF_FIX = "keep grad mode on for the computation that feeds the loss: do not switch it off at {at}"
 #: The reason tag of a cut, by op (the tags the module-level causes use).
 _CUT_REASONS = {"`.detach()`": "detached", "`.detach_()`": "detached", "`.data`": "data_access",
                 "`torch.no_grad()`": "detached", "`torch.inference_mode()`": "detached",
@@ -93,16 +92,8 @@ def called_directly(param_name: str, module_name: str) -> Explanation:
     )
 
 
-def explain_missing(
-    param_name: str,
-    module_name: str,
-    attribute: str,
-    records: dict[str, RunRecord],
-    armed: set[str],
-    modules: dict[str, nn.Module] | None = None,
-    *,
-    ops_traced: bool = False,
-) -> Explanation | None:
+def explain_missing(param_name: str, module_name: str, attribute: str, records: dict[str, RunRecord], armed: set[str],
+                    modules: dict[str, nn.Module] | None = None, *, ops_traced: bool = False) -> Explanation | None:
     """Why a parameter of ``module_name`` got no gradient, from what the module hooks saw; None if
     unknown. ``ops_traced``: the cut recorder watched the forward and saw no cut upstream of it."""
     if module_name not in armed or not records:
@@ -259,12 +250,10 @@ def _next_module(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord 
 def _detached_after(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
     """The first later module that received ``record``'s output detached (the same storage without
     grad). A tensor of the same shape is no evidence: a rewrap is named only when the recorder saw it."""
-    later = _later(record, records)
-    if record.output_storage:
-        detached = [r for r in later if record.output_storage in r.detached_inputs]
-        if detached:
-            return min(detached, key=lambda r: r.order)
-    return None
+    if not record.output_storage:
+        return None
+    return min((r for r in _later(record, records) if record.output_storage in r.detached_inputs),
+               key=lambda r: r.order, default=None)
 
 
 def at_the_only_step(info: ParamInfo, ran: set[str]) -> Explanation:

@@ -204,15 +204,9 @@ class Checker:
 
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
-        return {
-            "streaks": len(self._grads.streak),
-            "miss_counts": len(self._grads.misses),
-            **self.diagnostics.stats(),
-            "watch_counts": self._watched.sizes(),
-            **self.values.stats(),
-            "step_watches": len(self._loop.sentinels.seen),
-            "loss_graph_walks": self._loss_leaves.walks,
-        }
+        return {"streaks": len(self._grads.streak), "miss_counts": len(self._grads.misses), **self.diagnostics.stats(),
+                "watch_counts": self._watched.sizes(), **self.values.stats(),
+                "step_watches": len(self._loop.sentinels.seen), "loss_graph_walks": self._loss_leaves.walks}
 
     # -- the parts, and what they share ---------------------------------------------------------
     def _watch_entries(self) -> list[watching.WatchEntry]:

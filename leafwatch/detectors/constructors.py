@@ -130,8 +130,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
         if reason in ("detached", "unused", "never_ran") or "group" in details and reason != "loss_without_graph":
             fix = f"{fix}; {silence_hint(name, info.module)}"
     if checks is not None:
-        details["checks"] = checks
-        details["steps_without_grad"] = misses
+        details.update(checks=checks, steps_without_grad=misses)
     return make(
         "missing_grad", name, "error",
         f"`{name}` requires grad but got no gradient: it does not train.",
@@ -249,11 +248,10 @@ def dead_grad(name: str, checks: int, step: int) -> Finding:
 def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str, *,
                       inventory: Inventory | None = None, **details: Any) -> Finding:
     """A trainable tensor outside the model that gets gradients and is in no optimizer."""
-    model = inventory.model if inventory is not None else None
     code = fixes.tensor_code(name) if graph.code_name(name) else None
-    add = fixes.add_to_optimizer(f"[{code}]" if code else None, inventory.optimizers if inventory is not None else (),
-                                 model=model, known=inventory.variables if inventory is not None else None,
-                                 cache=inventory.fix_names if inventory is not None else None)
+    add = fixes.add_to_optimizer(f"[{code}]" if code else None, getattr(inventory, "optimizers", ()),
+                                 model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
+                                 cache=getattr(inventory, "fix_names", None))
     frozen = f"`{code}.requires_grad_(False)`" if code else "call `requires_grad_(False)` on your tensor"
     return make(
         "not_in_optimizer", name, severity,

@@ -69,8 +69,7 @@ def attribute_path(name: str, owner: str) -> str | None:
         if part.isdigit():
             out += f"[{part}]"
             continue
-        match = _PART.match(part)
-        if match is None:
+        if _PART.match(part) is None:
             return None
         out += f".{part}"
     return out if is_code(out) else None
@@ -101,11 +100,7 @@ def _unwrapped(value: Any) -> Any:
 
 def _scopes() -> Iterable[tuple[str, dict[str, Any]]]:
     """``(prefix, variables)`` of the user's frames, innermost first, then the script's globals."""
-    count = 0
-    for frame in frames.user_frames():
-        if count >= _MAX_FRAMES:
-            break
-        count += 1
+    for _, frame in zip(range(_MAX_FRAMES), frames.user_frames()):
         local = frame.f_locals
         loops = _loop_targets(frame.f_code)  # `opt` of `for opt in opts:` names a different one each turn
         yield "", {k: v for k, v in list(local.items())[:_MAX_VALUES] if k not in loops}
@@ -276,8 +271,7 @@ def give_to_optimizer(names: Sequence[str], inventory: Any, optimizers: Sequence
                       what: str = "it") -> str:
     """:func:`add_to_optimizer` for the inventory's tensors ``names``, in the inventory's terms
     (its optimizers, its model's variable, the variables a front-end read)."""
-    model = getattr(inventory, "model", None)
-    known = getattr(inventory, "variables", None)
+    model, known = getattr(inventory, "model", None), getattr(inventory, "variables", None)
     codes = [model_tensor_code(n, inventory) for n in names]
     params = "[" + ", ".join(c for c in codes if c) + "]" if codes and all(codes) else None
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
@@ -488,11 +482,8 @@ def _statement_at(location: str) -> ast.stmt | None:
     path, _, line = location.rpartition(":")
     if not path or not line.isdigit():
         return None
-    source = "".join(linecache.getlines(path))
-    if not source:
-        return None
     try:
-        tree = ast.parse(source)
+        tree = ast.parse("".join(linecache.getlines(path)))
     except SyntaxError:
         return None
     lineno = int(line)
@@ -511,8 +502,7 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     target = ast.unparse(node.targets[0])
     if target != name:
         return None
-    value = node.value
-    inner = value
+    inner = value = node.value
     if isinstance(value, ast.Call) and ast.unparse(value.func).split(".")[-1] == "watch" and value.args:
         inner = value.args[0]
     leaf = ast.Call(ast.Attribute(_strip_grad(inner), "requires_grad_", ast.Load()), [], [])

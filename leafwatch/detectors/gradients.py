@@ -92,10 +92,8 @@ class GradientTracker:
         self.held.forget(alive)
         self._cuts = {pid: c for pid, c in self._cuts.items() if pid in alive}
         self._modules = inv.modules
-        self._layers = {}
-        self._steady = {}
+        self._layers, self._steady, self._repeat = {}, {}, None
         self._steady_changes += 1
-        self._repeat = None
 
     def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
         if info is None:
@@ -381,6 +379,5 @@ def no_gradient_at_all(coverage: float | None, findings: FindingsView,
     if coverage != 0.0 or len(missing) < 2:
         return None
     names = [n for f in missing for n in (f.name, *f.aliases)]
-    step = missing[0].last_step
     return [*(Verdict.merge(f.key) for f in missing),
-            Verdict.open(checks.no_grad_at_all(names, step=step, optimizers=optimizers))]
+            Verdict.open(checks.no_grad_at_all(names, step=missing[0].last_step, optimizers=optimizers))]

@@ -195,11 +195,9 @@ class LossLeaves:
                 continue
             known = caller_name(t)
             name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
-            add = fixes.add_to_optimizer(f"[{known}]" if known else None,
-                                         inventory.optimizers if inventory is not None else (),
-                                         model=inventory.model if inventory is not None else None,
-                                         known=inventory.variables if inventory is not None else None,
-                                         cache=inventory.fix_names if inventory is not None else None)
+            add = fixes.add_to_optimizer(f"[{known}]" if known else None, getattr(inventory, "optimizers", ()),
+                                         model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
+                                         cache=getattr(inventory, "fix_names", None))
             out.append(checks.make(
                 "not_in_optimizer", name, "info",
                 f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",

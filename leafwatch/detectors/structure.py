@@ -52,19 +52,16 @@ def structural(inventory: Inventory, *, step: int | None,
 
     ``stale`` is :func:`leafwatch.observe.replaced.pair` of this inventory when the caller has it already.
     """
-    out: list[Finding] = []
-    out += _optimizer_membership(inventory, step, previous_names or {}, stale, seen_frozen)
-    out += _orphans(inventory, step)
-    out += _devices(inventory, step)
-    return out
+    return [*_optimizer_membership(inventory, step, previous_names or {}, stale, seen_frozen),
+            *(_orphan_finding(orphan, inventory, step) for orphan in inventory.orphans()), *_devices(inventory, step)]
 
 
 def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
                           stale: replaced.Replaced | None,
                           seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
-    out: list[Finding] = []
     if not inv.optimizers:
-        return out
+        return []
+    out: list[Finding] = []
     for i, params in enumerate(inv.optimizer_params):
         for j, p in enumerate(params):
             if not p.is_leaf:
@@ -338,13 +335,6 @@ def _stale_leftovers(optimizer: int, n: int, known: str, lazy: int, inv: Invento
         reason="leftovers")
 
 
-def _orphans(inv: Inventory, step: int | None) -> list[Finding]:
-    out = []
-    for orphan in inv.orphans():
-        out.append(_orphan_finding(orphan, inv, step))
-    return out
-
-
 def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding:
     t, name = orphan.tensor, orphan.name
     trains = id(t) in inv.in_optimizer
@@ -488,9 +478,7 @@ def device_on_purpose(module: str, device: str, below: dict[str, set[str]], spre
         below: Module name -> the devices of every trainable tensor at or below it.
         spread: Whether the model declares a device map.
     """
-    if spread:
-        return True
-    return module != "" and below.get(module) == {device}
+    return spread or (module != "" and below.get(module) == {device})
 
 
 def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
@@ -506,7 +494,3 @@ def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
     if dtype == torch.float64:
         return True
     return torch.finfo(dtype).eps > torch.finfo(main_dtype).eps
-
-
-
-# -- the loop applies no gradient -------------------------------------------------------------

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from .inventory import Inventory
 from .names import ancestors
@@ -62,10 +63,6 @@ class Replaced:
     def names(self) -> dict[int, str]:
         """Old tensor id -> the current name it is reported under (paired ones only)."""
         return {id(p.old): p.name for p in self.pairs}
-
-
-def _is_lazy(t: torch.Tensor) -> bool:
-    return nn.parameter.is_lazy(t)
 
 
 def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Replaced:
@@ -156,8 +153,8 @@ def _pair_by_position(inv: Inventory, old: list[_Old], free: set[int], out: Repl
         i, j, p, _ = entry
         k = _at_position(inv.optimizer_params[i], j, inv, model_order, position)
         # An uninitialized old tensor has no dimensions to compare: its place alone pairs it.
-        if k is not None and k in free and not _is_lazy(inv.tensors[k]) \
-                and (_is_lazy(p) or inv.tensors[k].dim() == p.dim()):
+        if k is not None and k in free and not is_lazy(inv.tensors[k]) \
+                and (is_lazy(p) or inv.tensors[k].dim() == p.dim()):
             free.discard(k)
             out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "position"))
         else:
@@ -171,10 +168,8 @@ def _pair_by_shape(inv: Inventory, old: list[_Old], free: set[int], out: Replace
     # the model's parameters have gradients (or it had a name in the model).
     grads_ready = any(t.grad is not None for t in inv.tensors.values())
     for i, _, p, old_name in old:
-        k = None
-        if not _is_lazy(p):
-            k = next((k for k in inv.tensors if k in free and not _is_lazy(inv.tensors[k])
-                      and inv.tensors[k].shape == p.shape), None)
+        k = None if is_lazy(p) else next((k for k in inv.tensors if k in free and not is_lazy(inv.tensors[k])
+                                          and inv.tensors[k].shape == p.shape), None)
         if k is not None:
             free.discard(k)
             out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "shape"))

@@ -15,6 +15,7 @@ import itertools
 import threading
 import weakref
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -132,15 +133,10 @@ def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
     return found[2], found[3]
 
 
-class _ForgetAppeared:
-    def remove(self) -> None:
-        _appeared.clear()
-
-
 def _install_registration_hooks() -> list[Any]:
     _bump()  # changes that happened while no hook was installed: rebuild once
     module_mod = torch.nn.modules.module
-    handles: list[Any] = [_ForgetAppeared()]
+    handles: list[Any] = [SimpleNamespace(remove=_appeared.clear)]  # forgets them when the last Monitor closes
     for name, hook in (("register_module_parameter_registration_hook", _on_parameter),
                        ("register_module_module_registration_hook", _on_module)):
         register = getattr(module_mod, name, None)
@@ -159,20 +155,13 @@ REGISTRATION_HOOKS = SharedGlobalHooks(_install_registration_hooks)
 _stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
-class _Forget:
-    """The handle that forgets the optimizers seen stepping when the step hook goes."""
-
-    def remove(self) -> None:
-        _stepping.clear()
-
-
 def _install_step_hook() -> list[Any]:
     from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     def saw_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         _stepping.add(optimizer)
 
-    return [register_optimizer_step_pre_hook(saw_step), _Forget()]
+    return [register_optimizer_step_pre_hook(saw_step), SimpleNamespace(remove=_stepping.clear)]
 
 
 #: The global optimizer step pre-hook that records which optimizers step; each Monitor holds it
@@ -202,10 +191,7 @@ class CheckList:
     added_at: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def name_of(self, pid: int) -> str:
-        for p, name in zip(self.params, self.names):
-            if id(p) == pid:
-                return name
-        return ""
+        return next((name for p, name in zip(self.params, self.names) if id(p) == pid), "")
 
     def checks_of(self, pid: int) -> int:
         """How many checks of this list the tensor ``pid`` has been part of."""
@@ -346,10 +332,7 @@ class StructureCache:
         # one number per param group and never a pass over the parameters.
         fingerprint = [_current_generation]
         for opt in self.optimizers:
-            fingerprint.append(id(opt))
-            for group in opt.param_groups:
-                fingerprint.append(len(group["params"]))
-            fingerprint.append(-1)
+            fingerprint += [id(opt), *(len(group["params"]) for group in opt.param_groups), -1]
         return fingerprint
 
     def refresh(self, step: int) -> inventory.Inventory | None:
@@ -384,9 +367,8 @@ class StructureCache:
         return self.rebuild(step)
 
     def rebuild(self, step: int) -> inventory.Inventory:
-        old = self.inventory
-        if old is not None:
-            self.previous_names.update(old.known_names())
+        if self.inventory is not None:
+            self.previous_names.update(self.inventory.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
         inv.optimizers_mark = self.optimizers_mark
@@ -426,9 +408,7 @@ class StructureCache:
         return tuple(t.requires_grad for t in self.inventory.tensors.values()) if self.inventory else ()
 
     def _requires_grad_changed(self, step: int) -> bool:
-        """Every few checks: was a parameter frozen or unfrozen since the last build?"""
-        if abs(step - self._flags_read_at) < REQUIRES_GRAD_EVERY:
-            return False
+        """Every few checks (the caller tells when): was a parameter frozen or unfrozen since the last build?"""
         self._flags_read_at = step
         return self._read_requires_grad() != self._requires_grad_flags
 

@@ -36,7 +36,6 @@ class RunRecord:
     name: str
     calls: int = 0
     grad_enabled: bool = False
-    grad_disabled: bool = False
     in_checkpoint: bool = False
     output_requires_grad: bool = False
     backward_reached: bool = False
@@ -313,7 +312,6 @@ class Tracer:
             if grad_on:
                 record.grad_enabled = True
             else:
-                record.grad_disabled = True
                 record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
             with_grad = {_storage(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad}
             if with_grad:

@@ -204,8 +204,7 @@ def report_text(findings: Sequence[FindingText], step: int | None = None, *, not
         decided = decided_step(f)
         if seen and decided is not None:
             seen = f"{seen[:-1]}, decided at step {decided})"
-        lines.append(f"  {label:7} {f.kind:19} {f.name}{status}{' ' + seen if seen else ''}{_ranks(f)}")
-        lines.append(f"      {f.message}")
+        lines += [f"  {label:7} {f.kind:19} {f.name}{status}{' ' + seen if seen else ''}{_ranks(f)}", f"      {f.message}"]
         if ignored:
             lines.append(f"      ignored: {ignored_because(f)}")
             continue
@@ -228,26 +227,16 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
     if not findings:
         return f"**leafwatch**: nothing to check: {NOTHING_TO_CHECK}." if nothing_to_check else "**leafwatch**: no findings."
     n_open = sum(1 for f in findings if f.is_open)
-    rows = [
-        _head(f"**leafwatch**: {n_open} open finding(s)", step),
-        "",
-        "| severity | kind | name | status | cause | fix | seen since |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    rows = [_head(f"**leafwatch**: {n_open} open finding(s)", step), "",
+            "| severity | kind | name | status | cause | fix | seen since |", "|---|---|---|---|---|---|---|"]
     for f in findings:
         ignored = f.status == IGNORED
         seen = "" if f.first_step is None else ("start" if f.first_step == 0 else f"step {f.first_step}")
         if seen and decided_step(f) is not None:
             seen += f" (decided at step {decided_step(f)})"
-        cells = [
-            str(f.severity),
-            str(f.kind),
-            f"`{f.name}`{tensor_count(f)}",
-            str(f.status),
-            f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
-            "" if ignored else f"{fix_mark(f)} {f.fix}".lstrip(),
-            seen,
-        ]
+        cells = [str(f.severity), str(f.kind), f"`{f.name}`{tensor_count(f)}", str(f.status),
+                 f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
+                 "" if ignored else f"{fix_mark(f)} {f.fix}".lstrip(), seen]
         rows.append("| " + " | ".join(escape_markdown(c) for c in cells) + " |")
     return "\n".join(rows)
 

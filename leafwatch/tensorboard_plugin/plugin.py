@@ -98,11 +98,8 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
     if len(steps) == 1:  # the usual case: the group was checked at every step of the chunk
         first, last = steps[0]
         top = last - first
-        if all(0 <= i <= j <= top for i, j in positions):
-            return [[first + i, first + j] for i, j in positions]
         return [[first + max(i, 0), first + min(j, top)] for i, j in positions if i <= top and j >= 0 and i <= j]
-    starts = []  # position of the first check of each step range
-    total = 0
+    starts, total = [], 0  # position of the first check of each step range
     for first, last in steps:
         starts.append(total)
         total += last - first + 1
@@ -290,10 +287,8 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     # -- TBPlugin ----------------------------------------------------------------------------
     def get_plugin_apps(self) -> dict[str, Any]:
-        apps: dict[str, Any] = {route: self._serve_static for route in _STATIC_FILES}
-        apps.update({"/runs": self._serve_runs, "/findings": self._serve_findings,
-                     "/coverage": self._serve_coverage})
-        return apps
+        return {**{route: self._serve_static for route in _STATIC_FILES}, "/runs": self._serve_runs,
+                "/findings": self._serve_findings, "/coverage": self._serve_coverage}
 
     def is_active(self) -> bool:
         # TensorBoard already lists the tab as enabled when a run holds data of this plugin

@@ -227,7 +227,7 @@ class Checker:
     def _decide_pending(self, _: Any = None) -> Verdicts:
         """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
         inv = self.structure.inventory
-        out = self._grads.refresh(self.step) + self._membership.escalate_late(self.step, inv)
+        out = self._grads.refresh(self.step) + self._membership.escalate_late(self.step)
         for f in self.history_store.view.pending():
             if f.kind == "missing_grad":
                 decided = self._grads.held.decide(f)

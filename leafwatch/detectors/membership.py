@@ -214,19 +214,16 @@ class MembershipJudge:
                                       details={**decided.details, "reason": f.details["reason"]})
         return decided
 
-    def escalate_late(self, step: int, inv: Inventory | None) -> Verdicts:
-        """At the end of the run: a late-optimizer warning still open becomes an error, in the
-        words of the builder that decides it (its optimizer never stepped)."""
+    def escalate_late(self, step: int) -> Verdicts:
+        """At the end of the run: a late-optimizer warning still open becomes an error, a
+        never-stepped one in its builder's words (from the details: the optimizer may be gone with
+        the script); any other keeps its words."""
         out: Verdicts = []
         for f in self.view:
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                ref = self._tensors.get(f.name)
-                t = ref() if ref is not None else None
-                info = inv.params.get(id(t)) if inv is not None and t is not None else None
-                if f.details.get("reason") == "never_stepped":  # (its optimizer may be gone with the script)
+                decided = f
+                if f.details.get("reason") == "never_stepped":
                     decided = _never_stepped(f.name, tuple(f.details["holder"]), self.checks(), f, Severity.ERROR)
-                else:
-                    decided = f if info is None else self._late(f, info, t, step, Severity.ERROR, inv)  # type: ignore[arg-type]
                 out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=decided.message,
                                                  cause=decided.cause, fix=decided.fix,
                                                  details={**decided.details, "decided_step": step})))

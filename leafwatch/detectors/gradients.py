@@ -11,6 +11,7 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -21,6 +22,9 @@ from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import causes, constructors as checks
 from .held import HeldMisses
+from .loop import LR_READ_EVERY
+
+from ..observe.evidence import CheckState
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -381,3 +385,40 @@ def no_gradient_at_all(coverage: float | None, findings: FindingsView,
     names = [n for f in missing for n in (f.name, *f.aliases)]
     return [*(Verdict.merge(f.key) for f in missing),
             Verdict.open(checks.no_grad_at_all(names, step=missing[0].last_step, optimizers=optimizers))]
+
+
+def read(checker: Any, state: CheckState) -> Verdicts | None:
+    """The hot path, right after backward when every line runs cold: one read of each ``p.grad``,
+    and the loop watch's and the tracker's gates read in place (each call costs microseconds)."""
+    cache, loop, grads, step = checker.structure, checker.loop, checker.grads, checker.step
+    optimizer, loss = state.optimizer, state.loss
+    keys = cache.lists if optimizer is None else (state.index,)
+    reachable: set[int] | None = None
+    walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
+    offset = 0
+    skip: set[int] | None = None
+    out: Verdicts | None = None  # a healthy check makes no list
+    for key, clist in zip(keys, state.lists):
+        missing = [i for i, p in enumerate(clist.params) if p.grad is None]
+        clist.checks += 1
+        if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
+            missing, found = loop.judge(clist, missing, key, step, cache.optimizers)
+            out = found if out is None else out + found
+        if key is not None and (clist.checks % LR_READ_EVERY == 0 or clist.checks == 1
+                                or loop.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
+            force, found = loop.about_to_step(cache.optimizers[key], key, clist, step, cache.inventory)
+            state.force_values |= force
+            out = found if out is None else out + found
+        if missing or grads.streak:
+            if skip is None:
+                # Watched tensors are reported under their watch name, replaced ones as stale_param.
+                skip = {id(e.tensor()) for e in checker.watch_entries()} | cache.stale_ids
+            if missing and not walked:
+                reachable, walked = graph.reachable_leaf_ids(loss), True
+            found = grads.update(clist, missing, step, tracer=checker.tracer, reachable=reachable, skip=skip)
+            out = found if out is None else out + found
+            state.missing.extend([i + offset for i in missing] if offset else missing)
+        offset += len(clist.params)
+    if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
+        cache.leave_out(grads.take_new_targets())
+    return out

@@ -29,6 +29,26 @@ from ..report.verdicts import Verdict, Verdicts
 from . import structure
 
 
+def judge(checker: Any, state: CheckState) -> Verdicts:
+    """At a check: the held ``not_in_optimizer`` suspicions decided by the gradient rule."""
+    return checker.membership.judge(state)
+
+
+def decide_pending(checker: Any, _: Any = None) -> Verdicts:
+    """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
+    inv, step, grads = checker.structure.inventory, checker.step, checker.grads
+    out = grads.refresh(step) + checker.membership.escalate_late(step)
+    for f in checker.history_store.view.pending():
+        if f.kind == "missing_grad":
+            decided = grads.held.decide(f)
+        elif f.details.get("source") == "watch":
+            decided = checker.watched.decide(f)
+        else:
+            decided = checker.membership.decide(f, inv, step)
+        out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+    return out
+
+
 class MembershipJudge:
     """Holds ``not_in_optimizer`` suspicions and decides them from gradients and forward facts.
 

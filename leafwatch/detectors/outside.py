@@ -20,6 +20,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -30,6 +31,27 @@ from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from . import constructors as checks
+from ..observe import structure
+from ..report.verdicts import Verdict, Verdicts
+
+from ..observe.evidence import CheckState
+
+
+def judge_loss(checker: Any, state: CheckState) -> Verdicts | None:
+    """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
+    loss, cache, leaves = state.loss, checker.structure, checker.loss_leaves
+    if loss is None or not leaves.wants_walk(len(checker.grads.streak) > state.streaks_before):
+        return None
+    return [Verdict.open(f) for f in leaves.observe(
+        loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
+            cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], state.entries))]
+
+
+def undecided(checker: Any, _: Any) -> Verdicts:
+    """At the end of a run of one check (``audit()``): it cannot tell a persistent leaf of the loss from a fresh one."""
+    if checker.checks != 1:
+        return []
+    return [Verdict.open(f) for f in checker.loss_leaves.undecided(checker.step, checker.structure.inventory)]
 
 
 def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import fixes
+from . import fixes, ranks
 from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, Finding
 from ..report.history import FindingsView
@@ -24,7 +24,55 @@ from ..observe.inventory import Inventory, Orphan, ParamInfo, is_uninitialized, 
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
 from ..observe.structure import appeared
-from .constructors import make, non_leaf, silence_hint
+from .constructors import make, non_leaf, silence_hint, watched_findings
+from ..options import warn_unmatched_ignore
+
+from ..observe.evidence import CheckState
+
+
+def scan(checker: Any, _: Any) -> Verdicts:
+    """Before any gradient exists: the structure, and what is wrong already (a watched non-leaf)."""
+    out = rebuilt(checker, checker.structure.rebuild(checker.step), before_gradients=True)
+    entries = checker.watch_entries()
+    return out + [Verdict.open(f) for f in watched_findings(
+        entries, checker.step, {e.name: True for e in entries}, checker.structure.inventory)]
+
+
+def read(checker: Any, state: CheckState) -> Verdicts | None:
+    """At a check: the structure read again where it changed, and the check lists of ``state``."""
+    cache, optimizer = checker.structure, state.optimizer
+    if optimizer is not None:
+        state.index = cache.index_of.get(id(optimizer))
+        if state.index is None:  # an optimizer the Monitor was not given: adopt it
+            cache.add_optimizer(optimizer)
+            state.index = cache.optimizer_index(optimizer)
+    inv = cache.refresh(checker.step)
+    if inv is not None:
+        state.inventory = inv
+    state.lists = cache.all_lists if optimizer is None else [cache.lists[state.index]]
+    return rebuilt(checker, inv) if inv is not None else None
+
+
+def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Verdicts:
+    """After a rebuild of the structure: its verdicts, and what waited for the names."""
+    cache, history, step = checker.structure, checker.history_store, checker.step
+    checker.grads.rebuilt(inv)
+    checker.membership.rebuilt(inv)
+    shown, held = checker.membership.split(
+        structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale,
+                   seen_frozen=cache.seen_frozen), inv, before_gradients=before_gradients)
+    out = verdicts(history.view, shown, step, held)
+    sharded = ranks.sharded_finding(cache.grad_view, step)
+    if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
+        out.append(Verdict.open(sharded))
+    checker.grads.apply_restored(inv.known_names())
+    checker.loop.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
+    if history.ignore and not checker.ignore_checked:
+        checker.ignore_checked = True
+        warn_unmatched_ignore(history.ignore, inv.all_names() | {e.name for e in checker.watch_entries()})
+    checker.say_if_nothing_to_check(inv, out)
+    return out
+
 
 
 def verdicts(view: FindingsView, found: Iterable[Finding], step: int | None,

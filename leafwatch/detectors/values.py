@@ -9,6 +9,8 @@ checks of the cadence, so their timing does not depend on the extra checks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..observe import inventory, sharding as distributed, structure
@@ -19,6 +21,16 @@ from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import constructors as checks
 from .dead import DeadGradTracker
+
+
+def judge(checker: Any, state: CheckState) -> Verdicts:
+    """At a check: the value check when it is due."""
+    return checker.values.judge(state)
+
+
+def finish(checker: Any, _: Any) -> Verdicts:
+    """At the end of the run: the last value check."""
+    return checker.values.finish(checker.step)
 
 
 class GradientValues:

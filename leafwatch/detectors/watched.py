@@ -9,14 +9,33 @@ nothing when its value changed (updated by hand) and ``not_in_optimizer`` when i
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from ..observe import changes as evidence, inventory
+from .. import watching
+from ..observe import changes as evidence, inventory, structure
 from ..report.findings import Finding, Status, Waiting
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
 from . import constructors as checks
 from . import outside
+
+from ..observe.evidence import CheckState
+
+
+def waits_on(checker: Any) -> tuple[tuple[object, str], ...]:
+    """What the check of watched tensors waits on: a tensor watched, or a watched finding open."""
+    return (watching.DEFAULT, "by_name"), (checker.watches, "by_name"), (checker.watched, "may_be_open")
+
+
+def judge(checker: Any, state: CheckState) -> Verdicts | None:
+    """At a check: each watched tensor (nothing to do with nothing watched and no watched finding open)."""
+    if not (watching.DEFAULT.by_name or checker.watches.by_name or checker.watched.may_be_open):
+        return None
+    entries = state.entries = checker.watch_entries()
+    if entries:
+        checker.watched.optimizers_version = (checker.structure.rebuilds, structure.structure_generation())
+    return checker.watched.update(entries, checker.step, checker.structure.inventory, checker.in_judging_optimizer)
 
 
 class WatchedTracker:

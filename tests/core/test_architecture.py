@@ -402,3 +402,54 @@ def test_no_class_over_300_lines_and_no_function_over_60() -> None:
                     or isinstance(node, ast.ClassDef) and lines > 300:
                 too_long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({lines} lines)")
     assert not too_long, too_long
+
+
+# -- the registry is the pipeline's one list --------------------------------------------------
+def test_the_checks_parts_are_the_registrys_detectors_in_order() -> None:
+    from leafwatch.detectors import registry
+
+    model = nn.Linear(2, 1)
+    monitor = leafwatch.Monitor(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    checker = monitor._checker
+    by_stage = {stage: [d.name for d in registry.DETECTORS if d.stage == stage]
+                for stage in (registry.SCAN, registry.CHECK, registry.CLOSE)}
+    assert [p.name for p in checker.pipeline.parts] == [*by_stage[registry.CHECK], "the diagnostic hooks"]
+    assert [p.name for p in checker.scanning] == by_stage[registry.SCAN]
+    assert [p.name for p in checker.closing] == by_stage[registry.CLOSE]
+    monitor.close()
+
+
+def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a detector is its module and one line in the registry: here, a gradient-norm limit."""
+    import dataclasses
+
+    from leafwatch.detectors import registry
+    from leafwatch.detectors.constructors import make
+    from leafwatch.report.verdicts import Verdict
+
+    @dataclasses.dataclass
+    class Seen:
+        checks: int = 0
+
+    def huge(checker, evidence):  # the detector: evidence in, verdicts out
+        checker.states["the gradient-norm check"].checks += 1
+        return [Verdict.open(make("nonfinite_grad", name, "warning", f"`{name}`'s gradient is huge.",
+                                  "a learning rate too high", "lower the learning rate", reason="huge",
+                                  step=evidence.step))
+                for clist in evidence.lists for name, p in zip(clist.names, clist.params)
+                if p.grad is not None and p.grad.abs().max() > 1e3]
+
+    added = registry.Detector("the gradient-norm check", huge, state=lambda checker: Seen())
+    monkeypatch.setattr(registry, "DETECTORS", (*registry.DETECTORS, added))
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, optimizer)
+    for scale in (1.0, 1e6):
+        optimizer.zero_grad()
+        (model(torch.ones(1, 2)) * scale).sum().backward()
+        report = monitor.check(optimizer)
+    assert monitor._checker.states["the gradient-norm check"].checks == 2
+    assert [(f.kind, f.name, f.cause, f.details["reason"]) for f in report.findings] == [
+        ("nonfinite_grad", "{bias,weight}", "a learning rate too high", "huge")]  # one mistake, its tensors
+    assert {f.name for f in report.tensors()} == {"weight", "bias"}
+    monitor.close()

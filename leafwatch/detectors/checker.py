@@ -21,7 +21,8 @@ from ..observe import inventory, structure
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
-from ..observe.evidence import CheckState
+from ..observe import evidence as observed
+from ..observe.evidence import Evidence
 from . import loop as stepping, outside, registry
 from .gradients import GradientTracker
 from .membership import MembershipJudge
@@ -89,8 +90,8 @@ class Checker:
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
-        #: The evidence of the current (or last) check.
-        self.evidence = CheckState(None, None)
+        #: What the last check read: its optimizer, that optimizer's index and its check lists (never the loss).
+        self._checked: tuple[Any, int | None, tuple[Any, ...]] = (None, None, ())
         self._emitted = -1  # the first check's event counts as a change
         #: The history's revision when the last event was built (-1: none yet).
         self.emitted_revision = -1
@@ -102,7 +103,7 @@ class Checker:
             stages[d.stage].append(Part(d.name, functools.partial(d.run, self), d.when(self) if d.when else ()))
         #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
         #: a failing part leaves an ``incomplete`` finding.
-        self.pipeline: Pipeline[CheckState] = Pipeline(
+        self.pipeline: Pipeline[Evidence] = Pipeline(
             (*stages[registry.CHECK], Part("the diagnostic hooks", self.diagnostics.retarget)), history, warn)
         #: What a scan before any gradient runs; what the end of a run decides, in order.
         self.scanning, self.closing = tuple(stages[registry.SCAN]), tuple(stages[registry.CLOSE])
@@ -118,13 +119,13 @@ class Checker:
         """One check at ``step``: every part in order."""
         self.step = step
         self.checks += 1
-        # One state object for every check (fresh lists: an event keeps the last check's).
-        state = self.evidence
-        state.optimizer, state.loss, state.streaks_before = optimizer, loss, len(self.grads.streak)
-        state.step, state.inventory = step, self.structure.inventory
-        state.index, state.lists, state.missing, state.entries, state.force_values = None, [], [], [], False
-        self.pipeline.run(state, step)
-        state.loss = None  # kept for the event, never the user's graph
+        cache = self.structure
+        evidence = self.pipeline.observe("reading the model's structure",
+                                         lambda: observed.read(cache, optimizer, loss, step), step)
+        if evidence is None:  # (an `incomplete` finding says so) the parts judge what they keep
+            evidence = Evidence(step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory)
+        self.pipeline.run(evidence, step)
+        self._checked = optimizer, evidence.index, evidence.lists
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
@@ -149,12 +150,13 @@ class Checker:
         changed, self._emitted, self.emitted_revision = self._emitted != history.version, history.version, history.revision
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
-        state = self.evidence
-        lists = state.lists
+        checked, index, keyed = self._checked
+        lists = [clist for _, clist, _ in keyed]
         names = lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
-        coverage = None if not names else 1.0 - len(state.missing) / len(names)
-        index = state.index if optimizer is state.optimizer else self.structure.optimizer_index(optimizer)
-        return CheckEvent(self.step, index, report, changed, names, state.missing, coverage)
+        missing = self.grads.missing_now
+        coverage = None if not names else 1.0 - len(missing) / len(names)
+        index = index if optimizer is checked else self.structure.optimizer_index(optimizer)
+        return CheckEvent(self.step, index, report, changed, names, missing, coverage)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""

@@ -24,7 +24,7 @@ from . import causes, constructors as checks
 from .held import HeldMisses
 from .loop import LR_READ_EVERY
 
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -85,6 +85,10 @@ class GradientTracker:
         self._cuts: dict[int, cuts.Cut] = {}
         #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
         self.changes = 0
+        #: At the last check: the indices (into its joined names) of the tensors without a gradient,
+        #: and whether a streak began.
+        self.missing_now: list[int] = []
+        self.new_miss = False
 
     def take_new_targets(self) -> set[int]:
         """Targets found since the last call (the structure cache leaves them out of the checks)."""
@@ -387,27 +391,25 @@ def no_gradient_at_all(coverage: float | None, findings: FindingsView,
             Verdict.open(checks.no_grad_at_all(names, step=missing[0].last_step, optimizers=optimizers))]
 
 
-def read(checker: Any, state: CheckState) -> Verdicts | None:
-    """The hot path, right after backward when every line runs cold: one read of each ``p.grad``,
-    and the loop watch's and the tracker's gates read in place (each call costs microseconds)."""
-    cache, loop, grads, step = checker.structure, checker.loop, checker.grads, checker.step
-    optimizer, loss = state.optimizer, state.loss
-    keys = cache.lists if optimizer is None else (state.index,)
+def read(checker: Any, evidence: Evidence) -> Verdicts | None:
+    """The hot path, right after backward when every line runs cold: the misses of the one read of
+    each ``p.grad``, with the loop watch's and the tracker's gates read in place (each call costs
+    microseconds). Leaves in its state what the later detectors read: the misses, and whether one is new."""
+    cache, loop, grads, step, loss = checker.structure, checker.loop, checker.grads, evidence.step, evidence.loss
     reachable: set[int] | None = None
     walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
-    offset = 0
+    offset, streaks, force = 0, len(grads.streak), False
     skip: set[int] | None = None
     out: Verdicts | None = None  # a healthy check makes no list
-    for key, clist in zip(keys, state.lists):
-        missing = [i for i, p in enumerate(clist.params) if p.grad is None]
-        clist.checks += 1
+    grads.missing_now = missing_now = []
+    for key, clist, missing in evidence.lists:
         if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
             missing, found = loop.judge(clist, missing, key, step, cache.optimizers)
             out = found if out is None else out + found
         if key is not None and (clist.checks % LR_READ_EVERY == 0 or clist.checks == 1
                                 or loop.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
-            force, found = loop.about_to_step(cache.optimizers[key], key, clist, step, cache.inventory)
-            state.force_values |= force
+            now, found = loop.about_to_step(cache.optimizers[key], key, clist, step, cache.inventory)
+            force |= now
             out = found if out is None else out + found
         if missing or grads.streak:
             if skip is None:
@@ -417,8 +419,9 @@ def read(checker: Any, state: CheckState) -> Verdicts | None:
                 reachable, walked = graph.reachable_leaf_ids(loss), True
             found = grads.update(clist, missing, step, tracer=checker.tracer, reachable=reachable, skip=skip)
             out = found if out is None else out + found
-            state.missing.extend([i + offset for i in missing] if offset else missing)
+            missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)
+    loop.force_values, grads.new_miss = force, len(grads.streak) > streaks
     if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
         cache.leave_out(grads.take_new_targets())
     return out

@@ -271,6 +271,8 @@ class LoopWatch:
         self.lrs = LearningRates()
         self.skips = SkippedSteps(view)
         self._cleared_now: list[int] = []
+        #: A step about to be skipped asked for the value check at the last check.
+        self.force_values = False
 
     def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int,
               optimizers: list[torch.optim.Optimizer]) -> tuple[list[int], Verdicts]:

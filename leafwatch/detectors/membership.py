@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import fixes
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
@@ -29,9 +29,9 @@ from ..report.verdicts import Verdict, Verdicts
 from . import structure
 
 
-def judge(checker: Any, state: CheckState) -> Verdicts:
+def judge(checker: Any, evidence: Evidence) -> Verdicts:
     """At a check: the held ``not_in_optimizer`` suspicions decided by the gradient rule."""
-    return checker.membership.judge(state)
+    return checker.membership.judge(evidence)
 
 
 def decide_pending(checker: Any, _: Any = None) -> Verdicts:
@@ -103,11 +103,11 @@ class MembershipJudge:
         self._hand.keep(alive)
         self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
-    def judge(self, check: CheckState) -> Verdicts:
+    def judge(self, evidence: Evidence) -> Verdicts:
         """At a check: decide the held findings (nothing to do when none is held)."""
         if not self.waiting:
             return []
-        inv, step = check.inventory, check.step
+        inv, step = evidence.inventory, evidence.step
         out: Verdicts = []
         still = False
         for f in self.view.pending():

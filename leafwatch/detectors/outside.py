@@ -34,17 +34,17 @@ from . import constructors as checks
 from ..observe import structure
 from ..report.verdicts import Verdict, Verdicts
 
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 
 
-def judge_loss(checker: Any, state: CheckState) -> Verdicts | None:
+def judge_loss(checker: Any, evidence: Evidence) -> Verdicts | None:
     """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
-    loss, cache, leaves = state.loss, checker.structure, checker.loss_leaves
-    if loss is None or not leaves.wants_walk(len(checker.grads.streak) > state.streaks_before):
+    loss, cache, leaves = evidence.loss, checker.structure, checker.loss_leaves
+    if loss is None or not leaves.wants_walk(checker.grads.new_miss):
         return None
     return [Verdict.open(f) for f in leaves.observe(
         loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
-            cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], state.entries))]
+            cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], checker.watch_entries()))]
 
 
 def undecided(checker: Any, _: Any) -> Verdicts:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..report.findings import Finding, Kind, Severity
 from ..report.history import FindingHistory
@@ -30,8 +30,8 @@ State = TypeVar("State")
 class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does.
 
-    ``when`` names what the part waits on, as ``(owner, attribute)`` pairs: the part runs only at a
-    check where one of them is truthy (and always while it is failing, so that its ``incomplete``
+    ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the
+    check's evidence): the part runs only at a check where one of them is truthy (and always while it is failing, so that its ``incomplete``
     finding can clear). Empty: it runs at every check. Right after backward each call runs cold,
     so a part with nothing to do costs an attribute read instead; the part still checks for
     itself, ``when`` only saves the call.
@@ -91,7 +91,7 @@ class Pipeline(Generic[State]):
         for name, run, when in plan:
             if when and not (failing and name in failing):
                 for owner, attribute in when:
-                    if getattr(owner, attribute):
+                    if getattr(state if owner is None else owner, attribute):
                         break
                 else:
                     continue  # nothing it waits on is there: the part has nothing to do
@@ -105,6 +105,18 @@ class Pipeline(Generic[State]):
                 if failing and name in failing:
                     failing.discard(name)
                     self.history.apply([Verdict.resolve((Kind.INCOMPLETE, name), step)])
+
+    def observe(self, part: str, read: Callable[[], Any], step: int | None) -> Any:
+        """``read()``, the evidence a check needs before its parts run, guarded like a part (None: it failed)."""
+        try:
+            observed = read()
+        except Exception as error:  # noqa: BLE001 - a failure to observe must not stop training
+            self.failed(part, error, step)
+            return None
+        if self._failing and part in self._failing:
+            self._failing.discard(part)
+            self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part), step)])
+        return observed
 
     def failed(self, part: str, error: BaseException, step: int | None) -> None:
         """Record that ``part`` failed at ``step`` (also for parts run outside :meth:`run`)."""

@@ -1,7 +1,8 @@
 """The one list of the check's detectors: what runs, in which order, at which stage.
 
 Each entry is a :class:`Detector`: its name in the user's words (an ``incomplete`` finding names
-it), ``run(checker, evidence)`` returning its verdicts, the stage it runs at, what it waits on,
+it), ``run(checker, evidence)`` returning its verdicts (the check's
+:class:`~leafwatch.observe.evidence.Evidence`), the stage it runs at, what it waits on,
 and the state it keeps across checks (built once per :class:`~leafwatch.detectors.checker.Checker`,
 kept in ``checker.states[name]``). The Checker builds its pipeline from this list and no other,
 so adding a detector is its module, one line here, and its tests. The words of each
@@ -16,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import gradients, membership, outside, structure, values, watched
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 from ..report.verdicts import Verdicts
 
 #: Before any gradient exists (the structure scan at the first sight of a model).
@@ -36,7 +37,7 @@ class Detector:
     """
 
     name: str
-    run: Callable[[Any, CheckState | None], Verdicts | None]
+    run: Callable[[Any, Evidence | None], Verdicts | None]
     stage: str = CHECK
     when: Callable[[Any], tuple[tuple[object, str], ...]] | None = None
     state: Callable[[Any], Any] | None = None
@@ -44,10 +45,10 @@ class Detector:
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector("reading the model's structure", structure.read),
+    Detector("the structure check", structure.judge),
     Detector("the gradient check", gradients.read),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on),
-    Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((c.evidence, "loss"),)),
+    Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, "loss"),)),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),)),
     Detector("the NaN/Inf gradient check", values.judge),
     Detector("the last NaN/Inf gradient check", values.finish, CLOSE),

@@ -27,7 +27,7 @@ from ..observe.structure import appeared
 from .constructors import make, non_leaf, silence_hint, watched_findings
 from ..options import warn_unmatched_ignore
 
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 
 
 def scan(checker: Any, _: Any) -> Verdicts:
@@ -38,19 +38,9 @@ def scan(checker: Any, _: Any) -> Verdicts:
         entries, checker.step, {e.name: True for e in entries}, checker.structure.inventory)]
 
 
-def read(checker: Any, state: CheckState) -> Verdicts | None:
-    """At a check: the structure read again where it changed, and the check lists of ``state``."""
-    cache, optimizer = checker.structure, state.optimizer
-    if optimizer is not None:
-        state.index = cache.index_of.get(id(optimizer))
-        if state.index is None:  # an optimizer the Monitor was not given: adopt it
-            cache.add_optimizer(optimizer)
-            state.index = cache.optimizer_index(optimizer)
-    inv = cache.refresh(checker.step)
-    if inv is not None:
-        state.inventory = inv
-    state.lists = cache.all_lists if optimizer is None else [cache.lists[state.index]]
-    return rebuilt(checker, inv) if inv is not None else None
+def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
+    """At a check: what a new reading of the structure says (nothing when it did not change)."""
+    return rebuilt(checker, evidence.rebuilt) if evidence.rebuilt is not None else None
 
 
 def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Verdicts:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..observe import inventory, sharding as distributed, structure
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 from ..report.findings import Kind, Status
 from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
@@ -23,9 +23,9 @@ from . import constructors as checks
 from .dead import DeadGradTracker
 
 
-def judge(checker: Any, state: CheckState) -> Verdicts:
-    """At a check: the value check when it is due."""
-    return checker.values.judge(state)
+def judge(checker: Any, evidence: Evidence) -> Verdicts:
+    """At a check: the value check when it is due (or a step about to be skipped asked for it)."""
+    return checker.values.judge(evidence, checker.loop.force_values)
 
 
 def finish(checker: Any, _: Any) -> Verdicts:
@@ -53,14 +53,14 @@ class GradientValues:
         self._last_step = -1
         self._off_cadence_steps: set[int] = set()
 
-    def judge(self, check: CheckState) -> Verdicts:
-        """At a check: the value check when it is due."""
-        every, step = self.every, check.step
-        on_cadence = bool(every) and (step == 1 or step % every == 0 or check.force_values)
+    def judge(self, evidence: Evidence, force: bool = False) -> Verdicts:
+        """At a check: the value check when it is due (``force``: now)."""
+        every, step = self.every, evidence.step
+        on_cadence = bool(every) and (step == 1 or step % every == 0 or force)
         if on_cadence or (every and step <= self.every_check_values_until):
             if not on_cadence:
                 self._off_cadence_steps.add(step)
-            return self._check(step, check.lists)
+            return self._check(step, [clist for _, clist, _ in evidence.lists])
         return []
 
     def finish(self, step: int) -> Verdicts:

@@ -20,7 +20,7 @@ from ..watching import WatchEntry
 from . import constructors as checks
 from . import outside
 
-from ..observe.evidence import CheckState
+from ..observe.evidence import Evidence
 
 
 def waits_on(checker: Any) -> tuple[tuple[object, str], ...]:
@@ -28,11 +28,11 @@ def waits_on(checker: Any) -> tuple[tuple[object, str], ...]:
     return (watching.DEFAULT, "by_name"), (checker.watches, "by_name"), (checker.watched, "may_be_open")
 
 
-def judge(checker: Any, state: CheckState) -> Verdicts | None:
+def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
     """At a check: each watched tensor (nothing to do with nothing watched and no watched finding open)."""
     if not (watching.DEFAULT.by_name or checker.watches.by_name or checker.watched.may_be_open):
         return None
-    entries = state.entries = checker.watch_entries()
+    entries = checker.watch_entries()
     if entries:
         checker.watched.optimizers_version = (checker.structure.rebuilds, structure.structure_generation())
     return checker.watched.update(entries, checker.step, checker.structure.inventory, checker.in_judging_optimizer)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import structure, tracing
-from .evidence import CheckState
+from .evidence import Evidence
 
 
 class Diagnostics:
@@ -53,8 +53,8 @@ class Diagnostics:
         except Exception as error:  # never stop training for a diagnostic
             self.warn("arming the diagnostic hooks", error)
 
-    def retarget(self, check: CheckState) -> None:
-        """After a check (of the optimizer at ``check.index``, the check's state): the hooks follow
+    def retarget(self, check: Evidence) -> None:
+        """After a check (of the optimizer at ``check.index``): the hooks follow
         the tensors that miss now. A part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
         # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an

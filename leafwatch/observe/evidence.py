@@ -1,43 +1,53 @@
-"""The evidence of one check: what its parts have read so far, handed from one part to the next.
+"""The evidence of one check: what it observed, read once before any detector runs.
 
-One object per check (the Checker reuses one instance), filled in order: the structure part sets
-the inventory and the check lists, the gradient part the tensors that miss their gradient, and so
-on. A part of the pipeline, or a detector it calls, reads what the parts before it found here
-instead of asking its owners again (each such call runs cold right after backward).
+:func:`read` takes the structure (read again only where it changed) and makes the one read of
+each ``p.grad`` of the check lists; the :class:`Evidence` it returns is frozen, and every
+detector of the check reads the same one. What a detector concludes goes into its verdicts
+(and, where a later detector of the same check needs it, into its own state), never back here.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import torch
 
     from .inventory import Inventory
-    from .structure import CheckList
-    from ..watching import WatchEntry
+    from .structure import CheckList, StructureCache
 
 
-@dataclasses.dataclass
-class CheckState:
-    """What one check has read so far, handed from one part of the pipeline to the next."""
+class Evidence(NamedTuple):
+    """What one check observed (read-only: a tuple, cheap to make right after backward)."""
 
-    optimizer: torch.optim.Optimizer | None
-    loss: torch.Tensor | None
-    #: The step of the check.
-    step: int = 0
-    #: The structure as read at this check (None: not read yet).
-    inventory: Inventory | None = None
-    streaks_before: int = 0
+    step: int
+    optimizer: torch.optim.Optimizer | None = None
+    loss: torch.Tensor | None = None
     #: The index of ``optimizer`` among the Monitor's (None: every optimizer is checked).
     index: int | None = None
-    lists: list[CheckList] = dataclasses.field(default_factory=list)
-    #: Indices into the joined names of the tensors without a gradient at this check.
-    missing: list[int] = dataclasses.field(default_factory=list)
-    entries: list[WatchEntry] = dataclasses.field(default_factory=list)
-    #: A loop watch asked for the value check now (a step about to be skipped).
-    force_values: bool = False
+    #: The structure as read at this check, and the new reading when it changed at this check.
+    inventory: Inventory | None = None
+    rebuilt: Inventory | None = None
+    #: For each check list: its key, the list, and the indices of its tensors whose ``.grad`` is None.
+    lists: tuple[tuple[int | None, CheckList, list[int]], ...] = ()
 
 
-__all__ = ["CheckState"]
+def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None,
+         step: int) -> Evidence:
+    """The evidence of a check of ``optimizer`` (None: of every one) at ``step``."""
+    index = None
+    if optimizer is not None:
+        index = cache.index_of.get(id(optimizer))
+        if index is None:  # an optimizer the Monitor was not given: adopt it
+            cache.add_optimizer(optimizer)
+            index = cache.optimizer_index(optimizer)
+    rebuilt = cache.refresh(step)
+    keyed = cache.lists.items() if optimizer is None else ((index, cache.lists[index]),)
+    lists = []
+    for key, clist in keyed:
+        clist.checks += 1
+        lists.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
+    return Evidence(step, optimizer, loss, index, cache.inventory, rebuilt, tuple(lists))
+
+
+__all__ = ["Evidence", "read"]

@@ -436,7 +436,7 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
         return [Verdict.open(make("nonfinite_grad", name, "warning", f"`{name}`'s gradient is huge.",
                                   "a learning rate too high", "lower the learning rate", reason="huge",
                                   step=evidence.step))
-                for clist in evidence.lists for name, p in zip(clist.names, clist.params)
+                for _, clist, _ in evidence.lists for name, p in zip(clist.names, clist.params)
                 if p.grad is not None and p.grad.abs().max() > 1e3]
 
     added = registry.Detector("the gradient-norm check", huge, state=lambda checker: Seen())
@@ -452,4 +452,27 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
     assert [(f.kind, f.name, f.cause, f.details["reason"]) for f in report.findings] == [
         ("nonfinite_grad", "{bias,weight}", "a learning rate too high", "huge")]  # one mistake, its tensors
     assert {f.name for f in report.tensors()} == {"weight", "bias"}
+    monitor.close()
+
+
+def test_every_detector_of_a_check_reads_the_same_read_only_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leafwatch.detectors import registry
+
+    seen: list[object] = []
+
+    def look(checker, evidence):
+        seen.append(evidence)
+        with pytest.raises(AttributeError):
+            evidence.loss = None  # no detector writes what the check observed
+
+    monkeypatch.setattr(registry, "DETECTORS", (registry.Detector("first look", look), *registry.DETECTORS,
+                                                registry.Detector("last look", look)))
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, optimizer)
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    monitor.check(optimizer, loss=loss)
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].loss is loss
+    assert [(key, missing) for key, _, missing in seen[0].lists] == [(0, [])]  # both tensors had a gradient
     monitor.close()

@@ -96,7 +96,6 @@ class KindSpec:
             the structure replaces every finding of the kind.
         waits: May be held ``pending`` when it is read before any gradient exists (the first
             check decides it).
-        about: What one finding of this kind is about, for the docs and the table's header.
         grouped_by: What makes one mistake of this kind (its tensors are one finding), when the
             detector does not name it in ``details["group"]``: ``"module"`` (the module that
             holds them), ``"container"`` (the plain-Python container on their attribute path:
@@ -108,37 +107,32 @@ class KindSpec:
     severity: Severity
     structural: bool
     waits: bool
-    about: str
     grouped_by: str = "tensor"
     plural: str = ""
 
 
 #: One spec per kind. ``tests/core`` checks that every :class:`Kind` has one.
 KIND_SPECS: Mapping[Kind, KindSpec] = {
-    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "a tensor meant to train that is not a leaf",
-                            "tensor", "are not leaves: their gradients go to hidden leaves"),
-    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient",
-                                "module", "require grad but got no gradient: they do not train"),
-    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step",
-                                "module", "had their gradients cleared before the optimizer step"),
-    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps",
-                                    "module", "get gradients but no optimizer steps them"),
-    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad",
-                                       "all", "are in an optimizer but do not require grad"),
-    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped",
-                               "tensor", "are in no optimizer, while one steps the old tensors they replaced"),
-    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register",
-                                 "container", "are held where the model does not register them"),
-    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf",
-                                  "all", "have NaN or Inf in their gradients"),
-    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check",
-                             "module", "get gradients that are exactly zero check after check"),
-    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "an optimizer whose steps change nothing",
-                             "tensor", "are stepped but never change"),
-    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "a tensor on another device or dtype",
-                                   "module", "are on another device or dtype than the rest of the model"),
-    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "a part of leafwatch's check that did not run",
-                              "tensor", "are parts of the check that did not run"),
+    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "tensor",
+                            "are not leaves: their gradients go to hidden leaves"),
+    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "module",
+                                "require grad but got no gradient: they do not train"),
+    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "module",
+                                "had their gradients cleared before the optimizer step"),
+    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "module", "get gradients but no optimizer steps them"),
+    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "all",
+                                       "are in an optimizer but do not require grad"),
+    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "tensor",
+                               "are in no optimizer, while one steps the old tensors they replaced"),
+    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "container",
+                                 "are held where the model does not register them"),
+    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "all", "have NaN or Inf in their gradients"),
+    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "module",
+                             "get gradients that are exactly zero check after check"),
+    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "tensor", "are stepped but never change"),
+    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "module",
+                                   "are on another device or dtype than the rest of the model"),
+    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "tensor", "are parts of the check that did not run"),
 }
 
 #: Kinds read off the structure: a rebuild replaces them all.
@@ -181,12 +175,6 @@ def apply_ignore(findings: Iterable[Finding], ignore: Mapping[str, str]) -> list
                                                            "pattern": pattern})
         out.append(f)
     return out
-
-
-def check_severity(value: Any, argument: str = "min_severity") -> str:
-    if value not in SEVERITIES:
-        raise ValueError(f"`{argument}` can be one of {', '.join(SEVERITIES)}, got {value!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,19 +407,15 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
     # Every tensor of the kind at once: named by the module that holds them all when one does.
     label = (_holder(names) or compress_names(names, limit=3)) if group.startswith("*") else group
-    cause, fix = _shared(same, "cause", group), _shared(same, "fix", group)
-    steps = [m.step for m in members if m.step is not None]
-    firsts = [m.first_step for m in members if m.first_step is not None]
-    lasts = [m.last_step for m in members if m.last_step is not None]
     return first.replace(
         name=label,
         message=_shared(same, "message", group, each_only=True)
         or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
-        cause=cause,
-        fix=fix,
-        step=max(steps) if steps else None,
-        first_step=min(firsts) if firsts else None,
-        last_step=max(lasts) if lasts else None,
+        cause=_shared(same, "cause", group),
+        fix=_shared(same, "fix", group),
+        step=max((m.step for m in members if m.step is not None), default=None),
+        first_step=min((m.first_step for m in members if m.first_step is not None), default=None),
+        last_step=max((m.last_step for m in members if m.last_step is not None), default=None),
         steps_seen=max(m.steps_seen for m in members),
         shape=None, dtype=None, device=None, aliases=(),
         ranks=tuple(sorted({r for m in members for r in m.ranks})),
@@ -443,12 +427,7 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
 def _holder(names: list[str]) -> str | None:
     """The deepest module above every one of ``names`` (``encoder`` of ``encoder.0.weight`` and
     ``encoder.2.bias``); None when only the model itself holds them all."""
-    common: set[str] | None = None
-    for name in names:
-        above = set(ancestors(name))
-        common = above if common is None else common & above
-        if not common:
-            return None
+    common = set.intersection(*(set(ancestors(name)) for name in names))
     return max(common, key=lambda m: m.count(".")) if common else None
 
 
@@ -562,9 +541,6 @@ class MistakeMemo:
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
 
-    def __len__(self) -> int:
-        return len(self._known)
-
     def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]]) -> list[Finding]:
         """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones)."""
         known, kept = self._known, {}
@@ -648,7 +624,9 @@ class Report:
         return counts
 
     def at_least(self, min_severity: str) -> list[Finding]:
-        limit = _SEVERITY_RANK[check_severity(min_severity)]
+        if min_severity not in SEVERITIES:
+            raise ValueError(f"`min_severity` can be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
+        limit = _SEVERITY_RANK[min_severity]
         return [f for f in self.open if _SEVERITY_RANK.get(f.severity, 9) <= limit]
 
     def __str__(self) -> str:

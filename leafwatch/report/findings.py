@@ -436,40 +436,31 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     them when it differs only by naming each tensor (and its module, inside the group's module:
     `aux_head.0` and `aux_head.2` of the group `aux_head`); else the first's, saying whose ("" with
     ``each_only``)."""
-    key = (field, group, each_only, tuple((m.name, getattr(m, field), m.details.get("module"),
-                                           m.details.get("cover")) for m in members))
-    found = _SHARED.get(key)
-    if found is None:
-        if len(_SHARED) > 4096:
-            _SHARED.clear()  # bounded: the texts of the mistakes of the last reports
-        found = _SHARED[key] = _shared_text(members, field, group, each_only)
-    return found
+    return _shared_text(tuple((m.name, getattr(m, field), m.details.get("module"), m.details.get("cover"))
+                              for m in members), group, each_only)
 
 
-#: What :func:`_shared` said of a mistake's texts (a report is rebuilt at checks where only the
-#: step counts changed: the same texts are not worked out again).
-_SHARED: dict[tuple[Any, ...], str] = {}
-
-
-def _shared_text(members: list[Finding], field: str, group: str, each_only: bool) -> str:
-    texts = {getattr(m, field) for m in members}
+@functools.lru_cache(maxsize=4096)  # a report is rebuilt at checks where only the step counts changed
+def _shared_text(rows: tuple[tuple[str, str, Any, Any], ...], group: str, each_only: bool) -> str:
+    """:func:`_shared` of the tensors' ``(name, text, module, cover)``."""
+    texts = {text for _, text, _, _ in rows}
     if len(texts) == 1:
         return texts.pop()
-    first = getattr(members[0], field)
-    fallback = "" if each_only or not first else f"for `{members[0].name}`: {first}"
-    shapes = {_shape(getattr(m, field), m, group) for m in members}
+    first_name, first = rows[0][:2]
+    fallback = "" if each_only or not first else f"for `{first_name}`: {first}"
+    shapes = {_shape(text, name, module, group) for name, text, module, _ in rows}
     if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
         if any(mark in shape for mark in "\0\1\2\3"):
-            patterns = sorted({f"{m.details['cover']}.*" if m.details.get("cover") else p
-                               for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
+            patterns = sorted({f"{cover}.*" if cover else p
+                               for _, text, _, cover in rows for p in _IGNORE.findall(text)}, key=natural_key)
             ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
             if ignore is None and "\2" in shape:
                 return fallback
-            params = sorted({p for m in members for p in _PARAMS.findall(getattr(m, field))}, key=natural_key)
+            params = sorted({p for _, text, _, _ in rows for p in _PARAMS.findall(text)}, key=natural_key)
             if "\3" in shape and not 0 < len(params) <= 8:
                 return fallback
-            return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+            return (shape.replace("\0", f"each of `{compress_names(name for name, *_ in rows)}`")
                     .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
     return fallback
 
@@ -492,12 +483,12 @@ _IGNORE = re.compile(r'ignore=\["([^"]+)"\]')
 _PARAMS = re.compile(r'\{"params": \[([^\]\[]*(?:\[[^\]]*\][^\]\[]*)*)\]\}')
 
 
-def _shape(text: str, member: Finding, group: str) -> str:
-    """``text`` with the member's own name as \\0, its module, when inside ``group``, as \\1,
+def _shape(text: str, name: str, module: Any, group: str) -> str:
+    """``text`` with the tensor's own name as \\0, its module, when inside ``group``, as \\1,
     and the patterns of an ``ignore=[...]`` suggestion as \\2 (the mistake lists them all)."""
-    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{member.name}`", "\0"))
+    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{name}`", "\0"))
     text = _PARAMS.sub(lambda _: '{"params": [\3]}', text)
-    module = member.details.get("module") or parent(member.name)
+    module = module or parent(name)
     # Only when the text says nothing of the group's module itself (e.g. that it ran).
     if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:
         text = text.replace(module, "\1")

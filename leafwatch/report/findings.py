@@ -297,8 +297,7 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in _FIELDS}
         if values.get("shape") is not None:
             values["shape"] = tuple(values["shape"])
         values["aliases"] = tuple(values.get("aliases", ()))

@@ -522,11 +522,9 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
 
 
 class MistakeMemo:
-    """The mistakes of the last :func:`group_findings` call given this memo, by ``(kind, group)``
-    with the finding objects they were made of (frozen: the same objects make the same mistake).
-
-    Holds only the last grouping's mistakes: its size is bounded by one report.
-    """
+    """The mistakes of the last :func:`group_findings` call given this memo (only those: bounded by
+    one report), by ``(kind, group)`` with the finding objects they were made of (frozen: the same
+    objects make the same mistake)."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}

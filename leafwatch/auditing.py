@@ -19,7 +19,7 @@ from .detectors.pipeline import Part
 from .report.events import CheckEvent
 from .report.findings import Report
 from .monitor import Monitor
-from .options import got, validate_ignore
+from .options import got, validate_bool, validate_ignore
 
 
 def audit(
@@ -83,8 +83,7 @@ def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any
     ignore_map = validate_ignore(ignore)
     if loss is not None and not isinstance(loss, torch.Tensor):
         raise TypeError(f"`loss` must be a torch.Tensor or None, got {got(loss)}")
-    if not isinstance(check_values, bool):
-        raise TypeError(f"`check_values` must be a bool, got {type(check_values).__name__}: {check_values!r}")
+    validate_bool(check_values, "check_values")
     if model is None and not opts and not named and not watching.any_watched():
         raise ValueError("audit() has nothing to check: pass `model`, `optimizers` or `tensors` "
                          "(or watch() a tensor first), got none of them")

@@ -21,14 +21,8 @@ from .options import folder_problem, positive_int
 
 
 class Subcommand(NamedTuple):
-    """One subcommand.
-
-    Attributes:
-        help: The one-line help.
-        add_arguments: ``"module:function"`` that adds the subcommand's arguments to its parser.
-        target: ``"module:function"`` run with the parsed arguments; returns the exit code. Imported
-            only when the subcommand runs.
-    """
+    """One subcommand: its one-line help, the ``"module:function"`` that adds its arguments to its
+    parser, and the one that runs it with the parsed arguments (returning the exit code)."""
 
     help: str
     add_arguments: str
@@ -40,7 +34,6 @@ def _demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=positive_int, default=20, help="training steps (default: 20)")
 
 
-#: The subcommands: the help, what adds their arguments, and what runs them.
 SUBCOMMANDS: dict[str, Subcommand] = {
     "demo": Subcommand("train a small Lightning model with three seeded bugs on CPU and show what leafwatch finds",
                        "leafwatch.cli:_demo_arguments", "leafwatch.cli:demo_main"),

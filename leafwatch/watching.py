@@ -9,6 +9,7 @@ the watched tensors that are still alive.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import threading
 import warnings
@@ -127,10 +128,8 @@ class WatchSet:
 
     def _remove(self, entry: WatchEntry) -> None:
         if entry.handle is not None:
-            try:
+            with contextlib.suppress(Exception):
                 entry.handle.remove()
-            except Exception:
-                pass
             entry.handle = None
         self.by_name.pop(entry.name, None)
 

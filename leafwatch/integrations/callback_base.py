@@ -36,16 +36,8 @@ Prepare = Callable[[], tuple["Sequence[Any] | None", "list[Any]"]]
 class CallbackBase:
     """The options, lifecycle and saved history shared by every training-framework callback.
 
-    Args:
-        strict: Raise at the first check with an open error finding (never at the start scan).
-        patience: Checks a trainable parameter may go without a gradient before it is reported.
-        ignore: Glob patterns on qualified names, with or without reasons.
-        check_values_every_n_steps: Cadence of the NaN/Inf check (0: off).
-        log_every_n_steps: Cadence of the scalars (None: the framework's).
-        verbose: Warn about each new finding; print the table at train end.
-
-    Raises:
-        TypeError, ValueError: an option of the wrong type or out of range.
+    The options are those of :class:`~leafwatch.LeafWatch`, validated here (TypeError or
+    ValueError for one of the wrong type or out of range).
     """
 
     def __init__(

@@ -63,23 +63,19 @@ def install_command(extra: str) -> str:
     unless the ``pip`` on ``PATH`` is that one.
     """
     folder, editable = _installed_from()
-    pip = _pip()
+    pip = "pip" if _on_path("pip") else f"{shown(sys.executable)} -m pip"
     if folder is None:
         return f'{pip} install "{DISTRIBUTION}[{extra}]"'
     # The README's form: pip install -e ".[lightning]".
     return f'{pip} install {"-e " if editable else ""}"{_display(folder)}[{extra}]"'
 
 
-def _pip() -> str:
-    """``pip`` when the one on ``PATH`` belongs to this interpreter, else ``<python> -m pip``."""
-    beside = Path(sys.executable).parent / ("pip.exe" if os.name == "nt" else "pip")
-    on_path = shutil.which("pip")
-    return "pip" if on_path and beside.exists() and _same(on_path, beside) else f"{shown(sys.executable)} -m pip"
-
-
-def _same(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+def _on_path(program: str) -> bool:
+    """Whether the ``program`` on ``PATH`` is the one next to the running interpreter."""
+    on_path = shutil.which(program)
+    beside = shutil.which(program, path=str(Path(sys.executable).parent))
     try:
-        return os.path.samefile(a, b)
+        return on_path is not None and beside is not None and os.path.samefile(on_path, beside)
     except OSError:
         return False
 
@@ -96,8 +92,7 @@ def tensorboard_command(logdir: str | os.PathLike[str]) -> str:
     beside = shutil.which("tensorboard", path=str(Path(sys.executable).parent))
     if beside is not None and any(ep.name == DISTRIBUTION
                                   for ep in importlib.metadata.entry_points(group="tensorboard_plugins")):
-        on_path = shutil.which("tensorboard")
-        return f"{'tensorboard' if on_path is not None and _same(on_path, beside) else shown(beside)} --logdir {log}"
+        return f"{'tensorboard' if _on_path('tensorboard') else shown(beside)} --logdir {log}"
     return f"{shown(sys.executable)} -m leafwatch.tensorboard_plugin --logdir {log}"
 
 

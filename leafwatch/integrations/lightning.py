@@ -1,16 +1,8 @@
 """The PyTorch Lightning callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
 
-The callback stays thin: the lifecycle and strict mode are those of
-:class:`~leafwatch.integrations.callback_base.CallbackBase`, shared with the Hugging Face callback;
-data flows one way:
-
-- ``on_fit_start``: build the Monitor with the LightningModule and ``trainer.optimizers`` (its
-  diagnostic hooks see the first training step) and report the structural findings at once
-  (reported only: strict mode raises from a check);
-- ``on_before_optimizer_step``: ``monitor.check(optimizer, step=...)`` — after gradient
-  accumulation and AMP unscaling, for that optimizer's parameters only;
-- ``on_fit_end`` / ``teardown`` / ``on_exception``: close the Monitor (every hook removed) and
-  print the summary table on global rank zero.
+The callback stays thin: ``on_fit_start``, ``on_before_optimizer_step`` and ``on_fit_end`` /
+``teardown`` / ``on_exception`` are the start, check and close of
+:class:`~leafwatch.integrations.callback_base.CallbackBase`, shared with the Hugging Face callback.
 """
 
 from __future__ import annotations

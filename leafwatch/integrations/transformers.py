@@ -1,19 +1,10 @@
 """The Hugging Face ``Trainer`` callback: Trainer events mapped onto a :class:`~leafwatch.Monitor`.
 
-The callback stays thin: the lifecycle and strict mode are those of
-:class:`~leafwatch.integrations.callback_base.CallbackBase`, shared with the Lightning callback;
-data flows one way:
-
-- ``on_train_begin``: build the Monitor with the Trainer's model and the optimizer that steps
-  (accelerate's wrapper unwrapped), before the first forward pass, and report the structural
-  findings at once (reported only: strict mode raises from a check);
-- ``on_pre_optimizer_step``: ``monitor.check(optimizer, step=global_step + 1)``, after gradient
-  accumulation, unscaling and clipping;
-- ``on_train_end``: close the Monitor (every hook removed), write the last records and print
-  the summary table on the main process.
-
-Findings go to leafwatch's own TensorBoard records (:class:`LeafWatchCallback` says where and
-why); the history travels in checkpoints through transformers' ``ExportableState``.
+The callback stays thin: ``on_train_begin``, ``on_pre_optimizer_step`` and ``on_train_end`` are
+the start, check and close of :class:`~leafwatch.integrations.callback_base.CallbackBase`, shared
+with the Lightning callback. Findings go to leafwatch's own TensorBoard records
+(:class:`LeafWatchCallback` says where and why); the history travels in checkpoints through
+transformers' ``ExportableState``.
 """
 
 from __future__ import annotations

@@ -96,7 +96,6 @@ class KindSpec:
             the structure replaces every finding of the kind.
         waits: May be held ``pending`` when it is read before any gradient exists (the first
             check decides it).
-        about: What one finding of this kind is about, for the docs and the table's header.
         grouped_by: What makes one mistake of this kind (its tensors are one finding), when the
             detector does not name it in ``details["group"]``: ``"module"`` (the module that
             holds them), ``"container"`` (the plain-Python container on their attribute path:
@@ -108,37 +107,32 @@ class KindSpec:
     severity: Severity
     structural: bool
     waits: bool
-    about: str
     grouped_by: str = "tensor"
     plural: str = ""
 
 
 #: One spec per kind. ``tests/core`` checks that every :class:`Kind` has one.
 KIND_SPECS: Mapping[Kind, KindSpec] = {
-    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "a tensor meant to train that is not a leaf",
-                            "tensor", "are not leaves: their gradients go to hidden leaves"),
-    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "a trainable tensor that got no gradient",
-                                "module", "require grad but got no gradient: they do not train"),
-    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "gradients cleared before the optimizer step",
-                                "module", "had their gradients cleared before the optimizer step"),
-    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "a trainable tensor no optimizer steps",
-                                    "module", "get gradients but no optimizer steps them"),
-    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "an optimizer tensor that needs no grad",
-                                       "all", "are in an optimizer but do not require grad"),
-    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "an optimizer that steps tensors the model dropped",
-                               "tensor", "are in no optimizer, while one steps the old tensors they replaced"),
-    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "a trainable tensor the model does not register",
-                                 "container", "are held where the model does not register them"),
-    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "a gradient holding NaN or Inf",
-                                  "all", "have NaN or Inf in their gradients"),
-    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "a gradient exactly zero check after check",
-                             "module", "get gradients that are exactly zero check after check"),
-    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "an optimizer whose steps change nothing",
-                             "tensor", "are stepped but never change"),
-    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "a tensor on another device or dtype",
-                                   "module", "are on another device or dtype than the rest of the model"),
-    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "a part of leafwatch's check that did not run",
-                              "tensor", "are parts of the check that did not run"),
+    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "tensor",
+                            "are not leaves: their gradients go to hidden leaves"),
+    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "module",
+                                "require grad but got no gradient: they do not train"),
+    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "module",
+                                "had their gradients cleared before the optimizer step"),
+    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "module", "get gradients but no optimizer steps them"),
+    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "all",
+                                       "are in an optimizer but do not require grad"),
+    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "tensor",
+                               "are in no optimizer, while one steps the old tensors they replaced"),
+    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "container",
+                                 "are held where the model does not register them"),
+    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "all", "have NaN or Inf in their gradients"),
+    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "module",
+                             "get gradients that are exactly zero check after check"),
+    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "tensor", "are stepped but never change"),
+    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "module",
+                                   "are on another device or dtype than the rest of the model"),
+    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "tensor", "are parts of the check that did not run"),
 }
 
 #: Kinds read off the structure: a rebuild replaces them all.
@@ -181,12 +175,6 @@ def apply_ignore(findings: Iterable[Finding], ignore: Mapping[str, str]) -> list
                                                            "pattern": pattern})
         out.append(f)
     return out
-
-
-def check_severity(value: Any, argument: str = "min_severity") -> str:
-    if value not in SEVERITIES:
-        raise ValueError(f"`{argument}` can be one of {', '.join(SEVERITIES)}, got {value!r}")
-    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,8 +297,7 @@ class Finding:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = {k: v for k, v in data.items() if k in _FIELDS}
         if values.get("shape") is not None:
             values["shape"] = tuple(values["shape"])
         values["aliases"] = tuple(values.get("aliases", ()))
@@ -419,19 +406,15 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
     # Every tensor of the kind at once: named by the module that holds them all when one does.
     label = (_holder(names) or compress_names(names, limit=3)) if group.startswith("*") else group
-    cause, fix = _shared(same, "cause", group), _shared(same, "fix", group)
-    steps = [m.step for m in members if m.step is not None]
-    firsts = [m.first_step for m in members if m.first_step is not None]
-    lasts = [m.last_step for m in members if m.last_step is not None]
     return first.replace(
         name=label,
         message=_shared(same, "message", group, each_only=True)
         or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
-        cause=cause,
-        fix=fix,
-        step=max(steps) if steps else None,
-        first_step=min(firsts) if firsts else None,
-        last_step=max(lasts) if lasts else None,
+        cause=_shared(same, "cause", group),
+        fix=_shared(same, "fix", group),
+        step=max((m.step for m in members if m.step is not None), default=None),
+        first_step=min((m.first_step for m in members if m.first_step is not None), default=None),
+        last_step=max((m.last_step for m in members if m.last_step is not None), default=None),
         steps_seen=max(m.steps_seen for m in members),
         shape=None, dtype=None, device=None, aliases=(),
         ranks=tuple(sorted({r for m in members for r in m.ranks})),
@@ -443,12 +426,7 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
 def _holder(names: list[str]) -> str | None:
     """The deepest module above every one of ``names`` (``encoder`` of ``encoder.0.weight`` and
     ``encoder.2.bias``); None when only the model itself holds them all."""
-    common: set[str] | None = None
-    for name in names:
-        above = set(ancestors(name))
-        common = above if common is None else common & above
-        if not common:
-            return None
+    common = set.intersection(*(set(ancestors(name)) for name in names))
     return max(common, key=lambda m: m.count(".")) if common else None
 
 
@@ -457,40 +435,31 @@ def _shared(members: list[Finding], field: str, group: str, each_only: bool = Fa
     them when it differs only by naming each tensor (and its module, inside the group's module:
     `aux_head.0` and `aux_head.2` of the group `aux_head`); else the first's, saying whose ("" with
     ``each_only``)."""
-    key = (field, group, each_only, tuple((m.name, getattr(m, field), m.details.get("module"),
-                                           m.details.get("cover")) for m in members))
-    found = _SHARED.get(key)
-    if found is None:
-        if len(_SHARED) > 4096:
-            _SHARED.clear()  # bounded: the texts of the mistakes of the last reports
-        found = _SHARED[key] = _shared_text(members, field, group, each_only)
-    return found
+    return _shared_text(tuple((m.name, getattr(m, field), m.details.get("module"), m.details.get("cover"))
+                              for m in members), group, each_only)
 
 
-#: What :func:`_shared` said of a mistake's texts (a report is rebuilt at checks where only the
-#: step counts changed: the same texts are not worked out again).
-_SHARED: dict[tuple[Any, ...], str] = {}
-
-
-def _shared_text(members: list[Finding], field: str, group: str, each_only: bool) -> str:
-    texts = {getattr(m, field) for m in members}
+@functools.lru_cache(maxsize=4096)  # a report is rebuilt at checks where only the step counts changed
+def _shared_text(rows: tuple[tuple[str, str, Any, Any], ...], group: str, each_only: bool) -> str:
+    """:func:`_shared` of the tensors' ``(name, text, module, cover)``."""
+    texts = {text for _, text, _, _ in rows}
     if len(texts) == 1:
         return texts.pop()
-    first = getattr(members[0], field)
-    fallback = "" if each_only or not first else f"for `{members[0].name}`: {first}"
-    shapes = {_shape(getattr(m, field), m, group) for m in members}
+    first_name, first = rows[0][:2]
+    fallback = "" if each_only or not first else f"for `{first_name}`: {first}"
+    shapes = {_shape(text, name, module, group) for name, text, module, _ in rows}
     if len(shapes) == 1 and _subject_only(next(iter(shapes))):
         shape = shapes.pop()
         if any(mark in shape for mark in "\0\1\2\3"):
-            patterns = sorted({f"{m.details['cover']}.*" if m.details.get("cover") else p
-                               for m in members for p in _IGNORE.findall(getattr(m, field))}, key=natural_key)
+            patterns = sorted({f"{cover}.*" if cover else p
+                               for _, text, _, cover in rows for p in _IGNORE.findall(text)}, key=natural_key)
             ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
             if ignore is None and "\2" in shape:
                 return fallback
-            params = sorted({p for m in members for p in _PARAMS.findall(getattr(m, field))}, key=natural_key)
+            params = sorted({p for _, text, _, _ in rows for p in _PARAMS.findall(text)}, key=natural_key)
             if "\3" in shape and not 0 < len(params) <= 8:
                 return fallback
-            return (shape.replace("\0", f"each of `{compress_names(m.name for m in members)}`")
+            return (shape.replace("\0", f"each of `{compress_names(name for name, *_ in rows)}`")
                     .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
     return fallback
 
@@ -513,12 +482,12 @@ _IGNORE = re.compile(r'ignore=\["([^"]+)"\]')
 _PARAMS = re.compile(r'\{"params": \[([^\]\[]*(?:\[[^\]]*\][^\]\[]*)*)\]\}')
 
 
-def _shape(text: str, member: Finding, group: str) -> str:
-    """``text`` with the member's own name as \\0, its module, when inside ``group``, as \\1,
+def _shape(text: str, name: str, module: Any, group: str) -> str:
+    """``text`` with the tensor's own name as \\0, its module, when inside ``group``, as \\1,
     and the patterns of an ``ignore=[...]`` suggestion as \\2 (the mistake lists them all)."""
-    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{member.name}`", "\0"))
+    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{name}`", "\0"))
     text = _PARAMS.sub(lambda _: '{"params": [\3]}', text)
-    module = member.details.get("module") or parent(member.name)
+    module = module or parent(name)
     # Only when the text says nothing of the group's module itself (e.g. that it ran).
     if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:
         text = text.replace(module, "\1")
@@ -553,17 +522,12 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
 
 
 class MistakeMemo:
-    """The mistakes of the last :func:`group_findings` call given this memo, by ``(kind, group)``
-    with the finding objects they were made of (frozen: the same objects make the same mistake).
-
-    Holds only the last grouping's mistakes: its size is bounded by one report.
-    """
+    """The mistakes of the last :func:`group_findings` call given this memo (only those: bounded by
+    one report), by ``(kind, group)`` with the finding objects they were made of (frozen: the same
+    objects make the same mistake)."""
 
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
-
-    def __len__(self) -> int:
-        return len(self._known)
 
     def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]]) -> list[Finding]:
         """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones)."""
@@ -648,7 +612,9 @@ class Report:
         return counts
 
     def at_least(self, min_severity: str) -> list[Finding]:
-        limit = _SEVERITY_RANK[check_severity(min_severity)]
+        if min_severity not in SEVERITIES:
+            raise ValueError(f"`min_severity` can be one of {', '.join(SEVERITIES)}, got {min_severity!r}")
+        limit = _SEVERITY_RANK[min_severity]
         return [f for f in self.open if _SEVERITY_RANK.get(f.severity, 9) <= limit]
 
     def __str__(self) -> str:

@@ -62,10 +62,9 @@ def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
             if not event.HasField("summary"):
                 continue
             for value in event.summary.value:
-                if value.tag != REPORT_TAG:
+                if value.tag != REPORT_TAG or not value.HasField("tensor") or not value.tensor.string_val:
                     continue
-                tensor = value.tensor if value.HasField("tensor") else None
-                data = decode(tensor.string_val[0]) if tensor is not None and tensor.string_val else None
+                data = decode(value.tensor.string_val[0])
                 if data is None:
                     continue
                 key = (event.wall_time, file_index, event_index)

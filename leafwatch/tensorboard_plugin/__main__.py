@@ -1,8 +1,6 @@
 """``python -m leafwatch.tensorboard_plugin --logdir runs``: TensorBoard with the Leafwatch tab.
 
-Takes TensorBoard's own flags. Useful where leafwatch is on ``PYTHONPATH`` but not installed
-(an installed leafwatch registers the tab through its entry point, and plain ``tensorboard``
-shows it).
+Takes TensorBoard's own flags; for a leafwatch that is not installed (see the package docstring).
 """
 
 from __future__ import annotations

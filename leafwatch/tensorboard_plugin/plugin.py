@@ -84,12 +84,8 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
     except (TypeError, ValueError, KeyError, AttributeError):
         pass  # not findings this version can read: shown as they are
     out = [{**f, "sort_key": _flat(sort_key_of(f))} for f in dicts]
-    out.sort(key=lambda f: _comparable(f["sort_key"]))
+    out.sort(key=lambda f: tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in f["sort_key"]))
     return out
-
-
-def _comparable(key: list[Any]) -> tuple[tuple[int, Any], ...]:
-    return tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in key)
 
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
@@ -119,18 +115,6 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
             i += length + 1
             k += 1
     return out
-
-
-def _add_range(counts: list[int], first: int, last: int, origin: int, width: int) -> None:
-    """Adds, per column, how many steps of ``first..last`` fall in it."""
-    col_a, col_b = (first - origin) // width, (last - origin) // width
-    if col_a == col_b:
-        counts[col_a] += last - first + 1
-        return
-    counts[col_a] += origin + (col_a + 1) * width - first
-    for col in range(col_a + 1, col_b):
-        counts[col] += width
-    counts[col_b] += last - (origin + col_b * width) + 1
 
 
 def _clip(ranges: Iterable[list[int]], lo: int, hi: int) -> list[list[int]]:
@@ -219,8 +203,15 @@ def _read_groups(records: Iterable[Mapping[str, Any]], first: int | None,
 def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) -> list[int]:
     """How many of the steps in ``ranges`` fall in each column."""
     counts = [0] * ncols
-    for a, b in ranges:
-        _add_range(counts, a, b, origin, width)
+    for first, last in ranges:
+        col_a, col_b = (first - origin) // width, (last - origin) // width
+        if col_a == col_b:
+            counts[col_a] += last - first + 1
+            continue
+        counts[col_a] += origin + (col_a + 1) * width - first
+        for col in range(col_a + 1, col_b):
+            counts[col] += width
+        counts[col_b] += last - (origin + col_b * width) + 1
     return counts
 
 

@@ -14,9 +14,6 @@ from torch import nn
 
 from .observe import inventory
 from . import watching
-from .detectors.gradients import no_gradient_at_all
-from .detectors.pipeline import Part
-from .report.events import CheckEvent
 from .report.findings import Report
 from .monitor import Monitor
 from .options import got, validate_bool, validate_ignore
@@ -97,9 +94,6 @@ class _OneCheck(Monitor):
     _observes = False  # no global hook: nothing an audit() call sees changes a later verdict
 
     def __init__(self, *args: Any, loss_given: bool, **kwargs: Any) -> None:
-        events: list[CheckEvent] = []
-        super().__init__(*args, sinks=[events.append], **kwargs)
+        super().__init__(*args, **kwargs)
         if not loss_given:  # (with the loss, its graph names the cause of each miss)
-            history, opts = self._checker.history_store, self.structure.optimizers
-            self._checker.closing += (Part("the no-gradient-at-all check", lambda _: no_gradient_at_all(
-                events[-1].coverage if events else None, history, opts)),)
+            self._checker.closing += self._checker.one_look

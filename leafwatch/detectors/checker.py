@@ -98,15 +98,17 @@ class Checker:
         #: Each registered detector's own state, by its name.
         detectors = registry.DETECTORS if detectors is None else detectors
         self.states = {d.name: d.state(self) for d in detectors if d.state is not None}
-        stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: []}
+        stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: [],
+                                              registry.ONE_LOOK: []}
         for d in detectors:
             stages[d.stage].append(Part(d.name, functools.partial(d.run, self), d.when(self) if d.when else ()))
         #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
         #: a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(
             (*stages[registry.CHECK], Part("the diagnostic hooks", self.diagnostics.retarget)), history, warn)
-        #: What a scan before any gradient runs; what the end of a run decides, in order.
+        #: What a scan before any gradient runs; what the end of a run decides, in order (and of one look).
         self.scanning, self.closing = tuple(stages[registry.SCAN]), tuple(stages[registry.CLOSE])
+        self.one_look = tuple(stages[registry.ONE_LOOK])
 
     # -- driven by the Monitor ------------------------------------------------------------------
     def arm(self) -> None:
@@ -150,13 +152,19 @@ class Checker:
         changed, self._emitted, self.emitted_revision = self._emitted != history.version, history.version, history.revision
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
-        checked, index, keyed = self._checked
-        lists = [clist for _, clist, _ in keyed]
-        names = lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
-        missing = self.grads.missing_now
-        coverage = None if not names else 1.0 - len(missing) / len(names)
+        checked, index, _ = self._checked
+        names = self._names_checked()
         index = index if optimizer is checked else self.structure.optimizer_index(optimizer)
-        return CheckEvent(self.step, index, report, changed, names, missing, coverage)
+        return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, self.coverage(names))
+
+    def _names_checked(self) -> tuple[str, ...]:
+        lists = [clist for _, clist, _ in self._checked[2]]
+        return lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
+
+    def coverage(self, names: tuple[str, ...] | None = None) -> float | None:
+        """The share of the last check's tensors that had a gradient (None: nothing was checked)."""
+        names = self._names_checked() if names is None else names
+        return None if not names else 1.0 - len(self.grads.missing_now) / len(names)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""

@@ -378,17 +378,16 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
         details={**f.details, "stalled_for": streak})
 
 
-def no_gradient_at_all(coverage: float | None, findings: FindingsView,
-                       optimizers: list[torch.optim.Optimizer]) -> Verdicts | None:
+def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
     """``audit()``'s closing part (docs/architecture.md): with neither the loss nor forward hooks, a
-    check where no checked tensor had a gradient (``coverage`` 0) is one finding that says so (it
+    check where no checked tensor had a gradient (coverage 0) is one finding that says so (it
     ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
-    missing = [f for f in findings if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
-    if coverage != 0.0 or len(missing) < 2:
+    missing = [f for f in checker.history_store.view if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
+    if checker.coverage() != 0.0 or len(missing) < 2:
         return None
     names = [n for f in missing for n in (f.name, *f.aliases)]
-    return [*(Verdict.merge(f.key) for f in missing),
-            Verdict.open(checks.no_grad_at_all(names, step=missing[0].last_step, optimizers=optimizers))]
+    return [*(Verdict.merge(f.key) for f in missing), Verdict.open(checks.no_grad_at_all(
+        names, step=missing[0].last_step, optimizers=checker.structure.optimizers))]
 
 
 def read(checker: Any, evidence: Evidence) -> Verdicts | None:

@@ -26,6 +26,8 @@ SCAN = "scan"
 CHECK = "check"
 #: At the end of the run, in order.
 CLOSE = "close"
+#: After them, at the end of a run of one look without the loss (``audit()``).
+ONE_LOOK = "one look"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,4 +56,5 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the last NaN/Inf gradient check", values.finish, CLOSE),
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
     Detector("the loss-graph check", outside.undecided, CLOSE),
+    Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK),
 )

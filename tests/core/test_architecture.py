@@ -122,7 +122,6 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 #: detectors (a finding is built with ``Finding.new``, not with a detector's constructors).
 DETECTOR_USERS = {
     "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer",
-    "leafwatch.auditing": "audit(tensors=...) builds the findings of the tensors it is handed",
     "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding",
     "leafwatch.integrations.runner.session": "a run that ended before its first check: the structure "
                                              "and the misses of its only optimizer step, read once",

@@ -10,14 +10,15 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
 from ..observe import changes as evidence, cuts, graph, inventory, tracing
+from .. import watching
 from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
-from ..observe.structure import CheckList
+from ..observe.structure import CheckList, StructureCache
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import causes, constructors as checks
 from .held import HeldMisses
@@ -381,3 +382,21 @@ def no_gradient_at_all(coverage: float | None, findings: FindingsView,
     names = [n for f in missing for n in (f.name, *f.aliases)]
     return [*(Verdict.merge(f.key) for f in missing),
             Verdict.open(checks.no_grad_at_all(names, step=missing[0].last_step, optimizers=optimizers))]
+
+
+def first_step_misses(misses: Iterable[tuple[int, Iterable[Callable[[], torch.Tensor | None]]]],
+                      structure: StructureCache, findings: FindingsView, seen: set[int], _: object = None) -> Verdicts:
+    """``leafwatch run``'s part for a run that ended before its first check: the tensors without a gradient at
+    their optimizer's only step (``misses``: that step, weak references) that no finding names yet."""
+    inv = structure.inventory
+    ran = {name for name, module in inv.modules.items() if id(module) in seen}
+    named, watched, out = {f.name for f in findings}, {id(e.tensor()) for e in watching.entries()}, []
+    for step, refs in misses:
+        for p in (ref() for ref in refs):
+            info = inv.params.get(id(p))
+            if info is None or info.name in named or id(p) in watched or not p.requires_grad:
+                continue  # gone, owned by no model (orphans are named by the scan), or named already
+            named.add(info.name)
+            out.append(Verdict.open(checks.missing_grad(info.name, p, step=step, info=info,
+                                                        explanation=causes.at_the_only_step(info, ran))))
+    return out

@@ -10,15 +10,16 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from ..observe import changes as evidence, cuts, graph, inventory, tracing
+from .. import watching
 from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
-from ..observe.structure import CheckList
+from ..observe.structure import CheckList, StructureCache
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import causes, constructors as checks
 from .held import HeldMisses
@@ -423,4 +424,22 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     loop.force_values, grads.new_miss = force, len(grads.streak) > streaks
     if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
         cache.leave_out(grads.take_new_targets())
+    return out
+
+
+def first_step_misses(misses: Iterable[tuple[int, Iterable[Callable[[], torch.Tensor | None]]]],
+                      structure: StructureCache, findings: FindingsView, seen: set[int], _: object = None) -> Verdicts:
+    """``leafwatch run``'s part for a run that ended before its first check: the tensors without a gradient at
+    their optimizer's only step (``misses``: that step, weak references) that no finding names yet."""
+    inv = structure.inventory
+    ran = {name for name, module in inv.modules.items() if id(module) in seen}
+    named, watched, out = {f.name for f in findings}, {id(e.tensor()) for e in watching.entries()}, []
+    for step, refs in misses:
+        for p in (ref() for ref in refs):
+            info = inv.params.get(id(p))
+            if info is None or info.name in named or id(p) in watched or not p.requires_grad:
+                continue  # gone, owned by no model (orphans are named by the scan), or named already
+            named.add(info.name)
+            out.append(Verdict.open(checks.missing_grad(info.name, p, step=step, info=info,
+                                                        explanation=causes.at_the_only_step(info, ran))))
     return out

@@ -166,7 +166,7 @@ class MembershipJudge:
         if outside is not None and not self._held_by_waiting(t):
             decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        decided = self._late(f, info, t, step, severity, inv) if self.grace else self._decided(f, info, t, step, inv)
+        decided = self._late(f, info, t, step, severity, inv) if self.grace and self.checks() else self._decided(f, info, t, step, inv)
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
             details["decided_step"] = step

@@ -123,8 +123,8 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 DETECTOR_USERS = {
     "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer",
     "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding",
-    "leafwatch.integrations.runner.session": "a run that ended before its first check: the structure "
-                                             "and the misses of its only optimizer step, read once",
+    "leafwatch.integrations.runner.session": "a run that ended before its first check: the misses of its "
+                                             "only optimizer step, a part it hands its Monitor's scan",
     "leafwatch.integrations.distributed": "re-exports the merge and the Gatherer at their old path",
 }
 
@@ -135,6 +135,48 @@ def test_only_the_modules_that_run_a_check_import_the_detectors() -> None:
              and any(dep.startswith("leafwatch.detectors") for dep in deps)}
     assert users - set(DETECTOR_USERS) == set(), "a module below the detectors imports them"
     assert "leafwatch.observe.sharding" not in users
+
+
+def _builds_findings(tree: ast.Module) -> list[str]:
+    """The calls a front-end makes that build findings itself (a name from ``report/findings.py``
+    other than ``Report``, a ``Report`` of findings other than another report's ``.tensors()``) or
+    run a detector (a name from ``detectors/``; a ``Part`` of the pipeline is handed, not run)."""
+    detectors, findings, found = set(), set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            parts, names = node.module.split("."), {alias.asname or alias.name for alias in node.names}
+            if "detectors" in parts and parts[-1] != "pipeline":
+                detectors |= names
+            elif parts[-2:] == ["report", "findings"]:
+                findings |= names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            root = node.func
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            name = getattr(root, "id", "")
+            repackaged = all(isinstance(a, ast.Call) and getattr(a.func, "attr", "") == "tensors" for a in node.args)
+            if name in detectors or name in findings and (name != "Report" or not repackaged):
+                found.append(ast.unparse(node.func))
+    return found
+
+
+def test_leafwatch_run_hands_its_monitor_parts_and_never_builds_a_finding_or_runs_a_detector() -> None:
+    runner = {path.name: _builds_findings(ast.parse(path.read_text()))
+              for path in (PACKAGE / "integrations" / "runner").glob("*.py")}
+    assert "session.py" in runner
+    assert {name: calls for name, calls in runner.items() if calls} == {}
+
+
+def test_the_front_end_scan_finds_a_finding_built_and_a_detector_run() -> None:
+    tree = ast.parse("from ...detectors import constructors as checks\n"
+                     "from ...detectors.pipeline import Part\n"
+                     "from ...report.findings import Report, apply_ignore\n"
+                     "def f(self, p, found, report):\n"
+                     "    Part('a part', checks.missing_grad)\n"
+                     "    Report(report.tensors(), step=1)\n"
+                     "    return Report(apply_ignore([checks.missing_grad('w', p)], {}), step=1)\n")
+    assert _builds_findings(tree) == ["Report", "apply_ignore", "checks.missing_grad"]
 
 
 # -- imports run one way: observe -> detectors -> report -> sinks ----------------------------

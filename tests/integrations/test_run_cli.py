@@ -377,6 +377,44 @@ def test_an_optimizer_with_parameters_of_no_known_module_rearms_the_hooks():
     assert report.open == []
 
 
+class _LeftOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.aux, self.unused = nn.Linear(2, 1), nn.Linear(2, 1), nn.Linear(2, 1)
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.scale
+
+
+@pytest.mark.parametrize("steps", [1, 5])
+def test_a_run_too_short_for_a_check_is_decided_by_the_pipeline_as_a_longer_one(steps):
+    # `scale` gets gradients in no optimizer (an error), `unused` gets none in no optimizer (the
+    # gradient rule: quiet), `aux` is in the optimizer and never runs; ignore= is the history's.
+    session = runner.Session(stream=open(os.devnull, "w"), ignore={"aux.*": "kept"})
+    session.install()
+    model = _LeftOut()
+    opt = torch.optim.SGD([*model.lin.parameters(), *model.aux.parameters()], lr=0.1)
+    try:
+        for _ in range(steps):
+            opt.zero_grad()
+            model(torch.ones(4, 2)).sum().backward()
+            opt.step()
+    finally:
+        report = session.close()
+        session.stream.close()
+    assert session.monitor is not None and session.monitor.history  # the Monitor's history holds them
+    assert {(f.kind, f.name, f.status) for f in report.tensors()} == {
+        ("not_in_optimizer", "scale", "open"), ("missing_grad", "aux.weight", "ignored"),
+        ("missing_grad", "aux.bias", "ignored")}
+    (scale,) = report.tensors("not_in_optimizer")
+    assert scale.severity == "error" and scale.details["reason"] == "left_out" and "never changes" in scale.message
+    if steps == 1:
+        (aux, _) = report.tensors("missing_grad")
+        assert aux.cause == "module `aux` never ran in a forward pass of this run (its optimizer stepped once)."
+        assert aux.details["ignored_because"] == "kept"
+
+
 def test_run_names_module_level_tensors_trained_outside_the_model():
     result = _leafwatch("run", str(SCRIPTS / "outside_tensors.py"))
     assert result.returncode == 0, result.stderr

@@ -6,27 +6,26 @@ What the script trains (modules, roots, optimizers, module-level tensors) is fou
 the first check waits until some optimizer steps a second time (alternating GAN optimizers have
 all been seen), and optimizer membership stays pending for :data:`LATE_OPTIMIZER_CHECKS` checks
 (an optimizer may step late: WGAN-GP's ``n_critic``, TD3's ``policy_delay``). A run that ends
-before any check is still decided at its end: the structure then, every optimizer known, and the
-tensors that had no gradient when their optimizer made its only step.
+before any check is still decided at its end by the Monitor's parts: the structure scan, every optimizer
+known, the tensors that had no gradient at their optimizer's only step, the end-of-run decisions.
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
+from functools import partial
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from ...observe import inventory
-from ... import watching
-from ...detectors import constructors as checks, structure as structure_detector
+from ...detectors.gradients import first_step_misses
+from ...detectors.pipeline import Part
 from ...sinks.console import NewFindingWarnings
-from ...report.findings import Finding, Kind, Report, apply_ignore
+from ...report.findings import Kind, Report
 from ...monitor import Monitor, StepHooks
 from ...options import WarnOnce
-from ...detectors import causes
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 from ...observe.sharding import is_distributed
 
@@ -63,12 +62,13 @@ class Session:
         self.patience = patience
         self.ignore = dict(ignore or {})
         self._stream = stream
-        self.monitor: Monitor | None = None
+        self.monitor: _RunMonitor | None = None
         self.report: Report | None = None
         self.found = Discovery(on_roots=self._roots_changed)
         self._writer: Any = None
         self._sink: Any = None
-        self._lines = NewFindingWarnings(warn=self.write, every_status=True)
+        # (what the end of a run too short for a check decides is said in the summary only)
+        self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
         self._step_hooks = StepHooks(self._checked_step, global_hooks=False)
         self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
         self._checking = self._closed = False
@@ -135,14 +135,11 @@ class Session:
 
     def _remember_first_misses(self, optimizer: torch.optim.Optimizer) -> None:
         """The trainable tensors of ``optimizer`` without a gradient at its first step (held weakly)."""
-        if self.patience > 1:
-            return  # one step is less than the patience asked for
-        missing = [weakref.ref(p) for g in optimizer.param_groups for p in g["params"]
-                   if p.requires_grad and p.grad is None]
-        if missing:
-            self._first_misses.append((self.steps, missing))
+        if self.patience == 1 and not is_distributed():  # (across ranks the Monitor's merge decides)
+            self._first_misses.append((self.steps, [weakref.ref(p) for g in optimizer.param_groups
+                                                    for p in g["params"] if p.requires_grad and p.grad is None]))
 
-    def _make_monitor(self) -> Monitor:
+    def _make_monitor(self) -> _RunMonitor:
         sinks: list[Any] = [self._lines]
         if self.logdir is not None:
             try:
@@ -155,7 +152,7 @@ class Session:
                 sinks.append(self._sink)
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
-        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
+        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
@@ -192,20 +189,15 @@ class Session:
         self._closed = True
         self.found.disarm()
         self._step_hooks.remove()
-        report: Report
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()
                 if self._sink is not None:
                     # The last record carries the final step, even when nothing changed since.
                     self._sink.close(Report(report.tensors(), step=report.step))
-            elif self.found.optimizers:
-                # Too few steps for a check: only what the structure says.
-                report = self._structural_report()
-                if self.monitor is not None:
-                    self.monitor.close()
-                if self._sink is not None:
-                    self._sink.close(report)  # written after the Monitor's empty one: the latest
+            elif self.monitor is not None and self.found.optimizers:  # too few steps for a check
+                self.found.update_roots()
+                report = self.monitor.decide_unchecked(self.steps, self.found.optimizers, self._first_misses, self.found.seen)
             else:
                 report = Report(step=0)
         except Exception as error:
@@ -219,33 +211,6 @@ class Session:
                     self._warn("closing the TensorBoard writer", error)
         self.report = report
         return report
-
-    def _structural_report(self) -> Report:
-        """The report of a run that ended before any check (the module docstring says what it holds)."""
-        self.found.update_roots()
-        inv = inventory.Inventory(self.found.roots, self.found.optimizers)
-        found = structure_detector.structural(inv, step=self.steps)
-        found += self._first_step_findings(inv, {f.name for f in found})
-        return Report(apply_ignore(found, self.ignore), step=self.steps)
-
-    def _first_step_findings(self, inv: inventory.Inventory, named: set[str]) -> list[Finding]:
-        if not self._first_misses or is_distributed():
-            return []  # (across ranks the Monitor's merge decides; one local step cannot)
-        ran = {name for prefix, root in inv.roots.items()
-               for name, module in root.named_modules(remove_duplicate=False, prefix=prefix)
-               if id(module) in self.found.seen}
-        watched = {id(e.tensor()) for e in watching.entries()}
-        out: list[Finding] = []
-        for step, refs in self._first_misses:
-            for ref in refs:
-                p = ref()
-                info = inv.params.get(id(p)) if p is not None else None
-                if p is None or info is None or info.name in named or id(p) in watched or not p.requires_grad:
-                    continue  # gone, owned by no model (orphans are named above), or named already
-                named.add(info.name)
-                out.append(checks.missing_grad(info.name, p, step=step, info=info,
-                                               explanation=causes.at_the_only_step(info, ran)))
-        return out
 
     def summary(self, report: Report) -> str:
         """The table at the end, with what the run could not see."""
@@ -272,3 +237,18 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
+
+
+class _RunMonitor(Monitor):
+    """The Monitor of one run: a run that ends before its first check is decided by its parts all the same."""
+
+    def decide_unchecked(self, step: int, optimizers: list[torch.optim.Optimizer],
+                         misses: list[tuple[int, list[weakref.ReferenceType]]], seen: set[int]) -> Report:
+        """The end of a run without a check, at ``step``: the structure scan of every optimizer, the misses
+        of each one's only step (``seen``: the ids of the modules that ran), the end-of-run decisions."""
+        for opt in optimizers:
+            self.add_optimizer(opt)
+        self._checker.step, self._checker.scanning = step, (*self._checker.scanning, Part(
+            "the first-step gradient check", partial(first_step_misses, misses, self.structure, self.history_store.view, seen)))
+        self.scan()
+        return self.close()

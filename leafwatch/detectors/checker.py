@@ -122,8 +122,8 @@ class Checker:
         self.step = step
         self.checks += 1
         cache = self.structure
-        evidence = self.pipeline.observe("reading the model's structure",
-                                         lambda: observed.read(cache, optimizer, loss, step), step)
+        evidence = self.pipeline.observe("reading the model's structure", step, observed.read,
+                                         cache, optimizer, loss, step)
         if evidence is None:  # (an `incomplete` finding says so) the parts judge what they keep
             evidence = Evidence(step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory)
         self.pipeline.run(evidence, step)

@@ -106,10 +106,10 @@ class Pipeline(Generic[State]):
                     failing.discard(name)
                     self.history.apply([Verdict.resolve((Kind.INCOMPLETE, name), step)])
 
-    def observe(self, part: str, read: Callable[[], Any], step: int | None) -> Any:
-        """``read()``, the evidence a check needs before its parts run, guarded like a part (None: it failed)."""
+    def observe(self, part: str, step: int | None, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, the evidence a check needs before its parts run, guarded like a part (None: it failed)."""
         try:
-            observed = read()
+            observed = read(*args)
         except Exception as error:  # noqa: BLE001 - a failure to observe must not stop training
             self.failed(part, error, step)
             return None

@@ -47,7 +47,7 @@ class Detector:
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector("the structure check", structure.judge),
+    Detector("the structure check", structure.judge, when=lambda c: ((None, "rebuilt"),)),
     Detector("the gradient check", gradients.read),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on),
     Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, "loss"),)),

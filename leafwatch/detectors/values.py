@@ -25,7 +25,14 @@ from .dead import DeadGradTracker
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
     """At a check: the value check when it is due (or a step about to be skipped asked for it)."""
-    return checker.values.judge(evidence, checker.loop.force_values)
+    values, step = checker.values, evidence.step
+    every = values.every
+    on_cadence = bool(every) and (step == 1 or step % every == 0 or checker.loop.force_values)
+    if on_cadence or (every and step <= values.every_check_values_until):
+        if not on_cadence:
+            values.off_cadence_steps.add(step)
+        return values.check(step, [clist for _, clist, _ in evidence.lists])
+    return []
 
 
 def finish(checker: Any, _: Any) -> Verdicts:
@@ -51,17 +58,7 @@ class GradientValues:
         self._values = NamedValueCheck(track_zeros=True)
         self._dead = DeadGradTracker(view)
         self._last_step = -1
-        self._off_cadence_steps: set[int] = set()
-
-    def judge(self, evidence: Evidence, force: bool = False) -> Verdicts:
-        """At a check: the value check when it is due (``force``: now)."""
-        every, step = self.every, evidence.step
-        on_cadence = bool(every) and (step == 1 or step % every == 0 or force)
-        if on_cadence or (every and step <= self.every_check_values_until):
-            if not on_cadence:
-                self._off_cadence_steps.add(step)
-            return self._check(step, [clist for _, clist, _ in evidence.lists])
-        return []
+        self.off_cadence_steps: set[int] = set()
 
     def finish(self, step: int) -> Verdicts:
         """At the end of a run: the checks still in flight, the gradients not checked since the last
@@ -72,7 +69,7 @@ class GradientValues:
             return out
         lists = list(self.structure.lists.values())
         if self._last_step != step:
-            out += self._check(step, lists)
+            out += self.check(step, lists)
             out += self._record(step, *self._values.flush())
         named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
         params, names = [p for p, _ in named], [n for _, n in named]
@@ -88,7 +85,7 @@ class GradientValues:
         return {"value_checks_in_flight": len(self._values.checker.pending_steps()),
                 "value_names_kept": self._values.launched()}
 
-    def _check(self, step: int, lists: list[structure.CheckList]) -> Verdicts:
+    def check(self, step: int, lists: list[structure.CheckList]) -> Verdicts:
         self._last_step = step
         if len(lists) == 1:  # one optimizer: its list as it is (a new list at each structure reading)
             params, names = lists[0].params, lists[0].names
@@ -112,8 +109,8 @@ class GradientValues:
             out += [Verdict.resolve(f.key, latest) for f in self.view
                     if f.kind == kind and f.status == open_ and f.name not in flagged and (f.last_step or 0) < latest]
         zeros = self._values.take_zeros()
-        if self._off_cadence_steps:
-            zeros = [z for z in zeros if z[0] not in self._off_cadence_steps]
-            self._off_cadence_steps = {s for s in self._off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
+        if self.off_cadence_steps:
+            zeros = [z for z in zeros if z[0] not in self.off_cadence_steps]
+            self.off_cadence_steps = {s for s in self.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
         out += self._dead.record(zeros)
         return out

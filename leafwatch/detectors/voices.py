@@ -36,6 +36,9 @@ VOICES: dict[tuple[str, str], str] = {
     ("missing_grad", "pending"): "gradients.GradientTracker._unexplained",
     ("missing_grad", "traced_nothing"): "gradients.GradientTracker._unexplained",
     ("missing_grad", "came_back"): "gradients.GradientTracker._recovered",
+    # ... and what the evidence over checks makes of one (the observed reason: details["observed"])
+    ("missing_grad", "intermittent"): "constructors.intermittent",
+    ("missing_grad", "stalled"): "gradients._stalled",
     ("missing_grad", "no_grad_at_all"): "constructors.no_grad_at_all",
     ("missing_grad", "requires_grad_false"): "constructors.not_requiring_grad",
     ("missing_grad", "watched_unused"): "constructors.watched_findings",

@@ -39,6 +39,10 @@ VOICES: dict[tuple[str, str], str] = {
     # ... and what the evidence over checks makes of one (the observed reason: details["observed"])
     ("missing_grad", "intermittent"): "constructors.intermittent",
     ("missing_grad", "stalled"): "gradients._stalled",
+    ("missing_grad", "not_a_target"): "held._judged",
+    ("missing_grad", "target_undecided"): "held._judged",
+    ("missing_grad", "not_layerdrop"): "held._judged",
+    ("missing_grad", "layerdrop_undecided"): "held._judged",
     ("missing_grad", "no_grad_at_all"): "constructors.no_grad_at_all",
     ("missing_grad", "requires_grad_false"): "constructors.not_requiring_grad",
     ("missing_grad", "watched_unused"): "constructors.watched_findings",

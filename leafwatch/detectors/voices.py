@@ -48,6 +48,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("missing_grad", "watched_unused"): "constructors.watched_findings",
     ("missing_grad", "sharded_gradients"): "ranks.sharded_finding",
     ("missing_grad", "unused_on_rank"): "ranks.Gatherer._locally_unused",
+    ("missing_grad", "no_grad_on_any_rank"): "ranks._merged_missing",
     ("missing_grad", "rank_branching_hangs"): "ranks._merged_missing",
     ("missing_grad", "rank_branching"): "ranks._merged_missing",
     ("grad_cleared", "cleared"): "constructors.grad_cleared_all",

@@ -53,6 +53,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("missing_grad", "rank_branching"): "ranks._merged_missing",
     ("grad_cleared", "cleared"): "constructors.grad_cleared_all",
     ("grad_cleared", "cleared_on_purpose"): "constructors.grad_cleared",
+    ("grad_cleared", "clearing_ended"): "loop.ClearedGradients._resumed",
     ("not_in_optimizer", "left_out"): "structure.not_in_optimizer",
     ("not_in_optimizer", "buffer_requires_grad"): "structure.not_in_optimizer",
     ("not_in_optimizer", "unfrozen_after"): "structure._optimizer_membership",

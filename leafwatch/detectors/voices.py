@@ -36,7 +36,6 @@ VOICES: dict[tuple[str, str], str] = {
     ("missing_grad", "pending"): "gradients.GradientTracker._unexplained",
     ("missing_grad", "traced_nothing"): "gradients.GradientTracker._unexplained",
     ("missing_grad", "came_back"): "gradients.GradientTracker._recovered",
-    # ... and what the evidence over checks makes of one (the observed reason: details["observed"])
     ("missing_grad", "intermittent"): "constructors.intermittent",
     ("missing_grad", "stalled"): "gradients._stalled",
     ("missing_grad", "not_a_target"): "held._judged",
@@ -59,6 +58,7 @@ VOICES: dict[tuple[str, str], str] = {
     ("not_in_optimizer", "unfrozen_after"): "structure._optimizer_membership",
     ("not_in_optimizer", "created_after_optimizer"): "structure._created_after",
     ("not_in_optimizer", "never_stepped"): "membership._never_stepped",
+    ("not_in_optimizer", "no_optimizer_stepped"): "membership.MembershipJudge._late",
     ("not_in_optimizer", "root_outside"): "membership._outside_root_finding",
     ("not_in_optimizer", "chosen_outside"): "membership._outside_root_finding",
     ("not_in_optimizer", "outside_model"): "constructors.outside_optimizer",

@@ -451,6 +451,8 @@ def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path
     (f,) = run.report.findings
     assert (f.kind, f.name, f.severity, f.first_step, f.details["decided_step"]) == (
         "not_in_optimizer", "scale", "error", 2, decided)
+    assert (f.details["reason"], f.details["observed"]) == ("no_optimizer_stepped", "left_out")
+    assert "left out when the optimizer's parameter list was built" in f.cause
 
 
 def test_the_scripts_own_non_zero_exit_code_comes_before_strict():

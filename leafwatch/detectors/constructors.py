@@ -197,15 +197,13 @@ def observed(finding: Finding) -> str | None:
 
 
 def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
-    """``missing_grad``/``intermittent``: a tensor that got gradients at other steps; why it missed
-    (the cause and fix observed, ``details["observed"]``) is what to look at if it is not intended."""
+    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``details["observed"]``)."""
     return finding.replace(
         severity="info", status="intermittent", last_step=step, cause=finding.cause, fix=finding.fix,
         message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
-        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers "
-        "and GANs).",
-        details={**finding.details, "checks": checks, "steps_without_grad": misses, "reason": "intermittent",
-                 "observed": observed(finding)})
+        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
+        details={**{k: v for k, v in finding.details.items() if k != "pending"}, "checks": checks,  # it waits for nothing
+                 "steps_without_grad": misses, "reason": "intermittent", "observed": observed(finding)})
 
 
 def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:

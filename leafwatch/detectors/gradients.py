@@ -241,16 +241,13 @@ class GradientTracker:
             old = None  # a suspicion the evidence settled: reported afresh below
         if old is not None and explanation is None and checks.observed(old) not in _NO_CAUSE_YET:
             # Explained before and nothing new: keep the cause, update the counts.
-            out.append(Verdict.open(_stalled(
-                old.replace(step=step, last_step=step,
-                            status=Status.OPEN if old.status != Status.INTERMITTENT else Status.INTERMITTENT,
-                            details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
-                streak, self._stall_limit(pid), checks_of_p, misses)))
+            kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
+                               else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
+            out.append(Verdict.open(_stalled(kept, streak, self._stall_limit(pid), checks_of_p, misses)))
             return
-        f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+        f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
                                 reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
-                                else pid in reachable,
-                                checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
+                                else pid in reachable, watched_from_start=self.from_start)
         if explanation is None and reachable is None:
             f = self._unexplained(f, name, info, old)
         if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
@@ -301,11 +298,10 @@ class GradientTracker:
         came = old.status != Status.PENDING and checks.observed(old) == "pending"
         if came:  # the placeholder promised a cause at the next check: the gradient came instead
             old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
-                              details={**_without(old.details, "observed"), "reason": "came_back"})
+                              details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
         if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
             self.held.suspects.pop(pid, None)
-            old = checks.intermittent(old.replace(details=_without(old.details, "pending")),
-                                      clist.checks_of(pid), self.misses.get(pid, 0), step)
+            old = checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)
         elif not came:
             return []
         return [Verdict.set(old)]
@@ -366,10 +362,6 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
         message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
         "it stopped training.",
         details={**f.details, "stalled_for": streak, "reason": "stalled", "observed": checks.observed(f)})
-
-
-def _without(details: Mapping[str, object], key: str) -> dict[str, object]:
-    return {k: v for k, v in details.items() if k != key}
 
 
 def no_gradient_at_all(coverage: float | None, findings: FindingsView,

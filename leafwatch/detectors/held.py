@@ -105,7 +105,6 @@ class HeldMisses:
     def decide(self, f: Finding) -> Finding | None:
         """What a finding still held at the end of the run becomes (None: dropped as intended)."""
         waiting = f.details.get("pending")
-        details = {k: v for k, v in f.details.items() if k != "pending"}
         if waiting == Waiting.TARGET:
             t = next((ref() for ref, n in self.suspects.values() if n == f.name), None)
             verdict = self.evidence.verdict(t, final=True) if t is not None else "unknown"
@@ -114,33 +113,28 @@ class HeldMisses:
             return f.replace(status=Status.OPEN, **_judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided"))
         if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= evidence.LAYERDROP_END_OF_RUN:
             return f.replace(**_judged(f, "layerdrop_undecided"))
-        return f.replace(status=Status.OPEN, details=details)
+        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
 def _judged(f: Finding, outcome: str, misses: int = 0) -> dict[str, Any]:
-    """The words of a held miss the evidence decided, written together around the cause and fix
-    observed (``details["observed"]``): ``not_a_target`` (it did not change by other means either),
-    ``target_undecided`` (the run ended first), ``not_layerdrop`` (its siblings ran at every check
-    it missed), ``layerdrop_undecided`` (too short a run to tell LayerDrop)."""
-    chance = float(f.details.get("chance", 1.0))
-    message, cause, details = f.message, f.cause, {**f.details, "observed": observed(f)}
-    details.pop("pending", None)
-    more: dict[str, Any] = {}
-    if outcome == "not_a_target":
+    """The words of a held miss the evidence decided (``outcome``, its reason), written together
+    around the cause and fix observed (``details["observed"]``)."""
+    chance, message, cause, more = float(f.details.get("chance", 1.0)), f.message, f.cause, {}
+    details = {**{k: v for k, v in f.details.items() if k != "pending"}, "observed": observed(f)}
+    if outcome == "not_a_target":  # it did not change by other means either
         cause += " It did not change between checks either (no EMA or target update): nothing trains it."
         details.update(changed=False, reason="not_a_target")
-    elif outcome == "target_undecided":
+    elif outcome == "target_undecided":  # the run ended first
         message, more = (f"`{f.name}` got no gradient, and the run ended before leafwatch could tell whether "
                          "something else updates it (an EMA target)."), {"severity": Severity.WARNING}
         details.update(reason="target_undecided")
-    elif outcome == "not_layerdrop":
+    elif outcome == "not_layerdrop":  # its siblings ran at every check it missed
         cause += (f" Its siblings in `{f.details['container']}` ran: skipped at all {misses} checks, it is no layer "
                   f"dropped at random (chance {chance:.1e}).")
         details.update(reason="not_layerdrop")
-    else:
-        message = (f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} checked steps, which a random "
-                   f"layer drop explains with chance {chance:.1e}: too short a run to tell LayerDrop from a layer "
-                   "that is never called.")
-        more = {"status": Status.INTERMITTENT, "severity": Severity.INFO}
+    else:  # too short a run to tell
+        message, more = (f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} checked steps, which a random "
+                         f"layer drop explains with chance {chance:.1e}: too short a run to tell LayerDrop from a layer "
+                         "that is never called."), {"status": Status.INTERMITTENT, "severity": Severity.INFO}
         details.update(reason="layerdrop_undecided")
     return {**more, "message": message, "cause": cause, "fix": f.fix, "details": details}

@@ -191,17 +191,19 @@ def no_grad_at_all(names: Sequence[str], *, step: int | None,
     )
 
 
+def observed(finding: Finding) -> str | None:
+    """The reason a missing gradient was observed with, also under a later transition's reason."""
+    return finding.details.get("observed", finding.details.get("reason"))
+
+
 def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
-    """A missing_grad finding for a tensor that did get gradients at other steps."""
+    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``details["observed"]``)."""
     return finding.replace(
-        severity="info",
-        status="intermittent",
+        severity="info", status="intermittent", last_step=step, cause=finding.cause, fix=finding.fix,
         message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
-        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers "
-        "and GANs).",
-        last_step=step,
-        details={**finding.details, "checks": checks, "steps_without_grad": misses},
-    )
+        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
+        details={**{k: v for k, v in finding.details.items() if k != "pending"}, "checks": checks,  # it waits for nothing
+                 "steps_without_grad": misses, "reason": "intermittent", "observed": observed(finding)})
 
 
 def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:

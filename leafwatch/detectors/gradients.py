@@ -248,24 +248,19 @@ class GradientTracker:
                 return
         if old is not None and old.status == Status.PENDING:
             old = None  # a suspicion the evidence settled: reported afresh below
-        if old is not None and explanation is None and old.details.get("reason") not in _NO_CAUSE_YET:
+        if old is not None and explanation is None and checks.observed(old) not in _NO_CAUSE_YET:
             # Explained before and nothing new: keep the cause, update the counts.
-            out.append(Verdict.open(_stalled(
-                old.replace(step=step, last_step=step,
-                            status=Status.OPEN if old.status != Status.INTERMITTENT else Status.INTERMITTENT,
-                            details={**old.details, "checks": checks_of_p, "steps_without_grad": misses}),
-                streak, self._stall_limit(pid), checks_of_p, misses)))
+            kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
+                               else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
+            out.append(Verdict.open(_stalled(kept, streak, self._stall_limit(pid), checks_of_p, misses)))
             return
-        f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+        f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
                                 reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
-                                else pid in reachable,
-                                checks=checks_of_p, misses=misses, watched_from_start=self.from_start)
+                                else pid in reachable, watched_from_start=self.from_start)
         if explanation is None and reachable is None:
             f = self._unexplained(f, name, info, old)
-        if misses < checks_of_p:
+        if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
             f = checks.intermittent(f, checks_of_p, misses, step)
-        elif old is not None and old.status == Status.INTERMITTENT:
-            f = f.replace(status=Status.INTERMITTENT, severity=Severity.INFO)
         f = _stalled(f, streak, self._stall_limit(pid), checks_of_p, misses)
         out.append(Verdict.open(f))
         if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
@@ -276,7 +271,7 @@ class GradientTracker:
 
     def _unexplained(self, f: Finding, name: str, info: inventory.ParamInfo | None, old: Finding | None) -> Finding:
         """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
-        traced_before = old is not None and old.details.get("reason") in _NO_CAUSE_YET[1:]
+        traced_before = old is not None and checks.observed(old) in _NO_CAUSE_YET[1:]
         if self.diagnose and info is not None and not traced_before:
             return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                              details={**f.details, "reason": "pending"})
@@ -306,20 +301,19 @@ class GradientTracker:
             self._steady_changes += 1
         self._cuts.pop(pid, None)
         self.changes += 1
-        key = ("missing_grad", clist.name_of(pid))
-        old = self.view.get(key)
-        out: Verdicts = []
-        if old is not None and old.details.get("reason") == "pending" and old.status != Status.PENDING:
-            # The placeholder promised a cause at the next check: the gradient came instead.
+        old = self.view.get(("missing_grad", clist.name_of(pid)))
+        if old is None:
+            return []
+        came = old.status != Status.PENDING and checks.observed(old) == "pending"
+        if came:  # the placeholder promised a cause at the next check: the gradient came instead
             old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
-                              details={**old.details, "reason": "came_back"})
-            if old.status != Status.OPEN:
-                out.append(Verdict.set(old))
-        if old is not None and old.status in (Status.OPEN, Status.PENDING):
+                              details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
+        if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
             self.held.suspects.pop(pid, None)
-            old = old.replace(details={k: v for k, v in old.details.items() if k != "pending"})
-            out.append(Verdict.set(checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)))
-        return out
+            old = checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)
+        elif not came:
+            return []
+        return [Verdict.set(old)]
 
     def _stall_limit(self, pid: int) -> int:
         return max(self.patience, STALLED_AFTER, 2 * self.longest.get(pid, 0))
@@ -373,10 +367,10 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
     if misses >= checks_of_p or streak < limit:
         return f
     return f.replace(
-        status=Status.OPEN, severity=Severity.WARNING,
+        status=Status.OPEN, severity=Severity.WARNING, cause=f.cause, fix=f.fix,
         message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
         "it stopped training.",
-        details={**f.details, "stalled_for": streak})
+        details={**f.details, "stalled_for": streak, "reason": "stalled", "observed": checks.observed(f)})
 
 
 def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:

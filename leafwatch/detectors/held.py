@@ -23,6 +23,7 @@ import torch
 
 from ..observe import changes as evidence
 from . import causes
+from .constructors import observed
 from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.verdicts import Verdict, Verdicts
 
@@ -79,7 +80,7 @@ class HeldMisses:
             return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
         self._settled(pid)
         self.decided.add(pid)
-        return [Verdict.hold(f), Verdict.confirm(f.key, **_unchanged(f))]
+        return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_a_target"))]
 
     def layerdrop(self, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
                   sibling_open: Callable[[], bool]) -> Verdicts | None:
@@ -95,10 +96,7 @@ class HeldMisses:
         if chance >= evidence.LAYERDROP_FALSE_ALARM and not sibling_open():
             return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
         self.decided.add(pid)
-        return [Verdict.hold(f),
-                Verdict.confirm(f.key, cause=f"{f.cause} Its siblings in `{container}` ran: skipped at all {misses} "
-                                f"checks, it is no layer dropped at random (chance {chance:.1e}).",
-                                step=step, last_step=step)]
+        return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_layerdrop", misses), step=step, last_step=step)]
 
     def _settled(self, pid: int) -> None:
         self.suspects.pop(pid, None)
@@ -107,30 +105,36 @@ class HeldMisses:
     def decide(self, f: Finding) -> Finding | None:
         """What a finding still held at the end of the run becomes (None: dropped as intended)."""
         waiting = f.details.get("pending")
-        details = {k: v for k, v in f.details.items() if k != "pending"}
         if waiting == Waiting.TARGET:
             t = next((ref() for ref, n in self.suspects.values() if n == f.name), None)
             verdict = self.evidence.verdict(t, final=True) if t is not None else "unknown"
             if verdict == "changed":
                 return None
-            if verdict == "unknown":
-                return f.replace(status=Status.OPEN, severity=Severity.WARNING, details=details,
-                                 message=f"`{f.name}` got no gradient, and the run ended before leafwatch "
-                                 "could tell whether something else updates it (an EMA target).")
-            return f.replace(status=Status.OPEN, **_unchanged(f))
-        if waiting == Waiting.LAYERDROP:
-            chance = float(f.details.get("chance", 1.0))
-            if chance < evidence.LAYERDROP_END_OF_RUN:
-                return f.replace(status=Status.OPEN, details=details)
-            return f.replace(status=Status.INTERMITTENT, severity=Severity.INFO, details=details,
-                             message=f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} "
-                             f"checked steps, which a random layer drop explains with chance {chance:.1e}: "
-                             "too short a run to tell LayerDrop from a layer that is never called.")
-        return f.replace(status=Status.OPEN, details=details)
+            return f.replace(status=Status.OPEN, **_judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided"))
+        if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= evidence.LAYERDROP_END_OF_RUN:
+            return f.replace(**_judged(f, "layerdrop_undecided"))
+        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
-def _unchanged(f: Finding) -> dict[str, Any]:
-    """The changes that confirm a no_grad miss: it did not change by other means either."""
-    return {"cause": f"{f.cause} It did not change between checks either (no EMA or target update): "
-                     "nothing trains it.",
-            "details": {**{k: v for k, v in f.details.items() if k != "pending"}, "changed": False}}
+def _judged(f: Finding, outcome: str, misses: int = 0) -> dict[str, Any]:
+    """The words of a held miss the evidence decided (``outcome``, its reason), written together
+    around the cause and fix observed (``details["observed"]``)."""
+    chance, message, cause, more = float(f.details.get("chance", 1.0)), f.message, f.cause, {}
+    details = {**{k: v for k, v in f.details.items() if k != "pending"}, "observed": observed(f)}
+    if outcome == "not_a_target":  # it did not change by other means either
+        cause += " It did not change between checks either (no EMA or target update): nothing trains it."
+        details.update(changed=False, reason="not_a_target")
+    elif outcome == "target_undecided":  # the run ended first
+        message, more = (f"`{f.name}` got no gradient, and the run ended before leafwatch could tell whether "
+                         "something else updates it (an EMA target)."), {"severity": Severity.WARNING}
+        details.update(reason="target_undecided")
+    elif outcome == "not_layerdrop":  # its siblings ran at every check it missed
+        cause += (f" Its siblings in `{f.details['container']}` ran: skipped at all {misses} checks, it is no layer "
+                  f"dropped at random (chance {chance:.1e}).")
+        details.update(reason="not_layerdrop")
+    else:  # too short a run to tell
+        message, more = (f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} checked steps, which a random "
+                         f"layer drop explains with chance {chance:.1e}: too short a run to tell LayerDrop from a layer "
+                         "that is never called."), {"status": Status.INTERMITTENT, "severity": Severity.INFO}
+        details.update(reason="layerdrop_undecided")
+    return {**more, "message": message, "cause": cause, "fix": f.fix, "details": details}

@@ -109,10 +109,11 @@ class ClearedGradients:
         if old is None or old.status != Status.OPEN:
             return []
         since = "it has trained since" if trained else "backward has not reached it since"
-        return [Verdict.set(old.replace(
-                status=Status.RESOLVED, last_step=step,
+        return [Verdict.set(old.replace(  # the words of the clearing stay, with its end
+                status=Status.RESOLVED, last_step=step, cause=old.cause, fix=old.fix,
                 message=f"`{name}`'s gradient was cleared before the optimizer step from step "
-                f"{old.first_step} to step {old.last_step}; {since}."))]
+                f"{old.first_step} to step {old.last_step}; {since}.",
+                details={**old.details, "reason": "clearing_ended", "observed": checks.observed(old)}))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------

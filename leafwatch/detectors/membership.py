@@ -139,10 +139,8 @@ class MembershipJudge:
             return None  # the value evidence, or an optimizer that steps late, may still come
         # The grace period is over: an error, unless an optimizer the script holds has not
         # stepped yet (it may still step: a warning until the end of the run).
-        severity = Severity.WARNING if self._held_by_waiting(t) else Severity.ERROR
-        decided = self._decide(f, info, t, step, severity, inv)
-        return Verdict.confirm(f.key, message=decided.message, severity=decided.severity, cause=decided.cause,
-                               fix=decided.fix, details=decided.details, step=step, last_step=step)
+        severity = Severity.WARNING if self._waiting_holder(t) is not None else Severity.ERROR
+        return Verdict.confirm(f.key, **_words(self._decide(f, info, t, step, severity, inv)), step=step, last_step=step)
 
     def _gradient_rule(self, t: torch.Tensor, *, final: bool = False) -> str:
         """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
@@ -150,7 +148,7 @@ class MembershipJudge:
         value that changes between checks: updated by hand), ``wait`` (a gradient, first seen at
         this check: the value evidence comes at the next one) or ``report`` (a gradient that is
         computed and never applied). A tensor that an optimizer holds and never steps: ``report``."""
-        if self._held_by_waiting(t):
+        if self._waiting_holder(t) is not None:
             return "report"
         if t.grad is None and not (final and self._hand.saw(t)):
             # No gradient: quiet. At the end of a run the loop may have cleared the gradient a
@@ -163,10 +161,14 @@ class MembershipJudge:
                 inv: Inventory | None = None) -> Finding:
         """What a held finding becomes once the gradient rule reports it."""
         outside = self._outside_root(t, inv)
-        if outside is not None and not self._held_by_waiting(t):
+        if outside is not None and self._waiting_holder(t) is None:
             decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        decided = self._late(f, info, t, step, severity, inv) if self.grace and self.checks() else self._decided(f, info, t, step, inv)
+        late = bool(self.grace and self.checks())  # (no check ran: the structure's words)
+        decided = self._late(f, info, t, step, severity, inv) if late else \
+            structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        if not late and f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
+            decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
             details["decided_step"] = step
@@ -194,10 +196,6 @@ class MembershipJudge:
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
-    def _held_by_waiting(self, t: torch.Tensor) -> bool:
-        """Whether an optimizer that exists but has not stepped holds ``t``."""
-        return self._waiting_holder(t) is not None
-
     def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
               inv: Inventory | None = None) -> Finding:
         holder = self._waiting_holder(t)
@@ -206,9 +204,9 @@ class MembershipJudge:
             variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
                                           inv.fix_names if inv is not None else None)
             return _never_stepped(f.name, (variable or "", type(holder).__name__), self.checks(), base, severity)
-        message = (f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks "
-                   "holds it: it never changes.")
-        return base.replace(severity=severity, message=message, details={**base.details, "late_optimizer": True})
+        message = f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
+        return base.replace(severity=severity, message=message, cause=base.cause, fix=base.fix, details={  # why it is out
+            **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
 
     def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:
         """At the end of the run: what a held (or late-optimizer) finding becomes."""
@@ -220,19 +218,7 @@ class MembershipJudge:
         info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
         if t is None or info is None or self._gradient_rule(t, final=True) == "quiet":
             return None
-        decided = self._decide(f, info, t, step, Severity.ERROR, inv)
-        return f.replace(status=Status.OPEN, message=decided.message, severity=decided.severity,
-                         cause=decided.cause, fix=decided.fix, details=decided.details)
-
-    @staticmethod
-    def _decided(f: Finding, info: ParamInfo, t: torch.Tensor, step: int, inv: Inventory | None = None) -> Finding:
-        """The held finding as the check decides it; a tensor unfrozen after the optimizer was
-        built keeps the cause and fix that say so."""
-        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
-            decided = decided.replace(message=f.message, cause=f.cause, fix=f.fix,
-                                      details={**decided.details, "reason": f.details["reason"]})
-        return decided
+        return f.replace(status=Status.OPEN, **_words(self._decide(f, info, t, step, Severity.ERROR, inv)))
 
     def escalate_late(self, step: int) -> Verdicts:
         """At the end of the run: a late-optimizer warning still open becomes an error, a
@@ -241,12 +227,10 @@ class MembershipJudge:
         out: Verdicts = []
         for f in self.view:
             if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                decided = f
+                decided = f.replace(severity=Severity.ERROR, last_step=step)
                 if f.details.get("reason") == "never_stepped":
-                    decided = _never_stepped(f.name, tuple(f.details["holder"]), self.checks(), f, Severity.ERROR)
-                out.append(Verdict.set(f.replace(severity=Severity.ERROR, last_step=step, message=decided.message,
-                                                 cause=decided.cause, fix=decided.fix,
-                                                 details={**decided.details, "decided_step": step})))
+                    decided = _never_stepped(f.name, tuple(f.details["holder"]), self.checks(), decided, Severity.ERROR)
+                out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
         return out
 
 
@@ -307,6 +291,11 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
         cause=f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
         "fixed network that still requires grad.",
         fix=f"{add}; or, if it should stay fixed, {frozen}", details={**details, "reason": "root_outside"})
+
+
+def _words(decided: Finding) -> dict[str, Any]:
+    """A decided finding's words, one builder's, taken whole onto the held finding it decides."""
+    return {k: getattr(decided, k) for k in ("message", "severity", "cause", "fix", "details")}
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from ..observe.sharding import GradientView, UseTracker, declared_ddp, find_ddp,
 from ..options import LeafwatchWarning
 from ..report.events import CheckEvent
 from ..report.findings import Finding, Report, apply_ignore
+from .constructors import observed
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
 #: gradient all-reduce, so they are seconds apart at most; a Monitor made on one rank only
@@ -161,13 +162,17 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
                     causes: Mapping[int, str], plain: bool = True) -> Finding:
     if f.details.get("reason") == "sharded_gradients":
         return f
+    details = {**f.details, "ranks_without_grad": list(active), "world_size": world_size}
+    if len(active) == world_size and f.status != "open":
+        return f.replace(details=details)  # intermittent on every rank: its own words stand
+    details["observed"] = observed(f)
     if len(active) == world_size:
         note, fix = "", f.fix
-        if f.status == "open" and plain and ddp_unused is False:
+        if plain and ddp_unused is False:
             note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
                     f"with \"{DDP_NEXT_STEP_ERROR}\".")
             fix = DDP_FIX
-        elif f.status == "open" and plain and ddp_unused is None:
+        elif plain and ddp_unused is None:
             note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
                     f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
             fix = (f"{f.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
@@ -175,9 +180,7 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
         return f.replace(
             message=f.message.rstrip(".") + " (no gradient on any rank).",
             cause=f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {f.cause}{note}",
-            fix=fix,
-            details={**f.details, "ranks_without_grad": list(active), "world_size": world_size},
-        )
+            fix=fix, details={**details, "reason": "no_grad_on_any_rank"})
     others = [r for r in range(world_size) if r not in active]
     where = _ranks_words(active)
     message = (f"`{f.name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
@@ -185,6 +188,7 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
     cause = (f"the forward pass takes a rank-dependent path: on {where} `{f.name}` is not used "
              "(a branch on the rank, or data-dependent routing that differs between ranks). "
              f"On {where}: {causes[active[0]]}")
+    details["per_rank_branching"] = True
     if ddp_unused is False:
         return f.replace(
             severity="error", status="open", message=message,
@@ -192,15 +196,13 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
             "other ranks: it hangs or fails.",
             fix="make every rank run the same modules, or pass `find_unused_parameters=True` to "
             "DistributedDataParallel if the branching is intended",
-            details={**f.details, "ranks_without_grad": active, "world_size": world_size,
-                     "per_rank_branching": True, "reason": "rank_branching_hangs"})
+            details={**details, "reason": "rank_branching_hangs"})
     return f.replace(
         severity="info", status="intermittent", message=message, cause=cause,
         fix="nothing, if the branching is intended (DDP needs find_unused_parameters=True for it, "
         "and the parameter trains from the ranks that use it); otherwise make every rank run "
         "the same modules",
-        details={**f.details, "ranks_without_grad": active, "world_size": world_size,
-                 "per_rank_branching": True, "reason": "rank_branching"})
+        details={**details, "reason": "rank_branching"})
 
 
 # -- the gatherer ------------------------------------------------------------------------------

@@ -164,6 +164,33 @@ def test_the_console_warns_at_the_check_where_a_mistake_appears_and_never_again(
     assert "`experts` (2 tensors: experts.{10,11})" in lines[0] and "experts.0" in lines[1]
 
 
+
+class _Branch(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer, self.branch, self.use_branch = nn.Linear(2, 2), nn.Linear(2, 2), True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.branch(self.layer(x)) if self.use_branch else self.layer(x)
+
+
+def test_the_console_of_every_status_waits_for_the_cause_of_an_intermittent_miss_being_traced():
+    model = _Branch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lines: list[str] = []
+    counts, observed = [], []
+    with leafwatch.Monitor(model, opt, verbose=False, sinks=[NewFindingWarnings(lines.append, every_status=True)]) as monitor:
+        for step in range(1, 5):
+            model.use_branch = step < 3  # intermittent from step 3: its cause is traced at step 3, known at step 4
+            opt.zero_grad()
+            model(torch.randn(3, 2)).sum().backward()
+            observed.append({f.details.get("observed") for f in monitor.check().tensors("missing_grad")})
+            opt.step()
+            counts.append(len(lines))
+    assert observed == [set(), set(), {"pending"}, {"never_ran"}] and counts == [0, 0, 0, 1]
+    assert "INFO missing_grad `branch`" in lines[0] and "call `branch` in forward()" in lines[0], lines
+
+
 _DEEP = textwrap.dedent("""
     import torch
     from torch import nn

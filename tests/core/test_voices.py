@@ -96,3 +96,28 @@ def test_the_scan_finds_a_reason_written_twice() -> None:
     source = ("def a():\n    make('k', 'n', 'error', 'm', 'c', 'f', reason='twice')\n"
               "def b():\n    return {'reason': 'twice'}\n")
     assert _written_reasons(source, "m") == {"twice": {"m.a", "m.b"}}
+
+
+def _word_edits(source: str, module: str) -> set[str]:
+    """The functions that call ``.replace(...)`` or ``.confirm(...)`` with ``message=``, ``cause=`` or
+    ``fix=``: a finding's words written after (or beside) its builder."""
+    tree = ast.parse(source)
+    where = _enclosing(tree)
+    return {f"{module}.{where[id(node)]}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("replace", "confirm") and {k.arg for k in node.keywords} & {"message", "cause", "fix"}}
+
+
+def test_only_a_registered_builder_edits_a_findings_words() -> None:
+    builders = {f"detectors.{builder}" for builder in VOICES.values()}
+    edits = set().union(*(_word_edits(path.read_text(), f"detectors.{path.stem}")
+                          for path in sorted((PACKAGE / "detectors").glob("*.py"))))
+    assert "detectors.constructors.intermittent" in edits  # the scan sees them
+    assert edits <= builders, f"words edited outside their voice (detectors/voices.py): {sorted(edits - builders)}"
+
+
+def test_the_scan_finds_a_words_edit_outside_a_builder() -> None:
+    source = ("class Judge:\n    def decide(self, f, g):\n        return f.replace(status='open', message=g.message)\n"
+              "def confirmed(f):\n    return Verdict.confirm(f.key, cause=f.cause + ' more')\n"
+              "def counted(f):\n    return f.replace(step=2, details={})\n")
+    assert _word_edits(source, "m") == {"m.Judge.decide", "m.confirmed"}

@@ -155,7 +155,9 @@ def test_monitor_explains_a_missing_gradient(model_cls, names, reason, words):
     assert set(_one_mistake(report, "missing_grad").names) == names  # one module: one mistake
     for f in missing:
         assert f.severity == "error"
-        assert f.details["reason"] == reason
+        # what was observed; a no_grad miss that did not change between checks is then confirmed: no target
+        assert (f.details["reason"], f.details.get("observed", reason)) == (
+            "not_a_target" if reason == "grad_disabled" else reason, reason)
         assert words in f.cause
         assert f.fix
 
@@ -739,9 +741,9 @@ def test_monitor_explains_a_gradient_lost_after_the_first_step():
         for _ in range(4):
             opt.zero_grad(set_to_none=True)
             model(torch.randn(4, 3)).sum().backward()
-            reasons.append({f.details["reason"] for f in monitor.check().by_kind("missing_grad")})
-    # Hooks are armed on `a` when it first misses; the next step says why.
-    assert reasons == [set(), set(), {"pending"}, {"detached"}]
+            reasons.append({(f.details["reason"], f.details["observed"]) for f in monitor.check().by_kind("missing_grad")})
+    # Hooks are armed on `a` when it first misses; the next step says why (it got gradients before: intermittent).
+    assert reasons == [set(), set(), {("intermittent", "pending")}, {("intermittent", "detached")}]
     finding = monitor.history[("missing_grad", "a.weight")]
     assert f"cut by `.detach()` at test_bug_classes.py:{CutFromStepThree.middle.__code__.co_firstlineno + 3}" \
         in finding.cause
@@ -822,7 +824,8 @@ def test_intermittent_parameter_that_stops_getting_gradients_is_reported_again()
     assert statuses[-1] == ("open", "warning")
     finding = monitor.report.by_kind("missing_grad")[0]
     assert f"none in {STALLED_AFTER} or more checks in a row: it stopped training" in finding.message
-    assert finding.details["reason"] == "detached"
+    assert (finding.details["reason"], finding.details["observed"]) == ("stalled", "detached")
+    assert "cut by `.detach()`" in finding.cause
 
 
 def test_layer_unfrozen_mid_run_but_not_added_to_the_optimizer():

@@ -413,6 +413,15 @@ def test_merge_missing_on_every_rank_is_a_dead_parameter() -> None:
     assert "no gradient on any rank" in f.cause and "never ran" in f.cause
     assert "Expected to have finished reduction" in f.cause
     assert f.fix == distributed.DDP_FIX
+    assert (f.details["reason"], f.details["observed"]) == ("no_grad_on_any_rank", "never_ran")
+
+
+def test_merge_intermittent_on_every_rank_keeps_its_words() -> None:
+    seen = _missing("x.weight", status="intermittent", cause="routed")
+    f = distributed.merge([[seen], [seen]], step=1, ddp_unused=False)[0]
+    assert (f.name, f.status, f.ranks, f.message, f.cause, f.fix) == ("x.weight", "intermittent", (0, 1), seen.message,
+                                                                     "routed", "use it")
+    assert (f.details["reason"], f.details["ranks_without_grad"]) == ("never_ran", [0, 1])
 
 
 def test_merge_missing_on_one_rank_is_per_rank_branching() -> None:

@@ -25,16 +25,12 @@ import torch
 
 from . import fixes
 from ..observe import frames, graph
+from ..observe.discovery import optimizer_ids
 from ..observe.changes import HandUpdates
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from . import constructors as checks
-
-
-def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
-    """The ids of every tensor the optimizers hold."""
-    return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
@@ -62,17 +58,15 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
     return out
 
 
-def _leaf_users(loss: torch.Tensor) -> tuple[dict[int, tuple[torch.Tensor, str]], bool]:
+def _leaf_users(loss: torch.Tensor) -> dict[int, tuple[torch.Tensor, str]]:
     """Leaf id -> (leaf, the op that uses it) for every leaf the loss's graph accumulates into."""
     out: dict[int, tuple[torch.Tensor, str]] = {}
-    count = 0
     for node in graph.iter_nodes(loss.grad_fn, limit=10 * graph.MAX_NODES):
-        count += 1
         for child, _ in getattr(node, "next_functions", ()):
             variable = getattr(child, "variable", None)
             if isinstance(variable, torch.Tensor) and id(variable) not in out:
                 out[id(variable)] = (variable, type(node).__name__)
-    return out, count < 10 * graph.MAX_NODES
+    return out
 
 
 def caller_name(t: torch.Tensor) -> str | None:
@@ -153,8 +147,7 @@ class LossLeaves:
             return []
         self._walked = True
         self.walks += 1
-        users, _ = _leaf_users(loss)
-        candidates = {k: v for k, v in users.items() if v[0].requires_grad}
+        candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
         if not candidates:
             self._suspects = {}
             return []

@@ -21,7 +21,7 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -73,7 +73,8 @@ def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
         pass
 
 
-def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
+    """The ids of every tensor the optimizers hold."""
     return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
 
 
@@ -265,7 +266,7 @@ class Discovery:
         new_params = self._opt_keys.get(oid) != key
         self._opt_keys[oid] = key
         if new_params:
-            unknown = _params([optimizer]) - self._owned - self._accepted_unknown
+            unknown = optimizer_ids([optimizer]) - self._owned - self._accepted_unknown
             if unknown:
                 self.arm()
                 self._find_owners(unknown)
@@ -307,7 +308,7 @@ class Discovery:
         variable of the script's only stepping optimizer ("" when not one); once per step."""
         if self._outside_ids[0] == self.steps:
             return self._outside_ids[1]
-        held = _params([*self.optimizers, *self.waiting_optimizers()])
+        held = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
         variables = self.script_variables()
         optimizer = variables.get(id(self.optimizers[0]), "") if len(self.optimizers) == 1 else ""
         out: dict[int, tuple[str, str]] = {}
@@ -335,7 +336,7 @@ class Discovery:
     def update_roots(self, checked: bool = True) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
-        in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
+        in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
         kept: list[_RootInfo] = []
         for module in _tops(self.modules_seen()):
             if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
@@ -356,7 +357,7 @@ class Discovery:
         self._owned = owned
         if self._handles and self._stable >= STABLE_STEPS and self.step_counts:
             # Stable: what no root owns now is a tensor of the script's own (or a stale one).
-            self._accepted_unknown |= _params(self.optimizers) - owned
+            self._accepted_unknown |= optimizer_ids(self.optimizers) - owned
             if all(c >= 2 for c in self.step_counts.values()) or checked:
                 self.disarm()
 
@@ -369,7 +370,7 @@ class Discovery:
         found = {name: value for name, value in _script_scope().items()
                  if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__")
                  and id(value) not in self._owned}
-        in_optimizers = _params(self.optimizers)
+        in_optimizers = optimizer_ids(self.optimizers)
         for name, t in found.items():
             before = self._script_tensors.get(name)
             if before is None or before() is not t or name in self._script_watched:

@@ -34,6 +34,7 @@ from torch import nn
 from ..observe import frames
 from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
+from ..observe.names import ancestors
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -293,19 +294,12 @@ def outside_module(name: str, inventory: Any) -> str | None:
                 continue
             out = key not in inventory.in_optimizer
             for name_ in (info.name, *info.aliases):  # a module that holds the model too is not left out
-                parts = name_.split(".")
-                for depth in range(1, len(parts)):
-                    module = ".".join(parts[:depth])
+                for module in ancestors(name_):
                     all_out[module] = all_out.get(module, True) and out
         outside = {m for m, out in all_out.items() if out}
         if cache is not None:
             cache["outside modules"] = outside
-    parts = name.split(".")
-    for depth in range(1, len(parts)):
-        module = ".".join(parts[:depth])
-        if module in outside and module in getattr(inventory, "modules", {}):
-            return module
-    return None
+    return next((m for m in reversed(ancestors(name)) if m in outside and m in getattr(inventory, "modules", {})), None)
 
 
 def trainable_params_code(code: str, module: nn.Module) -> str:
@@ -343,9 +337,8 @@ def assigned_module(names: Iterable[str], inventory: Any) -> str | None:
         return None
     by_module: dict[str, set[str]] = {}
     for info in inventory.params.values():
-        parts = info.name.split(".")
-        for depth in range(1, len(parts)):
-            by_module.setdefault(".".join(parts[:depth]), set()).add(info.name)
+        for module in ancestors(info.name):
+            by_module.setdefault(module, set()).add(info.name)
     for module in sorted(by_module, key=lambda m: (m.count("."), m)):
         if module in getattr(inventory, "modules", {module: None}) and by_module[module] == wanted:
             return module

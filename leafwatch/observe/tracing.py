@@ -79,14 +79,6 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
-def _first_any_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
-    return None
-
-
 def _in_reentrant_checkpoint() -> bool:
     frame = sys._getframe(2)
     for _ in range(40):
@@ -112,9 +104,6 @@ class Tracer:
         self._checked_in_round: set[int | None] = set()
         #: Modules that ran in eval mode under no_grad since the last reset (a fixed teacher).
         self.eval_runs: set[str] = set()
-        # The cut recorder: a TorchFunctionMode over the forward of the top armed modules, on
-        # instrumented forwards only (from creation, and after a new miss or a structure change,
-        # until the next check).
         #: Whether the next forward is instrumented (the recorder runs over it).
         self.ops_wanted = False
         self._ops_next = False
@@ -260,13 +249,8 @@ class Tracer:
             self.ops_traced = True
 
     def _recorder_failed(self, error: BaseException) -> None:
-        """What the recorder saw is incomplete: no cut is named from it, and it stops for good."""
-        if self._recorder is not None:
-            recorder, self._recorder, self._depth = self._recorder, None, 0
-            try:
-                cuts.leave(recorder)
-            except Exception:
-                pass
+        """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called
+        with no recorder running: it failed to start, or :meth:`_stop_recorder` took it off)."""
         self._recorder_broken = True  # never instrument again: one warning, not one per step
         self.ops_wanted = False
         if self.on_error is not None and isinstance(error, Exception):
@@ -319,13 +303,11 @@ class Tracer:
             no_grad = [a for a in args if isinstance(a, torch.Tensor) and not a.requires_grad]
             if no_grad:
                 record.detached_inputs = record.detached_inputs | {_storage(a) for a in no_grad}
-            produced = _first_any_tensor(output)
-            if produced is None:
-                produced = _first_tensor(output, requires_grad=False)  # a dict or dataclass output
+            produced = _first_tensor(output, requires_grad=False)
             if produced is not None:
                 record.output_storage = _storage(produced)
             out = _first_tensor(output)
-            if out is None and _first_tensor(output, requires_grad=False) is None:
+            if out is None and produced is None:
                 record.output_opaque = True
             if out is not None and grad_on:
                 record.output_requires_grad = True
@@ -358,9 +340,7 @@ def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:
         info = inv.params.get(pid)
         if info is None:
             continue
-        parts = info.module.split(".") if info.module else []
-        for depth in range(len(parts) + 1):
-            name = ".".join(parts[:depth])
+        for name in ("", *reversed(ancestors(info.module)), info.module):
             module = inv.modules.get(name)
             if module is not None:
                 wanted[name] = module

@@ -87,40 +87,33 @@ def registration_mark() -> int:
 
 
 def _record(tensors: Any) -> None:
-    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did."""
-    frame = frames.user_frame()
-    if frame is None or len(_appeared) >= _APPEARED_MAX:
-        return
+    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did. It runs
+    inside the user's ``self.x = ...``: a failure must never stop it (the tensor is then not known
+    as late, which only keeps today's words)."""
     global _last_registration
-    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-    _last_registration = number = next(_registrations)
-    for t in tensors:
-        try:
+    try:
+        frame = frames.user_frame()
+        if frame is None or len(_appeared) >= _APPEARED_MAX:
+            return
+        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        _last_registration = number = next(_registrations)
+        for t in tensors:
             _appeared[id(t)] = (weakref.ref(t), number, where, function)
-        except TypeError:
-            pass
+    except Exception:
+        pass
 
 
 def _on_parameter(module: nn.Module, name: str, param: Any) -> None:
     _bump()
     if param is not None:
-        _record_quietly([param])
+        _record([param])
 
 
 def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
     _bump()
     if isinstance(submodule, nn.Module):
-        _record_quietly(submodule.parameters())
-
-
-def _record_quietly(tensors: Any) -> None:
-    """:func:`_record` inside the user's ``self.x = ...``: a failure must never stop it (the
-    tensor is then not known as late, which only keeps today's words)."""
-    try:
-        _record(tensors)
-    except Exception:
-        pass
+        _record(submodule.parameters())
 
 
 def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:

@@ -162,10 +162,7 @@ class LossLeaves:
             if seen is None or seen[0]() is not t:
                 suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
                 continue
-            # The same tensor at consecutive checks (never an input or an adversarial example,
-            # made fresh each step): a persistent tensor the user created. The gradient rule
-            # decides from here: its value is noted now and compared at the next sighting;
-            # changed, updated by hand; unchanged, never trained.
+            # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
             verdict = self._hand.verdict(t)
             if verdict == "wait":
                 suspects[k] = (weakref.ref(t), op)

@@ -452,15 +452,11 @@ def _children(value: Any) -> list[tuple[str, Any]]:
 
 
 def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
+    """The public attributes that may lead to a module: containers, optimizers, and plain objects of
+    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class or a function."""
     return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer)) or _holds_objects(v))]
-
-
-def _holds_objects(value: Any) -> bool:
-    """A plain object of the user's or a library's (a skorch ``NeuralNet``) that may hold a module
-    or an optimizer: not a tensor, a number, a string, a class or a function."""
-    return hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, nn.Module)) \
-        and not callable(value)
+            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
+                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type)) and not callable(v)))]
 
 
 def user_scope(limit: int = 8) -> dict[str, Any]:

@@ -320,9 +320,8 @@ class StructureCache:
         return inv
 
     def fingerprint(self) -> list[Any]:
-        """What is compared at every check to know whether to rebuild (flat, small, no tensor)."""
-        # Read at every check, right after backward, when Python code runs cold: one flat list,
-        # one number per param group and never a pass over the parameters.
+        """What is compared at every check to know whether to rebuild (flat, small, no tensor: one
+        number per param group, never a pass over the parameters)."""
         fingerprint = [_current_generation]
         for opt in self.optimizers:
             fingerprint += [id(opt), *(len(group["params"]) for group in opt.param_groups), -1]

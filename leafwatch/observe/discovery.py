@@ -106,16 +106,6 @@ def _contained_modules(module: nn.Module) -> list[nn.Module]:
     return out
 
 
-class _RootInfo:
-    """What one candidate root module holds: registered parameters, and with its unregistered tensors ``owned``."""
-
-    def __init__(self, module: nn.Module) -> None:
-        inv = inventory.Inventory(module)
-        self.module = module
-        self.registered = set(inv.tensors)
-        self.owned = self.registered | {id(o.tensor) for o in inv.orphans()}
-
-
 class Discovery:
     """The modules a training step runs, found as it runs: one discovery for every front-end.
 
@@ -337,21 +327,22 @@ class Discovery:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
-        kept: list[_RootInfo] = []
+        kept: list[tuple[nn.Module, set[int]]] = []  # each root, with its registered and unregistered tensors
         for module in _tops(self.modules_seen()):
             if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
-            info = _RootInfo(module)
-            if not info.owned:
+            inv = inventory.Inventory(module)
+            owned = set(inv.tensors) | {id(o.tensor) for o in inv.orphans()}
+            if not owned:
                 continue
-            if info.owned & in_optimizers or not info.registered:
-                kept.append(info)
+            if owned & in_optimizers or not inv.tensors:
+                kept.append((module, owned))
             elif id(module) in self._outside or any(p.grad is not None for p in module.parameters()):
                 self._outside[id(module)] = weakref.ref(module)  # gradients but no optimizer: the gradient rule
-                kept.append(info)
-        owned = set().union(*(i.owned for i in kept)) if kept else set()
-        if self._new_roots([i.module for i in kept]):
-            self._roots = inventory.name_roots([i.module for i in kept], self.script_variables())
+                kept.append((module, owned))
+        owned = set().union(*(o for _, o in kept))
+        if self._new_roots([m for m, _ in kept]):
+            self._roots = inventory.name_roots([m for m, _ in kept], self.script_variables())
             if self.on_roots is not None:
                 self.on_roots(dict(self._roots))  # rebuilt at the next check
         self._owned = owned

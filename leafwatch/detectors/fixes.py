@@ -184,10 +184,8 @@ def framework(model: Any = None, cache: dict[Any, Any] | None = None) -> str | N
         if owner is not None:
             for cls in type(owner).__mro__:
                 module = getattr(cls, "__module__", "") or ""
-                if cls.__name__ == "Trainer" and module.startswith(("lightning", "pytorch_lightning")):
-                    return "lightning"
-                if cls.__name__ == "Trainer" and module.startswith("transformers"):
-                    return "transformers"
+                if cls.__name__ == "Trainer" and module.startswith(("lightning", "pytorch_lightning", "transformers")):
+                    return "transformers" if module.startswith("transformers") else "lightning"
     return None
 
 

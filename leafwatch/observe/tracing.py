@@ -102,8 +102,6 @@ class Tracer:
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
         self._checked_in_round: set[int | None] = set()
-        #: Modules that ran in eval mode under no_grad since the last reset (a fixed teacher).
-        self.eval_runs: set[str] = set()
         #: Whether the next forward is instrumented (the recorder runs over it).
         self.ops_wanted = False
         self._ops_next = False
@@ -146,7 +144,7 @@ class Tracer:
         """
         if optimizer_index is None or optimizer_index in self._checked_in_round \
                 or len(self._checked_in_round) + 1 >= n_optimizers:
-            if self.handles or self.records or self.eval_runs or self.armed_since_reset or self._counter:
+            if self.handles or self.records or self.armed_since_reset or self._counter:
                 self.reset()  # else there is nothing to forget (the healthy check: no hook armed)
             if self._checked_in_round:
                 self._checked_in_round.clear()
@@ -182,7 +180,6 @@ class Tracer:
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
-        self.eval_runs = set()
         self._counter = 0
         self.armed_since_reset = set(self.handles)
         self._stop_recorder()  # a forward that raised before its end, never left on the stack
@@ -283,8 +280,7 @@ class Tracer:
         def record_run(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             grad_on = torch.is_grad_enabled()
             if not grad_on and not module.training:
-                self.eval_runs.add(name)
-                return  # an evaluation pass between steps: not what the training step did
+                return  # an evaluation pass between steps (a fixed teacher): not what the training step did
             record = self.records.get(name)
             if record is None:
                 record = self.records[name] = RunRecord(name)

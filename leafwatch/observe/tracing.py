@@ -293,12 +293,9 @@ class Tracer:
                 record.grad_enabled = True
             else:
                 record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
-            with_grad = {_storage(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad}
-            if with_grad:
-                record.grad_inputs = record.grad_inputs | with_grad
-            no_grad = [a for a in args if isinstance(a, torch.Tensor) and not a.requires_grad]
-            if no_grad:
-                record.detached_inputs = record.detached_inputs | {_storage(a) for a in no_grad}
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
+            record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
             produced = _first_tensor(output, requires_grad=False)
             if produced is not None:
                 record.output_storage = _storage(produced)

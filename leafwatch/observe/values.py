@@ -236,14 +236,12 @@ def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
         n = t.numel()
         if n > SMALL_NUMEL:
             parts.append(_extremes(t))
-            continue
-        if n == 0:
-            continue
-        if chunk_numel + n > CHUNK_NUMEL:
-            parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
-            chunk, chunk_numel = [], 0
-        chunk.append(t)
-        chunk_numel += n
+        elif n:
+            if chunk_numel + n > CHUNK_NUMEL:
+                parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+                chunk, chunk_numel = [], 0
+            chunk.append(t)
+            chunk_numel += n
     if chunk:
         parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
     if not parts:

@@ -248,8 +248,6 @@ class StructureCache:
         return inventory.Inventory(self.source).modules
 
     def named_params(self) -> list[tuple[torch.Tensor, str]]:
-        if not self.has_model():
-            return []
         inv = inventory.Inventory(self.source)
         return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
 

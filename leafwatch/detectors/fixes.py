@@ -310,39 +310,7 @@ def trainable_params_code(code: str, module: nn.Module) -> str:
     return f"{code}.parameters()"
 
 
-def params_code(names: Sequence[str], model: Any = None, *, inventory: Any = None) -> str | None:
-    """``[model.a, model.b]``, or ``model.encoder.parameters()`` when the module the user
-    assigned holds exactly those tensors; None when a name cannot be spelled."""
-    if inventory is not None:
-        module = assigned_module(names, inventory)
-        if module:
-            code = tensor_code(module, model)
-            if code is not None:
-                return f"{code}.parameters()"
-    codes = [tensor_code(n, model) for n in names]
-    if not codes or any(c is None for c in codes):
-        return None
-    return "[" + ", ".join(c for c in codes if c) + "]"
-
-
-# -- the module the user assigned -------------------------------------------------------------
-def assigned_module(names: Iterable[str], inventory: Any) -> str | None:
-    """The highest module (not the root) whose trainable tensors are exactly ``names``: with
-    ``self.encoder = nn.Sequential(...)`` and every tensor of ``encoder`` in ``names``, ``encoder``
-    (not ``encoder.0``); None when no module holds exactly them."""
-    wanted = set(names)
-    if not wanted:
-        return None
-    by_module: dict[str, set[str]] = {}
-    for info in inventory.params.values():
-        for module in ancestors(info.name):
-            by_module.setdefault(module, set()).add(info.name)
-    for module in sorted(by_module, key=lambda m: (m.count("."), m)):
-        if module in getattr(inventory, "modules", {module: None}) and by_module[module] == wanted:
-            return module
-    return None
-
-
+# -- the module the user should call ----------------------------------------------------------
 def module_to_call(module: str, ran: Iterable[str], modules: Any = None) -> str:
     """The module the user should call: the child of the nearest ancestor that ran, on the way
     to ``module`` (``encoder.0`` never ran because ``encoder`` was not called: ``encoder``). A
@@ -534,7 +502,7 @@ def non_leaf(name: str, found: Any = None, *, location: str | None = None, tenso
 
 
 __all__ = [
-    "add_to_optimizer", "assigned_module", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
-    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "params_code", "tensor_code",
+    "add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
+    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "tensor_code",
     "variable_for",
 ]

@@ -184,7 +184,12 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
     """Backward never reached a module's output: what the module hooks saw of it, and that the exact
     point is unknown (a cut the recorder saw is named by :func:`explain_cut` instead)."""
     unseen = _UNSEEN_INSIDE if ops_traced else _UNSEEN
-    cut = _detached_after(record, records)
+    storage = record.output_storage
+    # The modules that ran after it (neither below nor above it), in their order.
+    later = sorted((r for r in records.values() if r.order > record.order and not _is_descendant(r.name, record.name)
+                    and not _is_descendant(record.name, r.name)), key=lambda r: r.order)
+    # A tensor of the same shape is no evidence: a rewrap is named only when the recorder saw it.
+    cut = next((r for r in later if storage and storage in r.detached_inputs), None)
     if cut is not None:
         return Explanation(
             cause=f"{shown} ran and its output required grad, but backward never reached that output: "
@@ -194,9 +199,8 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
             fix=f"pass {shown}'s output to `{cut.name}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step between them",
             reason="detached",
         )
-    users = [r for r in _later(record, records) if record.output_storage and record.output_storage in r.grad_inputs]
-    if users:
-        user = min(users, key=lambda r: r.order)
+    user = next((r for r in later if storage and storage in r.grad_inputs), None)
+    if user is not None:
         return Explanation(
             cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
             f"reached it: what `{user.name}` made from it does not reach the loss (nothing in the loss uses it, or "
@@ -205,8 +209,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
             "`.tolist()`/NumPy/`torch.tensor` rewrap step after it",
             reason="detached",
         )
-    after = _next_module(record, records)
-    if after is None:
+    if not later:
         # No module the hooks watch ran after it: a cut and an unused output look the same to them.
         return Explanation(
             cause=f"{shown} ran and its output required grad, but backward never reached that output, and no "
@@ -216,7 +219,7 @@ def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], o
             f"`torch.tensor` rewrap step after it), or remove {shown} if its output is not needed",
             reason="detached",
         )
-    between = f" between {shown} and `{after.name}` (the next module that ran)"
+    between = f" between {shown} and `{later[0].name}` (the next module that ran)"
     return Explanation(
         cause=f"{shown} ran and its output required grad, but backward never reached that output: nothing in "
         f"the loss uses it (an output computed and ignored, like a pooler whose output the loss never reads), "
@@ -236,24 +239,6 @@ _UNSEEN = ("Where exactly is unknown: leafwatch did not watch the ops of this st
 _UNSEEN_INSIDE = ("No op that cuts a graph (`.detach()`, `.data`, `.item()`, `.tolist()`, `torch.tensor(...)`, "
                   "`torch.no_grad()`) ran on it inside the model's forward: where it was cut is unknown (outside "
                   "the forward, in the training loop, or by a step that leaves no trace such as `torch.from_numpy`).")
-
-
-def _later(record: RunRecord, records: dict[str, RunRecord]) -> list[RunRecord]:
-    return [r for r in records.values() if r.order > record.order
-            and not _is_descendant(r.name, record.name) and not _is_descendant(record.name, r.name)]
-
-
-def _next_module(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
-    return min(_later(record, records), key=lambda r: r.order, default=None)
-
-
-def _detached_after(record: RunRecord, records: dict[str, RunRecord]) -> RunRecord | None:
-    """The first later module that received ``record``'s output detached (the same storage without
-    grad). A tensor of the same shape is no evidence: a rewrap is named only when the recorder saw it."""
-    if not record.output_storage:
-        return None
-    return min((r for r in _later(record, records) if record.output_storage in r.detached_inputs),
-               key=lambda r: r.order, default=None)
 
 
 def at_the_only_step(info: ParamInfo, ran: set[str]) -> Explanation:

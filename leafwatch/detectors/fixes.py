@@ -34,6 +34,7 @@ from torch import nn
 from ..observe import frames
 from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
+from ..observe.names import ancestors
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -183,10 +184,8 @@ def framework(model: Any = None, cache: dict[Any, Any] | None = None) -> str | N
         if owner is not None:
             for cls in type(owner).__mro__:
                 module = getattr(cls, "__module__", "") or ""
-                if cls.__name__ == "Trainer" and module.startswith(("lightning", "pytorch_lightning")):
-                    return "lightning"
-                if cls.__name__ == "Trainer" and module.startswith("transformers"):
-                    return "transformers"
+                if cls.__name__ == "Trainer" and module.startswith(("lightning", "pytorch_lightning", "transformers")):
+                    return "transformers" if module.startswith("transformers") else "lightning"
     return None
 
 
@@ -293,19 +292,12 @@ def outside_module(name: str, inventory: Any) -> str | None:
                 continue
             out = key not in inventory.in_optimizer
             for name_ in (info.name, *info.aliases):  # a module that holds the model too is not left out
-                parts = name_.split(".")
-                for depth in range(1, len(parts)):
-                    module = ".".join(parts[:depth])
+                for module in ancestors(name_):
                     all_out[module] = all_out.get(module, True) and out
         outside = {m for m, out in all_out.items() if out}
         if cache is not None:
             cache["outside modules"] = outside
-    parts = name.split(".")
-    for depth in range(1, len(parts)):
-        module = ".".join(parts[:depth])
-        if module in outside and module in getattr(inventory, "modules", {}):
-            return module
-    return None
+    return next((m for m in reversed(ancestors(name)) if m in outside and m in getattr(inventory, "modules", {})), None)
 
 
 def trainable_params_code(code: str, module: nn.Module) -> str:
@@ -318,40 +310,7 @@ def trainable_params_code(code: str, module: nn.Module) -> str:
     return f"{code}.parameters()"
 
 
-def params_code(names: Sequence[str], model: Any = None, *, inventory: Any = None) -> str | None:
-    """``[model.a, model.b]``, or ``model.encoder.parameters()`` when the module the user
-    assigned holds exactly those tensors; None when a name cannot be spelled."""
-    if inventory is not None:
-        module = assigned_module(names, inventory)
-        if module:
-            code = tensor_code(module, model)
-            if code is not None:
-                return f"{code}.parameters()"
-    codes = [tensor_code(n, model) for n in names]
-    if not codes or any(c is None for c in codes):
-        return None
-    return "[" + ", ".join(c for c in codes if c) + "]"
-
-
-# -- the module the user assigned -------------------------------------------------------------
-def assigned_module(names: Iterable[str], inventory: Any) -> str | None:
-    """The highest module (not the root) whose trainable tensors are exactly ``names``: with
-    ``self.encoder = nn.Sequential(...)`` and every tensor of ``encoder`` in ``names``, ``encoder``
-    (not ``encoder.0``); None when no module holds exactly them."""
-    wanted = set(names)
-    if not wanted:
-        return None
-    by_module: dict[str, set[str]] = {}
-    for info in inventory.params.values():
-        parts = info.name.split(".")
-        for depth in range(1, len(parts)):
-            by_module.setdefault(".".join(parts[:depth]), set()).add(info.name)
-    for module in sorted(by_module, key=lambda m: (m.count("."), m)):
-        if module in getattr(inventory, "modules", {module: None}) and by_module[module] == wanted:
-            return module
-    return None
-
-
+# -- the module the user should call ----------------------------------------------------------
 def module_to_call(module: str, ran: Iterable[str], modules: Any = None) -> str:
     """The module the user should call: the child of the nearest ancestor that ran, on the way
     to ``module`` (``encoder.0`` never ran because ``encoder`` was not called: ``encoder``). A
@@ -543,7 +502,7 @@ def non_leaf(name: str, found: Any = None, *, location: str | None = None, tenso
 
 
 __all__ = [
-    "add_to_optimizer", "assigned_module", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
-    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "params_code", "tensor_code",
+    "add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
+    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "tensor_code",
     "variable_for",
 ]

@@ -26,6 +26,7 @@ import torch
 
 from . import fixes
 from ..observe import frames, graph
+from ..observe.discovery import optimizer_ids
 from ..observe.changes import HandUpdates
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
@@ -54,11 +55,6 @@ def undecided(checker: Any, _: Any) -> Verdicts:
     return [Verdict.open(f) for f in checker.loss_leaves.undecided(checker.step, checker.structure.inventory)]
 
 
-def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
-    """The ids of every tensor the optimizers hold."""
-    return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
-
-
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
                             in_optimizer: Callable[[WatchEntry], bool],
                             inventory: Inventory | None = None) -> list[Finding]:
@@ -84,17 +80,15 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
     return out
 
 
-def _leaf_users(loss: torch.Tensor) -> tuple[dict[int, tuple[torch.Tensor, str]], bool]:
+def _leaf_users(loss: torch.Tensor) -> dict[int, tuple[torch.Tensor, str]]:
     """Leaf id -> (leaf, the op that uses it) for every leaf the loss's graph accumulates into."""
     out: dict[int, tuple[torch.Tensor, str]] = {}
-    count = 0
     for node in graph.iter_nodes(loss.grad_fn, limit=10 * graph.MAX_NODES):
-        count += 1
         for child, _ in getattr(node, "next_functions", ()):
             variable = getattr(child, "variable", None)
             if isinstance(variable, torch.Tensor) and id(variable) not in out:
                 out[id(variable)] = (variable, type(node).__name__)
-    return out, count < 10 * graph.MAX_NODES
+    return out
 
 
 def caller_name(t: torch.Tensor) -> str | None:
@@ -175,8 +169,7 @@ class LossLeaves:
             return []
         self._walked = True
         self.walks += 1
-        users, _ = _leaf_users(loss)
-        candidates = {k: v for k, v in users.items() if v[0].requires_grad}
+        candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
         if not candidates:
             self._suspects = {}
             return []
@@ -191,10 +184,7 @@ class LossLeaves:
             if seen is None or seen[0]() is not t:
                 suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
                 continue
-            # The same tensor at consecutive checks (never an input or an adversarial example,
-            # made fresh each step): a persistent tensor the user created. The gradient rule
-            # decides from here: its value is noted now and compared at the next sighting;
-            # changed, updated by hand; unchanged, never trained.
+            # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
             verdict = self._hand.verdict(t)
             if verdict == "wait":
                 suspects[k] = (weakref.ref(t), op)

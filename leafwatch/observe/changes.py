@@ -131,9 +131,6 @@ class ChangeEvidence:
     def __init__(self) -> None:
         self._snapshots: dict[int, _Snapshot] = {}
 
-    def __len__(self) -> int:
-        return len(self._snapshots)
-
     def __contains__(self, t: torch.Tensor) -> bool:
         s = self._snapshots.get(id(t))
         return s is not None and s.ref() is t

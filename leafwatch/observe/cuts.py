@@ -157,13 +157,6 @@ def _switch_name(frame: FrameType | None) -> str:
     return "`torch.set_grad_enabled(False)`"
 
 
-def _grad_sources(kind: Any, args: tuple[Any, ...]) -> list[torch.Tensor]:
-    """The inputs of a cutting op that require grad (``torch.tensor([a, b])`` reads each)."""
-    if args and (isinstance(args[0], torch.Tensor) or kind is torch.tensor):
-        return _inputs_with_grad(args[:1])
-    return []
-
-
 def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
     found = []
     for a in args:
@@ -197,7 +190,9 @@ class CutRecorder(TorchFunctionMode):
             elif not torch.is_grad_enabled() and self.error is None:
                 self._op_without_grad(func, args)
             return func(*args, **kwargs)
-        sources = _grad_sources(func, args) if self.error is None else []
+        # The inputs of the cutting op that require grad (``torch.tensor([a, b])`` reads each).
+        cut_from = args[:1] if args and (isinstance(args[0], torch.Tensor) or func is torch.tensor) else ()
+        sources = _inputs_with_grad(cut_from) if self.error is None else []
         if not sources:
             return func(*args, **kwargs)
         # Read before the call: `.detach_()` takes the graph away from its input.

@@ -21,7 +21,7 @@ import os
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -73,7 +73,8 @@ def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
         pass
 
 
-def _params(optimizers: list[torch.optim.Optimizer]) -> set[int]:
+def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:
+    """The ids of every tensor the optimizers hold."""
     return {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
 
 
@@ -103,16 +104,6 @@ def _contained_modules(module: nn.Module) -> list[nn.Module]:
                 out.append(sub)
                 stack.append(sub)
     return out
-
-
-class _RootInfo:
-    """What one candidate root module holds: registered parameters, and with its unregistered tensors ``owned``."""
-
-    def __init__(self, module: nn.Module) -> None:
-        inv = inventory.Inventory(module)
-        self.module = module
-        self.registered = set(inv.tensors)
-        self.owned = self.registered | {id(o.tensor) for o in inv.orphans()}
 
 
 class Discovery:
@@ -265,7 +256,7 @@ class Discovery:
         new_params = self._opt_keys.get(oid) != key
         self._opt_keys[oid] = key
         if new_params:
-            unknown = _params([optimizer]) - self._owned - self._accepted_unknown
+            unknown = optimizer_ids([optimizer]) - self._owned - self._accepted_unknown
             if unknown:
                 self.arm()
                 self._find_owners(unknown)
@@ -307,7 +298,7 @@ class Discovery:
         variable of the script's only stepping optimizer ("" when not one); once per step."""
         if self._outside_ids[0] == self.steps:
             return self._outside_ids[1]
-        held = _params([*self.optimizers, *self.waiting_optimizers()])
+        held = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
         variables = self.script_variables()
         optimizer = variables.get(id(self.optimizers[0]), "") if len(self.optimizers) == 1 else ""
         out: dict[int, tuple[str, str]] = {}
@@ -335,28 +326,29 @@ class Discovery:
     def update_roots(self, checked: bool = True) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
-        in_optimizers = _params([*self.optimizers, *self.waiting_optimizers()])
-        kept: list[_RootInfo] = []
+        in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
+        kept: list[tuple[nn.Module, set[int]]] = []  # each root, with its registered and unregistered tensors
         for module in _tops(self.modules_seen()):
             if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
-            info = _RootInfo(module)
-            if not info.owned:
+            inv = inventory.Inventory(module)
+            owned = set(inv.tensors) | {id(o.tensor) for o in inv.orphans()}
+            if not owned:
                 continue
-            if info.owned & in_optimizers or not info.registered:
-                kept.append(info)
+            if owned & in_optimizers or not inv.tensors:
+                kept.append((module, owned))
             elif id(module) in self._outside or any(p.grad is not None for p in module.parameters()):
                 self._outside[id(module)] = weakref.ref(module)  # gradients but no optimizer: the gradient rule
-                kept.append(info)
-        owned = set().union(*(i.owned for i in kept)) if kept else set()
-        if self._new_roots([i.module for i in kept]):
-            self._roots = inventory.name_roots([i.module for i in kept], self.script_variables())
+                kept.append((module, owned))
+        owned = set().union(*(o for _, o in kept))
+        if self._new_roots([m for m, _ in kept]):
+            self._roots = inventory.name_roots([m for m, _ in kept], self.script_variables())
             if self.on_roots is not None:
                 self.on_roots(dict(self._roots))  # rebuilt at the next check
         self._owned = owned
         if self._handles and self._stable >= STABLE_STEPS and self.step_counts:
             # Stable: what no root owns now is a tensor of the script's own (or a stale one).
-            self._accepted_unknown |= _params(self.optimizers) - owned
+            self._accepted_unknown |= optimizer_ids(self.optimizers) - owned
             if all(c >= 2 for c in self.step_counts.values()) or checked:
                 self.disarm()
 
@@ -369,7 +361,7 @@ class Discovery:
         found = {name: value for name, value in _script_scope().items()
                  if isinstance(value, torch.Tensor) and value.requires_grad and not name.startswith("__")
                  and id(value) not in self._owned}
-        in_optimizers = _params(self.optimizers)
+        in_optimizers = optimizer_ids(self.optimizers)
         for name, t in found.items():
             before = self._script_tensors.get(name)
             if before is None or before() is not t or name in self._script_watched:
@@ -451,15 +443,11 @@ def _children(value: Any) -> list[tuple[str, Any]]:
 
 
 def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
+    """The public attributes that may lead to a module: containers, optimizers, and plain objects of
+    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class or a function."""
     return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer)) or _holds_objects(v))]
-
-
-def _holds_objects(value: Any) -> bool:
-    """A plain object of the user's or a library's (a skorch ``NeuralNet``) that may hold a module
-    or an optimizer: not a tensor, a number, a string, a class or a function."""
-    return hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, nn.Module)) \
-        and not callable(value)
+            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
+                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type)) and not callable(v)))]
 
 
 def user_scope(limit: int = 8) -> dict[str, Any]:

@@ -30,11 +30,6 @@ _VIEW_OPS = {
 MAX_NODES = 20_000
 
 
-def op_name(node: object) -> str:
-    """``ToCopyBackward0`` -> ``ToCopyBackward``."""
-    return type(node).__name__.rstrip("0123456789")
-
-
 @dataclasses.dataclass(frozen=True)
 class LeafInfo:
     shape: tuple[int, ...]
@@ -66,11 +61,6 @@ class Origin:
             who = "an unnamed temporary leaf that nothing in your code holds"
         return (f"{text}: backward() puts the gradient into {who} (shape {tuple(self.leaf.shape)}, "
                 f"{self.leaf.dtype}, {self.leaf.device}), and `{name}.grad` stays None.")
-
-
-def leaf_info(tensor: torch.Tensor) -> LeafInfo:
-    return LeafInfo(shape=tuple(tensor.shape), dtype=str(tensor.dtype).replace("torch.", ""), device=str(tensor.device),
-                    is_parameter=isinstance(tensor, torch.nn.Parameter), tensor_id=id(tensor))
 
 
 def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
@@ -126,10 +116,11 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     if grad_fn is None:
         return None
     op = type(grad_fn).__name__
-    base = op_name(grad_fn)
+    base = op.rstrip("0123456789")  # ToCopyBackward0 -> ToCopyBackward
     leaves, _ = leaves_of(grad_fn, limit=256)
     leaf = leaves[0] if leaves else None
-    info = leaf_info(leaf) if leaf is not None else None
+    info = None if leaf is None else LeafInfo(tuple(leaf.shape), str(leaf.dtype).replace("torch.", ""),
+                                              str(leaf.device), isinstance(leaf, torch.nn.Parameter), id(leaf))
     if base in _COPY_OPS:
         if leaf is not None and leaf.device != tensor.device:
             what, hint = (f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "

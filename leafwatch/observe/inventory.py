@@ -320,29 +320,24 @@ class Inventory:
             return []
         taken = set(self.tensors) | self.buffers  # registered, or found already
         found: list[Orphan] = []
-
-        def consider(name: str, value: Any, container: str, kinds: tuple[str, ...]) -> None:
-            if isinstance(value, torch.Tensor):
-                if id(value) in taken or not value.requires_grad:
-                    return
-                if not value.is_leaf and self._derived_from_parameters(value):
-                    # weight_norm / spectral_norm / pruning weights, and stored outputs or losses:
-                    # computed from the model's own parameters, not would-be parameters.
-                    return
-                taken.add(id(value))
-                found.append(Orphan(name, value, container, containers=kinds))
-            elif isinstance(value, nn.Module) and container != "attribute":
-                for sub, p in value.named_parameters():
-                    if id(p) in taken or not p.requires_grad:
-                        continue
-                    taken.add(id(p))
-                    found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
-                                        containers=kinds))
-
         for module_name, module in self.modules.items():
             prefix = f"{module_name}." if module_name else ""
             for path, value, kinds in contained(module):
-                consider(prefix + path, value, kinds[-1] if kinds else "attribute", kinds)
+                name, container = prefix + path, kinds[-1] if kinds else "attribute"
+                if isinstance(value, torch.Tensor):
+                    # A non-leaf computed from the model's own parameters (weight_norm / spectral_norm /
+                    # pruning weights, a stored output or loss) is no would-be parameter.
+                    if id(value) in taken or not value.requires_grad \
+                            or (not value.is_leaf and self._derived_from_parameters(value)):
+                        continue
+                    taken.add(id(value))
+                    found.append(Orphan(name, value, container, containers=kinds))
+                elif isinstance(value, nn.Module) and container != "attribute":
+                    for sub, p in value.named_parameters():
+                        if id(p) not in taken and p.requires_grad:
+                            taken.add(id(p))
+                            found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
+                                                containers=kinds))
         return found
 
     def _derived_from_parameters(self, t: torch.Tensor) -> bool:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -56,10 +56,6 @@ PLAIN = GradientView()
 
 def _is_dtensor(t: torch.Tensor) -> bool:
     return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
-
-
-def _is_deepspeed(model: Any, params: Iterable[torch.Tensor]) -> bool:
-    return any(type(m).__name__ == "DeepSpeedEngine" for m in _chain(model)) or any(hasattr(p, "ds_id") for p in params)
 
 
 def _chain(model: Any) -> list[Any]:
@@ -163,7 +159,8 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -
         return PLAIN
     tensors = [t for _, t, _ in entries]
     models = list(model.values()) if isinstance(model, Mapping) else [model]
-    deepspeed = any(_is_deepspeed(m, tensors) for m in models if m is not None)
+    deepspeed = any(type(m).__name__ == "DeepSpeedEngine" for root in models for m in _chain(root)) \
+        or any(hasattr(p, "ds_id") for p in tensors)
     strategy = "deepspeed" if deepspeed else _declared(_DECLARED, model)  # or what a front-end declared
     if strategy is not None:
         return GradientView(strategy, frozenset(k for k, _, _ in entries))

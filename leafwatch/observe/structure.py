@@ -87,40 +87,33 @@ def registration_mark() -> int:
 
 
 def _record(tensors: Any) -> None:
-    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did."""
-    frame = frames.user_frame()
-    if frame is None or len(_appeared) >= _APPEARED_MAX:
-        return
+    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did. It runs
+    inside the user's ``self.x = ...``: a failure must never stop it (the tensor is then not known
+    as late, which only keeps today's words)."""
     global _last_registration
-    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
-    function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-    _last_registration = number = next(_registrations)
-    for t in tensors:
-        try:
+    try:
+        frame = frames.user_frame()
+        if frame is None or len(_appeared) >= _APPEARED_MAX:
+            return
+        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+        _last_registration = number = next(_registrations)
+        for t in tensors:
             _appeared[id(t)] = (weakref.ref(t), number, where, function)
-        except TypeError:
-            pass
+    except Exception:
+        pass
 
 
 def _on_parameter(module: nn.Module, name: str, param: Any) -> None:
     _bump()
     if param is not None:
-        _record_quietly([param])
+        _record([param])
 
 
 def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
     _bump()
     if isinstance(submodule, nn.Module):
-        _record_quietly(submodule.parameters())
-
-
-def _record_quietly(tensors: Any) -> None:
-    """:func:`_record` inside the user's ``self.x = ...``: a failure must never stop it (the
-    tensor is then not known as late, which only keeps today's words)."""
-    try:
-        _record(tensors)
-    except Exception:
-        pass
+        _record(submodule.parameters())
 
 
 def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
@@ -255,8 +248,6 @@ class StructureCache:
         return inventory.Inventory(self.source).modules
 
     def named_params(self) -> list[tuple[torch.Tensor, str]]:
-        if not self.has_model():
-            return []
         inv = inventory.Inventory(self.source)
         return [(t, inv.params[k].name) for k, t in inv.tensors.items()]
 
@@ -327,9 +318,8 @@ class StructureCache:
         return inv
 
     def fingerprint(self) -> list[Any]:
-        """What is compared at every check to know whether to rebuild (flat, small, no tensor)."""
-        # Read at every check, right after backward, when Python code runs cold: one flat list,
-        # one number per param group and never a pass over the parameters.
+        """What is compared at every check to know whether to rebuild (flat, small, no tensor: one
+        number per param group, never a pass over the parameters)."""
         fingerprint = [_current_generation]
         for opt in self.optimizers:
             fingerprint += [id(opt), *(len(group["params"]) for group in opt.param_groups), -1]

@@ -79,14 +79,6 @@ def _storage(t: torch.Tensor) -> int:
         return 0
 
 
-def _first_any_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.Tensor):
-        return value[0]
-    return None
-
-
 def _in_reentrant_checkpoint() -> bool:
     frame = sys._getframe(2)
     for _ in range(40):
@@ -110,11 +102,6 @@ class Tracer:
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
         self._checked_in_round: set[int | None] = set()
-        #: Modules that ran in eval mode under no_grad since the last reset (a fixed teacher).
-        self.eval_runs: set[str] = set()
-        # The cut recorder: a TorchFunctionMode over the forward of the top armed modules, on
-        # instrumented forwards only (from creation, and after a new miss or a structure change,
-        # until the next check).
         #: Whether the next forward is instrumented (the recorder runs over it).
         self.ops_wanted = False
         self._ops_next = False
@@ -157,7 +144,7 @@ class Tracer:
         """
         if optimizer_index is None or optimizer_index in self._checked_in_round \
                 or len(self._checked_in_round) + 1 >= n_optimizers:
-            if self.handles or self.records or self.eval_runs or self.armed_since_reset or self._counter:
+            if self.handles or self.records or self.armed_since_reset or self._counter:
                 self.reset()  # else there is nothing to forget (the healthy check: no hook armed)
             if self._checked_in_round:
                 self._checked_in_round.clear()
@@ -193,7 +180,6 @@ class Tracer:
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
-        self.eval_runs = set()
         self._counter = 0
         self.armed_since_reset = set(self.handles)
         self._stop_recorder()  # a forward that raised before its end, never left on the stack
@@ -260,13 +246,8 @@ class Tracer:
             self.ops_traced = True
 
     def _recorder_failed(self, error: BaseException) -> None:
-        """What the recorder saw is incomplete: no cut is named from it, and it stops for good."""
-        if self._recorder is not None:
-            recorder, self._recorder, self._depth = self._recorder, None, 0
-            try:
-                cuts.leave(recorder)
-            except Exception:
-                pass
+        """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called
+        with no recorder running: it failed to start, or :meth:`_stop_recorder` took it off)."""
         self._recorder_broken = True  # never instrument again: one warning, not one per step
         self.ops_wanted = False
         if self.on_error is not None and isinstance(error, Exception):
@@ -299,8 +280,7 @@ class Tracer:
         def record_run(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             grad_on = torch.is_grad_enabled()
             if not grad_on and not module.training:
-                self.eval_runs.add(name)
-                return  # an evaluation pass between steps: not what the training step did
+                return  # an evaluation pass between steps (a fixed teacher): not what the training step did
             record = self.records.get(name)
             if record is None:
                 record = self.records[name] = RunRecord(name)
@@ -313,19 +293,14 @@ class Tracer:
                 record.grad_enabled = True
             else:
                 record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
-            with_grad = {_storage(a) for a in args if isinstance(a, torch.Tensor) and a.requires_grad}
-            if with_grad:
-                record.grad_inputs = record.grad_inputs | with_grad
-            no_grad = [a for a in args if isinstance(a, torch.Tensor) and not a.requires_grad]
-            if no_grad:
-                record.detached_inputs = record.detached_inputs | {_storage(a) for a in no_grad}
-            produced = _first_any_tensor(output)
-            if produced is None:
-                produced = _first_tensor(output, requires_grad=False)  # a dict or dataclass output
+            inputs = [a for a in args if isinstance(a, torch.Tensor)]
+            record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
+            record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
+            produced = _first_tensor(output, requires_grad=False)
             if produced is not None:
                 record.output_storage = _storage(produced)
             out = _first_tensor(output)
-            if out is None and _first_tensor(output, requires_grad=False) is None:
+            if out is None and produced is None:
                 record.output_opaque = True
             if out is not None and grad_on:
                 record.output_requires_grad = True
@@ -358,9 +333,7 @@ def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:
         info = inv.params.get(pid)
         if info is None:
             continue
-        parts = info.module.split(".") if info.module else []
-        for depth in range(len(parts) + 1):
-            name = ".".join(parts[:depth])
+        for name in ("", *reversed(ancestors(info.module)), info.module):
             module = inv.modules.get(name)
             if module is not None:
                 wanted[name] = module

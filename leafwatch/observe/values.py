@@ -84,18 +84,13 @@ def _group(grads: list[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], 
     return {key: value for key, value in out.items() if key[1].is_floating_point or key[1].is_complex}
 
 
-def _norms(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """The max-abs norm of each tensor (one fused op)."""
-    try:
-        norms = torch._foreach_norm(tensors, _INF)
-    except (RuntimeError, TypeError):  # an exotic tensor subclass: one norm each
-        norms = [torch.linalg.vector_norm(t, _INF) for t in tensors]
-    return torch.stack(norms)
-
-
 def _flags(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Per tensor, from its max-abs norm: 1 when not finite, 2 when exactly zero, else 0."""
-    norms = _norms(tensors)
+    """Per tensor, from its max-abs norm (one fused op): 1 when not finite, 2 when exactly zero, else 0."""
+    try:
+        each = torch._foreach_norm(tensors, _INF)
+    except (RuntimeError, TypeError):  # an exotic tensor subclass: one norm each
+        each = [torch.linalg.vector_norm(t, _INF) for t in tensors]
+    norms = torch.stack(each)
     return (~torch.isfinite(norms)).to(torch.uint8) + (norms == 0).to(torch.uint8) * 2
 
 
@@ -241,14 +236,12 @@ def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
         n = t.numel()
         if n > SMALL_NUMEL:
             parts.append(_extremes(t))
-            continue
-        if n == 0:
-            continue
-        if chunk_numel + n > CHUNK_NUMEL:
-            parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
-            chunk, chunk_numel = [], 0
-        chunk.append(t)
-        chunk_numel += n
+        elif n:
+            if chunk_numel + n > CHUNK_NUMEL:
+                parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+                chunk, chunk_numel = [], 0
+            chunk.append(t)
+            chunk_numel += n
     if chunk:
         parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
     if not parts:

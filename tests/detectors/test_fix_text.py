@@ -152,19 +152,6 @@ def test_a_module_that_never_ran_is_named_as_the_user_assigned_it() -> None:
         assert_valid_snippets(f.fix)
 
 
-def test_the_module_assigned_is_the_one_holding_exactly_the_tensors() -> None:
-    from leafwatch.detectors import fixes
-    from leafwatch.observe.inventory import Inventory
-
-    inv = Inventory(NotCalled())
-    encoder = [n for n in (i.name for i in inv.params.values()) if n.startswith("encoder.")]
-    assert fixes.assigned_module(encoder, inv) == "encoder"
-    assert fixes.assigned_module(["encoder.0.weight", "encoder.0.bias"], inv) == "encoder.0"
-    assert fixes.assigned_module(["encoder.0.weight", "head.bias"], inv) is None
-    model = inv.model
-    assert fixes.params_code(encoder, model, inventory=inv) == "model.encoder.parameters()"
-
-
 # -- one mistake, one finding -------------------------------------------------------------------
 class LogScale(nn.Module):
     def __init__(s, x: torch.Tensor) -> None:  # noqa: N805 (the user's own name for self)

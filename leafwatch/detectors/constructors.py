@@ -31,7 +31,7 @@ def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str
          tensor: torch.Tensor | None = None, step: int | None = None,
          aliases: Iterable[str] = (), **details: Any) -> Finding:
     """A finding with its words. ``reason`` is required: each ``(kind, reason)`` has one builder,
-    listed in :data:`leafwatch.detectors.voices.VOICES`."""
+    listed in :data:`leafwatch.detectors.registry.VOICES`."""
     described = describe_tensor(tensor) if tensor is not None else {}
     return Finding.new(kind, name, severity, message, cause, fix, step=step, aliases=aliases, reason=reason,
                        **described, **details)

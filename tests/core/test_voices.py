@@ -1,5 +1,5 @@
 """One voice per finding: every reason a finding can carry is written by exactly one function,
-the one leafwatch/detectors/voices.py names for it."""
+the one leafwatch/detectors/registry.py names for it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from leafwatch.detectors import constructors
-from leafwatch.detectors.voices import VOICES
+from leafwatch.detectors.registry import VOICES
 from leafwatch.report.findings import Kind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "leafwatch"
@@ -67,9 +67,9 @@ def test_every_reason_is_written_by_one_function_the_registry_names() -> None:
     registered = {reason: f"detectors.{builder}" for (_, reason), builder in VOICES.items()}
     for reason, functions in sorted(written.items()):
         assert len(functions) == 1, f"reason {reason!r} is written in {sorted(functions)}: one voice each"
-        assert reason in registered, f"reason {reason!r} ({functions.pop()}) is not in detectors/voices.py"
+        assert reason in registered, f"reason {reason!r} ({functions.pop()}) is not in detectors/registry.py"
         assert functions == {registered[reason]}, f"{reason!r}: written in {functions}, registered {registered[reason]}"
-    assert set(registered) <= set(written), "an entry of detectors/voices.py no builder writes"
+    assert set(registered) <= set(written), "an entry of detectors/registry.py no builder writes"
 
 
 def test_each_reason_belongs_to_one_kind_and_every_kind_has_a_voice() -> None:
@@ -113,7 +113,7 @@ def test_only_a_registered_builder_edits_a_findings_words() -> None:
     edits = set().union(*(_word_edits(path.read_text(), f"detectors.{path.stem}")
                           for path in sorted((PACKAGE / "detectors").glob("*.py"))))
     assert "detectors.constructors.intermittent" in edits  # the scan sees them
-    assert edits <= builders, f"words edited outside their voice (detectors/voices.py): {sorted(edits - builders)}"
+    assert edits <= builders, f"words edited outside their voice (detectors/registry.py): {sorted(edits - builders)}"
 
 
 def test_the_scan_finds_a_words_edit_outside_a_builder() -> None:
@@ -121,3 +121,12 @@ def test_the_scan_finds_a_words_edit_outside_a_builder() -> None:
               "def confirmed(f):\n    return Verdict.confirm(f.key, cause=f.cause + ' more')\n"
               "def counted(f):\n    return f.replace(step=2, details={})\n")
     assert _word_edits(source, "m") == {"m.Judge.decide", "m.confirmed"}
+
+
+def test_each_reason_is_decided_by_one_entry_of_the_registry() -> None:
+    from leafwatch.detectors.registry import BEYOND_THE_CHECK, DETECTORS
+
+    pairs = [(kind, reason) for voices in (*(d.voices for d in DETECTORS), BEYOND_THE_CHECK)
+             for kind, *reasons in voices.values() for reason in reasons]
+    assert len(pairs) == len(set(pairs)) == len(VOICES)
+    assert {d.name for d in DETECTORS if d.voices} >= {"the structure check", "the gradient check"}

@@ -1,11 +1,11 @@
-"""The check's parts and the owners of state they drive: what one check does, in order.
+"""The runner of a check: its evidence read once, then the registry's detectors in order.
 
-:class:`Checker` holds the small owners a check needs (the gradient tracker, the watched-tensor
-tracker, the membership judge, the loss-graph leaves, the batched value check, dead gradients,
-the loop watch and the diagnostic tracer) and the one ordered list of the check's parts, run by
-a :class:`~leafwatch.detectors.pipeline.Pipeline` so that a part that fails leaves an ``incomplete``
-finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments, hooks on the
-optimizers, sinks, strict mode, distributed merging) and asks its Checker to run a check.
+:class:`Checker` holds what the detectors keep across checks (the gradient tracker, the
+watched-tensor tracker, the membership judge, the loss-graph leaves, the batched value check, the
+loop watch, and each registered detector's own state), the diagnostic hooks, and the pipeline it
+builds from :data:`~leafwatch.detectors.registry.DETECTORS`, so that a part that fails leaves an
+``incomplete`` finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments,
+hooks on the optimizers, sinks, strict mode, distributed merging) and asks its Checker to run a check.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .pipeline import Part, Pipeline
 
 
 class Checker:
-    """The parts of a check, in their one order, and the state they keep across checks.
+    """The detectors of a check, in the registry's order, and the state they keep across checks.
 
     Args:
         structure: The structure cache (names, optimizer sets, check lists).

@@ -7,7 +7,7 @@ far through a read-only :class:`~leafwatch.report.history.FindingsView`, and ret
 :class:`~leafwatch.report.verdicts.Verdict` values. It never writes the history: the check's
 :class:`~leafwatch.detectors.pipeline.Pipeline` applies the verdicts once the detector has returned, so a
 detector that raises costs only its own verdicts. The list of detectors and their order exist
-once, in :class:`leafwatch.detectors.checker.Checker`; every front-end (``audit()``, ``Monitor``,
+once, in :data:`leafwatch.detectors.registry.DETECTORS`; every front-end (``audit()``, ``Monitor``,
 ``leafwatch run``, the Lightning, Hugging Face and pytest front-ends) runs that one list.
 
 ==================  ============================================================================
@@ -25,9 +25,9 @@ once, in :class:`leafwatch.detectors.checker.Checker`; every front-end (``audit(
                     rate stuck at 0 and steps always skipped (no_update)
 ``causes``          why a tensor missed its gradient, read from the tracer's records
 ``ranks``           the merge across ranks and the info finding of sharded gradients
-``constructors``    the message, cause and fix of the findings several detectors make
+``constructors``    the words of the watched tensors' and the value checks' findings, and make()
 ``pipeline``        runs the Checker's parts (``checker``) in order, each guarded
 ==================  ============================================================================
 
-A new detector is a new module here returning verdicts, and one ``Part`` in the Checker's list.
+A new detector is a new module here returning verdicts, and one entry in ``registry.DETECTORS``.
 """

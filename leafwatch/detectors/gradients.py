@@ -10,7 +10,7 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,11 +21,13 @@ from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList, StructureCache
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import causes, constructors as checks
+from . import causes
+from .causes import Explanation
+from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, observed, silence_hint
 from .held import HeldMisses
-from .loop import LR_READ_EVERY
-
+from .loop import LR_READ_EVERY, cleared_fix
 from ..observe.evidence import Evidence
+from ..observe.inventory import ParamInfo
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -229,7 +231,7 @@ class GradientTracker:
         if self.held.judges(pid, reason):
             # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
             # mistake. Whether it changes between checks tells them apart.
-            found = self.held.target(p, name, old, explanation, step, lambda: checks.missing_grad(
+            found = self.held.target(p, name, old, explanation, step, lambda: missing_grad(
                 name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))
             if found is None:  # it changes by other means: a target, no longer followed
                 self.changes += 1
@@ -240,7 +242,7 @@ class GradientTracker:
             return
         if pid not in self.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
             found = self.held.layerdrop(
-                pid, checks.missing_grad(name, p, step=step, explanation=explanation, info=info,
+                pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
                                          checks=checks_of_p, misses=misses),
                 layer, misses, list_checks, step, lambda: _module_already_open(self.view, clist, info, out))
             if found is not None:
@@ -248,19 +250,19 @@ class GradientTracker:
                 return
         if old is not None and old.status == Status.PENDING:
             old = None  # a suspicion the evidence settled: reported afresh below
-        if old is not None and explanation is None and checks.observed(old) not in _NO_CAUSE_YET:
+        if old is not None and explanation is None and observed(old) not in _NO_CAUSE_YET:
             # Explained before and nothing new: keep the cause, update the counts.
             kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
                                else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
             out.append(Verdict.open(_stalled(kept, streak, self._stall_limit(pid), checks_of_p, misses)))
             return
-        f = checks.missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
+        f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
                                 reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
                                 else pid in reachable, watched_from_start=self.from_start)
         if explanation is None and reachable is None:
             f = self._unexplained(f, name, info, old)
         if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
-            f = checks.intermittent(f, checks_of_p, misses, step)
+            f = intermittent(f, checks_of_p, misses, step)
         f = _stalled(f, streak, self._stall_limit(pid), checks_of_p, misses)
         out.append(Verdict.open(f))
         if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
@@ -271,7 +273,7 @@ class GradientTracker:
 
     def _unexplained(self, f: Finding, name: str, info: inventory.ParamInfo | None, old: Finding | None) -> Finding:
         """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
-        traced_before = old is not None and checks.observed(old) in _NO_CAUSE_YET[1:]
+        traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
         if self.diagnose and info is not None and not traced_before:
             return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
                              details={**f.details, "reason": "pending"})
@@ -304,13 +306,13 @@ class GradientTracker:
         old = self.view.get(("missing_grad", clist.name_of(pid)))
         if old is None:
             return []
-        came = old.status != Status.PENDING and checks.observed(old) == "pending"
+        came = old.status != Status.PENDING and observed(old) == "pending"
         if came:  # the placeholder promised a cause at the next check: the gradient came instead
             old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
                               details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
         if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
             self.held.suspects.pop(pid, None)
-            old = checks.intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)
+            old = intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)
         elif not came:
             return []
         return [Verdict.set(old)]
@@ -370,7 +372,7 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
         status=Status.OPEN, severity=Severity.WARNING, cause=f.cause, fix=f.fix,
         message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
         "it stopped training.",
-        details={**f.details, "stalled_for": streak, "reason": "stalled", "observed": checks.observed(f)})
+        details={**f.details, "stalled_for": streak, "reason": "stalled", "observed": observed(f)})
 
 
 def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
@@ -381,7 +383,7 @@ def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
     if checker.coverage() != 0.0 or len(missing) < 2:
         return None
     names = [n for f in missing for n in (f.name, *f.aliases)]
-    return [*(Verdict.merge(f.key) for f in missing), Verdict.open(checks.no_grad_at_all(
+    return [*(Verdict.merge(f.key) for f in missing), Verdict.open(no_grad_at_all(
         names, step=missing[0].last_step, optimizers=checker.structure.optimizers))]
 
 
@@ -434,6 +436,96 @@ def first_step_misses(misses: Iterable[tuple[int, Iterable[Callable[[], torch.Te
             if info is None or info.name in named or id(p) in watched or not p.requires_grad:
                 continue  # gone, owned by no model (orphans are named by the scan), or named already
             named.add(info.name)
-            out.append(Verdict.open(checks.missing_grad(info.name, p, step=step, info=info,
+            out.append(Verdict.open(missing_grad(info.name, p, step=step, info=info,
                                                         explanation=causes.at_the_only_step(info, ran))))
     return out
+
+
+# -- its words ---------------------------------------------------------------------------------
+def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
+                 info: ParamInfo | None = None, reachable: bool | str | None = None,
+                 checks: int | None = None, misses: int | None = None,
+                 watched_from_start: bool = False) -> Finding:
+    """A trainable tensor without a gradient.
+
+    ``reachable``: whether backward from the loss given reaches it (``"no_graph"``: that loss has
+    no autograd graph). ``watched_from_start`` says that a Monitor watched the run from its start,
+    so the audit's advice to create one would be wrong.
+    """
+    explained = explanation or _without_hooks(name, info, reachable, watched_from_start)
+    cause, fix, reason = explained.cause, explained.fix, explained.reason
+    details: dict[str, Any] = {"reason": reason}
+    if explanation is not None and explanation.group is not None:
+        details["group"] = explanation.group  # every tensor cut at one place is one mistake
+    elif reason == "loss_without_graph":
+        details["group"] = "the loss given"  # one mistake: the loss, whichever tensors it misses
+    if info is not None:
+        details["module"] = info.module
+        if reason in ("detached", "unused", "never_ran") or "group" in details and reason != "loss_without_graph":
+            fix = f"{fix}; {silence_hint(name, info.module)}"
+    if checks is not None:
+        details.update(checks=checks, steps_without_grad=misses)
+    return make(
+        "missing_grad", name, "error",
+        f"`{name}` requires grad but got no gradient: it does not train.",
+        cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
+    )
+
+
+def _without_hooks(name: str, info: ParamInfo | None, reachable: bool | str | None,
+                   watched_from_start: bool) -> Explanation:
+    """Why a tensor has no gradient when no hook explained it: from the loss given (``reachable``),
+    else unknown, saying why leafwatch could not see more."""
+    use = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+    if reachable == "no_graph":
+        return Explanation(
+            cause="the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
+            fix="pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)",
+            reason="loss_without_graph")
+    if reachable is False:
+        return Explanation(
+            cause=f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never used, or "
+            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+            fix=f"use `{name}` in the forward pass through torch ops only, or delete it", reason="unreachable")
+    if reachable is True:
+        return Explanation(
+            cause=f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
+            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
+            fix="call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()",
+            reason="not_backpropagated")
+    if watched_from_start and info is None:
+        return Explanation(
+            cause=f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
+            "how it is used. Pass `loss=` to check() to walk the loss's graph.", fix=use, reason="unknown_not_a_parameter")
+    if watched_from_start:
+        return Explanation(
+            cause="unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+            "walk the loss's graph.", fix=use, reason="unknown_hooks_off")
+    return Explanation(cause=UNKNOWN_CAUSE, fix=use, reason="unknown")
+
+
+def no_grad_at_all(names: Sequence[str], *, step: int | None,
+                   optimizers: Sequence[torch.optim.Optimizer] = ()) -> Finding:
+    """One finding for a check that found no gradient on any trainable tensor (every name an alias,
+    so ``ignore=`` patterns on parameter names still apply)."""
+    return make(
+        "missing_grad", ALL_PARAMETERS, "error",
+        f"none of the {len(names)} trainable tensors has a gradient.",
+        "no gradient exists at all: the check ran before `loss.backward()` or after "
+        "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
+        "`step()` (then nothing trains).",
+        "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
+        + cleared_fix(optimizers[0] if len(optimizers) == 1 else None) + ", never between `backward()` and `step()`",
+        step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
+    )
+
+
+def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
+    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``details["observed"]``)."""
+    return finding.replace(
+        severity="info", status="intermittent", last_step=step, cause=finding.cause, fix=finding.fix,
+        message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
+        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
+        details={**{k: v for k, v in finding.details.items() if k != "pending"}, "checks": checks,  # it waits for nothing
+                 "steps_without_grad": misses, "reason": "intermittent", "observed": observed(finding)})

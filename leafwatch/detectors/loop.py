@@ -20,18 +20,19 @@ from __future__ import annotations
 import dataclasses
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 
-from ..report.findings import Status
+from ..report.findings import Finding, Status
 from ..report.history import FindingsView
 from ..observe.inventory import shape_text
 from ..observe.loop import SKIPPED_AFTER, ArrivalHooks, Skipping, StepSentinels
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts
-from . import constructors as checks
+from . import fixes
+from .constructors import make, observed
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
 LR_READ_EVERY = 10
@@ -90,13 +91,13 @@ class ClearedGradients:
                 out.append(Verdict.resolve(key, step))
         if everything:
             self.all_cleared.add(where)
-            out.append(Verdict.open(checks.grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
+            out.append(Verdict.open(grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
                                                             optimizer=optimizer)))
         else:
             for i in cleared:
                 p, name, info = clist.params[i], clist.names[i], clist.infos[i]
                 self.ongoing[id(p)] = name
-                out.append(Verdict.open(checks.grad_cleared(name, p, where=where, step=step,
+                out.append(Verdict.open(grad_cleared(name, p, where=where, step=step,
                                                             aliases=info.aliases if info else ())))
         keep = set(cleared)
         return [i for i in missing if i not in keep], sorted(cleared_ids), out
@@ -113,7 +114,7 @@ class ClearedGradients:
                 status=Status.RESOLVED, last_step=step, cause=old.cause, fix=old.fix,
                 message=f"`{name}`'s gradient was cleared before the optimizer step from step "
                 f"{old.first_step} to step {old.last_step}; {since}.",
-                details={**old.details, "reason": "clearing_ended", "observed": checks.observed(old)}))]
+                details={**old.details, "reason": "clearing_ended", "observed": observed(old)}))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -166,7 +167,7 @@ class LearningRates:
             if checks_done - state.zero_since_check >= LR_ZERO_AFTER and state.reported is None:
                 tensor_names = [names(p) or shape_text(p) for p in group["params"] if p.requires_grad]
                 state.reported = f"{where}.param_groups[{j}]"
-                out.append(Verdict.open(checks.zero_lr(
+                out.append(Verdict.open(zero_lr(
                     state.reported, tensor_names, configured=configured, since=state.zero_since_step,
                     steps=checks_done - state.zero_since_check, step=step,
                     scheduler=find_scheduler(optimizer), managed="initial_lr" in group)))
@@ -251,7 +252,7 @@ class SkippedSteps:
             return False, []
         if not self.view.open_names("nonfinite_grad").isdisjoint(clist.names):
             state.reported = True
-            return False, [Verdict.open(checks.steps_skipped(optimizer_name(index), clist.names, skipped=seen.skipped,
+            return False, [Verdict.open(steps_skipped(optimizer_name(index), clist.names, skipped=seen.skipped,
                                                              since=seen.skipping_since, step=step))]
         state.forced += 1
         return state.forced <= _EVIDENCE_CHECKS, []
@@ -311,3 +312,89 @@ class LoopWatch:
         """The gradients found cleared since the last call (then forgotten): the arrival hooks follow them too."""
         cleared, self._cleared_now = tuple(self._cleared_now), []
         return cleared
+
+
+# -- its words ---------------------------------------------------------------------------------
+_CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
+                  "`zero_grad()` is called between `backward()` and `step()`")
+def cleared_fix(optimizer: Any = None, variables: Any = None) -> str:
+    """Where ``zero_grad()`` belongs, on the user's optimizer variable when known."""
+    variable = fixes.variable_for(optimizer, variables) if optimizer is not None else None
+    if variable is not None:
+        return f"call `{variable}.zero_grad()` before the forward pass (or right after `{variable}.step()`)"
+    return "call your optimizer's `zero_grad()` before the forward pass (or right after its `step()`)"
+
+
+def _listed(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def grad_cleared_all(where: str, names: list[str], *, step: int | None, optimizer: Any = None) -> Finding:
+    """Every gradient of the optimizer about to step arrived in backward and was cleared."""
+    n = len(names)
+    return make(
+        "grad_cleared", where, "error",
+        f"`{where}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
+        f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
+        _CLEARED_CAUSE + ".", cleared_fix(optimizer),
+        step=step, aliases=names, reason="cleared", tensors=n,
+    )
+
+
+def grad_cleared(name: str, t: torch.Tensor, *, where: str, step: int | None,
+                 aliases: Iterable[str] = ()) -> Finding:
+    """Some gradients of the optimizer about to step were cleared after backward (a schedule)."""
+    return make(
+        "grad_cleared", name, "info",
+        f"`{name}` got its gradient in backward(), but it was cleared before `{where}` stepped: "
+        "it does not train at this step.",
+        f"backward reached `{name}`; the training loop cleared its gradient (`.grad = None` or "
+        f"`zero_()`) before the step while the other tensors of `{where}` kept theirs: a schedule "
+        "that withholds gradients on purpose (a layer frozen for the first epoch, a head held back "
+        "during warm-up), which resumes later.",
+        "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop "
+        f"clearing `{name}.grad` between backward() and step()",
+        tensor=t, step=step, aliases=aliases, reason="cleared_on_purpose", optimizer=where,
+    )
+
+
+def zero_lr(where: str, names: list[str], *, configured: float, since: int | None, steps: int,
+            step: int | None, scheduler: str | None, managed: bool) -> Finding:
+    """A param group stepped with a learning rate of 0 for many checks while it gets gradients."""
+    if scheduler is not None:
+        cause = (f"its learning rate scheduler `{scheduler}` sets lr to 0 (its `initial_lr` is "
+                 f"{configured:g}): the schedule returns 0 at every step.")
+        fix = (f"check `{scheduler}`'s schedule: it should give a non-zero factor after warm-up "
+               "(e.g. `LambdaLR` multiplies `initial_lr` by what its function returns)")
+    elif managed:
+        cause = (f"a learning rate scheduler sets lr to 0 (the group's `initial_lr` is {configured:g}): "
+                 "the schedule returns 0 at every step.")
+        fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
+    else:
+        cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
+        fix = "find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if that is intended"
+    return make(
+        "no_update", where, "warning",
+        f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "
+        f"reading since step {since}): "
+        "its tensors get gradients and never change.",
+        cause, fix, step=step, aliases=names, reason="zero_lr", configured_lr=configured,
+        zero_since_step=since, scheduler=scheduler,
+    )
+
+
+def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None) -> Finding:
+    """An optimizer whose step was skipped many times in a row (a GradScaler and NaN/Inf)."""
+    seen = " (see the `nonfinite_grad` findings)"
+    return make(
+        "no_update", where, "warning",
+        f"`{where}` has not stepped for {skipped} steps: backward ran, but `optimizer.step()` "
+        "was not called, so its tensors do not change.",
+        "an AMP `GradScaler` skips `optimizer.step()` whenever the gradients hold NaN or Inf and "
+        f"halves its scale: the gradients have been non-finite at every step since step {since}{seen}, "
+        "so the scale collapses and nothing trains.",
+        "find the first op that gives NaN/Inf (`torch.autograd.detect_anomaly()` for one step): "
+        "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after `scaler.unscale_()`)",
+        step=step, aliases=tuple(names), reason="skipped_steps", skipped=skipped, since_step=since,
+    )

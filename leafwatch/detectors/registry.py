@@ -77,19 +77,19 @@ DETECTORS: tuple[Detector, ...] = (
         "causes.substituted": ("missing_grad", "substituted_weights"),
         "causes.at_the_only_step": ("missing_grad", "never_ran_at_the_only_step", "unknown_at_the_only_step"),
         # ... or, without them, what the loss given says, or why nothing can be said
-        "constructors._without_hooks": ("missing_grad", "loss_without_graph", "unreachable", "not_backpropagated",
+        "gradients._without_hooks": ("missing_grad", "loss_without_graph", "unreachable", "not_backpropagated",
                                         "unknown_not_a_parameter", "unknown_hooks_off", "unknown"),
         "gradients.GradientTracker._unexplained": ("missing_grad", "pending", "traced_nothing"),
         "gradients.GradientTracker._recovered": ("missing_grad", "came_back"),
-        "constructors.intermittent": ("missing_grad", "intermittent"),
+        "gradients.intermittent": ("missing_grad", "intermittent"),
         "gradients._stalled": ("missing_grad", "stalled"),
         "held._judged": ("missing_grad", "not_a_target", "target_undecided", "not_layerdrop", "layerdrop_undecided"),
         # the loop watch
-        "constructors.grad_cleared_all": ("grad_cleared", "cleared"),
-        "constructors.grad_cleared": ("grad_cleared", "cleared_on_purpose"),
+        "loop.grad_cleared_all": ("grad_cleared", "cleared"),
+        "loop.grad_cleared": ("grad_cleared", "cleared_on_purpose"),
         "loop.ClearedGradients._resumed": ("grad_cleared", "clearing_ended"),
-        "constructors.zero_lr": ("no_update", "zero_lr"),
-        "constructors.steps_skipped": ("no_update", "skipped_steps")}),
+        "loop.zero_lr": ("no_update", "zero_lr"),
+        "loop.steps_skipped": ("no_update", "skipped_steps")}),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on, voices={
         "constructors.non_leaf": ("non_leaf", "not_a_leaf"),
         "constructors.not_requiring_grad": ("missing_grad", "requires_grad_false"),
@@ -109,7 +109,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
     Detector("the loss-graph check", outside.undecided, CLOSE),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={
-        "constructors.no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
+        "gradients.no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
 )
 
 #: The voices of what is decided outside one check's detectors: the merge of the ranks' reports

@@ -198,11 +198,10 @@ class Monitor:
                 quiet = self._gatherer is None and (not self._sinks.sinks or (self._sinks.changes_only
                                                     and self.history_store.revision == checker.emitted_revision))
                 event: CheckEvent | None = None if quiet else checker.event(optimizer)
-                report = checker.report() if quiet else None
+                report = checker.report() if event is None else event.report
             except Exception as error:
-                event, report = checker.failed_event("the check", error), None
-            if event is not None:
-                report = event.report
+                event = checker.failed_event("the check", error)
+                report = event.report if event is not None else None
             if report is not None:
                 self._report = report
             if self._gatherer is not None:
@@ -318,7 +317,6 @@ class Monitor:
         self.structure.restore_checks(checks_done)
         self._report = self.history_store.report(self.step)
 
-    # -- the check ---------------------------------------------------------------------------
     def wait_for_optimizers(self, checks_: int,
                             waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
                             outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,

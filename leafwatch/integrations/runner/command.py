@@ -110,7 +110,6 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         raise ValueError(f"`patience` must be an int >= 1, got {patience!r}")
     session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
     session.install()
-    code: int
     stopped: StrictStop | None = None
     try:
         code = run_target(script, module, argv)

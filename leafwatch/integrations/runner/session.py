@@ -66,7 +66,6 @@ class Session:
         self.report: Report | None = None
         self.found = Discovery(on_roots=self._roots_changed)
         self._writer: Any = None
-        self._sink: Any = None
         # (what the end of a run too short for a check decides is said in the summary only)
         self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
         self._step_hooks = StepHooks(self._checked_step, global_hooks=False)
@@ -148,8 +147,7 @@ class Session:
                 from ..tensorboard import TensorBoardSink
 
                 self._writer = self._writer or SummaryWriter(self.logdir)
-                self._sink = TensorBoardSink(self._writer)
-                sinks.append(self._sink)
+                sinks.append(TensorBoardSink(self._writer))
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
         monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
@@ -192,9 +190,6 @@ class Session:
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()
-                if self._sink is not None:
-                    # The last record carries the final step, even when nothing changed since.
-                    self._sink.close(Report(report.tensors(), step=report.step))
             elif self.monitor is not None and self.found.optimizers:  # too few steps for a check
                 self.found.update_roots()
                 report = self.monitor.decide_unchecked(self.steps, self.found.optimizers, self._first_misses, self.found.seen)

@@ -82,19 +82,15 @@ class LeafwatchAudit:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         if item.get_closest_marker("leafwatch_skip") is None:
             options = _marker_options(item)  # a bad marker is the test's error: its setup fails
-            self._start(item, options)
+            try:
+                from .runner import Session  # torch is imported only now
+
+                session = Session(stream=io.StringIO(), **options)  # the table goes to the report
+                session.install()
+                item.stash[_SESSION] = session
+            except Exception as error:  # leafwatch's own failure: the test runs unaudited
+                self._warn("installing the hooks", error)
         return (yield)
-
-    def _start(self, item: pytest.Item, options: dict[str, Any]) -> None:
-        try:
-            from .runner import Session  # torch is imported only now
-
-            session = Session(stream=io.StringIO(), **options)  # the table goes to the report
-            session.install()
-        except Exception as error:  # leafwatch's own failure: the test runs unaudited
-            self._warn("installing the hooks", error)
-            return
-        item.stash[_SESSION] = session
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:

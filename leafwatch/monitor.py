@@ -399,7 +399,6 @@ class StepHooks:
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:
     """``check()``'s arguments validated; the real optimizer under a wrapper the Monitor does not know."""
     if optimizer is not None and structure_.optimizer_index(optimizer) is None:
-        # Unknown (a wrapper, or an optimizer to adopt): the real optimizer under it.
         try:
             optimizer = inventory.as_optimizer(optimizer)
         except TypeError:

@@ -495,17 +495,10 @@ def spread_on_purpose(inv: Inventory) -> bool:
 
 def device_on_purpose(module: str, device: str, below: dict[str, set[str]], spread: bool) -> bool:
     """A parameter on another device than most is placed there on purpose when the model says
-    so (``spread``: a ``device_map``), or when its whole module (every trainable tensor below
-    it) lives on that device and that module is not the root: pipeline stages, CPU-offloaded
-    embeddings. A tensor that differs from its own module, or a parameter of the root alone,
-    was moved by accident.
-
-    Args:
-        module: The qualified name of the module that owns the parameter ("" for the root).
-        device: The parameter's device, as a string.
-        below: Module name -> the devices of every trainable tensor at or below it.
-        spread: Whether the model declares a device map.
-    """
+    so (``spread``: a ``device_map``), or when its whole ``module`` ("" for the root; ``below``:
+    module name -> the devices of every trainable tensor at or below it) lives on that device and
+    that module is not the root: pipeline stages, CPU-offloaded embeddings. A tensor that differs
+    from its own module, or a parameter of the root alone, was moved by accident."""
     return spread or (module != "" and below.get(module) == {device})
 
 

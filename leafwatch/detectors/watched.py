@@ -42,9 +42,6 @@ class WatchedTracker:
 
     A watched finding that does not recur (a gradient arrived, or the tensor is gone) is
     resolved; that scan runs only while such a finding can be open, not every step.
-
-    Args:
-        view: The findings so far (read-only).
     """
 
     def __init__(self, view: FindingsView) -> None:

@@ -212,8 +212,7 @@ class Session:
         found = self.found
         if not found.optimizers:
             return "leafwatch: no optimizer stepped, nothing was checked."
-        plural = "s" if self.steps != 1 else ""
-        text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        text = f"leafwatch: summary after {self.steps} optimizer step{'s' if self.steps != 1 else ''}\n{report}"
         failed = self.failed_parts
         if failed:
             text += (f"\nleafwatch: incomplete: {', '.join(failed)} failed inside leafwatch (warned above); "

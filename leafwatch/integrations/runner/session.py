@@ -139,18 +139,15 @@ class Session:
                                                     for p in g["params"] if p.requires_grad and p.grad is None]))
 
     def _make_monitor(self) -> _RunMonitor:
-        sinks: list[Any] = [self._lines]
         if self.logdir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                from ..tensorboard import TensorBoardSink
-
                 self._writer = self._writer or SummaryWriter(self.logdir)
-                sinks.append(TensorBoardSink(self._writer))
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
-        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
+        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
+                              roots=self.found.roots, writer=self._writer)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,

@@ -331,10 +331,9 @@ class Monitor:
 
 
 class StepHooks:
-    """Checks before each ``optimizer.step()`` (after it for a step with a closure, ``LBFGS``,
-    which computes its gradients inside ``step()``); the handles are removed at close. An
-    observing Monitor's also hold the counted global hooks (registration, optimizers stepping)
-    until :meth:`remove`; ``audit()``'s hold none."""
+    """Checks before each ``optimizer.step()`` (after it for a step with a closure, as
+    :meth:`Monitor.attach` says); :meth:`remove` removes the handles and releases the counted
+    global hooks (registration, optimizers stepping) an observing Monitor's hold."""
 
     def __init__(self, check: Callable[[torch.optim.Optimizer], Any], global_hooks: bool = True) -> None:
         self._check = check

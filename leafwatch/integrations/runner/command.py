@@ -1,7 +1,6 @@
 """The ``leafwatch run`` command: run a script (or ``-m module``) as ``__main__`` under a
 :class:`~leafwatch.integrations.runner.session.Session`, print the summary, and exit with the
-code :func:`exit_code` gives (the script's own non-zero code, then 2 for usage, 1 for an open
-error under ``--strict``, 70 for an incomplete check under ``--strict``, then 0)."""
+code :func:`exit_code` gives."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from ...report.findings import Report
@@ -33,10 +34,8 @@ def _system_exit_code(code: Any) -> int:
         return 0
     if isinstance(code, int):
         return code
-    try:
+    with suppress(Exception):
         sys.stderr.write(f"{code}\n")
-    except Exception:
-        pass
     return 1
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from contextlib import suppress
 from functools import partial
 from typing import Any, TextIO
 
@@ -99,9 +100,7 @@ class Session:
         self._checking = True
         try:
             self._step(optimizer)
-        except StrictStop:
-            raise
-        except Exception as error:  # never stop training for leafwatch's own failure
+        except Exception as error:  # leafwatch's own failure never stops training (StrictStop is no Exception)
             self._warn("the optimizer step hook", error)
         finally:
             self._checking = False
@@ -170,11 +169,9 @@ class Session:
 
     def write(self, text: str) -> None:
         """One line to :attr:`stream` (a closed stream is ignored: it must not break the script)."""
-        try:
+        with suppress(Exception):
             self.stream.write(text + "\n")
             self.stream.flush()
-        except Exception:
-            pass
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> Report:

@@ -423,8 +423,7 @@ def _describe_containers(kinds: tuple[str, ...]) -> str:
 
 def _owner(inv: Inventory, name: str) -> Any:
     """The module that holds the attribute an orphan's name starts with (``sub.blocks[0].w`` -> ``sub``)."""
-    path = name.split("[")[0]
-    return inv.modules.get(path.rpartition(".")[0] if "." in path else "")
+    return inv.modules.get(name.split("[")[0].rpartition(".")[0])
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:

@@ -198,11 +198,10 @@ class Monitor:
                 quiet = self._gatherer is None and (not self._sinks.sinks or (self._sinks.changes_only
                                                     and self.history_store.revision == checker.emitted_revision))
                 event: CheckEvent | None = None if quiet else checker.event(optimizer)
-                report = checker.report() if quiet else None
+                report = checker.report() if event is None else event.report
             except Exception as error:
-                event, report = checker.failed_event("the check", error), None
-            if event is not None:
-                report = event.report
+                event = checker.failed_event("the check", error)
+                report = event.report if event is not None else None
             if report is not None:
                 self._report = report
             if self._gatherer is not None:
@@ -318,7 +317,6 @@ class Monitor:
         self.structure.restore_checks(checks_done)
         self._report = self.history_store.report(self.step)
 
-    # -- the check ---------------------------------------------------------------------------
     def wait_for_optimizers(self, checks_: int,
                             waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
                             outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
@@ -333,10 +331,9 @@ class Monitor:
 
 
 class StepHooks:
-    """Checks before each ``optimizer.step()`` (after it for a step with a closure, ``LBFGS``,
-    which computes its gradients inside ``step()``); the handles are removed at close. An
-    observing Monitor's also hold the counted global hooks (registration, optimizers stepping)
-    until :meth:`remove`; ``audit()``'s hold none."""
+    """Checks before each ``optimizer.step()`` (after it for a step with a closure, as
+    :meth:`Monitor.attach` says); :meth:`remove` removes the handles and releases the counted
+    global hooks (registration, optimizers stepping) an observing Monitor's hold."""
 
     def __init__(self, check: Callable[[torch.optim.Optimizer], Any], global_hooks: bool = True) -> None:
         self._check = check
@@ -401,7 +398,6 @@ class StepHooks:
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:
     """``check()``'s arguments validated; the real optimizer under a wrapper the Monitor does not know."""
     if optimizer is not None and structure_.optimizer_index(optimizer) is None:
-        # Unknown (a wrapper, or an optimizer to adopt): the real optimizer under it.
         try:
             optimizer = inventory.as_optimizer(optimizer)
         except TypeError:

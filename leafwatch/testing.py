@@ -81,10 +81,19 @@ def _validated(model: Any, optimizer: Any, step: Any, steps: Any) -> tuple[list[
     """The optimizers as a list and ``steps`` as an int; TypeError/ValueError on bad arguments."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"`model` must be a torch.nn.Module, got {type(model).__name__}: {model!r:.80}")
-    optimizers = _optimizers(optimizer)
+    if isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = [optimizer]
+    elif isinstance(optimizer, (str, bytes)) or not isinstance(optimizer, Sequence):
+        raise TypeError("`optimizer` must be a torch.optim.Optimizer or a sequence of them, "
+                        f"got {type(optimizer).__name__}: {optimizer!r:.80}")
+    elif not optimizer:
+        raise ValueError("`optimizer` must name at least one optimizer, got an empty sequence")
+    for i, opt in enumerate(optimizer):
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"`optimizer[{i}]` must be a torch.optim.Optimizer, got {type(opt).__name__}: {opt!r:.80}")
     if not callable(step):
         raise TypeError(f"`step` must be a callable that runs one training step, got {type(step).__name__}: {step!r:.80}")
-    return optimizers, validate_int(steps, "steps", 1)
+    return list(optimizer), validate_int(steps, "steps", 1)
 
 
 def _run(monitor: Monitor, optimizers: list[torch.optim.Optimizer], step: Callable[[], Any],
@@ -129,18 +138,3 @@ def _fail_on_errors(report: Report, steps: int) -> None:
         raise LeafwatchAssertionError(
             f"leafwatch.assert_trains: {len(failing)} error finding(s) open after {_calls(steps)}: "
             f"{', '.join(f'{f.kind} `{f.name}`{tensor_count(f)}' for f in failing)}\n{report}", report=report)
-
-
-def _optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return [optimizer]
-    if isinstance(optimizer, (str, bytes)) or not isinstance(optimizer, Sequence):
-        raise TypeError("`optimizer` must be a torch.optim.Optimizer or a sequence of them, "
-                        f"got {type(optimizer).__name__}: {optimizer!r:.80}")
-    if not optimizer:
-        raise ValueError("`optimizer` must name at least one optimizer, got an empty sequence")
-    for i, opt in enumerate(optimizer):
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"`optimizer[{i}]` must be a torch.optim.Optimizer, got {type(opt).__name__}: {opt!r:.80}")
-    return list(optimizer)
-

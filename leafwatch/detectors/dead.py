@@ -23,11 +23,7 @@ DEAD_AFTER = 3
 
 
 class DeadGradTracker:
-    """Per name, how many value checks in a row saw an exactly-zero gradient.
-
-    Args:
-        view: The findings so far (read-only).
-    """
+    """Per name, how many value checks in a row saw an exactly-zero gradient (``view``: the findings so far)."""
 
     def __init__(self, view: FindingsView) -> None:
         self.view = view

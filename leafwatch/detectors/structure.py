@@ -26,7 +26,6 @@ from ..observe import replaced
 from ..observe.structure import appeared
 from .constructors import make, non_leaf, silence_hint, watched_findings
 from ..options import warn_unmatched_ignore
-
 from ..observe.evidence import Evidence
 
 
@@ -62,7 +61,6 @@ def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Ver
         warn_unmatched_ignore(history.ignore, inv.all_names() | {e.name for e in checker.watch_entries()})
     checker.say_if_nothing_to_check(inv, out)
     return out
-
 
 
 def verdicts(view: FindingsView, found: Iterable[Finding], step: int | None,
@@ -192,27 +190,25 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
         message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
                    "step either: it never trains.")
     seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
+    saw = {} if got_grad is None else {"got_grad": got_grad}
     if seen is not None and inventory is not None and inventory.optimizers:
-        return _created_after(info, p, seen, message, step, inventory, got_grad)
+        return _created_after(info, p, seen, message, step, inventory, saw)
     if info.buffer:
         return make(
             "not_in_optimizer", name, "error", message,
             f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
             "so the optimizer was built without it.",
-            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad",
-            **({} if got_grad is None else {"got_grad": got_grad}))
+            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad", **saw)
     return make(
         "not_in_optimizer", name, "error", message,
         f"`{name}` was left out when the optimizer's parameter list was built.",
         f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
         + silence_hint(name, info.module),
-        tensor=p, step=step, aliases=info.aliases, reason="left_out",
-        **({} if got_grad is None else {"got_grad": got_grad}),
-    )
+        tensor=p, step=step, aliases=info.aliases, reason="left_out", **saw)
 
 
 def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
-                   inv: Inventory, got_grad: bool | None) -> Finding:
+                   inv: Inventory, saw: dict[str, bool]) -> Finding:
     """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
     create it while leafwatch was watching, after its optimizer was built."""
     where, function = seen
@@ -225,8 +221,7 @@ def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], mess
     else:
         fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
     return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
-                aliases=info.aliases, reason="created_after_optimizer",
-                **({} if got_grad is None else {"got_grad": got_grad}))
+                aliases=info.aliases, reason="created_after_optimizer", **saw)
 
 
 def _buffer_fix(info: ParamInfo) -> str:
@@ -250,39 +245,34 @@ def _add_fix(name: str, inv: Inventory | None) -> str:
     return fixes.give_to_optimizer([name], inv)
 
 
-def _rebuild_fix(names: Sequence[str], inv: Inventory | None, optimizer: int | None, params: str | None = None) -> str:
+def _rebuild_fix(names: Sequence[str], inv: Inventory, optimizer: int | None, params: str | None = None) -> str:
     """Give the new tensors (``params``: their code, when known as a whole) to the optimizer that
     holds the old ones, or rebuild it (same class and groups)."""
-    model = inv.model if inv is not None else None
-    optimizers = inv.optimizers if inv is not None else []
+    optimizers, known, cache = inv.optimizers, inv.variables, inv.fix_names
     chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
-    cache = inv.fix_names if inv is not None else None
-    if fixes.framework(model, cache) == "lightning":
+    if fixes.framework(inv.model, cache) == "lightning":
         return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
                 "`__init__`), so that it holds the new parameters")
-    known = inv.variables if inv is not None else None
     variable = next((v for v in (fixes.variable_for(o, known, cache) for o in chosen) if v is not None), None)
     which = f"`{variable}`" if variable else "your optimizer"
-    add = fixes.add_to_optimizer(params, chosen, model=model, what="the new parameters", known=known, cache=cache) \
+    add = fixes.add_to_optimizer(params, chosen, model=inv.model, what="the new parameters", known=known, cache=cache) \
         if params else fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
     return (add + f"; or rebuild {which} after the last change to the model, with the same class and groups")
 
 
-def _regroup_fix(inv: Inventory | None, optimizer: int) -> str:
+def _regroup_fix(inv: Inventory, optimizer: int) -> str:
     """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
-    model = inv.model if inv is not None else None
-    held = inv.optimizers[optimizer] if inv is not None and 0 <= optimizer < len(inv.optimizers) else None
-    cache = inv.fix_names if inv is not None else None
-    if fixes.framework(model, cache) == "lightning":
+    held = inv.optimizers[optimizer] if 0 <= optimizer < len(inv.optimizers) else None
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
         return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
                 "`__init__`), so that it holds the current parameters")
-    variable = fixes.variable_for(held, inv.variables if inv is not None else None, cache)
+    variable = fixes.variable_for(held, inv.variables, inv.fix_names)
     which = f"`{variable}` (your `{type(held).__name__}`)" if variable else "your optimizer"
     return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
             "so that it holds the current parameters")
 
 
-def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory | None = None) -> Finding:
+def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     name, old = pair.name, pair.old
     old_shape, new_shape = shape_of(old), shape_of(pair.new)
@@ -329,7 +319,7 @@ def stale_group_key(optimizer: int) -> str:
 
 
 def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
-                inv: Inventory | None = None, harmless: bool = False) -> Finding:
+                inv: Inventory, harmless: bool = False) -> Finding:
     """The old tensors of one optimizer that no current parameter replaced: one finding for all.
 
     ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were
@@ -356,7 +346,7 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
         cause, _regroup_fix(inv, optimizer), **details, reason="old_tensors")
 
 
-def _stale_leftovers(optimizer: int, n: int, known: str, lazy: int, inv: Inventory | None, details: dict[str, Any]) -> Finding:
+def _stale_leftovers(optimizer: int, n: int, known: str, lazy: int, inv: Inventory, details: dict[str, Any]) -> Finding:
     """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
     them = "them" if n != 1 else "it"
     cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
@@ -433,8 +423,7 @@ def _describe_containers(kinds: tuple[str, ...]) -> str:
 
 def _owner(inv: Inventory, name: str) -> Any:
     """The module that holds the attribute an orphan's name starts with (``sub.blocks[0].w`` -> ``sub``)."""
-    path = name.split("[")[0]
-    return inv.modules.get(path.rpartition(".")[0] if "." in path else "")
+    return inv.modules.get(name.split("[")[0].rpartition(".")[0])
 
 
 def _devices(inv: Inventory, step: int | None) -> list[Finding]:
@@ -505,17 +494,10 @@ def spread_on_purpose(inv: Inventory) -> bool:
 
 def device_on_purpose(module: str, device: str, below: dict[str, set[str]], spread: bool) -> bool:
     """A parameter on another device than most is placed there on purpose when the model says
-    so (``spread``: a ``device_map``), or when its whole module (every trainable tensor below
-    it) lives on that device and that module is not the root: pipeline stages, CPU-offloaded
-    embeddings. A tensor that differs from its own module, or a parameter of the root alone,
-    was moved by accident.
-
-    Args:
-        module: The qualified name of the module that owns the parameter ("" for the root).
-        device: The parameter's device, as a string.
-        below: Module name -> the devices of every trainable tensor at or below it.
-        spread: Whether the model declares a device map.
-    """
+    so (``spread``: a ``device_map``), or when its whole ``module`` ("" for the root; ``below``:
+    module name -> the devices of every trainable tensor at or below it) lives on that device and
+    that module is not the root: pipeline stages, CPU-offloaded embeddings. A tensor that differs
+    from its own module, or a parameter of the root alone, was moved by accident."""
     return spread or (module != "" and below.get(module) == {device})
 
 

@@ -41,13 +41,8 @@ def finish(checker: Any, _: Any) -> Verdicts:
 
 
 class GradientValues:
-    """Checks gradient values at its cadence; its verdicts are ``nonfinite_grad`` / ``dead_grad``.
-
-    Args:
-        structure_: The structure cache (the check lists; how gradients are read when sharded).
-        view: The findings so far (read-only).
-        every: The cadence in checks (0: off).
-    """
+    """Checks gradient values every ``every`` checks (0: off); its verdicts are ``nonfinite_grad`` /
+    ``dead_grad``. ``structure_`` gives the check lists and how gradients are read when sharded."""
 
     def __init__(self, structure_: structure.StructureCache, view: FindingsView, every: int) -> None:
         self.structure = structure_

@@ -19,7 +19,6 @@ from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
 from . import constructors as checks
 from . import outside
-
 from ..observe.evidence import Evidence
 
 
@@ -43,9 +42,6 @@ class WatchedTracker:
 
     A watched finding that does not recur (a gradient arrived, or the tensor is gone) is
     resolved; that scan runs only while such a finding can be open, not every step.
-
-    Args:
-        view: The findings so far (read-only).
     """
 
     def __init__(self, view: FindingsView) -> None:
@@ -121,7 +117,7 @@ class WatchedTracker:
     def decide(self, f: Finding) -> Finding | None:
         """At the end of the run: a held watched finding is open unless the tensor changed since
         the check that held it (updated by hand)."""
-        entry = next((e for e in self._counts.values() if e[0].name == f.name), None)
+        entry = self._counts.get(f.name)
         t = entry[0].tensor() if entry is not None else None
         if t is None or self._hand.verdict(t, final=True) == "by_hand":
             return None

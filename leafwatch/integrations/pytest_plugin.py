@@ -82,19 +82,15 @@ class LeafwatchAudit:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, None, None]:
         if item.get_closest_marker("leafwatch_skip") is None:
             options = _marker_options(item)  # a bad marker is the test's error: its setup fails
-            self._start(item, options)
+            try:
+                from .runner import Session  # torch is imported only now
+
+                session = Session(stream=io.StringIO(), **options)  # the table goes to the report
+                session.install()
+                item.stash[_SESSION] = session
+            except Exception as error:  # leafwatch's own failure: the test runs unaudited
+                self._warn("installing the hooks", error)
         return (yield)
-
-    def _start(self, item: pytest.Item, options: dict[str, Any]) -> None:
-        try:
-            from .runner import Session  # torch is imported only now
-
-            session = Session(stream=io.StringIO(), **options)  # the table goes to the report
-            session.install()
-        except Exception as error:  # leafwatch's own failure: the test runs unaudited
-            self._warn("installing the hooks", error)
-            return
-        item.stash[_SESSION] = session
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -148,18 +144,16 @@ class LeafwatchAudit:
         if not self.audited:
             terminalreporter.write_line("leafwatch: no test stepped an optimizer, nothing was checked.")
             return
-        plural = "s" if self.audited != 1 else ""
         terminalreporter.write_line(
-            f"leafwatch: {self.audited} test{plural} stepped an optimizer; "
+            f"leafwatch: {self.audited} test{'s' if self.audited != 1 else ''} stepped an optimizer; "
             f"{len(self.failed)} left an error finding open{': ' if self.failed else '.'}"
             + ", ".join(self.failed))
 
 
 def failure_message(failing: list[Finding], steps: int) -> str:
     """The failure's first lines: which tensors will not train (the table is in the section)."""
-    plural = "s" if steps != 1 else ""
     lines = [f"leafwatch: the training in this test left {len(failing)} error finding(s) open "
-             f"after {steps} optimizer step{plural}:"]
+             f"after {steps} optimizer step{'s' if steps != 1 else ''}:"]
     for f in failing:
         lines.append(f"  {f.kind} `{f.name}`{tensor_count(f)}: {f.message}")
         if f.fix:

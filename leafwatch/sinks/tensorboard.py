@@ -97,8 +97,7 @@ class TensorBoardSink:
         self.chunk_steps = chunk_steps
         # A live run's grid is refreshed a few times per chunk: every rewrite repeats the chunk so far.
         self.refresh_every_n_steps = max(log_every_n_steps, chunk_steps // 4)
-        self._write_layout = write_layout
-        self._layout_written = False
+        self._layout_pending = write_layout
         self._counts: dict[str, int] | None = None
         self._chunk: int | None = None
         self._groups: dict[str, _Group] = {}
@@ -115,8 +114,8 @@ class TensorBoardSink:
     def __call__(self, event: CheckEvent) -> None:
         step = event.step
         self._last_step = step
-        if self._write_layout and not self._layout_written:
-            self._layout_written = True
+        if self._layout_pending:
+            self._layout_pending = False
             self._add_layout()
         counts = event.report.counts()
         periodic = step == 1 or step % self.log_every_n_steps == 0

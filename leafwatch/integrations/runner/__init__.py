@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from ...options import parse_ignore
 from .command import EXIT_CODES_HELP, INCOMPLETE_EXIT_CODE, STRICT_EXIT_CODE, USAGE_EXIT_CODE, configure_run_parser, exit_code, run, run_main, run_target
-from ...observe.discovery import STABLE_STEPS, Discovery, user_frames
 from .session import EVERY_STEP_VALUE_CHECKS, LATE_OPTIMIZER_CHECKS, Session, StrictStop
 
 __all__ = [
@@ -25,10 +24,8 @@ __all__ = [
     "EXIT_CODES_HELP",
     "INCOMPLETE_EXIT_CODE",
     "LATE_OPTIMIZER_CHECKS",
-    "STABLE_STEPS",
     "STRICT_EXIT_CODE",
     "USAGE_EXIT_CODE",
-    "Discovery",
     "Session",
     "StrictStop",
     "configure_run_parser",
@@ -37,5 +34,4 @@ __all__ = [
     "run",
     "run_main",
     "run_target",
-    "user_frames",
 ]

@@ -1,7 +1,6 @@
 """The ``leafwatch run`` command: run a script (or ``-m module``) as ``__main__`` under a
 :class:`~leafwatch.integrations.runner.session.Session`, print the summary, and exit with the
-code :func:`exit_code` gives (the script's own non-zero code, then 2 for usage, 1 for an open
-error under ``--strict``, 70 for an incomplete check under ``--strict``, then 0)."""
+code :func:`exit_code` gives."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import runpy
 import sys
 import traceback
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 from ...report.findings import Report
@@ -34,10 +34,8 @@ def _system_exit_code(code: Any) -> int:
         return 0
     if isinstance(code, int):
         return code
-    try:
+    with suppress(Exception):
         sys.stderr.write(f"{code}\n")
-    except Exception:
-        pass
     return 1
 
 
@@ -110,7 +108,6 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         raise ValueError(f"`patience` must be an int >= 1, got {patience!r}")
     session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
     session.install()
-    code: int
     stopped: StrictStop | None = None
     try:
         code = run_target(script, module, argv)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 import weakref
+from contextlib import suppress
 from functools import partial
 from typing import Any, TextIO
 
@@ -66,7 +67,6 @@ class Session:
         self.report: Report | None = None
         self.found = Discovery(on_roots=self._roots_changed)
         self._writer: Any = None
-        self._sink: Any = None
         # (what the end of a run too short for a check decides is said in the summary only)
         self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
         self._step_hooks = StepHooks(self._checked_step, global_hooks=False)
@@ -100,9 +100,7 @@ class Session:
         self._checking = True
         try:
             self._step(optimizer)
-        except StrictStop:
-            raise
-        except Exception as error:  # never stop training for leafwatch's own failure
+        except Exception as error:  # leafwatch's own failure never stops training (StrictStop is no Exception)
             self._warn("the optimizer step hook", error)
         finally:
             self._checking = False
@@ -140,19 +138,15 @@ class Session:
                                                     for p in g["params"] if p.requires_grad and p.grad is None]))
 
     def _make_monitor(self) -> _RunMonitor:
-        sinks: list[Any] = [self._lines]
         if self.logdir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                from ..tensorboard import TensorBoardSink
-
                 self._writer = self._writer or SummaryWriter(self.logdir)
-                self._sink = TensorBoardSink(self._writer)
-                sinks.append(self._sink)
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
-        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks, roots=self.found.roots)
+        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
+                              roots=self.found.roots, writer=self._writer)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
@@ -175,11 +169,9 @@ class Session:
 
     def write(self, text: str) -> None:
         """One line to :attr:`stream` (a closed stream is ignored: it must not break the script)."""
-        try:
+        with suppress(Exception):
             self.stream.write(text + "\n")
             self.stream.flush()
-        except Exception:
-            pass
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> Report:
@@ -192,9 +184,6 @@ class Session:
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()
-                if self._sink is not None:
-                    # The last record carries the final step, even when nothing changed since.
-                    self._sink.close(Report(report.tensors(), step=report.step))
             elif self.monitor is not None and self.found.optimizers:  # too few steps for a check
                 self.found.update_roots()
                 report = self.monitor.decide_unchecked(self.steps, self.found.optimizers, self._first_misses, self.found.seen)
@@ -217,8 +206,7 @@ class Session:
         found = self.found
         if not found.optimizers:
             return "leafwatch: no optimizer stepped, nothing was checked."
-        plural = "s" if self.steps != 1 else ""
-        text = f"leafwatch: summary after {self.steps} optimizer step{plural}\n{report}"
+        text = f"leafwatch: summary after {self.steps} optimizer step{'s' if self.steps != 1 else ''}\n{report}"
         failed = self.failed_parts
         if failed:
             text += (f"\nleafwatch: incomplete: {', '.join(failed)} failed inside leafwatch (warned above); "

@@ -25,7 +25,7 @@ once, in :data:`leafwatch.detectors.registry.DETECTORS`; every front-end (``audi
                     rate stuck at 0 and steps always skipped (no_update)
 ``causes``          why a tensor missed its gradient, read from the tracer's records
 ``ranks``           the merge across ranks and the info finding of sharded gradients
-``constructors``    the words of the watched tensors' and the value checks' findings, and make()
+``constructors``    make(), and the texts several detectors' builders share
 ``pipeline``        runs the Checker's parts (``checker``) in order, each guarded
 ==================  ============================================================================
 

@@ -31,7 +31,7 @@ from ..observe.changes import HandUpdates
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
-from . import constructors as checks
+from .constructors import make
 from ..observe import structure
 from ..report.verdicts import Verdict, Verdicts
 
@@ -75,7 +75,7 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
         if t.grad is None and entry.grads_seen == 0:
             continue  # no gradient: that is missing_grad's business
         if not in_optimizer(entry):
-            out.append(checks.outside_optimizer(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
+            out.append(outside_optimizer(entry.name, t, step, "error", f"gets gradients (watched at {entry.location})",
                                 inventory=inventory, source="watch", watched_at=entry.location))
     return out
 
@@ -190,7 +190,7 @@ class LossLeaves:
                 suspects[k] = (weakref.ref(t), op)
             elif verdict == "unchanged":
                 name = caller_name(t) or f"{shape_text(t)} used by {op}"
-                out.append(checks.outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
+                out.append(outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
                                     f"(used by `{op}`) and does not change between checks", inventory=inventory,
                                     op=op, persistent=True))
         self._suspects = suspects
@@ -210,7 +210,7 @@ class LossLeaves:
             add = fixes.add_to_optimizer(f"[{known}]" if known else None, getattr(inventory, "optimizers", ()),
                                          model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
                                          cache=getattr(inventory, "fix_names", None))
-            out.append(checks.make(
+            out.append(make(
                 "not_in_optimizer", name, "info",
                 f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
                 "one check cannot tell its two readings apart: if the same tensor is used at every step "
@@ -221,3 +221,22 @@ class LossLeaves:
                 "without `requires_grad=True`; if it is made fresh each step, nothing",
                 tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None, reason="loss_leaf"))
         return out
+
+
+# -- its words ---------------------------------------------------------------------------------
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, severity: str, how: str, *,
+                      inventory: Inventory | None = None, **details: Any) -> Finding:
+    """A trainable tensor outside the model that gets gradients and is in no optimizer."""
+    code = fixes.tensor_code(name) if graph.code_name(name) else None
+    add = fixes.add_to_optimizer(f"[{code}]" if code else None, getattr(inventory, "optimizers", ()),
+                                 model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
+                                 cache=getattr(inventory, "fix_names", None))
+    frozen = f"`{code}.requires_grad_(False)`" if code else "call `requires_grad_(False)` on your tensor"
+    return make(
+        "not_in_optimizer", name, severity,
+        f"`{name}` gets gradients but is in no optimizer: it never changes.",
+        f"`{name}` {how}, and it was not passed to any optimizer (left out when the optimizer "
+        "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
+        f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}",
+        tensor=t, step=step, **{"source": "outside_model", "outside": True, **details}, reason="outside_model"
+    )

@@ -91,10 +91,10 @@ DETECTORS: tuple[Detector, ...] = (
         "loop.zero_lr": ("no_update", "zero_lr"),
         "loop.steps_skipped": ("no_update", "skipped_steps")}),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on, voices={
-        "constructors.non_leaf": ("non_leaf", "not_a_leaf"),
-        "constructors.not_requiring_grad": ("missing_grad", "requires_grad_false"),
-        "constructors.watched_findings": ("missing_grad", "watched_unused"),
-        "constructors.outside_optimizer": ("not_in_optimizer", "outside_model")}),
+        "watched.non_leaf": ("non_leaf", "not_a_leaf"),
+        "watched.not_requiring_grad": ("missing_grad", "requires_grad_false"),
+        "watched.watched_findings": ("missing_grad", "watched_unused"),
+        "outside.outside_optimizer": ("not_in_optimizer", "outside_model")}),
     Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, "loss"),), voices={
         "outside.LossLeaves.undecided": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
@@ -102,9 +102,9 @@ DETECTORS: tuple[Detector, ...] = (
         "membership.MembershipJudge._late": ("not_in_optimizer", "no_optimizer_stepped"),
         "membership._outside_root_finding": ("not_in_optimizer", "root_outside", "chosen_outside")}),
     Detector("the NaN/Inf gradient check", values.judge, voices={
-        "constructors.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
-        "constructors.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
-        "constructors.dead_grad": ("dead_grad", "zero_streak")}),
+        "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
+        "values.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
+        "dead.dead_grad": ("dead_grad", "zero_streak")}),
     Detector("the last NaN/Inf gradient check", values.finish, CLOSE),
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
     Detector("the loss-graph check", outside.undecided, CLOSE),

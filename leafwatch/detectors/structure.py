@@ -24,7 +24,8 @@ from ..observe.inventory import Inventory, Orphan, ParamInfo, is_uninitialized, 
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
 from ..observe.structure import appeared
-from .constructors import make, non_leaf, silence_hint, watched_findings
+from .constructors import make, silence_hint
+from .watched import non_leaf, watched_findings
 from ..options import warn_unmatched_ignore
 from ..observe.evidence import Evidence
 

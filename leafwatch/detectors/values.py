@@ -9,17 +9,18 @@ checks of the cadence, so their timing does not depend on the extra checks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from ..observe import inventory, sharding as distributed, structure
 from ..observe.evidence import Evidence
-from ..report.findings import Kind, Status
+from ..report.findings import Finding, Kind, Status
 from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import constructors as checks
+from .constructors import make
 from .dead import DeadGradTracker
 
 
@@ -73,7 +74,7 @@ class GradientValues:
         flagged |= {n for n, is_open in after.items() if is_open}
         for _, i in nonfinite(params, step):
             if names[i] not in flagged:
-                out.append(Verdict.open(checks.nonfinite_param(names[i], params[i], step)))
+                out.append(Verdict.open(nonfinite_param(names[i], params[i], step)))
         return out
 
     def stats(self) -> dict[str, int]:
@@ -97,7 +98,7 @@ class GradientValues:
         flagged = set()
         for bad_step, name, param in bad:
             flagged.add(name)
-            out.append(Verdict.open(checks.nonfinite_grad(name, param, bad_step)))
+            out.append(Verdict.open(nonfinite_grad(name, param, bad_step)))
         if completed:
             latest = max(completed)
             kind, open_ = Kind.NONFINITE_GRAD, Status.OPEN
@@ -109,3 +110,29 @@ class GradientValues:
             self.off_cadence_steps = {s for s in self.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
         out += self._dead.record(zeros)
         return out
+
+
+# -- its words ---------------------------------------------------------------------------------
+def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+    return make(
+        "nonfinite_grad", name, "error",
+        f"`{name}`.grad holds NaN or Inf at step {step}.",
+        "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
+        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+        "lower the learning rate, clip gradients, or use a GradScaler with fp16",
+        tensor=t, step=step, aliases=aliases, reason="nan_or_inf"
+    )
+
+
+def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+    """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
+    return make(
+        "nonfinite_grad", name, "error",
+        f"`{name}` holds NaN or Inf at the end of the run (step {step}): a non-finite gradient was applied to it.",
+        "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
+        "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
+        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+        "lower the learning rate, clip gradients, or use a GradScaler with fp16; to catch it at the step "
+        "it happens, lower `check_values_every_n_steps`",
+        tensor=t, step=step, aliases=aliases, where="parameter", reason="nan_or_inf_value"
+    )

@@ -279,7 +279,7 @@ def _fresh_report(history, step: int) -> Report:
 
 @pytest.mark.parametrize("ignore", [None, {"layers.1*": "kept for later"}])
 def test_a_report_rebuilt_after_one_change_equals_one_built_afresh_and_keeps_the_unchanged_mistakes(ignore):
-    from leafwatch.detectors.constructors import dead_grad
+    from leafwatch.detectors.dead import dead_grad
     from leafwatch.report.history import FindingHistory
     from leafwatch.report.verdicts import Verdict
 

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from leafwatch.detectors import dead, loop, structure
-from leafwatch.detectors.constructors import dead_grad, make
+from leafwatch.detectors.constructors import make
+from leafwatch.detectors.dead import dead_grad
 from leafwatch.detectors.gradients import GradientTracker
 from leafwatch.detectors.watched import WatchedTracker
 from leafwatch.report.findings import Kind, Status, Waiting

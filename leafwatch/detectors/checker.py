@@ -38,6 +38,10 @@ from ..report.verdicts import Verdicts
 from .pipeline import Part, Pipeline
 
 
+#: The part that reads a check's evidence, as an ``incomplete`` finding names it.
+READING = "reading the model's structure"
+
+
 class Checker:
     """The detectors of a check, in the registry's order, and the state they keep across checks.
 
@@ -121,12 +125,16 @@ class Checker:
         """One check at ``step``: every part in order."""
         self.step = step
         self.checks += 1
-        cache = self.structure
-        evidence = self.pipeline.observe("reading the model's structure", step, observed.read,
-                                         cache, optimizer, loss, step)
-        if evidence is None:  # (an `incomplete` finding says so) the parts judge what they keep
+        cache, pipeline = self.structure, self.pipeline
+        try:
+            evidence = observed.read(cache, optimizer, loss, step)
+        except Exception as error:  # noqa: BLE001 - (an `incomplete` finding says so) the parts judge what they keep
+            pipeline.failed(READING, error, step)
             evidence = Evidence(step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory)
-        self.pipeline.run(evidence, step)
+        else:
+            if pipeline.failing:
+                pipeline.ran(READING, step)
+        pipeline.run(evidence, step)
         self._checked = optimizer, evidence.index, evidence.lists
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from ..report.findings import Finding, Kind, Severity
 from ..report.history import FindingHistory
@@ -77,7 +77,8 @@ class Pipeline(Generic[State]):
         self._plan = tuple((part.name, part.run, part.when) for part in self._parts)
         self.history = history
         self.warn = warn
-        self._failing: set[str] = set()
+        #: The parts that failed at their last run.
+        self.failing: set[str] = set()
 
     @property
     def parts(self) -> tuple[Part[State], ...]:
@@ -86,7 +87,7 @@ class Pipeline(Generic[State]):
 
     def run(self, state: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
         """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
-        failing = self._failing  # (the same set while the parts run: read once)
+        failing = self.failing  # (the same set while the parts run: read once)
         plan = self._plan if parts is None else tuple((part.name, part.run, part.when) for part in parts)
         for name, run, when in plan:
             if when and not (failing and name in failing):
@@ -106,20 +107,14 @@ class Pipeline(Generic[State]):
                     failing.discard(name)
                     self.history.apply([Verdict.resolve((Kind.INCOMPLETE, name), step)])
 
-    def observe(self, part: str, step: int | None, read: Callable[..., Any], *args: Any) -> Any:
-        """``read(*args)``, the evidence a check needs before its parts run, guarded like a part (None: it failed)."""
-        try:
-            observed = read(*args)
-        except Exception as error:  # noqa: BLE001 - a failure to observe must not stop training
-            self.failed(part, error, step)
-            return None
-        if self._failing and part in self._failing:
-            self._failing.discard(part)
+    def ran(self, part: str, step: int | None) -> None:
+        """``part``, run outside :meth:`run` (the evidence read), ran through at ``step``."""
+        if part in self.failing:
+            self.failing.discard(part)
             self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part), step)])
-        return observed
 
     def failed(self, part: str, error: BaseException, step: int | None) -> None:
         """Record that ``part`` failed at ``step`` (also for parts run outside :meth:`run`)."""
         self.warn(part, error, stacklevel=4)
-        self._failing.add(part)
+        self.failing.add(part)
         self.history.apply([Verdict.open(incomplete(part, error, step))])

@@ -42,12 +42,18 @@ def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: t
             cache.add_optimizer(optimizer)
             index = cache.optimizer_index(optimizer)
     rebuilt = cache.refresh(step)
-    keyed = cache.lists.items() if optimizer is None else ((index, cache.lists[index]),)
-    lists = []
-    for key, clist in keyed:
+    if optimizer is not None:
+        clist = cache.lists[index]
         clist.checks += 1
-        lists.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
-    return Evidence(step, optimizer, loss, index, cache.inventory, rebuilt, tuple(lists))
+        lists: tuple[tuple[int | None, CheckList, list[int]], ...] = (
+            (index, clist, [i for i, p in enumerate(clist.params) if p.grad is None]),)
+    else:
+        for clist in cache.all_lists:
+            clist.checks += 1
+        lists = tuple((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None])
+                      for key, clist in cache.lists.items())
+    # (tuple.__new__, not Evidence(...): no Python frame of its own right after backward)
+    return tuple.__new__(Evidence, (step, optimizer, loss, index, cache.inventory, rebuilt, lists))
 
 
 __all__ = ["Evidence", "read"]

@@ -160,14 +160,15 @@ class MembershipJudge:
     def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
                 inv: Inventory | None = None) -> Finding:
         """What a held finding becomes once the gradient rule reports it."""
-        outside = self._outside_root(t, inv)
-        if outside is not None and self._waiting_holder(t) is None:
+        holder = self._waiting_holder(t)
+        outside = self._outside_root(t, inv) if holder is None else None
+        if outside is not None:
             decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        late = bool(self.grace and self.checks())  # (no check ran: the structure's words)
-        decided = self._late(f, info, t, step, severity, inv) if late else \
-            structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if not late and f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
+        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        if self.grace and self.checks():  # late (no check ran: the structure's words)
+            decided = self._late(f.name, holder, decided, severity, inv)
+        elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
             decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
@@ -196,16 +197,14 @@ class MembershipJudge:
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
-    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
-              inv: Inventory | None = None) -> Finding:
-        holder = self._waiting_holder(t)
-        base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+    def _late(self, name: str, holder: torch.optim.Optimizer | None, base: Finding, severity: str,
+              inv: Inventory | None) -> Finding:
         if holder is not None:
             variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
                                           inv.fix_names if inv is not None else None)
-            return _never_stepped(f.name, (variable or "", type(holder).__name__), self.checks(), base, severity)
-        message = f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
-        return base.replace(severity=severity, message=message, cause=base.cause, fix=base.fix, details={  # why it is out
+            return _never_stepped(name, (variable or "", type(holder).__name__), self.checks(), base, severity)
+        message = f"`{name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
+        return base.replace(severity=severity, message=message, details={  # why it is out
             **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
 
     def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:

@@ -53,7 +53,6 @@ DDP_FIX = (
 )
 
 
-# -- the one info finding of gradients that cannot be read per parameter --------------------
 @dataclasses.dataclass(frozen=True)
 class _Sharded:
     """The words of the one info finding of a way of keeping gradients whose ``.grad`` cannot tell
@@ -115,7 +114,6 @@ def sharded_finding(view: GradientView, step: int | None) -> Finding | None:
     ).replace(status="ignored")
 
 
-# -- merging -----------------------------------------------------------------------------------
 def _ranks_words(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -205,7 +203,6 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
         details={**details, "reason": "rank_branching"})
 
 
-# -- the gatherer ------------------------------------------------------------------------------
 class Gatherer:
     """Merges the reports of every rank after each check; one per Monitor.
 
@@ -261,13 +258,6 @@ class Gatherer:
             "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
         ) for p, name in (self._use.unused() if self._use is not None else ())]
 
-    def _ensure_group(self) -> Any:
-        if self._group is None:
-            timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
-            self._group = torch.distributed.new_group(
-                backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-        return self._group
-
     def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None],
                strategy: str = "plain") -> Report | None:
         """Merge ``local`` with every rank's report. Call it on every rank at every check.
@@ -292,10 +282,12 @@ class Gatherer:
                 findings += [f for f in extra if f.key not in known]
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
-            group = self._ensure_group()
+            if self._group is None:
+                timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
+                self._group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+            group = self._group
             if self._merged is not None and self.pipelined:
                 # The flag all-reduced at the previous check is long done: reading it costs no wait.
-                assert self._pending is not None
                 self._pending.wait()
                 self._pending = None
             elif self._merged is not None:

@@ -226,7 +226,8 @@ class Gatherer:
         self._group: Any = None
         self._disabled = False
         self._sent: Any = None
-        self._merged: Report | None = None
+        #: The last merged report (None before the first gather).
+        self.report: Report | None = None
         ddp = find_ddp(model)
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
@@ -241,11 +242,6 @@ class Gatherer:
     def runs_sinks(self) -> bool:
         """Rank zero logs the merged findings; once gathering failed, every rank logs its own."""
         return self.rank == 0 or self._disabled
-
-    @property
-    def report(self) -> Report | None:
-        """The last merged report (None before the first gather)."""
-        return self._merged
 
     def _locally_unused(self, step: int) -> list[Finding]:
         """Parameters this rank did not use although DDP gave them a gradient."""
@@ -286,31 +282,31 @@ class Gatherer:
                 timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
                 self._group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
             group = self._group
-            if self._merged is not None and self.pipelined:
+            if self.report is not None and self.pipelined:
                 # The flag all-reduced at the previous check is long done: reading it costs no wait.
                 self._pending.wait()
                 self._pending = None
-            elif self._merged is not None:
+            elif self.report is not None:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, group=group)
             # The first check exchanges at once: DDP fails at the next step's forward pass.
-            self.changed = self._merged is None or bool(self._flag.item())
+            self.changed = self.report is None or bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
                 per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
-                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy),
+                self.report = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy),
                                       step=step, nothing_to_check=all(bool(g and g[0]) for g in gathered))
                 self._sent = digest
                 self.rounds += 1
             else:
-                assert self._merged is not None
-                self._merged.step = step
+                assert self.report is not None
+                self.report.step = step
             if self.pipelined:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 self._pending = torch.distributed.all_reduce(
                     self._flag, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
-            return self._merged
+            return self.report
         except Exception as error:
             self._disabled = True
             self._pending = None

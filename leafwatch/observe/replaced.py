@@ -83,18 +83,15 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     out = Replaced()
     if inv.model is None or not inv.optimizers:
         return out
-    previous_names = previous_names or {}
-    old = _old_tensors(inv, previous_names)
+    old = _old_tensors(inv, previous_names or {})
     # Current trainable parameters in no optimizer: the candidates to have replaced something.
     free = {k for k, t in inv.tensors.items() if k not in inv.in_optimizer and t.requires_grad}
-    if not old:
-        out.unstepped = len(free)
-        return out
-    rest = _pair_by_name(inv, old, free, out)
-    rest = _pair_by_position(inv, rest, free, out)
-    _pair_by_shape(inv, rest, free, out)
+    if old:
+        rest = _pair_by_name(inv, old, free, out)
+        rest = _pair_by_position(inv, rest, free, out)
+        _pair_by_shape(inv, rest, free, out)
+        _swapped(inv, out, free)
     out.unstepped = len(free)
-    _swapped(inv, out, free)
     return out
 
 

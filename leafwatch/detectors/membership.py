@@ -64,9 +64,8 @@ class MembershipJudge:
         self.grace = 0
         #: Optimizers that exist but have not stepped yet (their tensors are named as such).
         self.waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
-        #: The ids of tensors whose whole root module no optimizer holds (``leafwatch run``): judged
-        #: by the gradient rule (no finding without a gradient or when the value changes; a
-        #: warning otherwise, naming both fixes).
+        #: ``leafwatch run``'s tensor id -> (root name, optimizer variable) of the root modules no
+        #: optimizer holds a tensor of; None: read off the inventory (:meth:`_outside_root`).
         self.outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
         self._tensors: dict[str, weakref.ReferenceType] = {}
         self._quiet: set[int] = set()

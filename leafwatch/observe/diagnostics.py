@@ -58,8 +58,7 @@ class Diagnostics:
         now, worked out again only when the misses, the structure or the cleared gradients change. A
         part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
-        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing \
-                or loop.cleared.all_cleared:
+        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             retarget = (grads.changes, cache.rebuilds, loop.take_cleared())
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]

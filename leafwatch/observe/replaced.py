@@ -48,9 +48,8 @@ class Replaced:
 
     pairs: list[Pair] = dataclasses.field(default_factory=list)
     unpaired: dict[int, list[tuple[torch.Tensor, str | None]]] = dataclasses.field(default_factory=dict)
-    #: Trainable parameters of the model left in no optimizer once the pairs are made. With none,
-    #: every live parameter is stepped: the unpaired old tensors are harmless leftovers (they get
-    #: no gradient, the optimizer skips them) that only cost memory.
+    #: Trainable parameters of the model left in no optimizer once the pairs are made (none: every
+    #: live parameter is stepped, and the unpaired old tensors only cost memory).
     unstepped: int = 0
     #: Each trainable tensor of a module replaced by one with new tensors that pair with nothing (see
     #: :func:`_swapped`) -> the module's name and the optimizer that holds the old tensors.

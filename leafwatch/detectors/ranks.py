@@ -273,9 +273,8 @@ class Gatherer:
             findings = local.tensors()  # merged per tensor, grouped again by the Report
             extra = self._locally_unused(step)
             if extra:
-                extra = apply_ignore(extra, self.ignore)
                 known = {f.key for f in findings}
-                findings += [f for f in extra if f.key not in known]
+                findings += [f for f in apply_ignore(extra, self.ignore) if f.key not in known]
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
             if self._group is None:

@@ -21,6 +21,7 @@ re-exports its public names. Set ``DEFAULT_TIMEOUT_S`` here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import warnings
@@ -145,8 +146,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     for key, seen in by_key.items():
         active = sorted(r for r, f in seen.items() if f.status in _ACTIVE_STATUSES)
         ranks = tuple(active) if active else tuple(sorted(seen))
-        # The rank whose finding comes first in the one order of findings (Finding.sort_key).
-        chosen = min(((r, seen[r]) for r in ranks), key=lambda rf: (rf[1].sort_key(), rf[0]))[1]
+        chosen = seen[min(ranks, key=lambda r: (seen[r].sort_key(), r))]  # the first in the one order of findings
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
@@ -332,10 +332,8 @@ class Gatherer:
         """Remove the hooks; wait for the flag in flight (every rank started it at its last check)."""
         pending, self._pending = self._pending, None
         if pending is not None and not self._disabled:
-            try:
+            with contextlib.suppress(Exception):  # a peer already gone: nothing left to agree on
                 pending.wait()
-            except Exception:  # a peer already gone: nothing left to agree on
-                pass
         if self._use is not None:
             self._use.close()
 

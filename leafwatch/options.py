@@ -201,8 +201,7 @@ def matching_pattern(ignore: Mapping[str, str], names: Iterable[str]) -> str | N
 def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int | None = None) -> None:
     """Warn for each ``ignore`` pattern that matches none of ``names`` (a typo?), at the user's line by default."""
     names = set(names)
-    if stacklevel is None:
-        stacklevel = stacklevel_outside()
+    stacklevel = stacklevel_outside() if stacklevel is None else stacklevel
     for pattern in ignore:
         if not any(pattern_matches(pattern, n) for n in names):
             warnings.warn(f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "

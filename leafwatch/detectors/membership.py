@@ -64,9 +64,8 @@ class MembershipJudge:
         self.grace = 0
         #: Optimizers that exist but have not stepped yet (their tensors are named as such).
         self.waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
-        #: The ids of tensors whose whole root module no optimizer holds (``leafwatch run``): judged
-        #: by the gradient rule (no finding without a gradient or when the value changes; a
-        #: warning otherwise, naming both fixes).
+        #: ``leafwatch run``'s tensor id -> (root name, optimizer variable) of the root modules no
+        #: optimizer holds a tensor of; None: read off the inventory (:meth:`_outside_root`).
         self.outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
         self._tensors: dict[str, weakref.ReferenceType] = {}
         self._quiet: set[int] = set()
@@ -137,10 +136,7 @@ class MembershipJudge:
             return Verdict.drop(f.key)
         if rule == "wait" or self.checks() <= self.grace:
             return None  # the value evidence, or an optimizer that steps late, may still come
-        # The grace period is over: an error, unless an optimizer the script holds has not
-        # stepped yet (it may still step: a warning until the end of the run).
-        severity = Severity.WARNING if self._waiting_holder(t) is not None else Severity.ERROR
-        return Verdict.confirm(f.key, **_words(self._decide(f, info, t, step, severity, inv)), step=step, last_step=step)
+        return Verdict.confirm(f.key, **_words(self._decide(f, info, t, step, inv)), step=step, last_step=step)
 
     def _gradient_rule(self, t: torch.Tensor, *, final: bool = False) -> str:
         """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
@@ -154,20 +150,20 @@ class MembershipJudge:
             # No gradient: quiet. At the end of a run the loop may have cleared the gradient a
             # check saw (a Trainer's zero_grad after each step): that check's evidence decides.
             return "quiet"
-        verdict = self._hand.verdict(t, final=final)
-        return {"by_hand": "quiet", "wait": "wait"}.get(verdict, "report")
+        return {"by_hand": "quiet", "wait": "wait"}.get(self._hand.verdict(t, final=final), "report")
 
-    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
-                inv: Inventory | None = None) -> Finding:
-        """What a held finding becomes once the gradient rule reports it."""
-        outside = self._outside_root(t, inv)
-        if outside is not None and self._waiting_holder(t) is None:
+    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, inv: Inventory | None = None, *,
+                final: bool = False) -> Finding:
+        """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
+        holder = self._waiting_holder(t)
+        outside = self._outside_root(t, inv) if holder is None else None
+        if outside is not None:
             decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        late = bool(self.grace and self.checks())  # (no check ran: the structure's words)
-        decided = self._late(f, info, t, step, severity, inv) if late else \
-            structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if not late and f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
+        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        if self.grace and self.checks():  # late (no check ran: the structure's words)
+            decided = self._late(f.name, holder, decided, inv, final)
+        elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
             decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
         details = _without_pending(decided)
         if f.first_step is not None and step > f.first_step:
@@ -196,29 +192,28 @@ class MembershipJudge:
         waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
         return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
-    def _late(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, severity: str,
-              inv: Inventory | None = None) -> Finding:
-        holder = self._waiting_holder(t)
-        base = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+    def _late(self, name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None,
+              final: bool) -> Finding:
+        # An optimizer that has not stepped yet may still step: a warning until the end of the run.
+        severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
         if holder is not None:
             variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
                                           inv.fix_names if inv is not None else None)
-            return _never_stepped(f.name, (variable or "", type(holder).__name__), self.checks(), base, severity)
-        message = f"`{f.name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
-        return base.replace(severity=severity, message=message, cause=base.cause, fix=base.fix, details={  # why it is out
+            return _never_stepped(name, (variable or "", type(holder).__name__), self.checks(), base, severity)
+        message = f"`{name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
+        return base.replace(severity=severity, message=message, details={  # why it is out
             **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
 
     def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:
         """At the end of the run: what a held (or late-optimizer) finding becomes."""
-        waiting = f.details.get("pending")
-        if waiting == Waiting.STRUCTURE:
+        if f.details.get("pending") == Waiting.STRUCTURE:
             return f.replace(status=Status.OPEN, details=_without_pending(f))
         ref = self._tensors.get(f.name)
         t = ref() if ref is not None else None
         info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
         if t is None or info is None or self._gradient_rule(t, final=True) == "quiet":
             return None
-        return f.replace(status=Status.OPEN, **_words(self._decide(f, info, t, step, Severity.ERROR, inv)))
+        return f.replace(status=Status.OPEN, **_words(self._decide(f, info, t, step, inv, final=True)))
 
     def escalate_late(self, step: int) -> Verdicts:
         """At the end of the run: a late-optimizer warning still open becomes an error, a

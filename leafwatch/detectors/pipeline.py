@@ -31,10 +31,9 @@ class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does.
 
     ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the
-    check's evidence): the part runs only at a check where one of them is truthy (and always while it is failing, so that its ``incomplete``
-    finding can clear). Empty: it runs at every check. Right after backward each call runs cold,
-    so a part with nothing to do costs an attribute read instead; the part still checks for
-    itself, ``when`` only saves the call.
+    check's evidence): the part runs only at a check where one of them is truthy, or while it is
+    failing (so that its ``incomplete`` finding can clear); empty: at every check. It only saves
+    the call (cold right after backward): the part still checks for itself.
     """
 
     name: str
@@ -50,15 +49,13 @@ def one_line(error: BaseException, limit: int = 200) -> str:
 
 def incomplete(part: str, error: BaseException, step: int | None) -> Finding:
     """The finding that says ``part`` of the check did not run at ``step``."""
-    return Finding(
-        kind=Kind.INCOMPLETE, name=part, severity=Severity.WARNING,
-        message=f"Part of leafwatch's check did not run: {part} failed, so its findings may be missing.",
-        cause=f"an internal failure of leafwatch ({one_line(error)}); every other part of the check ran.",
-        fix="nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
-            "the finding clears at the next check where this part runs through",
-        step=step, first_step=step, last_step=step,
-        details={"part": part, "error": one_line(error), "reason": "part_failed"},
-    )
+    return Finding.new(
+        Kind.INCOMPLETE, part, Severity.WARNING,
+        f"Part of leafwatch's check did not run: {part} failed, so its findings may be missing.",
+        f"an internal failure of leafwatch ({one_line(error)}); every other part of the check ran.",
+        "nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
+        "the finding clears at the next check where this part runs through",
+        step=step, part=part, error=one_line(error), reason="part_failed")
 
 
 class Pipeline(Generic[State]):

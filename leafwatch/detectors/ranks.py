@@ -21,6 +21,7 @@ re-exports its public names. Set ``DEFAULT_TIMEOUT_S`` here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import warnings
@@ -53,7 +54,6 @@ DDP_FIX = (
 )
 
 
-# -- the one info finding of gradients that cannot be read per parameter --------------------
 @dataclasses.dataclass(frozen=True)
 class _Sharded:
     """The words of the one info finding of a way of keeping gradients whose ``.grad`` cannot tell
@@ -115,7 +115,6 @@ def sharded_finding(view: GradientView, step: int | None) -> Finding | None:
     ).replace(status="ignored")
 
 
-# -- merging -----------------------------------------------------------------------------------
 def _ranks_words(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -147,8 +146,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     for key, seen in by_key.items():
         active = sorted(r for r, f in seen.items() if f.status in _ACTIVE_STATUSES)
         ranks = tuple(active) if active else tuple(sorted(seen))
-        # The rank whose finding comes first in the one order of findings (Finding.sort_key).
-        chosen = min(((r, seen[r]) for r in ranks), key=lambda rf: (rf[1].sort_key(), rf[0]))[1]
+        chosen = seen[min(ranks, key=lambda r: (seen[r].sort_key(), r))]  # the first in the one order of findings
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
             merged = _merged_missing(merged, active, world_size, ddp_unused,
@@ -205,7 +203,6 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
         details={**details, "reason": "rank_branching"})
 
 
-# -- the gatherer ------------------------------------------------------------------------------
 class Gatherer:
     """Merges the reports of every rank after each check; one per Monitor.
 
@@ -229,7 +226,8 @@ class Gatherer:
         self._group: Any = None
         self._disabled = False
         self._sent: Any = None
-        self._merged: Report | None = None
+        #: The last merged report (None before the first gather).
+        self.report: Report | None = None
         ddp = find_ddp(model)
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
@@ -245,11 +243,6 @@ class Gatherer:
         """Rank zero logs the merged findings; once gathering failed, every rank logs its own."""
         return self.rank == 0 or self._disabled
 
-    @property
-    def report(self) -> Report | None:
-        """The last merged report (None before the first gather)."""
-        return self._merged
-
     def _locally_unused(self, step: int) -> list[Finding]:
         """Parameters this rank did not use although DDP gave them a gradient."""
         return [Finding.new(
@@ -260,13 +253,6 @@ class Gatherer:
             "filled its .grad with the average from the ranks that used it.",
             "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use",
         ) for p, name in (self._use.unused() if self._use is not None else ())]
-
-    def _ensure_group(self) -> Any:
-        if self._group is None:
-            timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
-            self._group = torch.distributed.new_group(
-                backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-        return self._group
 
     def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None],
                strategy: str = "plain") -> Report | None:
@@ -287,38 +273,39 @@ class Gatherer:
             findings = local.tensors()  # merged per tensor, grouped again by the Report
             extra = self._locally_unused(step)
             if extra:
-                extra = apply_ignore(extra, self.ignore)
                 known = {f.key for f in findings}
-                findings += [f for f in extra if f.key not in known]
+                findings += [f for f in apply_ignore(extra, self.ignore) if f.key not in known]
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
             digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
-            group = self._ensure_group()
-            if self._merged is not None and self.pipelined:
+            if self._group is None:
+                timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
+                self._group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
+            group = self._group
+            if self.report is not None and self.pipelined:
                 # The flag all-reduced at the previous check is long done: reading it costs no wait.
-                assert self._pending is not None
                 self._pending.wait()
                 self._pending = None
-            elif self._merged is not None:
+            elif self.report is not None:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 torch.distributed.all_reduce(self._flag, op=torch.distributed.ReduceOp.MAX, group=group)
             # The first check exchanges at once: DDP fails at the next step's forward pass.
-            self.changed = self._merged is None or bool(self._flag.item())
+            self.changed = self.report is None or bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
                 torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
                 per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
-                self._merged = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy),
+                self.report = Report(merge(per_rank, step=step, ddp_unused=self.ddp_unused, strategy=strategy),
                                       step=step, nothing_to_check=all(bool(g and g[0]) for g in gathered))
                 self._sent = digest
                 self.rounds += 1
             else:
-                assert self._merged is not None
-                self._merged.step = step
+                assert self.report is not None
+                self.report.step = step
             if self.pipelined:
                 self._flag.fill_(0 if digest == self._sent else 1)
                 self._pending = torch.distributed.all_reduce(
                     self._flag, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
-            return self._merged
+            return self.report
         except Exception as error:
             self._disabled = True
             self._pending = None
@@ -345,10 +332,8 @@ class Gatherer:
         """Remove the hooks; wait for the flag in flight (every rank started it at its last check)."""
         pending, self._pending = self._pending, None
         if pending is not None and not self._disabled:
-            try:
+            with contextlib.suppress(Exception):  # a peer already gone: nothing left to agree on
                 pending.wait()
-            except Exception:  # a peer already gone: nothing left to agree on
-                pass
         if self._use is not None:
             self._use.close()
 

@@ -54,15 +54,11 @@ class Diagnostics:
             self.warn("arming the diagnostic hooks", error)
 
     def retarget(self, check: Evidence) -> None:
-        """After a check (of the optimizer at ``check.index``): the hooks follow
-        the tensors that miss now. A part of the check itself (no call in between on a healthy check)."""
+        """After a check (of the optimizer at ``check.index``): the hooks follow the tensors that miss
+        now, worked out again only when the misses, the structure or the cleared gradients change. A
+        part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
-        # Read in place (no call on a healthy check): a module hooked, a tensor in a streak, an
-        # arrival hook armed, or a cleared gradient followed.
-        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing \
-                or loop.cleared.all_cleared:
-            # Worked out again only when the misses, the structure or the cleared gradients
-            # change (not at every check of a model with 500 tensors that miss).
+        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             retarget = (grads.changes, cache.rebuilds, loop.take_cleared())
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]

@@ -8,6 +8,7 @@ Lightning's Trainer), past the :data:`FRAMEWORKS` too. Torch-free; nothing here 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -51,11 +52,9 @@ def _interpreter_dirs() -> tuple[str, ...]:
     import sysconfig
 
     dirs = set(sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib", "platlib"))
-    try:
+    with contextlib.suppress(Exception):  # a stripped interpreter without them: sysconfig's paths still hold
         dirs.update(site.getsitepackages())
         dirs.add(site.getusersitepackages())
-    except Exception:  # a stripped interpreter without them: sysconfig's paths still hold
-        pass
     return tuple(sorted(os.path.abspath(d) + os.sep for d in dirs if d))
 
 

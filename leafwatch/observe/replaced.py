@@ -48,9 +48,8 @@ class Replaced:
 
     pairs: list[Pair] = dataclasses.field(default_factory=list)
     unpaired: dict[int, list[tuple[torch.Tensor, str | None]]] = dataclasses.field(default_factory=dict)
-    #: Trainable parameters of the model left in no optimizer once the pairs are made. With none,
-    #: every live parameter is stepped: the unpaired old tensors are harmless leftovers (they get
-    #: no gradient, the optimizer skips them) that only cost memory.
+    #: Trainable parameters of the model left in no optimizer once the pairs are made (none: every
+    #: live parameter is stepped, and the unpaired old tensors only cost memory).
     unstepped: int = 0
     #: Each trainable tensor of a module replaced by one with new tensors that pair with nothing (see
     #: :func:`_swapped`) -> the module's name and the optimizer that holds the old tensors.
@@ -83,18 +82,15 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     out = Replaced()
     if inv.model is None or not inv.optimizers:
         return out
-    previous_names = previous_names or {}
-    old = _old_tensors(inv, previous_names)
+    old = _old_tensors(inv, previous_names or {})
     # Current trainable parameters in no optimizer: the candidates to have replaced something.
     free = {k for k, t in inv.tensors.items() if k not in inv.in_optimizer and t.requires_grad}
-    if not old:
-        out.unstepped = len(free)
-        return out
-    rest = _pair_by_name(inv, old, free, out)
-    rest = _pair_by_position(inv, rest, free, out)
-    _pair_by_shape(inv, rest, free, out)
+    if old:
+        rest = _pair_by_name(inv, old, free, out)
+        rest = _pair_by_position(inv, rest, free, out)
+        _pair_by_shape(inv, rest, free, out)
+        _swapped(inv, out, free)
     out.unstepped = len(free)
-    _swapped(inv, out, free)
     return out
 
 

@@ -131,8 +131,9 @@ class FindingHistory(FindingsView):
                 self._drop(v.key, Status.OPEN)
             elif action is Action.SET:
                 self._put(v.finding)  # type: ignore[arg-type]
-            elif action is Action.COUNT:
-                self._touch(v.finding)  # type: ignore[arg-type]
+            elif action is Action.COUNT:  # new steps and counts only: no version change
+                self._records[v.key] = v.finding  # type: ignore[assignment]
+                self.revision += 1
             else:  # pragma: no cover - a new Action without its branch here
                 raise ValueError(f"`verdicts` holds an unknown action {action!r}")
 
@@ -157,11 +158,6 @@ class FindingHistory(FindingsView):
         if (old.status, old.cause, old.severity) != (updated.status, updated.cause, updated.severity) \
                 or (old.message != updated.message and not counted):
             self.version += 1
-
-    def _touch(self, f: Finding) -> None:
-        """Replace the record of ``f.key`` with new steps and counts only: no version change."""
-        self._records[f.key] = f
-        self.revision += 1
 
     def _put(self, f: Finding) -> None:
         """Replace the record of ``f.key`` as it is (no merge with the old one) and bump the version."""

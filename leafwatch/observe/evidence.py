@@ -48,10 +48,11 @@ def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: t
         lists: tuple[tuple[int | None, CheckList, list[int]], ...] = (
             (index, clist, [i for i, p in enumerate(clist.params) if p.grad is None]),)
     else:
-        for clist in cache.all_lists:
+        found = []
+        for key, clist in cache.lists.items():
             clist.checks += 1
-        lists = tuple((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None])
-                      for key, clist in cache.lists.items())
+            found.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
+        lists = tuple(found)
     # (tuple.__new__, not Evidence(...): no Python frame of its own right after backward)
     return tuple.__new__(Evidence, (step, optimizer, loss, index, cache.inventory, rebuilt, lists))
 

@@ -517,3 +517,28 @@ def test_every_detector_of_a_check_reads_the_same_read_only_evidence(monkeypatch
     assert len(seen) == 2 and seen[0] is seen[1] and seen[0].loss is loss
     assert [(key, missing) for key, _, missing in seen[0].lists] == [(0, [])]  # both tensors had a gradient
     monitor.close()
+
+
+def test_a_failed_evidence_read_is_an_incomplete_finding_resolved_once_a_read_succeeds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from leafwatch.observe import evidence
+
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, optimizer, verbose=False)
+    real = evidence.read
+
+    def broken(*args):
+        raise RuntimeError("the structure could not be read")
+
+    monkeypatch.setattr(evidence, "read", broken)
+    _step(model, optimizer)
+    with pytest.warns(leafwatch.LeafwatchInternalWarning, match="reading the model's structure"):
+        failed = monitor.check(optimizer)
+    monkeypatch.setattr(evidence, "read", real)
+    _step(model, optimizer)
+    after = monitor.check(optimizer)
+    assert [(f.kind, f.name, f.status) for f in failed.by_kind("incomplete")] == [
+        ("incomplete", "reading the model's structure", "open")]
+    assert "RuntimeError: the structure could not be read" in failed.by_kind("incomplete")[0].cause
+    assert [f.status for f in after.by_kind("incomplete")] == ["resolved"]
+    monitor.close()

@@ -437,7 +437,7 @@ def first_step_misses(misses: Iterable[tuple[int, Iterable[Callable[[], torch.Te
                 continue  # gone, owned by no model (orphans are named by the scan), or named already
             named.add(info.name)
             out.append(Verdict.open(missing_grad(info.name, p, step=step, info=info,
-                                                        explanation=causes.at_the_only_step(info, ran))))
+                                                 explanation=causes.at_the_only_step(info, ran))))
     return out
 
 

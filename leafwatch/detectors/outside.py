@@ -25,14 +25,13 @@ from typing import Any
 import torch
 
 from . import fixes
-from ..observe import frames, graph
+from ..observe import frames, graph, structure
 from ..observe.discovery import optimizer_ids
 from ..observe.changes import HandUpdates
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from .constructors import make
-from ..observe import structure
 from ..report.verdicts import Verdict, Verdicts
 
 from ..observe.evidence import Evidence

@@ -42,17 +42,11 @@ def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: t
             cache.add_optimizer(optimizer)
             index = cache.optimizer_index(optimizer)
     rebuilt = cache.refresh(step)
-    if optimizer is not None:
-        clist = cache.lists[index]
+    found = []
+    for key, clist in cache.lists.items() if optimizer is None else ((index, cache.lists[index]),):
         clist.checks += 1
-        lists: tuple[tuple[int | None, CheckList, list[int]], ...] = (
-            (index, clist, [i for i, p in enumerate(clist.params) if p.grad is None]),)
-    else:
-        found = []
-        for key, clist in cache.lists.items():
-            clist.checks += 1
-            found.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
-        lists = tuple(found)
+        found.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
+    lists = tuple(found)
     # (tuple.__new__, not Evidence(...): no Python frame of its own right after backward)
     return tuple.__new__(Evidence, (step, optimizer, loss, index, cache.inventory, rebuilt, lists))
 

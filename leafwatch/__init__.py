@@ -30,30 +30,9 @@ _LAZY = {
     "TensorBoardSink": "sinks.tensorboard",
 }
 
-__all__ = [
-    "KINDS",
-    "SEVERITIES",
-    "CheckEvent",
-    "Finding",
-    "Kind",
-    "LeafWatch",
-    "LeafwatchAssertionError",
-    "LeafwatchError",
-    "LeafwatchInternalWarning",
-    "LeafwatchWarning",
-    "Monitor",
-    "Report",
-    "Severity",
-    "Status",
-    "TensorBoardSink",
-    "__version__",
-    "assert_trains",
-    "audit",
-    "unwatch",
-    "unwatch_all",
-    "watch",
-    "watched",
-]
+__all__ = ["KINDS", "SEVERITIES", "CheckEvent", "Finding", "Kind", "LeafWatch", "LeafwatchAssertionError",
+           "LeafwatchError", "LeafwatchInternalWarning", "LeafwatchWarning", "Monitor", "Report", "Severity", "Status",
+           "TensorBoardSink", "__version__", "assert_trains", "audit", "unwatch", "unwatch_all", "watch", "watched"]
 
 
 def __getattr__(name: str) -> Any:

@@ -501,8 +501,6 @@ def non_leaf(name: str, found: Any = None, *, location: str | None = None, tenso
             "or a key of `tensors=`")
 
 
-__all__ = [
-    "add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix", "framework",
-    "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf", "parameter_fix", "tensor_code",
-    "variable_for",
-]
+__all__ = ["add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",
+           "framework", "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf",
+           "parameter_fix", "tensor_code", "variable_for"]

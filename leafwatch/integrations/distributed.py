@@ -12,21 +12,6 @@ from __future__ import annotations
 from ..detectors.ranks import DDP_FIX, DDP_NEXT_STEP_ERROR, DEFAULT_TIMEOUT_S, Gatherer, make_gatherer, merge
 from ..observe.sharding import DECLARED_STRATEGIES, PLAIN, GradientView, declare_ddp, declare_gradients, find_ddp, gradient_view, is_distributed, local_tensor, world
 
-__all__ = [
-    "DDP_FIX",
-    "DDP_NEXT_STEP_ERROR",
-    "DECLARED_STRATEGIES",
-    "DEFAULT_TIMEOUT_S",
-    "PLAIN",
-    "Gatherer",
-    "GradientView",
-    "declare_ddp",
-    "declare_gradients",
-    "find_ddp",
-    "gradient_view",
-    "is_distributed",
-    "local_tensor",
-    "make_gatherer",
-    "merge",
-    "world",
-]
+__all__ = ["DDP_FIX", "DDP_NEXT_STEP_ERROR", "DECLARED_STRATEGIES", "DEFAULT_TIMEOUT_S", "PLAIN", "Gatherer",
+           "GradientView", "declare_ddp", "declare_gradients", "find_ddp", "gradient_view", "is_distributed",
+           "local_tensor", "make_gatherer", "merge", "world"]

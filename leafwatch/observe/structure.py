@@ -212,8 +212,6 @@ class StructureCache:
         self.inventory: inventory.Inventory | None = None
         self.grad_view = distributed.PLAIN
         self.lists: dict[int | None, CheckList] = {}
-        #: ``lists``' values, in order (one list kept until the next rebuild: don't change it).
-        self.all_lists: list[CheckList] = []
         #: Names of tensors the model held before a change, while an optimizer still holds them.
         self.previous_names: dict[int, str] = {}
         #: The optimizers' old tensors paired with the parameters that replaced them (at the last build).
@@ -383,7 +381,6 @@ class StructureCache:
             self.lists[None] = self._make_list(
                 [t for k, t in inv.tensors.items() if t.requires_grad and k not in skip], inv,
                 old_lists.get(None))
-        self.all_lists = list(self.lists.values())
         for key, count in self._restored_checks.items():
             if key in self.lists:
                 self.lists[key].checks = count

@@ -241,18 +241,5 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
     return "\n".join(rows)
 
 
-__all__ = [
-    "NOTHING_TO_CHECK",
-    "FindingText",
-    "decided_step",
-    "escape_markdown",
-    "finding_line",
-    "fix_mark",
-    "ignored_because",
-    "report_markdown",
-    "report_text",
-    "seen_when",
-    "since",
-    "tensor_count",
-    "when",
-]
+__all__ = ["NOTHING_TO_CHECK", "FindingText", "decided_step", "escape_markdown", "finding_line", "fix_mark",
+           "ignored_because", "report_markdown", "report_text", "seen_when", "since", "tensor_count", "when"]

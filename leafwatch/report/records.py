@@ -115,22 +115,6 @@ def decode(payload: str | bytes) -> dict[str, Any] | None:
     return data
 
 
-__all__ = [
-    "COVERAGE_PREFIX",
-    "FINDINGS_TEXT_TAG",
-    "GRAD_COVERAGE_TAG",
-    "LAYOUT_RUN",
-    "OPEN_PREFIX",
-    "PLUGIN_CONTENT",
-    "PLUGIN_NAME",
-    "RECORD_FORMAT",
-    "RECORD_VERSION",
-    "REPORT_TAG",
-    "coverage_tag",
-    "decode",
-    "encode_coverage",
-    "encode_report",
-    "is_coverage_tag",
-    "layout",
-    "open_tag",
-]
+__all__ = ["COVERAGE_PREFIX", "FINDINGS_TEXT_TAG", "GRAD_COVERAGE_TAG", "LAYOUT_RUN", "OPEN_PREFIX", "PLUGIN_CONTENT",
+           "PLUGIN_NAME", "RECORD_FORMAT", "RECORD_VERSION", "REPORT_TAG", "coverage_tag", "decode", "encode_coverage",
+           "encode_report", "is_coverage_tag", "layout", "open_tag"]

@@ -19,19 +19,6 @@ from ...options import parse_ignore
 from .command import EXIT_CODES_HELP, INCOMPLETE_EXIT_CODE, STRICT_EXIT_CODE, USAGE_EXIT_CODE, configure_run_parser, exit_code, run, run_main, run_target
 from .session import EVERY_STEP_VALUE_CHECKS, LATE_OPTIMIZER_CHECKS, Session, StrictStop
 
-__all__ = [
-    "EVERY_STEP_VALUE_CHECKS",
-    "EXIT_CODES_HELP",
-    "INCOMPLETE_EXIT_CODE",
-    "LATE_OPTIMIZER_CHECKS",
-    "STRICT_EXIT_CODE",
-    "USAGE_EXIT_CODE",
-    "Session",
-    "StrictStop",
-    "configure_run_parser",
-    "exit_code",
-    "parse_ignore",
-    "run",
-    "run_main",
-    "run_target",
-]
+__all__ = ["EVERY_STEP_VALUE_CHECKS", "EXIT_CODES_HELP", "INCOMPLETE_EXIT_CODE", "LATE_OPTIMIZER_CHECKS",
+           "STRICT_EXIT_CODE", "USAGE_EXIT_CODE", "Session", "StrictStop", "configure_run_parser", "exit_code",
+           "parse_ignore", "run", "run_main", "run_target"]

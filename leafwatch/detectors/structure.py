@@ -512,6 +512,4 @@ def dtype_changes_training(dtype: torch.dtype, main_dtype: torch.dtype) -> bool:
     """
     if dtype == main_dtype or not (dtype.is_floating_point and main_dtype.is_floating_point):
         return False
-    if dtype == torch.float64:
-        return True
-    return torch.finfo(dtype).eps > torch.finfo(main_dtype).eps
+    return dtype == torch.float64 or torch.finfo(dtype).eps > torch.finfo(main_dtype).eps

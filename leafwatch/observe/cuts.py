@@ -116,9 +116,8 @@ class Cut:
 def _is_internal(filename: str) -> bool:
     """Frames that are never the op's place: leafwatch, and torch outside ``torch.nn`` (a
     ``no_grad`` context manager, ``Tensor.__array__``, the decorator of ``@torch.no_grad()``)."""
-    if filename.startswith(frames.PACKAGE_DIR):
-        return True
-    return filename.startswith(_TORCH_DIR) and not filename.startswith(_TORCH_NN_DIR)
+    return filename.startswith(frames.PACKAGE_DIR) or (
+        filename.startswith(_TORCH_DIR) and not filename.startswith(_TORCH_NN_DIR))
 
 
 def _is_setup(frame: FrameType | None) -> bool:

@@ -244,9 +244,7 @@ def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
             chunk_numel += n
     if chunk:
         parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
-    if not parts:
-        return True
-    return bool(torch.isfinite(parts[0] if len(parts) == 1 else torch.cat(parts)).all())
+    return not parts or bool(torch.isfinite(parts[0] if len(parts) == 1 else torch.cat(parts)).all())
 
 
 class ValueChecker:

@@ -81,9 +81,7 @@ def decided_step(f: FindingText) -> int | None:
     """The step a finding was decided, when later than the step it was first seen (a suspicion
     held for evidence or for an optimizer that may step late); else None."""
     step = f.details.get("decided_step")
-    if isinstance(step, int) and f.first_step is not None and step > f.first_step:
-        return step
-    return None
+    return step if isinstance(step, int) and f.first_step is not None and step > f.first_step else None
 
 
 def seen_when(f: FindingText) -> str:
@@ -97,9 +95,7 @@ def seen_when(f: FindingText) -> str:
         'seen at step 2, decided at step 27'
     """
     decided = decided_step(f)
-    if decided is None:
-        return when(f.first_step)
-    return f"seen {when(f.first_step)}, decided at step {decided}"
+    return when(f.first_step) if decided is None else f"seen {when(f.first_step)}, decided at step {decided}"
 
 
 def ignored_because(f: FindingText) -> str:

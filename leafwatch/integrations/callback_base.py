@@ -114,11 +114,7 @@ class CallbackBase:
             self._console.report(report)
 
     def _check(self, optimizer: Any, step: int) -> None:
-        """Check before the optimizer step ``step``; in strict mode raise on an open error.
-
-        Raises:
-            LeafwatchError: strict mode and an open error finding; the Monitor is closed first.
-        """
+        """Check before the optimizer step ``step``; in strict mode raise LeafwatchError on an open error."""
         monitor = self.monitor
         if monitor is None:
             return

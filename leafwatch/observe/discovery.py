@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import sys
@@ -51,10 +52,8 @@ def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
 def _frame_values(frame: Any) -> list[Any]:
     """A frame's local values and, for a method, the attributes of ``self``."""
     values = list(frame.f_locals.values())
-    try:
+    with contextlib.suppress(TypeError):  # no `self`, or one without attributes
         values.extend(vars(frame.f_locals.get("self")).values())
-    except TypeError:  # no `self`, or one without attributes
-        pass
     return values[:_MAX_LOCALS]
 
 
@@ -67,10 +66,8 @@ def _script_scope() -> dict[str, Any]:
 def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
     """Keep ``module`` in ``seen`` (id -> weak reference) until it is freed."""
     key = id(module)
-    try:
+    with contextlib.suppress(TypeError):  # a module class that refuses weak references
         seen[key] = weakref.ref(module, lambda _, key=key: seen.pop(key, None))
-    except TypeError:  # a module class that refuses weak references
-        pass
 
 
 def optimizer_ids(optimizers: Iterable[torch.optim.Optimizer]) -> set[int]:

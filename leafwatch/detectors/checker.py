@@ -10,7 +10,7 @@ hooks on the optimizers, sinks, strict mode, distributed merging) and asks its C
 
 from __future__ import annotations
 
-import functools
+import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,7 +22,7 @@ from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe import evidence as observed
-from ..observe.evidence import Evidence
+from ..observe.evidence import INDEX, LISTS, Evidence
 from . import loop as stepping, outside, registry
 from .gradients import GradientTracker
 from .membership import MembershipJudge
@@ -105,7 +105,7 @@ class Checker:
         stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: [],
                                               registry.ONE_LOOK: []}
         for d in detectors:
-            stages[d.stage].append(Part(d.name, functools.partial(d.run, self), d.when(self) if d.when else ()))
+            stages[d.stage].append(Part(d.name, types.MethodType(d.run, self), d.when(self) if d.when else ()))
         #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
         #: a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(
@@ -130,12 +130,12 @@ class Checker:
             evidence = observed.read(cache, optimizer, loss, step)
         except Exception as error:  # noqa: BLE001 - (an `incomplete` finding says so) the parts judge what they keep
             pipeline.failed(READING, error, step)
-            evidence = Evidence(step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory)
+            evidence = step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory, None, ()
         else:
             if pipeline.failing:
                 pipeline.ran(READING, step)
         pipeline.run(evidence, step)
-        self._checked = optimizer, evidence.index, evidence.lists
+        self._checked = optimizer, evidence[INDEX], evidence[LISTS]
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""

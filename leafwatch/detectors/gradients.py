@@ -26,7 +26,7 @@ from .causes import Explanation
 from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, observed, silence_hint
 from .held import HeldMisses
 from .loop import LR_READ_EVERY, cleared_fix
-from ..observe.evidence import Evidence
+from ..observe.evidence import LISTS, LOSS, STEP, Evidence
 from ..observe.inventory import ParamInfo
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
@@ -391,14 +391,14 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     """The hot path, right after backward when every line runs cold: the misses of the one read of
     each ``p.grad``, with the loop watch's and the tracker's gates read in place (each call costs
     microseconds). Leaves in its state what the later detectors read: the misses, and whether one is new."""
-    cache, loop, grads, step, loss = checker.structure, checker.loop, checker.grads, evidence.step, evidence.loss
+    cache, loop, grads, step, loss = checker.structure, checker.loop, checker.grads, evidence[STEP], evidence[LOSS]
     reachable: set[int] | None = None
     walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
     offset, streaks, force = 0, len(grads.streak), False
     skip: set[int] | None = None
     out: Verdicts | None = None  # a healthy check makes no list
     grads.missing_now = missing_now = []
-    for key, clist, missing in evidence.lists:
+    for key, clist, missing in evidence[LISTS]:
         if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
             missing, found = loop.judge(clist, missing, key, step, cache.optimizers)
             out = found if out is None else out + found

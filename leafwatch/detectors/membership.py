@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import fixes
-from ..observe.evidence import Evidence
+from ..observe.evidence import INVENTORY, STEP, Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
@@ -106,7 +106,7 @@ class MembershipJudge:
         """At a check: decide the held findings (nothing to do when none is held)."""
         if not self.waiting:
             return []
-        inv, step = evidence.inventory, evidence.step
+        inv, step = evidence[INVENTORY], evidence[STEP]
         out: Verdicts = []
         still = False
         for f in self.view.pending():

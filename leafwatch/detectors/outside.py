@@ -34,12 +34,12 @@ from ..watching import WatchEntry
 from .constructors import make
 from ..report.verdicts import Verdict, Verdicts
 
-from ..observe.evidence import Evidence
+from ..observe.evidence import LOSS, Evidence
 
 
 def judge_loss(checker: Any, evidence: Evidence) -> Verdicts | None:
     """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
-    loss, cache, leaves = evidence.loss, checker.structure, checker.loss_leaves
+    loss, cache, leaves = evidence[LOSS], checker.structure, checker.loss_leaves
     if loss is None or not leaves.wants_walk(checker.grads.new_miss):
         return None
     return [Verdict.open(f) for f in leaves.observe(

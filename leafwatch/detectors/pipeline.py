@@ -31,14 +31,14 @@ class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does.
 
     ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the
-    check's evidence): the part runs only at a check where one of them is truthy, or while it is
+    field of that index in the check's evidence): the part runs only at a check where one of them is truthy, or while it is
     failing (so that its ``incomplete`` finding can clear); empty: at every check. It only saves
     the call (cold right after backward): the part still checks for itself.
     """
 
     name: str
     run: Callable[[State], Verdicts | None]
-    when: tuple[tuple[object, str], ...] = ()
+    when: tuple[tuple[object, str | int], ...] = ()
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
@@ -89,7 +89,7 @@ class Pipeline(Generic[State]):
         for name, run, when in plan:
             if when and not (failing and name in failing):
                 for owner, attribute in when:
-                    if getattr(state if owner is None else owner, attribute):
+                    if state[attribute] if owner is None else getattr(owner, attribute):  # type: ignore[index]
                         break
                 else:
                     continue  # nothing it waits on is there: the part has nothing to do

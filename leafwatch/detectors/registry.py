@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import gradients, membership, outside, structure, values, watched
-from ..observe.evidence import Evidence
+from ..observe.evidence import LOSS, REBUILT, Evidence
 from ..report.verdicts import Verdicts
 
 #: Before any gradient exists (the structure scan at the first sight of a model).
@@ -47,14 +47,14 @@ class Detector:
     name: str
     run: Callable[[Any, Evidence | None], Verdicts | None]
     stage: str = CHECK
-    when: Callable[[Any], tuple[tuple[object, str], ...]] | None = None
+    when: Callable[[Any], tuple[tuple[object, str | int], ...]] | None = None
     state: Callable[[Any], Any] | None = None
     voices: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector("the structure check", structure.judge, when=lambda c: ((None, "rebuilt"),), voices={
+    Detector("the structure check", structure.judge, when=lambda c: ((None, REBUILT),), voices={
         "structure.not_in_optimizer": ("not_in_optimizer", "left_out", "buffer_requires_grad"),
         "structure._optimizer_membership": ("not_in_optimizer", "unfrozen_after"),
         "structure._created_after": ("not_in_optimizer", "created_after_optimizer"),
@@ -95,13 +95,13 @@ DETECTORS: tuple[Detector, ...] = (
         "watched.not_requiring_grad": ("missing_grad", "requires_grad_false"),
         "watched.watched_findings": ("missing_grad", "watched_unused"),
         "outside.outside_optimizer": ("not_in_optimizer", "outside_model")}),
-    Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, "loss"),), voices={
+    Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, LOSS),), voices={
         "outside.LossLeaves.undecided": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
         "membership._never_stepped": ("not_in_optimizer", "never_stepped"),
         "membership.MembershipJudge._late": ("not_in_optimizer", "no_optimizer_stepped"),
         "membership._outside_root_finding": ("not_in_optimizer", "root_outside", "chosen_outside")}),
-    Detector("the NaN/Inf gradient check", values.judge, voices={
+    Detector("the NaN/Inf gradient check", values.judge, when=lambda c: ((c.values, "every"),), voices={
         "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
         "values.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
         "dead.dead_grad": ("dead_grad", "zero_streak")}),

@@ -27,7 +27,7 @@ from ..observe.structure import appeared
 from .constructors import make, silence_hint
 from .watched import non_leaf, watched_findings
 from ..options import warn_unmatched_ignore
-from ..observe.evidence import Evidence
+from ..observe.evidence import REBUILT, Evidence
 
 
 def scan(checker: Any, _: Any) -> Verdicts:
@@ -40,7 +40,7 @@ def scan(checker: Any, _: Any) -> Verdicts:
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
     """At a check: what a new reading of the structure says (nothing when it did not change)."""
-    return rebuilt(checker, evidence.rebuilt) if evidence.rebuilt is not None else None
+    return rebuilt(checker, evidence[REBUILT]) if evidence[REBUILT] is not None else None
 
 
 def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Verdicts:

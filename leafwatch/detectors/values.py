@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..observe import inventory, sharding as distributed, structure
-from ..observe.evidence import Evidence
+from ..observe.evidence import LISTS, STEP, Evidence
 from ..report.findings import Finding, Kind, Status
 from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
@@ -26,13 +26,13 @@ from .dead import DeadGradTracker
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
     """At a check: the value check when it is due (or a step about to be skipped asked for it)."""
-    values, step = checker.values, evidence.step
+    values, step = checker.values, evidence[STEP]
     every = values.every
     on_cadence = bool(every) and (step == 1 or step % every == 0 or checker.loop.force_values)
     if on_cadence or (every and step <= values.every_check_values_until):
         if not on_cadence:
             values.off_cadence_steps.add(step)
-        return values.check(step, [clist for _, clist, _ in evidence.lists])
+        return values.check(step, [clist for _, clist, _ in evidence[LISTS]])
     return []
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import structure, tracing
-from .evidence import Evidence
+from .evidence import INDEX, Evidence
 
 
 class Diagnostics:
@@ -54,7 +54,7 @@ class Diagnostics:
             self.warn("arming the diagnostic hooks", error)
 
     def retarget(self, check: Evidence) -> None:
-        """After a check (of the optimizer at ``check.index``): the hooks follow the tensors that miss
+        """After a check (of the optimizer at ``check[INDEX]``): the hooks follow the tensors that miss
         now, worked out again only when the misses, the structure or the cleared gradients change. A
         part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
@@ -67,7 +67,7 @@ class Diagnostics:
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 tensors = cache.inventory.tensors
                 loop.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})
-        tracer.end_check(check.index, len(cache.optimizers))
+        tracer.end_check(check[INDEX], len(cache.optimizers))
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""

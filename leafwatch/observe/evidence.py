@@ -1,35 +1,31 @@
 """The evidence of one check: what it observed, read once before any detector runs.
 
 :func:`read` takes the structure (read again only where it changed) and makes the one read of
-each ``p.grad`` of the check lists; the :class:`Evidence` it returns is frozen, and every
-detector of the check reads the same one. What a detector concludes goes into its verdicts
-(and, where a later detector of the same check needs it, into its own state), never back here.
+each ``p.grad`` of the check lists; the evidence it returns is a plain tuple, so read-only, and
+every detector of the check reads the same one by the field constants below
+(``evidence[LISTS]``). A tuple, not a named one: right after backward every distinct piece of
+Python and C runs cold, and a tuple subclass costs a construction and a descriptor call per read.
+What a detector concludes goes into its verdicts (and, where a later detector of the same check
+needs it, into its own state), never back here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
-    from .inventory import Inventory
-    from .structure import CheckList, StructureCache
+    from .structure import StructureCache
 
-
-class Evidence(NamedTuple):
-    """What one check observed (read-only: a tuple, cheap to make right after backward)."""
-
-    step: int
-    optimizer: torch.optim.Optimizer | None = None
-    loss: torch.Tensor | None = None
-    #: The index of ``optimizer`` among the Monitor's (None: every optimizer is checked).
-    index: int | None = None
-    #: The structure as read at this check, and the new reading when it changed at this check.
-    inventory: Inventory | None = None
-    rebuilt: Inventory | None = None
-    #: For each check list: its key, the list, and the indices of its tensors whose ``.grad`` is None.
-    lists: tuple[tuple[int | None, CheckList, list[int]], ...] = ()
+#: A check's evidence: ``(step, optimizer, loss, index, inventory, rebuilt, lists)``.
+Evidence = tuple[Any, ...]
+#: The step; the optimizer checked (None: every one) and its index among the Monitor's; the loss.
+STEP, OPTIMIZER, LOSS, INDEX = 0, 1, 2, 3
+#: The structure as read at this check, and the new reading when it changed at this check.
+INVENTORY, REBUILT = 4, 5
+#: For each check list: its key, the list, and the indices of its tensors whose ``.grad`` is None.
+LISTS = 6
 
 
 def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None,
@@ -46,9 +42,7 @@ def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: t
     for key, clist in cache.lists.items() if optimizer is None else ((index, cache.lists[index]),):
         clist.checks += 1
         found.append((key, clist, [i for i, p in enumerate(clist.params) if p.grad is None]))
-    lists = tuple(found)
-    # (tuple.__new__, not Evidence(...): no Python frame of its own right after backward)
-    return tuple.__new__(Evidence, (step, optimizer, loss, index, cache.inventory, rebuilt, lists))
+    return step, optimizer, loss, index, cache.inventory, rebuilt, tuple(found)
 
 
-__all__ = ["Evidence", "read"]
+__all__ = ["INDEX", "INVENTORY", "LISTS", "LOSS", "OPTIMIZER", "REBUILT", "STEP", "Evidence", "read"]

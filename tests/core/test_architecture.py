@@ -466,6 +466,7 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
 
     from leafwatch.detectors import registry
     from leafwatch.detectors.constructors import make
+    from leafwatch.observe.evidence import LISTS, STEP
     from leafwatch.report.verdicts import Verdict
 
     @dataclasses.dataclass
@@ -476,8 +477,8 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
         checker.states["the gradient-norm check"].checks += 1
         return [Verdict.open(make("nonfinite_grad", name, "warning", f"`{name}`'s gradient is huge.",
                                   "a learning rate too high", "lower the learning rate", reason="huge",
-                                  step=evidence.step))
-                for _, clist, _ in evidence.lists for name, p in zip(clist.names, clist.params)
+                                  step=evidence[STEP]))
+                for _, clist, _ in evidence[LISTS] for name, p in zip(clist.names, clist.params)
                 if p.grad is not None and p.grad.abs().max() > 1e3]
 
     added = registry.Detector("the gradient-norm check", huge, state=lambda checker: Seen())
@@ -498,13 +499,14 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
 
 def test_every_detector_of_a_check_reads_the_same_read_only_evidence(monkeypatch: pytest.MonkeyPatch) -> None:
     from leafwatch.detectors import registry
+    from leafwatch.observe.evidence import LISTS, LOSS
 
     seen: list[object] = []
 
     def look(checker, evidence):
         seen.append(evidence)
-        with pytest.raises(AttributeError):
-            evidence.loss = None  # no detector writes what the check observed
+        with pytest.raises(TypeError):
+            evidence[LOSS] = None  # no detector writes what the check observed
 
     monkeypatch.setattr(registry, "DETECTORS", (registry.Detector("first look", look), *registry.DETECTORS,
                                                 registry.Detector("last look", look)))
@@ -514,8 +516,8 @@ def test_every_detector_of_a_check_reads_the_same_read_only_evidence(monkeypatch
     loss = model(torch.ones(1, 2)).sum()
     loss.backward()
     monitor.check(optimizer, loss=loss)
-    assert len(seen) == 2 and seen[0] is seen[1] and seen[0].loss is loss
-    assert [(key, missing) for key, _, missing in seen[0].lists] == [(0, [])]  # both tensors had a gradient
+    assert len(seen) == 2 and seen[0] is seen[1] and seen[0][LOSS] is loss
+    assert [(key, missing) for key, _, missing in seen[0][LISTS]] == [(0, [])]  # both tensors had a gradient
     monitor.close()
 
 

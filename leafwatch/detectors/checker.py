@@ -17,11 +17,10 @@ from typing import Any
 
 import torch
 
-from ..observe import inventory, structure
+from ..observe import evidence as observed, inventory, structure
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
-from ..observe import evidence as observed
 from ..observe.evidence import INDEX, LISTS, Evidence
 from . import loop as stepping, outside, registry
 from .gradients import GradientTracker

@@ -1,12 +1,10 @@
 """The evidence of one check: what it observed, read once before any detector runs.
 
 :func:`read` takes the structure (read again only where it changed) and makes the one read of
-each ``p.grad`` of the check lists; the evidence it returns is a plain tuple, so read-only, and
-every detector of the check reads the same one by the field constants below
-(``evidence[LISTS]``). A tuple, not a named one: right after backward every distinct piece of
-Python and C runs cold, and a tuple subclass costs a construction and a descriptor call per read.
-What a detector concludes goes into its verdicts (and, where a later detector of the same check
-needs it, into its own state), never back here.
+each ``p.grad``. Every detector of the check reads the same evidence, a plain tuple (read-only)
+whose fields the constants below name: ``evidence[LISTS]`` (a named tuple costs a construction
+and a descriptor call per read, each cold right after backward). What a detector concludes goes
+into its verdicts or its own state, never back here.
 """
 
 from __future__ import annotations
@@ -20,12 +18,10 @@ if TYPE_CHECKING:
 
 #: A check's evidence: ``(step, optimizer, loss, index, inventory, rebuilt, lists)``.
 Evidence = tuple[Any, ...]
-#: The step; the optimizer checked (None: every one) and its index among the Monitor's; the loss.
-STEP, OPTIMIZER, LOSS, INDEX = 0, 1, 2, 3
-#: The structure as read at this check, and the new reading when it changed at this check.
-INVENTORY, REBUILT = 4, 5
-#: For each check list: its key, the list, and the indices of its tensors whose ``.grad`` is None.
-LISTS = 6
+#: The step, the optimizer checked (None: every one), the loss, the optimizer's index among the Monitor's,
+#: the structure as read and its new reading (None: unchanged), and for each check list its key, the list
+#: and the indices of its tensors whose ``.grad`` is None.
+STEP, OPTIMIZER, LOSS, INDEX, INVENTORY, REBUILT, LISTS = range(7)
 
 
 def read(cache: StructureCache, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None,

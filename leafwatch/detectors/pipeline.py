@@ -30,10 +30,10 @@ State = TypeVar("State")
 class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does.
 
-    ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the
-    field of that index in the check's evidence): the part runs only at a check where one of them is truthy, or while it is
-    failing (so that its ``incomplete`` finding can clear); empty: at every check. It only saves
-    the call (cold right after backward): the part still checks for itself.
+    ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the field
+    of that index in the check's evidence): the part runs only at a check where one is truthy, or
+    while it is failing (so that its ``incomplete`` finding can clear); empty: at every check. It
+    only saves the call (cold right after backward): the part still checks for itself.
     """
 
     name: str

@@ -10,7 +10,7 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -19,7 +19,7 @@ from ..observe import changes as evidence, cuts, graph, inventory, tracing
 from .. import watching
 from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
-from ..observe.structure import CheckList, StructureCache
+from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import causes
 from .causes import Explanation
@@ -423,14 +423,16 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     return out
 
 
-def first_step_misses(misses: Iterable[tuple[int, Iterable[Callable[[], torch.Tensor | None]]]],
-                      structure: StructureCache, findings: FindingsView, seen: set[int], _: object = None) -> Verdicts:
-    """``leafwatch run``'s part for a run that ended before its first check: the tensors without a gradient at
-    their optimizer's only step (``misses``: that step, weak references) that no finding names yet."""
-    inv = structure.inventory
-    ran = {name for name, module in inv.modules.items() if id(module) in seen}
-    named, watched, out = {f.name for f in findings}, {id(e.tensor()) for e in watching.entries()}, []
-    for step, refs in misses:
+FIRST_STEPS = "the first-step gradient check"  # the registry's name of first_step_misses and of its state
+
+
+def first_step_misses(checker: Any, _: object) -> Verdicts:
+    """A run that ended before its first check: the tensors without a gradient at their optimizer's only step
+    that no finding names yet (its state's ``misses`` and ``seen``, the modules that ran, from ``leafwatch run``)."""
+    first, inv = checker.states[FIRST_STEPS], checker.structure.inventory
+    ran = {name for name, module in inv.modules.items() if id(module) in first.seen}
+    named, watched, out = {f.name for f in checker.history_store.view}, {id(e.tensor()) for e in watching.entries()}, []
+    for step, refs in first.misses:
         for p in (ref() for ref in refs):
             info = inv.params.get(id(p))
             if info is None or info.name in named or id(p) in watched or not p.requires_grad:

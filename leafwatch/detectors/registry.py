@@ -18,6 +18,7 @@ reason missing here, and on a builder that edits the words another one wrote.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -54,6 +55,8 @@ class Detector:
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
+    Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, when=lambda c: (
+        (c.states[gradients.FIRST_STEPS], "misses"),), state=lambda c: types.SimpleNamespace(misses=[], seen=set())),
     Detector("the structure check", structure.judge, when=lambda c: ((None, REBUILT),), voices={
         "structure.not_in_optimizer": ("not_in_optimizer", "left_out", "buffer_requires_grad"),
         "structure._optimizer_membership": ("not_in_optimizer", "unfrozen_after"),

@@ -72,9 +72,7 @@ def clean_name(name: str) -> str:
         >>> clean_name("encoder._orig_mod.layer._forward_module.weight")
         'encoder.layer.weight'
     """
-    if "_" not in name:
-        return name
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+    return name if "_" not in name else ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
 def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:

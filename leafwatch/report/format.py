@@ -65,16 +65,12 @@ def when(step: int | None) -> str:
         >>> when(3), when(0), when(None)
         ('at step 3', 'at start', '')
     """
-    if step is None:
-        return ""
-    return "at start" if step == 0 else f"at step {step}"
+    return "" if step is None else "at start" if step == 0 else f"at step {step}"
 
 
 def since(step: int | None) -> str:
     """``"(since step 3)"``, ``"(since start)"``, or nothing when the step is unknown."""
-    if step is None:
-        return ""
-    return "(since start)" if step == 0 else f"(since step {step})"
+    return "" if step is None else "(since start)" if step == 0 else f"(since step {step})"
 
 
 def decided_step(f: FindingText) -> int | None:

@@ -15,14 +15,12 @@ from __future__ import annotations
 import sys
 import weakref
 from contextlib import suppress
-from functools import partial
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from ...detectors.gradients import first_step_misses
-from ...detectors.pipeline import Part
+from ...detectors.gradients import FIRST_STEPS
 from ...sinks.console import NewFindingWarnings
 from ...report.findings import Kind, Report
 from ...monitor import Monitor, StepHooks
@@ -236,7 +234,7 @@ class _RunMonitor(Monitor):
         of each one's only step (``seen``: the ids of the modules that ran), the end-of-run decisions."""
         for opt in optimizers:
             self.add_optimizer(opt)
-        self._checker.step, self._checker.scanning = step, (*self._checker.scanning, Part(
-            "the first-step gradient check", partial(first_step_misses, misses, self.structure, self.history_store.view, seen)))
+        first = self._checker.states[FIRST_STEPS]  # the registry's part for them runs in the scan
+        self._checker.step, first.misses, first.seen = step, misses, seen
         self.scan()
         return self.close()

@@ -101,11 +101,11 @@ class Pipeline(Generic[State]):
                 if verdicts:
                     self.history.apply(verdicts)
                 if failing and name in failing:
-                    failing.discard(name)
-                    self.history.apply([Verdict.resolve((Kind.INCOMPLETE, name), step)])
+                    self.ran(name, step)
 
     def ran(self, part: str, step: int | None) -> None:
-        """``part``, run outside :meth:`run` (the evidence read), ran through at ``step``."""
+        """``part`` ran through at ``step``: its ``incomplete`` finding, if any, is resolved (also for the
+        evidence read, run outside :meth:`run`)."""
         if part in self.failing:
             self.failing.discard(part)
             self.history.apply([Verdict.resolve((Kind.INCOMPLETE, part), step)])

@@ -5,7 +5,7 @@ The Monitor is the public surface: it validates its arguments, owns the
 rebuilt only when a cheap fingerprint changes) and the
 :class:`~leafwatch.report.history.FindingHistory` (findings over time, a version per change), hooks the
 optimizers (:meth:`Monitor.attach`), runs the sinks, strict mode and, when distributed, the
-:class:`~leafwatch.detectors.ranks.Gatherer`. What one check does, in order, is its
+:class:`~leafwatch.detectors.gatherer.Gatherer`. What one check does, in order, is its
 :class:`~leafwatch.detectors.checker.Checker`'s: per optimizer step only what can change per step, one
 pass over a precomputed list reading ``p.grad``.
 """
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .detectors import ranks as _distributed
+from .detectors import gatherer as _distributed
 from .observe import inventory, structure
 from . import watching
 from .detectors.checker import Checker
@@ -124,8 +124,8 @@ class Monitor:
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
         self._step_hooks = StepHooks(self.check, self._observes)
-        self._gatherer = _distributed.make_gatherer(
-            self.structure.source, self.structure.named_params, distributed, ignore=self.ignore)
+        self._gatherer = _distributed.make_gatherer(self.structure.source, self.structure.named_params, distributed,
+                                                    ignore=self.ignore, detectors=self._checker.merging, warn=self._warn)
         self._checker.arm()
 
     # -- configuration read by front-ends ------------------------------------------------------

@@ -103,8 +103,11 @@ class Checker:
         self.states = {d.name: d.state(self) for d in detectors if d.state is not None}
         stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: [],
                                               registry.ONE_LOOK: []}
+        #: The merge of the ranks' findings: the Monitor's Gatherer runs it, on a history of its own.
+        self.merging = tuple(d for d in detectors if d.stage == registry.RANKS)
         for d in detectors:
-            stages[d.stage].append(Part(d.name, types.MethodType(d.run, self), d.when(self) if d.when else ()))
+            if d.stage != registry.RANKS:
+                stages[d.stage].append(Part(d.name, types.MethodType(d.run, self), d.when(self) if d.when else ()))
         #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
         #: a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(

@@ -22,7 +22,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import gradients, membership, outside, structure, values, watched
+from . import gradients, membership, outside, ranks, structure, values, watched
 from ..observe.evidence import LOSS, REBUILT, Evidence
 from ..report.verdicts import Verdicts
 
@@ -34,6 +34,9 @@ CHECK = "check"
 CLOSE = "close"
 #: After them, at the end of a run of one look without the loss (``audit()``).
 ONE_LOOK = "one look"
+#: After each check when distributed, on the findings of every rank (run by the Monitor's
+#: :class:`~leafwatch.detectors.gatherer.Gatherer`, bound to it, on the merged history).
+RANKS = "ranks"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,15 +116,13 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the loss-graph check", outside.undecided, CLOSE),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={
         "gradients.no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
+    Detector("the merge of the ranks' findings", ranks.judge, RANKS, voices={
+        "ranks.unused_on_rank": ("missing_grad", "unused_on_rank"),
+        "ranks._merged_missing": ("missing_grad", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching")}),
 )
 
-#: The voices of what is decided outside one check's detectors: the merge of the ranks' reports
-#: (after each rank's history) and a part that failed (the pipeline's own finding).
-BEYOND_THE_CHECK: Mapping[str, tuple[str, ...]] = {
-    "ranks.Gatherer._locally_unused": ("missing_grad", "unused_on_rank"),
-    "ranks._merged_missing": ("missing_grad", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching"),
-    "pipeline.incomplete": ("incomplete", "part_failed"),
-}
+#: The voice of what no detector decides: a part that failed (the pipeline's own finding).
+BEYOND_THE_CHECK: Mapping[str, tuple[str, ...]] = {"pipeline.incomplete": ("incomplete", "part_failed")}
 
 #: ``(kind, reason)`` -> its one builder (``module.function`` under ``leafwatch.detectors``).
 VOICES: dict[tuple[str, str], str] = {

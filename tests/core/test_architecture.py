@@ -100,7 +100,7 @@ def _core_imports_of_integrations(graph: dict[str, set[str]]) -> dict[str, list[
 def test_the_core_never_imports_integrations() -> None:
     graph = _import_graph()
     assert "leafwatch.sinks.tensorboard" in graph and "leafwatch.observe.sharding" in graph
-    assert "leafwatch.detectors.ranks" in graph["leafwatch.monitor"]  # the walk sees `from .detectors import x`
+    assert "leafwatch.detectors.gatherer" in graph["leafwatch.monitor"]  # the walk sees `from .detectors import x`
     assert _core_imports_of_integrations(graph) == {}
 
 
@@ -311,9 +311,10 @@ def test_only_the_pipeline_and_the_checker_hand_verdicts_to_the_history() -> Non
     assert "leafwatch.detectors.pipeline" in writers  # the scan sees a write
 
 
-#: The two modules of ``detectors/`` that run the detectors rather than being one: the pipeline
-#: hands their verdicts to the history, the Checker owns the history and the check's order.
-DETECTOR_RUNNERS = {"leafwatch.detectors.pipeline", "leafwatch.detectors.checker"}
+#: The modules of ``detectors/`` that run the detectors rather than being one: the pipeline
+#: hands their verdicts to the history, the Checker owns the history and the check's order, the
+#: Gatherer owns the merged history and runs the rank merge on it.
+DETECTOR_RUNNERS = {"leafwatch.detectors.pipeline", "leafwatch.detectors.checker", "leafwatch.detectors.gatherer"}
 
 
 def test_detectors_return_verdicts_and_never_hold_the_history() -> None:

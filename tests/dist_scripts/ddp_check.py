@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 import leafwatch
-import leafwatch.detectors.ranks
+import leafwatch.detectors.gatherer
 
 
 #: CPU with gloo; LEAFWATCH_TEST_BACKEND=nccl puts each rank on its own GPU.
@@ -72,7 +72,7 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
     if scenario == "strict":
         inner = TwoLayers()
         return inner, ddp(inner), {"strict": True}
-    if scenario == "branch":
+    if scenario in ("branch", "branch_once"):  # branch_once: rank 1 skips it at the first step only
         inner = TwoLayers(use_branch=rank != 1)
         del inner.unused
         return inner, ddp(inner, find_unused_parameters=True), {}
@@ -106,7 +106,7 @@ def build(scenario: str, rank: int) -> tuple[nn.Module, nn.Module, dict]:
 
 
 #: The gather timeout leafwatch ships with, restored before each scenario.
-DEFAULT_TIMEOUT_S = leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S
+DEFAULT_TIMEOUT_S = leafwatch.detectors.gatherer.DEFAULT_TIMEOUT_S
 
 #: Scenarios after which the ranks are out of step: one rank gave up a collective (the gather of
 #: ``rank0_only``, DDP's gradient all-reduce of ``branch_strict``) that the other never joined.
@@ -128,7 +128,7 @@ def parse(scenarios: str, steps: int) -> list[tuple[str, int]]:
 def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
     """One scenario from a fresh seed and the default gather timeout; writes its result."""
     torch.manual_seed(rank)
-    leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
+    leafwatch.detectors.gatherer.DEFAULT_TIMEOUT_S = DEFAULT_TIMEOUT_S
     inner, trained, options = build(scenario, rank)
     events = []
     optimizer = torch.optim.SGD(trained.parameters(), lr=0.1)
@@ -136,10 +136,10 @@ def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
     model = trained if isinstance(trained, nn.parallel.DistributedDataParallel) else inner
     monitor = None
     if scenario == "branch_strict":
-        leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.detectors.gatherer.DEFAULT_TIMEOUT_S = 3.0
     if scenario == "rank0_only":
         # A Monitor on rank zero only: leafwatch must give up gathering, not hang.
-        leafwatch.detectors.ranks.DEFAULT_TIMEOUT_S = 3.0
+        leafwatch.detectors.gatherer.DEFAULT_TIMEOUT_S = 3.0
     if scenario != "rank0_only" or rank == 0:
         # The frozen model is handed without its optimizer: nothing at all to check.
         given = None if scenario == "frozen" else optimizer
@@ -148,7 +148,9 @@ def run(scenario: str, steps: int, rank: int, out_dir: str) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            for _ in range(steps):
+            for step in range(steps):
+                if scenario == "branch_once" and step == 1:
+                    inner.use_branch = True
                 optimizer.zero_grad()
                 loss = trained(torch.randn(8, 4, device=DEVICE)).sum()
                 if loss.requires_grad:  # not in the frozen scenario

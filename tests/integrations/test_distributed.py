@@ -13,6 +13,7 @@ processes, each writing its own result; each test reads its scenario's result.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -30,9 +31,10 @@ from _requirements import require_lightning_callback
 from torch import nn
 
 import leafwatch
-from leafwatch.detectors import ranks
+from leafwatch.detectors import ranks, registry
 from leafwatch.integrations import distributed
-from leafwatch.report.findings import Finding
+from leafwatch.options import WarnOnce
+from leafwatch.report.findings import Finding, Report
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "dist_scripts"
 REPO = Path(__file__).resolve().parents[2]
@@ -129,7 +131,7 @@ def _torchrun(scenario: str, tmp_path: Path, steps: int = 3, backend: str = "glo
 #: after those that train through, and the one that leaves the ranks out of step (a Monitor on
 #: rank zero only) comes last; ``branch_strict`` ends with one rank gone, so it runs alone.
 TORCHRUN_LAUNCHES = (
-    ["clean:3", "frozen:2", "branch:3", "unused_fup:2", "fsdp2:2", "fsdp_orig:2", "fsdp_flat:2", "unused:3",
+    ["clean:3", "frozen:2", "branch:3", "branch_once:3", "unused_fup:2", "fsdp2:2", "fsdp_orig:2", "fsdp_flat:2", "unused:3",
      "strict:3", "rank0_only:3"],
     ["branch_strict:2"],
 )
@@ -241,6 +243,21 @@ def test_ddp_rank_dependent_branch_named_with_its_rank(torchrun: Results) -> Non
             assert "find_unused_parameters=True" in f["cause"]  # DDP filled .grad on rank 1
     # The finding set stays the same after step 1: one gather, then only the flag.
     assert results[0]["rounds"] == results[1]["rounds"] == 1
+
+
+@in_torchrun_launch
+def test_ddp_branching_seen_once_stays_in_the_merged_report_once_every_rank_runs_the_branch(torchrun: Results) -> None:
+    # Rank 1 skips the branch at step 1 only. From step 2 no rank reports it (the finding came from
+    # DDP's use record, not from a rank's history), but the merged report is a history of its own:
+    # it keeps what was seen at step 1 rather than forgetting it (the change is exchanged at step 3).
+    results = torchrun("branch_once")
+    for rank in (0, 1):
+        assert results[rank]["error"] is None
+        for report in results[rank]["reports"]:
+            f = _findings(report, "missing_grad")["branch.weight"]
+            assert (f["status"], f["ranks"], f["details"]["reason"]) == ("intermittent", [1], "rank_branching")
+            assert f["last_step"] == 1
+    assert results[0]["rounds"] == results[1]["rounds"] == 2  # step 1, and the change of step 2
 
 
 @in_torchrun_launch
@@ -453,6 +470,39 @@ def test_merge_of_no_findings_is_empty() -> None:
 
 
 # -- single process ---------------------------------------------------------------------------------
+def test_a_rank_merge_that_raises_leaves_an_incomplete_finding_in_the_merged_report_and_gathering_goes_on(
+        tmp_path: Path) -> None:
+    # A real gloo group of one process: the Gatherer runs the registry's RANKS detectors through
+    # a pipeline onto its merged history, so a merge that raises costs its verdicts only.
+    calls = []
+
+    def flaky(gatherer: distributed.Gatherer, gathered: tuple) -> list:
+        calls.append(gathered[0])
+        if len(calls) == 1:
+            raise RuntimeError("merge broke")
+        return ranks.judge(gatherer, gathered)
+
+    (merging,) = [d for d in registry.DETECTORS if d.stage == registry.RANKS]
+    detector = dataclasses.replace(merging, run=flaky)
+    torch.distributed.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
+    try:
+        gatherer = distributed.Gatherer(nn.Linear(2, 1), detectors=[detector], warn=WarnOnce(), pipelined=False)
+        with pytest.warns(leafwatch.LeafwatchInternalWarning, match="the merge of the ranks' findings"):
+            first = gatherer.gather(Report([_missing("x.weight")], step=1), 1, WarnOnce())
+        assert first is not None and [(f.kind, f.name, f.status, f.details["reason"]) for f in first.findings] == [
+            ("incomplete", "the merge of the ranks' findings", "open", "part_failed")]
+        second = gatherer.gather(Report([_missing("x.weight"), _missing("y.weight")], step=2), 2, WarnOnce())
+        assert second is not None and calls == [1, 2] and gatherer.rounds == 2
+        found = {(f.kind, f.name): f for f in second.tensors()}
+        assert found[("incomplete", "the merge of the ranks' findings")].status == "resolved"
+        for name in ("x.weight", "y.weight"):
+            f = found[("missing_grad", name)]
+            assert (f.status, f.ranks, f.details["reason"]) == ("open", (0,), "no_grad_on_any_rank")
+        gatherer.close()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 def test_monitor_outside_a_process_group_does_not_gather() -> None:
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -206,9 +206,8 @@ class Monitor:
                 self._report = report
             if self._gatherer is not None:
                 # Every rank takes part, even after a local failure, so that no rank waits forever.
-                event = self._gatherer.merge_event(event, self._report, self.step,
-                                                   self.structure.optimizer_index(optimizer), self._warn,
-                                                   self.structure.grad_view.strategy)
+                index, strategy = self.structure.optimizer_index(optimizer), self.structure.grad_view.strategy
+                event = self._gatherer.merge_event(event, self._report, self.step, index, strategy)
                 report = event.report if event is not None else None
             if report is None:
                 return self._report

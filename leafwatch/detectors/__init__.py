@@ -24,7 +24,7 @@ once, in :data:`leafwatch.detectors.registry.DETECTORS`; every front-end (``audi
 ``loop``            the training loop: gradients cleared before the step (grad_cleared), a learning
                     rate stuck at 0 and steps always skipped (no_update)
 ``causes``          why a tensor missed its gradient, read from the tracer's records
-``ranks``           the merge across ranks and the info finding of sharded gradients
+``ranks``           the merge across ranks (``gatherer`` runs it after each check), sharded gradients
 ``constructors``    make(), and the texts several detectors' builders share
 ``pipeline``        runs the Checker's parts (``checker``) in order, each guarded
 ==================  ============================================================================

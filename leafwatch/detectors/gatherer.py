@@ -53,7 +53,7 @@ class Gatherer:
             check, so a quiet step never waits on the network; a change is then merged one
             check later (the first check always exchanges at once). False: wait at each check.
         detectors: The registry's detectors of stage ``RANKS`` (each run as ``run(gatherer, gathered)``).
-        warn: Warns once per failing detector (an ``incomplete`` finding says so in the merged report).
+        warn: Warns once per internal failure (a failing detector also leaves an ``incomplete`` finding).
     """
 
     def __init__(self, model: Any, params: Sequence[tuple[torch.Tensor, str]] = (),
@@ -85,14 +85,12 @@ class Gatherer:
         """Rank zero logs the merged findings; once gathering failed, every rank logs its own."""
         return self.rank == 0 or self._disabled
 
-    def gather(self, local: Report, step: int, warn: Callable[[str, BaseException], None],
-               strategy: str = "plain") -> Report | None:
+    def gather(self, local: Report, step: int, strategy: str = "plain") -> Report | None:
         """Merge ``local`` with every rank's report. Call it on every rank at every check.
 
         Args:
             local: This rank's report (after a local failure, the last one).
             step: The step of the check.
-            warn: Where internal failures go (warned once, training goes on).
             strategy: :attr:`GradientView.strategy` of the model.
 
         Returns:
@@ -138,15 +136,15 @@ class Gatherer:
         except Exception as error:
             self._disabled = True
             self._pending = None
-            warn("gathering findings across ranks (each rank must create its Monitor and check at "
+            self.pipeline.warn("gathering findings across ranks (each rank must create its Monitor and check at "
                  "the same steps; otherwise pass `distributed=False`)", error)
             return None
 
     def merge_event(self, event: CheckEvent | None, report: Report, step: int, optimizer: int | None,
-                    warn: Callable[[str, BaseException], None], strategy: str) -> CheckEvent | None:
+                    strategy: str) -> CheckEvent | None:
         """The Monitor's event with the report merged across ranks (``report``: this rank's
         latest, used when the local check failed and ``event`` is None)."""
-        merged = self.gather(event.report if event is not None else report, step, warn, strategy)
+        merged = self.gather(event.report if event is not None else report, step, strategy)
         if merged is None:
             return event if event is None else dataclasses.replace(event, report=self.alone(event.report))
         if event is None:

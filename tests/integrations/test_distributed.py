@@ -488,10 +488,10 @@ def test_a_rank_merge_that_raises_leaves_an_incomplete_finding_in_the_merged_rep
     try:
         gatherer = distributed.Gatherer(nn.Linear(2, 1), detectors=[detector], warn=WarnOnce(), pipelined=False)
         with pytest.warns(leafwatch.LeafwatchInternalWarning, match="the merge of the ranks' findings"):
-            first = gatherer.gather(Report([_missing("x.weight")], step=1), 1, WarnOnce())
+            first = gatherer.gather(Report([_missing("x.weight")], step=1), 1)
         assert first is not None and [(f.kind, f.name, f.status, f.details["reason"]) for f in first.findings] == [
             ("incomplete", "the merge of the ranks' findings", "open", "part_failed")]
-        second = gatherer.gather(Report([_missing("x.weight"), _missing("y.weight")], step=2), 2, WarnOnce())
+        second = gatherer.gather(Report([_missing("x.weight"), _missing("y.weight")], step=2), 2)
         assert second is not None and calls == [1, 2] and gatherer.rounds == 2
         found = {(f.kind, f.name): f for f in second.tensors()}
         assert found[("incomplete", "the merge of the ranks' findings")].status == "resolved"

@@ -125,7 +125,7 @@ class Gatherer:
                 per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
                 self.history.nothing_to_check = all(bool(g and g[0]) for g in gathered)
                 self.pipeline.run((step, per_rank, strategy), step)
-                self._sent = digest
+                self._sent = None if self.pipeline.failing else digest  # a failed merge is tried again
                 self.rounds += 1
             self.report = self.history.report(step)
             if self.pipelined:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts
+from . import cuts, frames
 from .names import ancestors
 
 if TYPE_CHECKING:
@@ -77,17 +77,6 @@ def _storage(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except Exception:  # tensor subclasses without storage
         return 0
-
-
-def _in_reentrant_checkpoint() -> bool:
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(_CHECKPOINT_FILE):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class Tracer:
@@ -292,7 +281,8 @@ class Tracer:
             if grad_on:
                 record.grad_enabled = True
             else:
-                record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
+                record.in_checkpoint = record.in_checkpoint or frames.on_stack(
+                    sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
             record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}

@@ -247,11 +247,9 @@ class Tracer:
         when several: the user's own line before a library's, a graph rewired by hand before a
         number read out, then the first seen)."""
         if self._cut_index is None:
-            index: dict[int, cuts.Cut] = {}
-            for cut in sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
-                              reverse=True):
-                index.update(dict.fromkeys(cut.leaves, cut))
-            self._cut_index = index
+            ordered = sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
+                             reverse=True)
+            self._cut_index = {leaf: cut for cut in ordered for leaf in cut.leaves}
         return self._cut_index.get(tensor_id)
 
     def _make_hook(self, name: str):

@@ -20,15 +20,9 @@ from .report.format import tensor_count
 from .monitor import Monitor
 
 
-def assert_trains(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-    step: Callable[[], Any],
-    steps: int = 2,
-    *,
-    ignore: Mapping[str, str] | Sequence[str] | None = None,
-    patience: int = 1,
-) -> Report:
+def assert_trains(model: nn.Module, optimizer: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+                  step: Callable[[], Any], steps: int = 2, *, ignore: Mapping[str, str] | Sequence[str] | None = None,
+                  patience: int = 1) -> Report:
     """Run ``step()`` ``steps`` times and fail when a tensor of ``model`` does not train.
 
     ``step`` is one training step of your own: forward, loss, ``backward()``,

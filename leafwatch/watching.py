@@ -173,13 +173,8 @@ class WatchSet:
 DEFAULT = WatchSet()
 
 
-def watch(
-    tensor: torch.Tensor,
-    name: str | None = None,
-    *,
-    expect_leaf: bool = True,
-    expect_grad: bool = True,
-) -> torch.Tensor:
+def watch(tensor: torch.Tensor, name: str | None = None, *, expect_leaf: bool = True,
+          expect_grad: bool = True) -> torch.Tensor:
     """Flag a tensor that should train; returns the same tensor, so it can wrap an expression.
 
     Args:

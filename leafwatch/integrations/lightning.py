@@ -53,10 +53,8 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
     """
     try:
         loop = trainer.fit_loop.epoch_loop
-        if pl_module.automatic_optimization:
-            tracker = loop.automatic_optimization.optim_progress.optimizer.step.total
-        else:
-            tracker = loop.manual_optimization.optim_step_progress.total
+        tracker = (loop.automatic_optimization.optim_progress.optimizer.step.total if pl_module.automatic_optimization
+                   else loop.manual_optimization.optim_step_progress.total)
     except AttributeError:  # another Lightning layout
         return None
     return tracker if type(getattr(tracker, "completed", None)) is int else None

@@ -137,9 +137,8 @@ class ChangeEvidence:
 
     def note(self, t: torch.Tensor) -> None:
         """Remember ``t`` as it is now (a no-op when it is already noted)."""
-        if t in self:
-            return
-        self._snapshots[id(t)] = _Snapshot(weakref.ref(t), t._version, _pointer(t), _fingerprint(t))
+        if t not in self:
+            self._snapshots[id(t)] = _Snapshot(weakref.ref(t), t._version, _pointer(t), _fingerprint(t))
 
     def verdict(self, t: torch.Tensor, *, final: bool = False) -> Verdict:
         """``changed`` / ``unchanged`` since :meth:`note` (noting it first), or ``unknown`` yet.

@@ -120,17 +120,6 @@ def _is_internal(filename: str) -> bool:
         filename.startswith(_TORCH_DIR) and not filename.startswith(_TORCH_NN_DIR))
 
 
-def _is_setup(frame: FrameType | None) -> bool:
-    """Whether a torch.nn setup step (:data:`_TORCH_SETUP`) is on the stack, a few frames up."""
-    for _ in range(8):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.startswith(_TORCH_SETUP):
-            return True
-        frame = frame.f_back
-    return False
-
-
 def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     """The line that made a torch call (``frame``: the caller of ``__torch_function__``), and the
     user's line that called into the library holding it (None when the line is the user's own).
@@ -138,7 +127,8 @@ def place_of_call(frame: FrameType | None) -> tuple[Place, Place | None] | None:
     while frame is not None and _is_internal(frame.f_code.co_filename) \
             and not frame.f_code.co_filename.startswith(frames.PACKAGE_DIR):
         frame = frame.f_back
-    if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR) or _is_setup(frame):
+    if frame is None or frame.f_code.co_filename.startswith(frames.PACKAGE_DIR) \
+            or frames.on_stack(frame, 8, lambda f: f.startswith(_TORCH_SETUP)):  # a torch.nn setup step
         return None
     user = next(frames.outside(frame), None)
     return Place.of(frame), None if user is None or user is frame else Place.of(user)

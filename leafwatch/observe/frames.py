@@ -12,7 +12,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 #: The folder of the leafwatch package (every frame under it is leafwatch's own).
@@ -139,6 +139,15 @@ def stacklevel_outside(skip: tuple[str, ...] = (), *, frameworks: bool = True) -
     user's own hook that stepped the optimizer); from an optimizer hook, the ``optimizer.step()``
     line."""
     return _first_outside(sys._getframe(1), _prefixes(frameworks, skip))[1]
+
+
+def on_stack(frame: FrameType | None, limit: int, matches: Callable[[str], bool]) -> bool:
+    """Whether one of the ``limit`` frames from ``frame`` up runs a file whose name ``matches``."""
+    while frame is not None and limit > 0:
+        if matches(frame.f_code.co_filename):
+            return True
+        frame, limit = frame.f_back, limit - 1
+    return False
 
 
 def caller_location(*, frameworks: bool = False) -> str:

@@ -87,8 +87,7 @@ def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tenso
     """The leaf tensors a graph accumulates into, and whether the walk was complete."""
     leaves: list[torch.Tensor] = []
     count = 0
-    for node in iter_nodes(grad_fn, limit):
-        count += 1
+    for count, node in enumerate(iter_nodes(grad_fn, limit), 1):
         variable = getattr(node, "variable", None)
         if isinstance(variable, torch.Tensor):
             leaves.append(variable)

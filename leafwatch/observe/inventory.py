@@ -200,8 +200,7 @@ def _container_items(value: Any, kind: str) -> Iterable[tuple[str, Any]]:
         return ((f"[{i}]", item) for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]))
     if kind == "dict":
         return ((f"[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_CONTAINER_ITEMS))
-    return ((f".{f.name}", getattr(value, f.name, None))
-            for f in dataclasses.fields(value)[:_MAX_CONTAINER_ITEMS])
+    return ((f".{f.name}", getattr(value, f.name, None)) for f in dataclasses.fields(value)[:_MAX_CONTAINER_ITEMS])
 
 
 def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
@@ -231,11 +230,8 @@ def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
 class Inventory:
     """Names, owners and optimizer membership of every tensor leafwatch looks at."""
 
-    def __init__(
-        self,
-        model: nn.Module | Mapping[str, nn.Module] | None,
-        optimizers: Sequence[torch.optim.Optimizer] = (),
-    ) -> None:
+    def __init__(self, model: nn.Module | Mapping[str, nn.Module] | None,
+                 optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         # Several roots (``leafwatch run`` finds them by watching modules run) get a name prefix each.
         roots = model if isinstance(model, Mapping) else ({"": model} if model is not None else {})
         self.roots: dict[str, nn.Module] = {prefix: unwrap(m) for prefix, m in roots.items()}

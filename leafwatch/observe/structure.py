@@ -399,8 +399,7 @@ class StructureCache:
         self._flags_read_at = step
         return self._read_requires_grad() != self._requires_grad_flags
 
-    def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory,
-                   old: CheckList | None) -> CheckList:
+    def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory, old: CheckList | None) -> CheckList:
         infos = [inv.params.get(id(p)) for p in params]
         # An old tensor is named by the parameter that replaced it (it is a stale_param finding).
         current = self.stale.names()

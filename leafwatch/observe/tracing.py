@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts
+from . import cuts, frames
 from .names import ancestors
 
 if TYPE_CHECKING:
@@ -77,17 +77,6 @@ def _storage(t: torch.Tensor) -> int:
         return t.untyped_storage().data_ptr()
     except Exception:  # tensor subclasses without storage
         return 0
-
-
-def _in_reentrant_checkpoint() -> bool:
-    frame = sys._getframe(2)
-    for _ in range(40):
-        if frame is None:
-            return False
-        if frame.f_code.co_filename.replace("\\", "/").endswith(_CHECKPOINT_FILE):
-            return True
-        frame = frame.f_back
-    return False
 
 
 class Tracer:
@@ -258,11 +247,9 @@ class Tracer:
         when several: the user's own line before a library's, a graph rewired by hand before a
         number read out, then the first seen)."""
         if self._cut_index is None:
-            index: dict[int, cuts.Cut] = {}
-            for cut in sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
-                              reverse=True):
-                index.update(dict.fromkeys(cut.leaves, cut))
-            self._cut_index = index
+            ordered = sorted(self.cuts, key=lambda c: (c.site.called_from is not None, c.site.rank, c.order),
+                             reverse=True)
+            self._cut_index = {leaf: cut for cut in ordered for leaf in cut.leaves}
         return self._cut_index.get(tensor_id)
 
     def _make_hook(self, name: str):
@@ -292,7 +279,8 @@ class Tracer:
             if grad_on:
                 record.grad_enabled = True
             else:
-                record.in_checkpoint = record.in_checkpoint or _in_reentrant_checkpoint()
+                record.in_checkpoint = record.in_checkpoint or frames.on_stack(
+                    sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
             record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}

@@ -246,8 +246,7 @@ class Finding:
 
     @property
     def key(self) -> tuple[str, str]:
-        """What identifies a finding across steps: ``(kind, group)`` for a mistake, ``(kind,
-        name)`` for one tensor."""
+        """What identifies a finding across steps: ``(kind, group)`` for a mistake, ``(kind, name)`` for one tensor."""
         return (self.kind, self.details.get("group", self.name)) if self.members else (self.kind, self.name)
 
     @property
@@ -514,11 +513,7 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
     for f in findings:
         for member in f.tensors:
             buckets.setdefault((member.kind, group_of(member)), []).append(member)
-    if memo is None:
-        mistakes = [_mistake(group, members) for (_, group), members in buckets.items()]
-    else:
-        mistakes = memo.mistakes(buckets)
-    return sorted(mistakes, key=Finding.sort_key)
+    return sorted((memo or MistakeMemo()).mistakes(buckets), key=Finding.sort_key)
 
 
 class MistakeMemo:

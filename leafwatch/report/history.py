@@ -145,8 +145,7 @@ class FindingHistory(FindingsView):
         """Add a finding, or update the one of the same key (keeping its first step and count)."""
         old = self._records.get(f.key)
         if old is None:
-            self._records[f.key] = f
-            self._changed()
+            self._put(f)
             return
         updated = f.replace(first_step=old.first_step if old.first_step is not None else f.first_step,
                             steps_seen=old.steps_seen + 1)

@@ -126,7 +126,6 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--fail-on", choices=FAIL_ON, default="error",
                         help="exit 1 when a finding at least this severe is open (default: error)")
-    parser.set_defaults(handler=report_main)
     return parser
 
 

@@ -193,7 +193,6 @@ def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="run a library module as a script (the rest of the line is its arguments)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
                         help="the script and its arguments")
-    parser.set_defaults(handler=run_main)
     return parser
 
 

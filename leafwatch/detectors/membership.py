@@ -25,8 +25,9 @@ from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
+from ..observe.structure import appeared
+from .constructors import make, silence_hint
 from ..report.verdicts import Verdict, Verdicts
-from . import structure
 
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
@@ -160,7 +161,7 @@ class MembershipJudge:
         if outside is not None:
             decided = _outside_root_finding(info, t, step, outside, inv)
             return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
         if self.grace and self.checks():  # late (no check ran: the structure's words)
             decided = self._late(f.name, holder, decided, inv, final)
         elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
@@ -229,6 +230,71 @@ class MembershipJudge:
         return out
 
 
+def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
+                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
+    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
+    name = info.name
+    if got_grad is None:
+        message = f"`{name}` requires grad but is in no optimizer: nothing steps it."
+    elif got_grad:
+        message = f"`{name}` requires grad but is in no optimizer: it gets gradients and never changes."
+    else:
+        message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
+                   "step either: it never trains.")
+    seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
+    saw = {} if got_grad is None else {"got_grad": got_grad}
+    if seen is not None and inventory is not None and inventory.optimizers:
+        return _created_after(info, p, seen, message, step, inventory, saw)
+    if info.buffer:
+        return make("not_in_optimizer", name, "error", message,
+            f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
+            "so the optimizer was built without it.",
+            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad", **saw)
+    return make("not_in_optimizer", name, "error", message,
+        f"`{name}` was left out when the optimizer's parameter list was built.",
+        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
+        + silence_hint(name, info.module),
+        tensor=p, step=step, aliases=info.aliases, reason="left_out", **saw)
+
+
+def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
+                   inv: Inventory, saw: dict[str, bool]) -> Finding:
+    """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
+    create it while leafwatch was watching, after its optimizer was built."""
+    where, function = seen
+    module = fixes.outside_module(info.name, inv) or info.name
+    cause = (f"`{module}` was created at {where} in `{function}`, after the optimizer was built: the "
+             "optimizer's parameter list was made before it existed.")
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
+        fix = (f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
+               f"`{function}` runs after the optimizers are built")
+    else:
+        fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
+    return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
+                aliases=info.aliases, reason="created_after_optimizer", **saw)
+
+
+def _buffer_fix(info: ParamInfo) -> str:
+    """A buffer meant as a parameter: register it as one where it is registered now (words: the
+    tensor it registers is the user's expression, which leafwatch does not see)."""
+    return (f"make `{info.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it")
+
+
+def _add_fix(name: str, inv: Inventory | None) -> str:
+    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
+    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
+    if inv is None:
+        return fixes.add_to_optimizer(None)
+    module = fixes.outside_module(name, inv)
+    code = fixes.model_tensor_code(module, inv) if module else None
+    if code is not None:
+        return fixes.add_to_optimizer(fixes.trainable_params_code(code, inv.modules[module]), inv.optimizers,
+                                      model=inv.model, known=inv.variables, cache=inv.fix_names)
+    return fixes.give_to_optimizer([name], inv)
+
+
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
     """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
     ``step()`` is never called; the fix is that call, on the user's variable for the optimizer.
@@ -261,7 +327,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     variable ("" when unknown). The module is code in the fix only when the user's code for it
     is known (its variable, or its path from the Trainer); a root named by its class is words."""
     root, optimizer = names
-    base = structure.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
+    base = not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     module = inv.roots.get(root) if inv is not None else None
     code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())

@@ -105,7 +105,7 @@ DETECTORS: tuple[Detector, ...] = (
         "outside.LossLeaves.undecided": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
         "membership._never_stepped": ("not_in_optimizer", "never_stepped"),
-        "membership.MembershipJudge._late": ("not_in_optimizer", "no_optimizer_stepped"),
+        "membership._late": ("not_in_optimizer", "no_optimizer_stepped"),
         "membership._outside_root_finding": ("not_in_optimizer", "root_outside", "chosen_outside")}),
     Detector("the NaN/Inf gradient check", values.judge, when=lambda c: ((c.values, "every"),), voices={
         "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),

@@ -46,10 +46,9 @@ def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Ver
     """After a rebuild of the structure: its verdicts, and what waited for the names."""
     cache, history, step = checker.structure, checker.history_store, checker.step
     checker.grads.rebuilt(inv)
-    checker.membership.rebuilt(inv)
-    shown, held = checker.membership.split(
-        structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale,
-                   seen_frozen=cache.seen_frozen), inv, before_gradients=before_gradients)
+    membership.rebuilt(checker.membership, checker.membership_hand, inv)
+    found = structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale, seen_frozen=cache.seen_frozen)
+    shown, held = membership.split(checker.membership, found, inv, before_gradients=before_gradients)
     out = verdicts(history.view, shown, step, held)
     sharded = ranks.sharded_finding(cache.grad_view, step)
     if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):

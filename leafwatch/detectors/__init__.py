@@ -18,8 +18,8 @@ once, in :data:`leafwatch.detectors.registry.DETECTORS`; every front-end (``audi
                     evidence decides
 ``watched``         tensors flagged with ``watch()`` / ``tensors=``: non_leaf, no gradient, in no optimizer
 ``outside``         trainable leaves of the loss's graph that no optimizer holds
-``membership``      not_in_optimizer suspicions decided by the gradient rule (teachers, EMA copies,
-                    optimizers that step late)
+``membership``      not_in_optimizer (its words), held and decided by the gradient rule (teachers, EMA
+                    copies, optimizers that step late)
 ``values``          NaN/Inf gradients (nonfinite_grad) and, with ``dead``, exactly-zero ones (dead_grad)
 ``loop``            the training loop: gradients cleared before the step (grad_cleared), a learning
                     rate stuck at 0 and steps always skipped (no_update)

@@ -17,14 +17,14 @@ from typing import Any
 
 import torch
 
-from ..observe import evidence as observed, inventory, structure
+from ..observe import changes, evidence as observed, inventory, structure
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, Evidence
 from . import loop as stepping, outside, registry
 from .gradients import GradientTracker
-from .membership import MembershipJudge
+from .membership import MembershipState
 from .values import GradientValues
 from .watched import WatchedTracker
 from ..observe.diagnostics import Diagnostics
@@ -83,7 +83,8 @@ class Checker:
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
         self.grads = GradientTracker(view, patience, diagnose)
         self.watched = WatchedTracker(view)
-        self.membership = MembershipJudge(view, lambda: self.checks)
+        self.membership = MembershipState()
+        self.membership_hand = changes.HandUpdates()
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self.loss_leaves = outside.LossLeaves()
         self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(

@@ -13,6 +13,7 @@ step, or at the end of the run.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -25,208 +26,275 @@ from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
+from ..observe.structure import appeared
+from .constructors import make, silence_hint
 from ..report.verdicts import Verdict, Verdicts
-from . import structure
-
-
-def judge(checker: Any, evidence: Evidence) -> Verdicts:
-    """At a check: the held ``not_in_optimizer`` suspicions decided by the gradient rule."""
-    return checker.membership.judge(evidence)
 
 
 def decide_pending(checker: Any, _: Any = None) -> Verdicts:
     """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
     inv, step, grads = checker.structure.inventory, checker.step, checker.grads
-    out = grads.refresh(step) + checker.membership.escalate_late(step)
+    out = grads.refresh(step) + escalate_late(checker.history_store.view, step, checker.checks)
     for f in checker.history_store.view.pending():
         if f.kind == "missing_grad":
             decided = grads.held.decide(f)
         elif f.details.get("source") == "watch":
             decided = checker.watched.decide(f)
         else:
-            decided = checker.membership.decide(f, inv, step)
+            decided = decide(checker.membership, checker.membership_hand, f, inv, step, checker.checks)
         out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
     return out
 
 
-class MembershipJudge:
-    """Holds ``not_in_optimizer`` suspicions and decides them from gradients and forward facts.
+@dataclasses.dataclass(eq=False, slots=True)
+class MembershipState:
+    """What the membership judge keeps: the held ``not_in_optimizer`` suspicions' tensors, and what it judged."""
 
-    Args:
-        view: The findings so far (read-only): the held ones are decided here.
-    """
+    #: Checks during which membership stays pending (optimizers may still appear).
+    grace: int = 0
+    #: Optimizers that exist but have not stepped yet (their tensors are named as such).
+    waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
+    #: ``leafwatch run``'s tensor id -> (root name, optimizer variable) of the root modules no
+    #: optimizer holds a tensor of; None: read off the inventory (:func:`_outside_root`).
+    outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
+    tensors: dict[str, weakref.ReferenceType] = dataclasses.field(default_factory=dict)
+    quiet: set[int] = dataclasses.field(default_factory=set)
+    roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
+    #: Whether a finding is held for this judge: a check has work for it only then.
+    waiting: bool = False
 
-    def __init__(self, view: FindingsView, checks: Callable[[], int]) -> None:
-        self.view = view
-        #: How many checks ran so far (the messages say it; the grace counts in it).
-        self.checks = checks
-        #: Checks during which membership stays pending (optimizers may still appear).
-        self.grace = 0
-        #: Optimizers that exist but have not stepped yet (their tensors are named as such).
-        self.waiting_optimizers: Callable[[], list[torch.optim.Optimizer]] | None = None
-        #: ``leafwatch run``'s tensor id -> (root name, optimizer variable) of the root modules no
-        #: optimizer holds a tensor of; None: read off the inventory (:meth:`_outside_root`).
-        self.outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
-        self._tensors: dict[str, weakref.ReferenceType] = {}
-        self._quiet: set[int] = set()
-        self._hand = HandUpdates()
-        self._roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
-        #: Whether a finding is held for this judge: a check has work for it only then.
-        self.waiting = False
 
-    def split(self, found: Iterable[Finding], inv: Inventory, *, before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
-        """The structural findings shown at once, and those held until a check decides them."""
-        shown, held = [], []
-        by_name = {info.name: inv.tensors[k] for k, info in inv.params.items()}
-        for f in found:
-            if f.kind == "not_in_optimizer":
-                t = by_name.get(f.name)
-                if t is None:
-                    shown.append(f)
-                    continue
-                if id(t) in self._quiet:
-                    continue  # judged intended before (a teacher, a target network)
-                self._tensors[f.name] = weakref.ref(t)
-                held.append(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
-            elif before_gradients and f.kind in WAITING_KINDS:
-                held.append(f.replace(details={**f.details, "pending": Waiting.STRUCTURE}))
-            else:
+def split(state: MembershipState, found: Iterable[Finding], inv: Inventory, *,
+          before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
+    """The structural findings shown at once, and those held until a check decides them."""
+    shown, held = [], []
+    by_name = {info.name: inv.tensors[k] for k, info in inv.params.items()}
+    for f in found:
+        if f.kind == "not_in_optimizer":
+            t = by_name.get(f.name)
+            if t is None:
                 shown.append(f)
-        self.waiting = self.waiting or bool(held)
-        return shown, held
+                continue
+            if id(t) in state.quiet:
+                continue  # judged intended before (a teacher, a target network)
+            state.tensors[f.name] = weakref.ref(t)
+            held.append(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
+        elif before_gradients and f.kind in WAITING_KINDS:
+            held.append(f.replace(details={**f.details, "pending": Waiting.STRUCTURE}))
+        else:
+            shown.append(f)
+    state.waiting = state.waiting or bool(held)
+    return shown, held
 
-    def rebuilt(self, inv: Inventory) -> None:
-        self._roots_read = (None, {})  # never keep an old reading (and its modules) alive
-        alive = set(inv.tensors)
-        self._quiet &= alive
-        self._hand.keep(alive)
-        self._tensors = {n: r for n, r in self._tensors.items() if r() is not None and id(r()) in alive}
 
-    def judge(self, evidence: Evidence) -> Verdicts:
-        """At a check: decide the held findings (nothing to do when none is held)."""
-        if not self.waiting:
-            return []
-        inv, step = evidence[INVENTORY], evidence[STEP]
-        out: Verdicts = []
-        still = False
-        for f in self.view.pending():
-            waiting = f.details.get("pending")
-            if waiting == Waiting.STRUCTURE:
-                out.append(Verdict.confirm(f.key, details=_without_pending(f)))
-            elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
-                # (a tensor outside the model is held and decided by its own owner)
-                verdict = self._judge_one(f, inv, step)
-                if verdict is None:
-                    still = True
-                else:
-                    out.append(verdict)
-        self.waiting = still
-        return out
+def rebuilt(state: MembershipState, hand: HandUpdates, inv: Inventory) -> None:
+    state.roots_read = (None, {})  # never keep an old reading (and its modules) alive
+    alive = set(inv.tensors)
+    state.quiet &= alive
+    hand.keep(alive)
+    state.tensors = {n: r for n, r in state.tensors.items() if r() is not None and id(r()) in alive}
 
-    def _judge_one(self, f: Finding, inv: Inventory | None, step: int) -> Verdict | None:
-        """Decide one held ``not_in_optimizer`` (None: it stays held)."""
-        ref = self._tensors.get(f.name)
-        t = ref() if ref is not None else None
-        info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-        if t is None or info is None:
-            return Verdict.drop(f.key)
-        rule = self._gradient_rule(t)
-        if rule == "quiet":
-            self._quiet.add(id(t))
-            return Verdict.drop(f.key)
-        if rule == "wait" or self.checks() <= self.grace:
-            return None  # the value evidence, or an optimizer that steps late, may still come
-        return Verdict.confirm(f.key, **_words(self._decide(f, info, t, step, inv)), step=step, last_step=step)
 
-    def _gradient_rule(self, t: torch.Tensor, *, final: bool = False) -> str:
-        """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
-        copy, a teacher, a target network, a part neither trained nor used; or a gradient and a
-        value that changes between checks: updated by hand), ``wait`` (a gradient, first seen at
-        this check: the value evidence comes at the next one) or ``report`` (a gradient that is
-        computed and never applied). A tensor that an optimizer holds and never steps: ``report``."""
-        if self._waiting_holder(t) is not None:
-            return "report"
-        if t.grad is None and not (final and self._hand.saw(t)):
-            # No gradient: quiet. At the end of a run the loop may have cleared the gradient a
-            # check saw (a Trainer's zero_grad after each step): that check's evidence decides.
-            return "quiet"
-        return {"by_hand": "quiet", "wait": "wait"}.get(self._hand.verdict(t, final=final), "report")
+def judge(checker: Any, evidence: Evidence) -> Verdicts:
+    """At a check: the held findings decided, ``not_in_optimizer`` by the gradient rule (none held: nothing)."""
+    state = checker.membership
+    if not state.waiting:
+        return []
+    inv, step = evidence[INVENTORY], evidence[STEP]
+    out: Verdicts = []
+    still = False
+    for f in checker.history_store.view.pending():
+        waiting = f.details.get("pending")
+        if waiting == Waiting.STRUCTURE:
+            out.append(Verdict.confirm(f.key, details=_without_pending(f)))
+        elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
+            # (a tensor outside the model is held and decided by its own owner)
+            verdict = _judge_one(state, checker.membership_hand, f, inv, step, checker.checks)
+            if verdict is None:
+                still = True
+            else:
+                out.append(verdict)
+    state.waiting = still
+    return out
 
-    def _decide(self, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, inv: Inventory | None = None, *,
-                final: bool = False) -> Finding:
-        """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
-        holder = self._waiting_holder(t)
-        outside = self._outside_root(t, inv) if holder is None else None
-        if outside is not None:
-            decided = _outside_root_finding(info, t, step, outside, inv)
-            return decided.replace(details={**_without_pending(decided), "decided_step": step})
-        decided = structure.not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
-        if self.grace and self.checks():  # late (no check ran: the structure's words)
-            decided = self._late(f.name, holder, decided, inv, final)
-        elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
-            decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
-        details = _without_pending(decided)
-        if f.first_step is not None and step > f.first_step:
-            details["decided_step"] = step
-        return decided.replace(details=details)
 
-    def _outside_root(self, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
-        """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
-        script and the variable of the optimizer to add it to ("" when unknown); else None.
-        Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
-        if self.outside_roots is not None:
-            return self.outside_roots().get(id(t))
-        if inv is None or not inv.optimizers:
-            return None
-        if self._roots_read[0] is not inv:  # once per reading of the structure
-            outside: dict[int, tuple[str, str]] = {}
-            for prefix, root in inv.roots.items():
-                ids = [id(p) for p in root.parameters()]
-                if not inv.in_optimizer.intersection(ids):
-                    outside.update(dict.fromkeys(ids, (prefix, "")))
-            self._roots_read = (inv, outside)
-        return self._roots_read[1].get(id(t))
+def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
+               checks: int) -> Verdict | None:
+    """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
+    ref = state.tensors.get(f.name)
+    t = ref() if ref is not None else None
+    info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
+    if t is None or info is None:
+        return Verdict.drop(f.key)
+    rule = _gradient_rule(state, hand, t)
+    if rule == "quiet":
+        state.quiet.add(id(t))
+        return Verdict.drop(f.key)
+    if rule == "wait" or checks <= state.grace:
+        return None  # the value evidence, or an optimizer that steps late, may still come
+    return Verdict.confirm(f.key, **_words(_decide(state, f, info, t, step, checks, inv)), step=step, last_step=step)
 
-    def _waiting_holder(self, t: torch.Tensor) -> torch.optim.Optimizer | None:
-        """The optimizer that exists but has not stepped and holds ``t``; None when none does."""
-        waiting = self.waiting_optimizers() if self.waiting_optimizers is not None else []
-        return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
-    def _late(self, name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None,
-              final: bool) -> Finding:
-        # An optimizer that has not stepped yet may still step: a warning until the end of the run.
-        severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
-        if holder is not None:
-            variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
-                                          inv.fix_names if inv is not None else None)
-            return _never_stepped(name, (variable or "", type(holder).__name__), self.checks(), base, severity)
-        message = f"`{name}` requires grad but no optimizer that stepped in {self.checks()} checks holds it: it never changes."
-        return base.replace(severity=severity, message=message, details={  # why it is out
-            **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
+def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *, final: bool = False) -> str:
+    """The gradient rule for a tensor in no optimizer that steps: ``quiet`` (no gradient: an EMA
+    copy, a teacher, a target network, a part neither trained nor used; or a gradient and a
+    value that changes between checks: updated by hand), ``wait`` (a gradient, first seen at
+    this check: the value evidence comes at the next one) or ``report`` (a gradient that is
+    computed and never applied). A tensor that an optimizer holds and never steps: ``report``."""
+    if _waiting_holder(state, t) is not None:
+        return "report"
+    if t.grad is None and not (final and hand.saw(t)):
+        # No gradient: quiet. At the end of a run the loop may have cleared the gradient a
+        # check saw (a Trainer's zero_grad after each step): that check's evidence decides.
+        return "quiet"
+    return {"by_hand": "quiet", "wait": "wait"}.get(hand.verdict(t, final=final), "report")
 
-    def decide(self, f: Finding, inv: Inventory | None, step: int) -> Finding | None:
-        """At the end of the run: what a held (or late-optimizer) finding becomes."""
-        if f.details.get("pending") == Waiting.STRUCTURE:
-            return f.replace(status=Status.OPEN, details=_without_pending(f))
-        ref = self._tensors.get(f.name)
-        t = ref() if ref is not None else None
-        info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-        if t is None or info is None or self._gradient_rule(t, final=True) == "quiet":
-            return None
-        return f.replace(status=Status.OPEN, **_words(self._decide(f, info, t, step, inv, final=True)))
 
-    def escalate_late(self, step: int) -> Verdicts:
-        """At the end of the run: a late-optimizer warning still open becomes an error, a
-        never-stepped one in its builder's words (from the details: the optimizer may be gone with
-        the script); any other keeps its words."""
-        out: Verdicts = []
-        for f in self.view:
-            if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
-                decided = f.replace(severity=Severity.ERROR, last_step=step)
-                if f.details.get("reason") == "never_stepped":
-                    decided = _never_stepped(f.name, tuple(f.details["holder"]), self.checks(), decided, Severity.ERROR)
-                out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
-        return out
+def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
+            inv: Inventory | None = None, *, final: bool = False) -> Finding:
+    """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
+    holder = _waiting_holder(state, t)
+    outside = _outside_root(state, t, inv) if holder is None else None
+    if outside is not None:
+        decided = _outside_root_finding(info, t, step, outside, inv)
+        return decided.replace(details={**_without_pending(decided), "decided_step": step})
+    decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+    if state.grace and checks:  # late (no check ran: the structure's words)
+        decided = _late(f.name, holder, decided, inv, final, checks)
+    elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
+        decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
+    details = _without_pending(decided)
+    if f.first_step is not None and step > f.first_step:
+        details["decided_step"] = step
+    return decided.replace(details=details)
+
+
+def _outside_root(state: MembershipState, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
+    """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
+    script and the variable of the optimizer to add it to ("" when unknown); else None.
+    Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
+    if state.outside_roots is not None:
+        return state.outside_roots().get(id(t))
+    if inv is None or not inv.optimizers:
+        return None
+    if state.roots_read[0] is not inv:  # once per reading of the structure
+        outside: dict[int, tuple[str, str]] = {}
+        for prefix, root in inv.roots.items():
+            ids = [id(p) for p in root.parameters()]
+            if not inv.in_optimizer.intersection(ids):
+                outside.update(dict.fromkeys(ids, (prefix, "")))
+        state.roots_read = (inv, outside)
+    return state.roots_read[1].get(id(t))
+
+
+def _waiting_holder(state: MembershipState, t: torch.Tensor) -> torch.optim.Optimizer | None:
+    """The optimizer that exists but has not stepped and holds ``t``; None when none does."""
+    waiting = state.waiting_optimizers() if state.waiting_optimizers is not None else []
+    return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
+
+
+def _late(name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None, final: bool, checks: int) -> Finding:
+    # An optimizer that has not stepped yet may still step: a warning until the end of the run.
+    severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
+    if holder is not None:
+        variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
+                                      inv.fix_names if inv is not None else None)
+        return _never_stepped(name, (variable or "", type(holder).__name__), checks, base, severity)
+    message = f"`{name}` requires grad but no optimizer that stepped in {checks} checks holds it: it never changes."
+    return base.replace(severity=severity, message=message, details={  # why it is out
+        **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
+
+
+def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
+           checks: int) -> Finding | None:
+    """At the end of the run: what a held (or late-optimizer) finding becomes."""
+    if f.details.get("pending") == Waiting.STRUCTURE:
+        return f.replace(status=Status.OPEN, details=_without_pending(f))
+    ref = state.tensors.get(f.name)
+    t = ref() if ref is not None else None
+    info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
+    if t is None or info is None or _gradient_rule(state, hand, t, final=True) == "quiet":
+        return None
+    return f.replace(status=Status.OPEN, **_words(_decide(state, f, info, t, step, checks, inv, final=True)))
+
+
+def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
+    """At the end of the run: a late-optimizer warning still open becomes an error, a
+    never-stepped one in its builder's words (from the details: the optimizer may be gone with
+    the script); any other keeps its words."""
+    out: Verdicts = []
+    for f in view:
+        if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
+            decided = f.replace(severity=Severity.ERROR, last_step=step)
+            if f.details.get("reason") == "never_stepped":
+                decided = _never_stepped(f.name, tuple(f.details["holder"]), checks, decided, Severity.ERROR)
+            out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
+    return out
+
+
+def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
+                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
+    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
+    name = info.name
+    if got_grad is None:
+        message = f"`{name}` requires grad but is in no optimizer: nothing steps it."
+    elif got_grad:
+        message = f"`{name}` requires grad but is in no optimizer: it gets gradients and never changes."
+    else:
+        message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
+                   "step either: it never trains.")
+    seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
+    saw = {} if got_grad is None else {"got_grad": got_grad}
+    if seen is not None and inventory is not None and inventory.optimizers:
+        return _created_after(info, p, seen, message, step, inventory, saw)
+    if info.buffer:
+        return make("not_in_optimizer", name, "error", message,
+            f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
+            "so the optimizer was built without it.",
+            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad", **saw)
+    return make("not_in_optimizer", name, "error", message,
+        f"`{name}` was left out when the optimizer's parameter list was built.",
+        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
+        + silence_hint(name, info.module),
+        tensor=p, step=step, aliases=info.aliases, reason="left_out", **saw)
+
+
+def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
+                   inv: Inventory, saw: dict[str, bool]) -> Finding:
+    """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
+    create it while leafwatch was watching, after its optimizer was built."""
+    where, function = seen
+    module = fixes.outside_module(info.name, inv) or info.name
+    cause = (f"`{module}` was created at {where} in `{function}`, after the optimizer was built: the "
+             "optimizer's parameter list was made before it existed.")
+    if fixes.framework(inv.model, inv.fix_names) == "lightning":
+        fix = (f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
+               f"`{function}` runs after the optimizers are built")
+    else:
+        fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
+    return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
+                aliases=info.aliases, reason="created_after_optimizer", **saw)
+
+
+def _buffer_fix(info: ParamInfo) -> str:
+    """A buffer meant as a parameter: register it as one where it is registered now (words: the
+    tensor it registers is the user's expression, which leafwatch does not see)."""
+    return (f"make `{info.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it")
+
+
+def _add_fix(name: str, inv: Inventory | None) -> str:
+    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
+    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
+    if inv is None:
+        return fixes.add_to_optimizer(None)
+    module = fixes.outside_module(name, inv)
+    code = fixes.model_tensor_code(module, inv) if module else None
+    if code is not None:
+        return fixes.add_to_optimizer(fixes.trainable_params_code(code, inv.modules[module]), inv.optimizers,
+                                      model=inv.model, known=inv.variables, cache=inv.fix_names)
+    return fixes.give_to_optimizer([name], inv)
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
@@ -261,7 +329,7 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     variable ("" when unknown). The module is code in the fix only when the user's code for it
     is known (its variable, or its path from the Trainer); a root named by its class is words."""
     root, optimizer = names
-    base = structure.not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
+    base = not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     module = inv.roots.get(root) if inv is not None else None
     code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())

@@ -61,9 +61,9 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, when=lambda c: (
         (c.states[gradients.FIRST_STEPS], "misses"),), state=lambda c: types.SimpleNamespace(misses=[], seen=set())),
     Detector("the structure check", structure.judge, when=lambda c: ((None, REBUILT),), voices={
-        "structure.not_in_optimizer": ("not_in_optimizer", "left_out", "buffer_requires_grad"),
+        "membership.not_in_optimizer": ("not_in_optimizer", "left_out", "buffer_requires_grad"),
         "structure._optimizer_membership": ("not_in_optimizer", "unfrozen_after"),
-        "structure._created_after": ("not_in_optimizer", "created_after_optimizer"),
+        "membership._created_after": ("not_in_optimizer", "created_after_optimizer"),
         "structure._frozen_in_optimizer": ("frozen_in_optimizer", "plain_tensor", "frozen", "buffer"),
         "structure.stale_param": ("stale_param", "replaced"),
         "structure._module_replaced": ("stale_param", "module_replaced"),
@@ -105,7 +105,7 @@ DETECTORS: tuple[Detector, ...] = (
         "outside.LossLeaves.undecided": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
         "membership._never_stepped": ("not_in_optimizer", "never_stepped"),
-        "membership.MembershipJudge._late": ("not_in_optimizer", "no_optimizer_stepped"),
+        "membership._late": ("not_in_optimizer", "no_optimizer_stepped"),
         "membership._outside_root_finding": ("not_in_optimizer", "root_outside", "chosen_outside")}),
     Detector("the NaN/Inf gradient check", values.judge, when=lambda c: ((c.values, "every"),), voices={
         "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),

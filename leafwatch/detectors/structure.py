@@ -16,15 +16,14 @@ from typing import Any
 
 import torch
 
-from . import fixes, ranks
+from . import fixes, membership, ranks
 from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, Finding
 from ..report.history import FindingsView
-from ..observe.inventory import Inventory, Orphan, ParamInfo, is_uninitialized, shape_of, shape_text
+from ..observe.inventory import Inventory, Orphan, is_uninitialized, shape_of, shape_text
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
-from ..observe.structure import appeared
-from .constructors import make, silence_hint
+from .constructors import make
 from .watched import non_leaf, watched_findings
 from ..options import warn_unmatched_ignore
 from ..observe.evidence import REBUILT, Evidence
@@ -47,10 +46,9 @@ def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Ver
     """After a rebuild of the structure: its verdicts, and what waited for the names."""
     cache, history, step = checker.structure, checker.history_store, checker.step
     checker.grads.rebuilt(inv)
-    checker.membership.rebuilt(inv)
-    shown, held = checker.membership.split(
-        structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale,
-                   seen_frozen=cache.seen_frozen), inv, before_gradients=before_gradients)
+    membership.rebuilt(checker.membership, checker.membership_hand, inv)
+    found = structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale, seen_frozen=cache.seen_frozen)
+    shown, held = membership.split(checker.membership, found, inv, before_gradients=before_gradients)
     out = verdicts(history.view, shown, step, held)
     sharded = ranks.sharded_finding(cache.grad_view, step)
     if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
@@ -125,7 +123,7 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
                 tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
             ))
             continue
-        out.append(not_in_optimizer(info, p, step=step, inventory=inv))
+        out.append(membership.not_in_optimizer(info, p, step=step, inventory=inv))
     out.extend(_frozen_in_optimizer(inv, step))
     return out
 
@@ -177,73 +175,6 @@ def _unfrozen_fix(name: str, inv: Inventory) -> str:
         return ("when unfreezing, add it to the optimizer too: Lightning's "
                 "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze")
     return "when unfreezing, " + fixes.give_to_optimizer([name], inv)
-
-
-def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
-                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
-    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
-    name = info.name
-    if got_grad is None:
-        message = f"`{name}` requires grad but is in no optimizer: nothing steps it."
-    elif got_grad:
-        message = f"`{name}` requires grad but is in no optimizer: it gets gradients and never changes."
-    else:
-        message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
-                   "step either: it never trains.")
-    seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
-    saw = {} if got_grad is None else {"got_grad": got_grad}
-    if seen is not None and inventory is not None and inventory.optimizers:
-        return _created_after(info, p, seen, message, step, inventory, saw)
-    if info.buffer:
-        return make(
-            "not_in_optimizer", name, "error", message,
-            f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
-            "so the optimizer was built without it.",
-            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad", **saw)
-    return make(
-        "not_in_optimizer", name, "error", message,
-        f"`{name}` was left out when the optimizer's parameter list was built.",
-        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
-        + silence_hint(name, info.module),
-        tensor=p, step=step, aliases=info.aliases, reason="left_out", **saw)
-
-
-def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
-                   inv: Inventory, saw: dict[str, bool]) -> Finding:
-    """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
-    create it while leafwatch was watching, after its optimizer was built."""
-    where, function = seen
-    module = fixes.outside_module(info.name, inv) or info.name
-    cause = (f"`{module}` was created at {where} in `{function}`, after the optimizer was built: the "
-             "optimizer's parameter list was made before it existed.")
-    if fixes.framework(inv.model, inv.fix_names) == "lightning":
-        fix = (f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
-               f"`{function}` runs after the optimizers are built")
-    else:
-        fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
-    return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
-                aliases=info.aliases, reason="created_after_optimizer", **saw)
-
-
-def _buffer_fix(info: ParamInfo) -> str:
-    """A buffer meant as a parameter: register it as one where it is registered now (words: the
-    tensor it registers is the user's expression, which leafwatch does not see)."""
-    return (f"make `{info.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built, so that `parameters()` (and the optimizer) holds it")
-
-
-def _add_fix(name: str, inv: Inventory | None) -> str:
-    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
-    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
-    if inv is None:
-        return fixes.add_to_optimizer(None)
-    module = fixes.outside_module(name, inv)
-    code = fixes.model_tensor_code(module, inv) if module else None
-    if code is not None:
-        return fixes.add_to_optimizer(fixes.trainable_params_code(code, inv.modules[module]), inv.optimizers,
-                                      model=inv.model, known=inv.variables, cache=inv.fix_names)
-    return fixes.give_to_optimizer([name], inv)
 
 
 def _rebuild_fix(names: Sequence[str], inv: Inventory, optimizer: int | None, params: str | None = None) -> str:

@@ -193,7 +193,8 @@ def _waiting_holder(state: MembershipState, t: torch.Tensor) -> torch.optim.Opti
     return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
 
-def _late(name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None, final: bool, checks: int) -> Finding:
+def _late(name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None, final: bool,
+          checks: int) -> Finding:
     # An optimizer that has not stepped yet may still step: a warning until the end of the run.
     severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
     if holder is not None:

@@ -80,14 +80,14 @@ class Checker:
         #: How many checks ran.
         self.checks = 0
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
-        self.grads = grads = gradients.GradientState(patience, diagnose)
+        self.grads = gradients.GradientState(patience, diagnose)
         self.watched = WatchedTracker(view)
         self.membership = MembershipJudge(view, lambda: self.checks)
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self.loss_leaves = outside.LossLeaves()
         self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
             lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
-        self.diagnostics = Diagnostics(structure_, grads, lambda lists: gradients.missing_ids(grads, lists), loop, diagnose, warn)
+        self.diagnostics = Diagnostics(structure_, self.grads, loop, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()

@@ -1,8 +1,8 @@
 """The gradient detector: per-tensor streaks of missing gradients, and the findings they make.
 
 Fed the indices of the tensors whose ``.grad`` was None at a check (the Monitor's one read of
-each ``p.grad``), :func:`update` keeps in a :class:`GradientState` each tensor's current streak,
-its total misses and its longest streak before, and returns its verdicts on ``missing_grad`` findings: open after ``patience``
+each ``p.grad``), it keeps for each tensor the current streak, the total misses and the longest
+streak before, and returns its verdicts on ``missing_grad`` findings: open after ``patience``
 checks in a row, ``intermittent`` (info) once the tensor got gradients at other checks, open
 again as ``stalled`` when an intermittent tensor goes far longer than before without one.
 Only the few tensors that miss are touched: a healthy step does no work here.
@@ -11,7 +11,7 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -57,11 +57,10 @@ _NO_CAUSE_YET = (None, "pending", "unknown", "unknown_hooks_off", "unknown_not_a
 
 @dataclasses.dataclass(eq=False, slots=True)
 class GradientState:
-    """Streaks and counts of missing gradients by tensor id, turned into findings by :func:`update`."""
+    """Streaks and counts of missing gradients by tensor id, turned into findings by :func:`update`:
+    ``missing_grad`` after ``patience`` checks in a row, explained by forward hooks if ``diagnose``."""
 
-    #: Checks in a row without a gradient before ``missing_grad`` is reported.
     patience: int
-    #: Whether forward hooks explain the misses (else the cause is never "pending").
     diagnose: bool
     #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
     from_start: bool = True
@@ -191,9 +190,8 @@ def refresh(state: GradientState, view: FindingsView, step: int) -> Verdicts:
         if misses == written:
             continue
         state._steady[pid] = (name, clist, misses)
-        out.append(Verdict.count(old.replace(
-            step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
-            details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
+        out.append(Verdict.count(old.replace(step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
+                                             details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
     return out
 
 
@@ -206,9 +204,8 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
         # The module never ran through its hooks, yet its other parameters got gradients.
         explanation = causes.called_directly(name, info.module)
     elif info is not None:
-        explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records,
-                                              tracer.armed_since_reset, state._modules,
-                                              ops_traced=tracer.ops_traced)
+        explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records, tracer.armed_since_reset,
+                                              state._modules, ops_traced=tracer.ops_traced)
     cut = _observed_cut(state, pid, tracer)
     if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
@@ -218,9 +215,8 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
 
 
 def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
-                 info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int,
-                 tracer: tracing.Tracer, reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int,
-                 out: Verdicts) -> None:
+                 info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
+                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts) -> None:
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
@@ -238,10 +234,9 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         out += found
         return
     if pid not in state.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
-        found = held.layerdrop(
-            state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
-                                          checks=checks_of_p, misses=misses),
-            layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))
+        found = held.layerdrop(state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
+                                                             checks=checks_of_p, misses=misses),
+                               layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))
         if found is not None:
             out += found
             return
@@ -323,13 +318,6 @@ def _stall_limit(state: GradientState, pid: int) -> int:
     return max(state.patience, STALLED_AFTER, 2 * state.longest.get(pid, 0))
 
 
-def missing_ids(state: GradientState, lists: Iterable[CheckList]) -> list[int]:
-    """The ids in a streak now that belong to one of ``lists``."""
-    lists = list(lists)
-    return [pid for pid in state.streak if any(pid in clist.ids for clist in lists)]
-
-
-# -- state -------------------------------------------------------------------------------
 def misses_by_name(state: GradientState, names: Mapping[int, str]) -> dict[str, int]:
     return {names[k]: v for k, v in state.misses.items() if k in names}
 

@@ -68,10 +68,8 @@ def judges(state: HeldState, pid: int, reason: str | None) -> bool:
 
 def target(state: HeldState, p: torch.Tensor, name: str, old: Finding | None, explanation: causes.Explanation | None,
            step: int, made: Callable[[], Finding]) -> Verdicts | None:
-    """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error).
-
-    ``made`` makes the ``missing_grad`` finding. None: the tensor changed, it is a target.
-    """
+    """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error); ``made``
+    makes the ``missing_grad`` finding. None: the tensor changed, it is a target."""
     pid = id(p)
     verdict = state.evidence.verdict(p)
     if verdict == "changed":

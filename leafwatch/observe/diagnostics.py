@@ -22,17 +22,17 @@ class Diagnostics:
 
     Args:
         structure_: The structure cache (the modules, the tensors, the check lists).
-        grads: The gradient state (which tensors miss now, and when that changes), and ``missing_ids``, those of
-            the check lists given: read and called, never imported (observe/ knows nothing of the detectors).
+        grads: The gradient state (which tensors miss now, and when that changes); its fields are read,
+            never imported (observe/ knows nothing of the detectors).
         loop: The loop watch, read the same way (its arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
         warn: Warns once per internal failure.
     """
 
-    def __init__(self, structure_: structure.StructureCache, grads: Any, missing_ids: Callable[[Any], list[int]],
-                 loop: Any, diagnose: bool, warn: Callable[..., Any]) -> None:
+    def __init__(self, structure_: structure.StructureCache, grads: Any, loop: Any,
+                 diagnose: bool, warn: Callable[..., Any]) -> None:
         self.structure = structure_
-        self.grads, self.missing_ids = grads, missing_ids
+        self.grads = grads
         self.loop = loop
         self.diagnose = diagnose
         self.warn = warn
@@ -63,7 +63,7 @@ class Diagnostics:
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
                 self._retargeted = retarget
-                missing_ids = self.missing_ids(cache.lists.values())
+                missing_ids = [pid for pid in grads.streak if any(pid in clist.ids for clist in cache.lists.values())]
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 tensors = cache.inventory.tensors
                 loop.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})

@@ -1,6 +1,6 @@
 """The runner of a check: its evidence read once, then the registry's detectors in order.
 
-:class:`Checker` holds what the detectors keep across checks (the gradient tracker, the
+:class:`Checker` holds what the detectors keep across checks (the gradient state, the
 watched-tensor tracker, the membership judge, the loss-graph leaves, the batched value check, the
 loop watch, and each registered detector's own state), the diagnostic hooks, and the pipeline it
 builds from :data:`~leafwatch.detectors.registry.DETECTORS`, so that a part that fails leaves an
@@ -22,8 +22,7 @@ from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, Evidence
-from . import loop as stepping, outside, registry
-from .gradients import GradientTracker
+from . import gradients, loop as stepping, outside, registry
 from .membership import MembershipState
 from .values import GradientValues
 from .watched import WatchedTracker
@@ -81,7 +80,7 @@ class Checker:
         #: How many checks ran.
         self.checks = 0
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
-        self.grads = GradientTracker(view, patience, diagnose)
+        self.grads = gradients.GradientState(patience, diagnose)
         self.watched = WatchedTracker(view)
         self.membership = MembershipState()
         self.membership_hand = changes.HandUpdates()
@@ -202,13 +201,13 @@ class Checker:
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""
         inv = self.structure.inventory
-        self.history_store.apply(self.grads.refresh(self.step))
-        return self.grads.misses_by_name(inv.known_names() if inv else {})
+        self.history_store.apply(gradients.refresh(self.grads, self.history_store.view, self.step))
+        return gradients.misses_by_name(self.grads, inv.known_names() if inv else {})
 
     def restore(self, step: int, misses: dict[str, int]) -> None:
         """What ``load_state_dict()`` restores: the step and the per-name miss counts."""
         self.step = step
-        self.grads.restore(misses)
+        gradients.restore(self.grads, misses)
 
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""

@@ -1,4 +1,4 @@
-"""The gradient tracker: per-tensor streaks of missing gradients, and the findings they make.
+"""The gradient detector: per-tensor streaks of missing gradients, and the findings they make.
 
 Fed the indices of the tensors whose ``.grad`` was None at a check (the Monitor's one read of
 each ``p.grad``), it keeps for each tensor the current streak, the total misses and the longest
@@ -10,7 +10,8 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,13 +22,12 @@ from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import causes
+from . import causes, held
 from .causes import Explanation
 from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, observed, silence_hint
-from .held import HeldMisses
+from .held import HeldState
 from .loop import LR_READ_EVERY, cleared_fix
 from ..observe.evidence import LISTS, LOSS, STEP, Evidence
-from ..observe.inventory import ParamInfo
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -55,296 +55,290 @@ _PENDING_CAUSE = ("being traced: leafwatch armed forward hooks on `{module}` and
 _NO_CAUSE_YET = (None, "pending", "unknown", "unknown_hooks_off", "unknown_not_a_parameter", "traced_nothing")
 
 
-class GradientTracker:
-    """Streaks and counts of missing gradients by tensor id, turned into findings.
+@dataclasses.dataclass(eq=False, slots=True)
+class GradientState:
+    """Streaks and counts of missing gradients by tensor id, turned into findings by :func:`update`:
+    ``missing_grad`` after ``patience`` checks in a row, explained by forward hooks if ``diagnose``."""
 
-    Args:
-        view: The findings so far (read-only).
-        patience: Checks in a row without a gradient before ``missing_grad`` is reported.
-        diagnose: Whether forward hooks explain the misses (else the cause is never "pending").
-    """
+    patience: int
+    diagnose: bool
+    #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
+    from_start: bool = True
+    streak: dict[int, int] = dataclasses.field(default_factory=dict)
+    misses: dict[int, int] = dataclasses.field(default_factory=dict)
+    longest: dict[int, int] = dataclasses.field(default_factory=dict)
+    _restored: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: The misses held until the evidence decides (EMA / target networks, LayerDrop).
+    held: HeldState = dataclasses.field(default_factory=HeldState)
+    _modules: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
+    _layers: dict[str, tuple[str, int] | None] = dataclasses.field(default_factory=dict)
+    _steady: dict[int, tuple[str, CheckList, int]] = dataclasses.field(default_factory=dict)
+    #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
+    #: count, the missing indices, their ids) of a check where every miss was a steady one.
+    _steady_changes: int = 0
+    _repeat: tuple[CheckList, int, list[int], list[int]] | None = None
+    #: The cut last seen upstream of each tensor in a streak (forwards after the first are not
+    #: instrumented while nothing changes: the cut stays known).
+    _cuts: dict[int, cuts.Cut] = dataclasses.field(default_factory=dict)
+    #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
+    changes: int = 0
+    #: At the last check: the indices (into its joined names) of the tensors without a gradient,
+    #: and whether a streak began.
+    missing_now: list[int] = dataclasses.field(default_factory=list)
+    new_miss: bool = False
 
-    def __init__(self, view: FindingsView, patience: int, diagnose: bool) -> None:
-        self.view = view
-        self.patience = patience
-        self.diagnose = diagnose
-        #: Whether the Monitor was created before any gradient existed (it saw the run from its start).
-        self.from_start = True
-        self.streak: dict[int, int] = {}
-        self.misses: dict[int, int] = {}
-        self.longest: dict[int, int] = {}
-        self._restored: dict[str, int] = {}
-        #: The misses held until the evidence decides (EMA / target networks, LayerDrop).
-        self.held = HeldMisses()
-        self._modules: dict[str, torch.nn.Module] = {}
-        self._layers: dict[str, tuple[str, int] | None] = {}
-        self._steady: dict[int, tuple[str, CheckList, int]] = {}
-        #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
-        #: count, the missing indices, their ids) of a check where every miss was a steady one.
-        self._steady_changes = 0
-        self._repeat: tuple[CheckList, int, list[int], list[int]] | None = None
-        #: The cut last seen upstream of each tensor in a streak (forwards after the first are not
-        #: instrumented while nothing changes: the cut stays known).
-        self._cuts: dict[int, cuts.Cut] = {}
-        #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
-        self.changes = 0
-        #: At the last check: the indices (into its joined names) of the tensors without a gradient,
-        #: and whether a streak began.
-        self.missing_now: list[int] = []
-        self.new_miss = False
 
-    def take_new_targets(self) -> set[int]:
-        """Targets found since the last call (the structure cache leaves them out of the checks)."""
-        return self.held.take_new_targets()
+def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
+    """A new reading of the structure: forget what was learnt about tensors that are gone."""
+    alive = set(inv.tensors) | set(inv.in_optimizer)
+    held.forget(state.held, alive)
+    state._cuts = {pid: c for pid, c in state._cuts.items() if pid in alive}
+    state._modules = inv.modules
+    state._layers, state._steady, state._repeat = {}, {}, None
+    state._steady_changes += 1
 
-    def rebuilt(self, inv: inventory.Inventory) -> None:
-        """A new reading of the structure: forget what was learnt about tensors that are gone."""
-        alive = set(inv.tensors) | set(inv.in_optimizer)
-        self.held.forget(alive)
-        self._cuts = {pid: c for pid, c in self._cuts.items() if pid in alive}
-        self._modules = inv.modules
-        self._layers, self._steady, self._repeat = {}, {}, None
-        self._steady_changes += 1
 
-    def _layer(self, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
-        if info is None:
-            return None
-        if info.module not in self._layers:
-            self._layers[info.module] = evidence.layer_of(info.module, self._modules)
-        return self._layers[info.module]
+def _layer(state: GradientState, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
+    if info is None:
+        return None
+    if info.module not in state._layers:
+        state._layers[info.module] = evidence.layer_of(info.module, state._modules)
+    return state._layers[info.module]
 
-    def update(self, clist: CheckList, missing: list[int], step: int, *, tracer: tracing.Tracer,
-               reachable: set[int] | None, skip: set[int]) -> Verdicts:
-        """Record one check of ``clist``: ``missing`` are the indices without a gradient.
 
-        ``skip`` holds ids reported elsewhere (watched tensors, replaced ones). Returns the verdicts.
-        """
-        out: Verdicts = []
-        repeat = self._repeat
-        if repeat is not None and repeat[0] is clist and repeat[1] == self._steady_changes and repeat[2] == missing:
-            # The same steady misses as at the last check (500 dead tensors): counted in one pass.
-            streaks, counts = self.streak, self.misses
-            for pid in repeat[3]:
-                streaks[pid] += 1
-                counts[pid] += 1
-            self._after_update(clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step, out)
-            return out
-        now: set[int] = set()
-        if self._modules:
-            # Count the skipped layers of each ModuleList first: a layer is judged with all its
-            # siblings of this check known.
-            for i in missing:
-                if id(clist.params[i]) in self._steady:
-                    continue
-                layer = self._layer(clist.infos[i])
-                if layer is not None:
-                    self.held.skips.skipped(layer[0], layer[1], clist.checks, self._modules)
-        steady, streaks, counts = self._steady, self.streak, self.misses
-        steady_hits: list[int] = []
+def update(state: GradientState, view: FindingsView, clist: CheckList, missing: list[int], step: int, *,
+           tracer: tracing.Tracer, reachable: set[int] | None, skip: set[int]) -> Verdicts:
+    """Record one check of ``clist``: ``missing`` are the indices without a gradient, ``skip`` the ids
+    reported elsewhere (watched tensors, replaced ones). Returns the verdicts."""
+    out: Verdicts = []
+    repeat = state._repeat
+    if repeat is not None and repeat[0] is clist and repeat[1] == state._steady_changes and repeat[2] == missing:
+        # The same steady misses as at the last check (500 dead tensors): counted in one pass.
+        streaks, counts = state.streak, state.misses
+        for pid in repeat[3]:
+            streaks[pid] += 1
+            counts[pid] += 1
+        _after_update(state, view, clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step, out)
+        return out
+    now: set[int] = set()
+    if state._modules:
+        # Count the skipped layers of each ModuleList first: a layer is judged with all its
+        # siblings of this check known.
         for i in missing:
-            p = clist.params[i]
-            pid = id(p)
-            if pid in steady:
-                # The same open error as at the last check: counted, refreshed in bulk.
-                now.add(pid)
-                steady_hits.append(pid)
-                streaks[pid] += 1
-                counts[pid] += 1
+            if id(clist.params[i]) in state._steady:
                 continue
-            if not p.requires_grad or pid in skip or pid in self.held.targets:
-                continue
-            now.add(pid)
-            streak = streaks[pid] = streaks.get(pid, 0) + 1
-            misses = counts[pid] = counts.get(pid, 0) + 1
-            if streak == 1:
-                self.changes += 1
-            name, info = clist.names[i], clist.infos[i]
-            layer = self._layer(info)
-            if streak < self.patience:
-                continue
-            if info is None and self.view.is_open(("stale_param", name)):
-                continue  # the replaced tensor: its stale_param finding already says it will not train
-            self._report_miss(clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                              layer, clist.checks, out)
-        steady_now = self._steady_changes
-        self._after_update(clist, now if len(now) != len(streaks) else None, step, out)
-        # Every miss a steady one, and none left or entered the steady set since: the next check
-        # with the same misses takes the one-pass count above.
-        self._repeat = (clist, steady_now, list(missing), steady_hits) \
-            if len(steady_hits) == len(missing) and steady_now == self._steady_changes else None
-        return out
-
-    def _after_update(self, clist: CheckList, now: set[int] | None, step: int, out: Verdicts) -> None:
-        """The tensors of ``clist`` in a streak but not in ``now`` recovered (None: every tensor in a
-        streak missed again); the steady findings brought up to date when due."""
-        if now is not None:
-            for pid in [k for k in self.streak if k in clist.ids and k not in now]:
-                out += self._recovered(clist, pid, step)
-        if self._steady and (len(self._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
-            out += self.refresh(step)
-
-    def refresh(self, step: int) -> Verdicts:
-        """Bring the steps and counts of the steady findings up to date (they are not rebuilt per check)."""
-        out: Verdicts = []
-        for pid, (name, clist, written) in list(self._steady.items()):
-            old = self.view.get(("missing_grad", name))
-            if old is None or old.status != Status.OPEN:
-                del self._steady[pid]
-                self._steady_changes += 1
-                continue
-            checks_of_p, misses = clist.checks_of(pid), self.misses.get(pid, 0)
-            if misses == written:
-                continue
-            self._steady[pid] = (name, clist, misses)
-            out.append(Verdict.count(old.replace(
-                step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
-                details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
-        return out
-
-    def _explain(self, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
-                 tracer: tracing.Tracer) -> causes.Explanation | None:
-        """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
-        explanation = None
-        if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
-                and _siblings_got_grads(clist, info):
-            # The module never ran through its hooks, yet its other parameters got gradients.
-            explanation = causes.called_directly(name, info.module)
-        elif info is not None:
-            explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records,
-                                                  tracer.armed_since_reset, self._modules,
-                                                  ops_traced=tracer.ops_traced)
-        cut = self._observed_cut(pid, tracer)
-        if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
-            # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
-            # whole stays a module-level cause: an EMA target is told from a mistake by it).
-            explanation = causes.explain_cut(name, cut, pid, info.attribute if info is not None else "")
-        return explanation
-
-    def _report_miss(self, clist: CheckList, p: torch.Tensor, name: str, info: inventory.ParamInfo | None, checks_of_p: int,
-                     streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                     reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int,
-                     out: Verdicts) -> None:
+            layer = _layer(state, clist.infos[i])
+            if layer is not None:
+                state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)
+    steady, streaks, counts = state._steady, state.streak, state.misses
+    steady_hits: list[int] = []
+    for i in missing:
+        p = clist.params[i]
         pid = id(p)
-        old = self.view.get(("missing_grad", name))
-        explanation = self._explain(clist, pid, name, info, tracer)
-        reason = explanation.reason if explanation is not None else None
-        if self.held.judges(pid, reason):
-            # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
-            # mistake. Whether it changes between checks tells them apart.
-            found = self.held.target(p, name, old, explanation, step, lambda: missing_grad(
-                name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))
-            if found is None:  # it changes by other means: a target, no longer followed
-                self.changes += 1
-                self.streak.pop(pid, None)
-                self.misses.pop(pid, None)
-                found = [Verdict.drop(("missing_grad", name))]
+        if pid in steady:
+            # The same open error as at the last check: counted, refreshed in bulk.
+            now.add(pid)
+            steady_hits.append(pid)
+            streaks[pid] += 1
+            counts[pid] += 1
+            continue
+        if not p.requires_grad or pid in skip or pid in state.held.targets:
+            continue
+        now.add(pid)
+        streak = streaks[pid] = streaks.get(pid, 0) + 1
+        misses = counts[pid] = counts.get(pid, 0) + 1
+        if streak == 1:
+            state.changes += 1
+        name, info = clist.names[i], clist.infos[i]
+        layer = _layer(state, info)
+        if streak < state.patience:
+            continue
+        if info is None and view.is_open(("stale_param", name)):
+            continue  # the replaced tensor: its stale_param finding already says it will not train
+        _report_miss(state, view, clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
+                     layer, clist.checks, out)
+    steady_now = state._steady_changes
+    _after_update(state, view, clist, now if len(now) != len(streaks) else None, step, out)
+    # Every miss a steady one, and none left or entered the steady set since: the next check
+    # with the same misses takes the one-pass count above.
+    state._repeat = (clist, steady_now, list(missing), steady_hits) \
+        if len(steady_hits) == len(missing) and steady_now == state._steady_changes else None
+    return out
+
+
+def _after_update(state: GradientState, view: FindingsView, clist: CheckList, now: set[int] | None, step: int,
+                  out: Verdicts) -> None:
+    """The tensors of ``clist`` in a streak but not in ``now`` recovered (None: every tensor in a
+    streak missed again); the steady findings brought up to date when due."""
+    if now is not None:
+        for pid in [k for k in state.streak if k in clist.ids and k not in now]:
+            out += _recovered(state, view, clist, pid, step)
+    if state._steady and (len(state._steady) <= STEADY_EXACT or step % STEADY_REFRESH == 0):
+        out += refresh(state, view, step)
+
+
+def refresh(state: GradientState, view: FindingsView, step: int) -> Verdicts:
+    """Bring the steps and counts of the steady findings up to date (they are not rebuilt per check)."""
+    out: Verdicts = []
+    for pid, (name, clist, written) in list(state._steady.items()):
+        old = view.get(("missing_grad", name))
+        if old is None or old.status != Status.OPEN:
+            del state._steady[pid]
+            state._steady_changes += 1
+            continue
+        checks_of_p, misses = clist.checks_of(pid), state.misses.get(pid, 0)
+        if misses == written:
+            continue
+        state._steady[pid] = (name, clist, misses)
+        out.append(Verdict.count(old.replace(step=step, last_step=step, steps_seen=old.steps_seen + misses - written,
+                                             details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})))
+    return out
+
+
+def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
+             tracer: tracing.Tracer) -> causes.Explanation | None:
+    """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
+    explanation = None
+    if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
+            and _siblings_got_grads(clist, info):
+        # The module never ran through its hooks, yet its other parameters got gradients.
+        explanation = causes.called_directly(name, info.module)
+    elif info is not None:
+        explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records, tracer.armed_since_reset,
+                                              state._modules, ops_traced=tracer.ops_traced)
+    cut = _observed_cut(state, pid, tracer)
+    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
+        # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
+        # whole stays a module-level cause: an EMA target is told from a mistake by it).
+        explanation = causes.explain_cut(name, cut, pid, info.attribute if info is not None else "")
+    return explanation
+
+
+def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
+                 info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
+                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts) -> None:
+    pid = id(p)
+    old = view.get(("missing_grad", name))
+    explanation = _explain(state, clist, pid, name, info, tracer)
+    reason = explanation.reason if explanation is not None else None
+    if held.judges(state.held, pid, reason):
+        # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
+        # mistake. Whether it changes between checks tells them apart.
+        found = held.target(state.held, p, name, old, explanation, step, lambda: missing_grad(
+            name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))
+        if found is None:  # it changes by other means: a target, no longer followed
+            state.changes += 1
+            state.streak.pop(pid, None)
+            state.misses.pop(pid, None)
+            found = [Verdict.drop(("missing_grad", name))]
+        out += found
+        return
+    if pid not in state.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
+        found = held.layerdrop(state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
+                                                             checks=checks_of_p, misses=misses),
+                               layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))
+        if found is not None:
             out += found
             return
-        if pid not in self.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
-            found = self.held.layerdrop(
-                pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
-                                         checks=checks_of_p, misses=misses),
-                layer, misses, list_checks, step, lambda: _module_already_open(self.view, clist, info, out))
-            if found is not None:
-                out += found
-                return
-        if old is not None and old.status == Status.PENDING:
-            old = None  # a suspicion the evidence settled: reported afresh below
-        if old is not None and explanation is None and observed(old) not in _NO_CAUSE_YET:
-            # Explained before and nothing new: keep the cause, update the counts.
-            kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
-                               else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
-            out.append(Verdict.open(_stalled(kept, streak, self._stall_limit(pid), checks_of_p, misses)))
-            return
-        f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
-                                reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
-                                else pid in reachable, watched_from_start=self.from_start)
-        if explanation is None and reachable is None:
-            f = self._unexplained(f, name, info, old)
-        if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
-            f = intermittent(f, checks_of_p, misses, step)
-        f = _stalled(f, streak, self._stall_limit(pid), checks_of_p, misses)
-        out.append(Verdict.open(f))
-        if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
-                and old is not None and (old.status, old.cause) == (f.status, f.cause):
-            # The same finding twice in a row: from now on it is counted, not worked out again.
-            self._steady[pid] = (name, clist, misses)
-            self._steady_changes += 1
+    if old is not None and old.status == Status.PENDING:
+        old = None  # a suspicion the evidence settled: reported afresh below
+    if old is not None and explanation is None and observed(old) not in _NO_CAUSE_YET:
+        # Explained before and nothing new: keep the cause, update the counts.
+        kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
+                           else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
+        out.append(Verdict.open(_stalled(kept, streak, _stall_limit(state, pid), checks_of_p, misses)))
+        return
+    f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
+                     reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
+                     else pid in reachable, watched_from_start=state.from_start)
+    if explanation is None and reachable is None:
+        f = _unexplained(state, f, name, info, old)
+    if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
+        f = intermittent(f, checks_of_p, misses, step)
+    f = _stalled(f, streak, _stall_limit(state, pid), checks_of_p, misses)
+    out.append(Verdict.open(f))
+    if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
+            and old is not None and (old.status, old.cause) == (f.status, f.cause):
+        # The same finding twice in a row: from now on it is counted, not worked out again.
+        state._steady[pid] = (name, clist, misses)
+        state._steady_changes += 1
 
-    def _unexplained(self, f: Finding, name: str, info: inventory.ParamInfo | None, old: Finding | None) -> Finding:
-        """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
-        traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
-        if self.diagnose and info is not None and not traced_before:
-            return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
-                             details={**f.details, "reason": "pending"})
-        if traced_before:
-            # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
-            return f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
-                                                          shown=f"`{info.module}`" if info and info.module else "the model"),
-                             details={**f.details, "reason": "traced_nothing"})
-        return f
 
-    def _observed_cut(self, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
-        """The cut the recorder saw upstream of ``pid``: this round's when a forward was
-        instrumented (and remembered), else the one remembered from the last instrumented forward."""
-        if not tracer.ops_traced:
-            return self._cuts.get(pid)
-        cut = tracer.cut_of(pid)
-        if cut is None:
-            self._cuts.pop(pid, None)
-        else:
-            self._cuts[pid] = cut
-        return cut
+def _unexplained(state: GradientState, f: Finding, name: str, info: inventory.ParamInfo | None,
+                 old: Finding | None) -> Finding:
+    """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
+    traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
+    if state.diagnose and info is not None and not traced_before:
+        return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
+                         details={**f.details, "reason": "pending"})
+    if traced_before:
+        # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
+        return f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
+                                                      shown=f"`{info.module}`" if info and info.module else "the model"),
+                         details={**f.details, "reason": "traced_nothing"})
+    return f
 
-    def _recovered(self, clist: CheckList, pid: int, step: int) -> Verdicts:
-        """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
-        self.longest[pid] = max(self.longest.get(pid, 0), self.streak.pop(pid))
-        if self._steady.pop(pid, None) is not None:
-            self._steady_changes += 1
-        self._cuts.pop(pid, None)
-        self.changes += 1
-        old = self.view.get(("missing_grad", clist.name_of(pid)))
-        if old is None:
-            return []
-        came = old.status != Status.PENDING and observed(old) == "pending"
-        if came:  # the placeholder promised a cause at the next check: the gradient came instead
-            old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
-                              details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
-        if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
-            self.held.suspects.pop(pid, None)
-            old = intermittent(old, clist.checks_of(pid), self.misses.get(pid, 0), step)
-        elif not came:
-            return []
-        return [Verdict.set(old)]
 
-    def _stall_limit(self, pid: int) -> int:
-        return max(self.patience, STALLED_AFTER, 2 * self.longest.get(pid, 0))
+def _observed_cut(state: GradientState, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
+    """The cut the recorder saw upstream of ``pid``: this round's when a forward was
+    instrumented (and remembered), else the one remembered from the last instrumented forward."""
+    if not tracer.ops_traced:
+        return state._cuts.get(pid)
+    cut = tracer.cut_of(pid)
+    if cut is None:
+        state._cuts.pop(pid, None)
+    else:
+        state._cuts[pid] = cut
+    return cut
 
-    def missing_ids(self, lists: Iterable[CheckList]) -> list[int]:
-        """The ids in a streak now that belong to one of ``lists``."""
-        lists = list(lists)
-        return [pid for pid in self.streak if any(pid in clist.ids for clist in lists)]
 
-    # -- state -------------------------------------------------------------------------------
-    def misses_by_name(self, names: Mapping[int, str]) -> dict[str, int]:
-        return {names[k]: v for k, v in self.misses.items() if k in names}
+def _recovered(state: GradientState, view: FindingsView, clist: CheckList, pid: int, step: int) -> Verdicts:
+    """A tensor in a streak got a gradient: an open (or held) finding becomes intermittent."""
+    state.longest[pid] = max(state.longest.get(pid, 0), state.streak.pop(pid))
+    if state._steady.pop(pid, None) is not None:
+        state._steady_changes += 1
+    state._cuts.pop(pid, None)
+    state.changes += 1
+    old = view.get(("missing_grad", clist.name_of(pid)))
+    if old is None:
+        return []
+    came = old.status != Status.PENDING and observed(old) == "pending"
+    if came:  # the placeholder promised a cause at the next check: the gradient came instead
+        old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
+                          details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
+    if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
+        state.held.suspects.pop(pid, None)
+        old = intermittent(old, clist.checks_of(pid), state.misses.get(pid, 0), step)
+    elif not came:
+        return []
+    return [Verdict.set(old)]
 
-    def restore(self, misses: Mapping[str, int]) -> None:
-        """Miss counts by name from a saved state, applied by :meth:`apply_restored`."""
-        self._restored = dict(misses)
 
-    def apply_restored(self, names: Mapping[int, str]) -> None:
-        """Map restored counts onto the tensors that carry those names now."""
-        if not self._restored:
-            return
-        for pid, name in names.items():
-            if name in self._restored:
-                self.misses[pid] = self._restored[name]
-                record = self.view.get(("missing_grad", name))
-                if record is not None and record.status == Status.OPEN:
-                    # Still missing when saved: a gradient after the resume ends it as usual.
-                    self.streak[pid] = self.patience
-        self._restored = {}
+def _stall_limit(state: GradientState, pid: int) -> int:
+    return max(state.patience, STALLED_AFTER, 2 * state.longest.get(pid, 0))
+
+
+def misses_by_name(state: GradientState, names: Mapping[int, str]) -> dict[str, int]:
+    return {names[k]: v for k, v in state.misses.items() if k in names}
+
+
+def restore(state: GradientState, misses: Mapping[str, int]) -> None:
+    """Miss counts by name from a saved state, applied by :func:`apply_restored`."""
+    state._restored = dict(misses)
+
+
+def apply_restored(state: GradientState, view: FindingsView, names: Mapping[int, str]) -> None:
+    """Map restored counts onto the tensors that carry those names now."""
+    if not state._restored:
+        return
+    for pid, name in names.items():
+        if name in state._restored:
+            state.misses[pid] = state._restored[name]
+            record = view.get(("missing_grad", name))
+            if record is not None and record.status == Status.OPEN:
+                # Still missing when saved: a gradient after the resume ends it as usual.
+                state.streak[pid] = state.patience
+    state._restored = {}
 
 
 def _module_already_open(view: FindingsView, clist: CheckList, info: inventory.ParamInfo, out: Verdicts) -> bool:
@@ -389,7 +383,7 @@ def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
 
 def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     """The hot path, right after backward when every line runs cold: the misses of the one read of
-    each ``p.grad``, with the loop watch's and the tracker's gates read in place (each call costs
+    each ``p.grad``, with the loop watch's and the gradient state's gates read in place (each call costs
     microseconds). Leaves in its state what the later detectors read: the misses, and whether one is new."""
     cache, loop, grads, step, loss = checker.structure, checker.loop, checker.grads, evidence[STEP], evidence[LOSS]
     reachable: set[int] | None = None
@@ -413,13 +407,14 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
                 skip = {id(e.tensor()) for e in checker.watch_entries()} | cache.stale_ids
             if missing and not walked:
                 reachable, walked = graph.reachable_leaf_ids(loss), True
-            found = grads.update(clist, missing, step, tracer=checker.tracer, reachable=reachable, skip=skip)
+            found = update(grads, checker.history_store.view, clist, missing, step, tracer=checker.tracer,
+                           reachable=reachable, skip=skip)
             out = found if out is None else out + found
             missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)
     loop.force_values, grads.new_miss = force, len(grads.streak) > streaks
     if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
-        cache.leave_out(grads.take_new_targets())
+        cache.leave_out(held.take_new_targets(grads.held))
     return out
 
 
@@ -445,7 +440,7 @@ def first_step_misses(checker: Any, _: object) -> Verdicts:
 
 # -- its words ---------------------------------------------------------------------------------
 def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
-                 info: ParamInfo | None = None, reachable: bool | str | None = None,
+                 info: inventory.ParamInfo | None = None, reachable: bool | str | None = None,
                  checks: int | None = None, misses: int | None = None,
                  watched_from_start: bool = False) -> Finding:
     """A trainable tensor without a gradient.
@@ -474,7 +469,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     )
 
 
-def _without_hooks(name: str, info: ParamInfo | None, reachable: bool | str | None,
+def _without_hooks(name: str, info: inventory.ParamInfo | None, reachable: bool | str | None,
                    watched_from_start: bool) -> Explanation:
     """Why a tensor has no gradient when no hook explained it: from the loss given (``reachable``),
     else unknown, saying why leafwatch could not see more."""

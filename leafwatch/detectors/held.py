@@ -10,110 +10,116 @@ Two kinds of miss are not reported when first seen:
   (LayerDrop), unless the chance that random drops skip it at every check is negligible
   (``Waiting.LAYERDROP`` until then).
 
-What a run ends with still held is decided by :meth:`HeldMisses.decide`.
+What a run ends with still held is decided by :func:`decide`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from ..observe import changes as evidence
+from ..observe import changes
 from . import causes
 from .constructors import observed
 from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.verdicts import Verdict, Verdicts
 
 
-class HeldMisses:
-    """The suspicions of the gradient tracker, and the evidence that decides them."""
+@dataclasses.dataclass(eq=False, slots=True)
+class HeldState:
+    """The suspicions of the gradient detector, and the evidence that decides them."""
 
-    def __init__(self) -> None:
-        #: Tensors no gradient reaches that change by other means (EMA / target networks).
-        self.targets: set[int] = set()
-        self._new_targets: set[int] = set()
-        self.evidence = evidence.ChangeEvidence()
-        #: Tensors held as possible targets: id -> (a weak reference, the name).
-        self.suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
-        #: Tensors whose suspicion the evidence settled: reported as plain misses from now on.
-        self.decided: set[int] = set()
-        #: How often each layer's siblings were skipped (LayerDrop).
-        self.skips = evidence.SiblingSkips()
+    #: Tensors no gradient reaches that change by other means (EMA / target networks).
+    targets: set[int] = dataclasses.field(default_factory=set)
+    _new_targets: set[int] = dataclasses.field(default_factory=set)
+    evidence: changes.ChangeEvidence = dataclasses.field(default_factory=changes.ChangeEvidence)
+    #: Tensors held as possible targets: id -> (a weak reference, the name).
+    suspects: dict[int, tuple[weakref.ReferenceType, str]] = dataclasses.field(default_factory=dict)
+    #: Tensors whose suspicion the evidence settled: reported as plain misses from now on.
+    decided: set[int] = dataclasses.field(default_factory=set)
+    #: How often each layer's siblings were skipped (LayerDrop).
+    skips: changes.SiblingSkips = dataclasses.field(default_factory=changes.SiblingSkips)
 
-    def forget(self, alive: set[int]) -> None:
-        """A new reading of the structure: forget the tensors that are gone."""
-        self.targets &= alive
-        self.decided &= alive
-        gone = [pid for pid in self.suspects if pid not in alive]
-        for pid in gone:
-            del self.suspects[pid]
-        self.evidence.forget(gone)
 
-    def take_new_targets(self) -> set[int]:
-        """Targets found since the last call (the structure cache leaves them out of the checks)."""
-        found, self._new_targets = self._new_targets, set()
-        return found
+def forget(state: HeldState, alive: set[int]) -> None:
+    """A new reading of the structure: forget the tensors that are gone."""
+    state.targets &= alive
+    state.decided &= alive
+    gone = [pid for pid in state.suspects if pid not in alive]
+    for pid in gone:
+        del state.suspects[pid]
+    state.evidence.forget(gone)
 
-    def judges(self, pid: int, reason: str | None) -> bool:
-        """Whether a miss is a target suspicion: held before, or its module ran under ``no_grad``."""
-        return pid not in self.decided and (pid in self.suspects or reason == "grad_disabled")
 
-    def target(self, p: torch.Tensor, name: str, old: Finding | None, explanation: causes.Explanation | None,
-               step: int, made: Callable[[], Finding]) -> Verdicts | None:
-        """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error).
+def take_new_targets(state: HeldState) -> set[int]:
+    """Targets found since the last call (the structure cache leaves them out of the checks)."""
+    found, state._new_targets = state._new_targets, set()
+    return found
 
-        ``made`` makes the ``missing_grad`` finding. None: the tensor changed, it is a target.
-        """
-        pid = id(p)
-        verdict = self.evidence.verdict(p)
+
+def judges(state: HeldState, pid: int, reason: str | None) -> bool:
+    """Whether a miss is a target suspicion: held before, or its module ran under ``no_grad``."""
+    return pid not in state.decided and (pid in state.suspects or reason == "grad_disabled")
+
+
+def target(state: HeldState, p: torch.Tensor, name: str, old: Finding | None, explanation: causes.Explanation | None,
+           step: int, made: Callable[[], Finding]) -> Verdicts | None:
+    """Hold a ``no_grad`` miss until the tensor is seen to change (a target) or not (an error); ``made``
+    makes the ``missing_grad`` finding. None: the tensor changed, it is a target."""
+    pid = id(p)
+    verdict = state.evidence.verdict(p)
+    if verdict == "changed":
+        _settled(state, pid)
+        state.targets.add(pid)
+        state._new_targets.add(pid)
+        return None
+    f = old.replace(step=step, last_step=step) if explanation is None and old is not None else made()
+    if verdict == "unknown":
+        state.suspects[pid] = (weakref.ref(p), name)
+        return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
+    _settled(state, pid)
+    state.decided.add(pid)
+    return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_a_target"))]
+
+
+def layerdrop(state: HeldState, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
+              sibling_open: Callable[[], bool]) -> Verdicts | None:
+    """A layer of ``layer[0]`` that never ran while its siblings did: held while random drops
+    explain it, confirmed once they cannot. None: every sibling was skipped too (no LayerDrop)."""
+    container, index = layer
+    if state.skips.all_skipped(container, list_checks):
+        return None
+    chance = state.skips.chance(container, index, misses, list_checks)
+    f = f.replace(details={**f.details, "container": container, "chance": chance,
+                           "declared_drop_rate": state.skips.declared(container)})
+    # A parameter of a module already known not to run is no new LayerDrop suspicion.
+    if chance >= changes.LAYERDROP_FALSE_ALARM and not sibling_open():
+        return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
+    state.decided.add(pid)
+    return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_layerdrop", misses), step=step, last_step=step)]
+
+
+def _settled(state: HeldState, pid: int) -> None:
+    state.suspects.pop(pid, None)
+    state.evidence.forget([pid])
+
+
+def decide(state: HeldState, f: Finding) -> Finding | None:
+    """What a finding still held at the end of the run becomes (None: dropped as intended)."""
+    waiting = f.details.get("pending")
+    if waiting == Waiting.TARGET:
+        t = next((ref() for ref, n in state.suspects.values() if n == f.name), None)
+        verdict = state.evidence.verdict(t, final=True) if t is not None else "unknown"
         if verdict == "changed":
-            self._settled(pid)
-            self.targets.add(pid)
-            self._new_targets.add(pid)
             return None
-        f = old.replace(step=step, last_step=step) if explanation is None and old is not None else made()
-        if verdict == "unknown":
-            self.suspects[pid] = (weakref.ref(p), name)
-            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
-        self._settled(pid)
-        self.decided.add(pid)
-        return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_a_target"))]
-
-    def layerdrop(self, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
-                  sibling_open: Callable[[], bool]) -> Verdicts | None:
-        """A layer of ``layer[0]`` that never ran while its siblings did: held while random drops
-        explain it, confirmed once they cannot. None: every sibling was skipped too (no LayerDrop)."""
-        container, index = layer
-        if self.skips.all_skipped(container, list_checks):
-            return None
-        chance = self.skips.chance(container, index, misses, list_checks)
-        f = f.replace(details={**f.details, "container": container, "chance": chance,
-                               "declared_drop_rate": self.skips.declared(container)})
-        # A parameter of a module already known not to run is no new LayerDrop suspicion.
-        if chance >= evidence.LAYERDROP_FALSE_ALARM and not sibling_open():
-            return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
-        self.decided.add(pid)
-        return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_layerdrop", misses), step=step, last_step=step)]
-
-    def _settled(self, pid: int) -> None:
-        self.suspects.pop(pid, None)
-        self.evidence.forget([pid])
-
-    def decide(self, f: Finding) -> Finding | None:
-        """What a finding still held at the end of the run becomes (None: dropped as intended)."""
-        waiting = f.details.get("pending")
-        if waiting == Waiting.TARGET:
-            t = next((ref() for ref, n in self.suspects.values() if n == f.name), None)
-            verdict = self.evidence.verdict(t, final=True) if t is not None else "unknown"
-            if verdict == "changed":
-                return None
-            return f.replace(status=Status.OPEN, **_judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided"))
-        if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= evidence.LAYERDROP_END_OF_RUN:
-            return f.replace(**_judged(f, "layerdrop_undecided"))
-        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
+        return f.replace(status=Status.OPEN, **_judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided"))
+    if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= changes.LAYERDROP_END_OF_RUN:
+        return f.replace(**_judged(f, "layerdrop_undecided"))
+    return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
 def _judged(f: Finding, outcome: str, misses: int = 0) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import fixes
+from . import fixes, gradients, held as held_misses
 from ..observe.evidence import INVENTORY, STEP, Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
@@ -34,10 +34,11 @@ from ..report.verdicts import Verdict, Verdicts
 def decide_pending(checker: Any, _: Any = None) -> Verdicts:
     """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
     inv, step, grads = checker.structure.inventory, checker.step, checker.grads
-    out = grads.refresh(step) + escalate_late(checker.history_store.view, step, checker.checks)
-    for f in checker.history_store.view.pending():
+    view = checker.history_store.view
+    out = gradients.refresh(grads, view, step) + escalate_late(view, step, checker.checks)
+    for f in view.pending():
         if f.kind == "missing_grad":
-            decided = grads.held.decide(f)
+            decided = held_misses.decide(grads.held, f)
         elif f.details.get("source") == "watch":
             decided = checker.watched.decide(f)
         else:

@@ -85,8 +85,8 @@ DETECTORS: tuple[Detector, ...] = (
         # ... or, without them, what the loss given says, or why nothing can be said
         "gradients._without_hooks": ("missing_grad", "loss_without_graph", "unreachable", "not_backpropagated",
                                         "unknown_not_a_parameter", "unknown_hooks_off", "unknown"),
-        "gradients.GradientTracker._unexplained": ("missing_grad", "pending", "traced_nothing"),
-        "gradients.GradientTracker._recovered": ("missing_grad", "came_back"),
+        "gradients._unexplained": ("missing_grad", "pending", "traced_nothing"),
+        "gradients._recovered": ("missing_grad", "came_back"),
         "gradients.intermittent": ("missing_grad", "intermittent"),
         "gradients._stalled": ("missing_grad", "stalled"),
         "held._judged": ("missing_grad", "not_a_target", "target_undecided", "not_layerdrop", "layerdrop_undecided"),

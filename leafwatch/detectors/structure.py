@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import fixes, membership, ranks
+from . import fixes, gradients, membership, ranks
 from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, Finding
 from ..report.history import FindingsView
@@ -45,7 +45,7 @@ def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
 def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Verdicts:
     """After a rebuild of the structure: its verdicts, and what waited for the names."""
     cache, history, step = checker.structure, checker.history_store, checker.step
-    checker.grads.rebuilt(inv)
+    gradients.rebuilt(checker.grads, inv)
     membership.rebuilt(checker.membership, checker.membership_hand, inv)
     found = structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale, seen_frozen=cache.seen_frozen)
     shown, held = membership.split(checker.membership, found, inv, before_gradients=before_gradients)
@@ -53,7 +53,7 @@ def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Ver
     sharded = ranks.sharded_finding(cache.grad_view, step)
     if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
         out.append(Verdict.open(sharded))
-    checker.grads.apply_restored(inv.known_names())
+    gradients.apply_restored(checker.grads, history.view, inv.known_names())
     checker.loop.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
     if history.ignore and not checker.ignore_checked:
         checker.ignore_checked = True

@@ -22,7 +22,7 @@ class Diagnostics:
 
     Args:
         structure_: The structure cache (the modules, the tensors, the check lists).
-        grads: The gradient tracker (which tensors miss now, and when that changes); it is read,
+        grads: The gradient state (which tensors miss now, and when that changes); its fields are read,
             never imported (observe/ knows nothing of the detectors).
         loop: The loop watch, read the same way (its arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
@@ -63,7 +63,7 @@ class Diagnostics:
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
                 self._retargeted = retarget
-                missing_ids = grads.missing_ids(cache.lists.values())
+                missing_ids = [pid for pid in grads.streak if any(pid in clist.ids for clist in cache.lists.values())]
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 tensors = cache.inventory.tensors
                 loop.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})

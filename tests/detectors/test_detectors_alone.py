@@ -14,7 +14,7 @@ from torch import nn
 from leafwatch.detectors import dead, loop, structure
 from leafwatch.detectors.constructors import make
 from leafwatch.detectors.dead import dead_grad
-from leafwatch.detectors.gradients import GradientTracker
+from leafwatch.detectors import gradients, held
 from leafwatch.detectors.watched import WatchedTracker
 from leafwatch.report.findings import Kind, Status, Waiting
 from leafwatch.report.history import FindingHistory, FindingsView
@@ -87,17 +87,17 @@ def test_the_gradient_detector_opens_missing_grad_after_patience_and_makes_it_in
     model = nn.ModuleDict({"body": nn.Linear(2, 2), "head": nn.Linear(2, 1)})
     clist = _checklist(model)
     history = FindingHistory()
-    tracker = GradientTracker(history.view, patience=2, diagnose=False)
+    state = gradients.GradientState(patience=2, diagnose=False)
     missing = [i for i, n in enumerate(clist.names) if n.startswith("head")]
     clist.checks = 1
-    assert tracker.update(clist, missing, 1, tracer=Tracer(), reachable=None, skip=set()) == []  # patience 2
+    assert gradients.update(state, history.view, clist, missing, 1, tracer=Tracer(), reachable=None, skip=set()) == []  # patience 2
     clist.checks = 2
-    opened = tracker.update(clist, missing, 2, tracer=Tracer(), reachable=None, skip=set())
+    opened = gradients.update(state, history.view, clist, missing, 2, tracer=Tracer(), reachable=None, skip=set())
     assert _actions(opened) == [("open", "missing_grad", "head.weight"), ("open", "missing_grad", "head.bias")]
     assert len(history) == 0
     history.apply(opened)
     clist.checks = 3
-    recovered = tracker.update(clist, [], 3, tracer=Tracer(), reachable=None, skip=set())
+    recovered = gradients.update(state, history.view, clist, [], 3, tracer=Tracer(), reachable=None, skip=set())
     assert _actions(recovered) == [("set", "missing_grad", "head.weight"), ("set", "missing_grad", "head.bias")]
     history.apply(recovered)
     assert {f.status for f in history} == {Status.INTERMITTENT}
@@ -105,10 +105,11 @@ def test_the_gradient_detector_opens_missing_grad_after_patience_and_makes_it_in
 
 def test_a_replaced_tensor_with_an_open_stale_param_gets_no_missing_grad() -> None:
     stale = make("stale_param", "old", "error", "m", "c", "f", step=1, reason="replaced")
-    tracker = GradientTracker(FindingsView({stale.key: stale}), patience=1, diagnose=False)
+    state = gradients.GradientState(patience=1, diagnose=False)
     p = nn.Parameter(torch.ones(1))
     clist = CheckList(params=[p], names=("old",), infos=[None], ids=frozenset([id(p)]), checks=1)
-    assert tracker.update(clist, [0], 1, tracer=Tracer(), reachable=None, skip=set()) == []
+    assert gradients.update(state, FindingsView({stale.key: stale}), clist, [0], 1, tracer=Tracer(), reachable=None,
+                            skip=set()) == []
 
 
 # -- watched tensors ----------------------------------------------------------------------------
@@ -227,29 +228,25 @@ def test_every_action_has_its_effect_on_the_history() -> None:
 
 # -- suspicions held until the evidence decides --------------------------------------------------
 def test_a_no_grad_miss_is_held_then_dropped_as_a_target_when_its_value_changes() -> None:
-    from leafwatch.detectors.held import HeldMisses
-
-    held = HeldMisses()
+    state = held.HeldState()
     ema = nn.Parameter(torch.ones(3))
     made = lambda: make("missing_grad", "ema.weight", "error", "m", "ran under no_grad", "f", step=1, reason="grad_disabled")  # noqa: E731
-    assert held.judges(id(ema), "grad_disabled") and not held.judges(id(ema), "never_ran")
-    first = held.target(ema, "ema.weight", None, None, 1, made)
+    assert held.judges(state, id(ema), "grad_disabled") and not held.judges(state, id(ema), "never_ran")
+    first = held.target(state, ema, "ema.weight", None, None, 1, made)
     assert _actions(first) == [("hold", "missing_grad", "ema.weight")]
     assert first[0].finding.details["pending"] == Waiting.TARGET
     with torch.no_grad():
         ema.mul_(0.9).add_(0.1)  # the EMA update between checks
-    assert held.target(ema, "ema.weight", None, None, 2, made) is None  # a target: no finding
-    assert id(ema) in held.targets and held.take_new_targets() == {id(ema)}
+    assert held.target(state, ema, "ema.weight", None, None, 2, made) is None  # a target: no finding
+    assert id(ema) in state.targets and held.take_new_targets(state) == {id(ema)}
 
 
 def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
-    from leafwatch.detectors.held import HeldMisses
-
-    held = HeldMisses()
+    state = held.HeldState()
     frozen = nn.Parameter(torch.ones(3))
     made = lambda: make("missing_grad", "enc.weight", "error", "m", "ran under no_grad.", "f", step=1, reason="grad_disabled")  # noqa: E731
-    held.target(frozen, "enc.weight", None, None, 1, made)
-    verdicts = held.target(frozen, "enc.weight", None, None, 2, made)
+    held.target(state, frozen, "enc.weight", None, None, 1, made)
+    verdicts = held.target(state, frozen, "enc.weight", None, None, 2, made)
     assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
     assert "did not change between checks" in verdicts[1].changes["cause"]
 

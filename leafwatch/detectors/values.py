@@ -21,7 +21,7 @@ from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from .constructors import make
-from .dead import DeadGradTracker
+from . import dead
 
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
@@ -52,7 +52,7 @@ class GradientValues:
         #: Check at every check up to this step too, besides the cadence.
         self.every_check_values_until = 0
         self._values = NamedValueCheck(track_zeros=True)
-        self._dead = DeadGradTracker(view)
+        self._dead = dead.DeadGradState()
         self._last_step = -1
         self.off_cadence_steps: set[int] = set()
 
@@ -108,7 +108,7 @@ class GradientValues:
         if self.off_cadence_steps:
             zeros = [z for z in zeros if z[0] not in self.off_cadence_steps]
             self.off_cadence_steps = {s for s in self.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
-        out += self._dead.record(zeros)
+        out += dead.record(self._dead, self.view, zeros)
         return out
 
 

@@ -34,23 +34,22 @@ def _actions(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
 # -- dead gradients -----------------------------------------------------------------------------
 def test_dead_grad_opens_at_the_third_zero_value_check_and_resolves_when_the_gradient_moves() -> None:
     history = FindingHistory()
-    tracker = dead.DeadGradTracker(history.view)
+    state = dead.DeadGradState()
     zero = [(s, ["gate", "w"], {"gate"}) for s in (10, 20)]
-    assert tracker.record(zero) == []  # two zero checks: not yet
-    opened = tracker.record([(30, ["gate", "w"], {"gate"})])
+    assert dead.record(state, history.view, zero) == []  # two zero checks: not yet
+    opened = dead.record(state, history.view, [(30, ["gate", "w"], {"gate"})])
     assert _actions(opened) == [("open", "dead_grad", "gate")]
     assert opened[0].finding is not None and opened[0].finding.details["zero_checks"] == dead.DEAD_AFTER
     assert len(history) == 0  # the detector wrote nothing
     history.apply(opened)
     assert history.is_open(("dead_grad", "gate"))
-    assert tracker.record([(40, ["gate", "w"], {"gate"})]) == []  # already open: said once
-    assert _actions(tracker.record([(50, ["gate", "w"], set())])) == [("resolve", "dead_grad", "gate")]
+    assert dead.record(state, history.view, [(40, ["gate", "w"], {"gate"})]) == []  # already open: said once
+    assert _actions(dead.record(state, history.view, [(50, ["gate", "w"], set())])) == [("resolve", "dead_grad", "gate")]
 
 
 def test_dead_grad_sees_its_own_verdicts_across_value_checks_that_complete_together() -> None:
     # Value checks read late (CUDA) complete together: opened at the third, resolved at the fourth.
-    tracker = dead.DeadGradTracker(FindingsView({}))
-    verdicts = tracker.record([(s, ["g"], {"g"}) for s in (1, 2, 3)] + [(4, ["g"], set())])
+    verdicts = dead.record(dead.DeadGradState(), FindingsView({}), [(s, ["g"], {"g"}) for s in (1, 2, 3)] + [(4, ["g"], set())])
     assert _actions(verdicts) == [("open", "dead_grad", "g"), ("resolve", "dead_grad", "g")]
 
 

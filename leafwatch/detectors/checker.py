@@ -1,7 +1,7 @@
 """The runner of a check: its evidence read once, then the registry's detectors in order.
 
 :class:`Checker` holds what the detectors keep across checks (the gradient tracker, the
-watched-tensor tracker, the membership judge, the loss-graph leaves, the batched value check, the
+watched-tensor tracker, the membership judge, the loss-graph leaves, the value checks and the values read (observe/), the
 loop watch, and each registered detector's own state), the diagnostic hooks, and the pipeline it
 builds from :data:`~leafwatch.detectors.registry.DETECTORS`, so that a part that fails leaves an
 ``incomplete`` finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments,
@@ -18,14 +18,14 @@ from typing import Any
 import torch
 
 from ..observe import evidence as observed, inventory, structure
+from ..observe.values import NamedValueCheck
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, Evidence
-from . import loop as stepping, outside, registry
+from . import loop as stepping, outside, registry, values
 from .gradients import GradientTracker
 from .membership import MembershipJudge
-from .values import GradientValues
 from .watched import WatchedTracker
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
@@ -84,7 +84,7 @@ class Checker:
         self.grads = GradientTracker(view, patience, diagnose)
         self.watched = WatchedTracker(view)
         self.membership = MembershipJudge(view, lambda: self.checks)
-        self.values = GradientValues(structure_, view, check_values_every_n_steps)
+        self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
         self.loss_leaves = outside.LossLeaves()
         self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
             lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
@@ -212,7 +212,7 @@ class Checker:
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
-                "watch_counts": self.watched.sizes(), **self.values.stats(),
+                "watch_counts": self.watched.sizes(), **self.value_reads.stats(),
                 "step_watches": len(self.loop.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
 
     # -- what the detectors share ------------------------------------------------------------

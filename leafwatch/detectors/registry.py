@@ -111,7 +111,7 @@ DETECTORS: tuple[Detector, ...] = (
         "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
         "values.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
         "dead.dead_grad": ("dead_grad", "zero_streak")}),
-    Detector("the last NaN/Inf gradient check", values.finish, CLOSE),
+    Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE),
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
     Detector("the loss-graph check", outside.undecided, CLOSE),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={

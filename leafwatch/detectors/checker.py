@@ -1,7 +1,7 @@
 """The runner of a check: its evidence read once, then the registry's detectors in order.
 
 :class:`Checker` holds what the detectors keep across checks (the gradient tracker, the
-watched-tensor tracker, the membership judge, the loss-graph leaves, the value checks and the values read (observe/), the
+watched tensors' state, the membership judge, the loss-graph leaves, the value checks and the values read (observe/), the
 loop watch, and each registered detector's own state), the diagnostic hooks, and the pipeline it
 builds from :data:`~leafwatch.detectors.registry.DETECTORS`, so that a part that fails leaves an
 ``incomplete`` finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments,
@@ -17,16 +17,15 @@ from typing import Any
 
 import torch
 
-from ..observe import evidence as observed, inventory, structure
+from ..observe import changes, evidence as observed, inventory, structure
 from ..observe.values import NamedValueCheck
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, Evidence
-from . import loop as stepping, outside, registry, values
+from . import loop as stepping, outside, registry, values, watched
 from .gradients import GradientTracker
 from .membership import MembershipJudge
-from .watched import WatchedTracker
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
 from ..report.events import CheckEvent
@@ -82,7 +81,7 @@ class Checker:
         self.checks = 0
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
         self.grads = GradientTracker(view, patience, diagnose)
-        self.watched = WatchedTracker(view)
+        self.watched, self.watched_hand = watched.WatchedState(), changes.HandUpdates()
         self.membership = MembershipJudge(view, lambda: self.checks)
         self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
         self.loss_leaves = outside.LossLeaves()
@@ -212,7 +211,7 @@ class Checker:
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
-                "watch_counts": self.watched.sizes(), **self.value_reads.stats(),
+                "watch_counts": len(self.watched.counts), **self.value_reads.stats(),
                 "step_watches": len(self.loop.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
 
     # -- what the detectors share ------------------------------------------------------------

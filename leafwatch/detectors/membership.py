@@ -26,7 +26,7 @@ from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
 from ..report.verdicts import Verdict, Verdicts
-from . import structure
+from . import structure, watched
 
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
@@ -42,7 +42,7 @@ def decide_pending(checker: Any, _: Any = None) -> Verdicts:
         if f.kind == "missing_grad":
             decided = grads.held.decide(f)
         elif f.details.get("source") == "watch":
-            decided = checker.watched.decide(f)
+            decided = watched.decide(checker.watched, checker.watched_hand, f)
         else:
             decided = checker.membership.decide(f, inv, step)
         out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))

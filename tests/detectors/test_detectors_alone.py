@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from leafwatch.detectors import dead, loop, structure
+from leafwatch.detectors import dead, loop, structure, watched
 from leafwatch.detectors.constructors import make
 from leafwatch.detectors.dead import dead_grad
 from leafwatch.detectors.gradients import GradientTracker
-from leafwatch.detectors.watched import WatchedTracker
 from leafwatch.report.findings import Kind, Status, Waiting
+from leafwatch.observe.changes import HandUpdates
 from leafwatch.report.history import FindingHistory, FindingsView
 from leafwatch.observe.inventory import Inventory, ParamInfo
 from leafwatch.options import WarnOnce
@@ -118,12 +118,12 @@ def test_a_watched_non_leaf_is_one_open_verdict_and_is_resolved_once_it_is_gone(
     with pytest.warns(Warning, match="scale"):
         add_watch(watches, scale, "scale")
     history = FindingHistory()
-    tracker = WatchedTracker(history.view)
-    verdicts = tracker.update(watches.entries(), 1, None)
+    state, hand = watched.WatchedState(), HandUpdates()
+    verdicts = watched.update(state, hand, history.view, watches.entries(), 1, None)
     assert ("open", "non_leaf", "scale") in _actions(verdicts)
     history.apply(verdicts)
     del scale
-    assert ("resolve", "non_leaf", "scale") in _actions(tracker.update(watches.entries(), 2, None))
+    assert ("resolve", "non_leaf", "scale") in _actions(watched.update(state, hand, history.view, watches.entries(), 2, None))
 
 
 # -- the training loop --------------------------------------------------------------------------

@@ -84,7 +84,7 @@ class Checker:
         self.watched, self.watched_hand = watched.WatchedState(), changes.HandUpdates()
         self.membership = MembershipJudge(view, lambda: self.checks)
         self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
-        self.loss_leaves = outside.LossLeaves()
+        self.loss_leaves, self.loss_hand = outside.LossLeavesState(), changes.HandUpdates()
         self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
             lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
         self.diagnostics = Diagnostics(structure_, self.grads, loop, diagnose, warn)

@@ -54,7 +54,7 @@ class WatchedState:
     _verdicts: dict[str, tuple[WatchEntry, bool, object]] = dataclasses.field(default_factory=dict)
     #: Set by the owner to anything that changes when the optimizers or their groups change.
     optimizers_version: object = None
-    #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
+    #: Whether a watched finding may be open (else a check with nothing watched skips this detector).
     may_be_open: bool = True
 
 

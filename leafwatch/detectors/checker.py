@@ -1,7 +1,7 @@
 """The runner of a check: its evidence read once, then the registry's detectors in order.
 
 :class:`Checker` holds what the detectors keep across checks (the gradient state, the
-watched-tensor tracker, the membership judge, the loss-graph leaves, the batched value check, the
+watched tensors' state, the membership judge, the loss-graph leaves, the value checks and the values read (observe/), the
 loop watch, and each registered detector's own state), the diagnostic hooks, and the pipeline it
 builds from :data:`~leafwatch.detectors.registry.DETECTORS`, so that a part that fails leaves an
 ``incomplete`` finding. The :class:`~leafwatch.monitor.Monitor` owns the public surface (arguments,
@@ -18,14 +18,13 @@ from typing import Any
 import torch
 
 from ..observe import changes, evidence as observed, inventory, structure
+from ..observe.values import NamedValueCheck
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, Evidence
-from . import gradients, loop as stepping, outside, registry
+from . import gradients, loop as stepping, outside, registry, values, watched
 from .membership import MembershipState
-from .values import GradientValues
-from .watched import WatchedTracker
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
 from ..report.events import CheckEvent
@@ -81,11 +80,10 @@ class Checker:
         self.checks = 0
         view = history.view  # what the detectors read; their verdicts come back through the pipeline
         self.grads = gradients.GradientState(patience, diagnose)
-        self.watched = WatchedTracker(view)
-        self.membership = MembershipState()
-        self.membership_hand = changes.HandUpdates()
-        self.values = GradientValues(structure_, view, check_values_every_n_steps)
-        self.loss_leaves = outside.LossLeaves()
+        self.watched, self.watched_hand = watched.WatchedState(), changes.HandUpdates()
+        self.membership, self.membership_hand = MembershipState(), changes.HandUpdates()
+        self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
+        self.loss_leaves, self.loss_hand = outside.LossLeavesState(), changes.HandUpdates()
         self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
             lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
         self.diagnostics = Diagnostics(structure_, self.grads, loop, diagnose, warn)
@@ -212,7 +210,7 @@ class Checker:
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
-                "watch_counts": self.watched.sizes(), **self.values.stats(),
+                "watch_counts": len(self.watched.counts), **self.value_reads.stats(),
                 "step_watches": len(self.loop.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
 
     # -- what the detectors share ------------------------------------------------------------

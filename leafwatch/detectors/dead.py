@@ -12,6 +12,7 @@ as a whole.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 from ..report.history import FindingsView
@@ -23,40 +24,40 @@ from .constructors import make
 DEAD_AFTER = 3
 
 
-class DeadGradTracker:
-    """Per name, how many value checks in a row saw an exactly-zero gradient (``view``: the findings so far)."""
+@dataclasses.dataclass(eq=False, slots=True)
+class DeadGradState:
+    """Per name, how many value checks in a row saw an exactly-zero gradient."""
 
-    def __init__(self, view: FindingsView) -> None:
-        self.view = view
-        self.streak: dict[str, int] = {}
-        #: Names with an open dead_grad finding (the resolve pass runs only while there are some).
-        self.open_names: set[str] = set()
+    streak: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: Names with an open dead_grad finding (the resolve pass runs only while there are some).
+    open_names: set[str] = dataclasses.field(default_factory=set)
 
-    def record(self, results: Iterable[tuple[int, list[str], set[str]]]) -> Verdicts:
-        """Apply completed value checks: ``(step, names with a gradient, names exactly zero)``."""
-        out: Verdicts = []
-        opened: set[str] | None = None  # open after this call's verdicts, read once when first needed
-        before = self.streak
-        for step, checked, zero in results:
-            # A name not zero at this check (or without a gradient) starts over.
-            get = before.get
-            streak = {name: get(name, 0) + 1 for name in zero}
-            due = {name for name, count in streak.items() if count >= DEAD_AFTER}
-            if due or self.open_names:
-                if opened is None:
-                    opened = self.view.open_names("dead_grad")
-                # Written once when the streak crosses the threshold (not at every value check after:
-                # a deep chain whose gradients underflow has hundreds of them).
-                for name in sorted(due - opened):
-                    out.append(Verdict.open(dead_grad(name, streak[name], step)))
-                opened |= due
-                if self.open_names:
-                    for name in sorted(opened - zero):
-                        opened.discard(name)
-                        out.append(Verdict.resolve(("dead_grad", name), step))
-            self.streak = before = streak
-            self.open_names = due
-        return out
+
+def record(state: DeadGradState, view: FindingsView, results: Iterable[tuple[int, list[str], set[str]]]) -> Verdicts:
+    """Apply completed value checks: ``(step, names with a gradient, names exactly zero)`` (``view``: the findings so far)."""
+    out: Verdicts = []
+    opened: set[str] | None = None  # open after this call's verdicts, read once when first needed
+    before = state.streak
+    for step, checked, zero in results:
+        # A name not zero at this check (or without a gradient) starts over.
+        get = before.get
+        streak = {name: get(name, 0) + 1 for name in zero}
+        due = {name for name, count in streak.items() if count >= DEAD_AFTER}
+        if due or state.open_names:
+            if opened is None:
+                opened = view.open_names("dead_grad")
+            # Written once when the streak crosses the threshold (not at every value check after:
+            # a deep chain whose gradients underflow has hundreds of them).
+            for name in sorted(due - opened):
+                out.append(Verdict.open(dead_grad(name, streak[name], step)))
+            opened |= due
+            if state.open_names:
+                for name in sorted(opened - zero):
+                    opened.discard(name)
+                    out.append(Verdict.resolve(("dead_grad", name), step))
+        state.streak = before = streak
+        state.open_names = due
+    return out
 
 
 # -- its words ---------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import fixes, gradients, held as held_misses
+from . import fixes, gradients, held as held_misses, watched
 from ..observe.evidence import INVENTORY, STEP, Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
@@ -40,7 +40,7 @@ def decide_pending(checker: Any, _: Any = None) -> Verdicts:
         if f.kind == "missing_grad":
             decided = held_misses.decide(grads.held, f)
         elif f.details.get("source") == "watch":
-            decided = checker.watched.decide(f)
+            decided = watched.decide(checker.watched, checker.watched_hand, f)
         else:
             decided = decide(checker.membership, checker.membership_hand, f, inv, step, checker.checks)
         out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))

@@ -17,6 +17,7 @@ Suspects are held weakly: nothing of the user's is kept alive.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -25,38 +26,35 @@ from typing import Any
 import torch
 
 from . import fixes
-from ..observe import frames, graph, structure
+from ..observe import changes, frames, graph, structure
 from ..observe.discovery import optimizer_ids
-from ..observe.changes import HandUpdates
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from .constructors import make
 from ..report.verdicts import Verdict, Verdicts
-
 from ..observe.evidence import LOSS, Evidence
 
 
 def judge_loss(checker: Any, evidence: Evidence) -> Verdicts | None:
     """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
     loss, cache, leaves = evidence[LOSS], checker.structure, checker.loss_leaves
-    if loss is None or not leaves.wants_walk(checker.grads.new_miss):
+    if loss is None or not wants_walk(leaves, checker.grads.new_miss):
         return None
-    return [Verdict.open(f) for f in leaves.observe(
-        loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
+    return [Verdict.open(f) for f in observe(
+        leaves, checker.loss_hand, loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
             cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], checker.watch_entries()))]
 
 
-def undecided(checker: Any, _: Any) -> Verdicts:
+def judge_undecided(checker: Any, _: Any) -> Verdicts:
     """At the end of a run of one check (``audit()``): it cannot tell a persistent leaf of the loss from a fresh one."""
     if checker.checks != 1:
         return []
-    return [Verdict.open(f) for f in checker.loss_leaves.undecided(checker.step, checker.structure.inventory)]
+    return [Verdict.open(f) for f in undecided(checker.loss_leaves, checker.step, checker.structure.inventory)]
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
-                            in_optimizer: Callable[[WatchEntry], bool],
-                            inventory: Inventory | None = None) -> list[Finding]:
+                            in_optimizer: Callable[[WatchEntry], bool], inventory: Inventory | None = None) -> list[Finding]:
     """``not_in_optimizer`` (error) for each watched leaf that got a gradient and no optimizer holds.
 
     Args:
@@ -109,8 +107,7 @@ def caller_name(t: torch.Tensor) -> str | None:
                 except TypeError:
                     continue
                 names.extend(f"{key}.{a}" for a, v in list(attrs.items())[:200] if v is t)
-    names = list(dict.fromkeys(names))
-    return names[0] if len(names) == 1 else None
+    return names[0] if len(set(names)) == 1 else None
 
 
 def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Optimizer],
@@ -138,88 +135,91 @@ def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Opt
     return ids
 
 
-class LossLeaves:
+@dataclasses.dataclass(eq=False, slots=True)
+class LossLeavesState:
     """Persistent leaves of the loss's graph that no optimizer holds, across checks."""
 
-    def __init__(self) -> None:
-        self._suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
-        self._hand = HandUpdates()
-        self._walked = False
-        #: How many times the loss's graph was walked (for tests of the hot path).
-        self.walks = 0
+    _suspects: dict[int, tuple[weakref.ReferenceType, str]] = dataclasses.field(default_factory=dict)
+    _walked: bool = False
+    #: How many times the loss's graph was walked (for tests of the hot path).
+    walks: int = 0
 
-    def wants_walk(self, new_miss: bool) -> bool:
-        """Whether the next :meth:`observe` walks the graph (first check, suspects, a new miss)."""
-        return not self._walked or bool(self._suspects) or new_miss
 
-    def observe(self, loss: torch.Tensor, step: int | None, *, exclude: Callable[[], set[int]],
-                new_miss: bool = False, inventory: Inventory | None = None) -> list[Finding]:
-        """Walk ``loss``'s graph when due; findings for suspects seen again as the same tensor.
+def wants_walk(state: LossLeavesState, new_miss: bool) -> bool:
+    """Whether the next :func:`observe` walks the graph (first check, suspects, a new miss)."""
+    return not state._walked or bool(state._suspects) or new_miss
 
-        Args:
-            loss: The loss of this step.
-            step: The step to record.
-            exclude: Ids judged elsewhere (model parameters, optimizer tensors, watched tensors,
-                orphans), computed only when the walk finds a candidate.
-            new_miss: A tensor started missing its gradient at this check.
-            inventory: The structure (its optimizers and model name the user's variables in the fix).
-        """
-        if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not self.wants_walk(new_miss):
-            return []
-        self._walked = True
-        self.walks += 1
-        candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
-        if not candidates:
-            self._suspects = {}
-            return []
-        excluded = exclude()
-        candidates = {k: v for k, v in candidates.items() if k not in excluded}
-        out = []
-        suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
-        for k, (t, op) in candidates.items():
-            seen = self._suspects.get(k)
-            if self._hand.by_hand(t):
-                continue  # updated by hand between checks (a trained perturbation): no finding
-            if seen is None or seen[0]() is not t:
-                suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
-                continue
-            # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
-            verdict = self._hand.verdict(t)
-            if verdict == "wait":
-                suspects[k] = (weakref.ref(t), op)
-            elif verdict == "unchanged":
-                name = caller_name(t) or f"{shape_text(t)} used by {op}"
-                out.append(outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
-                                    f"(used by `{op}`) and does not change between checks", inventory=inventory,
-                                    op=op, persistent=True))
-        self._suspects = suspects
-        self._hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
-        return out
 
-    def undecided(self, step: int | None, inventory: Inventory | None = None) -> list[Finding]:
-        """Info findings for the suspects seen once: a run of one check cannot tell a persistent
-        leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
-        out = []
-        for ref, op in self._suspects.values():
-            t = ref()
-            if t is None:
-                continue
-            known = caller_name(t)
-            name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
-            add = fixes.add_to_optimizer(f"[{known}]" if known else None, getattr(inventory, "optimizers", ()),
-                                         model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
-                                         cache=getattr(inventory, "fix_names", None))
-            out.append(make(
-                "not_in_optimizer", name, "info",
-                f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
-                "one check cannot tell its two readings apart: if the same tensor is used at every step "
-                "(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
-                "fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
-                "A Monitor, which sees the next step, decides.",
-                f"if it should train, {add}; if it is fixed, create it "
-                "without `requires_grad=True`; if it is made fresh each step, nothing",
-                tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None, reason="loss_leaf"))
-        return out
+def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tensor, step: int | None, *,
+            exclude: Callable[[], set[int]], new_miss: bool = False, inventory: Inventory | None = None) -> list[Finding]:
+    """Walk ``loss``'s graph when due; findings for suspects seen again as the same tensor.
+
+    Args:
+        hand: The value evidence of the suspects (the gradient rule's).
+        loss: The loss of this step.
+        step: The step to record.
+        exclude: Ids judged elsewhere (model parameters, optimizer tensors, watched tensors,
+            orphans), computed only when the walk finds a candidate.
+        new_miss: A tensor started missing its gradient at this check.
+        inventory: The structure (its optimizers and model name the user's variables in the fix).
+    """
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not wants_walk(state, new_miss):
+        return []
+    state._walked = True
+    state.walks += 1
+    candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
+    if not candidates:
+        state._suspects = {}
+        return []
+    excluded = exclude()
+    candidates = {k: v for k, v in candidates.items() if k not in excluded}
+    out = []
+    suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+    for k, (t, op) in candidates.items():
+        seen = state._suspects.get(k)
+        if hand.by_hand(t):
+            continue  # updated by hand between checks (a trained perturbation): no finding
+        if seen is None or seen[0]() is not t:
+            suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
+            continue
+        # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
+        verdict = hand.verdict(t)
+        if verdict == "wait":
+            suspects[k] = (weakref.ref(t), op)
+        elif verdict == "unchanged":
+            name = caller_name(t) or f"{shape_text(t)} used by {op}"
+            out.append(outside_optimizer(name, t, step, "error", "is a leaf of the loss's graph at every step "
+                                f"(used by `{op}`) and does not change between checks", inventory=inventory,
+                                op=op, persistent=True))
+    state._suspects = suspects
+    hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
+    return out
+
+
+def undecided(state: LossLeavesState, step: int | None, inventory: Inventory | None = None) -> list[Finding]:
+    """Info findings for the suspects seen once: a run of one check cannot tell a persistent
+    leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
+    out = []
+    for ref, op in state._suspects.values():
+        t = ref()
+        if t is None:
+            continue
+        known = caller_name(t)
+        name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
+        add = fixes.add_to_optimizer(f"[{known}]" if known else None, getattr(inventory, "optimizers", ()),
+                                     model=getattr(inventory, "model", None), known=getattr(inventory, "variables", None),
+                                     cache=getattr(inventory, "fix_names", None))
+        out.append(make(
+            "not_in_optimizer", name, "info",
+            f"{name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
+            "one check cannot tell its two readings apart: if the same tensor is used at every step "
+            "(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
+            "fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
+            "A Monitor, which sees the next step, decides.",
+            f"if it should train, {add}; if it is fixed, create it "
+            "without `requires_grad=True`; if it is made fresh each step, nothing",
+            tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None, reason="loss_leaf"))
+    return out
 
 
 # -- its words ---------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ DETECTORS: tuple[Detector, ...] = (
         "watched.watched_findings": ("missing_grad", "watched_unused"),
         "outside.outside_optimizer": ("not_in_optimizer", "outside_model")}),
     Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, LOSS),), voices={
-        "outside.LossLeaves.undecided": ("not_in_optimizer", "loss_leaf")}),
+        "outside.undecided": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
         "membership._never_stepped": ("not_in_optimizer", "never_stepped"),
         "membership._late": ("not_in_optimizer", "no_optimizer_stepped"),
@@ -111,9 +111,9 @@ DETECTORS: tuple[Detector, ...] = (
         "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
         "values.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
         "dead.dead_grad": ("dead_grad", "zero_streak")}),
-    Detector("the last NaN/Inf gradient check", values.finish, CLOSE),
+    Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE),
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
-    Detector("the loss-graph check", outside.undecided, CLOSE),
+    Detector("the loss-graph check", outside.judge_undecided, CLOSE),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={
         "gradients.no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, voices={

@@ -9,6 +9,7 @@ checks of the cadence, so their timing does not depend on the extra checks.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +22,7 @@ from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from .constructors import make
-from .dead import DeadGradTracker
+from . import dead
 
 
 def judge(checker: Any, evidence: Evidence) -> Verdicts:
@@ -32,84 +33,83 @@ def judge(checker: Any, evidence: Evidence) -> Verdicts:
     if on_cadence or (every and step <= values.every_check_values_until):
         if not on_cadence:
             values.off_cadence_steps.add(step)
-        return values.check(step, [clist for _, clist, _ in evidence[LISTS]])
+        return check(values, checker.value_reads, checker.structure, checker.history_store.view, step,
+                     [clist for _, clist, _ in evidence[LISTS]])
     return []
 
 
-def finish(checker: Any, _: Any) -> Verdicts:
+def judge_last(checker: Any, _: Any) -> Verdicts:
     """At the end of the run: the last value check."""
-    return checker.values.finish(checker.step)
+    return finish(checker.values, checker.value_reads, checker.structure, checker.history_store.view, checker.step)
 
 
-class GradientValues:
-    """Checks gradient values every ``every`` checks (0: off); its verdicts are ``nonfinite_grad`` /
-    ``dead_grad``. ``structure_`` gives the check lists and how gradients are read when sharded."""
+@dataclasses.dataclass(eq=False, slots=True)
+class ValuesState:
+    """What the value checks keep: their cadence (every ``every`` checks, 0: off) and the zero streaks."""
 
-    def __init__(self, structure_: structure.StructureCache, view: FindingsView, every: int) -> None:
-        self.structure = structure_
-        self.view = view
-        self.every = every
-        #: Check at every check up to this step too, besides the cadence.
-        self.every_check_values_until = 0
-        self._values = NamedValueCheck(track_zeros=True)
-        self._dead = DeadGradTracker(view)
-        self._last_step = -1
-        self.off_cadence_steps: set[int] = set()
+    every: int
+    #: Check at every check up to this step too, besides the cadence.
+    every_check_values_until: int = 0
+    _dead: dead.DeadGradState = dataclasses.field(default_factory=dead.DeadGradState)
+    _last_step: int = -1
+    off_cadence_steps: set[int] = dataclasses.field(default_factory=set)
 
-    def finish(self, step: int) -> Verdicts:
-        """At the end of a run: the checks still in flight, the gradients not checked since the last
-        value check, and the parameters themselves (a short run may end between value checks, and
-        gradients are often cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
-        out = self._record(step, *self._values.flush())
-        if not self.every or step <= 0:
-            return out
-        lists = list(self.structure.lists.values())
-        if self._last_step != step:
-            out += self.check(step, lists)
-            out += self._record(step, *self._values.flush())
-        named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
-        params, names = [p for p, _ in named], [n for _, n in named]
-        after = open_after(out, Kind.NONFINITE_GRAD)
-        flagged = {n for n in self.view.open_names(Kind.NONFINITE_GRAD) if after.get(n, True)}
-        flagged |= {n for n, is_open in after.items() if is_open}
-        for _, i in nonfinite(params, step):
-            if names[i] not in flagged:
-                out.append(Verdict.open(nonfinite_param(names[i], params[i], step)))
+
+def finish(state: ValuesState, reads: NamedValueCheck, cache: structure.StructureCache, view: FindingsView,
+           step: int) -> Verdicts:
+    """At the end of a run: the checks still in flight, the gradients not checked since the last
+    value check, and the parameters themselves (a short run may end between value checks, and
+    gradients are often cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+    out = _record(state, reads, view, step, *reads.flush())
+    if not state.every or step <= 0:
         return out
+    lists = list(cache.lists.values())
+    if state._last_step != step:
+        out += check(state, reads, cache, view, step, lists)
+        out += _record(state, reads, view, step, *reads.flush())
+    named = [(p, n) for c in lists for p, n in zip(c.params, c.names) if inventory.has_values(p)]
+    params, names = [p for p, _ in named], [n for _, n in named]
+    after = open_after(out, Kind.NONFINITE_GRAD)
+    flagged = {n for n in view.open_names(Kind.NONFINITE_GRAD) if after.get(n, True)}
+    flagged |= {n for n, is_open in after.items() if is_open}
+    for _, i in nonfinite(params, step):
+        if names[i] not in flagged:
+            out.append(Verdict.open(nonfinite_param(names[i], params[i], step)))
+    return out
 
-    def stats(self) -> dict[str, int]:
-        return {"value_checks_in_flight": len(self._values.checker.pending_steps()),
-                "value_names_kept": self._values.launched()}
 
-    def check(self, step: int, lists: list[structure.CheckList]) -> Verdicts:
-        self._last_step = step
-        if len(lists) == 1:  # one optimizer: its list as it is (a new list at each structure reading)
-            params, names = lists[0].params, lists[0].names
-        else:
-            params = [p for c in lists for p in c.params]
-            names = tuple(n for c in lists for n in c.names)
-        grads = [p.grad for p in params]
-        if self.structure.grad_view.local_grads:
-            grads = [distributed.local_tensor(g) for g in grads]
-        return self._record(step, *self._values.check(names, params, grads, step))
+def check(state: ValuesState, reads: NamedValueCheck, cache: structure.StructureCache, view: FindingsView,
+          step: int, lists: list[structure.CheckList]) -> Verdicts:
+    state._last_step = step
+    if len(lists) == 1:  # one optimizer: its list as it is (a new list at each structure reading)
+        params, names = lists[0].params, lists[0].names
+    else:
+        params = [p for c in lists for p in c.params]
+        names = tuple(n for c in lists for n in c.names)
+    grads = [p.grad for p in params]
+    if cache.grad_view.local_grads:
+        grads = [distributed.local_tensor(g) for g in grads]
+    return _record(state, reads, view, step, *reads.check(names, params, grads, step))
 
-    def _record(self, step: int, completed: list[int], bad: list[tuple[int, str, torch.Tensor]]) -> Verdicts:
-        out: Verdicts = []
-        flagged = set()
-        for bad_step, name, param in bad:
-            flagged.add(name)
-            out.append(Verdict.open(nonfinite_grad(name, param, bad_step)))
-        if completed:
-            latest = max(completed)
-            kind, open_ = Kind.NONFINITE_GRAD, Status.OPEN
-            out += [Verdict.resolve(f.key, latest) for f in self.view
-                    if f.kind == kind and f.status == open_ and f.name not in flagged and (f.last_step or 0) < latest]
-        zeros = self._values.take_zeros()
-        if self.off_cadence_steps:
-            zeros = [z for z in zeros if z[0] not in self.off_cadence_steps]
-            self.off_cadence_steps = {s for s in self.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
-        out += self._dead.record(zeros)
-        return out
+
+def _record(state: ValuesState, reads: NamedValueCheck, view: FindingsView, step: int, completed: list[int],
+            bad: list[tuple[int, str, torch.Tensor]]) -> Verdicts:
+    out: Verdicts = []
+    flagged = set()
+    for bad_step, name, param in bad:
+        flagged.add(name)
+        out.append(Verdict.open(nonfinite_grad(name, param, bad_step)))
+    if completed:
+        latest = max(completed)
+        kind, open_ = Kind.NONFINITE_GRAD, Status.OPEN
+        out += [Verdict.resolve(f.key, latest) for f in view
+                if f.kind == kind and f.status == open_ and f.name not in flagged and (f.last_step or 0) < latest]
+    zeros = reads.take_zeros()
+    if state.off_cadence_steps:
+        zeros = [z for z in zeros if z[0] not in state.off_cadence_steps]
+        state.off_cadence_steps = {s for s in state.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
+    out += dead.record(state._dead, view, zeros)
+    return out
 
 
 # -- its words ---------------------------------------------------------------------------------

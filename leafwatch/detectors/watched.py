@@ -8,21 +8,21 @@ nothing when its value changed (updated by hand) and ``not_in_optimizer`` when i
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 
 from .. import watching
-from ..observe import changes as evidence, graph, inventory, structure
+from ..observe import changes, graph, structure
 from ..observe.inventory import Inventory
 from ..report.findings import Finding, Status, Waiting
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
-from . import fixes
+from . import fixes, outside
 from .constructors import make
-from . import outside
 from ..observe.evidence import Evidence
 
 
@@ -38,106 +38,106 @@ def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
     entries = checker.watch_entries()
     if entries:
         checker.watched.optimizers_version = (checker.structure.rebuilds, structure.structure_generation())
-    return checker.watched.update(entries, checker.step, checker.structure.inventory, checker.in_judging_optimizer)
+    return update(checker.watched, checker.watched_hand, checker.history_store.view, entries, checker.step,
+                  checker.structure.inventory, checker.in_judging_optimizer)
 
 
-class WatchedTracker:
+@dataclasses.dataclass(eq=False, slots=True)
+class WatchedState:
     """Whether each watched tensor got a gradient since the last check, turned into findings.
 
     A watched finding that does not recur (a gradient arrived, or the tensor is gone) is
     resolved; that scan runs only while such a finding can be open, not every step.
     """
 
-    def __init__(self, view: FindingsView) -> None:
-        self.view = view
-        self._counts: dict[str, tuple[WatchEntry, int]] = {}
-        self._verdicts: dict[str, tuple[WatchEntry, bool, object]] = {}
-        self._hand = evidence.HandUpdates()
-        #: Set by the owner to anything that changes when the optimizers or their groups change.
-        self.optimizers_version: object = None
-        #: Whether a watched finding may be open (else a check with nothing watched skips the tracker).
-        self.may_be_open = True
+    counts: dict[str, tuple[WatchEntry, int]] = dataclasses.field(default_factory=dict)
+    _verdicts: dict[str, tuple[WatchEntry, bool, object]] = dataclasses.field(default_factory=dict)
+    #: Set by the owner to anything that changes when the optimizers or their groups change.
+    optimizers_version: object = None
+    #: Whether a watched finding may be open (else a check with nothing watched skips this detector).
+    may_be_open: bool = True
 
-    def update(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
-               in_optimizer: Callable[[WatchEntry], bool] | None = None) -> Verdicts:
-        """Record one check of the watched tensors; returns the verdicts.
 
-        ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
-        it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
-        """
-        if not (entries or self.may_be_open):
-            return []  # nothing watched and no watched finding open: nothing to do at all
-        out: Verdicts = []
-        current: set[tuple[str, str]] = set()
-        counts: dict[str, tuple[WatchEntry, int]] = {}
-        if entries:
-            got = {}
-            for e in entries:
-                seen = self._counts.get(e.name)
-                # A name watched again (the next step's activation) is a new entry that counts from 0.
-                t = e.tensor()
-                if e.is_leaf and (seen is None or seen[0] is not e):
-                    # First sight of a leaf: its end state is its .grad (the watch hook may have
-                    # counted gradients from before this check's owner existed).
-                    got[e.name] = t is not None and t.grad is not None
-                else:
-                    last = seen[1] if seen is not None and seen[0] is e else 0
-                    got[e.name] = e.grads_seen > last or (
-                        e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
-                counts[e.name] = (e, e.grads_seen)
-            for f in watched_findings(entries, step, got, inv):
-                current.add(f.key)
-                out.append(Verdict.open(f))
-            if in_optimizer is not None:
-                current |= self._outside_optimizers(entries, step, inv, in_optimizer, out)
-        self._counts = counts  # only the live entries: bounded by what is watched now
-        self._verdicts = {k: v for k, v in self._verdicts.items() if k in counts}
-        self.may_be_open = bool(current)
-        for f in self.view:
-            if f.details.get("source") == "watch" and f.key not in current:
-                if f.status == Status.OPEN:
-                    out.append(Verdict.resolve(f.key, step))
-                elif f.status == Status.PENDING:
-                    out.append(Verdict.drop(f.key))
-        return out
+def update(state: WatchedState, hand: changes.HandUpdates, view: FindingsView, entries: list[WatchEntry], step: int,
+           inv: Inventory | None, in_optimizer: Callable[[WatchEntry], bool] | None = None) -> Verdicts:
+    """Record one check of the watched tensors; returns the verdicts.
 
-    def _outside_optimizers(self, entries: list[WatchEntry], step: int, inv: inventory.Inventory | None,
-                            in_optimizer: Callable[[WatchEntry], bool], out: Verdicts) -> set[tuple[str, str]]:
-        """The gradient rule for watched leaves in no optimizer (as the module docstring says); the keys written."""
-        keys = set()
-        found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
-                                                in_optimizer=self._cached(in_optimizer), inventory=inv)
-        tensors = {e.name: e.tensor() for e in entries}
-        for f in found:
-            t = tensors.get(f.name)
-            verdict = self._hand.verdict(t) if t is not None else "unchanged"
-            if verdict == "by_hand":
-                continue
-            keys.add(f.key)
-            out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
-                       if verdict == "wait" else Verdict.open(f))
-        return keys
+    ``in_optimizer`` says whether an entry's tensor is in an optimizer that judges it; with
+    it, a watched leaf that got a gradient and is in none is ``not_in_optimizer``.
+    """
+    if not (entries or state.may_be_open):
+        return []  # nothing watched and no watched finding open: nothing to do at all
+    out: Verdicts = []
+    current: set[tuple[str, str]] = set()
+    counts: dict[str, tuple[WatchEntry, int]] = {}
+    if entries:
+        got = {}
+        for e in entries:
+            seen = state.counts.get(e.name)
+            # A name watched again (the next step's activation) is a new entry that counts from 0.
+            t = e.tensor()
+            if e.is_leaf and (seen is None or seen[0] is not e):
+                # First sight of a leaf: its end state is its .grad (the watch hook may have
+                # counted gradients from before this check's owner existed).
+                got[e.name] = t is not None and t.grad is not None
+            else:
+                last = seen[1] if seen is not None and seen[0] is e else 0
+                got[e.name] = e.grads_seen > last or (
+                    e.is_leaf and e.grads_seen == 0 and t is not None and t.grad is not None)
+            counts[e.name] = (e, e.grads_seen)
+        for f in watched_findings(entries, step, got, inv):
+            current.add(f.key)
+            out.append(Verdict.open(f))
+        if in_optimizer is not None:
+            current |= _outside_optimizers(state, hand, entries, step, inv, in_optimizer, out)
+    state.counts = counts  # only the live entries: bounded by what is watched now
+    state._verdicts = {k: v for k, v in state._verdicts.items() if k in counts}
+    state.may_be_open = bool(current)
+    for f in view:
+        if f.details.get("source") == "watch" and f.key not in current:
+            if f.status == Status.OPEN:
+                out.append(Verdict.resolve(f.key, step))
+            elif f.status == Status.PENDING:
+                out.append(Verdict.drop(f.key))
+    return out
 
-    def decide(self, f: Finding) -> Finding | None:
-        """At the end of the run: a held watched finding is open unless the tensor changed since
-        the check that held it (updated by hand)."""
-        entry = self._counts.get(f.name)
-        t = entry[0].tensor() if entry is not None else None
-        if t is None or self._hand.verdict(t, final=True) == "by_hand":
-            return None
-        return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
-    def _cached(self, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
-        """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
-        def cached(entry: WatchEntry) -> bool:
-            verdict = self._verdicts.get(entry.name)
-            if verdict is None or verdict[0] is not entry or verdict[2] != self.optimizers_version:
-                verdict = self._verdicts[entry.name] = (entry, in_optimizer(entry), self.optimizers_version)
-            return verdict[1]
-        return cached
+def _outside_optimizers(state: WatchedState, hand: changes.HandUpdates, entries: list[WatchEntry], step: int,
+                        inv: Inventory | None, in_optimizer: Callable[[WatchEntry], bool], out: Verdicts) -> set[tuple[str, str]]:
+    """The gradient rule for watched leaves in no optimizer (as the module docstring says); the keys written."""
+    keys = set()
+    found = outside.watched_in_no_optimizer(entries, step, model_ids=set(inv.tensors) if inv is not None else set(),
+                                            in_optimizer=_cached(state, in_optimizer), inventory=inv)
+    tensors = {e.name: e.tensor() for e in entries}
+    for f in found:
+        t = tensors.get(f.name)
+        verdict = hand.verdict(t) if t is not None else "unchanged"
+        if verdict == "by_hand":
+            continue
+        keys.add(f.key)
+        out.append(Verdict.hold(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
+                   if verdict == "wait" else Verdict.open(f))
+    return keys
 
-    def sizes(self) -> int:
-        return len(self._counts)
+
+def decide(state: WatchedState, hand: changes.HandUpdates, f: Finding) -> Finding | None:
+    """At the end of the run: a held watched finding is open unless the tensor changed since
+    the check that held it (updated by hand)."""
+    entry = state.counts.get(f.name)
+    t = entry[0].tensor() if entry is not None else None
+    if t is None or hand.verdict(t, final=True) == "by_hand":
+        return None
+    return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
+
+
+def _cached(state: WatchedState, in_optimizer: Callable[[WatchEntry], bool]) -> Callable[[WatchEntry], bool]:
+    """``in_optimizer`` asked once per entry (and again when the optimizers change)."""
+    def cached(entry: WatchEntry) -> bool:
+        verdict = state._verdicts.get(entry.name)
+        if verdict is None or verdict[0] is not entry or verdict[2] != state.optimizers_version:
+            verdict = state._verdicts[entry.name] = (entry, in_optimizer(entry), state.optimizers_version)
+        return verdict[1]
+    return cached
 
 
 # -- its words ---------------------------------------------------------------------------------

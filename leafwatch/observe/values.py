@@ -361,9 +361,9 @@ class NamedValueCheck:
         completed, bad = self.checker.check(grads, step)
         return completed, self._named(bad)
 
-    def launched(self) -> int:
-        """How many steps' names are kept (while their CUDA results are on their way)."""
-        return len(self._launched)
+    def stats(self) -> dict[str, int]:
+        """The checks in flight, and how many steps' names are kept (while their CUDA results are on their way)."""
+        return {"value_checks_in_flight": len(self.checker.pending_steps()), "value_names_kept": len(self._launched)}
 
     def flush(self) -> tuple[list[int], list[tuple[int, str, torch.Tensor]]]:
         completed, bad = self.checker.flush()

@@ -11,12 +11,12 @@ import pytest
 import torch
 from torch import nn
 
-from leafwatch.detectors import dead, loop, structure
+from leafwatch.detectors import dead, loop, structure, watched
 from leafwatch.detectors.constructors import make
 from leafwatch.detectors.dead import dead_grad
 from leafwatch.detectors import gradients, held
-from leafwatch.detectors.watched import WatchedTracker
 from leafwatch.report.findings import Kind, Status, Waiting
+from leafwatch.observe.changes import HandUpdates
 from leafwatch.report.history import FindingHistory, FindingsView
 from leafwatch.observe.inventory import Inventory, ParamInfo
 from leafwatch.options import WarnOnce
@@ -34,23 +34,22 @@ def _actions(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
 # -- dead gradients -----------------------------------------------------------------------------
 def test_dead_grad_opens_at_the_third_zero_value_check_and_resolves_when_the_gradient_moves() -> None:
     history = FindingHistory()
-    tracker = dead.DeadGradTracker(history.view)
+    state = dead.DeadGradState()
     zero = [(s, ["gate", "w"], {"gate"}) for s in (10, 20)]
-    assert tracker.record(zero) == []  # two zero checks: not yet
-    opened = tracker.record([(30, ["gate", "w"], {"gate"})])
+    assert dead.record(state, history.view, zero) == []  # two zero checks: not yet
+    opened = dead.record(state, history.view, [(30, ["gate", "w"], {"gate"})])
     assert _actions(opened) == [("open", "dead_grad", "gate")]
     assert opened[0].finding is not None and opened[0].finding.details["zero_checks"] == dead.DEAD_AFTER
     assert len(history) == 0  # the detector wrote nothing
     history.apply(opened)
     assert history.is_open(("dead_grad", "gate"))
-    assert tracker.record([(40, ["gate", "w"], {"gate"})]) == []  # already open: said once
-    assert _actions(tracker.record([(50, ["gate", "w"], set())])) == [("resolve", "dead_grad", "gate")]
+    assert dead.record(state, history.view, [(40, ["gate", "w"], {"gate"})]) == []  # already open: said once
+    assert _actions(dead.record(state, history.view, [(50, ["gate", "w"], set())])) == [("resolve", "dead_grad", "gate")]
 
 
 def test_dead_grad_sees_its_own_verdicts_across_value_checks_that_complete_together() -> None:
     # Value checks read late (CUDA) complete together: opened at the third, resolved at the fourth.
-    tracker = dead.DeadGradTracker(FindingsView({}))
-    verdicts = tracker.record([(s, ["g"], {"g"}) for s in (1, 2, 3)] + [(4, ["g"], set())])
+    verdicts = dead.record(dead.DeadGradState(), FindingsView({}), [(s, ["g"], {"g"}) for s in (1, 2, 3)] + [(4, ["g"], set())])
     assert _actions(verdicts) == [("open", "dead_grad", "g"), ("resolve", "dead_grad", "g")]
 
 
@@ -120,12 +119,12 @@ def test_a_watched_non_leaf_is_one_open_verdict_and_is_resolved_once_it_is_gone(
     with pytest.warns(Warning, match="scale"):
         add_watch(watches, scale, "scale")
     history = FindingHistory()
-    tracker = WatchedTracker(history.view)
-    verdicts = tracker.update(watches.entries(), 1, None)
+    state, hand = watched.WatchedState(), HandUpdates()
+    verdicts = watched.update(state, hand, history.view, watches.entries(), 1, None)
     assert ("open", "non_leaf", "scale") in _actions(verdicts)
     history.apply(verdicts)
     del scale
-    assert ("resolve", "non_leaf", "scale") in _actions(tracker.update(watches.entries(), 2, None))
+    assert ("resolve", "non_leaf", "scale") in _actions(watched.update(state, hand, history.view, watches.entries(), 2, None))
 
 
 # -- the training loop --------------------------------------------------------------------------

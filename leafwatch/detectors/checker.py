@@ -86,9 +86,10 @@ class Checker:
         self.membership = MembershipJudge(view, lambda: self.checks)
         self.values = GradientValues(structure_, view, check_values_every_n_steps)
         self.loss_leaves = outside.LossLeaves()
-        self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
-            lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
-        self.diagnostics = Diagnostics(structure_, self.grads, loop, diagnose, warn)
+        self.loop = loop = stepping.LoopState()
+        self.arrivals, self.sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` reads
+            lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
+        self.diagnostics = Diagnostics(structure_, self.grads, loop, self.arrivals, self.sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()
@@ -213,7 +214,7 @@ class Checker:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
                 "watch_counts": self.watched.sizes(), **self.values.stats(),
-                "step_watches": len(self.loop.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
+                "step_watches": len(self.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
 
     # -- what the detectors share ------------------------------------------------------------
     def watch_entries(self) -> list[watching.WatchEntry]:

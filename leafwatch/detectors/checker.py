@@ -78,15 +78,15 @@ class Checker:
         self.step = 0
         #: How many checks ran.
         self.checks = 0
-        view = history.view  # what the detectors read; their verdicts come back through the pipeline
         self.grads = gradients.GradientState(patience, diagnose)
         self.watched, self.watched_hand = watched.WatchedState(), changes.HandUpdates()
         self.membership, self.membership_hand = MembershipState(), changes.HandUpdates()
         self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
         self.loss_leaves, self.loss_hand = outside.LossLeavesState(), changes.HandUpdates()
-        self.loop = loop = stepping.LoopWatch(view, ArrivalHooks(), StepSentinels(
-            lambda o: loop.skips.wants_check(o) and request_check(o), lambda: self.step, warn))
-        self.diagnostics = Diagnostics(structure_, self.grads, loop, diagnose, warn)
+        self.loop = loop = stepping.LoopState()
+        self.arrivals, self.sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` reads
+            lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
+        self.diagnostics = Diagnostics(structure_, self.grads, loop, self.arrivals, self.sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()
@@ -211,7 +211,7 @@ class Checker:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
                 "watch_counts": len(self.watched.counts), **self.value_reads.stats(),
-                "step_watches": len(self.loop.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
+                "step_watches": len(self.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
 
     # -- what the detectors share ------------------------------------------------------------
     def watch_entries(self) -> list[watching.WatchEntry]:

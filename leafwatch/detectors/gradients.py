@@ -22,7 +22,7 @@ from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import causes, held
+from . import causes, held, loop as stepping
 from .causes import Explanation
 from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, observed, silence_hint
 from .held import HeldState
@@ -393,12 +393,14 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     out: Verdicts | None = None  # a healthy check makes no list
     grads.missing_now = missing_now = []
     for key, clist, missing in evidence[LISTS]:
-        if loop.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
-            missing, found = loop.judge(clist, missing, key, step, cache.optimizers)
+        if checker.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
+            missing, found = stepping.judge(loop, checker.arrivals, checker.history_store.view, clist, missing, key,
+                                            step, cache.optimizers)
             out = found if out is None else out + found
         if key is not None and (clist.checks % LR_READ_EVERY == 0 or clist.checks == 1
-                                or loop.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
-            now, found = loop.about_to_step(cache.optimizers[key], key, clist, step, cache.inventory)
+                                or checker.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
+            now, found = stepping.about_to_step(loop, checker.sentinels, checker.history_store.view,
+                                                cache.optimizers[key], key, clist, step, cache.inventory)
             force |= now
             out = found if out is None else out + found
         if missing or grads.streak:

@@ -4,15 +4,16 @@ loop hooks (``observe/loop.py``) recorded, at a cost paid only when something is
 A tensor can be a healthy leaf, held by an optimizer and reached by backward, and still never
 train because the training loop throws its gradient away:
 
-- **cleared between** ``backward()`` **and** ``step()`` (:class:`ClearedGradients`, per optimizer
+- **cleared between** ``backward()`` **and** ``step()`` (:func:`judge_cleared`, per optimizer
   about to step): all of its gradients cleared is one error (``zero_grad()`` in the wrong place);
   some of them is information (a schedule that withholds them on purpose);
-- **a learning rate stuck at 0**: :class:`LearningRates` reads each param group's ``lr`` every
+- **a learning rate stuck at 0**: :func:`read_lrs` reads each param group's ``lr`` every
   :data:`LR_READ_EVERY` checks of its optimizer (never a pass over the parameters);
 - **steps that are always skipped** (an AMP ``GradScaler`` while the gradients are non-finite):
-  :class:`SkippedSteps`.
+  :func:`note_check`.
 
-:class:`LoopWatch` holds the three for a :class:`~leafwatch.Monitor`.
+Each judge's state is a plain dataclass; :class:`LoopState` holds the three for a
+:class:`~leafwatch.Monitor`, :func:`judge` and :func:`about_to_step` are the calls its check makes.
 """
 
 from __future__ import annotations
@@ -51,70 +52,67 @@ def optimizer_name(index: int | None) -> str:
 
 
 # -- gradients cleared between backward and step ----------------------------------------------
+@dataclasses.dataclass(eq=False, slots=True)
 class ClearedGradients:
-    """Judges, per optimizer about to step, the tensors whose gradient arrived and was cleared.
+    """Per optimizer about to step, the tensors whose gradient arrived and was cleared."""
 
-    Args:
-        view: The findings so far (read-only).
+    #: Tensors reported as cleared on purpose (information), by id -> name, while it lasts.
+    ongoing: dict[int, str] = dataclasses.field(default_factory=dict)
+    #: Optimizers with the error open, by name.
+    all_cleared: set[str] = dataclasses.field(default_factory=set)
+
+
+def judge_cleared(state: ClearedGradients, view: FindingsView, clist: CheckList, missing: list[int], arrived: set[int],
+                  where: str, step: int, optimizer: Any = None) -> tuple[list[int], list[int], Verdicts]:
+    """One check of ``clist``: (the indices still missing, the cleared ids, the verdicts).
+
+    ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
+    whose gradient arrived in backward since the last check of this list.
     """
+    out: Verdicts = []
+    cleared = [i for i in missing if id(clist.params[i]) in arrived]
+    cleared_ids = {id(clist.params[i]) for i in cleared}
+    if state.ongoing:
+        missing_ids = {id(clist.params[i]) for i in missing}
+        for pid in [k for k in state.ongoing if k in clist.ids and k not in cleared_ids]:
+            out += _resumed(state, view, pid, step, trained=pid not in missing_ids)
+    everything = bool(cleared) and len(missing) == len(clist.params)
+    if where in state.all_cleared and not everything:
+        state.all_cleared.discard(where)
+        out.append(Verdict.resolve(("grad_cleared", where), step))
+    if not cleared:
+        return missing, [], out
+    for i in cleared:  # a suspicion or an earlier cause of these misses was wrong
+        key = ("missing_grad", clist.names[i])
+        if view.get(key) is not None:
+            out.append(Verdict.resolve(key, step))
+    if everything:
+        state.all_cleared.add(where)
+        out.append(Verdict.open(grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
+                                                 optimizer=optimizer)))
+    else:
+        for i in cleared:
+            p, name, info = clist.params[i], clist.names[i], clist.infos[i]
+            state.ongoing[id(p)] = name
+            out.append(Verdict.open(grad_cleared(name, p, where=where, step=step,
+                                                 aliases=info.aliases if info else ())))
+    keep = set(cleared)
+    return [i for i in missing if i not in keep], sorted(cleared_ids), out
 
-    def __init__(self, view: FindingsView) -> None:
-        self.view = view
-        #: Tensors reported as cleared on purpose (information), by id -> name, while it lasts.
-        self.ongoing: dict[int, str] = {}
-        #: Optimizers with the error open, by name.
-        self.all_cleared: set[str] = set()
 
-    def judge(self, clist: CheckList, missing: list[int], arrived: set[int], where: str,
-              step: int, optimizer: Any = None) -> tuple[list[int], list[int], Verdicts]:
-        """One check of ``clist``: (the indices still missing, the cleared ids, the verdicts).
-
-        ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
-        whose gradient arrived in backward since the last check of this list.
-        """
-        out: Verdicts = []
-        cleared = [i for i in missing if id(clist.params[i]) in arrived]
-        cleared_ids = {id(clist.params[i]) for i in cleared}
-        if self.ongoing:
-            missing_ids = {id(clist.params[i]) for i in missing}
-            for pid in [k for k in self.ongoing if k in clist.ids and k not in cleared_ids]:
-                out += self._resumed(pid, step, trained=pid not in missing_ids)
-        everything = bool(cleared) and len(missing) == len(clist.params)
-        if where in self.all_cleared and not everything:
-            self.all_cleared.discard(where)
-            out.append(Verdict.resolve(("grad_cleared", where), step))
-        if not cleared:
-            return missing, [], out
-        for i in cleared:  # a suspicion or an earlier cause of these misses was wrong
-            key = ("missing_grad", clist.names[i])
-            if self.view.get(key) is not None:
-                out.append(Verdict.resolve(key, step))
-        if everything:
-            self.all_cleared.add(where)
-            out.append(Verdict.open(grad_cleared_all(where, [clist.names[i] for i in cleared], step=step,
-                                                            optimizer=optimizer)))
-        else:
-            for i in cleared:
-                p, name, info = clist.params[i], clist.names[i], clist.infos[i]
-                self.ongoing[id(p)] = name
-                out.append(Verdict.open(grad_cleared(name, p, where=where, step=step,
-                                                            aliases=info.aliases if info else ())))
-        keep = set(cleared)
-        return [i for i in missing if i not in keep], sorted(cleared_ids), out
-
-    def _resumed(self, pid: int, step: int, trained: bool) -> Verdicts:
-        """A tensor cleared before is not now: it kept its gradient (the schedule ended), or
-        backward no longer reached it (``missing_grad`` says so)."""
-        name = self.ongoing.pop(pid)
-        old = self.view.get(("grad_cleared", name))
-        if old is None or old.status != Status.OPEN:
-            return []
-        since = "it has trained since" if trained else "backward has not reached it since"
-        return [Verdict.set(old.replace(  # the words of the clearing stay, with its end
-                status=Status.RESOLVED, last_step=step, cause=old.cause, fix=old.fix,
-                message=f"`{name}`'s gradient was cleared before the optimizer step from step "
-                f"{old.first_step} to step {old.last_step}; {since}.",
-                details={**old.details, "reason": "clearing_ended", "observed": observed(old)}))]
+def _resumed(state: ClearedGradients, view: FindingsView, pid: int, step: int, trained: bool) -> Verdicts:
+    """A tensor cleared before is not now: it kept its gradient (the schedule ended), or
+    backward no longer reached it (``missing_grad`` says so)."""
+    name = state.ongoing.pop(pid)
+    old = view.get(("grad_cleared", name))
+    if old is None or old.status != Status.OPEN:
+        return []
+    since = "it has trained since" if trained else "backward has not reached it since"
+    return [Verdict.set(old.replace(  # the words of the clearing stay, with its end
+            status=Status.RESOLVED, last_step=step, cause=old.cause, fix=old.fix,
+            message=f"`{name}`'s gradient was cleared before the optimizer step from step "
+            f"{old.first_step} to step {old.last_step}; {since}.",
+            details={**old.details, "reason": "clearing_ended", "observed": observed(old)}))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -127,7 +125,7 @@ def _number(value: Any) -> float | None:
     return None  # a CUDA tensor lr: reading it would wait for the device
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False, slots=True)
 class _GroupLR:
     built: float | None  # the lr when the Monitor first saw the group
     zero_since_check: int | None = None
@@ -135,6 +133,7 @@ class _GroupLR:
     reported: str | None = None  # the finding's name while it is open
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class LearningRates:
     """Each param group's learning rate, read every :data:`LR_READ_EVERY` checks of its optimizer.
 
@@ -144,42 +143,43 @@ class LearningRates:
     deliberate freeze), warm-ups from 0 and decays that reach 0 at the last steps are not.
     """
 
-    def __init__(self) -> None:
-        self._groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[_GroupLR]] = weakref.WeakKeyDictionary()
+    groups: weakref.WeakKeyDictionary[torch.optim.Optimizer, list[_GroupLR]] = dataclasses.field(
+        default_factory=weakref.WeakKeyDictionary)
 
-    def read(self, optimizer: torch.optim.Optimizer, where: str, checks_done: int, step: int,
+
+def read_lrs(state: LearningRates, optimizer: torch.optim.Optimizer, where: str, checks_done: int, step: int,
              names: Callable[[torch.Tensor], str | None]) -> Verdicts:
-        """Read the lrs of ``optimizer`` (its ``checks_done``-th check): the verdicts on its groups."""
-        out: Verdicts = []
-        states = self._groups.setdefault(optimizer, [])
-        for j, group in enumerate(optimizer.param_groups):
-            lr = _number(group.get("lr"))
-            if j == len(states):
-                states.append(_GroupLR(lr))
-            state = states[j]
-            configured = _number(group.get("initial_lr", state.built))
-            if lr is None or configured is None or configured == 0 or lr != 0 \
-                    or not any(p.requires_grad and p.grad is not None for p in group["params"]):
-                out += self._reset(state, step)
-                continue
-            if state.zero_since_check is None:
-                state.zero_since_check, state.zero_since_step = checks_done, step
-            if checks_done - state.zero_since_check >= LR_ZERO_AFTER and state.reported is None:
-                tensor_names = [names(p) or shape_text(p) for p in group["params"] if p.requires_grad]
-                state.reported = f"{where}.param_groups[{j}]"
-                out.append(Verdict.open(zero_lr(
-                    state.reported, tensor_names, configured=configured, since=state.zero_since_step,
-                    steps=checks_done - state.zero_since_check, step=step,
-                    scheduler=find_scheduler(optimizer), managed="initial_lr" in group)))
-        return out
+    """Read the lrs of ``optimizer`` (its ``checks_done``-th check): the verdicts on its groups."""
+    out: Verdicts = []
+    states = state.groups.setdefault(optimizer, [])
+    for j, group in enumerate(optimizer.param_groups):
+        lr = _number(group.get("lr"))
+        if j == len(states):
+            states.append(_GroupLR(lr))
+        kept = states[j]
+        configured = _number(group.get("initial_lr", kept.built))
+        if lr is None or configured is None or configured == 0 or lr != 0 \
+                or not any(p.requires_grad and p.grad is not None for p in group["params"]):
+            out += _reset(kept, step)
+            continue
+        if kept.zero_since_check is None:
+            kept.zero_since_check, kept.zero_since_step = checks_done, step
+        if checks_done - kept.zero_since_check >= LR_ZERO_AFTER and kept.reported is None:
+            tensor_names = [names(p) or shape_text(p) for p in group["params"] if p.requires_grad]
+            kept.reported = f"{where}.param_groups[{j}]"
+            out.append(Verdict.open(zero_lr(
+                kept.reported, tensor_names, configured=configured, since=kept.zero_since_step,
+                steps=checks_done - kept.zero_since_check, step=step,
+                scheduler=find_scheduler(optimizer), managed="initial_lr" in group)))
+    return out
 
-    @staticmethod
-    def _reset(state: _GroupLR, step: int) -> Verdicts:
-        state.zero_since_check = state.zero_since_step = None
-        if state.reported is None:
-            return []
-        key, state.reported = ("no_update", state.reported), None
-        return [Verdict.resolve(key, step)]
+
+def _reset(kept: _GroupLR, step: int) -> Verdicts:
+    kept.zero_since_check = kept.zero_since_step = None
+    if kept.reported is None:
+        return []
+    key, kept.reported = ("no_update", kept.reported), None
+    return [Verdict.resolve(key, step)]
 
 
 def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
@@ -210,108 +210,97 @@ def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
 
 
 # -- steps that are always skipped -------------------------------------------------------------
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False, slots=True)
 class _Judged:
     reported: bool = False
     forced: int = 0  # NaN/Inf checks asked for while skipping; past _EVIDENCE_CHECKS, let be (finite gradients)
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class SkippedSteps:
-    """Judges, per optimizer, the steps skipped in a row that its sentinel counted.
+    """Per optimizer, the steps skipped in a row that its sentinel counted, as judged."""
 
-    Args:
-        view: The findings so far (read-only).
+    #: Optimizers (by id) looked at since they began to skip many steps in a row.
+    judged: dict[int, _Judged] = dataclasses.field(default_factory=dict)
+
+
+def wants_check(state: SkippedSteps, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a check asked for by the skipped-step hook has anything left to decide."""
+    judged = state.judged.get(id(optimizer))
+    return judged is None or not (judged.reported or judged.forced > _EVIDENCE_CHECKS)
+
+
+def note_check(state: SkippedSteps, view: FindingsView, seen: Skipping | None, optimizer: torch.optim.Optimizer,
+               clist: CheckList, index: int, step: int) -> tuple[bool, Verdicts]:
+    """A check of ``optimizer`` before its step: (whether the NaN/Inf check should run now, the verdicts).
+
+    Skipped steps are reported once the NaN/Inf check finds a non-finite gradient among the
+    optimizer's tensors (the GradScaler's reason to skip); after :data:`_EVIDENCE_CHECKS`
+    forced checks without one, the run of skipped steps is let be (a loop that computes
+    gradients without stepping, on purpose).
     """
-
-    def __init__(self, view: FindingsView) -> None:
-        self.view = view
-        #: Optimizers (by id) looked at since they began to skip many steps in a row.
-        self.judged: dict[int, _Judged] = {}
-
-    def wants_check(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether a check asked for by the skipped-step hook has anything left to decide."""
-        state = self.judged.get(id(optimizer))
-        return state is None or not (state.reported or state.forced > _EVIDENCE_CHECKS)
-
-    def note_check(self, seen: Skipping | None, optimizer: torch.optim.Optimizer, clist: CheckList, index: int,
-                   step: int) -> tuple[bool, Verdicts]:
-        """A check of ``optimizer`` before its step: (whether the NaN/Inf check should run now, the verdicts).
-
-        Skipped steps are reported once the NaN/Inf check finds a non-finite gradient among the
-        optimizer's tensors (the GradScaler's reason to skip); after :data:`_EVIDENCE_CHECKS`
-        forced checks without one, the run of skipped steps is let be (a loop that computes
-        gradients without stepping, on purpose).
-        """
-        if seen is None or seen.skipped < SKIPPED_AFTER:
-            state = self.judged.pop(id(optimizer), None)
-            if state is not None and state.reported:
-                return False, [Verdict.resolve(("no_update", optimizer_name(index)), step)]
-            return False, []
-        state = self.judged.setdefault(id(optimizer), _Judged())
-        if state.reported or state.forced > _EVIDENCE_CHECKS:
-            return False, []
-        if not self.view.open_names("nonfinite_grad").isdisjoint(clist.names):
-            state.reported = True
-            return False, [Verdict.open(steps_skipped(optimizer_name(index), clist.names, skipped=seen.skipped,
-                                                             since=seen.skipping_since, step=step))]
-        state.forced += 1
-        return state.forced <= _EVIDENCE_CHECKS, []
+    if seen is None or seen.skipped < SKIPPED_AFTER:
+        judged = state.judged.pop(id(optimizer), None)
+        if judged is not None and judged.reported:
+            return False, [Verdict.resolve(("no_update", optimizer_name(index)), step)]
+        return False, []
+    judged = state.judged.setdefault(id(optimizer), _Judged())
+    if judged.reported or judged.forced > _EVIDENCE_CHECKS:
+        return False, []
+    if not view.open_names("nonfinite_grad").isdisjoint(clist.names):
+        judged.reported = True
+        return False, [Verdict.open(steps_skipped(optimizer_name(index), clist.names, skipped=seen.skipped,
+                                                  since=seen.skipping_since, step=step))]
+    judged.forced += 1
+    return judged.forced <= _EVIDENCE_CHECKS, []
 
 
-class LoopWatch:
-    """The three judges of one Monitor, behind the few calls its check makes, and what they read:
-    the records of its loop hooks (``arrivals``, ``sentinels``; never their hooks).
+@dataclasses.dataclass(eq=False, slots=True)
+class LoopState:
+    """What the three judges of one Monitor remember (the loop hooks that they read, ``ArrivalHooks``
+    and ``StepSentinels``, are the Checker's)."""
 
-    Args:
-        view: The findings so far (read-only).
-        arrivals, sentinels: The loop hooks' records (``observe/loop.py``).
-    """
+    cleared: ClearedGradients = dataclasses.field(default_factory=ClearedGradients)
+    lrs: LearningRates = dataclasses.field(default_factory=LearningRates)
+    skips: SkippedSteps = dataclasses.field(default_factory=SkippedSteps)
+    #: The gradients found cleared since the diagnostic hooks last took them (the arrival hooks follow them too).
+    cleared_now: list[int] = dataclasses.field(default_factory=list)
+    #: A step about to be skipped asked for the value check at the last check.
+    force_values: bool = False
 
-    def __init__(self, view: FindingsView, arrivals: ArrivalHooks, sentinels: StepSentinels) -> None:
-        self.arrivals, self.sentinels = arrivals, sentinels
-        self.cleared = ClearedGradients(view)
-        self.lrs = LearningRates()
-        self.skips = SkippedSteps(view)
-        self._cleared_now: list[int] = []
-        #: A step about to be skipped asked for the value check at the last check.
-        self.force_values = False
 
-    def judge(self, clist: CheckList, missing: list[int], index: int | None, step: int,
-              optimizers: list[torch.optim.Optimizer]) -> tuple[list[int], Verdicts]:
-        """The missing indices left once the cleared gradients are told apart, and the verdicts
-        (the hot path: a healthy step, with no hook armed and nothing cleared, returns at the
-        first test, which the check also reads in place to skip the call)."""
-        cleared = self.cleared
-        if not (self.arrivals.arrived or cleared.ongoing or cleared.all_cleared):
-            return missing, []
-        arrived = self.arrivals.take(clist.ids)
-        if not (missing or cleared.ongoing or cleared.all_cleared):
-            return missing, []
-        missing, cleared_ids, out = cleared.judge(clist, missing, arrived, optimizer_name(index), step,
-                                                  optimizers[index] if index is not None else None)
-        self._cleared_now += cleared_ids
-        return missing, out
+def judge(state: LoopState, arrivals: ArrivalHooks, view: FindingsView, clist: CheckList, missing: list[int],
+          index: int | None, step: int, optimizers: list[torch.optim.Optimizer]) -> tuple[list[int], Verdicts]:
+    """The missing indices left once the cleared gradients are told apart, and the verdicts
+    (the hot path: a healthy step, with no hook armed and nothing cleared, returns at the
+    first test, which the check also reads in place to skip the call)."""
+    cleared = state.cleared
+    if not (arrivals.arrived or cleared.ongoing or cleared.all_cleared):
+        return missing, []
+    arrived = arrivals.take(clist.ids)
+    if not (missing or cleared.ongoing or cleared.all_cleared):
+        return missing, []
+    missing, cleared_ids, out = judge_cleared(cleared, view, clist, missing, arrived, optimizer_name(index), step,
+                                              optimizers[index] if index is not None else None)
+    state.cleared_now += cleared_ids
+    return missing, out
 
-    def about_to_step(self, optimizer: torch.optim.Optimizer, index: int, clist: CheckList, step: int,
-                      inv: Any) -> tuple[bool, Verdicts]:
-        """A check of ``optimizer`` before its step, called only when there is loop work to do (its
-        ``clist.checks`` is 1 or a multiple of :data:`LR_READ_EVERY`, or ``sentinels.alert`` or
-        ``skips.judged`` names an optimizer; the check reads those in place): the lrs (every few
-        checks) and the skipped steps: (whether the NaN/Inf check should run now, the verdicts)."""
-        checks_done, key = clist.checks, id(optimizer)
-        out: Verdicts = []
-        if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
-            out = self.lrs.read(optimizer, optimizer_name(index), checks_done, step,
-                                inv.name if inv is not None else (lambda t: None))
-        if key not in self.sentinels.alert and key not in self.skips.judged:
-            return False, out
-        force, skipped = self.skips.note_check(self.sentinels.seen.get(key), optimizer, clist, index, step)
-        return force, out + skipped
 
-    def take_cleared(self) -> tuple[int, ...]:
-        """The gradients found cleared since the last call (then forgotten): the arrival hooks follow them too."""
-        cleared, self._cleared_now = tuple(self._cleared_now), []
-        return cleared
+def about_to_step(state: LoopState, sentinels: StepSentinels, view: FindingsView, optimizer: torch.optim.Optimizer,
+                  index: int, clist: CheckList, step: int, inv: Any) -> tuple[bool, Verdicts]:
+    """A check of ``optimizer`` before its step, called only when there is loop work to do (its
+    ``clist.checks`` is 1 or a multiple of :data:`LR_READ_EVERY`, or ``sentinels.alert`` or
+    ``skips.judged`` names an optimizer; the check reads those in place): the lrs (every few
+    checks) and the skipped steps: (whether the NaN/Inf check should run now, the verdicts)."""
+    checks_done, key = clist.checks, id(optimizer)
+    out: Verdicts = []
+    if checks_done == 1 or checks_done % LR_READ_EVERY == 0:
+        out = read_lrs(state.lrs, optimizer, optimizer_name(index), checks_done, step,
+                       inv.name if inv is not None else (lambda t: None))
+    if key not in sentinels.alert and key not in state.skips.judged:
+        return False, out
+    force, skipped = note_check(state.skips, view, sentinels.seen.get(key), optimizer, clist, index, step)
+    return force, out + skipped
 
 
 # -- its words ---------------------------------------------------------------------------------

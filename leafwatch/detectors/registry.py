@@ -93,7 +93,7 @@ DETECTORS: tuple[Detector, ...] = (
         # the loop watch
         "loop.grad_cleared_all": ("grad_cleared", "cleared"),
         "loop.grad_cleared": ("grad_cleared", "cleared_on_purpose"),
-        "loop.ClearedGradients._resumed": ("grad_cleared", "clearing_ended"),
+        "loop._resumed": ("grad_cleared", "clearing_ended"),
         "loop.zero_lr": ("no_update", "zero_lr"),
         "loop.steps_skipped": ("no_update", "skipped_steps")}),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on, voices={

@@ -54,7 +54,7 @@ def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Ver
     if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
         out.append(Verdict.open(sharded))
     gradients.apply_restored(checker.grads, history.view, inv.known_names())
-    checker.loop.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
+    checker.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
     if history.ignore and not checker.ignore_checked:
         checker.ignore_checked = True
         warn_unmatched_ignore(history.ignore, inv.all_names() | {e.name for e in checker.watch_entries()})

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import structure, tracing
 from .evidence import INDEX, Evidence
+from .loop import ArrivalHooks, StepSentinels
 
 
 class Diagnostics:
@@ -24,16 +25,17 @@ class Diagnostics:
         structure_: The structure cache (the modules, the tensors, the check lists).
         grads: The gradient state (which tensors miss now, and when that changes); its fields are read,
             never imported (observe/ knows nothing of the detectors).
-        loop: The loop watch, read the same way (its arrival hooks follow the misses and the cleared gradients).
+        loop: The loop watch's state, read the same way (the cleared gradients).
+        arrivals, sentinels: The loop hooks (the arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
         warn: Warns once per internal failure.
     """
 
-    def __init__(self, structure_: structure.StructureCache, grads: Any, loop: Any,
-                 diagnose: bool, warn: Callable[..., Any]) -> None:
+    def __init__(self, structure_: structure.StructureCache, grads: Any, loop: Any, arrivals: ArrivalHooks,
+                 sentinels: StepSentinels, diagnose: bool, warn: Callable[..., Any]) -> None:
         self.structure = structure_
-        self.grads = grads
-        self.loop = loop
+        self.grads, self.loop = grads, loop
+        self.arrivals, self.sentinels = arrivals, sentinels
         self.diagnose = diagnose
         self.warn = warn
         self.tracer = tracing.Tracer(on_error=warn)
@@ -49,7 +51,7 @@ class Diagnostics:
             roots = cache.roots.values() if cache.roots is not None else [cache.model]
             self.tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
             self.tracer.arm(snapshot.modules)
-            self.loop.arrivals.arm(t for t, _ in cache.named_params())
+            self.arrivals.arm(t for t, _ in cache.named_params())
         except Exception as error:  # never stop training for a diagnostic
             self.warn("arming the diagnostic hooks", error)
 
@@ -58,22 +60,23 @@ class Diagnostics:
         now, worked out again only when the misses, the structure or the cleared gradients change. A
         part of the check itself (no call in between on a healthy check)."""
         cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
-        if tracer.handles or grads.streak or loop.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
-            retarget = (grads.changes, cache.rebuilds, loop.take_cleared())
+        if tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
+            retarget = (grads.changes, cache.rebuilds, tuple(loop.cleared_now))  # taken, then forgotten
+            loop.cleared_now.clear()
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
                 self._retargeted = retarget
                 missing_ids = [pid for pid in grads.streak if any(pid in clist.ids for clist in cache.lists.values())]
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 tensors = cache.inventory.tensors
-                loop.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})
+                self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})
         tracer.end_check(check[INDEX], len(cache.optimizers))
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""
         self.tracer.disarm()
-        self.loop.arrivals.disarm()
-        self.loop.sentinels.close()
+        self.arrivals.disarm()
+        self.sentinels.close()
 
     def stats(self) -> dict[str, int]:
         records = self.tracer.records
@@ -83,5 +86,5 @@ class Diagnostics:
             "diagnostic_inputs_kept": sum(len(r.detached_inputs) for r in records.values()),
             "diagnostic_max_calls": max((r.calls for r in records.values()), default=0),
             "cut_sites": len(self.tracer.cuts),
-            "arrival_hooks": len(self.loop.arrivals.handles),
+            "arrival_hooks": len(self.arrivals.handles),
         }

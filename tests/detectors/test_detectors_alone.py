@@ -132,8 +132,8 @@ def test_every_gradient_cleared_before_the_step_is_one_error_and_a_missing_grad_
     model = nn.Linear(2, 1)
     clist = _checklist(model)
     suspicion = make("missing_grad", "weight", "error", "m", "c", "f", step=1, reason="unknown")
-    cleared = loop.ClearedGradients(FindingsView({suspicion.key: suspicion}))
-    left, ids, verdicts = cleared.judge(clist, [0, 1], {id(p) for p in clist.params}, "optimizers[0]", 2)
+    left, ids, verdicts = loop.judge_cleared(loop.ClearedGradients(), FindingsView({suspicion.key: suspicion}), clist,
+                                             [0, 1], {id(p) for p in clist.params}, "optimizers[0]", 2)
     assert left == [] and sorted(ids) == sorted(id(p) for p in clist.params)
     assert _actions(verdicts) == [("resolve", "missing_grad", "weight"), ("open", "grad_cleared", "optimizers[0]")]
 
@@ -143,14 +143,14 @@ def test_a_learning_rate_stuck_at_zero_is_a_no_update_verdict_after_its_checks()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     lrs = loop.LearningRates()
     model(torch.ones(1, 2)).sum().backward()
-    assert lrs.read(opt, "optimizers[0]", 1, 1, lambda t: None) == []  # lr 0.1 when first seen
+    assert loop.read_lrs(lrs, opt, "optimizers[0]", 1, 1, lambda t: None) == []  # lr 0.1 when first seen
     opt.param_groups[0]["lr"] = 0.0
     verdicts = []
     for checks in range(2, 2 + loop.LR_ZERO_AFTER + 1):
-        verdicts += lrs.read(opt, "optimizers[0]", checks, checks, lambda t: None)
+        verdicts += loop.read_lrs(lrs, opt, "optimizers[0]", checks, checks, lambda t: None)
     assert _actions(verdicts) == [("open", "no_update", "optimizers[0].param_groups[0]")]
     opt.param_groups[0]["lr"] = 0.1
-    assert _actions(lrs.read(opt, "optimizers[0]", 20, 20, lambda t: None)) == [
+    assert _actions(loop.read_lrs(lrs, opt, "optimizers[0]", 20, 20, lambda t: None)) == [
         ("resolve", "no_update", "optimizers[0].param_groups[0]")]
 
 

@@ -326,6 +326,26 @@ def test_detectors_return_verdicts_and_never_hold_the_history() -> None:
         assert not _writes_history(ast.parse(code)), module
 
 
+#: The classes of ``detectors/`` with methods: the runners, and an AST rewriter of fixes.py (a
+#: visitor of the user's code, not a detector's state).
+CLASSES_WITH_METHODS = {"Checker": "leafwatch.detectors.checker", "Gatherer": "leafwatch.detectors.gatherer",
+                        "Pipeline": "leafwatch.detectors.pipeline", "Strip": "leafwatch.detectors.fixes"}
+
+
+def _classes_with_methods(trees: dict[str, ast.Module]) -> dict[str, str]:
+    return {node.name: module for module, tree in trees.items() for node in ast.walk(tree)
+            if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) for f in node.body)}
+
+
+def test_a_detectors_state_is_plain_data_and_only_the_runners_have_methods() -> None:
+    trees = {_module_name(p): ast.parse(p.read_text()) for p in (PACKAGE / "detectors").glob("*.py")}
+    assert {"GradientState", "MembershipState", "LoopState", "WatchedState"} <= {
+        n.name for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
+    assert _classes_with_methods(trees) == CLASSES_WITH_METHODS
+    tracker = ast.parse("class Tracker:\n    x: int = 0\n    def update(self):\n        pass\n")
+    assert _classes_with_methods({"leafwatch.detectors.new": tracker}) == {"Tracker": "leafwatch.detectors.new"}
+
+
 def test_the_writer_scan_finds_a_write() -> None:
     tree = ast.parse("def f(self):\n    self.history._upsert(x)\n    self.history_store.apply([v])\n")
     assert _writes_history(tree) == ["history._upsert", "history_store.apply"]

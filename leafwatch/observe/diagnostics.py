@@ -66,7 +66,8 @@ class Diagnostics:
             if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
                 instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
                 self._retargeted = retarget
-                missing_ids = [pid for pid in grads.streak if any(pid in clist.ids for clist in cache.lists.values())]
+                listed = set().union(*(clist.ids for clist in cache.lists.values()))  # (no closure over `cache`:
+                missing_ids = list(filter(listed.__contains__, grads.streak))  # a cell at every check)
                 tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
                 tensors = cache.inventory.tensors
                 self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})

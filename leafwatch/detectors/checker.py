@@ -54,6 +54,14 @@ class Checker:
         detectors: What the check runs (None: :data:`~leafwatch.detectors.registry.DETECTORS`).
     """
 
+    # Slots: past 30 attributes CPython gives an instance a dict of its own, and every attribute read
+    # and method call of the check's hot path then takes the slow, unspecialized path.
+    __slots__ = ("structure", "history_store", "watches", "check_values_every_n_steps", "_warn", "step", "checks",
+                 "grads", "watched", "watched_hand", "membership", "membership_hand", "values", "value_reads",
+                 "loss_leaves", "loss_hand", "loop", "arrivals", "sentinels", "diagnostics", "tracer", "ignore_checked",
+                 "_names", "_checked", "_emitted", "emitted_revision", "states", "merging", "pipeline", "scanning",
+                 "closing", "one_look")
+
     def _trainable_names(self) -> tuple[str, ...]:
         """The names of the model's trainable tensors (the history names mistakes by module):
         one tuple per structure reading and set of ``requires_grad`` flags."""
@@ -86,7 +94,7 @@ class Checker:
         self.loop = loop = stepping.LoopState()
         self.arrivals, self.sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` reads
             lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
-        self.diagnostics = Diagnostics(structure_, self.grads, loop, self.arrivals, self.sentinels, diagnose, warn)
+        self.diagnostics = Diagnostics(structure_, self.arrivals, self.sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()
@@ -109,7 +117,7 @@ class Checker:
         #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
         #: a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(
-            (*stages[registry.CHECK], Part("the diagnostic hooks", self.diagnostics.retarget)), history, warn)
+            (*stages[registry.CHECK], Part("the diagnostic hooks", self._aim_diagnostics)), history, warn)
         #: What a scan before any gradient runs; what the end of a run decides, in order (and of one look).
         self.scanning, self.closing = tuple(stages[registry.SCAN]), tuple(stages[registry.CLOSE])
         self.one_look = tuple(stages[registry.ONE_LOOK])
@@ -136,6 +144,16 @@ class Checker:
                 pipeline.ran(READING, step)
         pipeline.run(evidence, step)
         self._checked = optimizer, evidence[INDEX], evidence[LISTS]
+
+    def _aim_diagnostics(self, check: Evidence) -> None:
+        """The check's last part: the diagnostic hooks (observe/) are handed the tensors that miss now
+        and the gradients found cleared since (no call on a healthy check, where nothing is armed)."""
+        grads, loop, diagnostics = self.grads, self.loop, self.diagnostics
+        if diagnostics.tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing \
+                or loop.cleared.all_cleared:
+            cleared, loop.cleared_now = loop.cleared_now, []
+            diagnostics.retarget(grads.changes, grads.streak, cleared)
+        diagnostics.tracer.end_check(check[INDEX], len(self.structure.optimizers))
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""

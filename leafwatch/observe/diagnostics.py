@@ -10,11 +10,10 @@ forward is instrumented again only after a new miss or a new structure.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from . import structure, tracing
-from .evidence import INDEX, Evidence
 from .loop import ArrivalHooks, StepSentinels
 
 
@@ -23,18 +22,14 @@ class Diagnostics:
 
     Args:
         structure_: The structure cache (the modules, the tensors, the check lists).
-        grads: The gradient state (which tensors miss now, and when that changes); its fields are read,
-            never imported (observe/ knows nothing of the detectors).
-        loop: The loop watch's state, read the same way (the cleared gradients).
         arrivals, sentinels: The loop hooks (the arrival hooks follow the misses and the cleared gradients).
         diagnose: Whether any hook is armed at all.
         warn: Warns once per internal failure.
     """
 
-    def __init__(self, structure_: structure.StructureCache, grads: Any, loop: Any, arrivals: ArrivalHooks,
-                 sentinels: StepSentinels, diagnose: bool, warn: Callable[..., Any]) -> None:
+    def __init__(self, structure_: structure.StructureCache, arrivals: ArrivalHooks, sentinels: StepSentinels,
+                 diagnose: bool, warn: Callable[..., Any]) -> None:
         self.structure = structure_
-        self.grads, self.loop = grads, loop
         self.arrivals, self.sentinels = arrivals, sentinels
         self.diagnose = diagnose
         self.warn = warn
@@ -55,23 +50,20 @@ class Diagnostics:
         except Exception as error:  # never stop training for a diagnostic
             self.warn("arming the diagnostic hooks", error)
 
-    def retarget(self, check: Evidence) -> None:
-        """After a check (of the optimizer at ``check[INDEX]``): the hooks follow the tensors that miss
-        now, worked out again only when the misses, the structure or the cleared gradients change. A
-        part of the check itself (no call in between on a healthy check)."""
-        cache, tracer, loop, grads = self.structure, self.tracer, self.loop, self.grads
-        if tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
-            retarget = (grads.changes, cache.rebuilds, tuple(loop.cleared_now))  # taken, then forgotten
-            loop.cleared_now.clear()
-            if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
-                instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
-                self._retargeted = retarget
-                listed = set().union(*(clist.ids for clist in cache.lists.values()))  # (no closure over `cache`:
-                missing_ids = list(filter(listed.__contains__, grads.streak))  # a cell at every check)
-                tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
-                tensors = cache.inventory.tensors
-                self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *retarget[2]) if pid in tensors})
-        tracer.end_check(check[INDEX], len(cache.optimizers))
+    def retarget(self, changes: int, missing: Iterable[int], cleared: Sequence[int]) -> None:
+        """After a check: the hooks follow the tensors that miss now (ids; ``changes`` counts that set's
+        changes) and the gradients found cleared, worked out again only when one of them or the
+        structure changes (handed over: observe/ reads no detector's state)."""
+        cache, tracer = self.structure, self.tracer
+        retarget = (changes, cache.rebuilds, tuple(cleared))
+        if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
+            instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
+            self._retargeted = retarget
+            listed = set().union(*(clist.ids for clist in cache.lists.values()))  # (no closure over `cache`:
+            missing_ids = list(filter(listed.__contains__, missing))  # a cell at every check)
+            tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
+            tensors = cache.inventory.tensors
+            self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *cleared) if pid in tensors})
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""

@@ -346,6 +346,21 @@ def test_a_detectors_state_is_plain_data_and_only_the_runners_have_methods() -> 
     assert _classes_with_methods({"leafwatch.detectors.new": tracker}) == {"Tracker": "leafwatch.detectors.new"}
 
 
+def test_no_object_of_observe_holds_a_detectors_state() -> None:
+    # observe/ records; a detector's state is handed to it as plain values by the runner, never held
+    # (the diagnostic hooks once read the gradient state and cleared the loop watch's list themselves).
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model, optimizer)
+    checker = monitor._checker
+    states = {id(s) for s in (checker.grads, checker.loop, checker.watched, checker.membership, checker.values,
+                              checker.loss_leaves, *checker.states.values())}
+    observers = [checker.diagnostics, checker.diagnostics.tracer, checker.arrivals, checker.sentinels, monitor.structure]
+    held = {(type(o).__name__, name) for o in observers for name, value in vars(o).items() if id(value) in states}
+    assert not held
+    monitor.close()
+
+
 def test_the_writer_scan_finds_a_write() -> None:
     tree = ast.parse("def f(self):\n    self.history._upsert(x)\n    self.history_store.apply([v])\n")
     assert _writes_history(tree) == ["history._upsert", "history_store.apply"]

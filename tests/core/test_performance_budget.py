@@ -74,7 +74,8 @@ def _trained_once(layers: int, **monitor_kwargs: Any) -> tuple[_Chain, torch.opt
     return model, opt, monitor
 
 
-def test_no_event_is_built_for_sinks_that_read_only_a_new_report_while_the_history_stays_the_same():
+def test_no_event_is_built_for_sinks_that_read_only_a_new_report_while_the_history_stays_the_same(monkeypatch):
+    from leafwatch.detectors.checker import Checker
     from leafwatch.sinks.console import NewFindingWarnings
 
     every: list[int] = []
@@ -84,14 +85,14 @@ def test_no_event_is_built_for_sinks_that_read_only_a_new_report_while_the_histo
     both = leafwatch.Monitor(model, opt, sinks=[NewFindingWarnings(), lambda e: every.append(e.step)],
                              check_values_every_n_steps=0)
     built = {"console": 0, "both": 0}
-    for key, monitor in (("console", console), ("both", both)):
-        make = monitor._checker.event
+    keys = {id(console._checker): "console", id(both._checker): "both"}
+    make = Checker.event  # (the Checker has slots: counted on its class, per instance)
 
-        def counted(*args: Any, _make: Any = make, _key: str = key, **kwargs: Any) -> Any:
-            built[_key] += 1
-            return _make(*args, **kwargs)
+    def counted(checker: Checker, *args: Any, **kwargs: Any) -> Any:
+        built[keys[id(checker)]] += 1
+        return make(checker, *args, **kwargs)
 
-        monitor._checker.event = counted
+    monkeypatch.setattr(Checker, "event", counted)
     for step in range(1, 6):
         model(torch.ones(4, 2)).sum().backward()
         if step == 4:
@@ -337,6 +338,21 @@ def test_fingerprint_read_each_check_does_not_grow_with_the_parameters():
     small, large = fingerprints
     assert len(small) == len(large)
     assert not any(isinstance(leaf, torch.Tensor) for leaf in large)
+
+
+def test_the_objects_a_check_reads_keep_their_attributes_where_cpython_reads_them_fast():
+    # An instance of more than 30 attributes (CPython's shared-key limit) gets a dict of its own:
+    # every attribute read and method call on it then misses the interpreter's specialized paths.
+    # The Checker once crossed it (32), which cost ~1% more instructions on every check.
+    _, _, monitor = _trained_once(3, check_values_every_n_steps=0)
+    checker = monitor._checker
+    hot = [monitor, checker, monitor.structure, monitor.history_store, checker.pipeline, checker.diagnostics,
+           checker.diagnostics.tracer, checker.grads, checker.loop, checker.arrivals, checker.sentinels,
+           *checker.states.values()]
+    too_big = {type(obj).__name__: len(vars(obj)) for obj in hot if hasattr(obj, "__dict__") and len(vars(obj)) > 30}
+    assert not too_big
+    assert not hasattr(checker, "__dict__")  # slots: the runner of every detector
+    monitor.close()
 
 
 class _WithHead(nn.Module):

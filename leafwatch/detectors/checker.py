@@ -54,8 +54,7 @@ class Checker:
         detectors: What the check runs (None: :data:`~leafwatch.detectors.registry.DETECTORS`).
     """
 
-    # Slots: past 30 attributes CPython gives an instance a dict of its own, and every attribute read
-    # and method call of the check's hot path then takes the slow, unspecialized path.
+    # Slots: past 30 attributes an instance gets a dict of its own, and the hot path's reads a slow path.
     __slots__ = ("structure", "history_store", "watches", "check_values_every_n_steps", "_warn", "step", "checks",
                  "grads", "watched", "watched_hand", "membership", "membership_hand", "values", "value_reads",
                  "loss_leaves", "loss_hand", "loop", "arrivals", "sentinels", "diagnostics", "tracer", "ignore_checked",
@@ -148,12 +147,13 @@ class Checker:
     def _aim_diagnostics(self, check: Evidence) -> None:
         """The check's last part: the diagnostic hooks (observe/) are handed the tensors that miss now
         and the gradients found cleared since (no call on a healthy check, where nothing is armed)."""
-        grads, loop, diagnostics = self.grads, self.loop, self.diagnostics
-        if diagnostics.tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing \
-                or loop.cleared.all_cleared:
+        grads, loop, tracer, optimizers = self.grads, self.loop, self.tracer, len(self.structure.optimizers)
+        if tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             cleared, loop.cleared_now = loop.cleared_now, []
-            diagnostics.retarget(grads.changes, grads.streak, cleared)
-        diagnostics.tracer.end_check(check[INDEX], len(self.structure.optimizers))
+            self.diagnostics.retarget(grads.changes, grads.streak, cleared)
+        if optimizers > 1 or tracer.handles or tracer.records or tracer.armed_since_reset or tracer.order \
+                or tracer.checked_in_round:  # (else the tracer has nothing to forget: no call)
+            tracer.end_check(check[INDEX], optimizers)
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""

@@ -86,11 +86,11 @@ class Tracer:
         self.on_error = on_error
         self.records: dict[str, RunRecord] = {}
         self.handles: dict[str, Any] = {}
-        self._counter = 0
+        self.order = 0  # the last record's place in the forward
         # The modules armed since the last reset, so whose hooks saw the whole step: the ones
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
-        self._checked_in_round: set[int | None] = set()
+        self.checked_in_round: set[int | None] = set()  # the optimizers checked since the last reset
         #: Whether the next forward is instrumented (the recorder runs over it).
         self.ops_wanted = False
         self._ops_next = False
@@ -131,14 +131,14 @@ class Tracer:
         checks. An optimizer checked again before the others starts a new round, so what the
         hooks saw never piles up over steps (a loop that checks only one of its optimizers).
         """
-        if optimizer_index is None or optimizer_index in self._checked_in_round \
-                or len(self._checked_in_round) + 1 >= n_optimizers:
-            if self.handles or self.records or self.armed_since_reset or self._counter:
+        if optimizer_index is None or optimizer_index in self.checked_in_round \
+                or len(self.checked_in_round) + 1 >= n_optimizers:
+            if self.handles or self.records or self.armed_since_reset or self.order:
                 self.reset()  # else there is nothing to forget (the healthy check: no hook armed)
-            if self._checked_in_round:
-                self._checked_in_round.clear()
+            if self.checked_in_round:
+                self.checked_in_round.clear()
         else:
-            self._checked_in_round.add(optimizer_index)
+            self.checked_in_round.add(optimizer_index)
 
     def arm(self, modules: dict[str, nn.Module], instrument: bool = True) -> None:
         """Hooks on ``modules``; with ``instrument``, the next forward runs under the cut recorder too."""
@@ -169,7 +169,7 @@ class Tracer:
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
         self.records = {}
-        self._counter = 0
+        self.order = 0
         self.armed_since_reset = set(self.handles)
         self._stop_recorder()  # a forward that raised before its end, never left on the stack
         # Instrument the next forward after a new miss or a new structure, or when the one
@@ -273,9 +273,9 @@ class Tracer:
                 record = self.records[name] = RunRecord(name)
             record.calls += 1
             record.substituted = record.substituted or _swapped_in(module, self._own.get(name))
-            if self._counter < _MAX_ORDER:
-                self._counter += 1
-                record.order = self._counter
+            if self.order < _MAX_ORDER:
+                self.order += 1
+                record.order = self.order
             if grad_on:
                 record.grad_enabled = True
             else:

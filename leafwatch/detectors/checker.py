@@ -57,9 +57,9 @@ class Checker:
     # Slots: past 30 attributes an instance gets a dict of its own, and the hot path's reads a slow path.
     __slots__ = ("structure", "history_store", "watches", "check_values_every_n_steps", "_warn", "step", "checks",
                  "grads", "watched", "watched_hand", "membership", "membership_hand", "values", "value_reads",
-                 "loss_leaves", "loss_hand", "loop", "arrivals", "sentinels", "diagnostics", "tracer", "ignore_checked",
-                 "_names", "_checked", "_emitted", "emitted_revision", "states", "merging", "pipeline", "scanning",
-                 "closing", "one_look")
+                 "loss_leaves", "loss_hand", "loop", "arrivals", "sentinels", "diagnostics", "tracer",
+                 "ignore_checked", "_names", "_checked", "_emitted", "emitted_revision", "states", "merging",
+                 "pipeline", "scanning", "closing", "one_look")
 
     def _trainable_names(self) -> tuple[str, ...]:
         """The names of the model's trainable tensors (the history names mistakes by module):
@@ -145,8 +145,7 @@ class Checker:
         self._checked = optimizer, evidence[INDEX], evidence[LISTS]
 
     def _aim_diagnostics(self, check: Evidence) -> None:
-        """The check's last part: the diagnostic hooks (observe/) are handed the tensors that miss now
-        and the gradients found cleared since (no call on a healthy check, where nothing is armed)."""
+        """The check's last part: the diagnostic hooks (observe/) are handed the misses and the cleared gradients."""
         grads, loop, tracer, optimizers = self.grads, self.loop, self.tracer, len(self.structure.optimizers)
         if tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             cleared, loop.cleared_now = loop.cleared_now, []

@@ -119,9 +119,12 @@ class CallbackBase:
         if monitor is None:
             return
         try:
-            roots = self._step_modules.update() if self._step_modules is not None else None
+            discovery = self._step_modules
+            roots = discovery.update() if discovery is not None else None
             if roots is not None:
-                monitor.set_roots(roots, self._step_modules.paths)  # read from this check on, by the user's paths
+                monitor.set_roots(roots, discovery.paths)  # read from this check on, by the user's paths
+            elif discovery is not None and not discovery.armed:  # stable, its hook gone: nothing more to read
+                self._step_modules = None
             monitor.check(optimizer, step=step)
         except LeafwatchError:
             # Strict mode stops training here: remove the hooks and write the records first.

@@ -31,8 +31,7 @@ class Diagnostics:
                  diagnose: bool, warn: Callable[..., Any]) -> None:
         self.structure = structure_
         self.arrivals, self.sentinels = arrivals, sentinels
-        self.diagnose = diagnose
-        self.warn = warn
+        self.diagnose, self.warn = diagnose, warn
         self.tracer = tracing.Tracer(on_error=warn)
         self._retargeted: tuple[int, int, object] | None = None
 

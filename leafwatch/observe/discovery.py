@@ -123,8 +123,7 @@ class Discovery:
     def __init__(self, model: nn.Module | None = None, owners: Callable[[], dict[str, Any]] | None = None,
                  on_roots: Callable[[dict[str, nn.Module]], None] | None = None) -> None:
         self._model = weakref.ref(model) if model is not None else None
-        self.owners = owners or dict
-        self.on_roots = on_roots
+        self.owners, self.on_roots = owners or dict, on_roots
         #: Optimizer steps seen, all optimizers together.
         self.steps = 0
         #: The optimizers that stepped, in the order of their first step.

@@ -209,6 +209,29 @@ def test_a_module_the_loss_uses_that_the_lightning_module_does_not_own_is_named_
     assert not any(m._forward_pre_hooks for m in (model, weighting))
 
 
+def test_once_the_modules_a_step_runs_are_stable_the_callback_stops_asking_for_them(tmp_path, monkeypatch):
+    """After STABLE_STEPS checks with the same extra modules, the global hook is gone and the callback
+    drops the discovery: no call per step for it (the finding on the extra module stays)."""
+    from leafwatch.observe import discovery
+
+    updates: list[int] = []
+    update = discovery.Discovery.update
+    monkeypatch.setattr(discovery.Discovery, "update", lambda self: updates.append(1) or update(self))
+    weighting = nn.Linear(1, 1)
+
+    class WeightedLoss(Boring):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return weighting(nn.functional.mse_loss(self(x), y).reshape(1, 1)).sum()
+
+    callback = LeafWatch(verbose=False)
+    steps = discovery.STABLE_STEPS + 10
+    trainer(tmp_path, callback, max_steps=steps).fit(WeightedLoss(), loader(n=4 * steps))
+    assert len(updates) == discovery.STABLE_STEPS + 1  # the first reading, then the stable ones, then none
+    assert callback.report.names("not_in_optimizer") == {"weighting.weight", "weighting.bias"}
+    assert not torch.nn.modules.module._global_forward_pre_hooks
+
+
 class LateLayer(Boring):
     """A layer created in the module's `on_fit_start`: Lightning has built the optimizer by then
     (the callbacks' `on_fit_start`, then the module's, run after `configure_optimizers`)."""

@@ -125,11 +125,10 @@ class Tracer:
         self._ops_next = self._ops_next or (instrument and bool(wanted))
 
     def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
-        """After a check: forget what the hooks saw once every optimizer has been checked.
-
-        With several optimizers checked one at a time, one forward pass can serve all their
-        checks. An optimizer checked again before the others starts a new round, so what the
-        hooks saw never piles up over steps (a loop that checks only one of its optimizers).
+        """After a check: forget what the hooks saw once every optimizer has been checked (one forward
+        can serve several optimizers checked one at a time; one checked again before the others starts
+        a new round, so nothing piles up). ``Checker._aim_diagnostics`` skips the call when it would do
+        nothing (one optimizer; nothing armed, recorded or in a round): change the two tests together.
         """
         if optimizer_index is None or optimizer_index in self.checked_in_round \
                 or len(self.checked_in_round) + 1 >= n_optimizers:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .detectors import gatherer as _distributed
-from .observe import inventory, structure
+from .observe import hooks, inventory, structure
 from . import watching
 from .detectors.checker import Checker
 from .observe.discovery import Discovery, user_scope
@@ -350,20 +350,23 @@ class StepHooks:
     def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
                 set_roots: Callable[..., None] | None = None) -> None:
         """Hook ``optimizers``; with a ``model`` and ``set_roots``, the modules a step runs beyond
-        the model (a free module the loss uses) are read too, named by the user's variables."""
-        for opt in optimizers:
-            self._handles += [opt.register_step_pre_hook(self._before_step),
-                              opt.register_step_post_hook(self._after_step)]
+        the model (a free module the loss uses) are read too, named by the user's variables.
+
+        The hooks are subscriptions to leafwatch's global step dispatchers (observe/hooks.py),
+        never entries of an optimizer's own hook dict: torch iterates that dict during the step,
+        where a check that ends the Monitor (a sink, strict mode) must not change it."""
+        ids = frozenset(id(opt) for opt in optimizers)
+        self._handles += [
+            hooks.OPTIMIZER_STEP_PRE.subscribe(lambda o, a, k: self._before_step(o, a, k) if id(o) in ids else None),
+            hooks.OPTIMIZER_STEP_POST.subscribe(lambda o, a, k: self._after_step(o, a, k) if id(o) in ids else None)]
         if isinstance(model, nn.Module) and set_roots is not None:
             self._modules, self._set_roots = Discovery(model, user_scope), set_roots
             self._modules.arm()
 
     def install_global(self) -> None:
         """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        self._handles += [register_optimizer_step_pre_hook(self._before_step),
-                          register_optimizer_step_post_hook(self._after_step)]
+        self._handles += [hooks.OPTIMIZER_STEP_PRE.subscribe(self._before_step),
+                          hooks.OPTIMIZER_STEP_POST.subscribe(self._after_step)]
 
     def remove(self) -> None:
         for handle in self._handles:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames, inventory, replaced
+from . import frames, hooks, inventory, replaced
 from . import sharding as distributed
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
@@ -128,14 +128,8 @@ def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
 
 def _install_registration_hooks() -> list[Any]:
     _bump()  # changes that happened while no hook was installed: rebuild once
-    module_mod = torch.nn.modules.module
-    handles: list[Any] = [SimpleNamespace(remove=_appeared.clear)]  # forgets them when the last Monitor closes
-    for name, hook in (("register_module_parameter_registration_hook", _on_parameter),
-                       ("register_module_module_registration_hook", _on_module)):
-        register = getattr(module_mod, name, None)
-        if register is not None:
-            handles.append(register(hook))
-    return handles
+    return [SimpleNamespace(remove=_appeared.clear),  # forgets them when the last Monitor closes
+            hooks.PARAMETER_REGISTRATION.subscribe(_on_parameter), hooks.MODULE_REGISTRATION.subscribe(_on_module)]
 
 
 #: The hooks that bump :func:`structure_generation`; each Monitor holds them while it is open.
@@ -149,12 +143,10 @@ _stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
 
 
 def _install_step_hook() -> list[Any]:
-    from torch.optim.optimizer import register_optimizer_step_pre_hook
-
     def saw_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         _stepping.add(optimizer)
 
-    return [register_optimizer_step_pre_hook(saw_step), SimpleNamespace(remove=_stepping.clear)]
+    return [hooks.OPTIMIZER_STEP_PRE.subscribe(saw_step), SimpleNamespace(remove=_stepping.clear)]
 
 
 #: The global optimizer step pre-hook that records which optimizers step; each Monitor holds it

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.optim.optimizer as _optimizers
 from torch import nn
 
 import leafwatch
@@ -485,6 +486,8 @@ def _hook_snapshot(model: nn.Module, optimizers: list[torch.optim.Optimizer],
         "global_forward": len(torch.nn.modules.module._global_forward_hooks),
         "global_registration": (len(torch.nn.modules.module._global_parameter_registration_hooks),
                                 len(torch.nn.modules.module._global_module_registration_hooks)),
+        "global_optimizer": (len(_optimizers._global_optimizer_pre_hooks),
+                             len(_optimizers._global_optimizer_post_hooks)),
     }
 
 
@@ -497,7 +500,13 @@ def test_close_removes_every_hook_leafwatch_installed() -> None:
     monitor = leafwatch.Monitor(model, optimizer, tensors={"scale": scale}).attach()
     during = _hook_snapshot(model, [optimizer], tensors)
     assert sum(during["module_forward"].values()) > sum(before["module_forward"].values())
-    assert during["optimizer_step_pre"] == [before["optimizer_step_pre"][0] + 1]
+    # attach() subscribes to leafwatch's global step dispatchers: torch iterates an optimizer's own hook
+    # dict during its step, where a check that closes the Monitor must not change it
+    assert during["optimizer_step_pre"] == before["optimizer_step_pre"]
+    from leafwatch.observe import hooks
+
+    assert hooks.OPTIMIZER_STEP_PRE in _optimizers._global_optimizer_pre_hooks.values()
+    assert hooks.OPTIMIZER_STEP_POST in _optimizers._global_optimizer_post_hooks.values()
     # The watch's hook, and one arrival hook per trainable parameter until the first check.
     assert sum(during["tensor_post_accumulate"]) == sum(before["tensor_post_accumulate"]) + 1 + len(list(model.parameters()))
     for _ in range(3):

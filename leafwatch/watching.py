@@ -18,11 +18,10 @@ from typing import Any
 
 import torch
 
-from .detectors import fixes
+from .detectors.leaves import non_leaf
 from .observe import graph
 from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
-from .report.findings import applicability
 from .report.format import FIX_MARKS
 
 
@@ -225,11 +224,10 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
                else "leafwatch cannot tell whether gradients flow through it."),
             LeafwatchInternalWarning, stacklevel=stacklevel_outside(frameworks=False))
     if expect_leaf and not tensor.is_leaf:
-        cause = entry.origin.cause(name) if entry.origin else f"`{name}` is not a leaf."
-        fix = fixes.non_leaf(name, entry.origin, location=entry.location, tensor=tensor)
+        found = non_leaf(name, tensor, step=None, found=entry.origin, location=entry.location)
         warnings.warn(
-            f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {cause} "
-            f"Fix ({FIX_MARKS[str(applicability(fix))]}): {fix}",
+            f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {found.cause} "
+            f"Fix ({FIX_MARKS[found.details['applicability']]}): {found.fix}",
             LeafwatchWarning, stacklevel=stacklevel_outside(frameworks=False))
     return tensor
 

@@ -1,14 +1,17 @@
-"""Why a tensor missed its gradient, in words: the cause and the fix read from the tracer's records.
+"""Why a tensor missed its gradient: the cause read from the tracer's records, as data, and its words.
 
 The tracer (:mod:`leafwatch.observe.tracing`) records plain facts during the forward pass; this
-module turns the records of the modules that own a missing tensor into one explanation (the op
-that cut the graph, the module that never ran or ran under ``no_grad``, the backward that never
-reached it) and its one-line fix.
+module turns the records of the modules that own a missing tensor into one :class:`Explanation`
+(the op that cut the graph, the module that never ran or ran under ``no_grad``, the backward that
+never reached it): a reason and its arguments. The renderers of those reasons, below, write the
+cause and the one-line fix of the ``missing_grad`` finding they explain.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 from torch import nn
 
@@ -16,7 +19,9 @@ from ..observe import cuts
 from ..observe.inventory import ParamInfo
 from ..observe.names import ancestors
 from ..observe.tracing import RunRecord
+from ..report.words import Members, Words, renders
 from . import fixes
+from .constructors import missing_words
 
 
 def _is_descendant(name: str, ancestor: str) -> bool:
@@ -25,15 +30,33 @@ def _is_descendant(name: str, ancestor: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    cause: str
-    fix: str
-    #: A short stable tag: never_ran, grad_disabled, checkpoint, detached, data_access, rewrapped,
-    #: unused, unused_output.
+    """Why a tensor got no gradient: a reason (never_ran, grad_disabled, checkpoint, detached,
+    data_access, rewrapped, unused, unused_output, ...), the arguments its renderer reads, and the
+    mistake the tensor shares with others (an observed cut: "`.detach()` at model.py:13")."""
+
     reason: str
-    #: The mistake this tensor shares with others (an observed cut: "`.detach()` at model.py:13").
+    args: Mapping[str, Any]
     group: str | None = None
 
 
+def shown(module: str) -> str:
+    """How a module is named in the words: `` `encoder.0` ``, or "the root module"."""
+    return f"`{module}`" if module else "the root module"
+
+
+def module_of(m: Members) -> str:
+    """The module the tensors of ``m`` sit in: theirs when they share it, else the mistake's group
+    (the module that holds them all), else the first one's."""
+    module = m.shared("module")
+    if module is not None or m.single:
+        return module if module is not None else m.first.get("module", "")
+    group = m.group
+    if group and all(str(a.get("module", "")).startswith(group) for a in m.args):
+        return group
+    return m.first.get("module", "")
+
+
+# -- a cut the recorder saw ------------------------------------------------------------------------
 _GRAD_OFF_FIX = "keep grad mode on for the computation that feeds the loss: do not switch it off at {at}"
 #: What to change at a cut's line, by op.
 _CUT_FIXES = {
@@ -55,44 +78,75 @@ _CUT_REASONS = {"`.detach()`": "detached", "`.detach_()`": "detached", "`.data`"
                 "`torch.set_grad_enabled(False)`": "detached", "grad mode off": "detached"}
 
 
-def explain_cut(param_name: str, cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanation:
+def _place(place: cuts.Place | None) -> dict[str, Any] | None:
+    return None if place is None else {"file": place.file, "line": place.line, "function": place.function}
+
+
+def _at(place: Mapping[str, Any]) -> str:
+    """``deep.py:13``."""
+    return f"{place['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{place['line']}"
+
+
+def _at_in(place: Mapping[str, Any]) -> str:
+    """``deep.py:13 (in `Deep.forward`)``."""
+    function = place["function"]
+    return f"{_at(place)} (in `{function}`)" if function and not function.startswith("<") else _at(place)
+
+
+def explain_cut(cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanation:
     """A parameter upstream of a cut the recorder saw: the op and its line, and what to change there."""
     site = cut.site
-    at = str(site.place)
-    fix = _CUT_FIXES.get(site.op, _VALUE_FIX if site.rank else _GRAD_OFF_FIX).format(at=at, op=site.op)
-    if tensor_id in cut.direct and attribute and site.op in ("`.data`", "`.detach()`"):
-        fix = f"use `{attribute}` itself, not `{attribute}{site.op.strip('`')}`, at {at}"
-    if site.called_from is not None:
-        fix = (f"{fix}: it runs inside a library, reached from your call at {site.called_from}; change that "
+    group = f"{site.op.strip('`')} at {_at(_place(site.called_from or site.place))}"  # type: ignore[arg-type]
+    return Explanation(_CUT_REASONS.get(site.op, "rewrapped"), {
+        "op": site.op, "place": _place(site.place), "called_from": _place(site.called_from), "rank": site.rank,
+        "direct": tensor_id in cut.direct, "attribute": attribute}, group)
+
+
+def _cut_words(m: Members) -> Words:
+    a = m.first
+    op, place, called_from = a["op"], a["place"], a["called_from"]
+    at = _at(place)
+    fix = _CUT_FIXES.get(op, _VALUE_FIX if a["rank"] else _GRAD_OFF_FIX).format(at=at, op=op)
+    attribute = a["attribute"] if m.single else m.shared("attribute")
+    if a["direct"] and attribute and op in ("`.data`", "`.detach()`") and m.shared("direct"):
+        fix = f"use `{attribute}` itself, not `{attribute}{op.strip('`')}`, at {at}"
+    if called_from is not None:
+        fix = (f"{fix}: it runs inside a library, reached from your call at {_at(called_from)}; change that "
                "call (its arguments or where you call it) so its output keeps the graph")
-    if _CUT_REASONS.get(site.op) == "detached" and "detach" not in site.op:
+    if _CUT_REASONS.get(op) == "detached" and "detach" not in op:
         how = "the ops run there on values computed from it record no autograd graph"
     else:
         how = "what comes out of that op carries no autograd graph back to it"
-    return Explanation(
-        cause=f"cut by {site.described()}: `{param_name}` is used before that point of the forward, and {how}, "
-        "so backward never reaches it (leafwatch saw the op run).",
-        fix=fix,
-        reason=_CUT_REASONS.get(site.op, "rewrapped"),
-        group=site.label,
-    )
+    described = f"{op} at {_at_in(place)}" + (f", called from {_at_in(called_from)}" if called_from is not None else "")
+    return missing_words(m, f"cut by {described}: {m.who} is used before that point of the forward, and {how}, "
+                         "so backward never reaches it (leafwatch saw the op run).", fix, silenced=True)
 
 
-def called_directly(param_name: str, module_name: str) -> Explanation:
+@renders("missing_grad", "detached", "rewrapped")
+def _detached(m: Members) -> Words:
+    if "op" in m.first:
+        return _cut_words(m)
+    return _not_reached_words(m)
+
+
+# -- what the module hooks saw ---------------------------------------------------------------------
+def called_directly(module_name: str) -> Explanation:
     """A module whose other parameters got gradients but whose forward hooks never fired: it is
     called through ``.forward()`` directly, where module hooks cannot see."""
-    shown = f"`{module_name}`" if module_name else "the root module"
-    return Explanation(
-        cause=f"`{param_name}` is not used in the computation of the loss. {shown}'s other parameters got "
-        f"gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
+    return Explanation("called_directly", {})
+
+
+@renders("missing_grad", "called_directly", fixes="never")
+def _called_directly(m: Members) -> Words:
+    return missing_words(
+        m, f"{m.who} is not used in the computation of the loss. {shown(module_of(m))}'s other parameters got "
+        "gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
         "parameters are used outside its forward), so leafwatch cannot say more about where.",
-        fix=f"use `{param_name}` in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
-        "call the module itself, not its `.forward`, so that hooks see it",
-        reason="called_directly",
-    )
+        f"use {m.who} in the forward pass, or delete it (or freeze it with `requires_grad_(False)`); "
+        "call the module itself, not its `.forward`, so that hooks see it")
 
 
-def explain_missing(param_name: str, module_name: str, attribute: str, records: dict[str, RunRecord], armed: set[str],
+def explain_missing(module_name: str, attribute: str, records: dict[str, RunRecord], armed: set[str],
                     modules: dict[str, nn.Module] | None = None, *, ops_traced: bool = False) -> Explanation | None:
     """Why a parameter of ``module_name`` got no gradient, from what the module hooks saw; None if
     unknown. ``ops_traced``: the cut recorder watched the forward and saw no cut upstream of it."""
@@ -101,134 +155,122 @@ def explain_missing(param_name: str, module_name: str, attribute: str, records: 
         # have happened before the hooks were armed, so nothing can be said.
         return None
     record = records.get(module_name)
-    shown = f"`{module_name}`" if module_name else "the root module"
     if record is None:
-        return _did_not_run(param_name, module_name, shown, records, modules)
+        return _did_not_run(module_name, records, modules)
     if not record.grad_enabled:
-        return _ran_without_autograd(shown, record)
+        return Explanation("checkpoint" if record.in_checkpoint else "grad_disabled", {})
     if record.substituted:
-        return substituted(param_name, shown)
+        return Explanation("substituted_weights", {})
     if not record.output_requires_grad:
         if record.output_opaque:
             return None  # an output of a type the hook cannot look into: nothing to conclude
-        return Explanation(
-            cause=f"{shown} ran with gradients on, but its output does not require grad: `{param_name}` "
-            "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
-            f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
-            fix=f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
-            f"`torch.tensor({attribute})`",
-            reason="data_access",
-        )
+        return Explanation("data_access", {"attribute": attribute})
     if not record.backward_reached:
-        return _not_reached(shown, record, records, ops_traced)
-    return Explanation(
-        cause=f"{shown} ran and backward reached its output, but its forward does not use `{attribute}` "
+        return _not_reached(record, records, ops_traced)
+    return Explanation("unused", {"attribute": attribute})
+
+
+@renders("missing_grad", "data_access")
+def _data_access(m: Members) -> Words:
+    if "op" in m.first:
+        return _cut_words(m)
+    attribute = m.first["attribute"]
+    return missing_words(
+        m, f"{shown(module_of(m))} ran with gradients on, but its output does not require grad: {m.who} "
+        "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+        f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
+        f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
+        f"`torch.tensor({attribute})`")
+
+
+@renders("missing_grad", "unused")
+def _unused(m: Members) -> Words:
+    attribute, module = m.first["attribute"], shown(module_of(m))
+    return missing_words(
+        m, f"{module} ran and backward reached its output, but its forward does not use `{attribute}` "
         f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
         f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
-        fix=f"use `{attribute}` itself in {shown}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), or delete it",
-        reason="unused",
-    )
+        f"use `{attribute}` itself in {module}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), "
+        "or delete it", silenced=True)
 
-def substituted(param_name: str, shown: str) -> Explanation:
+
+@renders("missing_grad", "substituted_weights", fixes="never")
+def _substituted(m: Members) -> Words:
     """The module's forward ran with weights swapped in for its registered parameters."""
-    return Explanation(
-        cause=f"{shown}'s forward ran with other tensors in place of its registered parameters "
+    return missing_words(
+        m, f"{shown(module_of(m))}'s forward ran with other tensors in place of its registered parameters "
         "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
-        f"gradient went to those tensors, not to `{param_name}`.",
-        fix="nothing in the forward: give the optimizer the tensors the module is called with (those passed "
-        f"to `functional_call` or swapped in); if `{param_name}` itself is meant to train, call the module "
-        "with its own parameters",
-        reason="substituted_weights")
+        f"gradient went to those tensors, not to {m.who}.",
+        "nothing in the forward: give the optimizer the tensors the module is called with (those passed "
+        f"to `functional_call` or swapped in); if {m.who} itself is meant to train, call the module "
+        "with its own parameters")
 
 
-def _did_not_run(param_name: str, module_name: str, shown: str, records: dict[str, RunRecord],
-                 modules: dict[str, nn.Module] | None) -> Explanation:
+def _did_not_run(module_name: str, records: dict[str, RunRecord], modules: dict[str, nn.Module] | None) -> Explanation:
     """The module holding the parameter ran no forward of its own: unused, or never called."""
     ran_below = [r for n, r in records.items() if n != module_name and _is_descendant(n, module_name)]
     if ran_below or module_name == "":
-        return Explanation(
-            cause=f"`{param_name}` is never used in the computation of the loss "
-            f"({shown} did not run a forward of its own that uses it).",
-            fix=f"use `{param_name}` in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)",
-            reason="no_forward_of_its_own",
-        )
+        return Explanation("no_forward_of_its_own", {})
     parents = [r for n, r in records.items() if _is_descendant(module_name, n) and n != module_name]
     parent = max(parents, key=lambda r: len(r.name), default=None)
-    parent_name = f"`{parent.name}`" if parent and parent.name else "the root module"
-    where = f" ({parent_name} ran, but did not call it)" if parent else ""
-    call = f"`{fixes.module_code(fixes.module_to_call(module_name, records, modules))}`" if module_name else shown
-    return Explanation(
-        cause=f"module {shown} never ran in this step's forward{where}.",
-        fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
-        reason="never_ran",
-    )
+    call = fixes.module_code(fixes.module_to_call(module_name, records, modules)) if module_name else None
+    return Explanation("never_ran", {"parent": None if parent is None else parent.name, "call": call})
 
 
-def _ran_without_autograd(shown: str, record: RunRecord) -> Explanation:
-    """The module ran with gradients disabled: ``no_grad`` / ``inference_mode``, or a reentrant checkpoint."""
-    if record.in_checkpoint:
-        return Explanation(
-            cause=f"{shown} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
-            "require grad, so it ran without autograd and backward never recomputes it.",
-            fix="pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad",
-            reason="checkpoint",
-        )
-    return Explanation(
-        cause=f"{shown} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`).",
-        fix=f"call {shown} outside `torch.no_grad()` during training",
-        reason="grad_disabled",
-    )
+@renders("missing_grad", "no_forward_of_its_own", fixes="never")
+def _no_forward_of_its_own(m: Members) -> Words:
+    return missing_words(
+        m, f"{m.who} is never used in the computation of the loss "
+        f"({shown(module_of(m))} did not run a forward of its own that uses it).",
+        f"use {m.who} in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)")
 
 
-def _not_reached(shown: str, record: RunRecord, records: dict[str, RunRecord], ops_traced: bool) -> Explanation:
+@renders("missing_grad", "never_ran", fixes="never")
+def _never_ran(m: Members) -> Words:
+    module = module_of(m)
+    parent = m.shared("parent", m.first["parent"])
+    where = "" if parent is None else f" ({shown(parent)} ran, but did not call it)"
+    call = m.shared("call", m.first["call"])
+    return missing_words(
+        m, f"module {shown(module)} never ran in this step's forward{where}.",
+        f"call {f'`{call}`' if call else shown(module)} in forward(), or remove it (or freeze it with "
+        "requires_grad_(False) if that is intended)", silenced=True)
+
+
+@renders("missing_grad", "checkpoint", fixes="never")
+def _checkpoint(m: Members) -> Words:
+    module = shown(module_of(m))
+    return missing_words(
+        m, f"{module} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
+        "require grad, so it ran without autograd and backward never recomputes it.",
+        "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad")
+
+
+@renders("missing_grad", "grad_disabled", fixes="never")
+def _grad_disabled(m: Members) -> Words:
+    module = shown(module_of(m))
+    return missing_words(m, f"{module} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`).",
+                         f"call {module} outside `torch.no_grad()` during training")
+
+
+def _not_reached(record: RunRecord, records: dict[str, RunRecord], ops_traced: bool) -> Explanation:
     """Backward never reached a module's output: what the module hooks saw of it, and that the exact
     point is unknown (a cut the recorder saw is named by :func:`explain_cut` instead)."""
-    unseen = _UNSEEN_INSIDE if ops_traced else _UNSEEN
     storage = record.output_storage
     # The modules that ran after it (neither below nor above it), in their order.
     later = sorted((r for r in records.values() if r.order > record.order and not _is_descendant(r.name, record.name)
                     and not _is_descendant(record.name, r.name)), key=lambda r: r.order)
     # A tensor of the same shape is no evidence: a rewrap is named only when the recorder saw it.
     cut = next((r for r in later if storage and storage in r.detached_inputs), None)
+    args: dict[str, Any] = {"ops_traced": ops_traced}
     if cut is not None:
-        return Explanation(
-            cause=f"{shown} ran and its output required grad, but backward never reached that output: "
-            f"`{cut.name}` received it detached (the same storage without grad). The cut is between {shown} "
-            f"and `{cut.name}`: a `.detach()`, `torch.no_grad()` or a NumPy round trip (`.numpy()` and "
-            f"`torch.from_numpy()` share the storage). {unseen}",
-            fix=f"pass {shown}'s output to `{cut.name}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step between them",
-            reason="detached",
-        )
+        return Explanation("detached", {**args, "received_detached": cut.name})
     user = next((r for r in later if storage and storage in r.grad_inputs), None)
     if user is not None:
-        return Explanation(
-            cause=f"{shown} ran and its output required grad, and `{user.name}` used it, but backward never "
-            f"reached it: what `{user.name}` made from it does not reach the loss (nothing in the loss uses it, or "
-            f"it was cut after `{user.name}`). {unseen}",
-            fix=f"keep torch ops from `{user.name}`'s output to the loss: remove the `.detach()`/`.item()`/"
-            "`.tolist()`/NumPy/`torch.tensor` rewrap step after it",
-            reason="detached",
-        )
+        return Explanation("detached", {**args, "used_by": user.name})
     if not later:
-        # No module the hooks watch ran after it: a cut and an unused output look the same to them.
-        return Explanation(
-            cause=f"{shown} ran and its output required grad, but backward never reached that output, and no "
-            "module that leafwatch watches ran after it: it was cut from the loss outside any module, or "
-            f"nothing in the loss uses it. {unseen}",
-            fix=f"keep torch ops from {shown}'s output to the loss (remove the `.detach()`/`.item()`/NumPy/"
-            f"`torch.tensor` rewrap step after it), or remove {shown} if its output is not needed",
-            reason="detached",
-        )
-    between = f" between {shown} and `{later[0].name}` (the next module that ran)"
-    return Explanation(
-        cause=f"{shown} ran and its output required grad, but backward never reached that output: nothing in "
-        f"the loss uses it (an output computed and ignored, like a pooler whose output the loss never reads), "
-        f"or it was cut{between}. {unseen}",
-        fix=f"use {shown}'s output in the loss, or remove {shown} (or ignore its parameters with "
-        f"`ignore=[\"{record.name + '.*' if record.name else '*'}\"]`) if its output is not needed; if it should "
-        f"feed the loss, look{between} for the cut",
-        reason="unused_output",
-    )
+        return Explanation("detached", args)
+    return Explanation("unused_output", {**args, "next": later[0].name, "record": record.name})
 
 
 #: What the cut recorder adds to a cause it has no cut for.
@@ -241,18 +283,70 @@ _UNSEEN_INSIDE = ("No op that cuts a graph (`.detach()`, `.data`, `.item()`, `.t
                   "the forward, in the training loop, or by a step that leaves no trace such as `torch.from_numpy`).")
 
 
+def _not_reached_words(m: Members) -> Words:
+    a, module = m.first, shown(module_of(m))
+    unseen = _UNSEEN_INSIDE if a["ops_traced"] else _UNSEEN
+    if "received_detached" in a:
+        cut = a["received_detached"]
+        return missing_words(
+            m, f"{module} ran and its output required grad, but backward never reached that output: "
+            f"`{cut}` received it detached (the same storage without grad). The cut is between {module} "
+            f"and `{cut}`: a `.detach()`, `torch.no_grad()` or a NumPy round trip (`.numpy()` and "
+            f"`torch.from_numpy()` share the storage). {unseen}",
+            f"pass {module}'s output to `{cut}` as it is: remove the `.detach()` / `torch.no_grad()` / NumPy step "
+            "between them", silenced=True)
+    if "used_by" in a:
+        user = a["used_by"]
+        return missing_words(
+            m, f"{module} ran and its output required grad, and `{user}` used it, but backward never "
+            f"reached it: what `{user}` made from it does not reach the loss (nothing in the loss uses it, or "
+            f"it was cut after `{user}`). {unseen}",
+            f"keep torch ops from `{user}`'s output to the loss: remove the `.detach()`/`.item()`/"
+            "`.tolist()`/NumPy/`torch.tensor` rewrap step after it", silenced=True)
+    # No module that the hooks watch ran after it: a cut and an unused output look the same to them.
+    return missing_words(
+        m, f"{module} ran and its output required grad, but backward never reached that output, and no "
+        "module that leafwatch watches ran after it: it was cut from the loss outside any module, or "
+        f"nothing in the loss uses it. {unseen}",
+        f"keep torch ops from {module}'s output to the loss (remove the `.detach()`/`.item()`/NumPy/"
+        f"`torch.tensor` rewrap step after it), or remove {module} if its output is not needed", silenced=True)
+
+
+@renders("missing_grad", "unused_output", fixes="never")
+def _unused_output(m: Members) -> Words:
+    a, module = m.first, shown(module_of(m))
+    unseen = _UNSEEN_INSIDE if a["ops_traced"] else _UNSEEN
+    between = f" between {module} and `{a['next']}` (the next module that ran)"
+    record = a["record"]
+    return missing_words(
+        m, f"{module} ran and its output required grad, but backward never reached that output: nothing in "
+        f"the loss uses it (an output computed and ignored, like a pooler whose output the loss never reads), "
+        f"or it was cut{between}. {unseen}",
+        f"use {module}'s output in the loss, or remove {module} (or ignore its parameters with "
+        f"`ignore=[\"{record + '.*' if record else '*'}\"]`) if its output is not needed; if it should "
+        f"feed the loss, look{between} for the cut")
+
+
 def at_the_only_step(info: ParamInfo, ran: set[str]) -> Explanation:
     """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
     if info.module not in ran and ("" in ran or any(n in ran for n in ancestors(info.module))):
-        shown = f"`{info.module}`"
-        call = f"`{fixes.module_code(fixes.module_to_call(info.module, ran))}`"
-        return Explanation(
-            cause=f"module {shown} never ran in a forward pass of this run (its optimizer stepped once).",
-            fix=f"call {call} in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
-            reason="never_ran_at_the_only_step")
-    return Explanation(
-        cause=f"`{info.name}` had no gradient when its optimizer stepped, at the only step of this run; "
+        return Explanation("never_ran_at_the_only_step", {"call": fixes.module_code(fixes.module_to_call(info.module, ran))})
+    return Explanation("unknown_at_the_only_step", {})
+
+
+@renders("missing_grad", "never_ran_at_the_only_step", fixes="never")
+def _never_ran_at_the_only_step(m: Members) -> Words:
+    call = m.shared("call", m.first["call"])
+    return missing_words(
+        m, f"module {shown(module_of(m))} never ran in a forward pass of this run (its optimizer stepped once).",
+        f"call `{call}` in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
+        silenced=True)
+
+
+@renders("missing_grad", "unknown_at_the_only_step", fixes="never")
+def _unknown_at_the_only_step(m: Members) -> Words:
+    return missing_words(
+        m, f"{m.who} had no gradient when its optimizer stepped, at the only step of this run; "
         "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
         "created before the first forward pass).",
-        fix=f"use `{info.name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended",
-        reason="unknown_at_the_only_step")
+        f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended")

@@ -22,10 +22,11 @@ import dis
 import functools
 import inspect
 import linecache
+import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -35,6 +36,8 @@ from ..observe import frames
 from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
+from ..report.names import natural_key
+from ..report.words import ADVICE, Edit, Remedy, code
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -220,62 +223,72 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
     return None
 
 
-def add_to_optimizer(params: str | None, optimizers: Sequence[Any] = (), *, model: Any = None,
-                     what: str = "it", variable: str | None = None, known: Any = None,
-                     cache: dict[Any, Any] | None = None) -> str:
-    """How to give ``params`` (code for a list or an iterable of tensors: ``[model.scale]``,
-    ``model.aux.parameters()``; None: "your tensor") to the optimizer the user already has,
-    keeping its class and groups.
+def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, variable: str | None = None,
+                     known: Any = None, cache: dict[Any, Any] | None = None) -> dict[str, Any]:
+    """The optimizer a fix gives tensors to, as a finding's argument: the framework that builds it
+    (``"lightning"``, ``"transformers"`` or None), the user's variable for it (the first of
+    ``optimizers`` that one holds, unless ``variable`` is given) and its class.
 
     Args:
-        params: The ``"params"`` value in code, or None when it cannot be spelled.
-        optimizers: The optimizers leafwatch checks (the first one that a variable holds is named).
+        optimizers: The optimizers leafwatch checks.
         model: The model (a LightningModule points at ``configure_optimizers``).
-        what: The words for the tensors (``it``, ``them``).
         variable: The optimizer's variable when the caller knows it already.
         known: Object id -> variable, from a front-end (see :func:`variable_for`).
         cache: Answers kept for the next finding (see :func:`variable_for`).
     """
     where = framework(model, cache)
-    cls = type(optimizers[0]).__name__ if optimizers else None
+    if variable is None and where != "lightning":
+        variable = next((v for v in (variable_for(o, known, cache) for o in optimizers) if v is not None), None)
+    return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None}
+
+
+def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
+    """How to give ``params`` (code for a list or an iterable of tensors: ``[model.scale]``,
+    ``model.aux.parameters()``; None: "your tensor") to the optimizer ``target``
+    (:func:`optimizer_target`), keeping its class and groups; ``what``: the words for the tensors."""
+    where, cls, variable = target.get("framework"), target.get("cls"), target.get("variable")
     if where == "lightning":
         listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
         given = f"`{listed}`" if listed else "your tensor"
         yours = f"your `{cls}`" if cls else "the optimizer"
         group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
-        return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}"
+        return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}", ADVICE
     group = f'{{"params": {params}}}' if params else None
-    if variable is None:
-        variable = next((v for v in (variable_for(o, known, cache) for o in optimizers) if v is not None), None)
+    call = f"{variable}.add_param_group({group})" if variable is not None and group is not None else None
     if where == "transformers":
-        if variable is not None and group is not None:
+        if call is not None:
             return (f"add {what} to `{variable}`, the optimizer you pass in the Trainer's `optimizers=`, before "
-                    f"training: `{variable}.add_param_group({group})` (the new group takes its defaults)")
+                    f"training: `{call}` (the new group takes its defaults)"), code(call)
         return ("the Trainer builds its optimizer (`optim` in `TrainingArguments`) from the parameters of the "
                 f"model that require grad when training starts: register {what} as an `nn.Parameter` of the "
                 f"model that requires grad before training, or pass an optimizer of yours that holds {what} "
-                "in the Trainer's `optimizers=` (with its scheduler)")
-    if variable is not None and group is not None:
+                "in the Trainer's `optimizers=` (with its scheduler)"), ADVICE
+    if call is not None:
         yours = f"your `{cls}`, its groups as they are" if cls else "its groups as they are"
-        return (f"add {what} to `{variable}` ({yours}): `{variable}.add_param_group({group})`; the new group "
-                f"takes `{variable}`'s defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own")
+        return (f"add {what} to `{variable}` ({yours}): `{call}`; the new group "
+                f"takes `{variable}`'s defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"), code(call)
     defaults = "the new group takes the optimizer's defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"
     if group is not None:
-        return f"add {what} to your optimizer: call its `add_param_group` with `{group}`; {defaults}"
+        return f"add {what} to your optimizer: call its `add_param_group` with `{group}`; {defaults}", ADVICE
     return (f"add your tensor to your optimizer: call its `add_param_group` with a dict whose "
-            f"`\"params\"` list holds your tensor; {defaults}")
+            f"`\"params\"` list holds your tensor; {defaults}"), ADVICE
 
 
-def give_to_optimizer(names: Sequence[str], inventory: Any, optimizers: Sequence[Any] | None = None, *,
-                      what: str = "it") -> str:
-    """:func:`add_to_optimizer` for the inventory's tensors ``names``, in the inventory's terms
-    (its optimizers, its model's variable, the variables a front-end read)."""
-    model, known = getattr(inventory, "model", None), getattr(inventory, "variables", None)
-    codes = [model_tensor_code(n, inventory) for n in names]
-    params = "[" + ", ".join(c for c in codes if c) + "]" if codes and all(codes) else None
+def inventory_target(inventory: Any, optimizers: Sequence[Any] | None = None, *,
+                     variable: str | None = None) -> dict[str, Any]:
+    """:func:`optimizer_target` in the inventory's terms (its optimizers, its model, the variables a
+    front-end read); ``optimizers``: those to choose from, else all of the inventory's."""
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
-    return add_to_optimizer(params, chosen, model=model, what=what, known=known,
-                            cache=getattr(inventory, "fix_names", None))
+    return optimizer_target(chosen, model=getattr(inventory, "model", None), variable=variable,
+                            known=getattr(inventory, "variables", None), cache=getattr(inventory, "fix_names", None))
+
+
+def params_of(members_codes: Sequence[str | None], limit: int = 8) -> str | None:
+    """The ``"params"`` list of tensors spelled by ``members_codes`` (``[model.a, model.b]``), None when
+    one cannot be spelled or there are more than ``limit``."""
+    if not members_codes or any(c is None for c in members_codes) or len(members_codes) > limit:
+        return None
+    return "[" + ", ".join(sorted(dict.fromkeys(members_codes), key=natural_key)) + "]"  # type: ignore[arg-type]
 
 
 def outside_module(name: str, inventory: Any) -> str | None:
@@ -366,15 +379,18 @@ def _nn_name(scope: dict[str, Any]) -> str:
 _REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
-def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any]] | None:
+def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], dict[str, Any] | None] | None:
     """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
-    module globals)`` read from the source of the class (and its bases outside torch); an
-    assignment that registers already (``nn.Parameter(...)`` in another branch) is passed over."""
+    module globals, where the statement stands)`` read from the source of the class (and its bases
+    outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
+    registers already (``nn.Parameter(...)`` in another branch) is passed over."""
     for cls in type(module).__mro__:
         if cls.__module__.startswith(("torch", "builtins")):
             continue
         try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+            lines, first = inspect.getsourcelines(cls)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            path = inspect.getsourcefile(cls)
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
         scope = vars(sys.modules.get(cls.__module__, object()))
@@ -389,32 +405,65 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any]] | None
                             and isinstance(target.value, ast.Name) and target.value.id == me
                             and not (isinstance(node.value, ast.Call)
                                      and ast.unparse(node.value.func).split(".")[-1] in _REGISTERING)):
-                        return me, ast.unparse(node.value), dict(scope)
+                        start = first + node.lineno - 1
+                        where = statement_span(f"{path}:{start}") if path else None
+                        return me, ast.unparse(node.value), dict(scope), where
     return None
 
 
-def parameter_fix(module: Any, attr: str) -> str:  # noqa: D401
-    """Register a module attribute as a Parameter, in the words the user wrote it with:
-    ``self.log_scale = nn.Parameter(torch.tensor(x).float())``."""
+def parameter_args(module: Any, attr: str) -> dict[str, Any]:
+    """What a fix that registers the attribute ``attr`` of ``module`` as a Parameter needs from the
+    user's source: the assignment rewritten (``parameter_code``: ``self.log_scale =
+    nn.Parameter(torch.tensor(x).float())``) and where it stands (``at``); the attribute (``attr``)."""
     found = assignment(module, attr) if module is not None else None
-    if found is not None:
-        me, value, scope = found
-        stripped = ast.unparse(_strip_grad(ast.parse(value, mode="eval").body))
-        snippet = f"{me}.{attr} = {_nn_name(scope)}.Parameter({stripped})"
-        if is_code(snippet):
-            return f"register it where it is assigned: `{snippet}`"
+    if found is None:
+        return {"attr": attr, "parameter_code": None, "at": None}
+    me, value, scope, where = found
+    stripped = ast.unparse(_strip_grad(ast.parse(value, mode="eval").body))
+    snippet = f"{me}.{attr} = {_nn_name(scope)}.Parameter({stripped})"
+    return {"attr": attr, "parameter_code": snippet if is_code(snippet) else None, "at": where}
+
+
+def parameter_fix(args: Mapping[str, Any]) -> tuple[str, Remedy]:
+    """Register a module attribute as a Parameter (:func:`parameter_args`), in the words the user
+    wrote it with, in place of their assignment."""
+    snippet, at = args["parameter_code"], args["at"]
+    if snippet is not None:
+        return f"register it where it is assigned: `{snippet}`", code(snippet, _replace(at, snippet))
+    attr = args["attr"]
     snippet = f"self.{attr} = nn.Parameter(self.{attr}.detach())"
-    return f"register it right after it is assigned: `{snippet}` (or wrap its right-hand side in `nn.Parameter`)" \
-        if is_code(snippet) else "wrap the tensor in `nn.Parameter` where your module assigns it"
+    if is_code(snippet):
+        return (f"register it right after it is assigned: `{snippet}` (or wrap its right-hand side in "
+                "`nn.Parameter`)"), code(snippet)
+    return "wrap the tensor in `nn.Parameter` where your module assigns it", ADVICE
 
 
-def container_fix(module: Any, attr: str, kinds: Sequence[str], *, modules: bool) -> str:
-    """Register a plain container as the registered one: ``self.blocks = nn.ModuleList([...])``
-    with the user's own right-hand side, else ``self.blocks = nn.ModuleList(self.blocks)``."""
+def _replace(at: Mapping[str, Any] | None, snippet: str) -> Edit | None:
+    """The edit that puts ``snippet`` in place of the statement ``at`` (None when unknown)."""
+    return None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{snippet}\n")
+
+
+def container_args(module: Any, attr: str, kinds: Sequence[str]) -> dict[str, Any]:
+    """What a fix that registers the plain container ``attr`` needs from the user's source: its
+    assignment (``me``: self's name, ``value``: the right-hand side, ``nn``: how the module spells
+    ``torch.nn``, ``at``: where it stands), the container kinds (outer first) and the attribute."""
+    found = assignment(module, attr) if module is not None and len(kinds) == 1 else None
+    if found is None:
+        return {"attr": attr, "kinds": list(kinds), "me": None, "value": None, "nn": "nn", "at": None}
+    me, value, scope, where = found
+    return {"attr": attr, "kinds": list(kinds), "me": me, "value": value, "nn": _nn_name(scope), "at": where}
+
+
+def container_fix(args: Mapping[str, Any], *, modules: bool) -> tuple[str, Remedy]:
+    """Register a plain container as the registered one (:func:`container_args`):
+    ``self.blocks = nn.ModuleList([...])`` with the user's own right-hand side, else
+    ``self.blocks = nn.ModuleList(self.blocks)``."""
+    kinds, attr = args["kinds"], args["attr"]
     if any(k in ("dataclass", "namedtuple") for k in kinds):
         what = "modules" if modules else "tensors as `nn.Parameter`s"
         return (f"register the {what}: assign them as module attributes, or keep them in "
-                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}")
+                f"`nn.ModuleDict`/`nn.ParameterDict` instead of a {'dataclass' if 'dataclass' in kinds else 'namedtuple'}"), ADVICE
+
     def registered(kind: str, inner: bool) -> str:
         if inner and not modules:
             return "ParameterList" if kind == "list" else "ParameterDict"
@@ -422,18 +471,18 @@ def container_fix(module: Any, attr: str, kinds: Sequence[str], *, modules: bool
     if len(kinds) > 1:
         levels = [f"`nn.{registered(k, i == len(kinds) - 1)}`" for i, k in enumerate(kinds)]
         return (f"register every level of `{attr}`: " + " holding ".join(levels)
-                + f" (the outer one first), assigned where your module assigns `{attr}`")
-    cls = registered(kinds[0], True)
-    found = assignment(module, attr) if module is not None else None
-    if found is not None:
-        me, value, scope = found
-        snippet = f"{me}.{attr} = {_nn_name(scope)}.{cls}({value})"
+                + f" (the outer one first), assigned where your module assigns `{attr}`"), ADVICE
+    cls, me, value, nn_ = registered(kinds[0], True), args["me"], args["value"], args["nn"]
+    if me is not None:
+        snippet = f"{me}.{attr} = {nn_}.{cls}({value})"
         if is_code(snippet) and len(snippet) <= 160:
-            return f"register the container where it is assigned: `{snippet}`"
-        snippet = f"{me}.{attr} = {_nn_name(scope)}.{cls}({me}.{attr})"
-    else:
-        snippet = f"self.{attr} = nn.{cls}(self.{attr})"
-    return f"register the container right after it is assigned: `{snippet}`"
+            return f"register the container where it is assigned: `{snippet}`", code(snippet, _replace(args["at"], snippet))
+        snippet = f"{me}.{attr} = {nn_}.{cls}({me}.{attr})"
+        at = args["at"]
+        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after", f"{at['indent']}{snippet}\n")
+        return f"register the container right after it is assigned: `{snippet}`", code(snippet, edit)
+    snippet = f"self.{attr} = nn.{cls}(self.{attr})"
+    return f"register the container right after it is assigned: `{snippet}`", code(snippet)
 
 
 def _statement_at(location: str) -> ast.stmt | None:
@@ -450,6 +499,19 @@ def _statement_at(location: str) -> ast.stmt | None:
               if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno)]
     # the innermost statement (a `with` or a function holds the assignment)
     return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+
+
+def statement_span(location: str | None) -> dict[str, Any] | None:
+    """Where the statement at ``location`` (``file:line``) stands in its file, as a finding's
+    argument: ``{"path", "start", "end", "indent"}`` (the absolute path; its first and last line;
+    the indentation of its first line); None when the file cannot be read."""
+    node = _statement_at(location) if location else None
+    if node is None:
+        return None
+    path = os.path.abspath(location.rpartition(":")[0])  # type: ignore[union-attr]
+    first = linecache.getline(path, node.lineno)
+    return {"path": path, "start": node.lineno, "end": node.end_lineno or node.lineno,
+            "indent": first[:len(first) - len(first.lstrip())]}
 
 
 def leaf_assignment(name: str, location: str | None) -> str | None:
@@ -473,9 +535,16 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     return snippet if is_code(snippet) else None
 
 
+def leaf_fix_args(name: str, location: str | None) -> dict[str, Any]:
+    """What the fix of a non-leaf needs from the user's source: the statement that assigned it
+    rewritten to make a leaf (``leaf_code``, when ``location`` points at it) and where that
+    statement stands (``at``)."""
+    return {"leaf_code": leaf_assignment(name, location), "at": statement_span(location)}
+
+
 _NON_LEAF_WORDS = {
-    "device": "create it where it lives (`device=` when creating it), or move first, then ask for grad",
-    "dtype": "convert first, then ask for grad (or pass `dtype=` when creating it)",
+    "device": "create it where it lives (`device={device!r}` when creating it), or move first, then ask for grad",
+    "dtype": "convert first, then ask for grad (or pass `dtype={dtype}` when creating it)",
     "clone": "make the copy a leaf",
     "arithmetic": "do the arithmetic first, then ask for grad",
     "view": "make the slice its own leaf, or slice the leaf where it is used",
@@ -483,24 +552,27 @@ _NON_LEAF_WORDS = {
 }
 
 
-def non_leaf(name: str, found: Any = None, *, location: str | None = None, tensor: Any = None) -> str:
-    """The fix for a non-leaf tensor (``found``: its :class:`leafwatch.observe.graph.Origin`), from the
-    statement that assigned it when ``location`` points at it, else from its name."""
-    hint = getattr(found, "fix_hint", "other")
-    words = _NON_LEAF_WORDS.get(hint, _NON_LEAF_WORDS["other"])
-    if tensor is not None:
-        words = words.replace("`device=`", f"`device={str(tensor.device)!r}`").replace(
-            "`dtype=`", f"`dtype={tensor.dtype}`")
-    written = leaf_assignment(name, location)
+def leaf_fix(name: str, origin: Mapping[str, Any] | None, args: Mapping[str, Any]) -> tuple[str, Remedy]:
+    """The fix for a non-leaf tensor (``origin``: its :meth:`leafwatch.observe.graph.Origin.to_args`):
+    the statement that assigned it rewritten (``args["leaf_code"]``, placed at ``args["at"]``),
+    else a leaf made from it right after it is made, else words."""
+    kind = origin["kind"] if origin is not None else "other"
+    hint = "device" if kind == "copy" else kind
+    words = _NON_LEAF_WORDS.get(hint, _NON_LEAF_WORDS["other"]).format(
+        device=origin["device"] if origin else "cpu", dtype=origin["dtype"] if origin else "")
+    at, written = args.get("at"), args.get("leaf_code")
     if written is not None:
-        return f"{words}: `{written}`"
+        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{written}\n")
+        return f"{words}: `{written}`", code(written, edit)
     if all(part.isidentifier() for part in name.split(".")):
-        copy = ".clone()" if hint in ("view", "clone") else ""
-        return f"{words}: `{name} = {name}.detach(){copy}.requires_grad_()` right after it is made"
+        snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
+        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
+                                            f"{at['indent']}{snippet}\n")
+        return f"{words}: `{snippet}` right after it is made", code(snippet, edit)
     return (f"{words}. `{name}` is a name leafwatch made up: name your tensor with `watch()`'s `name=` "
-            "or a key of `tensors=`")
+            "or a key of `tensors=`"), ADVICE
 
 
 __all__ = ["add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",
-           "framework", "is_code", "leaf_assignment", "model_tensor_code", "module_code", "module_to_call", "non_leaf",
+           "framework", "is_code", "leaf_assignment", "leaf_fix", "model_tensor_code", "module_code", "module_to_call",
            "parameter_fix", "tensor_code", "variable_for"]

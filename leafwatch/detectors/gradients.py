@@ -22,9 +22,10 @@ from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import causes, held, loop as stepping
+from . import causes, fixes, held, loop as stepping
 from .causes import Explanation
-from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, observed, silence_hint
+from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, missing_words, observed, transition
+from ..report.words import Members, Words, render, renders
 from .held import HeldState
 from .loop import LR_READ_EVERY, cleared_fix
 from ..observe.evidence import LISTS, LOSS, STEP, Evidence
@@ -41,14 +42,6 @@ STEADY_REFRESH = 50
 #: without a gradient, and at least twice its longest gap before: it stopped training.
 STALLED_AFTER = 100
 
-_TRACED_NOTHING = ("unknown: the forward hooks on {shown} saw the whole step and found no module-level "
-                   "cause: `{name}` is probably used outside any module's forward (in a function or the "
-                   "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
-                   "cut it. Pass `loss=` to check() to walk the loss's graph.")
-_GOT_IT_LATER = ("`{name}` got no gradient at first and got one again at step {step}: it is used at some "
-                 "steps only (routing, branches, alternating optimizers).")
-_PENDING_CAUSE = ("being traced: leafwatch armed forward hooks on `{module}` and will say why at "
-                  "the next check.")
 
 
 #: The reasons of a missing gradient whose cause is not known (yet): the hooks may still tell.
@@ -202,15 +195,15 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
     if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
             and _siblings_got_grads(clist, info):
         # The module never ran through its hooks, yet its other parameters got gradients.
-        explanation = causes.called_directly(name, info.module)
+        explanation = causes.called_directly(info.module)
     elif info is not None:
-        explanation = causes.explain_missing(name, info.module, info.attribute, tracer.records, tracer.armed_since_reset,
-                                              state._modules, ops_traced=tracer.ops_traced)
+        explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
+                                             state._modules, ops_traced=tracer.ops_traced)
     cut = _observed_cut(state, pid, tracer)
     if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
         # whole stays a module-level cause: an EMA target is told from a mistake by it).
-        explanation = causes.explain_cut(name, cut, pid, info.attribute if info is not None else "")
+        explanation = causes.explain_cut(cut, pid, info.attribute if info is not None else "")
     return explanation
 
 
@@ -225,7 +218,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
         # mistake. Whether it changes between checks tells them apart.
         found = held.target(state.held, p, name, old, explanation, step, lambda: missing_grad(
-            name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))
+            name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses))  # type: ignore[arg-type]
         if found is None:  # it changes by other means: a target, no longer followed
             state.changes += 1
             state.streak.pop(pid, None)
@@ -248,11 +241,10 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
                            else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
         out.append(Verdict.open(_stalled(kept, streak, _stall_limit(state, pid), checks_of_p, misses)))
         return
-    f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses,
-                     reachable=None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
-                     else pid in reachable, watched_from_start=state.from_start)
-    if explanation is None and reachable is None:
-        f = _unexplained(state, f, name, info, old)
+    if explanation is None:
+        explanation = _without_hooks(state, info, None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
+                                     else pid in reachable, old)
+    f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses)
     if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
         f = intermittent(f, checks_of_p, misses, step)
     f = _stalled(f, streak, _stall_limit(state, pid), checks_of_p, misses)
@@ -262,21 +254,6 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         # The same finding twice in a row: from now on it is counted, not worked out again.
         state._steady[pid] = (name, clist, misses)
         state._steady_changes += 1
-
-
-def _unexplained(state: GradientState, f: Finding, name: str, info: inventory.ParamInfo | None,
-                 old: Finding | None) -> Finding:
-    """A miss with no cause yet: pending until the hooks have traced a whole step, then unknown."""
-    traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
-    if state.diagnose and info is not None and not traced_before:
-        return f.replace(cause=_PENDING_CAUSE.format(module=info.module or "the model"),
-                         details={**f.details, "reason": "pending"})
-    if traced_before:
-        # Traced for a whole step and still nothing to say: the placeholder goes, the truth stays.
-        return f.replace(cause=_TRACED_NOTHING.format(name=name, module=info.module if info else "",
-                                                      shown=f"`{info.module}`" if info and info.module else "the model"),
-                         details={**f.details, "reason": "traced_nothing"})
-    return f
 
 
 def _observed_cut(state: GradientState, pid: int, tracer: tracing.Tracer) -> cuts.Cut | None:
@@ -304,8 +281,8 @@ def _recovered(state: GradientState, view: FindingsView, clist: CheckList, pid: 
         return []
     came = old.status != Status.PENDING and observed(old) == "pending"
     if came:  # the placeholder promised a cause at the next check: the gradient came instead
-        old = old.replace(cause=_GOT_IT_LATER.format(name=old.name, step=step),
-                          details={**{k: v for k, v in old.details.items() if k != "observed"}, "reason": "came_back"})
+        old = _came_back(old, step).replace(
+            status=old.status, first_step=old.first_step, last_step=old.last_step, steps_seen=old.steps_seen)
     if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
         state.held.suspects.pop(pid, None)
         old = intermittent(old, clist.checks_of(pid), state.misses.get(pid, 0), step)
@@ -362,11 +339,8 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
     """An intermittent tensor without a gradient for ``limit`` checks or more: open again, as a warning."""
     if misses >= checks_of_p or streak < limit:
         return f
-    return f.replace(
-        status=Status.OPEN, severity=Severity.WARNING, cause=f.cause, fix=f.fix,
-        message=f"`{f.name}` got gradients before, but none in {limit} or more checks in a row: "
-        "it stopped training.",
-        details={**f.details, "stalled_for": streak, "reason": "stalled", "observed": observed(f)})
+    return transition(f, "stalled", {"limit": limit}, stalled_for=streak).replace(
+        status=Status.OPEN, severity=Severity.WARNING)
 
 
 def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
@@ -441,90 +415,161 @@ def first_step_misses(checker: Any, _: object) -> Verdicts:
 
 
 # -- its words ---------------------------------------------------------------------------------
-def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation | None,
-                 info: inventory.ParamInfo | None = None, reachable: bool | str | None = None,
-                 checks: int | None = None, misses: int | None = None,
-                 watched_from_start: bool = False) -> Finding:
-    """A trainable tensor without a gradient.
-
-    ``reachable``: whether backward from the loss given reaches it (``"no_graph"``: that loss has
-    no autograd graph). ``watched_from_start`` says that a Monitor watched the run from its start,
-    so the audit's advice to create one would be wrong.
-    """
-    explained = explanation or _without_hooks(name, info, reachable, watched_from_start)
-    cause, fix, reason = explained.cause, explained.fix, explained.reason
-    details: dict[str, Any] = {"reason": reason}
-    if explanation is not None and explanation.group is not None:
+def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: Explanation,
+                 info: inventory.ParamInfo | None = None, checks: int | None = None,
+                 misses: int | None = None) -> Finding:
+    """A trainable tensor without a gradient, for the reason ``explanation`` gives (what the hooks and
+    the cut recorder saw, the loss's graph, or why nothing could be seen)."""
+    details: dict[str, Any] = {}
+    if explanation.group is not None:
         details["group"] = explanation.group  # every tensor cut at one place is one mistake
-    elif reason == "loss_without_graph":
+    elif explanation.reason == "loss_without_graph":
         details["group"] = "the loss given"  # one mistake: the loss, whichever tensors it misses
+    args = dict(explanation.args)
     if info is not None:
-        details["module"] = info.module
-        if reason in ("detached", "unused", "never_ran") or "group" in details and reason != "loss_without_graph":
-            fix = f"{fix}; {silence_hint(name, info.module)}"
+        details["module"] = args["module"] = info.module
     if checks is not None:
         details.update(checks=checks, steps_without_grad=misses)
-    return make(
-        "missing_grad", name, "error",
-        f"`{name}` requires grad but got no gradient: it does not train.",
-        cause, fix, tensor=t, step=step, aliases=info.aliases if info else (), **details,
-    )
+    return make("missing_grad", name, "error", explanation.reason, args, tensor=t, step=step,
+                aliases=info.aliases if info else (), **details)
 
 
-def _without_hooks(name: str, info: inventory.ParamInfo | None, reachable: bool | str | None,
-                   watched_from_start: bool) -> Explanation:
-    """Why a tensor has no gradient when no hook explained it: from the loss given (``reachable``),
-    else unknown, saying why leafwatch could not see more."""
-    use = f"use `{name}` in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+def _without_hooks(state: GradientState, info: inventory.ParamInfo | None, reachable: bool | str | None,
+                   old: Finding | None) -> Explanation:
+    """Why a tensor has no gradient when no hook explained it: from the loss given (``reachable``:
+    whether backward from it reaches the tensor, ``"no_graph"``: that loss has no autograd graph),
+    else pending while the hooks trace a step, else unknown, saying why leafwatch could not see more."""
     if reachable == "no_graph":
-        return Explanation(
-            cause="the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
-            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
-            fix="pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)",
-            reason="loss_without_graph")
-    if reachable is False:
-        return Explanation(
-            cause=f"`{name}` is not reachable from the loss: nothing in the loss depends on it (never used, or "
-            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-            fix=f"use `{name}` in the forward pass through torch ops only, or delete it", reason="unreachable")
-    if reachable is True:
-        return Explanation(
-            cause=f"`{name}` is reachable from the loss but has no gradient: backward() was not called "
-            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
-            fix="call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()",
-            reason="not_backpropagated")
-    if watched_from_start and info is None:
-        return Explanation(
-            cause=f"unknown: `{name}` is no parameter of the model, so leafwatch's module hooks cannot see "
-            "how it is used. Pass `loss=` to check() to walk the loss's graph.", fix=use, reason="unknown_not_a_parameter")
-    if watched_from_start:
-        return Explanation(
-            cause="unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
-            "walk the loss's graph.", fix=use, reason="unknown_hooks_off")
-    return Explanation(cause=UNKNOWN_CAUSE, fix=use, reason="unknown")
+        return Explanation("loss_without_graph", {})
+    if reachable is not None:
+        return Explanation("unreachable" if reachable is False else "not_backpropagated", {})
+    traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
+    if state.diagnose and info is not None and not traced_before:
+        return Explanation("pending", {"traced": info.module or "the model"})
+    if traced_before:  # traced for a whole step and still nothing to say: the placeholder goes, the truth stays
+        return Explanation("traced_nothing", {"traced": info.module if info else ""})
+    if state.from_start and info is None:
+        return Explanation("unknown_not_a_parameter", {})
+    return Explanation("unknown_hooks_off" if state.from_start else "unknown", {})
+
+
+def _use_it(m: Members) -> str:
+    return f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+
+
+@renders("missing_grad", "loss_without_graph", fixes="never")
+def _loss_without_graph(m: Members) -> Words:
+    return missing_words(
+        m, "the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+        "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
+        "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)")
+
+
+@renders("missing_grad", "unreachable", fixes="never")
+def _unreachable(m: Members) -> Words:
+    return missing_words(
+        m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
+        "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+        f"use {m.who} in the forward pass through torch ops only, or delete it")
+
+
+@renders("missing_grad", "not_backpropagated", fixes="never")
+def _not_backpropagated(m: Members) -> Words:
+    return missing_words(
+        m, f"{m.who} is reachable from the loss but has no gradient: backward() was not called "
+        "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
+        "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()")
+
+
+@renders("missing_grad", "unknown_not_a_parameter", fixes="never")
+def _unknown_not_a_parameter(m: Members) -> Words:
+    return missing_words(
+        m, f"unknown: {m.who} is no parameter of the model, so leafwatch's module hooks cannot see "
+        "how it is used. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+
+
+@renders("missing_grad", "unknown_hooks_off", fixes="never")
+def _unknown_hooks_off(m: Members) -> Words:
+    return missing_words(m, "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                         "walk the loss's graph.", _use_it(m))
+
+
+@renders("missing_grad", "unknown", fixes="never")
+def _unknown(m: Members) -> Words:
+    return missing_words(m, UNKNOWN_CAUSE, _use_it(m))
+
+
+@renders("missing_grad", "pending", fixes="never")
+def _pending(m: Members) -> Words:
+    return missing_words(m, f"being traced: leafwatch armed forward hooks on `{m.shared('traced', m.first['traced'])}` "
+                         "and will say why at the next check.", _use_it(m))
+
+
+@renders("missing_grad", "traced_nothing", fixes="never")
+def _traced_nothing(m: Members) -> Words:
+    traced = m.shared("traced", m.first["traced"])
+    return missing_words(
+        m, f"unknown: the forward hooks on {f'`{traced}`' if traced else 'the model'} saw the whole step and found "
+        f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
+        "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
+        "cut it. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+
+
+def _came_back(f: Finding, step: int) -> Finding:
+    """``missing_grad``/``came_back``: the placeholder promised a cause at the next check; the gradient came instead."""
+    return transition(f, "came_back", {"step": step})
+
+
+@renders("missing_grad", "came_back", fixes="never")
+def _came_back_words(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    before = render("missing_grad", reason, earlier)
+    return Words(before.message, f"{m.who} got no gradient at first and got one again at step {m.first['step']}: it "
+                 "is used at some steps only (routing, branches, alternating optimizers).", before.fix, before.remedy)
 
 
 def no_grad_at_all(names: Sequence[str], *, step: int | None,
                    optimizers: Sequence[torch.optim.Optimizer] = ()) -> Finding:
     """One finding for a check that found no gradient on any trainable tensor (every name an alias,
     so ``ignore=`` patterns on parameter names still apply)."""
-    return make(
-        "missing_grad", ALL_PARAMETERS, "error",
-        f"none of the {len(names)} trainable tensors has a gradient.",
+    variable = fixes.variable_for(optimizers[0]) if len(optimizers) == 1 else None
+    return make("missing_grad", ALL_PARAMETERS, "error", "no_grad_at_all", {
+        "count": len(names), "optimizer_variable": variable}, step=step, aliases=tuple(names), count=len(names))
+
+
+@renders("missing_grad", "no_grad_at_all")
+def _no_grad_at_all(m: Members) -> Words:
+    clear, remedy = cleared_fix(m.first["optimizer_variable"])
+    return Words(
+        f"none of the {m.first['count']} trainable tensors has a gradient.",
         "no gradient exists at all: the check ran before `loss.backward()` or after "
         "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
         "`step()` (then nothing trains).",
         "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
-        + cleared_fix(optimizers[0] if len(optimizers) == 1 else None) + ", never between `backward()` and `step()`",
-        step=step, aliases=tuple(names), reason="no_grad_at_all", count=len(names),
-    )
+        + clear + ", never between `backward()` and `step()`", remedy)
 
 
 def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
-    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``details["observed"]``)."""
-    return finding.replace(
-        severity="info", status="intermittent", last_step=step, cause=finding.cause, fix=finding.fix,
-        message=f"`{finding.name}` got no gradient in {misses} of {checks} checked steps "
-        "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
-        details={**{k: v for k, v in finding.details.items() if k != "pending"}, "checks": checks,  # it waits for nothing
-                 "steps_without_grad": misses, "reason": "intermittent", "observed": observed(finding)})
+    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``args["earlier"]``)."""
+    details = {k: v for k, v in finding.details.items() if k != "pending"}  # it waits for nothing
+    return transition(finding.replace(details=details), "intermittent", {"checks": checks, "misses": misses},
+                       checks=checks, steps_without_grad=misses).replace(
+        severity="info", status="intermittent", last_step=step)
+
+
+@renders("missing_grad", "intermittent", fixes="never")
+def _intermittent(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    before = render("missing_grad", reason, earlier)
+    a = m.first
+    return Words(f"{m.who} got no gradient in {a['misses']} of {a['checks']} checked steps "
+                 "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
+                 before.cause, before.fix, before.remedy)
+
+
+@renders("missing_grad", "stalled", fixes="never")
+def _stalled_words(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    before = render("missing_grad", reason, earlier)
+    return Words(f"{m.who} got gradients before, but none in {m.first['limit']} or more checks in a row: "
+                 "it stopped training.", before.cause, before.fix, before.remedy)

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
 from ..observe import changes
 from . import causes
-from .constructors import observed
+from .constructors import transition
+from ..report.words import Members, Words, render, renders
 from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.verdicts import Verdict, Verdicts
 
@@ -83,7 +83,7 @@ def target(state: HeldState, p: torch.Tensor, name: str, old: Finding | None, ex
         return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
     _settled(state, pid)
     state.decided.add(pid)
-    return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_a_target"))]
+    return [Verdict.hold(f), Verdict.confirm(f.key, _judged(f, "not_a_target"))]
 
 
 def layerdrop(state: HeldState, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
@@ -100,7 +100,7 @@ def layerdrop(state: HeldState, pid: int, f: Finding, layer: tuple[str, int], mi
     if chance >= changes.LAYERDROP_FALSE_ALARM and not sibling_open():
         return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
     state.decided.add(pid)
-    return [Verdict.hold(f), Verdict.confirm(f.key, **_judged(f, "not_layerdrop", misses), step=step, last_step=step)]
+    return [Verdict.hold(f), Verdict.confirm(f.key, _judged(f, "not_layerdrop", misses), step=step, last_step=step)]
 
 
 def _settled(state: HeldState, pid: int) -> None:
@@ -116,31 +116,57 @@ def decide(state: HeldState, f: Finding) -> Finding | None:
         verdict = state.evidence.verdict(t, final=True) if t is not None else "unknown"
         if verdict == "changed":
             return None
-        return f.replace(status=Status.OPEN, **_judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided"))
+        return _judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided")
     if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= changes.LAYERDROP_END_OF_RUN:
-        return f.replace(**_judged(f, "layerdrop_undecided"))
+        return _judged(f, "layerdrop_undecided")
     return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
-def _judged(f: Finding, outcome: str, misses: int = 0) -> dict[str, Any]:
-    """The words of a held miss the evidence decided (``outcome``, its reason), written together
-    around the cause and fix observed (``details["observed"]``)."""
-    chance, message, cause, more = float(f.details.get("chance", 1.0)), f.message, f.cause, {}
-    details = {**{k: v for k, v in f.details.items() if k != "pending"}, "observed": observed(f)}
+def _judged(f: Finding, outcome: str, misses: int = 0) -> Finding:
+    """A held miss the evidence decided: ``outcome`` is its reason, whose renderer writes its words
+    around the cause and fix observed (the earlier reason's arguments)."""
+    chance = float(f.details.get("chance", 1.0))
+    held = f.replace(details={k: v for k, v in f.details.items() if k != "pending"})
     if outcome == "not_a_target":  # it did not change by other means either
-        cause += " It did not change between checks either (no EMA or target update): nothing trains it."
-        details.update(changed=False, reason="not_a_target")
-    elif outcome == "target_undecided":  # the run ended first
-        message, more = (f"`{f.name}` got no gradient, and the run ended before leafwatch could tell whether "
-                         "something else updates it (an EMA target)."), {"severity": Severity.WARNING}
-        details.update(reason="target_undecided")
-    elif outcome == "not_layerdrop":  # its siblings ran at every check it missed
-        cause += (f" Its siblings in `{f.details['container']}` ran: skipped at all {misses} checks, it is no layer "
-                  f"dropped at random (chance {chance:.1e}).")
-        details.update(reason="not_layerdrop")
-    else:  # too short a run to tell
-        message, more = (f"`{f.name}` never ran in the {f.details.get('steps_without_grad')} checked steps, which a random "
-                         f"layer drop explains with chance {chance:.1e}: too short a run to tell LayerDrop from a layer "
-                         "that is never called."), {"status": Status.INTERMITTENT, "severity": Severity.INFO}
-        details.update(reason="layerdrop_undecided")
-    return {**more, "message": message, "cause": cause, "fix": f.fix, "details": details}
+        return transition(held, outcome, {}, changed=False).replace(status=Status.OPEN)
+    if outcome == "target_undecided":  # the run ended first
+        return transition(held, outcome, {}).replace(status=Status.OPEN, severity=Severity.WARNING)
+    if outcome == "not_layerdrop":  # its siblings ran at every check it missed
+        return transition(held, outcome, {"container": f.details["container"], "misses": misses, "chance": chance})
+    # too short a run to tell
+    return transition(held, outcome, {"steps": f.details.get("steps_without_grad"), "chance": chance}).replace(
+        status=Status.INTERMITTENT, severity=Severity.INFO)
+
+
+def _earlier_words(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    return render("missing_grad", reason, earlier)
+
+
+@renders("missing_grad", "not_a_target", fixes="never")
+def _not_a_target(m: Members) -> Words:
+    before = _earlier_words(m)
+    return Words(before.message, before.cause + " It did not change between checks either (no EMA or target update): "
+                 "nothing trains it.", before.fix, before.remedy)
+
+
+@renders("missing_grad", "target_undecided", fixes="never")
+def _target_undecided(m: Members) -> Words:
+    before = _earlier_words(m)
+    return Words(f"{m.who} got no gradient, and the run ended before leafwatch could tell whether "
+                 "something else updates it (an EMA target).", before.cause, before.fix, before.remedy)
+
+
+@renders("missing_grad", "not_layerdrop", fixes="never")
+def _not_layerdrop(m: Members) -> Words:
+    before, a = _earlier_words(m), m.first
+    return Words(before.message, before.cause + f" Its siblings in `{a['container']}` ran: skipped at all {a['misses']} "
+                 f"checks, it is no layer dropped at random (chance {a['chance']:.1e}).", before.fix, before.remedy)
+
+
+@renders("missing_grad", "layerdrop_undecided", fixes="never")
+def _layerdrop_undecided(m: Members) -> Words:
+    before, a = _earlier_words(m), m.first
+    return Words(f"{m.who} never ran in the {a['steps']} checked steps, which a random layer drop explains with "
+                 f"chance {a['chance']:.1e}: too short a run to tell LayerDrop from a layer that is never called.",
+                 before.cause, before.fix, before.remedy)

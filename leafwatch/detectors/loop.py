@@ -34,6 +34,7 @@ from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts
 from . import fixes
 from .constructors import make, observed
+from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
 LR_READ_EVERY = 10
@@ -107,12 +108,7 @@ def _resumed(state: ClearedGradients, view: FindingsView, pid: int, step: int, t
     old = view.get(("grad_cleared", name))
     if old is None or old.status != Status.OPEN:
         return []
-    since = "it has trained since" if trained else "backward has not reached it since"
-    return [Verdict.set(old.replace(  # the words of the clearing stay, with its end
-            status=Status.RESOLVED, last_step=step, cause=old.cause, fix=old.fix,
-            message=f"`{name}`'s gradient was cleared before the optimizer step from step "
-            f"{old.first_step} to step {old.last_step}; {since}.",
-            details={**old.details, "reason": "clearing_ended", "observed": observed(old)}))]
+    return [Verdict.set(clearing_ended(old, step, trained))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -306,12 +302,14 @@ def about_to_step(state: LoopState, sentinels: StepSentinels, view: FindingsView
 # -- its words ---------------------------------------------------------------------------------
 _CLEARED_CAUSE = ("gradients arrived in backward and were cleared before the optimizer step: "
                   "`zero_grad()` is called between `backward()` and `step()`")
-def cleared_fix(optimizer: Any = None, variables: Any = None) -> str:
-    """Where ``zero_grad()`` belongs, on the user's optimizer variable when known."""
-    variable = fixes.variable_for(optimizer, variables) if optimizer is not None else None
+
+
+def cleared_fix(variable: str | None) -> tuple[str, Remedy]:
+    """Where ``zero_grad()`` belongs, on the user's optimizer ``variable`` when known (words without it)."""
     if variable is not None:
-        return f"call `{variable}.zero_grad()` before the forward pass (or right after `{variable}.step()`)"
-    return "call your optimizer's `zero_grad()` before the forward pass (or right after its `step()`)"
+        return (f"call `{variable}.zero_grad()` before the forward pass (or right after `{variable}.step()`)",
+                code(f"{variable}.zero_grad()"))
+    return "call your optimizer's `zero_grad()` before the forward pass (or right after its `step()`)", ADVICE
 
 
 def _listed(names: list[str], limit: int = 3) -> str:
@@ -321,69 +319,108 @@ def _listed(names: list[str], limit: int = 3) -> str:
 
 def grad_cleared_all(where: str, names: list[str], *, step: int | None, optimizer: Any = None) -> Finding:
     """Every gradient of the optimizer about to step arrived in backward and was cleared."""
+    variable = fixes.variable_for(optimizer) if optimizer is not None else None
+    return make("grad_cleared", where, "error", "cleared", {"tensors": list(names), "optimizer_variable": variable},
+                step=step, aliases=names, tensors=len(names))
+
+
+@renders("grad_cleared", "cleared")
+def _cleared(m: Members) -> Words:
+    names = m.first["tensors"]
     n = len(names)
-    return make(
-        "grad_cleared", where, "error",
-        f"`{where}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
+    fix, remedy = cleared_fix(m.first["optimizer_variable"])
+    return Words(
+        f"`{m.name}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
         f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
-        _CLEARED_CAUSE + ".", cleared_fix(optimizer),
-        step=step, aliases=names, reason="cleared", tensors=n,
-    )
+        _CLEARED_CAUSE + ".", fix, remedy)
 
 
 def grad_cleared(name: str, t: torch.Tensor, *, where: str, step: int | None,
                  aliases: Iterable[str] = ()) -> Finding:
     """Some gradients of the optimizer about to step were cleared after backward (a schedule)."""
-    return make(
-        "grad_cleared", name, "info",
-        f"`{name}` got its gradient in backward(), but it was cleared before `{where}` stepped: "
+    return make("grad_cleared", name, "info", "cleared_on_purpose", {"optimizer": where}, tensor=t, step=step,
+                aliases=aliases, optimizer=where)
+
+
+@renders("grad_cleared", "cleared_on_purpose", fixes="never")
+def _cleared_on_purpose(m: Members) -> Words:
+    where = m.shared("optimizer") or "its optimizer"
+    return Words(
+        f"{m.who} got its gradient in backward(), but it was cleared before `{where}` stepped: "
         "it does not train at this step.",
-        f"backward reached `{name}`; the training loop cleared its gradient (`.grad = None` or "
+        f"backward reached {m.who}; the training loop cleared its gradient (`.grad = None` or "
         f"`zero_()`) before the step while the other tensors of `{where}` kept theirs: a schedule "
         "that withholds gradients on purpose (a layer frozen for the first epoch, a head held back "
         "during warm-up), which resumes later.",
-        "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop "
-        f"clearing `{name}.grad` between backward() and step()",
-        tensor=t, step=step, aliases=aliases, reason="cleared_on_purpose", optimizer=where,
-    )
+        "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop clearing "
+        + (f"`{m.name}.grad`" if m.single else f"the `.grad` of {m.who}") + " between backward() and step()")
+
+
+def clearing_ended(old: Finding, step: int, trained: bool) -> Finding:
+    """``grad_cleared``/``clearing_ended``: a tensor cleared before is not now (``trained``: it kept its gradient)."""
+    ended = make("grad_cleared", old.name, old.severity, "clearing_ended", {
+        "earlier": {"reason": old.reason, "args": dict(old.args)}, "from_step": old.first_step,
+        "to_step": old.last_step, "trained": trained}, step=old.step, aliases=old.aliases,
+        **{k: v for k, v in old.details.items() if k not in ("reason", "observed", "applicability")},
+        observed=observed(old))
+    return ended.replace(status=Status.RESOLVED, first_step=old.first_step, last_step=step, steps_seen=old.steps_seen,
+                         shape=old.shape, dtype=old.dtype, device=old.device)
+
+
+@renders("grad_cleared", "clearing_ended")
+def _clearing_ended(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    before = render("grad_cleared", reason, earlier)
+    since = "it has trained since" if m.first["trained"] else "backward has not reached it since"
+    return Words(
+        f"{m.who}'s gradient was cleared before the optimizer step from step {m.first['from_step']} to step "
+        f"{m.first['to_step']}; {since}.", before.cause, before.fix, before.remedy)
 
 
 def zero_lr(where: str, names: list[str], *, configured: float, since: int | None, steps: int,
             step: int | None, scheduler: str | None, managed: bool) -> Finding:
     """A param group stepped with a learning rate of 0 for many checks while it gets gradients."""
+    return make("no_update", where, "warning", "zero_lr", {
+        "tensors": list(names), "configured": configured, "since": since, "steps": steps, "scheduler": scheduler,
+        "managed": managed}, step=step, aliases=names, configured_lr=configured, zero_since_step=since, scheduler=scheduler)
+
+
+@renders("no_update", "zero_lr", fixes="never")
+def _zero_lr(m: Members) -> Words:
+    a = m.first
+    scheduler, configured = a["scheduler"], a["configured"]
     if scheduler is not None:
         cause = (f"its learning rate scheduler `{scheduler}` sets lr to 0 (its `initial_lr` is "
                  f"{configured:g}): the schedule returns 0 at every step.")
         fix = (f"check `{scheduler}`'s schedule: it should give a non-zero factor after warm-up "
                "(e.g. `LambdaLR` multiplies `initial_lr` by what its function returns)")
-    elif managed:
+    elif a["managed"]:
         cause = (f"a learning rate scheduler sets lr to 0 (the group's `initial_lr` is {configured:g}): "
                  "the schedule returns 0 at every step.")
         fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
     else:
         cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
         fix = "find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if that is intended"
-    return make(
-        "no_update", where, "warning",
-        f"`{where}` ({_listed(names)}) has stepped with lr 0 for {steps} steps or more (0 at every "
-        f"reading since step {since}): "
-        "its tensors get gradients and never change.",
-        cause, fix, step=step, aliases=names, reason="zero_lr", configured_lr=configured,
-        zero_since_step=since, scheduler=scheduler,
-    )
+    return Words(
+        f"`{m.name}` ({_listed(a['tensors'])}) has stepped with lr 0 for {a['steps']} steps or more (0 at every "
+        f"reading since step {a['since']}): its tensors get gradients and never change.", cause, fix)
 
 
 def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None) -> Finding:
     """An optimizer whose step was skipped many times in a row (a GradScaler and NaN/Inf)."""
+    return make("no_update", where, "warning", "skipped_steps", {"skipped": skipped, "since": since}, step=step,
+                aliases=tuple(names), skipped=skipped, since_step=since)
+
+
+@renders("no_update", "skipped_steps", fixes="never")
+def _skipped_steps(m: Members) -> Words:
     seen = " (see the `nonfinite_grad` findings)"
-    return make(
-        "no_update", where, "warning",
-        f"`{where}` has not stepped for {skipped} steps: backward ran, but `optimizer.step()` "
+    return Words(
+        f"`{m.name}` has not stepped for {m.first['skipped']} steps: backward ran, but `optimizer.step()` "
         "was not called, so its tensors do not change.",
         "an AMP `GradScaler` skips `optimizer.step()` whenever the gradients hold NaN or Inf and "
-        f"halves its scale: the gradients have been non-finite at every step since step {since}{seen}, "
+        f"halves its scale: the gradients have been non-finite at every step since step {m.first['since']}{seen}, "
         "so the scale collapses and nothing trains.",
         "find the first op that gives NaN/Inf (`torch.autograd.detect_anomaly()` for one step): "
-        "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after `scaler.unscale_()`)",
-        step=step, aliases=tuple(names), reason="skipped_steps", skipped=skipped, since_step=since,
-    )
+        "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after "
+        "`scaler.unscale_()`)")

@@ -27,7 +27,8 @@ from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
 from ..observe.structure import appeared
-from .constructors import make, silence_hint
+from .constructors import make, silence
+from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 from ..report.verdicts import Verdict, Verdicts
 
 
@@ -133,7 +134,7 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
         return Verdict.drop(f.key)
     if rule == "wait" or checks <= state.grace:
         return None  # the value evidence, or an optimizer that steps late, may still come
-    return Verdict.confirm(f.key, **_words(_decide(state, f, info, t, step, checks, inv)), step=step, last_step=step)
+    return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv), step=step, last_step=step)
 
 
 def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *, final: bool = False) -> str:
@@ -159,11 +160,13 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
     if outside is not None:
         decided = _outside_root_finding(info, t, step, outside, inv)
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
-    decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
     if state.grace and checks:  # late (no check ran: the structure's words)
-        decided = _late(f.name, holder, decided, inv, final, checks)
-    elif f.details.get("reason") == "unfrozen_after":  # the structure's words for it, kept whole
-        decided = f.replace(details={**decided.details, "reason": f.details["reason"]})
+        decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
+                                                          inventory=inv), inv, final, checks)
+    elif f.reason == "unfrozen_after":  # the structure's words for it, kept whole
+        decided = f
+    else:
+        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
     details = _without_pending(decided)
     if f.first_step is not None and step > f.first_step:
         details["decided_step"] = step
@@ -202,9 +205,24 @@ def _late(name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: I
         variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
                                       inv.fix_names if inv is not None else None)
         return _never_stepped(name, (variable or "", type(holder).__name__), checks, base, severity)
-    message = f"`{name}` requires grad but no optimizer that stepped in {checks} checks holds it: it never changes."
-    return base.replace(severity=severity, message=message, details={  # why it is out
-        **base.details, "late_optimizer": True, "reason": "no_optimizer_stepped", "observed": base.details["reason"]})
+    return make("not_in_optimizer", name, severity, "no_optimizer_stepped", {
+        "earlier": {"reason": base.reason, "args": dict(base.args)}, "checks": checks}, step=base.step,
+        aliases=base.aliases, shape=base.shape, dtype=base.dtype, device=base.device,
+        **_bookkeeping(base), late_optimizer=True, observed=base.reason)
+
+
+@renders("not_in_optimizer", "no_optimizer_stepped")
+def _no_optimizer_stepped(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    why = render("not_in_optimizer", reason, earlier)  # why it is out
+    return Words(f"{m.who} requires grad but no optimizer that stepped in {m.first['checks']} checks holds it: "
+                 "it never changes.", why.cause, why.fix, why.remedy)
+
+
+def _bookkeeping(f: Finding) -> dict[str, Any]:
+    """A finding's details that are no words and no mirror of them: what a decision made of it keeps."""
+    return {k: v for k, v in f.details.items()
+            if k not in ("reason", "applicability", "observed", "pending", "late_optimizer", "holder")}
 
 
 def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
@@ -217,7 +235,8 @@ def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or _gradient_rule(state, hand, t, final=True) == "quiet":
         return None
-    return f.replace(status=Status.OPEN, **_words(_decide(state, f, info, t, step, checks, inv, final=True)))
+    decided = _decide(state, f, info, t, step, checks, inv, final=True)
+    return decided.replace(status=Status.OPEN, first_step=f.first_step, steps_seen=f.steps_seen)
 
 
 def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
@@ -228,8 +247,9 @@ def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
     for f in view:
         if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
             decided = f.replace(severity=Severity.ERROR, last_step=step)
-            if f.details.get("reason") == "never_stepped":
-                decided = _never_stepped(f.name, tuple(f.details["holder"]), checks, decided, Severity.ERROR)
+            if f.reason == "never_stepped":
+                decided = _never_stepped(f.name, tuple(f.args["holder"]), checks, decided, Severity.ERROR).replace(
+                    first_step=f.first_step, last_step=step, steps_seen=f.steps_seen)
             out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
     return out
 
@@ -238,87 +258,116 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
                      got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
     """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
     name = info.name
-    if got_grad is None:
-        message = f"`{name}` requires grad but is in no optimizer: nothing steps it."
-    elif got_grad:
-        message = f"`{name}` requires grad but is in no optimizer: it gets gradients and never changes."
-    else:
-        message = (f"`{name}` requires grad but is in no optimizer, and no gradient reached it at this "
-                   "step either: it never trains.")
     seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
+    args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:
-        return _created_after(info, p, seen, message, step, inventory, saw)
+        where, function = seen
+        args.update(created_at=where, function=function, created=fixes.outside_module(info.name, inventory) or name,
+                    lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning")
+        return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
+                    aliases=info.aliases, **saw)
     if info.buffer:
-        return make("not_in_optimizer", name, "error", message,
-            f"`{name}` is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
-            "so the optimizer was built without it.",
-            _buffer_fix(info), tensor=p, step=step, aliases=info.aliases, reason="buffer_requires_grad", **saw)
-    return make("not_in_optimizer", name, "error", message,
-        f"`{name}` was left out when the optimizer's parameter list was built.",
-        f"{_add_fix(name, inventory)}; or freeze it with `requires_grad_(False)`; "
-        + silence_hint(name, info.module),
-        tensor=p, step=step, aliases=info.aliases, reason="left_out", **saw)
+        return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
+                    tensor=p, step=step, aliases=info.aliases, **saw)
+    return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
 
 
-def _created_after(info: ParamInfo, p: torch.Tensor, seen: tuple[str, str], message: str, step: int | None,
-                   inv: Inventory, saw: dict[str, bool]) -> Finding:
-    """``not_in_optimizer``/``created_after_optimizer``: the registration hooks saw the user's code
-    create it while leafwatch was watching, after its optimizer was built."""
-    where, function = seen
-    module = fixes.outside_module(info.name, inv) or info.name
-    cause = (f"`{module}` was created at {where} in `{function}`, after the optimizer was built: the "
+def _in_no_optimizer(m: Members) -> str:
+    """The message of a tensor in no optimizer, by what the check saw of its gradient."""
+    got_grad = m.shared("got_grad", m.first.get("got_grad"))
+    if got_grad is None:
+        return f"{m.who} requires grad but is in no optimizer: nothing steps it."
+    if got_grad:
+        return f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes."
+    return (f"{m.who} requires grad but is in no optimizer, and no gradient reached it at this "
+            "step either: it never trains.")
+
+
+def _add_args(name: str, inv: Inventory | None) -> dict[str, Any]:
+    """What the fix that gives the model's tensor ``name`` to the user's optimizer needs: the
+    optimizer (``target``), the module the user assigned when all of it is left out
+    (``module_params``: ``model.aux_head.parameters()``), else the tensor's code (``param_code``)."""
+    if inv is None:
+        return {"target": {}, "module_params": None, "param_code": None}
+    module = fixes.outside_module(name, inv)
+    code_ = fixes.model_tensor_code(module, inv) if module else None
+    return {"target": fixes.inventory_target(inv),
+            "module_params": fixes.trainable_params_code(code_, inv.modules[module]) if code_ is not None else None,
+            "param_code": fixes.model_tensor_code(name, inv)}
+
+
+def _add(m: Members, what: str = "it") -> tuple[str, Remedy]:
+    """:func:`~leafwatch.detectors.fixes.add_words` for the tensors of ``m`` (:func:`_add_args`)."""
+    params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
+    return fixes.add_words(params, m.first["target"], what)
+
+
+@renders("not_in_optimizer", "left_out")
+def _left_out(m: Members) -> Words:
+    add, remedy = _add(m)
+    hint = silence(m)
+    return Words(_in_no_optimizer(m), f"{m.who} was left out when the optimizer's parameter list was built.",
+                 f"{add}; or freeze it with `requires_grad_(False)`" + (f"; {hint}" if hint else ""), remedy)
+
+
+@renders("not_in_optimizer", "created_after_optimizer")
+def _created_after(m: Members) -> Words:
+    """The registration hooks saw the user's code create it while leafwatch was watching, after its
+    optimizer was built."""
+    a = m.first
+    module, function = a["created"], a["function"]
+    cause = (f"`{module}` was created at {a['created_at']} in `{function}`, after the optimizer was built: the "
              "optimizer's parameter list was made before it existed.")
-    if fixes.framework(inv.model, inv.fix_names) == "lightning":
-        fix = (f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
-               f"`{function}` runs after the optimizers are built")
-    else:
-        fix = f"create `{module}` before the optimizer is built; or {_add_fix(info.name, inv)}"
-    return make("not_in_optimizer", info.name, "error", message, cause, fix, tensor=p, step=step,
-                aliases=info.aliases, reason="created_after_optimizer", **saw)
+    if a["lightning"]:
+        return Words(_in_no_optimizer(m), cause,
+                     f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
+                     f"`{function}` runs after the optimizers are built")
+    add, remedy = _add(m)
+    return Words(_in_no_optimizer(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 
-def _buffer_fix(info: ParamInfo) -> str:
+@renders("not_in_optimizer", "buffer_requires_grad", fixes="never")
+def _buffer_requires_grad(m: Members) -> Words:
     """A buffer meant as a parameter: register it as one where it is registered now (words: the
     tensor it registers is the user's expression, which leafwatch does not see)."""
-    return (f"make `{info.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built, so that `parameters()` (and the optimizer) holds it")
-
-
-def _add_fix(name: str, inv: Inventory | None) -> str:
-    """Give the model's tensor ``name`` to the user's optimizer: the module the user assigned when
-    all of it is left out (``model.aux_head.parameters()``), else the tensor."""
-    if inv is None:
-        return fixes.add_to_optimizer(None)
-    module = fixes.outside_module(name, inv)
-    code = fixes.model_tensor_code(module, inv) if module else None
-    if code is not None:
-        return fixes.add_to_optimizer(fixes.trainable_params_code(code, inv.modules[module]), inv.optimizers,
-                                      model=inv.model, known=inv.variables, cache=inv.fix_names)
-    return fixes.give_to_optimizer([name], inv)
+    return Words(
+        _in_no_optimizer(m),
+        f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
+        "so the optimizer was built without it.",
+        f"make `{m.first['attribute']}` a parameter where the module registers it: pass the same tensor, wrapped in "
+        "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+        "is built, so that `parameters()` (and the optimizer) holds it")
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
     """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
     ``step()`` is never called; the fix is that call, on the user's variable for the optimizer.
-    ``holder``: that variable ("" when none) and the optimizer's class, kept in the details for
+    ``holder``: that variable ("" when none) and the optimizer's class, kept in the arguments for
     the end of the run (the optimizer may be gone with the script)."""
-    variable, cls = holder
+    return make("not_in_optimizer", name, severity, "never_stepped", {
+        "holder": list(holder), "checks": checks, "final": severity == Severity.ERROR}, step=base.step,
+        aliases=base.aliases, shape=base.shape, dtype=base.dtype, device=base.device, **_bookkeeping(base),
+        late_optimizer=True, holder=list(holder))
+
+
+@renders("not_in_optimizer", "never_stepped")
+def _never_stepped_words(m: Members) -> Words:
+    (variable, cls), a = m.first["holder"], m.first
     if variable:
         article = "an" if cls[:1] in "AEIOU" else "a"
-        holder, fix = f"`{variable}` ({article} `{cls}`)", (f"call `{variable}.step()` after the backward pass that "
-                                                     f"computes its gradients, as for the optimizers that step")
+        holder = f"`{variable}` ({article} `{cls}`)"
+        fix = f"call `{variable}.step()` after the backward pass that computes its gradients, as for the optimizers that step"
+        remedy = code(f"{variable}.step()")
     else:
-        holder, fix = f"the `{cls}` that holds it", (f"call `step()` on the `{cls}` that holds it after the "
-                                                     "backward pass that computes its gradients")
-    return base.replace(
-        severity=severity,
-        message=f"`{name}` is held only by an optimizer that "
-                f"{'never stepped' if severity == Severity.ERROR else 'has not stepped'} in {checks} checks: it never changes.",
-        cause=f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
-        fix=fix,
-        details={**base.details, "late_optimizer": True, "reason": "never_stepped", "holder": [variable, cls]})
+        holder = f"the `{cls}` that holds it"
+        fix = f"call `step()` on the `{cls}` that holds it after the backward pass that computes its gradients"
+        remedy = ADVICE
+    return Words(
+        f"{m.who} is held only by an optimizer that {'never stepped' if a['final'] else 'has not stepped'} in "
+        f"{a['checks']} checks: it never changes.",
+        f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
+        fix, remedy)
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
@@ -331,36 +380,40 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     variable ("" when unknown). The module is code in the fix only when the user's code for it
     is known (its variable, or its path from the Trainer); a root named by its class is words."""
     root, optimizer = names
-    base = not_in_optimizer(info, t, step=step, got_grad=True, inventory=inv)
     module = inv.roots.get(root) if inv is not None else None
-    code = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
+    code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
-    if code:
-        add = fixes.add_to_optimizer(fixes.trainable_params_code(code, module), inv.optimizers, model=inv.model, what="it",  # type: ignore[union-attr]
-                                     variable=optimizer or None, known=inv.variables, cache=inv.fix_names)  # type: ignore[union-attr]
-        frozen = f"`{code}.requires_grad_(False)`"
+    args = {"root": root, "code": code_, "module_params": fixes.trainable_params_code(code_, module) if code_ else None,
+            "target": fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else {}}
+    return make("not_in_optimizer", info.name, "error" if chosen else "warning",
+                "chosen_outside" if chosen else "root_outside", args, tensor=t, step=step, aliases=info.aliases,
+                got_grad=True, root=root, optimizer=optimizer)
+
+
+def _outside_root_words(m: Members) -> tuple[str, str, tuple[str, Remedy]]:
+    a = m.first
+    owner = f"`{a['root']}`" if a["root"] else "its module"
+    if a["code"]:
+        add = fixes.add_words(a["module_params"], a["target"], "it")
     else:
-        add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)"
-        frozen = "`requires_grad_(False)` on it"
-    owner = f"`{root}`" if root else "its module"
-    message = f"`{info.name}` gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
-    details = {**base.details, "root": root, "optimizer": optimizer}
-    if chosen:
-        return base.replace(
-            severity=Severity.ERROR, message=message,
-            cause=f"no optimizer holds {owner} (none of its tensors), and only some of its tensors require grad: "
-            "the ones chosen to train (adapters on a frozen base) were left out of the optimizer.",
-            fix=add, details={**details, "reason": "chosen_outside"})
-    return base.replace(
-        severity=Severity.WARNING, message=message,
-        cause=f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
-        "fixed network that still requires grad.",
-        fix=f"{add}; or, if it should stay fixed, {frozen}", details={**details, "reason": "root_outside"})
+        add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)", ADVICE
+    message = f"{m.who} gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
+    return owner, message, add
 
 
-def _words(decided: Finding) -> dict[str, Any]:
-    """A decided finding's words, one builder's, taken whole onto the held finding it decides."""
-    return {k: getattr(decided, k) for k in ("message", "severity", "cause", "fix", "details")}
+@renders("not_in_optimizer", "chosen_outside")
+def _chosen_outside(m: Members) -> Words:
+    owner, message, (add, remedy) = _outside_root_words(m)
+    return Words(message, f"no optimizer holds {owner} (none of its tensors), and only some of its tensors require "
+                 "grad: the ones chosen to train (adapters on a frozen base) were left out of the optimizer.", add, remedy)
+
+
+@renders("not_in_optimizer", "root_outside")
+def _root_outside(m: Members) -> Words:
+    owner, message, (add, remedy) = _outside_root_words(m)
+    frozen = f"`{m.first['code']}.requires_grad_(False)`" if m.first["code"] else "`requires_grad_(False)` on it"
+    return Words(message, f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
+                 "fixed network that still requires grad.", f"{add}; or, if it should stay fixed, {frozen}", remedy)
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from ..observe.inventory import describe_tensor
 from ..observe.sharding import GradientView
 from ..report.findings import Finding
 from ..report.verdicts import Verdict, Verdicts
-from .constructors import observed
+from .constructors import make, transition
+from ..report.words import ADVICE, Members, Words, has_renderer, render, renders
 
 _ACTIVE_STATUSES = ("open", "intermittent")
 
@@ -87,24 +87,30 @@ def sharded_finding(view: GradientView, step: int | None) -> Finding | None:
     words = _SHARDED.get(view.strategy)
     if words is None or not view.skip:
         return None
-    return Finding.new(
-        "missing_grad", words.name, "info",
-        f"{words.label}: the gradient check is skipped for {len(view.skip)} parameter(s): their .grad "
-        "cannot tell a missing gradient from a zero one.",
-        words.cause, words.fix, step=step, reason="sharded_gradients", strategy=words.label,
+    return make("missing_grad", words.name, "info", "sharded_gradients", {
+        "strategy": view.strategy, "parameters": len(view.skip)}, step=step, strategy=words.label,
         parameters=len(view.skip), ignored_because=words.because or f"gradients are sharded by {words.label}",
     ).replace(status="ignored")
 
 
+@renders("missing_grad", "sharded_gradients", fixes="never")
+def _sharded_gradients(m: Members) -> Words:
+    words = _SHARDED[m.first["strategy"]]
+    return Words(f"{words.label}: the gradient check is skipped for {m.first['parameters']} parameter(s): their .grad "
+                 "cannot tell a missing gradient from a zero one.", words.cause, words.fix)
+
+
 def unused_on_rank(p: torch.Tensor, name: str, step: int) -> Finding:
     """A parameter this rank did not use although DDP (``find_unused_parameters=True``) gave it a gradient."""
-    return Finding.new(
-        "missing_grad", name, "error",
-        f"`{name}` requires grad but got no gradient on this rank.",
-        "its gradient was not computed on this rank in this step (its module did not "
-        "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
-        "filled its .grad with the average from the ranks that used it.",
-        "", step=step, **describe_tensor(p), reason="unused_on_rank", source="ddp_use")
+    return make("missing_grad", name, "error", "unused_on_rank", {}, tensor=p, step=step, source="ddp_use")
+
+
+@renders("missing_grad", "unused_on_rank", fixes="never")
+def _unused_on_rank(m: Members) -> Words:
+    return Words(f"{m.who} requires grad but got no gradient on this rank.",
+                 "its gradient was not computed on this rank in this step (its module did not "
+                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
+                 "filled its .grad with the average from the ranks that used it.", "")
 
 
 def _ranks_words(ranks: Sequence[int]) -> str:
@@ -141,8 +147,7 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
         chosen = seen[min(ranks, key=lambda r: (seen[r].sort_key(), r))]  # the first in the one order of findings
         merged = chosen.replace(ranks=ranks, step=step if step is not None else chosen.step)
         if key[0] == "missing_grad" and active:
-            merged = _merged_missing(merged, active, world_size, ddp_unused,
-                                     {r: seen[r].cause for r in active}, strategy == "plain")
+            merged = _merged_missing(merged, active, world_size, ddp_unused, seen[active[0]], strategy == "plain")
         out.append(merged)
     out.sort(key=Finding.sort_key)
     return out
@@ -158,47 +163,70 @@ def judge(gatherer: Any, gathered: tuple[int, Sequence[Sequence[Finding]], str])
 
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,
-                    causes: Mapping[int, str], plain: bool = True) -> Finding:
-    if f.details.get("reason") == "sharded_gradients":
+                    first_without: Finding, plain: bool = True) -> Finding:
+    """A missing gradient merged across ranks: on every rank (a dead parameter), or on some only (per-rank
+    branching); ``first_without``: the finding of the first rank without the gradient."""
+    if f.reason == "sharded_gradients":
         return f
     details = {**f.details, "ranks_without_grad": list(active), "world_size": world_size}
-    if len(active) == world_size and f.status != "open":
-        return f.replace(details=details)  # intermittent on every rank: its own words stand
-    details["observed"] = observed(f)
+    if len(active) == world_size and f.status != "open" or not has_renderer(f.kind, f.reason):
+        return f.replace(details=details)  # intermittent on every rank (or made by hand): its own words stand
     if len(active) == world_size:
-        note, fix = "", f.fix
-        if plain and ddp_unused is False:
-            note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
-                    f"with \"{DDP_NEXT_STEP_ERROR}\".")
-            fix = DDP_FIX
-        elif plain and ddp_unused is None:
-            note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
-                    f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
-            fix = (f"{f.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
-                   "(or `static_graph=True`) to DistributedDataParallel")
-        return f.replace(
-            message=f.message.rstrip(".") + " (no gradient on any rank).",
-            cause=f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {f.cause}{note}",
-            fix=fix, details={**details, "reason": "no_grad_on_any_rank"})
+        ddp = None if not plain else "unused_false" if ddp_unused is False else "unknown" if ddp_unused is None else None
+        return transition(f.replace(details=details), "no_grad_on_any_rank", {"ddp": ddp})
     others = [r for r in range(world_size) if r not in active]
-    where = _ranks_words(active)
-    message = (f"`{f.name}` got no gradient on {where} only (it got one on {_ranks_words(others)}): "
-               "per-rank branching, a different bug from a dead layer.")
-    cause = (f"the forward pass takes a rank-dependent path: on {where} `{f.name}` is not used "
-             "(a branch on the rank, or data-dependent routing that differs between ranks). "
-             f"On {where}: {causes[active[0]]}")
+    args = {"active": list(active), "others": others,
+            "on_first": {"reason": first_without.reason, "args": dict(first_without.args)}}
     details["per_rank_branching"] = True
     if ddp_unused is False:
-        return f.replace(
-            severity="error", status="open", message=message,
-            cause=cause + " DDP with find_unused_parameters=False waits for this gradient on the "
-            "other ranks: it hangs or fails.",
-            fix="make every rank run the same modules, or pass `find_unused_parameters=True` to "
-            "DistributedDataParallel if the branching is intended",
-            details={**details, "reason": "rank_branching_hangs"})
-    return f.replace(
-        severity="info", status="intermittent", message=message, cause=cause,
-        fix="nothing, if the branching is intended (DDP needs find_unused_parameters=True for it, "
-        "and the parameter trains from the ranks that use it); otherwise make every rank run "
-        "the same modules",
-        details={**details, "reason": "rank_branching"})
+        return transition(f.replace(details=details), "rank_branching_hangs", args).replace(severity="error", status="open")
+    return transition(f.replace(details=details), "rank_branching", args).replace(severity="info", status="intermittent")
+
+
+@renders("missing_grad", "no_grad_on_any_rank")
+def _no_grad_on_any_rank(m: Members) -> Words:
+    reason, earlier = m.earlier()
+    before, ddp = render("missing_grad", reason, earlier), m.first["ddp"]
+    note, fix, remedy = "", before.fix, before.remedy
+    if ddp == "unused_false":
+        note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
+                f"with \"{DDP_NEXT_STEP_ERROR}\".")
+        fix, remedy = DDP_FIX, ADVICE
+    elif ddp == "unknown":
+        note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
+                f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
+        fix = (f"{before.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
+               "(or `static_graph=True`) to DistributedDataParallel")
+    return Words(before.message.rstrip(".") + " (no gradient on any rank).",
+                 f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {before.cause}{note}",
+                 fix, remedy)
+
+
+def _branching(m: Members) -> tuple[str, str, str]:
+    """The message and cause of a gradient missing on some ranks only, and the ranks' words."""
+    a = m.first
+    where = _ranks_words(a["active"])
+    on_first = a["on_first"]
+    cause = render("missing_grad", on_first["reason"], Members(m.names, [on_first["args"]] * len(m.names))).cause
+    return (f"{m.who} got no gradient on {where} only (it got one on {_ranks_words(a['others'])}): "
+            "per-rank branching, a different bug from a dead layer.",
+            f"the forward pass takes a rank-dependent path: on {where} {m.who} is not used "
+            "(a branch on the rank, or data-dependent routing that differs between ranks). "
+            f"On {where}: {cause}", where)
+
+
+@renders("missing_grad", "rank_branching_hangs", fixes="never")
+def _rank_branching_hangs(m: Members) -> Words:
+    message, cause, _ = _branching(m)
+    return Words(message, cause + " DDP with find_unused_parameters=False waits for this gradient on the "
+                 "other ranks: it hangs or fails.",
+                 "make every rank run the same modules, or pass `find_unused_parameters=True` to "
+                 "DistributedDataParallel if the branching is intended")
+
+
+@renders("missing_grad", "rank_branching", fixes="never")
+def _rank_branching(m: Members) -> Words:
+    message, cause, _ = _branching(m)
+    return Words(message, cause, "nothing, if the branching is intended (DDP needs find_unused_parameters=True for "
+                 "it, and the parameter trains from the ranks that use it); otherwise make every rank run "
+                 "the same modules")

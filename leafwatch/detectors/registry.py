@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import gradients, membership, outside, ranks, structure, values, watched
+from . import pipeline  # noqa: F401 (the renderer of the incomplete finding a failing part leaves)
 from ..observe.evidence import LOSS, REBUILT, Evidence
 from ..report.verdicts import Verdicts
 
@@ -61,68 +62,89 @@ DETECTORS: tuple[Detector, ...] = (
     Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, when=lambda c: (
         (c.states[gradients.FIRST_STEPS], "misses"),), state=lambda c: types.SimpleNamespace(misses=[], seen=set())),
     Detector("the structure check", structure.judge, when=lambda c: ((None, REBUILT),), voices={
-        "membership.not_in_optimizer": ("not_in_optimizer", "left_out", "buffer_requires_grad"),
-        "structure._optimizer_membership": ("not_in_optimizer", "unfrozen_after"),
+        "membership._left_out": ("not_in_optimizer", "left_out"),
+        "membership._buffer_requires_grad": ("not_in_optimizer", "buffer_requires_grad"),
+        "structure._unfrozen_after": ("not_in_optimizer", "unfrozen_after"),
         "membership._created_after": ("not_in_optimizer", "created_after_optimizer"),
-        "structure._frozen_in_optimizer": ("frozen_in_optimizer", "plain_tensor", "frozen", "buffer"),
-        "structure.stale_param": ("stale_param", "replaced"),
-        "structure._module_replaced": ("stale_param", "module_replaced"),
-        "structure.stale_group": ("stale_param", "old_tensors"),
-        "structure._stale_leftovers": ("stale_param", "leftovers"),
-        "structure._orphan_finding": ("orphan_tensor", "module_in_container", "tensor_in_container",
-                                      "non_leaf_attribute", "plain_attribute"),
-        "structure._devices": ("device_mismatch", "device"),
-        "ranks.sharded_finding": ("missing_grad", "sharded_gradients")}),
+        "structure._plain_tensor": ("frozen_in_optimizer", "plain_tensor"),
+        "structure._frozen": ("frozen_in_optimizer", "frozen"),
+        "structure._buffer": ("frozen_in_optimizer", "buffer"),
+        "structure._replaced": ("stale_param", "replaced"),
+        "structure._module_replaced_words": ("stale_param", "module_replaced"),
+        "structure._old_tensors": ("stale_param", "old_tensors"),
+        "structure._leftovers": ("stale_param", "leftovers"),
+        "structure._module_in_container": ("orphan_tensor", "module_in_container"),
+        "structure._tensor_in_container": ("orphan_tensor", "tensor_in_container"),
+        "structure._non_leaf_attribute": ("orphan_tensor", "non_leaf_attribute"),
+        "structure._plain_attribute": ("orphan_tensor", "plain_attribute"),
+        "structure._device": ("device_mismatch", "device"),
+        "ranks._sharded_gradients": ("missing_grad", "sharded_gradients")}),
     Detector("the gradient check", gradients.read, voices={
         # what the hooks and the cut recorder saw (causes.py) ...
-        "causes._did_not_run": ("missing_grad", "never_ran", "no_forward_of_its_own"),
-        "causes._ran_without_autograd": ("missing_grad", "grad_disabled", "checkpoint"),
-        "causes._not_reached": ("missing_grad", "detached", "unused_output"),
-        "causes.explain_missing": ("missing_grad", "data_access", "unused"),
-        "causes.called_directly": ("missing_grad", "called_directly"),
-        "causes.substituted": ("missing_grad", "substituted_weights"),
-        "causes.at_the_only_step": ("missing_grad", "never_ran_at_the_only_step", "unknown_at_the_only_step"),
+        "causes._never_ran": ("missing_grad", "never_ran"),
+        "causes._no_forward_of_its_own": ("missing_grad", "no_forward_of_its_own"),
+        "causes._grad_disabled": ("missing_grad", "grad_disabled"),
+        "causes._checkpoint": ("missing_grad", "checkpoint"),
+        "causes._detached": ("missing_grad", "detached", "rewrapped"),
+        "causes._unused_output": ("missing_grad", "unused_output"),
+        "causes._data_access": ("missing_grad", "data_access"),
+        "causes._unused": ("missing_grad", "unused"),
+        "causes._called_directly": ("missing_grad", "called_directly"),
+        "causes._substituted": ("missing_grad", "substituted_weights"),
+        "causes._never_ran_at_the_only_step": ("missing_grad", "never_ran_at_the_only_step"),
+        "causes._unknown_at_the_only_step": ("missing_grad", "unknown_at_the_only_step"),
         # ... or, without them, what the loss given says, or why nothing can be said
-        "gradients._without_hooks": ("missing_grad", "loss_without_graph", "unreachable", "not_backpropagated",
-                                        "unknown_not_a_parameter", "unknown_hooks_off", "unknown"),
-        "gradients._unexplained": ("missing_grad", "pending", "traced_nothing"),
-        "gradients._recovered": ("missing_grad", "came_back"),
-        "gradients.intermittent": ("missing_grad", "intermittent"),
-        "gradients._stalled": ("missing_grad", "stalled"),
-        "held._judged": ("missing_grad", "not_a_target", "target_undecided", "not_layerdrop", "layerdrop_undecided"),
+        "gradients._loss_without_graph": ("missing_grad", "loss_without_graph"),
+        "gradients._unreachable": ("missing_grad", "unreachable"),
+        "gradients._not_backpropagated": ("missing_grad", "not_backpropagated"),
+        "gradients._unknown_not_a_parameter": ("missing_grad", "unknown_not_a_parameter"),
+        "gradients._unknown_hooks_off": ("missing_grad", "unknown_hooks_off"),
+        "gradients._unknown": ("missing_grad", "unknown"),
+        "gradients._pending": ("missing_grad", "pending"),
+        "gradients._traced_nothing": ("missing_grad", "traced_nothing"),
+        "gradients._came_back_words": ("missing_grad", "came_back"),
+        "gradients._intermittent": ("missing_grad", "intermittent"),
+        "gradients._stalled_words": ("missing_grad", "stalled"),
+        "held._not_a_target": ("missing_grad", "not_a_target"),
+        "held._target_undecided": ("missing_grad", "target_undecided"),
+        "held._not_layerdrop": ("missing_grad", "not_layerdrop"),
+        "held._layerdrop_undecided": ("missing_grad", "layerdrop_undecided"),
         # the loop watch
-        "loop.grad_cleared_all": ("grad_cleared", "cleared"),
-        "loop.grad_cleared": ("grad_cleared", "cleared_on_purpose"),
-        "loop._resumed": ("grad_cleared", "clearing_ended"),
-        "loop.zero_lr": ("no_update", "zero_lr"),
-        "loop.steps_skipped": ("no_update", "skipped_steps")}),
+        "loop._cleared": ("grad_cleared", "cleared"),
+        "loop._cleared_on_purpose": ("grad_cleared", "cleared_on_purpose"),
+        "loop._clearing_ended": ("grad_cleared", "clearing_ended"),
+        "loop._zero_lr": ("no_update", "zero_lr"),
+        "loop._skipped_steps": ("no_update", "skipped_steps")}),
     Detector("the check of watched tensors", watched.judge, when=watched.waits_on, voices={
-        "watched.non_leaf": ("non_leaf", "not_a_leaf"),
-        "watched.not_requiring_grad": ("missing_grad", "requires_grad_false"),
-        "watched.watched_findings": ("missing_grad", "watched_unused"),
-        "outside.outside_optimizer": ("not_in_optimizer", "outside_model")}),
+        "leaves._not_a_leaf": ("non_leaf", "not_a_leaf"),
+        "watched._requires_grad_false": ("missing_grad", "requires_grad_false"),
+        "watched._watched_unused": ("missing_grad", "watched_unused"),
+        "outside._outside_model": ("not_in_optimizer", "outside_model")}),
     Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, LOSS),), voices={
-        "outside.undecided": ("not_in_optimizer", "loss_leaf")}),
+        "outside._loss_leaf": ("not_in_optimizer", "loss_leaf")}),
     Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
-        "membership._never_stepped": ("not_in_optimizer", "never_stepped"),
-        "membership._late": ("not_in_optimizer", "no_optimizer_stepped"),
-        "membership._outside_root_finding": ("not_in_optimizer", "root_outside", "chosen_outside")}),
+        "membership._never_stepped_words": ("not_in_optimizer", "never_stepped"),
+        "membership._no_optimizer_stepped": ("not_in_optimizer", "no_optimizer_stepped"),
+        "membership._root_outside": ("not_in_optimizer", "root_outside"),
+        "membership._chosen_outside": ("not_in_optimizer", "chosen_outside")}),
     Detector("the NaN/Inf gradient check", values.judge, when=lambda c: ((c.values, "every"),), voices={
-        "values.nonfinite_grad": ("nonfinite_grad", "nan_or_inf"),
-        "values.nonfinite_param": ("nonfinite_grad", "nan_or_inf_value"),
-        "dead.dead_grad": ("dead_grad", "zero_streak")}),
+        "values._nan_or_inf": ("nonfinite_grad", "nan_or_inf"),
+        "values._nan_or_inf_value": ("nonfinite_grad", "nan_or_inf_value"),
+        "dead._zero_streak": ("dead_grad", "zero_streak")}),
     Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE),
     Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
     Detector("the loss-graph check", outside.judge_undecided, CLOSE),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={
-        "gradients.no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
+        "gradients._no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, voices={
-        "ranks.unused_on_rank": ("missing_grad", "unused_on_rank"),
-        "ranks._merged_missing": ("missing_grad", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching")}),
+        "ranks._unused_on_rank": ("missing_grad", "unused_on_rank"),
+        "ranks._no_grad_on_any_rank": ("missing_grad", "no_grad_on_any_rank"),
+        "ranks._rank_branching_hangs": ("missing_grad", "rank_branching_hangs"),
+        "ranks._rank_branching": ("missing_grad", "rank_branching")}),
 )
 
 #: The voice of what no detector decides: a part that failed (the pipeline's own finding).
-BEYOND_THE_CHECK: Mapping[str, tuple[str, ...]] = {"pipeline.incomplete": ("incomplete", "part_failed")}
+BEYOND_THE_CHECK: Mapping[str, tuple[str, ...]] = {"pipeline._part_failed": ("incomplete", "part_failed")}
 
 #: ``(kind, reason)`` -> its one builder (``module.function`` under ``leafwatch.detectors``).
 VOICES: dict[tuple[str, str], str] = {

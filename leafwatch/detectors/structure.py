@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from . import fixes, gradients, membership, ranks
+from . import fixes, gradients, leaves, membership, ranks
 from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, Finding
 from ..report.history import FindingsView
@@ -24,7 +24,9 @@ from ..observe.inventory import Inventory, Orphan, is_uninitialized, shape_of, s
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
 from .constructors import make
-from .watched import non_leaf, watched_findings
+from ..report.words import ADVICE, Members, Remedy, Words, code, renders
+from .leaves import non_leaf
+from .watched import watched_findings
 from ..options import warn_unmatched_ignore
 from ..observe.evidence import REBUILT, Evidence
 
@@ -114,14 +116,9 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
         out.append(stale_group(i, old, step, inv, harmless=not found.unstepped))
     for k, (info, p) in excluded.items():
         if k in seen_frozen:
-            out.append(make(
-                "not_in_optimizer", info.name, "error",
-                f"`{info.name}` requires grad but is in no optimizer: it gets gradients and never changes.",
-                f"`{info.name}` was frozen when the optimizer was built and unfrozen after it "
-                "(`requires_grad_(True)`), without being added to the optimizer.",
-                _unfrozen_fix(info.name, inv),
-                tensor=p, step=step, aliases=info.aliases, reason="unfrozen_after",
-            ))
+            out.append(make("not_in_optimizer", info.name, "error", "unfrozen_after", {
+                "target": fixes.inventory_target(inv), "param_code": fixes.model_tensor_code(info.name, inv)},
+                tensor=p, step=step, aliases=info.aliases))
             continue
         out.append(membership.not_in_optimizer(info, p, step=step, inventory=inv))
     out.extend(_frozen_in_optimizer(inv, step))
@@ -145,104 +142,144 @@ def _frozen_in_optimizer(inv: Inventory, step: int | None) -> list[Finding]:
             if not plain and holder is None:
                 holder = fixes.variable_for(inv.optimizers[i], inv.variables, inv.fix_names) or f"optimizers[{i}]"
             if buffer is not None:
-                out.append(make(
-                    "frozen_in_optimizer", buffer, "info",
-                    f"optimizer {i} holds the buffer `{buffer}`, which is not a parameter: it gets no gradient, "
-                    "so the optimizer skips it.",
-                    f"`{buffer}` is a registered buffer, handed to the optimizer with the parameters (an optimizer "
-                    "built from a state dict's or a TensorDict's values rather than from `parameters()`).",
-                    "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`",
-                    tensor=p, step=step, optimizer=i, reason="buffer", group=holder))
+                out.append(make("frozen_in_optimizer", buffer, "info", "buffer", {"optimizer": i}, tensor=p,
+                                step=step, optimizer=i, group=holder))
                 continue
             name = name or f"optimizers[{i}] {shape_text(p)}"
-            out.append(make(
-                "frozen_in_optimizer", name, "error" if plain else "info",
-                f"optimizer {i} holds `{name}`, which does not require grad: it will not train."
-                if plain else f"optimizer {i} holds `{name}`, which is frozen (requires_grad=False): "
-                "the optimizer skips it.",
-                "a plain tensor created without `requires_grad=True` was passed to the optimizer"
-                if plain else f"`{name}` is frozen (requires_grad=False) but still listed in the optimizer.",
-                "create it with `requires_grad=True`" if plain
-                else "nothing, if freezing is intended; to train it call `requires_grad_(True)`",
-                tensor=p, step=step, optimizer=i, reason="plain_tensor" if plain else "frozen",
-                **({} if plain else {"group": holder})))
+            out.append(make("frozen_in_optimizer", name, "error" if plain else "info",
+                            "plain_tensor" if plain else "frozen", {"optimizer": i}, tensor=p, step=step,
+                            optimizer=i, **({} if plain else {"group": holder})))
     return out
 
 
-def _unfrozen_fix(name: str, inv: Inventory) -> str:
-    """Add an unfrozen tensor to the optimizer (Lightning: the finetuning callback's helper)."""
-    if fixes.framework(inv.model, inv.fix_names) == "lightning":
-        return ("when unfreezing, add it to the optimizer too: Lightning's "
-                "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze")
-    return "when unfreezing, " + fixes.give_to_optimizer([name], inv)
+@renders("frozen_in_optimizer", "buffer", fixes="never")
+def _buffer(m: Members) -> Words:
+    i = m.first["optimizer"]
+    if m.single:
+        message = (f"optimizer {i} holds the buffer {m.who}, which is not a parameter: it gets no gradient, "
+                   "so the optimizer skips it.")
+    else:
+        message = (f"optimizer {i} holds the buffers `{m.name}`, which are not parameters: they get no gradient, "
+                   "so the optimizer skips them.")
+    return Words(message,
+                 f"{m.who} is a registered buffer, handed to the optimizer with the parameters (an optimizer "
+                 "built from a state dict's or a TensorDict's values rather than from `parameters()`).",
+                 "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`")
 
 
-def _rebuild_fix(names: Sequence[str], inv: Inventory, optimizer: int | None, params: str | None = None) -> str:
-    """Give the new tensors (``params``: their code, when known as a whole) to the optimizer that
-    holds the old ones, or rebuild it (same class and groups)."""
-    optimizers, known, cache = inv.optimizers, inv.variables, inv.fix_names
-    chosen = [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else optimizers
-    if fixes.framework(inv.model, cache) == "lightning":
-        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
-                "`__init__`), so that it holds the new parameters")
-    variable = next((v for v in (fixes.variable_for(o, known, cache) for o in chosen) if v is not None), None)
-    which = f"`{variable}`" if variable else "your optimizer"
-    add = fixes.add_to_optimizer(params, chosen, model=inv.model, what="the new parameters", known=known, cache=cache) \
-        if params else fixes.give_to_optimizer(names, inv, chosen, what="the new parameters")
-    return (add + f"; or rebuild {which} after the last change to the model, with the same class and groups")
+@renders("frozen_in_optimizer", "plain_tensor", fixes="never")
+def _plain_tensor(m: Members) -> Words:
+    return Words(f"optimizer {m.first['optimizer']} holds {m.who}, which does not require grad: it will not train.",
+                 "a plain tensor created without `requires_grad=True` was passed to the optimizer",
+                 "create it with `requires_grad=True`")
 
 
-def _regroup_fix(inv: Inventory, optimizer: int) -> str:
+@renders("frozen_in_optimizer", "frozen", fixes="never")
+def _frozen(m: Members) -> Words:
+    return Words(f"optimizer {m.first['optimizer']} holds {m.who}, which is frozen (requires_grad=False): "
+                 "the optimizer skips it.",
+                 f"{m.who} is frozen (requires_grad=False) but still listed in the optimizer.",
+                 "nothing, if freezing is intended; to train it call `requires_grad_(True)`")
+
+
+@renders("not_in_optimizer", "unfrozen_after")
+def _unfrozen_after(m: Members) -> Words:
+    target = m.first["target"]
+    if target["framework"] == "lightning":
+        fix, remedy = ("when unfreezing, add it to the optimizer too: Lightning's "
+                       "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze"), ADVICE
+    else:
+        add, remedy = fixes.add_words(fixes.params_of(m.each("param_code")), target)
+        fix = "when unfreezing, " + add
+    return Words(f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes.",
+                 f"{m.who} was frozen when the optimizer was built and unfrozen after it "
+                 "(`requires_grad_(True)`), without being added to the optimizer.", fix, remedy)
+
+
+_LIGHTNING_REBUILD = ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
+                      "`__init__`), so that it holds the {which} parameters")
+
+
+def _chosen(inv: Inventory, optimizer: int | None) -> list[Any]:
+    optimizers = inv.optimizers
+    return [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else list(optimizers)
+
+
+def _rebuild_fix(m: Members) -> tuple[str, Remedy]:
+    """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+    target = m.first["target"]
+    if target["framework"] == "lightning":
+        return _LIGHTNING_REBUILD.format(which="new"), ADVICE
+    which = f"`{target['variable']}`" if target["variable"] else "your optimizer"
+    params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
+    add, remedy = fixes.add_words(params, target, what="the new parameters")
+    return add + f"; or rebuild {which} after the last change to the model, with the same class and groups", remedy
+
+
+def _regroup_fix(target: Mapping[str, Any]) -> str:
     """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
-    held = inv.optimizers[optimizer] if 0 <= optimizer < len(inv.optimizers) else None
-    if fixes.framework(inv.model, inv.fix_names) == "lightning":
-        return ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
-                "`__init__`), so that it holds the current parameters")
-    variable = fixes.variable_for(held, inv.variables, inv.fix_names)
-    which = f"`{variable}` (your `{type(held).__name__}`)" if variable else "your optimizer"
+    if target["framework"] == "lightning":
+        return _LIGHTNING_REBUILD.format(which="current")
+    which = f"`{target['variable']}` (your `{target['cls']}`)" if target["variable"] else "your optimizer"
     return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
             "so that it holds the current parameters")
 
 
 def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
-    name, old = pair.name, pair.old
-    old_shape, new_shape = shape_of(old), shape_of(pair.new)
-    if old_shape is None:
+    old_shape, new_shape = shape_of(pair.old), shape_of(pair.new)
+    return make("stale_param", pair.name, "error", "replaced", {
+        "optimizer": pair.optimizer, "old_shape": list(old_shape) if old_shape is not None else None,
+        "new_shape": list(new_shape) if new_shape is not None else None,
+        "target": fixes.inventory_target(inv, _chosen(inv, pair.optimizer)),
+        "param_code": fixes.model_tensor_code(pair.name, inv)},
+        tensor=pair.new, step=step, optimizer=pair.optimizer,
+        old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
+        group=stale_group_key(pair.optimizer))
+
+
+@renders("stale_param", "replaced")
+def _replaced(m: Members) -> Words:
+    if any(a["old_shape"] is None for a in m.args):
         cause = (f"the optimizer was built before the lazy module's first forward and the model was then "
-                 f"copied or rebuilt: the optimizer holds the uninitialized original of `{name}`, which never "
+                 f"copied or rebuilt: the optimizer holds the uninitialized original of {m.who}, which never "
                  "materializes and gets no gradient.")
     else:
-        resized = "" if new_shape is None or old_shape == new_shape else f", resized from {old_shape} to {new_shape}"
-        cause = (f"`{name}` was replaced after the optimizer was built{resized} (a new layer, a resize, a swapped "
+        resized = [(a["old_shape"], a["new_shape"]) for a in m.args if a["new_shape"] not in (None, a["old_shape"])]
+        shown = "" if not resized else (f", resized from {tuple(resized[0][0])} to {tuple(resized[0][1])}"
+                                        if m.single or len(resized) == len(m.args) and len(set(map(str, resized))) == 1
+                                        else ", resized")
+        cause = (f"{m.who} was replaced after the optimizer was built{shown} (a new layer, a resize, a swapped "
                  "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
                  "model no longer uses and which gets no gradient.")
-    return make(
-        "stale_param", name, "error",
-        f"`{name}` is in no optimizer and never changes: optimizer {pair.optimizer} still holds the tensor it replaced.",
-        cause,
-        _rebuild_fix([name], inv, pair.optimizer), tensor=pair.new, step=step, optimizer=pair.optimizer,
-        old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
-        group=stale_group_key(pair.optimizer), reason="replaced"
-    )
+    fix, remedy = _rebuild_fix(m)
+    return Words(f"{m.who} is in no optimizer and never changes: optimizer {m.first['optimizer']} still holds the "
+                 "tensor it replaced.", cause, fix, remedy)
 
 
 def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: Inventory) -> Finding:
     """A tensor of a module replaced after the optimizer was built by one with new tensors that replaced
     nothing (``to_hetero``'s copies per edge type, a bigger head): the fix gives the optimizer the module."""
     (module, i), info = swapped, inv.params[k]
-    code = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
+    code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
-    owner = f"`{code or module}`" if code or module else "the model"
-    return make(
-        "stale_param", info.name, "error",
-        f"`{info.name}` is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
+    return make("stale_param", info.name, "error", "module_replaced", {
+        "optimizer": i, "owner": code_ or module, "target": fixes.inventory_target(inv, _chosen(inv, i)),
+        "module_params": code_ and fixes.trainable_params_code(code_, inv.modules[module]),
+        "param_code": fixes.model_tensor_code(info.name, inv)},
+        tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i))
+
+
+@renders("stale_param", "module_replaced")
+def _module_replaced_words(m: Members) -> Words:
+    owner, i = m.first["owner"], m.first["optimizer"]
+    owner = f"`{owner}`" if owner else "the model"
+    fix, remedy = _rebuild_fix(m)
+    return Words(
+        f"{m.who} is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
         f"{owner} was replaced after the optimizer was built by a module with other tensors (a conversion such as "
         f"`to_hetero`, a new layer, a copy): optimizer {i} updates the old tensors, which get no gradient, and no "
-        "optimizer holds any of the new ones.",
-        _rebuild_fix([info.name], inv, i, code and fixes.trainable_params_code(code, inv.modules[module])),
-        tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i),
-        reason="module_replaced")
+        "optimizer holds any of the new ones.", fix, remedy)
 
 
 def stale_group_key(optimizer: int) -> str:
@@ -258,90 +295,115 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
     only removed): the leftovers get no gradient and the optimizer skips them; information.
     """
     n, names = len(old), [name for _, name in old if name is not None]
-    known = f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
     lazy = sum(1 for t, _ in old if is_uninitialized(t))
     details = dict(step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
                    group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)])
+    args = {"optimizer": optimizer, "count": n, "old_names": names, "lazy": lazy,
+            "target": fixes.inventory_target(inv, _chosen(inv, optimizer))}
     if harmless:
-        return _stale_leftovers(optimizer, n, known, lazy, inv, details)
+        return make("stale_param", stale_group_key(optimizer), "info", "leftovers", args, **details, leftovers=True)
+    return make("stale_param", f"optimizers[{optimizer}]", "error", "old_tensors", args, **details)
+
+
+def _formerly(names: list[str]) -> str:
+    return f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
+
+
+@renders("stale_param", "old_tensors", fixes="never")
+def _old_tensors(m: Members) -> Words:
+    a = m.first
+    n, lazy = a["count"], a["lazy"]
     cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
              "optimizer still holds the old tensors, which nothing uses.")
     if lazy:
         cause += (f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
                   "before the lazy modules' first forward and the model was then copied or rebuilt, so "
                   f"{'they' if lazy != 1 else 'it'} will never materialize.")
-    return make(
-        "stale_param", f"optimizers[{optimizer}]", "error",
-        f"optimizer {optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
+    return Words(
+        f"optimizer {a['optimizer']} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
-        f"and get{'s' if n == 1 else ''} no gradient{known}.",
-        cause, _regroup_fix(inv, optimizer), **details, reason="old_tensors")
+        f"and get{'s' if n == 1 else ''} no gradient{_formerly(a['old_names'])}.", cause, _regroup_fix(a["target"]))
 
 
-def _stale_leftovers(optimizer: int, n: int, known: str, lazy: int, inv: Inventory, details: dict[str, Any]) -> Finding:
+@renders("stale_param", "leftovers", fixes="never")
+def _leftovers(m: Members) -> Words:
     """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
+    a = m.first
+    n, lazy, i = a["count"], a["lazy"], a["optimizer"]
     them = "them" if n != 1 else "it"
     cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
-             f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {optimizer}, which "
+             f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {i}, which "
              f"skips {them} (no gradient). Harmless, but {them} and {'their' if n != 1 else 'its'} optimizer "
              "state cost memory.")
     if lazy:
         cause += f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer materialize."
-    return make(
-        "stale_param", stale_group_key(optimizer), "info",
-        f"optimizer {optimizer} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
-        f"uses{known}: harmless, costs memory.",
-        cause, "nothing needed; to free the memory, " + _regroup_fix(inv, optimizer), **details, leftovers=True,
-        reason="leftovers")
+    return Words(
+        f"optimizer {i} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
+        f"uses{_formerly(a['old_names'])}: harmless, costs memory.",
+        cause, "nothing needed; to free the memory, " + _regroup_fix(a["target"]))
 
 
 def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding:
     t, name = orphan.tensor, orphan.name
     trains = id(t) in inv.in_optimizer
-    severity = "warning" if trains else "error"
-    effect = ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
-              if trains else "no optimizer built from `model.parameters()` sees it, so it never trains")
     kinds = orphan.containers or ((orphan.container,) if orphan.container != "attribute" else ())
     attr = name.split("[")[0].split(".")[-1]
-    if orphan.module_in_container:
-        where = _describe_containers(kinds)
-        return make(
-            "orphan_tensor", name, severity,
-            f"`{name}` belongs to a module kept in {where}: it is not registered, {effect}.",
-            f"the module is stored in {where}, which `nn.Module` does not look into.",
-            fixes.container_fix(_owner(inv, name), attr, kinds, modules=True),
-            tensor=t, step=step, container=orphan.container, containers=list(kinds), reason="module_in_container"
-        )
+    severity = "warning" if trains else "error"
     if kinds:
-        where = _describe_containers(kinds)
-        return make(
-            "orphan_tensor", name, severity,
-            f"`{name}` requires grad but sits in {where}: it is not registered, {effect}.",
-            f"tensors in {where} are not parameters of the module.",
-            fixes.container_fix(_owner(inv, name), attr, kinds, modules=False), tensor=t, step=step, container=orphan.container,
-            containers=list(kinds), reason="tensor_in_container"
-        )
+        reason = "module_in_container" if orphan.module_in_container else "tensor_in_container"
+        return make("orphan_tensor", name, severity, reason, {
+            "trains": trains, "containers": list(kinds), "fix": fixes.container_args(_owner(inv, name), attr, kinds)},
+            tensor=t, step=step, container=orphan.container, containers=list(kinds))
+    fix_args = fixes.parameter_args(_owner(inv, name), name.split(".")[-1])
     if not t.is_leaf:
         found = graph.origin(t)
-        cause = found.cause(name, inv.known_names()) if found else f"`{name}` is not a leaf."
-        from_parameter = found is not None and found.leaf is not None and found.leaf.is_parameter
-        if from_parameter and found.fix_hint in ("device", "dtype"):
-            cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
-                      "tensor, not a Parameter.")
-        return make(
-            "orphan_tensor", name, severity,
-            f"module attribute `{name}` is a non-leaf tensor, not a Parameter: {effect}, and it has no .grad.",
-            cause,
-            fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
-            tensor=t, step=step, container="attribute", op=found.op if found else None, reason="non_leaf_attribute"
-        )
-    return make(
-        "orphan_tensor", name, severity,
-        f"module attribute `{name}` requires grad but is a plain tensor, not an `nn.Parameter`: {effect}.",
-        "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
-        fixes.parameter_fix(_owner(inv, name), name.split(".")[-1]),
-        tensor=t, step=step, container="attribute", reason="plain_attribute"
-    )
+        return make("orphan_tensor", name, severity, "non_leaf_attribute", {
+            "trains": trains, "origin": leaves.origin_args(found, inv.known_names()), "fix": fix_args},
+            tensor=t, step=step, container="attribute", op=found.op if found else None)
+    return make("orphan_tensor", name, severity, "plain_attribute", {"trains": trains, "fix": fix_args},
+                tensor=t, step=step, container="attribute")
+
+
+def _effect(m: Members) -> str:
+    return ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
+            if m.first["trains"] else "no optimizer built from `model.parameters()` sees it, so it never trains")
+
+
+@renders("orphan_tensor", "module_in_container")
+def _module_in_container(m: Members) -> Words:
+    where = _describe_containers(tuple(m.first["containers"]))
+    fix, remedy = fixes.container_fix(m.first["fix"], modules=True)
+    return Words(f"{m.who} belongs to a module kept in {where}: it is not registered, {_effect(m)}.",
+                 f"the module is stored in {where}, which `nn.Module` does not look into.", fix, remedy)
+
+
+@renders("orphan_tensor", "tensor_in_container")
+def _tensor_in_container(m: Members) -> Words:
+    where = _describe_containers(tuple(m.first["containers"]))
+    fix, remedy = fixes.container_fix(m.first["fix"], modules=False)
+    return Words(f"{m.who} requires grad but sits in {where}: it is not registered, {_effect(m)}.",
+                 f"tensors in {where} are not parameters of the module.", fix, remedy)
+
+
+@renders("orphan_tensor", "non_leaf_attribute")
+def _non_leaf_attribute(m: Members) -> Words:
+    origin = m.first["origin"]
+    cause = leaves.origin_cause(m.name, origin)
+    leaf = origin["leaf"] if origin is not None else None
+    if leaf is not None and leaf["is_parameter"] and origin["kind"] in ("device", "dtype", "copy"):
+        cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
+                  "tensor, not a Parameter.")
+    fix, remedy = fixes.parameter_fix(m.first["fix"])
+    return Words(f"module attribute {m.who} is a non-leaf tensor, not a Parameter: {_effect(m)}, and it has no .grad.",
+                 cause, fix, remedy)
+
+
+@renders("orphan_tensor", "plain_attribute")
+def _plain_attribute(m: Members) -> Words:
+    fix, remedy = fixes.parameter_fix(m.first["fix"])
+    return Words(f"module attribute {m.who} requires grad but is a plain tensor, not an `nn.Parameter`: {_effect(m)}.",
+                 "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
+                 fix, remedy)
 
 
 _CONTAINER_WORDS = {"list": "a plain Python list", "dict": "a plain Python dict",
@@ -380,41 +442,51 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
         if p.device != main_device:
             if device_on_purpose(info.module, str(p.device), below, spread):
                 continue
-            what = f"on {p.device} while the other trainable parameters are on {main_device}"
-            cause = ("it was created or moved separately from the rest of its module: a tensor on "
-                     "another device than the module it belongs to is no placement plan (device_map "
-                     "and pipeline stages place whole modules), and a 0-dim one is silently moved "
-                     "at every use.")
-            fix = ("move it with the model: register it as a Parameter/buffer of the module and "
-                   + _model_to(inv, repr(str(main_device))))
+            moved = {"device": str(p.device), "main_device": str(main_device)}
         elif p.dtype != main_dtype:
             if not dtype_changes_training(p.dtype, main_dtype):
                 continue
-            short, main_short = str(p.dtype).replace("torch.", ""), str(main_dtype).replace("torch.", "")
-            what = f"{short} while the other trainable parameters are {main_short}"
-            if p.dtype == torch.float64:
-                cause = ("it was created separately from the rest of the model (a NumPy array is "
-                         "float64): it promotes whatever it touches to float64.")
-            else:
-                cause = (f"it was created or converted separately from the rest of the model: its updates "
-                         f"are rounded to {short}, so steps smaller than its resolution are lost "
-                         "without an error.")
-            fix = f"create it with `dtype={main_dtype}`, or convert the model as a whole: " + _model_to(inv, str(main_dtype))
+            moved = {"dtype": str(p.dtype), "main_dtype": str(main_dtype)}
         else:
             continue
-        out.append(make(
-            "device_mismatch", info.name, "warning", f"`{info.name}` is {what}.",
-            cause, fix, tensor=p, step=step, aliases=info.aliases, reason="device"
-        ))
+        model = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
+        out.append(make("device_mismatch", info.name, "warning", "device", {**moved, "model": model},
+                        tensor=p, step=step, aliases=info.aliases))
     return out
 
 
-def _model_to(inv: Inventory, where: str) -> str:
+@renders("device_mismatch", "device")
+def _device(m: Members) -> Words:
+    a = m.first
+    if "device" in a:
+        what = f"on {a['device']} while the other trainable parameters are on {a['main_device']}"
+        cause = ("it was created or moved separately from the rest of its module: a tensor on "
+                 "another device than the module it belongs to is no placement plan (device_map "
+                 "and pipeline stages place whole modules), and a 0-dim one is silently moved "
+                 "at every use.")
+        to, remedy = _model_to(a["model"], repr(a["main_device"]))
+        fix = "move it with the model: register it as a Parameter/buffer of the module and " + to
+    else:
+        short, main_short = a["dtype"].replace("torch.", ""), a["main_dtype"].replace("torch.", "")
+        what = f"{short} while the other trainable parameters are {main_short}"
+        if a["dtype"] == "torch.float64":
+            cause = ("it was created separately from the rest of the model (a NumPy array is "
+                     "float64): it promotes whatever it touches to float64.")
+        else:
+            cause = (f"it was created or converted separately from the rest of the model: its updates "
+                     f"are rounded to {short}, so steps smaller than its resolution are lost "
+                     "without an error.")
+        to, remedy = _model_to(a["model"], a["main_dtype"])
+        fix = f"create it with `dtype={a['main_dtype']}`, or convert the model as a whole: " + to
+    return Words(f"{m.who} is {what}.", cause, fix, remedy)
+
+
+def _model_to(model: str | None, where: str) -> tuple[str, Remedy]:
     """``model.to('cuda:0')`` on the user's variable for the model, else in words."""
-    variable = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
-    if variable is not None and fixes.is_code(f"{variable}.to({where})"):
-        return f"`{variable}.to({where})`"
-    return f"call `.to({where})` on your model"
+    snippet = f"{model}.to({where})"
+    if model is not None and fixes.is_code(snippet):
+        return f"`{snippet}`", code(snippet)
+    return f"call `.to({where})` on your model", ADVICE
 
 
 def spread_on_purpose(inv: Inventory) -> bool:

@@ -22,6 +22,7 @@ from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from .constructors import make
+from ..report.words import Members, Words, renders
 from . import dead
 
 
@@ -113,26 +114,38 @@ def _record(state: ValuesState, reads: NamedValueCheck, view: FindingsView, step
 
 
 # -- its words ---------------------------------------------------------------------------------
+_FIND_THE_OP = ("find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
+                "lower the learning rate, clip gradients, or use a GradScaler with fp16")
+
+
 def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
-    return make(
-        "nonfinite_grad", name, "error",
-        f"`{name}`.grad holds NaN or Inf at step {step}.",
-        "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
-        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
-        "lower the learning rate, clip gradients, or use a GradScaler with fp16",
-        tensor=t, step=step, aliases=aliases, reason="nan_or_inf"
-    )
+    return make("nonfinite_grad", name, "error", "nan_or_inf", {"step": step}, tensor=t, step=step, aliases=aliases)
 
 
 def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
     """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
-    return make(
-        "nonfinite_grad", name, "error",
-        f"`{name}` holds NaN or Inf at the end of the run (step {step}): a non-finite gradient was applied to it.",
+    return make("nonfinite_grad", name, "error", "nan_or_inf_value", {"step": step}, tensor=t, step=step,
+                aliases=aliases, where="parameter")
+
+
+def _at(m: Members) -> str:
+    """The step the values were read at, or the steps of each tensor."""
+    step = m.shared("step")
+    return f"step {step}" if step is not None else "steps " + ", ".join(map(str, sorted(set(m.each("step")))))
+
+
+@renders("nonfinite_grad", "nan_or_inf", fixes="never")
+def _nan_or_inf(m: Members) -> Words:
+    return Words(
+        f"{m.who}.grad holds NaN or Inf at {_at(m)}." if m.single else f"{m.who} has NaN or Inf in its .grad at {_at(m)}.",
+        "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
+        _FIND_THE_OP)
+
+
+@renders("nonfinite_grad", "nan_or_inf_value", fixes="never")
+def _nan_or_inf_value(m: Members) -> Words:
+    return Words(
+        f"{m.who} holds NaN or Inf at the end of the run ({_at(m)}): a non-finite gradient was applied to it.",
         "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
         "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
-        "find the first op producing NaN/Inf (`torch.autograd.detect_anomaly()` for one step), "
-        "lower the learning rate, clip gradients, or use a GradScaler with fp16; to catch it at the step "
-        "it happens, lower `check_values_every_n_steps`",
-        tensor=t, step=step, aliases=aliases, where="parameter", reason="nan_or_inf_value"
-    )
+        f"{_FIND_THE_OP}; to catch it at the step it happens, lower `check_values_every_n_steps`")

@@ -21,8 +21,9 @@ from ..report.findings import Finding, Status, Waiting
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
-from . import fixes, outside
+from . import fixes, leaves, outside
 from .constructors import make
+from ..report.words import ADVICE, Members, Words, code, renders
 from ..observe.evidence import Evidence
 
 
@@ -141,42 +142,25 @@ def _cached(state: WatchedState, in_optimizer: Callable[[WatchEntry], bool]) -> 
 
 
 # -- its words ---------------------------------------------------------------------------------
-def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
-             found: graph.Origin | None = None, where: str = "", watched: Iterable[WatchEntry] = (),
-             location: str | None = None) -> Finding:
-    found = found if found is not None else graph.origin(t)
-    known = inventory.known_names() if inventory is not None else {}
-    for entry in watched:  # a watched leaf has a name too
-        leaf = entry.tensor()
-        if leaf is not None and entry.is_leaf:
-            known.setdefault(id(leaf), entry.name)
-    cause = found.cause(name, known) if found is not None else f"`{name}` is not a leaf."
-    return make(
-        "non_leaf", name, "error",
-        f"`{name}` is not a leaf tensor{where}: its .grad will stay None and it will never train.",
-        cause, fixes.non_leaf(name, found, location=location, tensor=t),
-        tensor=t, step=step, op=found.op if found else None, reason="not_a_leaf"
-    )
-
-
-def _requires_grad_call(t: torch.Tensor) -> str:
-    """``call `temperature.requires_grad_()` `` on the user's variable for ``t``, else in words."""
-    variable = fixes.variable_for(t)
-    return f"call `{variable}.requires_grad_()`" if variable else "call `requires_grad_()` on your tensor"
-
-
 def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: Any) -> Finding:
     """``missing_grad``/``requires_grad_false``: a tensor handed or watched to train that does not
     require grad."""
-    return make(
-        "missing_grad", name, "error",
-        f"`{name}` does not require grad: it will never get a gradient.",
-        f"`{name}` does not require grad: it was created without `requires_grad=True`, frozen with "
+    return make("missing_grad", name, "error", "requires_grad_false", {"variable": fixes.variable_for(t)},
+                tensor=t, step=step, **details)
+
+
+@renders("missing_grad", "requires_grad_false")
+def _requires_grad_false(m: Members) -> Words:
+    variable = m.first["variable"] if m.single else None
+    call = f"call `{variable}.requires_grad_()`" if variable else "call `requires_grad_()` on your tensor"
+    return Words(
+        f"{m.who} does not require grad: it will never get a gradient.",
+        f"{m.who} does not require grad: it was created without `requires_grad=True`, frozen with "
         "`requires_grad_(False)`, or it is the result of `.detach()` (or of an op under `torch.no_grad()`), "
         "which returns a new leaf that does not require grad.",
-        f"create it with `requires_grad=True`, or {_requires_grad_call(t)} "
+        f"create it with `requires_grad=True`, or {call} "
         "(drop the `.detach()` if it is meant to share the original's gradient)",
-        tensor=t, step=step, reason="requires_grad_false", **details)
+        code(f"{variable}.requires_grad_()") if variable else ADVICE)
 
 
 def watched_findings(entries: Iterable[WatchEntry], step: int | None,
@@ -189,22 +173,25 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
         if t is None:
             continue
         if entry.expect_leaf and not entry.is_leaf:
-            f = non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
-                         where=f" (watched at {entry.location})", watched=entries, location=entry.location)
-            out.append(f.replace(details={**f.details, "source": "watch"}))
+            out.append(leaves.non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
+                                where=f" (watched at {entry.location})", watched=entries, location=entry.location
+                                ).with_details(source="watch"))
             continue
         if not entry.expect_grad:
             continue
         if not t.requires_grad:
             out.append(not_requiring_grad(entry.name, t, step, source="watch"))
         elif not got_grad.get(entry.name, False):
-            what = "no gradient reached it" if entry.is_leaf else "no gradient flowed through it"
-            out.append(make(
-                "missing_grad", entry.name, "error",
-                f"watched tensor `{entry.name}`: {what} in this step.",
-                "it is not used in the computation of the loss, or it is cut off from it "
-                "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-                f"use `{entry.name}` in the loss through torch ops only",
-                tensor=t, step=step, reason="watched_unused", source="watch",
-            ))
+            out.append(make("missing_grad", entry.name, "error", "watched_unused", {"leaf": entry.is_leaf},
+                            tensor=t, step=step, source="watch"))
     return out
+
+
+@renders("missing_grad", "watched_unused", fixes="never")
+def _watched_unused(m: Members) -> Words:
+    what = "no gradient reached it" if m.first["leaf"] else "no gradient flowed through it"
+    return Words(
+        f"watched tensor{'' if m.single else 's'} `{m.name}`: {what} in this step.",
+        "it is not used in the computation of the loss, or it is cut off from it "
+        "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+        f"use {m.who} in the loss through torch ops only")

@@ -41,26 +41,22 @@ class LeafInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Origin:
-    """Why a tensor is a non-leaf: the op that made it, and the leaf that gets its gradient."""
+    """Why a tensor is a non-leaf, as data: the autograd op that made it, what the user wrote to
+    make it (``kind``: ``device``, ``dtype``, ``copy``, ``clone``, ``arithmetic``, ``view`` or ``other``), the
+    tensor's device and dtype, and the leaf that gets its gradient (the words: the detectors')."""
 
     op: str
-    what: str
+    kind: str
+    device: str
+    dtype: str
     leaf: LeafInfo | None
-    fix_hint: str
 
-    def cause(self, name: str, known_names: dict[int, str] | None = None) -> str:
-        text = f"`{name}` is the result of {self.what} (autograd op `{self.op}`), so it is not a leaf"
-        if self.leaf is None:
-            return text + "."
-        leaf_name = (known_names or {}).get(self.leaf.tensor_id)
-        if leaf_name:
-            who = f"`{leaf_name}`"
-        elif self.fix_hint == "view":
-            who = "the leaf it is a view of"  # usually a tensor the caller still holds
-        else:
-            who = "an unnamed temporary leaf that nothing in your code holds"
-        return (f"{text}: backward() puts the gradient into {who} (shape {tuple(self.leaf.shape)}, "
-                f"{self.leaf.dtype}, {self.leaf.device}), and `{name}.grad` stays None.")
+    def to_args(self, leaf_name: str | None = None) -> dict[str, object]:
+        """Plain data for a finding's arguments (``leaf_name``: the user's name of the leaf, if known)."""
+        leaf = None if self.leaf is None else {
+            "shape": list(self.leaf.shape), "dtype": self.leaf.dtype, "device": self.leaf.device,
+            "is_parameter": self.leaf.is_parameter, "name": leaf_name}
+        return {"op": self.op, "kind": self.kind, "device": self.device, "dtype": self.dtype, "leaf": leaf}
 
 
 def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
@@ -122,21 +118,18 @@ def origin(tensor: torch.Tensor) -> Origin | None:
                                               str(leaf.device), isinstance(leaf, torch.nn.Parameter), id(leaf))
     if base in _COPY_OPS:
         if leaf is not None and leaf.device != tensor.device:
-            what, hint = (f"a device copy (`.to('{tensor.device}')` / `.{tensor.device.type}()`) "
-                          "made after `requires_grad=True`", "device")
-        elif leaf is not None and leaf.dtype != tensor.dtype:
-            what, hint = f"a dtype conversion (`.to({tensor.dtype})`) made after `requires_grad=True`", "dtype"
+            kind = "device"
         else:
-            what, hint = "a copy (`.to(...)` / `.cuda()`) made after `requires_grad=True`", "device"
+            kind = "dtype" if leaf is not None and leaf.dtype != tensor.dtype else "copy"
     elif base in _CLONE_OPS:
-        what, hint = "`.clone()` of a tensor that requires grad", "clone"
+        kind = "clone"
     elif base in _ARITHMETIC_OPS:
-        what, hint = "arithmetic on a leaf (for example `randn(..., requires_grad=True) * 0.01`)", "arithmetic"
+        kind = "arithmetic"
     elif base in _VIEW_OPS:
-        what, hint = "a view, slice or reshape of a leaf (`t[0]`, `.view()`, `.t()`)", "view"
+        kind = "view"
     else:
-        what, hint = "an operation on a tensor that requires grad", "other"
-    return Origin(op=op, what=what, leaf=info, fix_hint=hint)
+        kind = "other"
+    return Origin(op=op, kind=kind, device=str(tensor.device), dtype=str(tensor.dtype), leaf=info)
 
 
 def code_name(name: str) -> str | None:

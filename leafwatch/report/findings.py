@@ -6,13 +6,10 @@ kept, pickled, logged or sent across ranks without keeping anything of the user'
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import enum
-import functools
 import json
 import operator
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -20,6 +17,7 @@ from .format import report_markdown, report_text
 from ..options import LeafwatchError, matching_pattern
 from ..observe.names import ancestors, parent
 from .names import compress_names, container, natural_key
+from .words import Members, Remedy, Words, has_renderer, render
 
 
 class _WordEnum(str, enum.Enum):
@@ -206,6 +204,10 @@ class Finding:
         details: Extra plain data (strings, numbers, lists).
         members: The per-tensor findings of a mistake, in natural order (``experts.2`` before
             ``experts.10``); empty for a per-tensor finding.
+        reason: Why, as a word of the detector that decided it (``never_ran``, ``left_out``): with
+            ``kind``, it names the one renderer of the words (:mod:`leafwatch.report.words`).
+        args: What the renderer wrote the words from: plain, JSON-able data.
+        remedy: The fix as data: code to paste and where it goes in the user's file, or words.
     """
 
     kind: Kind
@@ -226,6 +228,22 @@ class Finding:
     ranks: tuple[int, ...] = ()
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     members: tuple[Finding, ...] = ()
+    reason: str = ""
+    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    remedy: Remedy | None = None
+
+    @classmethod
+    def rendered(cls, kind: str, name: str, severity: str, reason: str, args: Mapping[str, Any], *,
+                 step: int | None = None, aliases: Iterable[str] = (), shape: tuple[int, ...] | None = None,
+                 dtype: str | None = None, device: str | None = None, **details: Any) -> Finding:
+        """A finding first seen at ``step``, its words rendered from ``args`` by the renderer of
+        ``(kind, reason)``: the one constructor of every detector's findings
+        (:func:`leafwatch.detectors.constructors.make` fills the tensor's shape, dtype and device)."""
+        words = render(kind, reason, Members.one(name, args))
+        return cls(kind=kind, name=name, severity=severity, message=words.message, cause=words.cause,  # type: ignore[arg-type]
+                   fix=words.fix, step=step, first_step=step, last_step=step, aliases=tuple(aliases), shape=shape,
+                   dtype=dtype, device=device, details={**details, "reason": reason}, reason=reason, args=args,
+                   remedy=words.remedy)
 
     @classmethod
     def new(cls, kind: str, name: str, severity: str, message: str, cause: str, fix: str, *,
@@ -242,7 +260,7 @@ class Finding:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
         object.__setattr__(self, "severity", _word(Severity, self.severity))
         object.__setattr__(self, "status", _word(Status, self.status))
-        object.__setattr__(self, "details", _marked(self.details, self.fix))
+        object.__setattr__(self, "details", _marked(self.details, self.fix, self.remedy))
 
     @property
     def key(self) -> tuple[str, str]:
@@ -273,25 +291,39 @@ class Finding:
 
     def replace(self, **changes: Any) -> Finding:
         """A copy with ``changes`` (as :func:`dataclasses.replace`, without re-running the checks of
-        the fields left as they are: a report rebuilt at each check copies every finding)."""
+        the fields left as they are: a report rebuilt at each check copies every finding).
+
+        Raises:
+            TypeError: a field it does not have, or a change of the words of a finding its renderer
+                wrote (``message``, ``cause``, ``fix``, ``remedy``, ``reason``, ``args``): they are
+                rendered once, from the reason and its arguments (:mod:`leafwatch.report.words`).
+        """
         unknown = changes.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Finding has no field {sorted(unknown)[0]!r}")
+        if self.reason and not changes.keys().isdisjoint(_WORDS):
+            raise TypeError(f"the words of a {self.kind}/{self.reason} finding are rendered once, from its reason and "
+                            f"arguments: make a new finding instead of changing {sorted(changes.keys() & _WORDS)}")
         new = object.__new__(Finding)
         new.__dict__.update(self.__dict__)
         new.__dict__.update(changes)
         for name, words in (("kind", Kind), ("severity", Severity), ("status", Status)):
             if name in changes:
                 new.__dict__[name] = _word(words, changes[name])
-        if "fix" in changes or "details" in changes:
-            new.__dict__["details"] = _marked(new.details, new.fix)
+        if "fix" in changes or "details" in changes or "remedy" in changes:
+            new.__dict__["details"] = _marked(new.details, new.fix, new.remedy)
         return new
 
+    def with_details(self, **details: Any) -> Finding:
+        """A copy with ``details`` added (the history's bookkeeping: never the words)."""
+        return self.replace(details={**self.details, **details})
+
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f: getattr(self, f) for f in _FIELD_ORDER}
         data["kind"], data["severity"], data["status"] = str(self.kind), str(self.severity), str(self.status)
         data.update(shape=list(self.shape) if self.shape is not None else None, aliases=list(self.aliases),
-                    ranks=list(self.ranks), details=dict(self.details), members=[m.to_dict() for m in self.members])
+                    ranks=list(self.ranks), details=dict(self.details), members=[m.to_dict() for m in self.members],
+                    args=dict(self.args), remedy=self.remedy.to_dict() if self.remedy is not None else None)
         return data
 
     @classmethod
@@ -302,6 +334,10 @@ class Finding:
         values["aliases"] = tuple(values.get("aliases", ()))
         values["ranks"] = tuple(values.get("ranks", ()))
         values["members"] = tuple(cls.from_dict(m) for m in values.get("members", ()))
+        if isinstance(values.get("remedy"), Mapping):
+            values["remedy"] = Remedy.from_dict(values["remedy"])
+        if "reason" not in values and isinstance(values.get("details"), Mapping):  # written before findings carried it
+            values["reason"] = str(values["details"].get("reason", ""))
         return cls(**values)
 
     def sort_key(self) -> tuple[Any, ...]:
@@ -311,41 +347,21 @@ class Finding:
         return order_key(self.status, self.severity, self.kind, self.name)
 
 
-#: The calls a fix writes on the user's optimizer, model or tensor only once it found the object
-#: itself (:func:`leafwatch.detectors.fixes.variable_for`); else it says them in words.
-_CODE_CALLS = frozenset({"add_param_group", "step", "zero_grad", "to", "requires_grad_"})
-
-
-@functools.lru_cache(maxsize=4096)
-def applicability(fix: str) -> str | None:
-    """``details["applicability"]`` of a fix (None without one): ``"code"`` when it quotes a
-    statement to paste on the user's own objects, an assignment (``self.w = nn.Parameter(...)``)
-    or a call on one of them (``opt.add_param_group({"params": head.parameters()})``); else
-    ``"words"``, advice (a span with ``...`` left for the user to fill in is advice)."""
-    for span in re.findall(r"`([^`]+)`", fix):
-        if "..." in span:
-            continue
-        try:
-            (node,) = ast.parse(span).body
-        except (SyntaxError, ValueError):
-            continue
-        call = node.value if isinstance(node, ast.Expr) else None
-        if (isinstance(node, ast.Assign) and " = " in span) or (
-                isinstance(call, ast.Call) and getattr(call.func, "attr", None) in _CODE_CALLS):
-            return "code"
-    return "words" if fix else None
-
-
-def _marked(details: Mapping[str, Any], fix: str) -> Mapping[str, Any]:
-    mark = applicability(fix)
+def _marked(details: Mapping[str, Any], fix: str, remedy: Remedy | None) -> Mapping[str, Any]:
+    """``details["applicability"]``: the remedy's, as its renderer declared it (a finding made by hand
+    with a fix and no remedy: words), so that readers of older records find it where they did."""
+    mark = remedy.applicability if remedy is not None else "words" if fix else None
     if details.get("applicability") == mark:
         return details
     rest = {k: v for k, v in details.items() if k != "applicability"}
     return {**rest, "applicability": mark} if mark else rest
 
 
-#: The names of the fields of a :class:`Finding`.
-_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
+#: The names of the fields of a :class:`Finding`, in order.
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(Finding))
+_FIELDS = frozenset(_FIELD_ORDER)
+#: What a renderer writes, or renders from: never changed on a rendered finding.
+_WORDS = frozenset({"message", "cause", "fix", "remedy", "reason", "args"})
 
 
 def order_key(status: str, severity: str, kind: str, name: str) -> tuple[Any, ...]:
@@ -405,21 +421,37 @@ def _mistake(group: str, members: list[Finding]) -> Finding:
     spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
     # Every tensor of the kind at once: named by the module that holds them all when one does.
     label = (_holder(names) or compress_names(names, limit=3)) if group.startswith("*") else group
-    return first.replace(
-        name=label,
-        message=_shared(same, "message", group, each_only=True)
-        or f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
-        cause=_shared(same, "cause", group),
-        fix=_shared(same, "fix", group),
-        step=max((m.step for m in members if m.step is not None), default=None),
+    words = _rendered_together(first, same, label)
+    if words is None:  # made by hand, not by a detector (no renderer): the words they share, else the first's
+        messages = {m.message for m in same}
+        words = Words(messages.pop() if len(messages) == 1
+                      else f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
+                      first.cause, first.fix, first.remedy or Remedy("words"))
+    mistake = Finding(
+        kind=first.kind, name=label, severity=first.severity, message=words.message, cause=words.cause, fix=words.fix,
+        step=max((m.step for m in members if m.step is not None), default=None), status=first.status,
         first_step=min((m.first_step for m in members if m.first_step is not None), default=None),
         last_step=max((m.last_step for m in members if m.last_step is not None), default=None),
         steps_seen=max(m.steps_seen for m in members),
-        shape=None, dtype=None, device=None, aliases=(),
         ranks=tuple(sorted({r for m in members for r in m.ranks})),
         details={**first.details, "group": group, "tensors": len(members)},
         members=tuple(sorted(members, key=lambda m: natural_key(m.name))),
-    )
+        reason=first.reason, args=first.args, remedy=words.remedy)
+    return mistake
+
+
+def _rendered_together(first: Finding, same: list[Finding], group: str) -> Words | None:
+    """The words of a mistake's tensors that share the first one's status and reason, rendered by
+    that reason's renderer from their arguments together; None for findings without one (made by
+    hand, or read from a record written before findings carried their arguments)."""
+    if not first.reason or not has_renderer(first.kind, first.reason):
+        return None
+    alike = sorted((m for m in same if m.reason == first.reason), key=lambda m: natural_key(m.name))
+    try:
+        return render(first.kind, first.reason, Members([m.name for m in alike], [m.args for m in alike], group,
+                                                        [m.details.get("cover") for m in alike]))
+    except (KeyError, TypeError, ValueError):  # arguments of another version: the words they were written with
+        return None
 
 
 def _holder(names: list[str]) -> str | None:
@@ -427,70 +459,6 @@ def _holder(names: list[str]) -> str | None:
     ``encoder.2.bias``); None when only the model itself holds them all."""
     common = set.intersection(*(set(ancestors(name)) for name in names))
     return max(common, key=lambda m: m.count(".")) if common else None
-
-
-def _shared(members: list[Finding], field: str, group: str, each_only: bool = False) -> str:
-    """The message, cause or fix of a mistake's tensors: the one they share, said of each of
-    them when it differs only by naming each tensor (and its module, inside the group's module:
-    `aux_head.0` and `aux_head.2` of the group `aux_head`); else the first's, saying whose ("" with
-    ``each_only``)."""
-    return _shared_text(tuple((m.name, getattr(m, field), m.details.get("module"), m.details.get("cover"))
-                              for m in members), group, each_only)
-
-
-@functools.lru_cache(maxsize=4096)  # a report is rebuilt at checks where only the step counts changed
-def _shared_text(rows: tuple[tuple[str, str, Any, Any], ...], group: str, each_only: bool) -> str:
-    """:func:`_shared` of the tensors' ``(name, text, module, cover)``."""
-    texts = {text for _, text, _, _ in rows}
-    if len(texts) == 1:
-        return texts.pop()
-    first_name, first = rows[0][:2]
-    fallback = "" if each_only or not first else f"for `{first_name}`: {first}"
-    shapes = {_shape(text, name, module, group) for name, text, module, _ in rows}
-    if len(shapes) == 1 and _subject_only(next(iter(shapes))):
-        shape = shapes.pop()
-        if any(mark in shape for mark in "\0\1\2\3"):
-            patterns = sorted({f"{cover}.*" if cover else p
-                               for _, text, _, cover in rows for p in _IGNORE.findall(text)}, key=natural_key)
-            ignore = ", ".join(f'"{p}"' for p in patterns) if len(patterns) <= 8 else None
-            if ignore is None and "\2" in shape:
-                return fallback
-            params = sorted({p for _, text, _, _ in rows for p in _PARAMS.findall(text)}, key=natural_key)
-            if "\3" in shape and not 0 < len(params) <= 8:
-                return fallback
-            return (shape.replace("\0", f"each of `{compress_names(name for name, *_ in rows)}`")
-                    .replace("\1", group).replace("\2", ignore or "").replace("\3", ", ".join(params)))
-    return fallback
-
-
-#: What may stand before "each of ..." in a mistake's text (the start of a clause, a verb or a
-#: preposition that takes an object).
-_BEFORE_EACH = (": ", ". ", "; ", "use ", "of ", "with ", "holding ", "for ")
-
-
-def _subject_only(shape: str) -> bool:
-    """Whether each tensor's name (\\0) stands where "each of ..." reads well: at the start of
-    the text or of a clause, or after a verb or preposition ("the old `x`" does not take it:
-    that mistake gets its kind's plural message instead)."""
-    return all(i == 0 or shape[:i].endswith(_BEFORE_EACH) for i, c in enumerate(shape) if c == "\0")
-
-
-#: The patterns of an ``ignore=[...]`` suggestion in a fix.
-_IGNORE = re.compile(r'ignore=\["([^"]+)"\]')
-#: The tensors of an ``add_param_group({"params": [...]})`` snippet in a fix (one list for the mistake).
-_PARAMS = re.compile(r'\{"params": \[([^\]\[]*(?:\[[^\]]*\][^\]\[]*)*)\]\}')
-
-
-def _shape(text: str, name: str, module: Any, group: str) -> str:
-    """``text`` with the tensor's own name as \\0, its module, when inside ``group``, as \\1,
-    and the patterns of an ``ignore=[...]`` suggestion as \\2 (the mistake lists them all)."""
-    text = _IGNORE.sub(lambda _: "ignore=[\2]", text.replace(f"`{name}`", "\0"))
-    text = _PARAMS.sub(lambda _: '{"params": [\3]}', text)
-    module = module or parent(name)
-    # Only when the text says nothing of the group's module itself (e.g. that it ran).
-    if isinstance(module, str) and module and module.startswith(group + ".") and f"`{group}`" not in text:
-        text = text.replace(module, "\1")
-    return text
 
 
 def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None) -> list[Finding]:
@@ -510,10 +478,14 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
         [('experts', ('experts.2', 'experts.3', 'experts.10'))]
     """
     buckets: dict[tuple[str, str], list[Finding]] = {}
+    written: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
     for f in findings:
+        keys = {(member.kind, group_of(member)) for member in f.tensors}
         for member in f.tensors:
             buckets.setdefault((member.kind, group_of(member)), []).append(member)
-    return sorted((memo or MistakeMemo()).mistakes(buckets), key=Finding.sort_key)
+        if f.members and len(keys) == 1:  # a mistake as it was written (a record read back): kept whole
+            written[keys.pop()] = (f.members, f)
+    return sorted((memo or MistakeMemo()).mistakes(buckets, written), key=Finding.sort_key)
 
 
 class MistakeMemo:
@@ -524,9 +496,11 @@ class MistakeMemo:
     def __init__(self) -> None:
         self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
 
-    def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]]) -> list[Finding]:
-        """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones)."""
-        known, kept = self._known, {}
+    def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]],
+                 written: Mapping[tuple[str, str], tuple[tuple[Finding, ...], Finding]] | None = None) -> list[Finding]:
+        """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones); ``written``:
+        the mistakes given whole, taken as they are when a bucket holds exactly their members."""
+        known, kept = {**self._known, **(written or {})}, {}
         out = []
         for key, members in buckets.items():
             last = known.get(key)

@@ -124,7 +124,7 @@ class FindingHistory(FindingsView):
             elif action is Action.HOLD:
                 self._hold(v.finding)  # type: ignore[arg-type]
             elif action is Action.CONFIRM:
-                self._confirm(v.key, **(v.changes or {}))
+                self._confirm(v.key, v.finding, **(v.changes or {}))
             elif action is Action.DROP:
                 self._drop(v.key)
             elif action is Action.MERGE:
@@ -181,11 +181,13 @@ class FindingHistory(FindingsView):
             return  # already decided: a hold never takes back a shown finding
         self._upsert(f.replace(status=Status.PENDING))
 
-    def _confirm(self, key: tuple[str, str], **changes: Any) -> None:
-        """Turn a pending finding into an open one (with ``changes``, e.g. a better cause)."""
+    def _confirm(self, key: tuple[str, str], finding: Finding | None = None, **changes: Any) -> None:
+        """Turn a pending finding into an open one: ``finding`` (its first step and count those of the
+        pending one), or the pending one with ``changes``."""
         old = self._records.get(key)
         if old is not None and old.status == Status.PENDING:
-            self._put(old.replace(status=Status.OPEN, **changes))
+            self._put(old.replace(status=Status.OPEN, **changes) if finding is None else finding.replace(
+                status=Status.OPEN, first_step=old.first_step, steps_seen=old.steps_seen, **changes))
 
     def _drop(self, key: tuple[str, str], status: Status = Status.PENDING) -> None:
         """Forget a pending finding (the evidence says it was intended), or an open one another

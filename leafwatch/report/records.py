@@ -22,7 +22,9 @@ PLUGIN_CONTENT = b"1"
 #: The version of the records written now; a reader skips records of a newer version.
 #: 2: a report's findings are mistakes, each listing its tensors in ``members`` (version 1
 #: listed one finding per tensor; readers group those as they read them).
-RECORD_VERSION = 2
+#: 3: each finding carries its ``reason``, its ``args`` (what its words were rendered from) and its
+#: ``remedy`` (the fix as data: code or words, and where the code goes in the user's file).
+RECORD_VERSION = 3
 
 #: The latest report of a run (JSON): what the tab's findings table and ``leafwatch report`` read.
 REPORT_TAG = "leafwatch/report"
@@ -41,15 +43,21 @@ LAYOUT_RUN = "leafwatch-layout"
 #: The records, each one document in a string tensor.
 RECORD_FORMAT = """
 leafwatch/report          latest wins; written when the findings change and at close (UTF-8 JSON):
-    {"version": 2, "step": int, "counts": {kind: open mistakes}, "findings": [Finding.to_dict(), ...]}
+    {"version": 3, "step": int, "counts": {kind: open mistakes}, "findings": [Finding.to_dict(), ...]}
     one finding per mistake; its "members" are the per-tensor findings (Finding.to_dict() each,
     with "members": []). Version 1 wrote per-tensor findings only (no "members").
+    Each finding: "message", "cause", "fix" (its words, rendered once), "reason", "args" (what
+    they were rendered from: plain data), "remedy": {"applicability": "code" | "words", "code":
+    the snippet, "edit": null or {"path": absolute path of the user's file, "start", "end": its
+    lines, "action": "insert_after" | "replace", "text": the lines to write}} (null without a
+    fix). Versions 1 and 2 carried no "reason", "args" or "remedy": read with the reason of
+    "details" and no remedy.
     "nothing_to_check": true is added when no tensor required grad and nothing was watched
     (absent otherwise, and in records written before it: read as false).
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
     sampling never drops history); the latest sample of a tag is the whole chunk so far,
     zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
-    {"version": 2, "chunk": int, "groups": {group: {
+    {"version": 3, "chunk": int, "groups": {group: {
         "names": [qualified names of the tensors checked when this group steps],
         "steps": [[first, last], ...]   # ranges of the steps this group was checked at, in order
         "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
@@ -96,7 +104,7 @@ def decode(payload: str | bytes) -> dict[str, Any] | None:
     Example::
 
         >>> decode(encode_report({"step": 3, "findings": []}))
-        {'version': 2, 'step': 3, 'findings': []}
+        {'version': 3, 'step': 3, 'findings': []}
         >>> decode(encode_coverage(0, {}))["chunk"], decode(b"not json")
         (0, None)
     """

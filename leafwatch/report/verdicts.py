@@ -14,7 +14,7 @@ The verbs:
 ``hold``   a suspicion waiting for named evidence (``details["pending"]``, a
            :class:`~leafwatch.report.findings.Waiting`): kept out of reports; never takes back a
            finding already shown
-``confirm`` a held suspicion the evidence confirmed: shown, with ``changes`` (a better cause)
+``confirm`` a held suspicion the evidence confirmed: shown, as the finding its decision made
 ``drop``   a held suspicion the evidence dropped: forgotten, never shown
 ``merge``  findings of one check that one finding speaks for: forgotten (audit()'s "no gradient at all")
 ``resolve`` an open finding that no longer holds: shown as resolved at ``step``
@@ -69,8 +69,10 @@ class Verdict:
         return cls(Action.HOLD, f.key, f)
 
     @classmethod
-    def confirm(cls, key: tuple[str, str], **changes: Any) -> Verdict:
-        return cls(Action.CONFIRM, key, changes=changes)
+    def confirm(cls, key: tuple[str, str], finding: Finding | None = None, **changes: Any) -> Verdict:
+        """A held suspicion shown: as ``finding`` when given (the words its decision renders; the held
+        one's first step and count kept), else as it was with ``changes`` (data only)."""
+        return cls(Action.CONFIRM, key, finding, changes=changes)
 
     @classmethod
     def drop(cls, key: tuple[str, str]) -> Verdict:

@@ -497,12 +497,14 @@ def test_the_checks_parts_are_the_registrys_detectors_in_order() -> None:
 
 
 def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Adding a detector is its module and one line in the registry: here, a gradient-norm limit."""
+    """Adding a detector is its module and one line in the registry: here, a gradient-norm limit
+    (its verdicts, and the renderer of its reason)."""
     import dataclasses
 
     from leafwatch.detectors import registry
     from leafwatch.detectors.constructors import make
     from leafwatch.observe.evidence import LISTS, STEP
+    from leafwatch.report import words
     from leafwatch.report.verdicts import Verdict
 
     @dataclasses.dataclass
@@ -511,11 +513,16 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
 
     def huge(checker, evidence):  # the detector: evidence in, verdicts out
         checker.states["the gradient-norm check"].checks += 1
-        return [Verdict.open(make("nonfinite_grad", name, "warning", f"`{name}`'s gradient is huge.",
-                                  "a learning rate too high", "lower the learning rate", reason="huge",
+        return [Verdict.open(make("nonfinite_grad", name, "warning", "huge", {"norm": float(p.grad.norm())},
                                   step=evidence[STEP]))
                 for _, clist, _ in evidence[LISTS] for name, p in zip(clist.names, clist.params)
                 if p.grad is not None and p.grad.abs().max() > 1e3]
+
+    def render(m: words.Members) -> words.Words:
+        return words.Words(f"{m.who}'s gradient is huge.", "a learning rate too high", "lower the learning rate")
+
+    monkeypatch.setitem(words.RENDERERS, ("nonfinite_grad", "huge"),
+                        words.Renderer("nonfinite_grad", "huge", render, "never"))
 
     added = registry.Detector("the gradient-norm check", huge, state=lambda checker: Seen())
     monkeypatch.setattr(registry, "DETECTORS", (*registry.DETECTORS, added))

@@ -11,6 +11,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import KINDS, Finding, LeafwatchError, Report
+from leafwatch.report.words import Remedy
 
 
 def _finding(kind: str = "missing_grad", name: str = "a.weight", severity: str = "error", **changes) -> Finding:
@@ -193,25 +194,23 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
         "leafwatch: INFO missing_grad `a.weight` at step 1 (intermittent) on rank(s) 1. Fix (advice): use it"
 
 
-@pytest.mark.parametrize(("fix", "mark"), [
-    ("call `opt.step()` after the backward pass", "code"),  # a call on the user's optimizer
-    ('add it to `opt`: `opt.add_param_group({"params": [model.scale]})`', "code"),
-    ("register it: `self.w = nn.Parameter(torch.ones(1))`", "code"),  # the user's own line, registered
-    ("convert the model as a whole: `model.to(torch.float32)`", "code"),
-    ("call `step()` on the `SGD` that holds it", "words"),  # no variable: whose step() is for the user to say
-    ('call `head` in forward(); if that is intended, silence it: `ignore=["head.*"]`', "words"),  # a keyword
-    ("check after `loss.backward()`; find the op (`torch.autograd.detect_anomaly()`)", "words"),
-    ("wrap the tensor in `nn.Parameter` where your module assigns it", "words"),
-    ("move it: `model.to(...)`", "words"),  # `...` is for the user to fill in: not pasteable
-    ("register it: `self.w = nn.Parameter(...)`", "words"),
-    ("", None),
+@pytest.mark.parametrize(("fix", "remedy", "mark"), [
+    ("call `opt.step()` after the backward pass", Remedy("code", "opt.step()"), "code"),
+    ('add it to `opt`: `opt.add_param_group({"params": [model.scale]})`',
+     Remedy("code", 'opt.add_param_group({"params": [model.scale]})'), "code"),
+    ("call `step()` on the `SGD` that holds it", Remedy("words"), "words"),  # whose step() is for the user to say
+    ("register it: `self.w = nn.Parameter(torch.ones(1))`", None, "words"),  # made by hand, no remedy: advice
+    ("", None, None),
 ])
-def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, mark):
+def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, remedy, mark):
+    """The mark is the remedy its renderer declared (:mod:`leafwatch.report.words`), never read off the
+    fix's prose; a finding made by hand with a fix and no remedy is advice."""
     from leafwatch.report.format import finding_line
 
-    f = _finding(fix=fix)
+    f = _finding(fix=fix, remedy=remedy)
     assert f.details.get("applicability") == mark and f.details["reason"] == "detached"
-    assert Finding.from_dict(json.loads(json.dumps(f.to_dict()))).details == f.details  # the record carries it
+    again = Finding.from_dict(json.loads(json.dumps(f.to_dict())))  # the record carries it
+    assert (again.details, again.remedy) == (f.details, f.remedy)
     shown = {"code": "code", "words": "advice"}.get(mark)
     if mark is None:
         assert "Fix" not in finding_line(f) and "fix" not in str(Report([f]))
@@ -219,9 +218,17 @@ def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(f
     assert finding_line(f).endswith(f". Fix ({shown}): {fix}")
     assert f"      fix ({shown}): {fix}" in str(Report([f]))
     assert f"| ({shown}) " in Report([f]).to_markdown()
-    # The mark follows the fix: a finding whose fix changes is marked anew.
-    assert f.replace(fix="use it").details["applicability"] == "words"
-    assert f.replace(fix="call `opt.zero_grad()`").details["applicability"] == "code"
+
+
+def test_the_words_of_a_rendered_finding_are_never_changed_after_rendering():
+    from leafwatch.detectors.loop import grad_cleared_all
+
+    f = grad_cleared_all("optimizers[0]", ["w"], step=3)
+    assert (f.reason, f.remedy.applicability) == ("cleared", "words")
+    for change in ({"fix": "use it"}, {"message": "m"}, {"cause": "c"}, {"reason": "other"}, {"args": {}}):
+        with pytest.raises(TypeError, match="rendered once"):
+            f.replace(**change)
+    assert f.replace(step=4).fix == f.fix  # bookkeeping changes freely
 
 
 def test_findings_of_the_scan_before_the_first_step_say_at_start():

@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from leafwatch.detectors import dead, loop, structure, watched
-from leafwatch.detectors.constructors import make
+from leafwatch.detectors.causes import Explanation
+from leafwatch.report.findings import Finding
 from leafwatch.detectors.dead import dead_grad
 from leafwatch.detectors import gradients, held
 from leafwatch.report.findings import Kind, Status, Waiting
@@ -25,6 +26,16 @@ from leafwatch.observe.structure import CheckList
 from leafwatch.observe.tracing import Tracer
 from leafwatch.report.verdicts import Action, Verdict
 from leafwatch.watching import WatchSet, add_watch
+
+
+def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, **details) -> Finding:
+    """A finding made by hand (no renderer): these tests are about verdicts, not words."""
+    return Finding.new(kind, name, severity, message, cause, fix, **details)
+
+
+def _ran_under_no_grad(name: str):
+    """How the gradient detector makes the miss of a module run under no_grad (its words rendered)."""
+    return lambda: gradients.missing_grad(name, torch.ones(1), step=1, explanation=Explanation("grad_disabled", {}))
 
 
 def _actions(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
@@ -207,10 +218,12 @@ def test_every_action_has_its_effect_on_the_history() -> None:
     f = dead_grad("g", 3, 1)
     history.apply([Verdict.hold(f)])
     assert history.get(f.key).status == Status.PENDING and history.report(1).findings == []
-    history.apply([Verdict.confirm(f.key, cause="seen")])
-    assert history.get(f.key).status == Status.OPEN and history.get(f.key).cause == "seen"
+    decided = dead_grad("g", 5, 4)  # a confirmation shows the finding its decision made, first seen when held
+    history.apply([Verdict.confirm(f.key, decided)])
+    shown = history.get(f.key)
+    assert (shown.status, shown.message, shown.first_step) == (Status.OPEN, decided.message, f.first_step)
     version = history.version
-    history.apply([Verdict.count(f.replace(step=5, cause="seen"))])
+    history.apply([Verdict.count(decided.replace(step=5))])
     assert history.version == version and history.get(f.key).step == 5  # counts only: no new version
     history.apply([Verdict.resolve(f.key, 6)])
     assert history.get(f.key).status == Status.RESOLVED and history.get(f.key).last_step == 6
@@ -229,7 +242,7 @@ def test_every_action_has_its_effect_on_the_history() -> None:
 def test_a_no_grad_miss_is_held_then_dropped_as_a_target_when_its_value_changes() -> None:
     state = held.HeldState()
     ema = nn.Parameter(torch.ones(3))
-    made = lambda: make("missing_grad", "ema.weight", "error", "m", "ran under no_grad", "f", step=1, reason="grad_disabled")  # noqa: E731
+    made = _ran_under_no_grad("ema.weight")
     assert held.judges(state, id(ema), "grad_disabled") and not held.judges(state, id(ema), "never_ran")
     first = held.target(state, ema, "ema.weight", None, None, 1, made)
     assert _actions(first) == [("hold", "missing_grad", "ema.weight")]
@@ -243,11 +256,12 @@ def test_a_no_grad_miss_is_held_then_dropped_as_a_target_when_its_value_changes(
 def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
     state = held.HeldState()
     frozen = nn.Parameter(torch.ones(3))
-    made = lambda: make("missing_grad", "enc.weight", "error", "m", "ran under no_grad.", "f", step=1, reason="grad_disabled")  # noqa: E731
+    made = _ran_under_no_grad("enc.weight")
     held.target(state, frozen, "enc.weight", None, None, 1, made)
     verdicts = held.target(state, frozen, "enc.weight", None, None, 2, made)
     assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
-    assert "did not change between checks" in verdicts[1].changes["cause"]
+    assert verdicts[1].finding.reason == "not_a_target" and "ran with gradients disabled" in verdicts[1].finding.cause
+    assert "did not change between checks" in verdicts[1].finding.cause
 
 
 def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None:

@@ -165,7 +165,7 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
         assert name in text
     assert "| (code) register it where it is assigned: `self.temperature = " in text
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
-    assert record["counts"]["missing_grad"] == 1 and record["version"] == 2
+    assert record["counts"]["missing_grad"] == 1 and record["version"] == 3
     # The tab's record carries the mark with the fix.
     assert {f["name"]: f["details"]["applicability"] for f in record["findings"]} == {
         "head": "words", "loss_weight": "words", "temperature": "code"}

@@ -237,9 +237,13 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
         cache: Answers kept for the next finding (see :func:`variable_for`).
     """
     where = framework(model, cache)
+    held = None
     if variable is None and where != "lightning":
-        variable = next((v for v in (variable_for(o, known, cache) for o in optimizers) if v is not None), None)
-    return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None}
+        variable, held = next(((v, o) for v, o in ((variable_for(o, known, cache), o) for o in optimizers)
+                               if v is not None), (None, None))
+    at = assigned_at(held, variable) if held is not None and variable is not None else None
+    return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None,
+            "at": at}
 
 
 def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
@@ -255,10 +259,13 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
         return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}", ADVICE
     group = f'{{"params": {params}}}' if params else None
     call = f"{variable}.add_param_group({group})" if variable is not None and group is not None else None
+    at = target.get("at")
+    edit = None if call is None or at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
+                                                          f"{at['indent']}{call}\n")
     if where == "transformers":
         if call is not None:
             return (f"add {what} to `{variable}`, the optimizer you pass in the Trainer's `optimizers=`, before "
-                    f"training: `{call}` (the new group takes its defaults)"), code(call)
+                    f"training: `{call}` (the new group takes its defaults)"), code(call, edit)
         return ("the Trainer builds its optimizer (`optim` in `TrainingArguments`) from the parameters of the "
                 f"model that require grad when training starts: register {what} as an `nn.Parameter` of the "
                 f"model that requires grad before training, or pass an optimizer of yours that holds {what} "
@@ -266,7 +273,7 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
     if call is not None:
         yours = f"your `{cls}`, its groups as they are" if cls else "its groups as they are"
         return (f"add {what} to `{variable}` ({yours}): `{call}`; the new group "
-                f"takes `{variable}`'s defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"), code(call)
+                f"takes `{variable}`'s defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"), code(call, edit)
     defaults = "the new group takes the optimizer's defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"
     if group is not None:
         return f"add {what} to your optimizer: call its `add_param_group` with `{group}`; {defaults}", ADVICE
@@ -512,6 +519,64 @@ def statement_span(location: str | None) -> dict[str, Any] | None:
     first = linecache.getline(path, node.lineno)
     return {"path": path, "start": node.lineno, "end": node.end_lineno or node.lineno,
             "indent": first[:len(first) - len(first.lstrip())]}
+
+
+def short_place(location: str) -> str:
+    """``train.py:12`` of ``/path/to/train.py:12``."""
+    path, _, line = location.rpartition(":")
+    return f"{os.path.basename(path)}:{line}"
+
+
+def assigned_at(obj: Any, variable: str) -> dict[str, Any] | None:
+    """Where the user's code assigned ``obj`` to ``variable`` (``opt``, ``self.optimizer``): the last
+    assignment to it before the running line, in the scope of the innermost user frame that holds
+    it under that name (a function, the module, or for ``self.x`` the methods of ``self``'s class),
+    as :func:`statement_span` gives it; None when it is not found."""
+    attr = variable[5:] if variable.startswith("self.") else None
+    if not (attr or variable).isidentifier():
+        return None
+    for _, frame in zip(range(_MAX_FRAMES), frames.user_frames()):
+        local = frame.f_locals
+        owner = local.get("self") if attr else None
+        if attr is not None and getattr(owner, "__dict__", {}).get(attr) is obj:
+            return _last_assignment(frame, variable, scope="class")
+        if attr is None and _unwrapped(local.get(variable)) is obj:
+            return _last_assignment(frame, variable, scope="function")
+        if attr is None and _unwrapped(frame.f_globals.get(variable)) is obj:
+            return _last_assignment(frame, variable, scope="module")
+    return None
+
+
+def _last_assignment(frame: Any, variable: str, scope: str) -> dict[str, Any] | None:
+    path = frame.f_code.co_filename
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return None
+    first, line = frame.f_code.co_firstlineno, frame.f_lineno
+    if scope == "class":
+        node = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.lineno <= line <= (c.end_lineno or 0)
+                     and any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in c.body)), None)
+        line = 10**9  # the assignment may be in another method (`__init__`)
+    elif scope == "function" and frame.f_code.co_name != "<module>":
+        node = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                     and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == first), None)
+    else:
+        node = tree
+    found = [n for n in _statements(node) if isinstance(n, ast.Assign) and n.lineno <= line
+             and any(ast.unparse(t) == variable for t in n.targets)] if node is not None else []
+    return statement_span(f"{path}:{found[-1].lineno}") if found else None
+
+
+def _statements(node: ast.AST) -> Iterable[ast.stmt]:
+    """The statements under ``node`` in order, not those of the functions and classes it defines
+    (a class's methods are walked for the class itself)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.stmt):
+            yield child
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) \
+                or isinstance(node, ast.ClassDef):
+            yield from _statements(child)
 
 
 def leaf_assignment(name: str, location: str | None) -> str | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -263,7 +263,8 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:
         where, function = seen
-        args.update(created_at=where, function=function, created=fixes.outside_module(info.name, inventory) or name,
+        args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
+                    created=fixes.outside_module(info.name, inventory) or name,
                     lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning")
         return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
                     aliases=info.aliases, **saw)
@@ -297,10 +298,12 @@ def _add_args(name: str, inv: Inventory | None) -> dict[str, Any]:
             "param_code": fixes.model_tensor_code(name, inv)}
 
 
-def _add(m: Members, what: str = "it") -> tuple[str, Remedy]:
-    """:func:`~leafwatch.detectors.fixes.add_words` for the tensors of ``m`` (:func:`_add_args`)."""
+def _add(m: Members, what: str = "it", after: Mapping[str, Any] | None = None) -> tuple[str, Remedy]:
+    """:func:`~leafwatch.detectors.fixes.add_words` for the tensors of ``m`` (:func:`_add_args`); the
+    code goes after the statement ``after`` when given, else after the optimizer's."""
     params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
-    return fixes.add_words(params, m.first["target"], what)
+    target = m.first["target"] if after is None else {**m.first["target"], "at": after}
+    return fixes.add_words(params, target, what)
 
 
 @renders("not_in_optimizer", "left_out")
@@ -323,7 +326,8 @@ def _created_after(m: Members) -> Words:
         return Words(_in_no_optimizer(m), cause,
                      f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
                      f"`{function}` runs after the optimizers are built")
-    add, remedy = _add(m)
+    # (the tensors exist only from their creation on: the call goes right after it, not after the optimizer's)
+    add, remedy = _add(m, after=a["created_span"])
     return Words(_in_no_optimizer(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 

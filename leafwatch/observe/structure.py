@@ -95,7 +95,7 @@ def _record(tensors: Any) -> None:
         frame = frames.user_frame()
         if frame is None or len(_appeared) >= _APPEARED_MAX:
             return
-        where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
         function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
         _last_registration = number = next(_registrations)
         for t in tensors:
@@ -117,7 +117,7 @@ def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
 
 
 def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
-    """``(file:line, function)`` of the user's code that registered ``t`` after the registration
+    """``(path:line, function)`` of the user's code that registered ``t`` after the registration
     mark ``after`` (:func:`registration_mark`, noted when the optimizers were handed over, so
     after they were built); None when it was not seen so."""
     found = _appeared.get(id(t))

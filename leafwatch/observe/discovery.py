@@ -11,7 +11,8 @@
   gradient and that no optimizer holds (an EMA copy, a teacher, a target network) is not judged.
 - The frames of user code at an optimizer step (:func:`user_frames`) give the modules that own
   unknown parameters, the optimizers the script holds, and whether the loop runs at the
-  script's module level.
+  script's module level. A module found there whose own tensors got gradients although the hook,
+  armed, never saw it run is :attr:`Discovery.called_directly` (its ``.forward()`` is called).
 - What the user's variables hold is read without running code of theirs: an object whose class
   overrides ``__getattribute__`` (torch's deprecated ``torch.distributed.reduce_op``, which warns
   at each read) is passed over (:func:`leafwatch.observe.frames.readable`), properties are never
@@ -143,8 +144,9 @@ class Discovery:
         self.step_counts: dict[int, int] = {}
         #: Whether the loop that steps runs at the script's module level.
         self.loop_at_module_level = False
-        #: Whether any module ran through ``module(x)`` (hooks fire) rather than ``.forward(x)``.
-        self.saw_forward = False
+        #: Ids of the modules owning, themselves, a tensor an optimizer stepped with a gradient, that the global
+        #: hook never saw run through ``module(x)`` although it watched that step: their ``.forward()`` is called.
+        self.called_directly: set[int] = set()
         self.seen: dict[int, weakref.ReferenceType] = {}
         self._handles: list[Any] = []
         self._opt_keys: dict[int, tuple[int, ...]] = {}
@@ -190,10 +192,10 @@ class Discovery:
         return dict(self._paths)
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if module._parameters:  # a module with parameters of its own ran through module(x)
-            self.saw_forward = True
         if id(module) not in self.seen:
             remember(self.seen, module)
+        elif self.called_directly:  # a module the frames gave runs through module(x) after all
+            self.called_directly.discard(id(module))
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
@@ -266,20 +268,24 @@ class Discovery:
         if new_params:
             unknown = optimizer_ids([optimizer]) - self._owned - self._accepted_unknown
             if unknown:
+                watched = self.armed  # armed before this step: the hook saw the step's forward
                 self.arm()
-                self._find_owners(unknown)
+                self._find_owners(unknown, watched)
         if self._handles or new_params:
             self.update_roots(checked)
         return count, new_params
 
-    def _find_owners(self, unknown: set[int]) -> None:
+    def _find_owners(self, unknown: set[int], watched: bool) -> None:
         """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
         container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
-        one by one) is found there, the training loop holds it in a variable."""
+        one by one) is found there, the training loop holds it in a variable. When the hook ``watched``
+        the step's forward, those that got gradients without running are :attr:`called_directly`."""
         for frame in user_frames():
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):
+                        if watched:
+                            self.called_directly |= _used_without_running(value, unknown, self.seen)
                         remember(self.seen, value)
 
     def find_optimizers(self) -> None:
@@ -387,6 +393,14 @@ class Discovery:
         held = self._owned | in_optimizers
         held |= {id(p) for m in self.modules_seen() for p in m.parameters(recurse=False)}  # modules that ran
         return not complete or any(id(leaf) in held for leaf in leaves)
+
+
+def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:
+    """The ids of ``module`` and its submodules not in ``seen`` (they did not run through ``module(x)``, nor
+    did the frames give them earlier) that own, themselves, a tensor of ``ids`` that has a gradient: the
+    forward that used them was not called through ``module(x)``."""
+    return {id(m) for m in module.modules() if id(m) not in seen
+            and any(id(p) in ids and p.grad is not None for p in m.parameters(recurse=False))}
 
 
 def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:

@@ -81,6 +81,7 @@ INSTALL = {
     "transformers": 'pip install -e ".[transformers]"',
     "accelerate": 'pip install -e ".[transformers]"',
     "peft": 'pip install -e ".[test]"',
+    "pyro": 'pip install -e ".[test]"',
     "setuptools": 'pip install -e ".[test]"',
 }
 

@@ -89,7 +89,10 @@ def module_code(name: str) -> str:
 # -- the user's variables ---------------------------------------------------------------------
 def _unwrapped(value: Any) -> Any:
     """The optimizer or module a wrapper holds (accelerate, Fabric, Lightning, DDP, compile), else
-    ``value`` (an object that merely holds an optimizer, such as a callback, is no wrapper)."""
+    ``value`` (an object that merely holds an optimizer, such as a callback, is no wrapper; nor is an
+    object that runs code of its own when read: :func:`leafwatch.observe.frames.readable`)."""
+    if not frames.readable(value):  # torch's deprecated `torch.distributed.reduce_op` warns at each read
+        return value
     try:
         if isinstance(value, nn.Module):
             return unwrap(value)
@@ -103,13 +106,15 @@ def _unwrapped(value: Any) -> Any:
 
 
 def _scopes() -> Iterable[tuple[str, dict[str, Any]]]:
-    """``(prefix, variables)`` of the user's frames, innermost first, then the script's globals."""
+    """``(prefix, variables)`` of the user's frames, innermost first, then the script's globals (read as
+    they are: a value that runs code of its own when read is left to its readers, :func:`_unwrapped`
+    and :func:`leafwatch.observe.discovery.paths_to`)."""
     for _, frame in zip(range(_MAX_FRAMES), frames.user_frames()):
         local = frame.f_locals
         loops = _loop_targets(frame.f_code)  # `opt` of `for opt in opts:` names a different one each turn
         yield "", {k: v for k, v in list(local.items())[:_MAX_VALUES] if k not in loops}
         owner = local.get("self")
-        if owner is not None:
+        if owner is not None and frames.readable(owner):
             try:
                 yield "self.", dict(list(vars(owner).items())[:_MAX_VALUES])
             except TypeError:

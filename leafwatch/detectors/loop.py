@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..observe import frames
 from ..report.findings import Finding, Status
 from ..report.history import FindingsView
 from ..observe.inventory import shape_text
@@ -191,11 +192,13 @@ def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:
         if frame is None:
             break
         values = list(frame.f_locals.values())[:_MAX_LOCALS]
-        try:  # the attributes of the frame's `self` (vars(None) raises too)
-            values.extend(list(vars(frame.f_locals.get("self")).values())[:_MAX_LOCALS])
-        except TypeError:
-            pass
-        for value in values:
+        owner = frame.f_locals.get("self")
+        if frames.readable(owner):  # (not an object whose reads run code of its own: a warning)
+            try:  # the attributes of the frame's `self` (vars(None) raises too)
+                values.extend(list(vars(owner).values())[:_MAX_LOCALS])
+            except TypeError:
+                pass
+        for value in filter(frames.readable, values):
             configs = getattr(value, "lr_scheduler_configs", None) if type(value).__name__ == "Trainer" else None
             candidates = [getattr(c, "scheduler", None) for c in configs or ()] or [value]
             for candidate in candidates:

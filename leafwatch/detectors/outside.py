@@ -102,7 +102,8 @@ def caller_name(t: torch.Tensor) -> str | None:
                 continue
             if value is t:
                 names.append(key)
-            elif not isinstance(value, (torch.Tensor, type, type(sys))) and hasattr(value, "__dict__"):
+            elif frames.readable(value) and not isinstance(value, (torch.Tensor, type, type(sys))) \
+                    and hasattr(value, "__dict__"):
                 try:
                     attrs = vars(value)
                 except TypeError:

@@ -11,7 +11,13 @@
   gradient and that no optimizer holds (an EMA copy, a teacher, a target network) is not judged.
 - The frames of user code at an optimizer step (:func:`user_frames`) give the modules that own
   unknown parameters, the optimizers the script holds, and whether the loop runs at the
-  script's module level.
+  script's module level. A module found there whose own tensors got gradients although the hook,
+  armed, never saw it run is :attr:`Discovery.called_directly` (its ``.forward()`` is called).
+- What the user's variables hold is read without running code of theirs: an object whose class
+  overrides ``__getattribute__`` (torch's deprecated ``torch.distributed.reduce_op``, which warns
+  at each read) is passed over (:func:`leafwatch.observe.frames.readable`), properties are never
+  evaluated (``vars()``, not ``getattr``), and the walk of :func:`paths_to` stays out of module
+  objects (a library's namespace is no path to the user's modules).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import contextlib
 import itertools
 import os
 import sys
+import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -50,17 +57,23 @@ def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
 
 
 def _frame_values(frame: Any) -> list[Any]:
-    """A frame's local values and, for a method, the attributes of ``self``."""
+    """A frame's local values and, for a method, the attributes of ``self``: the readable ones
+    (:func:`leafwatch.observe.frames.readable`)."""
     values = list(frame.f_locals.values())
-    with contextlib.suppress(TypeError):  # no `self`, or one without attributes
-        values.extend(vars(frame.f_locals.get("self")).values())
-    return values[:_MAX_LOCALS]
+    owner = frame.f_locals.get("self")
+    if frames.readable(owner):
+        with contextlib.suppress(TypeError):  # no `self`, or one without attributes
+            values.extend(vars(owner).values())
+    return [value for value in values[:_MAX_LOCALS] if frames.readable(value)]
 
 
 def _script_scope() -> dict[str, Any]:
-    """The module-level variables of the script (``__main__``), at most :data:`_MAX_GLOBALS`."""
+    """The module-level variables of the script (``__main__``), at most :data:`_MAX_GLOBALS`, the
+    readable ones (:func:`leafwatch.observe.frames.readable`)."""
     scope = getattr(sys.modules.get("__main__"), "__dict__", None)
-    return dict(list(scope.items())[:_MAX_GLOBALS]) if isinstance(scope, dict) else {}
+    if not isinstance(scope, dict):
+        return {}
+    return {key: value for key, value in list(scope.items())[:_MAX_GLOBALS] if frames.readable(value)}
 
 
 def remember(seen: dict[int, weakref.ReferenceType], module: nn.Module) -> None:
@@ -131,8 +144,9 @@ class Discovery:
         self.step_counts: dict[int, int] = {}
         #: Whether the loop that steps runs at the script's module level.
         self.loop_at_module_level = False
-        #: Whether any module ran through ``module(x)`` (hooks fire) rather than ``.forward(x)``.
-        self.saw_forward = False
+        #: Ids of the modules owning, themselves, a tensor an optimizer stepped with a gradient, that the global
+        #: hook never saw run through ``module(x)`` although it watched that step: their ``.forward()`` is called.
+        self.called_directly: set[int] = set()
         self.seen: dict[int, weakref.ReferenceType] = {}
         self._handles: list[Any] = []
         self._opt_keys: dict[int, tuple[int, ...]] = {}
@@ -178,10 +192,10 @@ class Discovery:
         return dict(self._paths)
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if module._parameters:  # a module with parameters of its own ran through module(x)
-            self.saw_forward = True
         if id(module) not in self.seen:
             remember(self.seen, module)
+        elif self.called_directly:  # a module the frames gave runs through module(x) after all
+            self.called_directly.discard(id(module))
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
@@ -254,20 +268,24 @@ class Discovery:
         if new_params:
             unknown = optimizer_ids([optimizer]) - self._owned - self._accepted_unknown
             if unknown:
+                watched = self.armed  # armed before this step: the hook saw the step's forward
                 self.arm()
-                self._find_owners(unknown)
+                self._find_owners(unknown, watched)
         if self._handles or new_params:
             self.update_roots(checked)
         return count, new_params
 
-    def _find_owners(self, unknown: set[int]) -> None:
+    def _find_owners(self, unknown: set[int], watched: bool) -> None:
         """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
         container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
-        one by one) is found there, the training loop holds it in a variable."""
+        one by one) is found there, the training loop holds it in a variable. When the hook ``watched``
+        the step's forward, those that got gradients without running are :attr:`called_directly`."""
         for frame in user_frames():
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):
+                        if watched:
+                            self.called_directly |= _used_without_running(value, unknown, self.seen)
                         remember(self.seen, value)
 
     def find_optimizers(self) -> None:
@@ -377,9 +395,19 @@ class Discovery:
         return not complete or any(id(leaf) in held for leaf in leaves)
 
 
+def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:
+    """The ids of ``module`` and its submodules not in ``seen`` (they did not run through ``module(x)``, nor
+    did the frames give them earlier) that own, themselves, a tensor of ``ids`` that has a gradient: the
+    forward that used them was not called through ``module(x)``."""
+    return {id(m) for m in module.modules() if id(m) not in seen
+            and any(id(p) in ids and p.grad is not None for p in m.parameters(recurse=False))}
+
+
 def _real_optimizer(value: Any) -> torch.optim.Optimizer | None:
     """The torch optimizer a script's variable holds (an accelerate or Fabric wrapper unwrapped:
     the global step hooks see the real one), or None."""
+    if not frames.readable(value):  # an item of a plain container the script holds
+        return None
     if not (isinstance(value, torch.optim.Optimizer) or type(value).__name__.endswith("Optimizer")):
         return None
     try:
@@ -418,7 +446,11 @@ def paths_to(modules: list[nn.Module], owners: dict[str, Any], depth: int = 3) -
 
 
 def _children(value: Any) -> list[tuple[str, Any]]:
-    """The ``(path step, object)`` below ``value`` that can lead to a module."""
+    """The ``(path step, object)`` below ``value`` that can lead to a module: none below an object
+    that runs code of its own when read (:func:`leafwatch.observe.frames.readable`) or below a
+    module object (``torch.distributed``: a library's namespace, never the user's path to a module)."""
+    if not frames.readable(value) or isinstance(value, types.ModuleType):
+        return []
     if isinstance(value, (list, tuple)) and len(value) <= 64:
         return [(f"[{i}]", v) for i, v in enumerate(value)]
     if isinstance(value, dict) and len(value) <= 64:
@@ -440,17 +472,22 @@ def _children(value: Any) -> list[tuple[str, Any]]:
 
 def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
     """The public attributes that may lead to a module: containers, optimizers, and plain objects of
-    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class or a function."""
+    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class, a
+    function, a module object, or an object that runs code of its own when read."""
     return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
+            and frames.readable(v)
             and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
-                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type)) and not callable(v)))]
+                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type, types.ModuleType))
+                     and not callable(v)))]
 
 
 def user_scope(limit: int = 8) -> dict[str, Any]:
     """The variables of the user's frames on the stack, innermost first (a name seen first wins):
-    where a callback or a step hook finds the user's names for the objects it was not handed."""
+    where a callback or a step hook finds the user's names for the objects it was not handed. The
+    readable ones only (:func:`leafwatch.observe.frames.readable`): the callers read them."""
     scope: dict[str, Any] = {}
     for frame in itertools.islice(frames.user_frames(depth=2), limit):
         for key, value in list(frame.f_locals.items())[:_MAX_LOCALS]:
-            scope.setdefault(key, value)
+            if key not in scope and frames.readable(value):
+                scope[key] = value
     return scope

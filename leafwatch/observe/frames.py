@@ -13,7 +13,8 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
-from types import FrameType
+from types import FrameType, WrapperDescriptorType
+from typing import Any
 
 #: The folder of the leafwatch package (every frame under it is leafwatch's own).
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -154,3 +155,36 @@ def caller_location(*, frameworks: bool = False) -> str:
     """``file:line`` of the first frame of user code above the caller, ``"<unknown>"`` when none."""
     frame = _first_outside(sys._getframe(1), _prefixes(frameworks, ()))[0]
     return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
+
+
+#: Python's own ``__class__`` of every object, which ``isinstance`` reads when the type alone does not answer.
+_OBJECT_CLASS = object.__dict__["__class__"]
+_MISSING = object()
+#: The built-in types most values are (a module's attributes: sizes, flags, names): read without a look at the class.
+_BUILT_IN = frozenset({int, float, bool, str, bytes, type(None), tuple, list, dict, set})
+
+
+def readable(value: Any) -> bool:
+    """Whether leafwatch may look at ``value`` (``isinstance``, ``hasattr``, ``vars()``) without running code of
+    the object's own: its class keeps Python's attribute lookup and ``__class__``. A class that overrides
+    ``__getattribute__`` in Python runs it at every read, ``isinstance``'s read of ``__class__`` included: torch's
+    deprecated ``torch.distributed.reduce_op`` warns there, and a warning of leafwatch's reads would reach the
+    user (or, under ``-W error``, stop the read). The user's variables, frames' locals and objects' attributes
+    that are not readable are passed over; reading the class itself runs nothing either (``type.__getattribute__``).
+
+    Example::
+
+        >>> import torch.distributed
+        >>> readable(torch.nn.Linear(1, 1)), readable(torch.distributed.reduce_op)
+        (True, False)
+    """
+    if type(value) in _BUILT_IN:
+        return True
+    getattribute = class_attribute = _MISSING
+    for klass in type.__getattribute__(type(value), "__mro__"):
+        namespace = type.__getattribute__(klass, "__dict__")
+        if getattribute is _MISSING:
+            getattribute = namespace.get("__getattribute__", _MISSING)
+        if class_attribute is _MISSING:
+            class_attribute = namespace.get("__class__", _MISSING)
+    return type(getattribute) is WrapperDescriptorType and class_attribute is _OBJECT_CLASS

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import graph
+from . import frames, graph
 from .names import ancestors
 from ..options import got
 
@@ -209,7 +209,9 @@ def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
     Walks lists, tuples, dicts, namedtuples and dataclass instances, nested up to a bounded
     depth, without entering tensors or modules. Yields ``(access path, value, containers)``
     where ``containers`` names the plain containers on the path, outermost first; a tensor or
-    module held directly as an attribute is yielded with no containers.
+    module held directly as an attribute is yielded with no containers. An object that runs code
+    of its own when read (:func:`leafwatch.observe.frames.readable`: torch's deprecated
+    ``torch.distributed.reduce_op`` warns) is passed over unread.
     """
     for attr, value in vars(module).items():
         if attr in _MODULE_INTERNALS:
@@ -217,6 +219,8 @@ def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
         stack: list[tuple[str, Any, tuple[str, ...]]] = [(attr, value, ())]
         while stack:
             path, item, kinds = stack.pop()
+            if not frames.readable(item):
+                continue
             if isinstance(item, (torch.Tensor, nn.Module)):
                 yield path, item, kinds
                 continue

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
+from collections.abc import Callable
 
 import pytest
 
@@ -78,3 +80,59 @@ def test_the_frameworks_are_those_imported_and_none_is_imported_here() -> None:
     dirs = frames.framework_dirs()
     assert set(sys.modules) == before
     assert os.path.dirname(os.path.abspath(torch.__file__)) + os.sep in dirs
+
+
+class _Deprecated:
+    """An object whose every read warns, as torch's ``torch.distributed.reduce_op`` does."""
+
+    def __getattribute__(self, name: str) -> object:
+        warnings.warn("`_Deprecated` is deprecated", FutureWarning, stacklevel=2)
+        return object.__getattribute__(self, name)
+
+
+class _StillDeprecated(_Deprecated):
+    """Its base's ``__getattribute__`` runs all the same."""
+
+
+class _ClassProperty:
+    """``isinstance`` reads ``__class__``: a property there runs at each check."""
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]
+        warnings.warn("`_ClassProperty.__class__` runs", FutureWarning, stacklevel=2)
+        return _ClassProperty
+
+
+class _DeprecatedProperty:
+    """A deprecated property is not run by ``isinstance`` or ``vars()``: the object is readable."""
+
+    @property
+    def old(self) -> int:
+        warnings.warn("`_DeprecatedProperty.old` is deprecated", FutureWarning, stacklevel=2)
+        return 1
+
+
+@pytest.mark.parametrize(("make", "expected"), [
+    pytest.param(lambda: 1, True, id="int"), pytest.param(lambda: {"a": [1]}, True, id="dict"),
+    pytest.param(lambda: None, True, id="None"), pytest.param(lambda: os, True, id="module"),
+    pytest.param(lambda: frames.readable, True, id="function"), pytest.param(lambda: int, True, id="class"),
+    pytest.param(_DeprecatedProperty, True, id="deprecated-property"),
+    pytest.param(_Deprecated, False, id="own-getattribute"),
+    pytest.param(_StillDeprecated, False, id="inherited-getattribute"),
+    pytest.param(_ClassProperty, False, id="class-property"),
+])
+def test_readable_passes_over_objects_whose_reads_run_code_of_their_own(make: Callable[[], object],
+                                                                         expected: bool) -> None:
+    value = make()  # (made here: pytest's parametrize reads its values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert frames.readable(value) is expected  # reading the class warns nothing, either way
+
+
+def test_torchs_deprecated_reduce_op_is_not_readable_and_a_module_is() -> None:
+    import torch
+    import torch.distributed
+
+    assert not frames.readable(torch.distributed.reduce_op)
+    assert frames.readable(torch.distributed) and frames.readable(torch.nn.Linear(1, 1))
+    assert frames.readable(torch.zeros(1)) and frames.readable(torch.nn.Parameter(torch.zeros(1)))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _requirements import require_module
 from torch import nn
 
 from leafwatch.integrations import runner
@@ -243,6 +244,8 @@ def test_module_form_runs_a_module_as_main_with_its_arguments():
     assert "ERROR missing_grad `unused` (2 tensors: unused.{bias,weight}) at step 2" in result.stderr
     assert "module `unused` never ran" in result.stderr
     assert "tensor of shape" not in result.stderr
+    # Neither the container nor the unused layer (no gradient) says the script calls `.forward()`.
+    assert "module(x)" not in result.stderr
 
 
 def test_closure_optimizers_are_checked_after_their_step():
@@ -447,6 +450,22 @@ def test_run_names_parameters_of_modules_called_through_forward():
                             if line.startswith("leafwatch: ERROR")}
     assert "the script calls `.forward()` directly, where module hooks cannot see" in result.stderr
     assert "being traced" not in result.stderr.split("summary after")[1]
+
+
+@pytest.mark.parametrize(("script", "called_directly"), [
+    ("forward_called_directly.py", True),  # `model.forward(x)`: its tensors get gradients, its hooks never fire
+    ("parameters_outside_modules.py", False),  # `model(x)`, the tensors in a store outside the module
+    ("pyro_regression.py", False),  # the same with Pyro: `pyro.param` tensors, a PyroModule run by SVI
+])
+def test_run_says_the_script_calls_forward_directly_only_when_it_saw_it(script: str, called_directly: bool):
+    if script.startswith("pyro"):
+        require_module("pyro")
+    result = _leafwatch("run", str(SCRIPTS / script))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "done\n"
+    assert "leafwatch: no findings at step" in result.stderr
+    assert ("the script calls `.forward()` directly, where module hooks cannot see" in result.stderr) is called_directly
+    assert ("module(x)" in result.stderr) is called_directly
 
 
 # -- exit codes: the table and the exit code agree -------------------------------------------------

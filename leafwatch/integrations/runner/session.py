@@ -212,11 +212,11 @@ class Session:
         if not found.roots and not found.seen:
             text += ("\nleafwatch: the script trains no `nn.Module`: its optimizers hold plain tensors, named by the "
                      "script's module-level variables where it keeps them (else by shape).")
-        elif not found.saw_forward:
-            text += ("\nleafwatch: no module ran through `module(x)`: the script calls `.forward()` directly, "
-                     "where module hooks cannot see. Parameters are named from the modules that own the "
-                     "optimizers' tensors (found in the calling frames), and the causes of missing gradients "
-                     "cannot say where in a forward pass they were lost.")
+        elif found.called_directly:  # seen: tensors stepped with gradients, their modules never ran as module(x)
+            text += ("\nleafwatch: modules whose tensors got gradients and were stepped never ran through `module(x)`: "
+                     "the script calls `.forward()` directly, where module hooks cannot see. Parameters are named "
+                     "from the modules that own the optimizers' tensors (found in the calling frames), and the "
+                     "causes of missing gradients cannot say where in a forward pass they were lost.")
         if not found.loop_at_module_level:
             text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
                      "that run and the optimizers that step, not tensors created inside functions. A tensor "

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from .detectors import gatherer as _distributed
-from .observe import hooks, inventory, structure
+from .observe import inventory, structure
+from .observe.observer import Observer
 from . import watching
 from .detectors.checker import Checker
-from .observe.discovery import Discovery, user_scope
 from .sinks.console import NewFindingWarnings
 from .report.events import CheckEvent, Sinks
 from .report.findings import Finding, Report
@@ -67,6 +67,8 @@ class Monitor:
             names the roots it finds).
         verbose: Warn once about each new open finding as it appears (short: kind, name, fix).
             None: on once :meth:`attach` is called, off for explicit :meth:`check` calls.
+        observer: The global hooks' observations to take over (``leafwatch run`` observes from the
+            script's first line, before its Monitor exists); None: a new one of this Monitor's own.
 
     Example::
 
@@ -100,6 +102,7 @@ class Monitor:
         distributed: bool | None = None,
         roots: Mapping[str, nn.Module] | Sequence[nn.Module] | None = None,
         verbose: bool | None = None,
+        observer: Observer | None = None,
     ) -> None:
         model = inventory.normalize_model(model)
         optimizers = inventory.normalize_optimizers(optimizers)
@@ -110,7 +113,9 @@ class Monitor:
         self.diagnose = validate_bool(diagnose, "diagnose")
         _validate_switches(sinks, distributed, verbose)
         self.history_store = FindingHistory(validate_ignore(ignore))
-        self.structure = structure.StructureCache(model, optimizers, named_roots)
+        #: What this Monitor's global hooks see (its own: nothing of it is shared with another Monitor).
+        self.observer = observer if observer is not None else Observer(self.check, hooked=self._observes)
+        self.structure = structure.StructureCache(model, optimizers, named_roots, self.observer)
         self.watches = watching.WatchSet()
         for name, t in inventory.normalize_tensors(tensors).items():
             watching.add_watch(self.watches, t, name)
@@ -123,7 +128,6 @@ class Monitor:
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
-        self._step_hooks = StepHooks(self.check, self._observes)
         self._gatherer = _distributed.make_gatherer(self.structure.source, self.structure.named_params, distributed,
                                                     ignore=self.ignore, detectors=self._checker.merging, warn=self._warn)
         self._checker.arm()
@@ -247,7 +251,7 @@ class Monitor:
         if self.verbose is None:
             self.verbose = True
             self._sinks.add(NewFindingWarnings(), first=True)
-        self._step_hooks.install(self.structure.optimizers, self.structure.model, self.set_roots)
+        self.observer.install(self.structure.optimizers, self.structure.model, self.set_roots)
         return self
 
     @property
@@ -270,7 +274,7 @@ class Monitor:
     def stats(self) -> dict[str, int]:
         """Sizes of what the Monitor holds, for tests of its bounds and of its hot path."""
         return {"findings": len(self.history_store), **self.structure.stats(),
-                "own_watches": len(self.watches.entries()), "step_hooks": len(self._step_hooks),
+                "own_watches": len(self.watches.entries()), "step_hooks": len(self.observer),
                 "sinks": len(self._sinks), **self._checker.stats()}
 
     def close(self) -> Report:
@@ -283,7 +287,7 @@ class Monitor:
             self._report = self.history_store.report(self.step)
         except Exception as error:
             self._warn("Monitor.close", error)
-        self._step_hooks.remove()
+        self.observer.close()
         if self._gatherer is not None:
             self._gatherer.close()
         self._checker.close()
@@ -327,74 +331,6 @@ class Monitor:
         ``variables``: object id -> the script's variable for it, named by the fixes.
         """
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
-
-
-class StepHooks:
-    """Checks before each ``optimizer.step()`` (after it for a step with a closure, as
-    :meth:`Monitor.attach` says); :meth:`remove` removes the handles and releases the counted
-    global hooks (registration, optimizers stepping) an observing Monitor's hold."""
-
-    def __init__(self, check: Callable[[torch.optim.Optimizer], Any], global_hooks: bool = True) -> None:
-        self._check = check
-        self._handles: list[Any] = []
-        self._closure_steps: set[int] = set()
-        self._modules: Discovery | None = None
-        self._set_roots: Callable[..., None] = lambda roots, paths: None
-        self._global = (structure.REGISTRATION_HOOKS, structure.STEP_HOOKS) if global_hooks else ()
-        for hooks in self._global:
-            hooks.acquire()
-
-    def __len__(self) -> int:
-        return len(self._handles)
-
-    def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
-                set_roots: Callable[..., None] | None = None) -> None:
-        """Hook ``optimizers``; with a ``model`` and ``set_roots``, the modules a step runs beyond
-        the model (a free module the loss uses) are read too, named by the user's variables.
-
-        The hooks are subscriptions to leafwatch's global step dispatchers (observe/hooks.py),
-        never entries of an optimizer's own hook dict: torch iterates that dict during the step,
-        where a check that ends the Monitor (a sink, strict mode) must not change it."""
-        ids = frozenset(id(opt) for opt in optimizers)
-        self._handles += [
-            hooks.OPTIMIZER_STEP_PRE.subscribe(lambda o, a, k: self._before_step(o, a, k) if id(o) in ids else None),
-            hooks.OPTIMIZER_STEP_POST.subscribe(lambda o, a, k: self._after_step(o, a, k) if id(o) in ids else None)]
-        if isinstance(model, nn.Module) and set_roots is not None:
-            self._modules, self._set_roots = Discovery(model, user_scope), set_roots
-            self._modules.arm()
-
-    def install_global(self) -> None:
-        """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
-        self._handles += [hooks.OPTIMIZER_STEP_PRE.subscribe(self._before_step),
-                          hooks.OPTIMIZER_STEP_POST.subscribe(self._after_step)]
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        if self._modules is not None:
-            self._modules.disarm()
-        for hooks in self._global:
-            hooks.release()
-        self._global = ()
-
-    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
-        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
-            self._closure_steps.add(id(optimizer))
-            return
-        self._run_check(optimizer)
-
-    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if id(optimizer) in self._closure_steps:
-            self._closure_steps.discard(id(optimizer))
-            self._run_check(optimizer)
-
-    def _run_check(self, optimizer: torch.optim.Optimizer) -> None:
-        roots = self._modules.update() if self._modules is not None else None
-        if roots is not None:
-            self._set_roots(roots, self._modules.paths)  # type: ignore[union-attr]
-        self._check(optimizer)
 
 
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:

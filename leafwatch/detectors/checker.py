@@ -256,6 +256,6 @@ class Checker:
         an ``audit()`` call was given). A Monitor without optimizers judges nothing."""
         own = any(e is entry for e in self.watches.entries())
         mine = self.structure.optimizers
-        optimizers = mine if own or not mine else [*mine, *structure.stepping_optimizers()]
+        optimizers = mine if own or not mine else [*mine, *self.structure.observer.stepping_optimizers()]
         return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
 

@@ -26,7 +26,6 @@ from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
-from ..observe.structure import appeared
 from .constructors import make, silence
 from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 from ..report.verdicts import Verdict, Verdicts
@@ -258,7 +257,7 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
                      got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
     """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
     name = info.name
-    seen = appeared(p, inventory.optimizers_mark) if inventory is not None else None
+    seen = inventory.appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:

@@ -44,7 +44,7 @@ def judge_loss(checker: Any, evidence: Evidence) -> Verdicts | None:
         return None
     return [Verdict.open(f) for f in observe(
         leaves, checker.loss_hand, loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
-            cache.inventory, [*cache.optimizers, *structure.stepping_optimizers()], checker.watch_entries()))]
+            cache.inventory, [*cache.optimizers, *cache.observer.stepping_optimizers()], checker.watch_entries()))]
 
 
 def judge_undecided(checker: Any, _: Any) -> Verdicts:

@@ -38,7 +38,7 @@ def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
         return None
     entries = checker.watch_entries()
     if entries:
-        checker.watched.optimizers_version = (checker.structure.rebuilds, structure.structure_generation())
+        checker.watched.optimizers_version = (checker.structure.rebuilds, checker.structure.observer.generation)
     return update(checker.watched, checker.watched_hand, checker.history_store.view, entries, checker.step,
                   checker.structure.inventory, checker.in_judging_optimizer)
 

@@ -255,8 +255,10 @@ class Inventory:
         #: Object id -> the user's variable for it, when a front-end knows them (``leafwatch run``
         #: reads the script's variables while it runs): the fixes name them.
         self.variables: Callable[[], dict[int, str]] | None = None
-        #: The registration mark when the optimizers were handed over (see ``structure.appeared``).
+        #: The registration mark when the optimizers were handed over, and where the Monitor's observer
+        #: saw a tensor registered after a mark (:meth:`leafwatch.observe.observer.Observer.appeared`).
         self.optimizers_mark: int | None = None
+        self.appeared: Callable[[torch.Tensor, int | None], tuple[str, str] | None] = lambda t, after: None
         #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
         self.fix_names: dict[Any, Any] = {}
 

@@ -161,9 +161,12 @@ def gradient_view(model: Any, params: Sequence[tuple[int, torch.Tensor, str]]) -
     models = list(model.values()) if isinstance(model, Mapping) else [model]
     deepspeed = any(type(m).__name__ == "DeepSpeedEngine" for root in models for m in _chain(root)) \
         or any(hasattr(p, "ds_id") for p in tensors)
-    strategy = "deepspeed" if deepspeed else _declared(_DECLARED, model)  # or what a front-end declared
-    if strategy is not None:
-        return GradientView(strategy, frozenset(k for k, _, _ in entries))
+    if deepspeed:
+        return GradientView("deepspeed", frozenset(k for k, _, _ in entries))
+    declared = [m for m in models if isinstance(m, nn.Module) and m in _DECLARED]
+    if declared:  # what a front-end declared, of the declared module's own parameters only
+        own = {id(p) for m in declared for p in m.parameters()}
+        return GradientView(_DECLARED[declared[0]], frozenset(k for k, t, _ in entries if id(t) in own))
     for marker, strategy in _FSDP1:
         skip = frozenset(k for k, t, _ in entries if getattr(t, marker, False))
         if skip:

@@ -1,28 +1,23 @@
 """The structure cache: what the Monitor checks, rebuilt only when the parameter sets change.
 
 Owns the :class:`~leafwatch.observe.inventory.Inventory` (names, aliases, optimizer sets, orphans), the
-optimizers, the per-optimizer :class:`CheckList` of tensors read at each step, the cheap
-fingerprint that says when to rebuild, and the process-wide registration hooks that bump the
-fingerprint when any module registers a parameter or a submodule. Those hooks are counted: the
-first Monitor installs them, the last ``close()`` removes them.
+optimizers, the per-optimizer :class:`CheckList` of tensors read at each step, and the cheap
+fingerprint that says when to rebuild: the Monitor's :class:`~leafwatch.observe.observer.Observer`
+counts every module and parameter registered while it is open, and the optimizers' group sizes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
-import itertools
-import threading
-import weakref
 from collections.abc import Callable, Mapping
-from types import SimpleNamespace
 from typing import Any
 
 import torch
 from torch import nn
 
-from . import frames, hooks, inventory, replaced
+from . import inventory, replaced
 from . import sharding as distributed
+from .observer import Observer
 
 #: How often (in checks) the structure is re-read even when nothing signalled a change, to see
 #: parameters frozen or unfrozen mid-run.
@@ -30,138 +25,6 @@ REBUILD_EVERY = 1000
 #: How often (in checks) the parameters' requires_grad flags are compared with the last build, so
 #: that a parameter unfrozen mid-run but left out of the optimizer is named within a few steps.
 REQUIRES_GRAD_EVERY = 10
-
-
-class SharedGlobalHooks:
-    """Global torch hooks shared by every user: installed by the first :meth:`acquire`, removed
-    by the last :meth:`release`, so that closing every Monitor leaves torch's global hook dicts
-    as they were.
-
-    Args:
-        install: Installs the hooks and returns their removable handles.
-    """
-
-    def __init__(self, install: Callable[[], list[Any]]) -> None:
-        self._install = install
-        self._lock = threading.Lock()
-        self._handles: list[Any] = []
-        self.users = 0
-
-    def acquire(self) -> None:
-        with self._lock:
-            if self.users == 0:
-                self._handles = self._install()
-            self.users += 1
-
-    def release(self) -> None:
-        with self._lock:
-            if self.users == 0:
-                return
-            self.users -= 1
-            if self.users == 0:
-                for handle in self._handles:
-                    handle.remove()
-                self._handles = []
-
-
-_generation = itertools.count(1)
-_current_generation = 0
-
-
-def _bump(*_: Any) -> None:
-    global _current_generation
-    _current_generation = next(_generation)
-
-
-#: Tensors registered while a Monitor is open: id -> (the tensor, weakly; the user's line; the
-#: user's function). Emptied when the last Monitor closes; bounded.
-_appeared: dict[int, tuple[weakref.ReferenceType, int, str, str]] = {}
-_APPEARED_MAX = 50_000
-_registrations = itertools.count(1)
-_last_registration = 0
-
-
-def registration_mark() -> int:
-    """The number of the last registration seen: a tensor with a higher one came after now."""
-    return _last_registration
-
-
-def _record(tensors: Any) -> None:
-    """Where the user's code registered ``tensors`` (a module's or a parameter), if it did. It runs
-    inside the user's ``self.x = ...``: a failure must never stop it (the tensor is then not known
-    as late, which only keeps today's words)."""
-    global _last_registration
-    try:
-        frame = frames.user_frame()
-        if frame is None or len(_appeared) >= _APPEARED_MAX:
-            return
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
-        function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
-        _last_registration = number = next(_registrations)
-        for t in tensors:
-            _appeared[id(t)] = (weakref.ref(t), number, where, function)
-    except Exception:
-        pass
-
-
-def _on_parameter(module: nn.Module, name: str, param: Any) -> None:
-    _bump()
-    if param is not None:
-        _record([param])
-
-
-def _on_module(module: nn.Module, name: str, submodule: Any) -> None:
-    _bump()
-    if isinstance(submodule, nn.Module):
-        _record(submodule.parameters())
-
-
-def appeared(t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
-    """``(path:line, function)`` of the user's code that registered ``t`` after the registration
-    mark ``after`` (:func:`registration_mark`, noted when the optimizers were handed over, so
-    after they were built); None when it was not seen so."""
-    found = _appeared.get(id(t))
-    if after is None or found is None or found[0]() is not t or found[1] <= after:
-        return None
-    return found[2], found[3]
-
-
-def _install_registration_hooks() -> list[Any]:
-    _bump()  # changes that happened while no hook was installed: rebuild once
-    return [SimpleNamespace(remove=_appeared.clear),  # forgets them when the last Monitor closes
-            hooks.PARAMETER_REGISTRATION.subscribe(_on_parameter), hooks.MODULE_REGISTRATION.subscribe(_on_module)]
-
-
-#: The hooks that bump :func:`structure_generation`; each Monitor holds them while it is open.
-REGISTRATION_HOOKS = SharedGlobalHooks(_install_registration_hooks)
-
-#: The optimizers seen stepping while a Monitor was open, weakly: a tensor flagged with
-#: ``leafwatch.watch()`` is in an optimizer if one of these (or one the Monitor was given) holds it.
-#: Filled only by a step that really happens (``audit()`` adds nothing, as it observes no step),
-#: and emptied when the last Monitor closes, so nothing outlives the Monitors that observed it.
-_stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
-
-
-def _install_step_hook() -> list[Any]:
-    def saw_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        _stepping.add(optimizer)
-
-    return [hooks.OPTIMIZER_STEP_PRE.subscribe(saw_step), SimpleNamespace(remove=_stepping.clear)]
-
-
-#: The global optimizer step pre-hook that records which optimizers step; each Monitor holds it
-#: while it is open.
-STEP_HOOKS = SharedGlobalHooks(_install_step_hook)
-
-
-def stepping_optimizers() -> list[torch.optim.Optimizer]:
-    """The optimizers seen stepping while a Monitor was open (none once every Monitor closed)."""
-    return list(_stepping)
-
-
-def structure_generation() -> int:
-    """A number that changes whenever any module registers a parameter or module (while hooked)."""
-    return _current_generation
 
 
 @dataclasses.dataclass
@@ -190,14 +53,16 @@ class StructureCache:
         model: The unwrapped model, or None.
         optimizers: The optimizers given (more may be added).
         roots: Named root modules (``leafwatch run``); used instead of ``model`` when given.
+        observer: What the Monitor's global hooks saw: its registrations tell when to read again.
     """
 
     def __init__(self, model: nn.Module | None, optimizers: list[torch.optim.Optimizer],
-                 roots: Mapping[str, nn.Module] | None = None) -> None:
+                 roots: Mapping[str, nn.Module] | None = None, observer: Observer | None = None) -> None:
         self.model = model
+        self.observer = observer if observer is not None else Observer(hooked=False)
         self.optimizers = list(optimizers)  # its own list: added to only by add_optimizer()
         #: The registration mark when the optimizers were handed over (each was built before it).
-        self.optimizers_mark: int | None = registration_mark() if self.optimizers else None
+        self.optimizers_mark: int | None = self.observer.mark() if self.optimizers else None
         #: ``id(optimizer)`` -> its index in :attr:`optimizers` (each held here, so its id stays its own).
         self.index_of = {id(o): i for i, o in enumerate(self.optimizers)}
         self.roots = dict(roots) if roots is not None else None
@@ -250,7 +115,7 @@ class StructureCache:
             return False
         self.index_of[id(optimizer)] = len(self.optimizers)
         self.optimizers.append(optimizer)
-        self.optimizers_mark = registration_mark()  # the last one handed over: built by now
+        self.optimizers_mark = self.observer.mark()  # the last one handed over: built by now
         self.invalidate()
         return True
 
@@ -310,7 +175,7 @@ class StructureCache:
     def fingerprint(self) -> list[Any]:
         """What is compared at every check to know whether to rebuild (flat, small, no tensor: one
         number per param group, never a pass over the parameters)."""
-        fingerprint = [_current_generation]
+        fingerprint = [self.observer.generation]
         for opt in self.optimizers:
             fingerprint += [id(opt), *(len(group["params"]) for group in opt.param_groups), -1]
         return fingerprint
@@ -320,7 +185,7 @@ class StructureCache:
         # Read at every check right after backward, when every line runs cold: the fingerprint is
         # compared in place (no list built, no call) and the flags are read only when due.
         seen = self._fingerprint
-        unchanged = seen is not None and seen[0] == _current_generation and step - self._built_at < REBUILD_EVERY
+        unchanged = seen is not None and seen[0] == self.observer.generation and step - self._built_at < REBUILD_EVERY
         if unchanged:
             i = 1
             try:  # the fingerprint's order: id(optimizer), the length of each group's params, -1
@@ -351,7 +216,7 @@ class StructureCache:
             self.previous_names.update(self.inventory.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
-        inv.optimizers_mark = self.optimizers_mark
+        inv.optimizers_mark, inv.appeared = self.optimizers_mark, self.observer.appeared
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

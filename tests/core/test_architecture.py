@@ -422,18 +422,20 @@ def _global_hooks() -> dict[str, int]:
 
 
 def test_global_hook_dicts_are_back_to_the_start_after_the_last_close() -> None:
+    from leafwatch.observe import hooks
+
     before = _global_hooks()
-    users_before = structure.REGISTRATION_HOOKS.users
+    users_before = len(hooks.PARAMETER_REGISTRATION)
     assert "module._global_parameter_registration_hooks" in before
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     first = leafwatch.Monitor(model, opt).attach()
     second = leafwatch.Monitor(model, opt)
     during = _global_hooks()
-    # Shared and counted: installed by the first user in the process (an earlier test may still
-    # hold a Monitor it never closed), once for both Monitors.
+    # One dispatcher per torch dict, registered by the first subscriber in the process (an earlier
+    # test may still hold a Monitor it never closed), once for both Monitors' observers.
     installed = 1 if users_before == 0 else 0
-    assert structure.REGISTRATION_HOOKS.users == users_before + 2
+    assert len(hooks.PARAMETER_REGISTRATION) == users_before + 2
     assert during["module._global_parameter_registration_hooks"] == \
         before["module._global_parameter_registration_hooks"] + installed
     first.close()
@@ -442,7 +444,7 @@ def test_global_hook_dicts_are_back_to_the_start_after_the_last_close() -> None:
     _step(model, opt)
     assert second.check().names("stale_param") | second.report.names("not_in_optimizer") >= {"1.weight"}
     second.close()
-    assert structure.REGISTRATION_HOOKS.users == users_before
+    assert len(hooks.PARAMETER_REGISTRATION) == users_before
     assert _global_hooks() == before
 
 

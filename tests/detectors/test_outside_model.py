@@ -101,21 +101,52 @@ def test_an_audit_of_an_optimizer_changes_no_later_verdict_of_a_monitor(audit_fi
     assert (finding.kind, finding.name, finding.severity) == ("not_in_optimizer", "w", "error")
 
 
-def test_audit_installs_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    from leafwatch.observe import structure
+@pytest.mark.parametrize("monitor_first", [True, False], ids=["monitor-then-audit", "audit-then-monitor"])
+def test_an_open_monitor_changes_no_verdict_of_an_audit(monitor_first: bool) -> None:
+    """An audit() judges membership by the optimizers it is given, whatever a Monitor open beside it
+    saw stepping: a watched `w` held only by `opt2`, which the Monitor steps and the audit is not
+    given, is `not_in_optimizer` for the audit in both orders; the Monitor keeps its own verdict."""
+    model = nn.Linear(4, 1)
+    w = torch.ones([], requires_grad=True)
+    opt, opt2 = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD([w], lr=0.1)
+    leafwatch.watch(w, name="w")
 
-    acquired: list[str] = []
-    for name in ("REGISTRATION_HOOKS", "STEP_HOOKS"):
-        hooks = getattr(structure, name)
-        monkeypatch.setattr(hooks, "acquire", lambda name=name, real=hooks.acquire: (acquired.append(name), real()))
+    def step() -> None:
+        opt.zero_grad(), opt2.zero_grad()
+        (model(torch.randn(2, 4)) * w).sum().backward()
+
+    audits = []
+    if not monitor_first:
+        step()
+        audits.append(leafwatch.audit(model, opt))
+    with leafwatch.Monitor(model, opt).attach() as monitor:
+        for _ in range(2):
+            step()
+            opt.step(), opt2.step()  # the Monitor sees opt2 step: w trains, for the Monitor
+        step()
+        if monitor_first:
+            audits.append(leafwatch.audit(model, opt))
+        assert monitor.check(opt).findings == []
+    (audited,) = audits
+    assert [(f.kind, f.name, f.severity) for f in audited.findings] == [("not_in_optimizer", "w", "error")]
+
+
+def test_audit_subscribes_to_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """audit() observes no step: its Monitor's observer subscribes to none of leafwatch's global
+    dispatchers; a Monitor's own observer subscribes to the registration and step hooks."""
+    from leafwatch.observe import hooks
+
+    subscribed: list[str] = []
+    real = hooks.Dispatcher.subscribe
+    monkeypatch.setattr(hooks.Dispatcher, "subscribe", lambda self, f: (subscribed.append(self.name), real(self, f))[1])
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = model(torch.randn(3, 2)).sum()
     loss.backward()
     assert leafwatch.audit(model, opt, loss=loss).findings == []
-    assert acquired == [], "audit() installed a global hook"
+    assert subscribed == [], "audit() subscribed to a global hook"
     leafwatch.Monitor(model, opt).close()  # the recorder sees a Monitor's hooks
-    assert acquired == ["REGISTRATION_HOOKS", "STEP_HOOKS"]
+    assert subscribed == ["parameter registration hook", "module registration hook", "optimizer step pre-hook"]
 
 
 def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_an_error_named_by_its_variable() -> None:
@@ -267,3 +298,27 @@ def test_an_optimizer_stepped_as_a_loop_variable_is_named_by_its_stable_path() -
     assert f"`{code}`" in f.fix and "`opt." not in f.fix
     exec(code, {"opts": opts, "model": model})
     assert any(p is model.scale for g in opts[0].param_groups for p in g["params"])
+
+
+def test_a_gradient_declaration_applies_to_the_declared_modules_own_parameters_only() -> None:
+    """Two roots in one Monitor (what `leafwatch run` finds): declaring how one root's gradients are
+    kept (master copies) skips that root's parameters only; the other root's unused head is still
+    a missing gradient, not sharded-gradient information."""
+    from leafwatch.observe import sharding
+
+    m1, m2 = nn.Linear(4, 4), nn.ModuleDict({"body": nn.Linear(4, 1), "head": nn.Linear(4, 1)})
+    opt = torch.optim.SGD([*m1.parameters(), *m2.parameters()], lr=0.1)
+    sharding.declare_gradients(m1, "master_copies")
+    try:
+        with leafwatch.Monitor(roots={"m1": m1, "m2": m2}, optimizers=opt) as monitor:
+            for _ in range(2):
+                opt.zero_grad()
+                m2["body"](m1(torch.randn(2, 4))).sum().backward()
+                for p in m1.parameters():
+                    p.grad = None  # the master copies' optimizer cleared the model's grads
+                report = monitor.check(opt)
+    finally:
+        sharding.declare_gradients(m1, None)
+    assert report.names("missing_grad") == {"m2.head.weight", "m2.head.bias"}
+    (sharded,) = [f for f in report.tensors("missing_grad") if f.status == "ignored"]
+    assert (sharded.reason, sharded.details["parameters"]) == ("sharded_gradients", 2)

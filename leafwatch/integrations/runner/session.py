@@ -23,7 +23,8 @@ from torch import nn
 from ...detectors.gradients import FIRST_STEPS
 from ...sinks.console import NewFindingWarnings
 from ...report.findings import Kind, Report
-from ...monitor import Monitor, StepHooks
+from ...monitor import Monitor
+from ...observe.observer import Observer
 from ...options import WarnOnce
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 from ...observe.sharding import is_distributed
@@ -67,7 +68,9 @@ class Session:
         self._writer: Any = None
         # (what the end of a run too short for a check decides is said in the summary only)
         self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
-        self._step_hooks = StepHooks(self._checked_step, global_hooks=False)
+        #: The script's global hooks, from its first line on (registrations, optimizers stepping, the
+        #: checks at each step): the run's Monitor takes them over when the first optimizer steps.
+        self.observer = Observer(self._checked_step, hooked=False)
         self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
         self._checking = self._closed = False
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
@@ -89,7 +92,8 @@ class Session:
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
-        self._step_hooks.install_global()
+        self.observer = Observer(self._checked_step)  # (the registrations seen from here on)
+        self.observer.install_global()
         self.found.arm()
 
     def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -144,7 +148,7 @@ class Session:
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
         monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
-                              roots=self.found.roots, writer=self._writer)
+                              roots=self.found.roots, writer=self._writer, observer=self.observer)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
@@ -178,7 +182,7 @@ class Session:
             return self.report or Report(step=self.steps)
         self._closed = True
         self.found.disarm()
-        self._step_hooks.remove()
+        self.observer.close()
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()

@@ -1,0 +1,152 @@
+"""What one Monitor observes of the process through torch's global hooks, held by that Monitor alone.
+
+An :class:`Observer` subscribes to leafwatch's global dispatchers (:mod:`leafwatch.observe.hooks`)
+and keeps what they tell it: each module and parameter registered (when, and from which line of
+the user's code), a number that changes with every registration (the structure cache's cue to read
+again), the optimizers seen stepping, and the step hooks that ask for the Monitor's checks. Nothing
+of it is process-wide: two Monitors, or an ``audit()`` beside an open Monitor, never see each
+other's observations (``audit()`` gets an Observer that subscribes to nothing: it observes no step).
+"""
+
+from __future__ import annotations
+
+import itertools
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import frames, hooks
+from .discovery import Discovery, user_scope
+
+#: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
+APPEARED_MAX = 50_000
+
+
+class Observer:
+    """The global hooks of one Monitor and what they saw.
+
+    Args:
+        check: Called with the optimizer about to step, once :meth:`install` or
+            :meth:`install_global` asked for it.
+        hooked: Subscribe to the registration and step hooks (False for ``audit()``: one look, no step).
+    """
+
+    def __init__(self, check: Callable[[torch.optim.Optimizer], Any] | None = None, hooked: bool = True) -> None:
+        self._check = check
+        #: Changes with every module or parameter registered while hooked (read by the structure cache).
+        self.generation = 0
+        #: How many registrations were seen; :meth:`appeared` compares with :meth:`mark`.
+        self._registrations = itertools.count(1)
+        self._last = 0
+        #: id -> (the tensor, weakly; the registration's number; the user's ``path:line``; the user's function).
+        self._appeared: dict[int, tuple[weakref.ReferenceType, int, str, str]] = {}
+        self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._subscriptions: list[Any] = []
+        self._step_handles: list[Any] = []
+        self._closure_steps: set[int] = set()
+        self._modules: Discovery | None = None
+        self._set_roots: Callable[..., None] = lambda roots, paths: None
+        if hooked:
+            self._subscriptions = [hooks.PARAMETER_REGISTRATION.subscribe(self._on_parameter),
+                                   hooks.MODULE_REGISTRATION.subscribe(self._on_module),
+                                   hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step)]
+
+    def __len__(self) -> int:
+        """The step hooks installed (for tests of what a Monitor holds)."""
+        return len(self._step_handles)
+
+    # -- registrations -----------------------------------------------------------------------
+    def mark(self) -> int:
+        """The number of the last registration seen: a tensor with a higher one came after now."""
+        return self._last
+
+    def appeared(self, t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
+        """``(path:line, function)`` of the user's code that registered ``t`` after the mark ``after``
+        (noted when the optimizers were handed over, so after they were built); None when not seen so."""
+        found = self._appeared.get(id(t))
+        if after is None or found is None or found[0]() is not t or found[1] <= after:
+            return None
+        return found[2], found[3]
+
+    def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
+        self.generation += 1
+        if param is not None:
+            self._record([param])
+
+    def _on_module(self, module: nn.Module, name: str, submodule: Any) -> None:
+        self.generation += 1
+        if isinstance(submodule, nn.Module):
+            self._record(submodule.parameters())
+
+    def _record(self, tensors: Iterable[torch.Tensor]) -> None:
+        """Where the user's code registered ``tensors``, if it did. It runs inside the user's
+        ``self.x = ...``: a failure must never stop it (the tensor is then not known as late)."""
+        try:
+            frame = frames.user_frame()
+            if frame is None or len(self._appeared) >= APPEARED_MAX:
+                return
+            where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+            function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            self._last = number = next(self._registrations)
+            for t in tensors:
+                self._appeared[id(t)] = (weakref.ref(t), number, where, function)
+        except Exception:
+            pass
+
+    # -- optimizers --------------------------------------------------------------------------
+    def stepping_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen stepping while this Observer was subscribed."""
+        return list(self._stepping)
+
+    def _saw_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._stepping.add(optimizer)
+
+    def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
+                set_roots: Callable[..., None] | None = None) -> None:
+        """Check before each step of ``optimizers`` (:meth:`leafwatch.Monitor.attach`); with a ``model``
+        and ``set_roots``, the modules a step runs beyond the model are read too, by the user's paths."""
+        ids = frozenset(id(opt) for opt in optimizers)
+        self._step_handles += [
+            hooks.OPTIMIZER_STEP_PRE.subscribe(lambda o, a, k: self._before_step(o, a, k) if id(o) in ids else None),
+            hooks.OPTIMIZER_STEP_POST.subscribe(lambda o, a, k: self._after_step(o, a, k) if id(o) in ids else None)]
+        if isinstance(model, nn.Module) and set_roots is not None:
+            self._modules, self._set_roots = Discovery(model, user_scope), set_roots
+            self._modules.arm()
+
+    def install_global(self) -> None:
+        """Check at every optimizer's step (``leafwatch run``: the optimizers are met as they step)."""
+        self._step_handles += [hooks.OPTIMIZER_STEP_PRE.subscribe(self._before_step),
+                               hooks.OPTIMIZER_STEP_POST.subscribe(self._after_step)]
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # A step hook gets the step's own arguments: ``args[0]`` is the optimizer, the closure follows.
+        if (args[1] if len(args) > 1 else kwargs.get("closure")) is not None:
+            self._closure_steps.add(id(optimizer))  # its gradients are computed inside step(): checked after
+            return
+        self._run_check(optimizer)
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if id(optimizer) in self._closure_steps:
+            self._closure_steps.discard(id(optimizer))
+            self._run_check(optimizer)
+
+    def _run_check(self, optimizer: torch.optim.Optimizer) -> None:
+        roots = self._modules.update() if self._modules is not None else None
+        if roots is not None:
+            self._set_roots(roots, self._modules.paths)  # type: ignore[union-attr]
+        if self._check is not None:
+            self._check(optimizer)
+
+    # -- the end -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """End every subscription (torch's dicts are back as they were once no step runs) and forget."""
+        for handle in (*self._step_handles, *self._subscriptions):
+            handle.remove()
+        self._step_handles, self._subscriptions = [], []
+        if self._modules is not None:
+            self._modules.disarm()
+        self._appeared.clear()
+        self._stepping.clear()

@@ -78,46 +78,46 @@ _CUT_REASONS = {"`.detach()`": "detached", "`.detach_()`": "detached", "`.data`"
                 "`torch.set_grad_enabled(False)`": "detached", "grad mode off": "detached"}
 
 
-def _place(place: cuts.Place | None) -> dict[str, Any] | None:
+def place_args(place: cuts.Place | None) -> dict[str, Any] | None:
     return None if place is None else {"file": place.file, "line": place.line, "function": place.function}
 
 
-def _at(place: Mapping[str, Any]) -> str:
+def short_at(place: Mapping[str, Any]) -> str:
     """``deep.py:13``."""
     return f"{place['file'].replace(chr(92), '/').rsplit('/', 1)[-1]}:{place['line']}"
 
 
-def _at_in(place: Mapping[str, Any]) -> str:
+def at_in(place: Mapping[str, Any]) -> str:
     """``deep.py:13 (in `Deep.forward`)``."""
     function = place["function"]
-    return f"{_at(place)} (in `{function}`)" if function and not function.startswith("<") else _at(place)
+    return f"{short_at(place)} (in `{function}`)" if function and not function.startswith("<") else short_at(place)
 
 
 def explain_cut(cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanation:
     """A parameter upstream of a cut the recorder saw: the op and its line, and what to change there."""
     site = cut.site
-    group = f"{site.op.strip('`')} at {_at(_place(site.called_from or site.place))}"  # type: ignore[arg-type]
+    group = f"{site.op.strip('`')} at {short_at(place_args(site.called_from or site.place))}"  # type: ignore[arg-type]
     return Explanation(_CUT_REASONS.get(site.op, "rewrapped"), {
-        "op": site.op, "place": _place(site.place), "called_from": _place(site.called_from), "rank": site.rank,
+        "op": site.op, "place": place_args(site.place), "called_from": place_args(site.called_from), "rank": site.rank,
         "direct": tensor_id in cut.direct, "attribute": attribute}, group)
 
 
 def _cut_words(m: Members) -> Words:
     a = m.first
     op, place, called_from = a["op"], a["place"], a["called_from"]
-    at = _at(place)
+    at = short_at(place)
     fix = _CUT_FIXES.get(op, _VALUE_FIX if a["rank"] else _GRAD_OFF_FIX).format(at=at, op=op)
     attribute = a["attribute"] if m.single else m.shared("attribute")
     if a["direct"] and attribute and op in ("`.data`", "`.detach()`") and m.shared("direct"):
         fix = f"use `{attribute}` itself, not `{attribute}{op.strip('`')}`, at {at}"
     if called_from is not None:
-        fix = (f"{fix}: it runs inside a library, reached from your call at {_at(called_from)}; change that "
+        fix = (f"{fix}: it runs inside a library, reached from your call at {short_at(called_from)}; change that "
                "call (its arguments or where you call it) so its output keeps the graph")
     if _CUT_REASONS.get(op) == "detached" and "detach" not in op:
         how = "the ops run there on values computed from it record no autograd graph"
     else:
         how = "what comes out of that op carries no autograd graph back to it"
-    described = f"{op} at {_at_in(place)}" + (f", called from {_at_in(called_from)}" if called_from is not None else "")
+    described = f"{op} at {at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
     return missing_words(m, f"cut by {described}: {m.who} is used before that point of the forward, and {how}, "
                          "so backward never reaches it (leafwatch saw the op run).", fix, silenced=True)
 

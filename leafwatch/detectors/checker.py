@@ -10,7 +10,6 @@ hooks on the optimizers, sinks, strict mode, distributed merging) and asks its C
 
 from __future__ import annotations
 
-import types
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,10 +20,11 @@ from ..observe import changes, evidence as observed, inventory, structure
 from ..observe.values import NamedValueCheck
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
+from ..report.findings import Status
 from .. import watching
-from ..observe.evidence import INDEX, LISTS, Evidence
-from . import gradients, loop as stepping, outside, registry, values, watched
-from .membership import MembershipState
+from ..observe.evidence import INDEX, LISTS, REBUILT, Evidence, Observation
+from . import gradients, held, loop as stepping, registry
+from ..options import warn_unmatched_ignore
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
 from ..report.events import CheckEvent
@@ -55,9 +55,7 @@ class Checker:
     """
 
     # Slots: past 30 attributes an instance gets a dict of its own, and the hot path's reads a slow path.
-    __slots__ = ("structure", "history_store", "watches", "check_values_every_n_steps", "_warn", "step", "checks",
-                 "grads", "watched", "watched_hand", "membership", "membership_hand", "values", "value_reads",
-                 "loss_leaves", "loss_hand", "loop", "arrivals", "sentinels", "diagnostics", "tracer",
+    __slots__ = ("structure", "history_store", "_warn", "step", "seen", "grads", "loop", "diagnostics", "tracer",
                  "ignore_checked", "_names", "_checked", "_emitted", "emitted_revision", "states", "merging",
                  "pipeline", "scanning", "closing", "one_look")
 
@@ -78,23 +76,23 @@ class Checker:
                  detectors: Sequence[registry.Detector] | None = None) -> None:
         self.structure = structure_
         self.history_store = history
-        self.watches = watches
-        self.check_values_every_n_steps = check_values_every_n_steps
         self._warn = warn
         #: The step of the current (or last) check.
         self.step = 0
-        #: How many checks ran.
-        self.checks = 0
-        self.grads = gradients.GradientState(patience, diagnose)
-        self.watched, self.watched_hand = watched.WatchedState(), changes.HandUpdates()
-        self.membership, self.membership_hand = MembershipState(), changes.HandUpdates()
-        self.values, self.value_reads = values.ValuesState(check_values_every_n_steps), NamedValueCheck(track_zeros=True)
-        self.loss_leaves, self.loss_hand = outside.LossLeavesState(), changes.HandUpdates()
-        self.loop = loop = stepping.LoopState()
-        self.arrivals, self.sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` reads
+        #: Each registered detector's own state, by its name.
+        detectors = registry.ordered(registry.DETECTORS if detectors is None else detectors)
+        config = registry.Config(patience, diagnose, check_values_every_n_steps)
+        self.states = {d.name: d.state(config) for d in detectors if d.state is not None}
+        #: The gradient check's state (its misses, streaks and loop watch): the diagnostic hooks follow its misses.
+        self.grads: gradients.GradientState = self.states[registry.GRADIENTS]
+        self.loop = loop = self.grads.loop
+        arrivals, sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` judges
             lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
-        self.diagnostics = Diagnostics(structure_, self.arrivals, self.sentinels, diagnose, warn)
+        self.diagnostics = Diagnostics(structure_, arrivals, sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
+        #: What the detectors read of the Monitor's observing objects (each check's evidence holds it).
+        self.seen = Observation(structure_, self.tracer, arrivals, sentinels, NamedValueCheck(track_zeros=True), watches,
+                                watching.DEFAULT, {k: changes.HandUpdates() for k in ("watched", "membership", "loss")})
         self.ignore_checked = False
         self._names: tuple[str, ...] = ()
         history.tensor_names = self._trainable_names
@@ -103,18 +101,16 @@ class Checker:
         self._emitted = -1  # the first check's event counts as a change
         #: The history's revision when the last event was built (-1: none yet).
         self.emitted_revision = -1
-        #: Each registered detector's own state, by its name.
-        detectors = registry.DETECTORS if detectors is None else detectors
-        self.states = {d.name: d.state(self) for d in detectors if d.state is not None}
         stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: [],
                                               registry.ONE_LOOK: []}
         #: The merge of the ranks' findings: the Monitor's Gatherer runs it, on a history of its own.
         self.merging = tuple(d for d in detectors if d.stage == registry.RANKS)
         for d in detectors:
             if d.stage != registry.RANKS:
-                stages[d.stage].append(Part(d.name, types.MethodType(d.run, self), d.when(self) if d.when else ()))
-        #: The check's detectors in their one order, then the diagnostic hooks re-aimed (observe/);
-        #: a failing part leaves an ``incomplete`` finding.
+                state, needed = self.states.get(d.name), tuple(self.states[n] for n in d.needs)
+                stages[d.stage].append(Part(d.name, d.judge, state, needed, d.when(state, *needed) if d.when else ()))
+        #: The check's detectors in their one order, then what observe/ is handed back (the diagnostic
+        #: hooks re-aimed, targets left out); a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(
             (*stages[registry.CHECK], Part("the diagnostic hooks", self._aim_diagnostics)), history, warn)
         #: What a scan before any gradient runs; what the end of a run decides, in order (and of one look).
@@ -128,31 +124,61 @@ class Checker:
         self.grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
         self.diagnostics.arm(snapshot)
 
+    @property
+    def checks(self) -> int:
+        """How many checks ran."""
+        return self.seen.checks
+
     def run(self, optimizer: torch.optim.Optimizer | None, loss: torch.Tensor | None, step: int) -> None:
-        """One check at ``step``: every part in order."""
+        """One check at ``step``: its evidence read, then every part in order."""
         self.step = step
-        self.checks += 1
-        cache, pipeline = self.structure, self.pipeline
+        seen, pipeline = self.seen, self.pipeline
+        seen.checks += 1
         try:
-            evidence = observed.read(cache, optimizer, loss, step)
+            evidence = observed.read(seen, optimizer, loss, step)
         except Exception as error:  # noqa: BLE001 - (an `incomplete` finding says so) the parts judge what they keep
             pipeline.failed(READING, error, step)
-            evidence = step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory, None, ()
+            cache = self.structure
+            evidence = step, optimizer, loss, cache.optimizer_index(optimizer), cache.inventory, None, (), seen
         else:
             if pipeline.failing:
                 pipeline.ran(READING, step)
         pipeline.run(evidence, step)
+        if evidence[REBUILT] is not None:
+            self._read_anew(evidence[REBUILT])
         self._checked = optimizer, evidence[INDEX], evidence[LISTS]
 
-    def _aim_diagnostics(self, check: Evidence) -> None:
-        """The check's last part: the diagnostic hooks (observe/) are handed the misses and the cleared gradients."""
+    def _aim_diagnostics(self, check: Evidence, state: None, view: Any) -> None:
+        """The check's last part: observe/ is handed what the detectors decided it should follow (the
+        diagnostic hooks the misses and the cleared gradients; the structure cache the target networks
+        to leave out of the per-step reads)."""
         grads, loop, tracer, optimizers = self.grads, self.loop, self.tracer, len(self.structure.optimizers)
-        if tracer.handles or grads.streak or self.arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
+        arrivals = self.seen.arrivals
+        if tracer.handles or grads.streak or arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             cleared, loop.cleared_now = loop.cleared_now, []
             self.diagnostics.retarget(grads.changes, grads.streak, cleared)
         if optimizers > 1 or tracer.handles or tracer.records or tracer.armed_since_reset or tracer.order \
                 or tracer.checked_in_round:  # (else the tracer has nothing to forget: no call)
             tracer.end_check(check[INDEX], optimizers)
+        if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
+            self.structure.leave_out(held.take_new_targets(grads.held))
+
+    def _read_anew(self, inv: inventory.Inventory) -> None:
+        """After a new reading of the structure: the report says "nothing to check" when nothing can
+        be found, and ``ignore`` patterns that match nothing are warned about once."""
+        history = self.history_store
+        if history.ignore and not self.ignore_checked:
+            self.ignore_checked = True
+            warn_unmatched_ignore(history.ignore, inv.all_names() | {e.name for e in self.seen.watch_entries()})
+        shown = any(f.status != Status.PENDING for f in history.view)
+        nothing = (not shown and not any(t.requires_grad for t in inv.tensors.values())
+                   and not any(p.requires_grad for params in inv.optimizer_params for p in params)
+                   and not self.seen.watch_entries())
+        if nothing and not history.nothing_to_check:
+            warnings.warn(f"leafwatch: nothing to check: {NOTHING_TO_CHECK} (a model without parameters, "
+                          "or every parameter frozen), so no finding can appear.",
+                          LeafwatchWarning, stacklevel=stacklevel_outside())
+        history.nothing_to_check = nothing
 
     def failed_event(self, part: str, error: Exception) -> CheckEvent | None:
         """The event of a check that failed outside its parts: the report says so (``incomplete``)."""
@@ -193,11 +219,17 @@ class Checker:
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""
-        self.pipeline.run(None, self.step, self.scanning)
+        try:
+            inv = self.structure.rebuild(self.step)
+        except Exception as error:  # noqa: BLE001 - the report says so
+            self.pipeline.failed(READING, error, self.step)
+            return
+        self.pipeline.run(observed.at_rest(self.seen, self.step, inv), self.step, self.scanning)
+        self._read_anew(inv)
 
     def finish(self) -> None:
         """The end of the run: the last value check and every decision still pending."""
-        self.pipeline.run(None, self.step, self.closing)
+        self.pipeline.run(observed.at_rest(self.seen, self.step), self.step, self.closing)
 
     def close(self) -> None:
         """Remove the diagnostic and loop hooks."""
@@ -206,12 +238,13 @@ class Checker:
     def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
                             outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
                             variables: Callable[[], dict[int, str]] | None = None, values_until: int = 0) -> None:
-        """See :meth:`leafwatch.Monitor.wait_for_optimizers`."""
-        self.values.every_check_values_until = validate_int(values_until, "values_until", 0)
+        """See :meth:`leafwatch.Monitor.wait_for_optimizers` (the runner configures the states it built)."""
+        values_, membership = self.states["the NaN/Inf gradient check"], self.states["the optimizer-membership check"]
+        values_.every_check_values_until = validate_int(values_until, "values_until", 0)
         self.structure.variables = variables
-        self.membership.grace = validate_int(checks_, "checks", 0)
-        self.membership.waiting_optimizers = waiting
-        self.membership.outside_roots = outside_roots
+        membership.grace = validate_int(checks_, "checks", 0)
+        membership.waiting_optimizers = waiting
+        membership.outside_roots = outside_roots
 
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""
@@ -227,35 +260,6 @@ class Checker:
     def stats(self) -> dict[str, int]:
         """Sizes of what the check keeps, for tests of its bounds and of its hot path."""
         return {"streaks": len(self.grads.streak), "miss_counts": len(self.grads.misses), **self.diagnostics.stats(),
-                "watch_counts": len(self.watched.counts), **self.value_reads.stats(),
-                "step_watches": len(self.sentinels.seen), "loss_graph_walks": self.loss_leaves.walks}
-
-    # -- what the detectors share ------------------------------------------------------------
-    def watch_entries(self) -> list[watching.WatchEntry]:
-        """Every watched tensor this Monitor judges: ``watch()``-ed ones and its own ``tensors=``."""
-        # Right after backward every distinct piece of Python code runs cold (tens of µs): with
-        # nothing watched, don't even take the registries' locks.
-        entries = watching.entries() if watching.any_watched() else []
-        return entries + self.watches.entries() if self.watches else entries
-
-    def say_if_nothing_to_check(self, inv: inventory.Inventory, found: Verdicts) -> None:
-        """No tensor requires grad, nothing is watched and the structure shows nothing: the report
-        says "nothing to check", not "no findings", and a warning says so when it becomes true."""
-        nothing = (not found and not any(t.requires_grad for t in inv.tensors.values())
-                   and not any(p.requires_grad for params in inv.optimizer_params for p in params)
-                   and not self.watch_entries())
-        if nothing and not self.history_store.nothing_to_check:
-            warnings.warn(f"leafwatch: nothing to check: {NOTHING_TO_CHECK} (a model without parameters, "
-                          "or every parameter frozen), so no finding can appear.",
-                          LeafwatchWarning, stacklevel=stacklevel_outside())
-        self.history_store.nothing_to_check = nothing
-
-    def in_judging_optimizer(self, entry: watching.WatchEntry) -> bool:
-        """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by its
-        optimizers and every optimizer seen stepping while a Monitor was open (never by one that only
-        an ``audit()`` call was given). A Monitor without optimizers judges nothing."""
-        own = any(e is entry for e in self.watches.entries())
-        mine = self.structure.optimizers
-        optimizers = mine if own or not mine else [*mine, *self.structure.observer.stepping_optimizers()]
-        return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
-
+                "watch_counts": len(self.states["the check of watched tensors"].counts), **self.seen.values.stats(),
+                "step_watches": len(self.seen.sentinels.seen),
+                "loss_graph_walks": self.states["the loss-graph check"].walks}

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import types
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +31,7 @@ from ..report.events import CheckEvent
 from ..report.findings import Finding, Report, apply_ignore
 from ..report.history import FindingHistory
 from .pipeline import Part, Pipeline
+from . import ranks
 from .ranks import unused_on_rank
 
 #: Timeout (seconds) of leafwatch's own gloo group. Ranks meet at a check right after DDP's
@@ -62,8 +62,6 @@ class Gatherer:
         self.rank, self.world_size = world()
         #: What every rank found, merged: a history of its own, written only by the merge's verdicts.
         self.history = FindingHistory(ignore)
-        self.pipeline: Pipeline[Any] = Pipeline(
-            [Part(d.name, types.MethodType(d.run, self)) for d in detectors], self.history, warn or WarnOnce())
         self.timeout_s = timeout_s
         self._group: Any = None
         self._disabled = False
@@ -74,6 +72,9 @@ class Gatherer:
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
         self._use = UseTracker(params) if self.ddp_unused else None
+        #: The merge's detectors (the registry's ``RANKS`` stage), each with what it knows of the run.
+        self.pipeline: Pipeline[Any] = Pipeline([Part(d.name, d.judge, ranks.RankState(self.ddp_unused))
+                                                 for d in detectors], self.history, warn or WarnOnce())
         self.rounds = 0
         self.changed = False
         self.pipelined = pipelined

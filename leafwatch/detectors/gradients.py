@@ -11,13 +11,13 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from ..observe import changes as evidence, cuts, graph, inventory, tracing
-from .. import watching
 from ..report.findings import Finding, Kind, Severity, Status
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
@@ -28,7 +28,7 @@ from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, missing_words, ob
 from ..report.words import Members, Words, render, renders
 from .held import HeldState
 from .loop import LR_READ_EVERY, cleared_fix
-from ..observe.evidence import LISTS, LOSS, STEP, Evidence
+from ..observe.evidence import INVENTORY, LISTS, LOSS, SEEN, STEP, Evidence
 
 #: A finding that stays the same at every check (an open error whose tensor misses at every
 #: check) is not worked out again: its step and counts are brought up to date at each check
@@ -76,9 +76,14 @@ class GradientState:
     #: Bumped whenever a tensor enters or leaves a streak (the diagnostic hooks follow it).
     changes: int = 0
     #: At the last check: the indices (into its joined names) of the tensors without a gradient,
-    #: and whether a streak began.
+    #: how many tensors it checked, and whether a streak began.
     missing_now: list[int] = dataclasses.field(default_factory=list)
+    checked_now: int = 0
     new_miss: bool = False
+    #: The loop watch: gradients cleared before the step, learning rates, skipped steps.
+    loop: stepping.LoopState = dataclasses.field(default_factory=stepping.LoopState)
+    #: The structure reading last seen (weakly); what was learnt of tensors gone is forgotten at a new one.
+    read: Any = None
 
 
 def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
@@ -343,23 +348,39 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
         status=Status.OPEN, severity=Severity.WARNING)
 
 
-def no_gradient_at_all(checker: Any, _: Any) -> Verdicts | None:
+def no_gradient_at_all(evidence: Evidence, state: None, view: FindingsView, grads: GradientState) -> Verdicts | None:
     """``audit()``'s closing part (docs/architecture.md): with neither the loss nor forward hooks, a
     check where no checked tensor had a gradient (coverage 0) is one finding that says so (it
     ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
-    missing = [f for f in checker.history_store.view if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
-    if checker.coverage() != 0.0 or len(missing) < 2:
+    missing = [f for f in view if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
+    if not grads.checked_now or len(grads.missing_now) != grads.checked_now or len(missing) < 2:
         return None
     names = [n for f in missing for n in (f.name, *f.aliases)]
     return [*(Verdict.merge(f.key) for f in missing), Verdict.open(no_grad_at_all(
-        names, step=missing[0].last_step, optimizers=checker.structure.optimizers))]
+        names, step=missing[0].last_step, optimizers=evidence[SEEN].cache.optimizers))]
 
 
-def read(checker: Any, evidence: Evidence) -> Verdicts | None:
+def decide_held(evidence: Evidence, state: None, view: FindingsView, grads: GradientState) -> Verdicts:
+    """At the end of the run: the steady findings' counts brought up to date, and each missing gradient
+    still held (an EMA target that may move, a layer that may be dropped) decided."""
+    out = refresh(grads, view, evidence[STEP])
+    for f in view.pending():
+        if f.kind == Kind.MISSING_GRAD:
+            decided = held.decide(grads.held, f)
+            out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+    return out
+
+
+def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdicts | None:
     """The hot path, right after backward when every line runs cold: the misses of the one read of
     each ``p.grad``, with the loop watch's and the gradient state's gates read in place (each call costs
     microseconds). Leaves in its state what the later detectors read: the misses, and whether one is new."""
-    cache, loop, grads, step, loss = checker.structure, checker.loop, checker.grads, evidence[STEP], evidence[LOSS]
+    seen, step, loss, inv = evidence[SEEN], evidence[STEP], evidence[LOSS], evidence[INVENTORY]
+    cache, loop, arrivals, sentinels = seen.cache, grads.loop, seen.arrivals, seen.sentinels
+    if inv is not None and (grads.read is None or grads.read() is not inv):  # a new reading of the structure
+        grads.read = weakref.ref(inv)
+        rebuilt(grads, inv)
+        apply_restored(grads, view, inv.known_names())
     reachable: set[int] | None = None
     walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
     offset, streaks, force = 0, len(grads.streak), False
@@ -367,42 +388,45 @@ def read(checker: Any, evidence: Evidence) -> Verdicts | None:
     out: Verdicts | None = None  # a healthy check makes no list
     grads.missing_now = missing_now = []
     for key, clist, missing in evidence[LISTS]:
-        if checker.arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
-            missing, found = stepping.judge(loop, checker.arrivals, checker.history_store.view, clist, missing, key,
-                                            step, cache.optimizers)
+        if arrivals.arrived or loop.cleared.ongoing or loop.cleared.all_cleared:
+            missing, found = stepping.judge(loop, arrivals, view, clist, missing, key, step, cache.optimizers)
             out = found if out is None else out + found
         if key is not None and (clist.checks % LR_READ_EVERY == 0 or clist.checks == 1
-                                or checker.sentinels.alert or loop.skips.judged):  # the loop watch has work to do
-            now, found = stepping.about_to_step(loop, checker.sentinels, checker.history_store.view,
-                                                cache.optimizers[key], key, clist, step, cache.inventory)
+                                or sentinels.alert or loop.skips.judged):  # the loop watch has work to do
+            now, found = stepping.about_to_step(loop, sentinels, view, cache.optimizers[key], key, clist, step, inv)
             force |= now
             out = found if out is None else out + found
         if missing or grads.streak:
             if skip is None:
                 # Watched tensors are reported under their watch name, replaced ones as stale_param.
-                skip = {id(e.tensor()) for e in checker.watch_entries()} | cache.stale_ids
+                skip = {id(e.tensor()) for e in seen.watch_entries()} | cache.stale_ids
             if missing and not walked:
                 reachable, walked = graph.reachable_leaf_ids(loss), True
-            found = update(grads, checker.history_store.view, clist, missing, step, tracer=checker.tracer,
-                           reachable=reachable, skip=skip)
+            found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip)
             out = found if out is None else out + found
             missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)
-    loop.force_values, grads.new_miss = force, len(grads.streak) > streaks
-    if grads.held.targets:  # (read in place: a target network's tensors are left out of the lists)
-        cache.leave_out(held.take_new_targets(grads.held))
+    loop.force_values, grads.new_miss, grads.checked_now = force, len(grads.streak) > streaks, offset
     return out
 
 
 FIRST_STEPS = "the first-step gradient check"  # the registry's name of first_step_misses and of its state
 
 
-def first_step_misses(checker: Any, _: object) -> Verdicts:
-    """A run that ended before its first check: the tensors without a gradient at their optimizer's only step
-    that no finding names yet (its state's ``misses`` and ``seen``, the modules that ran, from ``leafwatch run``)."""
-    first, inv = checker.states[FIRST_STEPS], checker.structure.inventory
+@dataclasses.dataclass(eq=False, slots=True)
+class FirstSteps:
+    """A run that ended before its first check (``leafwatch run``): for each optimizer's only step, the
+    tensors without a gradient (held weakly), and the ids of the modules that ran."""
+
+    misses: list[tuple[int, list[weakref.ReferenceType]]] = dataclasses.field(default_factory=list)
+    seen: set[int] = dataclasses.field(default_factory=set)
+
+
+def first_step_misses(evidence: Evidence, first: FirstSteps, view: FindingsView) -> Verdicts:
+    """The tensors without a gradient at their optimizer's only step that no finding names yet."""
+    inv = evidence[INVENTORY]
     ran = {name for name, module in inv.modules.items() if id(module) in first.seen}
-    named, watched, out = {f.name for f in checker.history_store.view}, {id(e.tensor()) for e in watching.entries()}, []
+    named, watched, out = {f.name for f in view}, {id(e.tensor()) for e in evidence[SEEN].watch_entries()}, []
     for step, refs in first.misses:
         for p in (ref() for ref in refs):
             info = inv.params.get(id(p))

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from . import fixes, gradients, held as held_misses, watched
-from ..observe.evidence import INVENTORY, STEP, Evidence
+from . import fixes
+from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
@@ -31,25 +31,22 @@ from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 from ..report.verdicts import Verdict, Verdicts
 
 
-def decide_pending(checker: Any, _: Any = None) -> Verdicts:
-    """At the end of the run, whatever still waits for evidence is decided by the detector that held it."""
-    inv, step, grads = checker.structure.inventory, checker.step, checker.grads
-    view = checker.history_store.view
-    out = gradients.refresh(grads, view, step) + escalate_late(view, step, checker.checks)
-    for f in view.pending():
-        if f.kind == "missing_grad":
-            decided = held_misses.decide(grads.held, f)
-        elif f.details.get("source") == "watch":
-            decided = watched.decide(checker.watched, checker.watched_hand, f)
-        else:
-            decided = decide(checker.membership, checker.membership_hand, f, inv, step, checker.checks)
-        out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: MembershipState) -> Verdicts:
+    """At the end of the run: a late-optimizer warning still open becomes an error, and whatever this
+    check still holds is decided (a held missing gradient or watched tensor is decided by its own detector)."""
+    inv, step, checks, hand = evidence[INVENTORY], evidence[STEP], evidence[SEEN].checks, evidence[SEEN].hands["membership"]
+    _read(judged, hand, inv)
+    out = escalate_late(view, step, checks)
+    for f in view.pending():  # (a structural finding held before any gradient too)
+        if f.kind != "missing_grad" and f.details.get("source") != "watch":
+            decided = decide(judged, hand, f, inv, step, checks)
+            out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
     return out
 
 
 @dataclasses.dataclass(eq=False, slots=True)
 class MembershipState:
-    """What the membership judge keeps: the held ``not_in_optimizer`` suspicions' tensors, and what it judged."""
+    """What the membership judge keeps: which tensors it judged intended, and whether a finding waits."""
 
     #: Checks during which membership stays pending (optimizers may still appear).
     grace: int = 0
@@ -58,59 +55,43 @@ class MembershipState:
     #: ``leafwatch run``'s tensor id -> (root name, optimizer variable) of the root modules no
     #: optimizer holds a tensor of; None: read off the inventory (:func:`_outside_root`).
     outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None
-    tensors: dict[str, weakref.ReferenceType] = dataclasses.field(default_factory=dict)
+    #: Tensors judged intended (a teacher, a target network): a new reading holds them no more.
     quiet: set[int] = dataclasses.field(default_factory=set)
     roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
-    #: Whether a finding is held for this judge: a check has work for it only then.
-    waiting: bool = False
+    #: The reading whose tensors :attr:`by_name` holds (weakly: never an old reading kept alive).
+    read: weakref.ReferenceType | None = None
+    by_name: dict[str, weakref.ReferenceType] = dataclasses.field(default_factory=dict)
+    #: Whether a finding is held for this judge: a check has work for it only then (and at first).
+    waiting: bool = True
 
 
-def split(state: MembershipState, found: Iterable[Finding], inv: Inventory, *,
-          before_gradients: bool) -> tuple[list[Finding], list[Finding]]:
-    """The structural findings shown at once, and those held until a check decides them."""
-    shown, held = [], []
-    by_name = {info.name: inv.tensors[k] for k, info in inv.params.items()}
-    for f in found:
-        if f.kind == "not_in_optimizer":
-            t = by_name.get(f.name)
-            if t is None:
-                shown.append(f)
-                continue
-            if id(t) in state.quiet:
-                continue  # judged intended before (a teacher, a target network)
-            state.tensors[f.name] = weakref.ref(t)
-            held.append(f.replace(details={**f.details, "pending": Waiting.MEMBERSHIP}))
-        elif before_gradients and f.kind in WAITING_KINDS:
-            held.append(f.replace(details={**f.details, "pending": Waiting.STRUCTURE}))
-        else:
-            shown.append(f)
-    state.waiting = state.waiting or bool(held)
-    return shown, held
-
-
-def rebuilt(state: MembershipState, hand: HandUpdates, inv: Inventory) -> None:
+def _read(state: MembershipState, hand: HandUpdates, inv: Inventory | None) -> None:
+    """A new reading of the structure (none when ``inv`` is the one read last): its tensors by name;
+    forget what is gone."""
+    if inv is None or (state.read is not None and state.read() is inv):
+        return
     state.roots_read = (None, {})  # never keep an old reading (and its modules) alive
     alive = set(inv.tensors)
     state.quiet &= alive
     hand.keep(alive)
-    state.tensors = {n: r for n, r in state.tensors.items() if r() is not None and id(r()) in alive}
+    state.by_name = {info.name: weakref.ref(inv.tensors[k]) for k, info in inv.params.items()}
+    state.read = weakref.ref(inv)
 
 
-def judge(checker: Any, evidence: Evidence) -> Verdicts:
+def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Verdicts:
     """At a check: the held findings decided, ``not_in_optimizer`` by the gradient rule (none held: nothing)."""
-    state = checker.membership
-    if not state.waiting:
-        return []
-    inv, step = evidence[INVENTORY], evidence[STEP]
+    inv, step, seen = evidence[INVENTORY], evidence[STEP], evidence[SEEN]
+    hand = seen.hands["membership"]
+    _read(state, hand, inv)
     out: Verdicts = []
     still = False
-    for f in checker.history_store.view.pending():
+    for f in view.pending():
         waiting = f.details.get("pending")
         if waiting == Waiting.STRUCTURE:
             out.append(Verdict.confirm(f.key, details=_without_pending(f)))
         elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
             # (a tensor outside the model is held and decided by its own owner)
-            verdict = _judge_one(state, checker.membership_hand, f, inv, step, checker.checks)
+            verdict = _judge_one(state, hand, f, inv, step, seen.checks)
             if verdict is None:
                 still = True
             else:
@@ -122,10 +103,10 @@ def judge(checker: Any, evidence: Evidence) -> Verdicts:
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
                checks: int) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
-    ref = state.tensors.get(f.name)
+    ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-    if t is None or info is None:
+    if t is None or info is None or id(t) in state.quiet:
         return Verdict.drop(f.key)
     rule = _gradient_rule(state, hand, t)
     if rule == "quiet":
@@ -229,7 +210,7 @@ def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory
     """At the end of the run: what a held (or late-optimizer) finding becomes."""
     if f.details.get("pending") == Waiting.STRUCTURE:
         return f.replace(status=Status.OPEN, details=_without_pending(f))
-    ref = state.tensors.get(f.name)
+    ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or _gradient_rule(state, hand, t, final=True) == "quiet":

@@ -21,12 +21,12 @@ import dataclasses
 import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import fixes
-from ..observe import changes, frames, graph, structure
+from ..observe import changes, frames, graph
 from ..observe.discovery import optimizer_ids
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
@@ -34,24 +34,31 @@ from ..watching import WatchEntry
 from .constructors import make
 from ..report.words import Members, Words, renders
 from ..report.verdicts import Verdict, Verdicts
-from ..observe.evidence import LOSS, Evidence
+from ..observe.evidence import INVENTORY, LOSS, SEEN, STEP, Evidence
+from ..report.history import FindingsView
+
+if TYPE_CHECKING:
+    from .gradients import GradientState
 
 
-def judge_loss(checker: Any, evidence: Evidence) -> Verdicts | None:
+def judge_loss(evidence: Evidence, state: LossLeavesState, view: FindingsView,
+               grads: GradientState) -> Verdicts | None:
     """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
-    loss, cache, leaves = evidence[LOSS], checker.structure, checker.loss_leaves
-    if loss is None or not wants_walk(leaves, checker.grads.new_miss):
+    loss, seen = evidence[LOSS], evidence[SEEN]
+    if loss is None or not wants_walk(state, grads.new_miss):
         return None
+    cache = seen.cache
     return [Verdict.open(f) for f in observe(
-        leaves, checker.loss_hand, loss, checker.step, new_miss=True, inventory=cache.inventory, exclude=lambda: judged_elsewhere(
-            cache.inventory, [*cache.optimizers, *cache.observer.stepping_optimizers()], checker.watch_entries()))]
+        state, seen.hands["loss"], loss, evidence[STEP], new_miss=True, inventory=cache.inventory,
+        exclude=lambda: judged_elsewhere(cache.inventory, [*cache.optimizers, *seen.observer.stepping_optimizers()],
+                                         seen.watch_entries()))]
 
 
-def judge_undecided(checker: Any, _: Any) -> Verdicts:
+def judge_undecided(evidence: Evidence, state: None, view: FindingsView, leaves: LossLeavesState) -> Verdicts:
     """At the end of a run of one check (``audit()``): it cannot tell a persistent leaf of the loss from a fresh one."""
-    if checker.checks != 1:
+    if evidence[SEEN].checks != 1:
         return []
-    return [Verdict.open(f) for f in undecided(checker.loss_leaves, checker.step, checker.structure.inventory)]
+    return [Verdict.open(f) for f in undecided(leaves, evidence[STEP], evidence[INVENTORY])]
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],

@@ -9,14 +9,16 @@ exception in one line, so the console, TensorBoard, the tab and ``leafwatch repo
 that part of the check did not run. The finding is resolved at the next check where the part
 runs through again.
 
-Torch-free: a part is any callable taking the check's state and returning verdicts (or None).
+Torch-free: a part is a detector's ``judge(evidence, state, view, *needed)`` (or any callable of
+that form) returning verdicts (or None), with the state it keeps and the states it reads of the
+detectors before it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..report.findings import Finding, Kind, Severity
 from ..report.history import FindingHistory
@@ -24,13 +26,15 @@ from ..options import WarnOnce
 from ..report.verdicts import Verdict, Verdicts
 from ..report.words import Members, Words, renders
 
-State = TypeVar("State")
+State = TypeVar("State")  #: what the parts judge (a check's evidence)
 
 
 @dataclasses.dataclass(frozen=True)
 class Part(Generic[State]):
     """One part of the check: what it is called in the user's words, and what it does.
 
+    ``judge(evidence, state, view, *needs)``: the evidence of the check, the part's own ``state``,
+    the findings so far (read-only), and the states of the detectors before it that it reads.
     ``when`` names what the part waits on, as ``(owner, attribute)`` pairs (owner None: the field
     of that index in the check's evidence): the part runs only at a check where one is truthy, or
     while it is failing (so that its ``incomplete`` finding can clear); empty: at every check. It
@@ -38,7 +42,9 @@ class Part(Generic[State]):
     """
 
     name: str
-    run: Callable[[State], Verdicts | None]
+    judge: Callable[..., Verdicts | None]
+    state: Any = None
+    needs: tuple[Any, ...] = ()
     when: tuple[tuple[object, str | int], ...] = ()
 
 
@@ -73,9 +79,12 @@ class Pipeline(Generic[State]):
 
     def __init__(self, parts: Sequence[Part[State]], history: FindingHistory, warn: WarnOnce) -> None:
         self._parts = tuple(parts)
+        if len({part.name for part in self._parts}) != len(self._parts):
+            raise ValueError(f"`parts` must have unique names (a failing part is known by its name), got "
+                             f"{[part.name for part in self._parts]}")
         # What run() reads of each part, as plain tuples (a part is a dataclass: each field read
         # is a dict lookup, and right after backward each one runs cold).
-        self._plan = tuple((part.name, part.run, part.when) for part in self._parts)
+        self._plan = self._planned(self._parts)
         self.history = history
         self.warn = warn
         #: The parts that failed at their last run.
@@ -86,19 +95,24 @@ class Pipeline(Generic[State]):
         """The parts, in the order they run (fixed at construction)."""
         return self._parts
 
-    def run(self, state: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
-        """Run every part (``parts``, default: the pipeline's) on ``state``; never raises for a part's failure."""
+    @staticmethod
+    def _planned(parts: Sequence[Part[State]]) -> tuple[tuple[Any, ...], ...]:
+        return tuple((part.name, part.judge, part.state, part.needs, part.when) for part in parts)
+
+    def run(self, evidence: State, step: int | None, parts: Sequence[Part[State]] | None = None) -> None:
+        """Run every part (``parts``, default: the pipeline's) on ``evidence``; never raises for a part's failure."""
         failing = self.failing  # (the same set while the parts run: read once)
-        plan = self._plan if parts is None else tuple((part.name, part.run, part.when) for part in parts)
-        for name, run, when in plan:
+        plan = self._plan if parts is None else self._planned(parts)
+        view = self.history.view
+        for name, judge, state, needs, when in plan:
             if when and not (failing and name in failing):
                 for owner, attribute in when:
-                    if state[attribute] if owner is None else getattr(owner, attribute):  # type: ignore[index]
+                    if evidence[attribute] if owner is None else getattr(owner, attribute):  # type: ignore[index]
                         break
                 else:
                     continue  # nothing it waits on is there: the part has nothing to do
             try:
-                verdicts = run(state)
+                verdicts = judge(evidence, state, view, *needs) if needs else judge(evidence, state, view)
             except Exception as error:  # noqa: BLE001 - a part's failure must not stop training
                 self.failed(name, error, step)
             else:

@@ -19,6 +19,7 @@ import torch
 
 from ..observe.sharding import GradientView
 from ..report.findings import Finding
+from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from .constructors import make, transition
 from ..report.words import ADVICE, Members, Words, has_renderer, render, renders
@@ -153,13 +154,20 @@ def merge(per_rank: Sequence[Sequence[Finding]], *, step: int | None = None,
     return out
 
 
-def judge(gatherer: Any, gathered: tuple[int, Sequence[Sequence[Finding]], str]) -> Verdicts:
+@dataclasses.dataclass(eq=False, slots=True)
+class RankState:
+    """What the rank merge knows of the run: DDP's ``find_unused_parameters`` (None: no DDP seen)."""
+
+    ddp_unused: bool | None = None
+
+
+def judge(gathered: tuple[int, Sequence[Sequence[Finding]], str], state: RankState, view: FindingsView) -> Verdicts:
     """The rank-merge detector: ``gathered`` (the step, every rank's findings, the gradient view's
     strategy) merged, as verdicts on the merged history; a finding no rank reports any more is resolved."""
     step, per_rank, strategy = gathered
-    merged = merge(per_rank, step=step, ddp_unused=gatherer.ddp_unused, strategy=strategy)
+    merged = merge(per_rank, step=step, ddp_unused=state.ddp_unused, strategy=strategy)
     keys = {f.key for f in merged}
-    return [*map(Verdict.set, merged), *(Verdict.resolve(f.key, step) for f in gatherer.history.view if f.key not in keys)]
+    return [*map(Verdict.set, merged), *(Verdict.resolve(f.key, step) for f in view if f.key not in keys)]
 
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,

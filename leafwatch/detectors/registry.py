@@ -1,30 +1,29 @@
 """The one list of the check's detectors: what runs, in which order, at which stage.
 
 Each entry is a :class:`Detector`: its name in the user's words (an ``incomplete`` finding names
-it), ``run(checker, evidence)`` returning its verdicts (the check's
-:class:`~leafwatch.observe.evidence.Evidence`), the stage it runs at, what it waits on,
-and the state it keeps across checks (built once per :class:`~leafwatch.detectors.checker.Checker`,
-kept in ``checker.states[name]``). The Checker builds its pipeline from this list and no other,
-so adding a detector is its module, one entry here, and its tests.
+it, so names are unique), ``judge(evidence, state, view, *needed)`` returning its verdicts from the
+check's :class:`~leafwatch.observe.evidence.Evidence`, the state it keeps across checks (built once
+per :class:`~leafwatch.detectors.checker.Checker` by ``state(config)``), the findings so far
+(read-only) and the states of the earlier detectors it names in ``needs`` (the pipeline orders by
+them), the stage it runs at and what it waits on. The Checker builds its pipeline from this list
+and no other, so adding a detector is its module, one entry here, and its tests.
 
 One voice per finding: an entry also names, for each ``(kind, reason)`` its detector decides, the
-one function that writes its words (message, cause and fix, or the cause and fix a generic message
-goes with), as ``{"module.function": (kind, reason, ...)}`` under ``leafwatch.detectors``. A finding
-always carries its reason (``details["reason"]``), so a reader, a test or a sink can tell which
-builder spoke; ``tests/core/test_voices.py`` fails on a reason written in two functions, on a
-reason missing here, and on a builder that edits the words another one wrote.
+one renderer of its words (registered with :func:`leafwatch.report.words.renders` in the
+detector's module), as ``{"module.function": (kind, reason, ...)}`` under ``leafwatch.detectors``;
+``tests/core/test_voices.py`` fails on a reason rendered twice, on a reason missing here, and on
+words edited after rendering.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import gradients, membership, outside, ranks, structure, values, watched
+from . import gradients, membership, outside, ranks, structure, values, watched, zeroed
 from . import pipeline  # noqa: F401 (the renderer of the incomplete finding a failing part leaves)
-from ..observe.evidence import LOSS, REBUILT, Evidence
+from ..observe.evidence import LOSS, REBUILT
 from ..report.verdicts import Verdicts
 
 #: Before any gradient exists (the structure scan at the first sight of a model).
@@ -36,32 +35,71 @@ CLOSE = "close"
 #: After them, at the end of a run of one look without the loss (``audit()``).
 ONE_LOOK = "one look"
 #: After each check when distributed, on the findings of every rank (run by the Monitor's
-#: :class:`~leafwatch.detectors.gatherer.Gatherer`, bound to it, on the merged history).
+#: :class:`~leafwatch.detectors.gatherer.Gatherer` on the merged history, with its own state).
 RANKS = "ranks"
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """What the Monitor was told, from which the detectors' states are built."""
+
+    patience: int = 1
+    diagnose: bool = True
+    check_values_every_n_steps: int = 20
 
 
 @dataclasses.dataclass(frozen=True)
 class Detector:
     """One detector as the pipeline runs it.
 
-    ``when`` gives, for a Checker, the ``(owner, attribute)`` pairs the detector waits on (see
-    :class:`~leafwatch.detectors.pipeline.Part`); ``state`` builds what it keeps across checks;
-    ``voices``: the builder of each ``(kind, reason)`` it decides.
+    ``judge(evidence, state, view, *needed)``: its verdicts; ``state(config)`` builds what it keeps
+    across checks (None: nothing); ``needs``: the names of the earlier detectors whose states it
+    reads, handed to it in that order; ``when(state, *needed)`` gives the ``(owner, attribute)`` pairs
+    it waits on (see :class:`~leafwatch.detectors.pipeline.Part`); ``voices``: the renderer of each
+    ``(kind, reason)`` it decides.
     """
 
     name: str
-    run: Callable[[Any, Evidence | None], Verdicts | None]
+    judge: Callable[..., Verdicts | None]
     stage: str = CHECK
-    when: Callable[[Any], tuple[tuple[object, str | int], ...]] | None = None
-    state: Callable[[Any], Any] | None = None
+    state: Callable[[Config], Any] | None = None
+    needs: tuple[str, ...] = ()
+    when: Callable[..., tuple[tuple[object, str | int], ...]] | None = None
     voices: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+
+def ordered(detectors: Sequence[Detector]) -> list[Detector]:
+    """The detectors in the order they are listed, each after those it ``needs`` (a stable
+    topological order).
+
+    Raises:
+        ValueError: two detectors of one name, a need no detector of the list meets, or a cycle.
+    """
+    names = [d.name for d in detectors]
+    if len(set(names)) != len(names):
+        raise ValueError(f"detector names must be unique (a failing part is known by its name), got {names}")
+    missing = {n for d in detectors for n in d.needs} - set(names)
+    if missing:
+        raise ValueError(f"`needs` names no detector of the list: {sorted(missing)}")
+    done: list[Detector] = []
+    waiting = list(detectors)
+    while waiting:
+        ready = next((d for d in waiting if set(d.needs) <= {x.name for x in done}), None)
+        if ready is None:
+            raise ValueError(f"`needs` make a cycle among {[d.name for d in waiting]}")
+        done.append(ready)
+        waiting.remove(ready)
+    return done
+
+
+GRADIENTS = "the gradient check"
 
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, when=lambda c: (
-        (c.states[gradients.FIRST_STEPS], "misses"),), state=lambda c: types.SimpleNamespace(misses=[], seen=set())),
-    Detector("the structure check", structure.judge, when=lambda c: ((None, REBUILT),), voices={
+    Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, state=lambda c: gradients.FirstSteps(),
+             when=lambda state, *needed: ((state, "misses"),)),
+    Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), voices={
         "membership._left_out": ("not_in_optimizer", "left_out"),
         "membership._buffer_requires_grad": ("not_in_optimizer", "buffer_requires_grad"),
         "structure._unfrozen_after": ("not_in_optimizer", "unfrozen_after"),
@@ -79,7 +117,7 @@ DETECTORS: tuple[Detector, ...] = (
         "structure._plain_attribute": ("orphan_tensor", "plain_attribute"),
         "structure._device": ("device_mismatch", "device"),
         "ranks._sharded_gradients": ("missing_grad", "sharded_gradients")}),
-    Detector("the gradient check", gradients.read, voices={
+    Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), voices={
         # what the hooks and the cut recorder saw (causes.py) ...
         "causes._never_ran": ("missing_grad", "never_ran"),
         "causes._no_forward_of_its_own": ("missing_grad", "no_forward_of_its_own"),
@@ -115,26 +153,36 @@ DETECTORS: tuple[Detector, ...] = (
         "loop._clearing_ended": ("grad_cleared", "clearing_ended"),
         "loop._zero_lr": ("no_update", "zero_lr"),
         "loop._skipped_steps": ("no_update", "skipped_steps")}),
-    Detector("the check of watched tensors", watched.judge, when=watched.waits_on, voices={
-        "leaves._not_a_leaf": ("non_leaf", "not_a_leaf"),
-        "watched._requires_grad_false": ("missing_grad", "requires_grad_false"),
-        "watched._watched_unused": ("missing_grad", "watched_unused"),
-        "outside._outside_model": ("not_in_optimizer", "outside_model")}),
-    Detector("the loss-graph check", outside.judge_loss, when=lambda c: ((None, LOSS),), voices={
-        "outside._loss_leaf": ("not_in_optimizer", "loss_leaf")}),
-    Detector("the optimizer-membership check", membership.judge, when=lambda c: ((c.membership, "waiting"),), voices={
-        "membership._never_stepped_words": ("not_in_optimizer", "never_stepped"),
-        "membership._no_optimizer_stepped": ("not_in_optimizer", "no_optimizer_stepped"),
-        "membership._root_outside": ("not_in_optimizer", "root_outside"),
-        "membership._chosen_outside": ("not_in_optimizer", "chosen_outside")}),
-    Detector("the NaN/Inf gradient check", values.judge, when=lambda c: ((c.values, "every"),), voices={
-        "values._nan_or_inf": ("nonfinite_grad", "nan_or_inf"),
-        "values._nan_or_inf_value": ("nonfinite_grad", "nan_or_inf_value"),
-        "dead._zero_streak": ("dead_grad", "zero_streak")}),
-    Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE),
-    Detector("the end-of-run decisions", membership.decide_pending, CLOSE),
-    Detector("the loss-graph check", outside.judge_undecided, CLOSE),
-    Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, voices={
+    Detector("the check of watched tensors", watched.judge, state=lambda c: watched.WatchedState(),
+             when=watched.waits_on, voices={
+                 "leaves._not_a_leaf": ("non_leaf", "not_a_leaf"),
+                 "watched._requires_grad_false": ("missing_grad", "requires_grad_false"),
+                 "watched._watched_unused": ("missing_grad", "watched_unused"),
+                 "outside._outside_model": ("not_in_optimizer", "outside_model")}),
+    Detector("the loss-graph check", outside.judge_loss, state=lambda c: outside.LossLeavesState(), needs=(GRADIENTS,),
+             when=lambda state, *needed: ((None, LOSS),)),
+    Detector("the optimizer-membership check", membership.judge, state=lambda c: membership.MembershipState(),
+             when=lambda state, *needed: ((state, "waiting"), (None, REBUILT)), voices={
+                 "membership._never_stepped_words": ("not_in_optimizer", "never_stepped"),
+                 "membership._no_optimizer_stepped": ("not_in_optimizer", "no_optimizer_stepped"),
+                 "membership._root_outside": ("not_in_optimizer", "root_outside"),
+                 "membership._chosen_outside": ("not_in_optimizer", "chosen_outside")}),
+    Detector("the NaN/Inf gradient check", values.judge, state=lambda c: values.ValuesState(c.check_values_every_n_steps),
+             needs=(GRADIENTS,), when=lambda state, *needed: ((state, "every"),), voices={
+                 "values._nan_or_inf": ("nonfinite_grad", "nan_or_inf"),
+                 "values._nan_or_inf_value": ("nonfinite_grad", "nan_or_inf_value"),
+                 "dead._zero_streak": ("dead_grad", "zero_streak")}),
+    Detector("the zero-gradient-op check", zeroed.judge, needs=("the NaN/Inf gradient check",), when=zeroed.waits_on,
+             voices={"zeroed._zero_gradient_op": ("dead_grad", "zero_gradient_op")}),
+    Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE, needs=("the NaN/Inf gradient check",)),
+    Detector("the end-of-run decisions of missing gradients", gradients.decide_held, CLOSE, needs=(GRADIENTS,)),
+    Detector("the end-of-run decisions of watched tensors", watched.decide_pending, CLOSE,
+             needs=("the check of watched tensors",)),
+    Detector("the end-of-run decisions of optimizer membership", membership.decide_pending, CLOSE,
+             needs=("the optimizer-membership check",)),
+    Detector("the end-of-run decision on the loss's leaves", outside.judge_undecided, CLOSE,
+             needs=("the loss-graph check",), voices={"outside._loss_leaf": ("not_in_optimizer", "loss_leaf")}),
+    Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, needs=(GRADIENTS,), voices={
         "gradients._no_grad_at_all": ("missing_grad", "no_grad_at_all")}),
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, voices={
         "ranks._unused_on_rank": ("missing_grad", "unused_on_rank"),

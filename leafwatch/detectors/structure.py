@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from . import fixes, gradients, leaves, membership, ranks
+from . import fixes, leaves, membership, ranks
 from ..observe import graph
-from ..report.findings import STRUCTURAL_KINDS, Finding
+from ..report.findings import STRUCTURAL_KINDS, WAITING_KINDS, Finding, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, Orphan, is_uninitialized, shape_of, shape_text
 from ..report.verdicts import Verdict, Verdicts
@@ -27,40 +27,41 @@ from .constructors import make
 from ..report.words import ADVICE, Members, Remedy, Words, code, renders
 from .leaves import non_leaf
 from .watched import watched_findings
-from ..options import warn_unmatched_ignore
-from ..observe.evidence import REBUILT, Evidence
+from ..observe.evidence import INVENTORY, REBUILT, SEEN, STEP, Evidence
 
 
-def scan(checker: Any, _: Any) -> Verdicts:
-    """Before any gradient exists: the structure, and what is wrong already (a watched non-leaf)."""
-    out = rebuilt(checker, checker.structure.rebuild(checker.step), before_gradients=True)
-    entries = checker.watch_entries()
+def scan(evidence: Evidence, state: None, view: FindingsView) -> Verdicts:
+    """Before any gradient exists: the structure (read for the scan), and what is wrong already (a watched non-leaf)."""
+    out = _reading(evidence, view, evidence[REBUILT], before_gradients=True)
+    entries = evidence[SEEN].watch_entries()
     return out + [Verdict.open(f) for f in watched_findings(
-        entries, checker.step, {e.name: True for e in entries}, checker.structure.inventory)]
+        entries, evidence[STEP], {e.name: True for e in entries}, evidence[INVENTORY])]
 
 
-def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
+def judge(evidence: Evidence, state: None, view: FindingsView) -> Verdicts | None:
     """At a check: what a new reading of the structure says (nothing when it did not change)."""
-    return rebuilt(checker, evidence[REBUILT]) if evidence[REBUILT] is not None else None
+    return _reading(evidence, view, evidence[REBUILT]) if evidence[REBUILT] is not None else None
 
 
-def rebuilt(checker: Any, inv: Inventory, before_gradients: bool = False) -> Verdicts:
-    """After a rebuild of the structure: its verdicts, and what waited for the names."""
-    cache, history, step = checker.structure, checker.history_store, checker.step
-    gradients.rebuilt(checker.grads, inv)
-    membership.rebuilt(checker.membership, checker.membership_hand, inv)
+def _reading(evidence: Evidence, view: FindingsView, inv: Inventory, before_gradients: bool = False) -> Verdicts:
+    """A reading of the structure: its verdicts. A trainable tensor of the model in no optimizer is
+    held for the optimizer-membership check (:mod:`leafwatch.detectors.membership`), which decides by
+    the gradient rule; before any gradient, every finding of a kind that may wait is held for the first check."""
+    cache, step = evidence[SEEN].cache, evidence[STEP]
     found = structural(inv, step=step, previous_names=cache.previous_names, stale=cache.stale, seen_frozen=cache.seen_frozen)
-    shown, held = membership.split(checker.membership, found, inv, before_gradients=before_gradients)
-    out = verdicts(history.view, shown, step, held)
+    shown, held = [], []
+    model_tensors = {info.name for info in inv.params.values()}
+    for f in found:
+        if f.kind == "not_in_optimizer" and f.name in model_tensors:
+            held.append(f.with_details(pending=Waiting.MEMBERSHIP))
+        elif before_gradients and f.kind in WAITING_KINDS:
+            held.append(f.with_details(pending=Waiting.STRUCTURE))
+        else:
+            shown.append(f)
+    out = verdicts(view, shown, step, held)
     sharded = ranks.sharded_finding(cache.grad_view, step)
-    if sharded is not None and history.view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
+    if sharded is not None and view.get(sharded.key) is None and all(f.key != sharded.key for f in shown):
         out.append(Verdict.open(sharded))
-    gradients.apply_restored(checker.grads, history.view, inv.known_names())
-    checker.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
-    if history.ignore and not checker.ignore_checked:
-        checker.ignore_checked = True
-        warn_unmatched_ignore(history.ignore, inv.all_names() | {e.name for e in checker.watch_entries()})
-    checker.say_if_nothing_to_check(inv, out)
     return out
 
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..observe import inventory, sharding as distributed, structure
-from ..observe.evidence import LISTS, STEP, Evidence
+from ..observe.evidence import LISTS, SEEN, STEP, Evidence
 from ..report.findings import Finding, Kind, Status
 from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
@@ -25,23 +25,25 @@ from .constructors import make
 from ..report.words import Members, Words, renders
 from . import dead
 
+if TYPE_CHECKING:
+    from .gradients import GradientState
 
-def judge(checker: Any, evidence: Evidence) -> Verdicts:
+
+def judge(evidence: Evidence, state: ValuesState, view: FindingsView, grads: GradientState) -> Verdicts:
     """At a check: the value check when it is due (or a step about to be skipped asked for it)."""
-    values, step = checker.values, evidence[STEP]
-    every = values.every
-    on_cadence = bool(every) and (step == 1 or step % every == 0 or checker.loop.force_values)
-    if on_cadence or (every and step <= values.every_check_values_until):
+    step, every = evidence[STEP], state.every
+    on_cadence = bool(every) and (step == 1 or step % every == 0 or grads.loop.force_values)
+    if on_cadence or (every and step <= state.every_check_values_until):
         if not on_cadence:
-            values.off_cadence_steps.add(step)
-        return check(values, checker.value_reads, checker.structure, checker.history_store.view, step,
+            state.off_cadence_steps.add(step)
+        return check(state, evidence[SEEN].values, evidence[SEEN].cache, view, step,
                      [clist for _, clist, _ in evidence[LISTS]])
     return []
 
 
-def judge_last(checker: Any, _: Any) -> Verdicts:
+def judge_last(evidence: Evidence, state: None, view: FindingsView, values: ValuesState) -> Verdicts:
     """At the end of the run: the last value check."""
-    return finish(checker.values, checker.value_reads, checker.structure, checker.history_store.view, checker.step)
+    return finish(values, evidence[SEEN].values, evidence[SEEN].cache, view, evidence[STEP])
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -51,7 +53,7 @@ class ValuesState:
     every: int
     #: Check at every check up to this step too, besides the cadence.
     every_check_values_until: int = 0
-    _dead: dead.DeadGradState = dataclasses.field(default_factory=dead.DeadGradState)
+    dead: dead.DeadGradState = dataclasses.field(default_factory=dead.DeadGradState)
     _last_step: int = -1
     off_cadence_steps: set[int] = dataclasses.field(default_factory=set)
 
@@ -109,7 +111,7 @@ def _record(state: ValuesState, reads: NamedValueCheck, view: FindingsView, step
     if state.off_cadence_steps:
         zeros = [z for z in zeros if z[0] not in state.off_cadence_steps]
         state.off_cadence_steps = {s for s in state.off_cadence_steps if s >= step - 2}  # (CUDA: a step late)
-    out += dead.record(state._dead, view, zeros)
+    out += dead.record(state.dead, view, zeros)
     return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import watching
-from ..observe import changes, graph, structure
+from ..observe import changes
 from ..observe.inventory import Inventory
 from ..report.findings import Finding, Status, Waiting
 from ..report.history import FindingsView
@@ -24,23 +24,45 @@ from ..watching import WatchEntry
 from . import fixes, leaves, outside
 from .constructors import make
 from ..report.words import ADVICE, Members, Words, code, renders
-from ..observe.evidence import Evidence
+from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 
 
-def waits_on(checker: Any) -> tuple[tuple[object, str], ...]:
+def waits_on(state: WatchedState, *needed: Any) -> tuple[tuple[object, str], ...]:
     """What the check of watched tensors waits on: a tensor watched, or a watched finding open."""
-    return (watching.DEFAULT, "by_name"), (checker.watches, "by_name"), (checker.watched, "may_be_open")
+    return (watching.DEFAULT, "by_name"), (state, "own_watches"), (state, "may_be_open")
 
 
-def judge(checker: Any, evidence: Evidence) -> Verdicts | None:
+def judge(evidence: Evidence, state: WatchedState, view: FindingsView) -> Verdicts | None:
     """At a check: each watched tensor (nothing to do with nothing watched and no watched finding open)."""
-    if not (watching.DEFAULT.by_name or checker.watches.by_name or checker.watched.may_be_open):
+    seen = evidence[SEEN]
+    state.own_watches = bool(seen.watches.by_name)
+    if not (watching.DEFAULT.by_name or state.own_watches or state.may_be_open):
         return None
-    entries = checker.watch_entries()
+    entries = seen.watch_entries()
     if entries:
-        checker.watched.optimizers_version = (checker.structure.rebuilds, checker.structure.observer.generation)
-    return update(checker.watched, checker.watched_hand, checker.history_store.view, entries, checker.step,
-                  checker.structure.inventory, checker.in_judging_optimizer)
+        state.optimizers_version = (seen.cache.rebuilds, seen.observer.generation)
+    return update(state, seen.hands["watched"], view, entries, evidence[STEP], evidence[INVENTORY],
+                  lambda entry: in_judging_optimizer(seen, entry))
+
+
+def in_judging_optimizer(seen: Any, entry: WatchEntry) -> bool:
+    """A Monitor's own ``tensors=`` are judged by its optimizers; ``watch()``-ed tensors by its
+    optimizers and every optimizer its observer saw stepping (never by one that only an ``audit()``
+    call was given). A Monitor without optimizers judges nothing."""
+    own = any(e is entry for e in seen.watches.entries())
+    mine = seen.cache.optimizers
+    optimizers = mine if own or not mine else [*mine, *seen.observer.stepping_optimizers()]
+    return not optimizers or id(entry.tensor()) in outside.optimizer_ids(optimizers)
+
+
+def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: WatchedState) -> Verdicts:
+    """At the end of the run: each watched finding still held is decided (updated by hand, or not)."""
+    out: Verdicts = []
+    for f in view.pending():
+        if f.details.get("source") == "watch":
+            decided = decide(judged, evidence[SEEN].hands["watched"], f)
+            out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+    return out
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -57,6 +79,8 @@ class WatchedState:
     optimizers_version: object = None
     #: Whether a watched finding may be open (else a check with nothing watched skips this detector).
     may_be_open: bool = True
+    #: Whether the Monitor watches tensors of its own (``tensors=``), as the last check read it.
+    own_watches: bool = True
 
 
 def update(state: WatchedState, hand: changes.HandUpdates, view: FindingsView, entries: list[WatchEntry], step: int,

@@ -51,6 +51,12 @@ _OPS: dict[Any, tuple[str, int]] = {
     torch.Tensor.__float__: ("`float(...)`", 2),
     torch.Tensor.__int__: ("`int(...)`", 2),
 }
+#: Ops whose gradient is zero wherever it is defined: no cut (the result keeps a graph), but a
+#: tensor whose every path to the loss passes through one gets a gradient that is exactly zero.
+_ZERO_GRADIENT_OPS: dict[Any, str] = {
+    **{getattr(torch, n): f"`torch.{n}()`" for n in ("round", "floor", "ceil", "trunc", "fix", "sign", "sgn")},
+    **{getattr(torch.Tensor, n): f"`.{n}()`" for n in ("round", "floor", "ceil", "trunc", "fix", "sign", "sgn")},
+}
 #: Ops whose result is a tensor that may keep its graph (``torch.as_tensor`` of a tensor returns
 #: it as it is): a cut only when the result does not require grad.
 _MAY_KEEP_GRAPH = {torch.tensor, torch.as_tensor}
@@ -160,6 +166,8 @@ class CutRecorder(TorchFunctionMode):
     def __init__(self, first_order: int = 0) -> None:
         super().__init__()
         self.cuts: dict[tuple[str, Place, Place | None], Cut] = {}
+        #: Where an op of zero gradient ran on a tensor that requires grad, with the leaves upstream.
+        self.zero_ops: dict[tuple[str, Place, Place | None], Cut] = {}
         self._seen: dict[tuple[str, Place, Place | None], set[int]] = {}
         self._order = first_order
         #: Where grad mode was switched off inside the forward (a ``with torch.no_grad():`` line).
@@ -178,6 +186,8 @@ class CutRecorder(TorchFunctionMode):
                 self._switch(args)
             elif not torch.is_grad_enabled() and self.error is None:
                 self._op_without_grad(func, args)
+            elif func in _ZERO_GRADIENT_OPS and self.error is None:
+                self._zero_gradient(func, args)
             return func(*args, **kwargs)
         # The inputs of the cutting op that require grad (``torch.tensor([a, b])`` reads each).
         cut_from = args[:1] if args and (isinstance(args[0], torch.Tensor) or func is torch.tensor) else ()
@@ -222,14 +232,25 @@ class CutRecorder(TorchFunctionMode):
         except Exception as error:
             self.error = error
 
-    def _cut(self, op: tuple[str, int], where: tuple[Place, Place | None], sources: list[torch.Tensor]) -> Cut | None:
+    def _zero_gradient(self, func: Any, args: tuple[Any, ...]) -> None:
+        try:
+            sources = _inputs_with_grad(args[:1])
+            where = place_of_call(sys._getframe(2)) if sources else None
+            if where is not None:
+                self._cut((_ZERO_GRADIENT_OPS[func], 0), where, sources, self.zero_ops)
+        except Exception as error:
+            self.error = error
+
+    def _cut(self, op: tuple[str, int], where: tuple[Place, Place | None], sources: list[torch.Tensor],
+             into: dict[tuple[str, Place, Place | None], Cut] | None = None) -> Cut | None:
         key = (op[0], *where)
-        cut = self.cuts.get(key)
+        into = self.cuts if into is None else into
+        cut = into.get(key)
         if cut is None:
-            if len(self.cuts) >= MAX_SITES:
+            if len(into) >= MAX_SITES:
                 return None
             self._order += 1
-            cut = self.cuts[key] = Cut(CutSite(op[0], where[0], where[1], op[1]), set(), self._order)
+            cut = into[key] = Cut(CutSite(op[0], where[0], where[1], op[1]), set(), self._order)
             self._seen[key] = set()
         seen = self._seen[key]
         for t in sources:

@@ -67,6 +67,7 @@ class Diagnostics:
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""
         self.tracer.disarm()
+        self.tracer.zero_ops.clear()
         self.arrivals.disarm()
         self.sentinels.close()
 

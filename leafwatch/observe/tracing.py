@@ -101,6 +101,9 @@ class Tracer:
         self.compiled = False
         self._recorder_broken = False  # it failed once: warned, never run again
         self.cuts: list[cuts.Cut] = []
+        #: Where an op of zero gradient ran on a tensor that requires grad (kept for the whole run:
+        #: the value checks that find its gradient exactly zero come steps later), by site.
+        self.zero_ops: dict[Any, cuts.Cut] = {}
         self._cut_index: dict[int, cuts.Cut] | None = None
         self._recorder: cuts.CutRecorder | None = None
         self._depth = 0
@@ -232,6 +235,9 @@ class Tracer:
             self.cuts.extend(found)
             self._cut_index = None
             self.ops_traced = True
+            for key, site in recorder.zero_ops.items():
+                if len(self.zero_ops) < cuts.MAX_SITES:
+                    self.zero_ops.setdefault(key, site)
 
     def _recorder_failed(self, error: BaseException) -> None:
         """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called

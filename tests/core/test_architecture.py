@@ -353,9 +353,10 @@ def test_no_object_of_observe_holds_a_detectors_state() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     monitor = leafwatch.Monitor(model, optimizer)
     checker = monitor._checker
-    states = {id(s) for s in (checker.grads, checker.loop, checker.watched, checker.membership, checker.values,
-                              checker.loss_leaves, *checker.states.values())}
-    observers = [checker.diagnostics, checker.diagnostics.tracer, checker.arrivals, checker.sentinels, monitor.structure]
+    states = {id(s) for s in (checker.grads, checker.loop, *checker.states.values())}
+    seen = checker.seen
+    observers = [checker.diagnostics, checker.diagnostics.tracer, seen, seen.arrivals, seen.sentinels, seen.values,
+                 *seen.hands.values(), monitor.structure, monitor.observer]
     held = {(type(o).__name__, name) for o in observers for name, value in vars(o).items() if id(value) in states}
     assert not held
     monitor.close()
@@ -498,6 +499,51 @@ def test_the_checks_parts_are_the_registrys_detectors_in_order() -> None:
     monitor.close()
 
 
+def test_registry_names_are_unique_and_each_need_names_an_earlier_detector() -> None:
+    from leafwatch.detectors import registry
+
+    names = [d.name for d in registry.DETECTORS]
+    assert len(names) == len(set(names))
+    assert registry.ordered(registry.DETECTORS) == list(registry.DETECTORS)  # listed in an order the needs keep
+    for i, d in enumerate(registry.DETECTORS):
+        assert set(d.needs) <= {e.name for e in registry.DETECTORS[:i]}, d.name
+    late = registry.Detector("late", lambda *a: None, needs=("early",))
+    early = registry.Detector("early", lambda *a: None)
+    assert [d.name for d in registry.ordered([late, early])] == ["early", "late"]
+    with pytest.raises(ValueError, match="unique"):
+        registry.ordered([early, early])
+    with pytest.raises(ValueError, match="no detector"):
+        registry.ordered([late])
+
+
+def test_a_part_failing_at_every_check_stays_incomplete_after_the_end_of_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its ``incomplete`` finding clears only when that very part runs through: the end of the run
+    runs other parts (one once had the same name as the loss-graph check), never that one."""
+    import dataclasses
+
+    from leafwatch.detectors import registry
+
+    def broken(*args):
+        raise RuntimeError("cannot walk this graph")
+
+    detectors = tuple(dataclasses.replace(d, judge=broken) if d.name == "the loss-graph check" else d
+                      for d in registry.DETECTORS)
+    monkeypatch.setattr(registry, "DETECTORS", detectors)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", leafwatch.LeafwatchInternalWarning)
+        monitor = leafwatch.Monitor(model, optimizer)
+        for _ in range(2):
+            loss = model(torch.ones(1, 2)).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            monitor.check(optimizer, loss=loss)
+        report = monitor.close()
+    (f,) = report.by_kind("incomplete")
+    assert (f.name, f.status) == ("the loss-graph check", "open")
+
+
 def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Adding a detector is its module and one line in the registry: here, a gradient-norm limit
     (its verdicts, and the renderer of its reason)."""
@@ -513,8 +559,8 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
     class Seen:
         checks: int = 0
 
-    def huge(checker, evidence):  # the detector: evidence in, verdicts out
-        checker.states["the gradient-norm check"].checks += 1
+    def huge(evidence, state, view):  # the detector: evidence, its own state, the findings so far -> verdicts
+        state.checks += 1
         return [Verdict.open(make("nonfinite_grad", name, "warning", "huge", {"norm": float(p.grad.norm())},
                                   step=evidence[STEP]))
                 for _, clist, _ in evidence[LISTS] for name, p in zip(clist.names, clist.params)
@@ -526,7 +572,7 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
     monkeypatch.setitem(words.RENDERERS, ("nonfinite_grad", "huge"),
                         words.Renderer("nonfinite_grad", "huge", render, "never"))
 
-    added = registry.Detector("the gradient-norm check", huge, state=lambda checker: Seen())
+    added = registry.Detector("the gradient-norm check", huge, state=lambda config: Seen())
     monkeypatch.setattr(registry, "DETECTORS", (*registry.DETECTORS, added))
     model = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -548,7 +594,7 @@ def test_every_detector_of_a_check_reads_the_same_read_only_evidence(monkeypatch
 
     seen: list[object] = []
 
-    def look(checker, evidence):
+    def look(evidence, state, view):
         seen.append(evidence)
         with pytest.raises(TypeError):
             evidence[LOSS] = None  # no detector writes what the check observed

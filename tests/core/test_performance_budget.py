@@ -347,8 +347,8 @@ def test_the_objects_a_check_reads_keep_their_attributes_where_cpython_reads_the
     _, _, monitor = _trained_once(3, check_values_every_n_steps=0)
     checker = monitor._checker
     hot = [monitor, checker, monitor.structure, monitor.history_store, checker.pipeline, checker.diagnostics,
-           checker.diagnostics.tracer, checker.grads, checker.loop, checker.arrivals, checker.sentinels,
-           *checker.states.values()]
+           checker.diagnostics.tracer, checker.grads, checker.loop, checker.seen, checker.seen.arrivals,
+           checker.seen.sentinels, monitor.observer, *checker.states.values()]
     too_big = {type(obj).__name__: len(vars(obj)) for obj in hot if hasattr(obj, "__dict__") and len(vars(obj)) > 30}
     assert not too_big
     assert not hasattr(checker, "__dict__")  # slots: the runner of every detector

@@ -169,10 +169,10 @@ def test_a_learning_rate_stuck_at_zero_is_a_no_update_verdict_after_its_checks()
 def test_a_part_that_raises_applies_none_of_its_verdicts_and_leaves_an_incomplete_finding() -> None:
     history = FindingHistory()
 
-    def healthy(_: object) -> list[Verdict]:
+    def healthy(evidence: object, state: object, view: FindingsView) -> list[Verdict]:
         return [Verdict.open(dead_grad("a", 3, 1))]
 
-    def failing(_: object) -> list[Verdict]:
+    def failing(evidence: object, state: object, view: FindingsView) -> list[Verdict]:
         made = [Verdict.open(dead_grad("b", 3, 1))]  # decided, then the detector fails
         raise RuntimeError(f"boom after {len(made)} verdict")
 
@@ -191,7 +191,7 @@ def test_a_part_runs_when_what_it_waits_on_is_there_and_while_it_is_failing() ->
 
     history, owner, ran = FindingHistory(), Owner(), []
 
-    def part(_: object) -> list[Verdict]:
+    def part(evidence: object, state: object, view: FindingsView) -> list[Verdict]:
         ran.append(len(ran))
         if len(ran) == 2:
             raise RuntimeError("once")
@@ -211,6 +211,24 @@ def test_a_part_runs_when_what_it_waits_on_is_there_and_while_it_is_failing() ->
     assert history.get((Kind.INCOMPLETE, "the gated part")).status == Status.RESOLVED
     pipeline.run(None, 5)
     assert ran == [0, 1, 2]
+
+
+def test_a_part_gets_its_state_the_findings_so_far_and_the_states_it_needs() -> None:
+    history, got = FindingHistory(), []
+    history.apply([Verdict.open(dead_grad("a", 3, 1))])
+    mine, earlier = object(), object()
+
+    def part(evidence: object, state: object, view: FindingsView, needed: object) -> None:
+        got.append((evidence, state, [f.name for f in view], needed))
+
+    Pipeline((Part("judge", part, mine, (earlier,)),), history, WarnOnce()).run("the evidence", 2)
+    assert got == [("the evidence", mine, ["a"], earlier)]
+
+
+def test_parts_of_one_name_are_refused_the_failing_one_would_be_taken_for_the_other() -> None:
+    with pytest.raises(ValueError, match="unique names"):
+        Pipeline((Part("the loss-graph check", lambda *a: None), Part("the loss-graph check", lambda *a: None)),
+                 FindingHistory(), WarnOnce())
 
 
 def test_every_action_has_its_effect_on_the_history() -> None:

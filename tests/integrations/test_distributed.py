@@ -482,14 +482,14 @@ def test_a_rank_merge_that_raises_leaves_an_incomplete_finding_in_the_merged_rep
     # a pipeline onto its merged history, so a merge that raises costs its verdicts only.
     calls = []
 
-    def flaky(gatherer: distributed.Gatherer, gathered: tuple) -> list:
+    def flaky(gathered: tuple, state: ranks.RankState, view: object) -> list:
         calls.append(gathered[0])
         if len(calls) == 1:
             raise RuntimeError("merge broke")
-        return ranks.judge(gatherer, gathered)
+        return ranks.judge(gathered, state, view)
 
     (merging,) = [d for d in registry.DETECTORS if d.stage == registry.RANKS]
-    detector = dataclasses.replace(merging, run=flaky)
+    detector = dataclasses.replace(merging, judge=flaky)
     torch.distributed.init_process_group("gloo", init_method=(tmp_path / "store").as_uri(), rank=0, world_size=1)
     try:
         gatherer = distributed.Gatherer(nn.Linear(2, 1), detectors=[detector], warn=WarnOnce(), pipelined=False)

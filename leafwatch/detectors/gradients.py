@@ -82,8 +82,8 @@ class GradientState:
     new_miss: bool = False
     #: The loop watch: gradients cleared before the step, learning rates, skipped steps.
     loop: stepping.LoopState = dataclasses.field(default_factory=stepping.LoopState)
-    #: The structure reading last seen (weakly); what was learnt of tensors gone is forgotten at a new one.
-    read: Any = None
+    #: The count of structure readings last seen; what was learnt of tensors gone is forgotten at a new one.
+    readings: int = -1
 
 
 def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
@@ -377,8 +377,8 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
     microseconds). Leaves in its state what the later detectors read: the misses, and whether one is new."""
     seen, step, loss, inv = evidence[SEEN], evidence[STEP], evidence[LOSS], evidence[INVENTORY]
     cache, loop, arrivals, sentinels = seen.cache, grads.loop, seen.arrivals, seen.sentinels
-    if inv is not None and (grads.read is None or grads.read() is not inv):  # a new reading of the structure
-        grads.read = weakref.ref(inv)
+    if grads.readings != cache.rebuilds and inv is not None:  # a new reading of the structure
+        grads.readings = cache.rebuilds
         rebuilt(grads, inv)
         apply_restored(grads, view, inv.known_names())
     reachable: set[int] | None = None

@@ -86,6 +86,7 @@ class Pipeline(Generic[State]):
         # is a dict lookup, and right after backward each one runs cold).
         self._plan = self._planned(self._parts)
         self.history = history
+        self._view = history.view
         self.warn = warn
         #: The parts that failed at their last run.
         self.failing: set[str] = set()
@@ -103,7 +104,7 @@ class Pipeline(Generic[State]):
         """Run every part (``parts``, default: the pipeline's) on ``evidence``; never raises for a part's failure."""
         failing = self.failing  # (the same set while the parts run: read once)
         plan = self._plan if parts is None else self._planned(parts)
-        view = self.history.view
+        view = self._view
         for name, judge, state, needs, when in plan:
             if when and not (failing and name in failing):
                 for owner, attribute in when:

@@ -34,7 +34,7 @@ Evidence = tuple[Any, ...]
 STEP, OPTIMIZER, LOSS, INDEX, INVENTORY, REBUILT, LISTS, SEEN = range(8)
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Observation:
     """What the Monitor's observing objects hold, as the detectors read it.
 

@@ -357,7 +357,9 @@ def test_no_object_of_observe_holds_a_detectors_state() -> None:
     seen = checker.seen
     observers = [checker.diagnostics, checker.diagnostics.tracer, seen, seen.arrivals, seen.sentinels, seen.values,
                  *seen.hands.values(), monitor.structure, monitor.observer]
-    held = {(type(o).__name__, name) for o in observers for name, value in vars(o).items() if id(value) in states}
+    held = {(type(o).__name__, name) for o in observers
+            for name, value in (vars(o) if hasattr(o, "__dict__") else {n: getattr(o, n) for n in o.__slots__}).items()
+            if id(value) in states}
     assert not held
     monitor.close()
 

@@ -13,7 +13,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch.detectors import constructors
-from leafwatch.detectors.registry import BEYOND_THE_CHECK, DETECTORS, VOICES
+from leafwatch.detectors.registry import BEYOND_THE_CHECK, DECIDED_BY, DETECTORS
 from leafwatch.report.findings import Kind
 from leafwatch.report.words import RENDERERS, Members, Words, render, renders
 
@@ -21,9 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "leafwatch"
 
 
 def test_every_reason_the_registry_declares_has_exactly_one_renderer_and_no_other_exists() -> None:
-    assert set(VOICES) == set(RENDERERS)
-    for (kind, reason), renderer in RENDERERS.items():
-        assert VOICES[(kind, reason)] == renderer.where.removeprefix("detectors."), (kind, reason, renderer.where)
+    assert set(DECIDED_BY) == set(RENDERERS)
 
 
 def test_each_renderer_lives_in_the_detector_package_and_each_kind_has_one() -> None:
@@ -39,10 +37,10 @@ def test_a_second_renderer_of_a_reason_is_refused() -> None:
 
 
 def test_each_reason_is_decided_by_one_entry_of_the_registry() -> None:
-    pairs = [(kind, reason) for voices in (*(d.voices for d in DETECTORS), BEYOND_THE_CHECK)
-             for kind, *reasons in voices.values() for reason in reasons]
-    assert len(pairs) == len(set(pairs)) == len(VOICES)
-    assert {d.name for d in DETECTORS if d.voices} >= {"the structure check", "the gradient check"}
+    pairs = [(kind, reason) for decides in (*(d.decides for d in DETECTORS), BEYOND_THE_CHECK)
+             for kind, reasons in decides.items() for reason in reasons]
+    assert len(pairs) == len(set(pairs)) == len(DECIDED_BY)
+    assert {d.name for d in DETECTORS if d.decides} >= {"the structure check", "the gradient check"}
 
 
 def test_a_finding_cannot_be_made_without_its_reason_and_arguments() -> None:

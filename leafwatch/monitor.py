@@ -37,9 +37,8 @@ DEFAULT_VALUE_CHECK_EVERY = 20
 class Monitor:
     """Checks every optimizer step and keeps each finding's history.
 
-    Create it before the first forward pass: until its first :meth:`check` it arms forward hooks
-    on every module so that the first step's missing gradients are fully explained. Afterwards
-    hooks stay only on modules that missed a gradient.
+    Create it before the first forward pass: until its first :meth:`check` it arms forward hooks on
+    every module (the first step's missing gradients are explained), then only on those that missed one.
 
     Args:
         model: The model (DDP, ``torch.compile`` and Lightning Fabric wrappers are unwrapped: names
@@ -236,6 +235,10 @@ class Monitor:
         self._checker.scan()
         self._report = self.history_store.report(self.step)
         return self._report
+
+    def forward_begun(self, module: nn.Module) -> None:
+        """``module``'s forward began before this Monitor's hooks were armed (``leafwatch run``): trace it."""
+        self._checker.tracer.entered(module)
 
     def attach(self) -> Monitor:
         """Check automatically before each ``optimizer.step()`` of the optimizers given.

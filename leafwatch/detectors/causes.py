@@ -16,8 +16,6 @@ from typing import Any
 from torch import nn
 
 from ..observe import cuts
-from ..observe.inventory import ParamInfo
-from ..observe.names import ancestors
 from ..observe.tracing import RunRecord
 from ..report.words import Members, Words, renders
 from . import fixes
@@ -325,28 +323,3 @@ def _unused_output(m: Members) -> Words:
         f"use {module}'s output in the loss, or remove {module} (or ignore its parameters with "
         f"`ignore=[\"{record + '.*' if record else '*'}\"]`) if its output is not needed; if it should "
         f"feed the loss, look{between} for the cut")
-
-
-def at_the_only_step(info: ParamInfo, ran: set[str]) -> Explanation:
-    """Why a tensor got no gradient at its optimizer's only step, from the modules seen running."""
-    if info.module not in ran and ("" in ran or any(n in ran for n in ancestors(info.module))):
-        return Explanation("never_ran_at_the_only_step", {"call": fixes.module_code(fixes.module_to_call(info.module, ran))})
-    return Explanation("unknown_at_the_only_step", {})
-
-
-@renders("missing_grad", "never_ran_at_the_only_step", fixes="never")
-def _never_ran_at_the_only_step(m: Members) -> Words:
-    call = m.shared("call", m.first["call"])
-    return missing_words(
-        m, f"module {shown(module_of(m))} never ran in a forward pass of this run (its optimizer stepped once).",
-        f"call `{call}` in forward(), or remove it (or freeze it with requires_grad_(False) if that is intended)",
-        silenced=True)
-
-
-@renders("missing_grad", "unknown_at_the_only_step", fixes="never")
-def _unknown_at_the_only_step(m: Members) -> Words:
-    return missing_words(
-        m, f"{m.who} had no gradient when its optimizer stepped, at the only step of this run; "
-        "the cause is worked out from a second step on (or use leafwatch.assert_trains / a Monitor "
-        "created before the first forward pass).",
-        f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended")

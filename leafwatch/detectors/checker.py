@@ -108,7 +108,7 @@ class Checker:
         for d in detectors:
             if d.stage != registry.RANKS:
                 state, needed = self.states.get(d.name), tuple(self.states[n] for n in d.needs)
-                stages[d.stage].append(Part(d.name, d.judge, state, needed, d.when(state, *needed) if d.when else ()))
+                stages[d.stage].append(Part(d.name, d.judge, state, needed, d.when(state, self.seen, *needed) if d.when else ()))
         #: The check's detectors in their one order, then what observe/ is handed back (the diagnostic
         #: hooks re-aimed, targets left out); a failing part leaves an ``incomplete`` finding.
         self.pipeline: Pipeline[Evidence] = Pipeline(

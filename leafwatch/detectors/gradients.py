@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..observe import changes as evidence, cuts, graph, inventory, tracing
-from ..report.findings import Finding, Kind, Severity, Status
+from ..report.findings import Finding, Kind, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
@@ -238,6 +238,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         if found is not None:
             out += found
             return
+    before = old  # (a miss held while its module was being traced: traced now)
     if old is not None and old.status == Status.PENDING:
         old = None  # a suspicion the evidence settled: reported afresh below
     if old is not None and explanation is None and observed(old) not in _NO_CAUSE_YET:
@@ -248,8 +249,13 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         return
     if explanation is None:
         explanation = _without_hooks(state, info, None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
-                                     else pid in reachable, old)
+                                     else pid in reachable, before)
     f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses)
+    if f.reason == "pending" and misses >= checks_of_p:
+        # Its module's hooks had not seen a whole step: no cause to give yet, so no error to show
+        # yet either (the next check, traced, decides).
+        out.append(Verdict.hold(f.with_details(pending=Waiting.TRACE)))
+        return
     if misses < checks_of_p or old is not None and old.status == Status.INTERMITTENT:
         f = intermittent(f, checks_of_p, misses, step)
     f = _stalled(f, streak, _stall_limit(state, pid), checks_of_p, misses)
@@ -407,34 +413,6 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
             missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)
     loop.force_values, grads.new_miss, grads.checked_now = force, len(grads.streak) > streaks, offset
-    return out
-
-
-FIRST_STEPS = "the first-step gradient check"  # the registry's name of first_step_misses and of its state
-
-
-@dataclasses.dataclass(eq=False, slots=True)
-class FirstSteps:
-    """A run that ended before its first check (``leafwatch run``): for each optimizer's only step, the
-    tensors without a gradient (held weakly), and the ids of the modules that ran."""
-
-    misses: list[tuple[int, list[weakref.ReferenceType]]] = dataclasses.field(default_factory=list)
-    seen: set[int] = dataclasses.field(default_factory=set)
-
-
-def first_step_misses(evidence: Evidence, first: FirstSteps, view: FindingsView) -> Verdicts:
-    """The tensors without a gradient at their optimizer's only step that no finding names yet."""
-    inv = evidence[INVENTORY]
-    ran = {name for name, module in inv.modules.items() if id(module) in first.seen}
-    named, watched, out = {f.name for f in view}, {id(e.tensor()) for e in evidence[SEEN].watch_entries()}, []
-    for step, refs in first.misses:
-        for p in (ref() for ref in refs):
-            info = inv.params.get(id(p))
-            if info is None or info.name in named or id(p) in watched or not p.requires_grad:
-                continue  # gone, owned by no model (orphans are named by the scan), or named already
-            named.add(info.name)
-            out.append(Verdict.open(missing_grad(info.name, p, step=step, info=info,
-                                                 explanation=causes.at_the_only_step(info, ran))))
     return out
 
 

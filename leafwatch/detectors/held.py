@@ -119,6 +119,8 @@ def decide(state: HeldState, f: Finding) -> Finding | None:
         return _judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided")
     if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= changes.LAYERDROP_END_OF_RUN:
         return _judged(f, "layerdrop_undecided")
+    if waiting == Waiting.TRACE:  # the run ended before its module's hooks saw a whole step
+        return _judged(f, "untraced")
     return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
@@ -133,6 +135,8 @@ def _judged(f: Finding, outcome: str, misses: int = 0) -> Finding:
         return transition(held, outcome, {}).replace(status=Status.OPEN, severity=Severity.WARNING)
     if outcome == "not_layerdrop":  # its siblings ran at every check it missed
         return transition(held, outcome, {"container": f.details["container"], "misses": misses, "chance": chance})
+    if outcome == "untraced":
+        return transition(held, outcome, {}).replace(status=Status.OPEN)
     # too short a run to tell
     return transition(held, outcome, {"steps": f.details.get("steps_without_grad"), "chance": chance}).replace(
         status=Status.INTERMITTENT, severity=Severity.INFO)
@@ -162,6 +166,13 @@ def _not_layerdrop(m: Members) -> Words:
     before, a = _earlier_words(m), m.first
     return Words(before.message, before.cause + f" Its siblings in `{a['container']}` ran: skipped at all {a['misses']} "
                  f"checks, it is no layer dropped at random (chance {a['chance']:.1e}).", before.fix, before.remedy)
+
+
+@renders("missing_grad", "untraced", fixes="never")
+def _untraced(m: Members) -> Words:
+    before, traced = _earlier_words(m), m.first["earlier"]["args"].get("traced", "its module")
+    return Words(before.message, f"unknown: the run ended before leafwatch's forward hooks saw a whole step of "
+                 f"`{traced}`, so it cannot say where the gradient was lost.", before.fix, before.remedy)
 
 
 @renders("missing_grad", "layerdrop_undecided", fixes="never")

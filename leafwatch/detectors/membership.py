@@ -41,6 +41,34 @@ def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: 
         if f.kind != "missing_grad" and f.details.get("source") != "watch":
             decided = decide(judged, hand, f, inv, step, checks)
             out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+    return out + _held_by_unstepped(inv, evidence[SEEN], view, step, checks)
+
+
+def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, step: int, checks: int) -> Verdicts:
+    """At the end of a run: the trainable tensors that only optimizers the Monitor was given hold, and
+    that never stepped while it watched (another one did: steps were seen) -- they never changed.
+    (``leafwatch run`` hands its Monitor only the optimizers that stepped: its waiting ones are
+    decided by :func:`_late`.)"""
+    if inv is None or not checks or len(inv.optimizers) < 2:
+        return []
+    stepped = set(map(id, seen.observer.stepping_optimizers()))
+    if not stepped.intersection(map(id, inv.optimizers)):
+        return []  # no step seen: whether these stepped is unknown
+    trained = {id(p) for o, ps in zip(inv.optimizers, inv.optimizer_params) if id(o) in stepped for p in ps}
+    named = {f.name for f in view if f.kind == "not_in_optimizer"}
+    out: Verdicts = []
+    for opt, params in zip(inv.optimizers, inv.optimizer_params):
+        if id(opt) in stepped:
+            continue
+        variable = fixes.variable_for(opt, inv.variables, inv.fix_names) or ""
+        for p in params:
+            info = inv.params.get(id(p))
+            if info is None or not p.requires_grad or id(p) in trained or info.name in named:
+                continue
+            named.add(info.name)
+            base = not_in_optimizer(info, p, step=step, inventory=inv)
+            out.append(Verdict.set(_never_stepped(info.name, (variable, type(opt).__name__), checks, base,
+                                                  Severity.ERROR).replace(first_step=step, last_step=step)))
     return out
 
 
@@ -112,8 +140,9 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
     if rule == "quiet":
         state.quiet.add(id(t))
         return Verdict.drop(f.key)
-    if rule == "wait" or checks <= state.grace:
-        return None  # the value evidence, or an optimizer that steps late, may still come
+    if rule == "wait" or checks <= state.grace and f.reason != "created_after_optimizer":
+        return None  # the value evidence, or an optimizer that steps late, may still come (not for a
+        # tensor created after every optimizer was built: none could hold it)
     return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv), step=step, last_step=step)
 
 
@@ -140,7 +169,7 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
     if outside is not None:
         decided = _outside_root_finding(info, t, step, outside, inv)
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
-    if state.grace and checks:  # late (no check ran: the structure's words)
+    if state.grace and checks and f.reason != "created_after_optimizer":  # late (no check ran: the structure's words)
         decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
                                                           inventory=inv), inv, final, checks)
     elif f.reason == "unfrozen_after":  # the structure's words for it, kept whole
@@ -243,9 +272,11 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:
         where, function = seen
+        built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
                     created=fixes.outside_module(info.name, inventory) or name,
-                    lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning")
+                    lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning",
+                    built=None if built is None else {"at": fixes.short_place(built[1]), "variable": built[2]})
         return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
                     aliases=info.aliases, **saw)
     if info.buffer:
@@ -299,9 +330,11 @@ def _created_after(m: Members) -> Words:
     """The registration hooks saw the user's code create it while leafwatch was watching, after its
     optimizer was built."""
     a = m.first
-    module, function = a["created"], a["function"]
-    cause = (f"`{module}` was created at {a['created_at']} in `{function}`, after the optimizer was built: the "
-             "optimizer's parameter list was made before it existed.")
+    module, function, built = a["created"], a["function"], a.get("built")
+    optimizer = "the optimizer" if not built else f"`{built['variable'] or 'the optimizer'}`"
+    after = f"after {optimizer} was built" + (f" at {built['at']}" if built else "")
+    where = a["created_at"] + ("" if function.startswith("<") else f" in `{function}`")
+    cause = f"`{module}` was created at {where}, {after}: the optimizer's parameter list was made before it existed."
     if a["lightning"]:
         return Words(_in_no_optimizer(m), cause,
                      f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "

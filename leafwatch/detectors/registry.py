@@ -54,7 +54,8 @@ class Detector:
 
     ``judge(evidence, state, view, *needed)``: its verdicts; ``state(config)`` builds what it keeps
     across checks (None: nothing); ``needs``: the names of the earlier detectors whose states it
-    reads, handed to it in that order; ``when(state, *needed)`` gives the ``(owner, attribute)`` pairs
+    reads, handed to it in that order; ``when(state, seen, *needed)`` (``seen``: the check's
+    :class:`~leafwatch.observe.evidence.Observation`) gives the ``(owner, attribute)`` pairs
     it waits on (see :class:`~leafwatch.detectors.pipeline.Part`); ``decides``: the reasons it
     decides, by kind (each rendered by the one renderer its module registers).
     """
@@ -97,8 +98,6 @@ GRADIENTS = "the gradient check"
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector(gradients.FIRST_STEPS, gradients.first_step_misses, SCAN, state=lambda c: gradients.FirstSteps(),
-             when=lambda state, *needed: ((state, "misses"),)),
     Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides={
         "not_in_optimizer": ("left_out", "buffer_requires_grad", "unfrozen_after", "created_after_optimizer"),
         "frozen_in_optimizer": ("plain_tensor", "frozen", "buffer"),
@@ -109,10 +108,10 @@ DETECTORS: tuple[Detector, ...] = (
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
         "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "detached", "rewrapped",
                          "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
-                         "never_ran_at_the_only_step", "unknown_at_the_only_step", "loss_without_graph", "unreachable",
+                         "loss_without_graph", "unreachable",
                          "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",
                          "traced_nothing", "came_back", "intermittent", "stalled", "not_a_target", "target_undecided",
-                         "not_layerdrop", "layerdrop_undecided"),
+                         "not_layerdrop", "layerdrop_undecided", "untraced"),
         # the loop watch
         "grad_cleared": ("cleared", "cleared_on_purpose", "clearing_ended"), "no_update": ("zero_lr", "skipped_steps")}),
     Detector("the check of watched tensors", watched.judge, state=lambda c: watched.WatchedState(),

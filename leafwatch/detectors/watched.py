@@ -27,16 +27,16 @@ from ..report.words import ADVICE, Members, Words, code, renders
 from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 
 
-def waits_on(state: WatchedState, *needed: Any) -> tuple[tuple[object, str], ...]:
-    """What the check of watched tensors waits on: a tensor watched, or a watched finding open."""
-    return (watching.DEFAULT, "by_name"), (state, "own_watches"), (state, "may_be_open")
+def waits_on(state: WatchedState, seen: Any, *needed: Any) -> tuple[tuple[object, str], ...]:
+    """What the check of watched tensors waits on: a tensor watched (with ``watch()`` or the Monitor's
+    own), or a watched finding open."""
+    return (watching.DEFAULT, "by_name"), (seen.watches, "by_name"), (state, "may_be_open")
 
 
 def judge(evidence: Evidence, state: WatchedState, view: FindingsView) -> Verdicts | None:
     """At a check: each watched tensor (nothing to do with nothing watched and no watched finding open)."""
     seen = evidence[SEEN]
-    state.own_watches = bool(seen.watches.by_name)
-    if not (watching.DEFAULT.by_name or state.own_watches or state.may_be_open):
+    if not (watching.DEFAULT.by_name or seen.watches.by_name or state.may_be_open):
         return None
     entries = seen.watch_entries()
     if entries:
@@ -79,8 +79,6 @@ class WatchedState:
     optimizers_version: object = None
     #: Whether a watched finding may be open (else a check with nothing watched skips this detector).
     may_be_open: bool = True
-    #: Whether the Monitor watches tensors of its own (``tensors=``), as the last check read it.
-    own_watches: bool = True
 
 
 def update(state: WatchedState, hand: changes.HandUpdates, view: FindingsView, entries: list[WatchEntry], step: int,

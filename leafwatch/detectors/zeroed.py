@@ -63,6 +63,6 @@ def _zero_gradient_op(m: Members) -> Words:
         "of an identity; or use a smooth surrogate (`torch.sigmoid(k * x)` for a step)")
 
 
-def waits_on(state: Any, values: ValuesState) -> tuple[tuple[object, str], ...]:
+def waits_on(state: Any, seen: Any, values: ValuesState) -> tuple[tuple[object, str], ...]:
     """It has work only while a ``dead_grad`` finding is open."""
     return ((values.dead, "open_names"),)

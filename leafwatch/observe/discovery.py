@@ -134,9 +134,13 @@ class Discovery:
     """
 
     def __init__(self, model: nn.Module | None = None, owners: Callable[[], dict[str, Any]] | None = None,
-                 on_roots: Callable[[dict[str, nn.Module]], None] | None = None) -> None:
+                 on_roots: Callable[[dict[str, nn.Module]], None] | None = None,
+                 on_first_module: Callable[[nn.Module], None] | None = None) -> None:
         self._model = weakref.ref(model) if model is not None else None
         self.owners, self.on_roots = owners or dict, on_roots
+        #: Called before the first forward of the first module with parameters seen (``leafwatch run``
+        #: builds its Monitor there, so that its hooks see the first step as an attached one's do).
+        self.on_first_module = on_first_module
         #: Optimizer steps seen, all optimizers together.
         self.steps = 0
         #: The optimizers that stepped, in the order of their first step.
@@ -194,6 +198,9 @@ class Discovery:
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self.seen:
             remember(self.seen, module)
+            if self.on_first_module is not None and next(module.parameters(), None) is not None:
+                first, self.on_first_module = self.on_first_module, None
+                first(module)
         elif self.called_directly:  # a module the frames gave runs through module(x) after all
             self.called_directly.discard(id(module))
 
@@ -369,7 +376,8 @@ class Discovery:
     # -- the script's module-level tensors ---------------------------------------------------------
     def scan_script_globals(self, watches: Any) -> None:
         """Watch the script's module-level tensors that require grad and stay the same tensor
-        from one scan to the next (an activation or a loss is a new tensor each step): a leaf in
+        from one scan to the next (an activation or a loss is a new tensor each step), or that an
+        optimizer holds (at the first scan): a leaf in
         no optimizer is ``not_in_optimizer``, one an optimizer holds must get a gradient, a
         non-leaf is ``non_leaf``, under its variable name. ``watches``: the Monitor's watch set."""
         found = {name: value for name, value in _script_scope().items()
@@ -378,7 +386,8 @@ class Discovery:
         in_optimizers = optimizer_ids(self.optimizers)
         for name, t in found.items():
             before = self._script_tensors.get(name)
-            if before is None or before() is not t or name in self._script_watched:
+            # (a tensor an optimizer holds persists: watched at first sight)
+            if (before is None or before() is not t) and id(t) not in in_optimizers or name in self._script_watched:
                 continue
             if not t.is_leaf and self._derived_from_model(t, in_optimizers):
                 continue  # an output or a loss kept at module level

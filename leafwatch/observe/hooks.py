@@ -14,7 +14,9 @@ is gone and no step runs, torch's dicts are as they were.
 
 from __future__ import annotations
 
+import functools
 import threading
+from types import SimpleNamespace
 from collections.abc import Callable
 from typing import Any
 
@@ -141,7 +143,25 @@ MODULE_REGISTRATION = Dispatcher("module registration hook", getattr(
 PARAMETER_REGISTRATION = Dispatcher("parameter registration hook", getattr(
     _modules, "register_module_parameter_registration_hook", None))
 
+def _on_optimizer_init(callback: Callable[..., Any]) -> Any:
+    """torch has no hook for an optimizer being built: its base class's ``__init__`` is wrapped to
+    call ``callback(optimizer)`` once built, and put back when the handle is removed."""
+    base = _optimizers.Optimizer
+    original = base.__dict__["__init__"]
+
+    @functools.wraps(original)
+    def built(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        callback(self)
+
+    base.__init__ = built  # type: ignore[method-assign]
+    return SimpleNamespace(remove=lambda: setattr(base, "__init__", original) if base.__init__ is built else None)
+
+
+#: Optimizers being built (no torch hook: ``Optimizer.__init__`` wrapped while subscribed).
+OPTIMIZER_BUILT = Dispatcher("optimizer built", _on_optimizer_init)
+
 #: Every dispatcher; torch's module forward hooks are not here: ``Module._call_impl`` copies their
 #: dicts before calling them, so a hook added there during a step breaks nothing.
 DISPATCHERS: tuple[Dispatcher, ...] = (OPTIMIZER_STEP_PRE, OPTIMIZER_STEP_POST, MODULE_REGISTRATION,
-                                       PARAMETER_REGISTRATION)
+                                       PARAMETER_REGISTRATION, OPTIMIZER_BUILT)

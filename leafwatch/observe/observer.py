@@ -10,7 +10,9 @@ other's observations (``audit()`` gets an Observer that subscribes to nothing: i
 
 from __future__ import annotations
 
+import ast
 import itertools
+import linecache
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -32,9 +34,12 @@ class Observer:
         check: Called with the optimizer about to step, once :meth:`install` or
             :meth:`install_global` asked for it.
         hooked: Subscribe to the registration and step hooks (False for ``audit()``: one look, no step).
+        builds: Note where each optimizer is built from now on (default: ``hooked``): a Monitor made
+            before its optimizer, or ``leafwatch run`` from the script's first line, names that line.
     """
 
-    def __init__(self, check: Callable[[torch.optim.Optimizer], Any] | None = None, hooked: bool = True) -> None:
+    def __init__(self, check: Callable[[torch.optim.Optimizer], Any] | None = None, hooked: bool = True,
+                 builds: bool | None = None) -> None:
         self._check = check
         #: Changes with every module or parameter registered while hooked (read by the structure cache).
         self.generation = 0
@@ -44,6 +49,8 @@ class Observer:
         #: id -> (the tensor, weakly; the registration's number; the user's ``path:line``; the user's function).
         self._appeared: dict[int, tuple[weakref.ReferenceType, int, str, str]] = {}
         self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        #: optimizer -> (the registration mark when it was built, the user's ``path:line``, the variable assigned)
+        self._built: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, str, str]] = weakref.WeakKeyDictionary()
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()
@@ -53,6 +60,8 @@ class Observer:
             self._subscriptions = [hooks.PARAMETER_REGISTRATION.subscribe(self._on_parameter),
                                    hooks.MODULE_REGISTRATION.subscribe(self._on_module),
                                    hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step)]
+        if (hooked if builds is None else builds):
+            self._subscriptions.append(hooks.OPTIMIZER_BUILT.subscribe(self._saw_built))
 
     def __len__(self) -> int:
         """The step hooks installed (for tests of what a Monitor holds)."""
@@ -104,6 +113,25 @@ class Observer:
     def _saw_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self._stepping.add(optimizer)
 
+    def _saw_built(self, optimizer: torch.optim.Optimizer) -> None:
+        try:  # (inside the user's optimizer construction: never stop it)
+            frame = frames.user_frame()
+            if frame is not None:
+                where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+                self._built[optimizer] = (self._last, where, _assigned_name(frame))
+        except Exception:
+            pass
+
+    def built_mark(self, optimizers: Sequence[torch.optim.Optimizer]) -> int:
+        """The registration mark when the last of ``optimizers`` was built (when seen; else now)."""
+        marks = [self._built[o][0] if o in self._built else self._last for o in optimizers]
+        return max(marks, default=self._last)
+
+    def built(self, optimizer: torch.optim.Optimizer) -> tuple[int, str, str] | None:
+        """``(the registration mark then, path:line, the variable assigned)`` of the statement that built
+        ``optimizer``, when seen."""
+        return self._built.get(optimizer)
+
     def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
                 set_roots: Callable[..., None] | None = None) -> None:
         """Check before each step of ``optimizers`` (:meth:`leafwatch.Monitor.attach`); with a ``model``
@@ -150,3 +178,15 @@ class Observer:
             self._modules.disarm()
         self._appeared.clear()
         self._stepping.clear()
+
+
+def _assigned_name(frame: Any) -> str:
+    """The variable the statement running in ``frame`` assigns (``opt`` of ``opt = Adam(...)``), or ""."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
+    except (SyntaxError, ValueError):
+        return ""
+    line = frame.f_lineno
+    around = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    node = min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+    return ast.unparse(node.targets[0]) if node is not None and len(node.targets) == 1 else ""

@@ -62,7 +62,7 @@ class StructureCache:
         self.observer = observer if observer is not None else Observer(hooked=False)
         self.optimizers = list(optimizers)  # its own list: added to only by add_optimizer()
         #: The registration mark when the optimizers were handed over (each was built before it).
-        self.optimizers_mark: int | None = self.observer.mark() if self.optimizers else None
+        self.optimizers_mark: int | None = self.observer.built_mark(self.optimizers) if self.optimizers else None
         #: ``id(optimizer)`` -> its index in :attr:`optimizers` (each held here, so its id stays its own).
         self.index_of = {id(o): i for i, o in enumerate(self.optimizers)}
         self.roots = dict(roots) if roots is not None else None
@@ -115,7 +115,7 @@ class StructureCache:
             return False
         self.index_of[id(optimizer)] = len(self.optimizers)
         self.optimizers.append(optimizer)
-        self.optimizers_mark = self.observer.mark()  # the last one handed over: built by now
+        self.optimizers_mark = self.observer.built_mark(self.optimizers)  # the last one built
         self.invalidate()
         return True
 
@@ -216,7 +216,7 @@ class StructureCache:
             self.previous_names.update(self.inventory.known_names())
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
-        inv.optimizers_mark, inv.appeared = self.optimizers_mark, self.observer.appeared
+        inv.optimizers_mark, inv.appeared, inv.built = self.optimizers_mark, self.observer.appeared, self.observer.built
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

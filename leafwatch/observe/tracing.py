@@ -198,6 +198,13 @@ class Tracer:
             post = module.register_forward_hook(self._leave_forward, always_call=True)
             self._root_handles[name] = (pre, post)
 
+    def entered(self, module: nn.Module) -> None:
+        """The forward of ``module``, an armed top module, has begun already: its own pre-hook was read
+        before the hooks were armed (``leafwatch run`` arms them in the global pre-hook of the first
+        forward); the cut recorder starts now, as that pre-hook would have started it."""
+        if any(self._modules.get(name) is module for name in self._root_handles):
+            self._enter_forward(module, ())
+
     def _enter_forward(self, module: nn.Module, args: Any) -> None:
         try:
             if self._recorder is not None:

@@ -81,6 +81,9 @@ class Waiting(_WordEnum):
     MEMBERSHIP = "membership"
     #: Read off the structure before any gradient existed: the first check decides.
     STRUCTURE = "structure"
+    #: No gradient, and the forward hooks had not seen a whole step of its module yet: the next
+    #: check says why (``leafwatch run`` meets a second model at its first forward).
+    TRACE = "trace"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -187,7 +187,7 @@ def test_one_step():
     result.stdout.fnmatch_lines([
         "*left 1 error finding(s) open after 1 optimizer step:*",
         "*missing_grad `aux_head` (2 tensors: aux_head.{bias,weight})*",
-        "*cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once).*",
+        "*cause: module `aux_head` never ran in this step's forward (the root module ran, but did not call it).*",
     ])
 
 
@@ -247,7 +247,7 @@ def test_trains():
     result = inner.runpytest("--leafwatch", "--leafwatch-ignore", "aux_head.*=auxiliary head, trained later", "-rP")
     result.assert_outcomes(passed=1)
     out = result.stdout.str()
-    assert "IGNORED missing_grad        aux_head (since step 2)" in out
+    assert "IGNORED missing_grad        aux_head (since step 1)" in out
     assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "ignoring aux_head.*" in out  # the header
 
@@ -294,7 +294,7 @@ def test_ignored_elsewhere():
     result.assert_outcomes(passed=2, failed=1)
     out = result.stdout.str()
     assert "FAILED test_inner.py::test_ignored_elsewhere" in out
-    assert "IGNORED missing_grad        aux_head (since step 2)" in out
+    assert "IGNORED missing_grad        aux_head (since step 1)" in out
     assert "ignored: auxiliary head, trained later (pattern 'aux_head.*')" in out
     assert "leafwatch: 2 tests stepped an optimizer; 1 left an error finding open" in out
 

@@ -89,9 +89,9 @@ def test_run_says_each_new_finding_in_one_short_line_and_keeps_causes_for_the_su
     before, summary = runs["buggy"].stderr.split("leafwatch: summary after 4 optimizer steps")
     lines = [line for line in before.splitlines() if line.startswith("leafwatch: ")]
     assert len(lines) == len(BUGGY_MISTAKES)  # one line per mistake, nothing in between
-    assert "leafwatch: ERROR missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}) at step 2. " \
+    assert "leafwatch: ERROR missing_grad `aux_head` (2 tensors: aux_head.{bias,weight}) at step 1. " \
         "Fix (advice): call `aux_head` in forward()" in before
-    assert "leafwatch: ERROR orphan_tensor `blocks` (4 tensors: {blocks[0],blocks[1]}.{bias,weight}) at step 2. " \
+    assert "leafwatch: ERROR orphan_tensor `blocks` (4 tensors: {blocks[0],blocks[1]}.{bias,weight}) at step 1. " \
         "Fix (code): register the container where it is assigned: `self.blocks = nn.ModuleList([nn.Linear(4, 4), " \
         "nn.Linear(4, 4)])`" in before
     assert "cause" not in before and "never ran" not in before
@@ -102,7 +102,7 @@ def test_strict_stops_at_the_first_error_and_exits_non_zero():
     result = _leafwatch("run", "--strict", str(SCRIPTS / "buggy.py"))
     assert result.returncode == runner.STRICT_EXIT_CODE != 0
     assert "done" not in result.stdout  # stopped before the end of the loop
-    assert "leafwatch: --strict stopped the script at optimizer step 2: ERROR missing_grad `aux_head`." in result.stderr
+    assert "leafwatch: --strict stopped the script at optimizer step 1: ERROR missing_grad `aux_head`." in result.stderr
     assert "ERROR   orphan_tensor       scale" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -114,7 +114,7 @@ def test_report_reads_the_same_findings_back_and_exits_1(runs):
     assert "run: exp/buggy" in result.stdout and "run: exp/gan" in result.stdout
     buggy_part = result.stdout.split("run: exp/gan")[0] if result.stdout.index("run: exp/buggy") == 0 else result.stdout.split("run: exp/buggy")[1]
     for kind, name in BUGGY_MISTAKES:
-        assert f"ERROR   {kind:19} {name} (since step 2)" in buggy_part
+        assert f"ERROR   {kind:19} {name} (since step 1)" in buggy_part
     assert "module `aux_head` never ran" in buggy_part
 
 
@@ -188,15 +188,15 @@ def test_gan_with_alternating_optimizers_gives_no_false_alarm(runs):
 
 
 def test_a_run_of_one_step_is_decided_at_its_end():
-    # The first check waits for an optimizer's second step; a run that ends before is still
-    # decided: the structure at the end, and what the only step said about its own tensors.
+    # The only step is checked, its forward traced from the first module call: the three mistakes
+    # and the cause of the unused head, as in a longer run.
     result = _leafwatch("run", str(SCRIPTS / "buggy.py"), "--steps", "1")
     assert result.returncode == 0, result.stderr
     summary = result.stderr.split("leafwatch: summary after 1 optimizer step\n", 1)[1]
     assert summary.startswith("leafwatch: 3 open of 3 finding(s) at step 1")  # three mistakes, seven tensors
     for kind, name in BUGGY_MISTAKES:
         assert f"ERROR   {kind:19} {name} (since step 1)" in summary
-    assert "cause: module `aux_head` never ran in a forward pass of this run (its optimizer stepped once)." in summary
+    assert "cause: module `aux_head` never ran in this step's forward (the root module ran, but did not call it)." in summary
 
 
 def test_clean_script_gives_no_findings_and_identical_stdout():
@@ -241,7 +241,7 @@ def test_module_form_runs_a_module_as_main_with_its_arguments():
     assert result.returncode == 0, result.stderr
     assert result.stdout == "module argv ['x', '--strict']\n"
     # The ModuleDict never runs a forward of its own: it is found in the training loop's frame.
-    assert "ERROR missing_grad `unused` (2 tensors: unused.{bias,weight}) at step 2" in result.stderr
+    assert "ERROR missing_grad `unused` (2 tensors: unused.{bias,weight}) at step 1" in result.stderr
     assert "module `unused` never ran" in result.stderr
     assert "tensor of shape" not in result.stderr
     # Neither the container nor the unused layer (no gradient) says the script calls `.forward()`.
@@ -264,7 +264,7 @@ def test_ignore_marks_findings_ignored_with_the_reason(tmp_path):
     assert result.returncode == 0
     assert "ERROR missing_grad `aux_head`" not in result.stderr
     # Shown as ignored, with the reason given on the command line (not "ERROR ... [ignored]").
-    assert "  IGNORED missing_grad        aux_head (since step 2)\n" in result.stderr
+    assert "  IGNORED missing_grad        aux_head (since step 1)\n" in result.stderr
     assert "      ignored: kept for fine-tuning (pattern 'aux_head.*')\n" in result.stderr
     assert "      ignored: ignored on the command line (pattern 'blocks*')\n" in result.stderr
     assert "[ignored]" not in result.stderr
@@ -391,7 +391,7 @@ class _LeftOut(nn.Module):
 
 
 @pytest.mark.parametrize("steps", [1, 5])
-def test_a_run_too_short_for_a_check_is_decided_by_the_pipeline_as_a_longer_one(steps):
+def test_a_run_of_one_step_is_decided_by_the_pipeline_as_a_longer_one(steps):
     # `scale` gets gradients in no optimizer (an error), `unused` gets none in no optimizer (the
     # gradient rule: quiet), `aux` is in the optimizer and never runs; ignore= is the history's.
     session = runner.Session(stream=open(os.devnull, "w"), ignore={"aux.*": "kept"})
@@ -412,12 +412,11 @@ def test_a_run_too_short_for_a_check_is_decided_by_the_pipeline_as_a_longer_one(
         ("missing_grad", "aux.bias", "ignored")}
     (scale,) = report.tensors("not_in_optimizer")
     assert scale.severity == "error" and "never changes" in scale.message
-    # Decided with no check run: the structure's voice; after checks, the late decision's, which keeps it.
-    assert (scale.details["reason"], scale.details.get("observed")) == (
-        ("left_out", None) if steps == 1 else ("no_optimizer_stepped", "left_out"))
+    # Every run is checked from its first step: decided at the end by the late decision, which keeps why.
+    assert (scale.details["reason"], scale.details.get("observed")) == ("no_optimizer_stepped", "left_out")
     if steps == 1:
         (aux, _) = report.tensors("missing_grad")
-        assert aux.cause == "module `aux` never ran in a forward pass of this run (its optimizer stepped once)."
+        assert aux.cause == "module `aux` never ran in this step's forward (the root module ran, but did not call it)."
         assert aux.details["ignored_because"] == "kept"
 
 
@@ -475,42 +474,42 @@ def test_strict_exits_1_for_an_error_decided_at_the_end_of_a_short_run(tmp_path)
     assert result.stdout == "done 10 steps\n"  # the error was decided when the run ended
     live, summary = result.stderr.split("leafwatch: summary after 10 optimizer steps")
     # the script's own optimizer (`optimizer`, an SGD) and model variable, read while the script ran
-    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step 10. Fix (code): add it " \
+    assert live == "leafwatch: ERROR not_in_optimizer `scale` seen at step 1, decided at step 10. Fix (code): add it " \
         "to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({\"params\": " \
         "[model.scale]})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an `\"lr\"` key " \
         "in the dict sets its own; or freeze it with `requires_grad_(False)`; if that is intended, silence it: " \
         "`ignore=[\"scale\"]`\n"
-    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "ERROR   not_in_optimizer    scale (since step 1, decided at step 10)" in result.stderr
     assert "leafwatch: --strict: the run ended with 1 open error(s) (first: not_in_optimizer `scale`): exit 1." \
         in result.stderr
     report = _leafwatch("report", str(tmp_path))
     assert report.returncode == 1
-    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in report.stdout
+    assert "ERROR   not_in_optimizer    scale (since step 1, decided at step 10)" in report.stdout
 
 
 def test_without_strict_an_open_error_keeps_exit_code_0():
     result = _leafwatch("run", str(SCRIPTS / "left_out.py"))
     assert result.returncode == 0, result.stderr
-    assert "ERROR   not_in_optimizer    scale (since step 2, decided at step 10)" in result.stderr
+    assert "ERROR   not_in_optimizer    scale (since step 1, decided at step 10)" in result.stderr
     assert "--strict" not in result.stderr
 
 
 def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path):
     # not_in_optimizer waits LATE_OPTIMIZER_CHECKS checks (an optimizer may step late), then is decided.
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "left_out.py"), "--steps", "60")
-    decided = runner.LATE_OPTIMIZER_CHECKS + 2  # checks start at step 2
+    decided = runner.LATE_OPTIMIZER_CHECKS + 1  # checks start at step 1
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""  # stopped before the end of the loop
     live, summary = result.stderr.split("leafwatch: summary after")
-    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 2, decided at step {decided}. Fix (code):" in live
+    assert f"leafwatch: ERROR not_in_optimizer `scale` seen at step 1, decided at step {decided}. Fix (code):" in live
     assert "WARNING" not in result.stderr
     assert f"--strict stopped the script at optimizer step {decided}: ERROR not_in_optimizer `scale`." in live
-    assert f"ERROR   not_in_optimizer    scale (since step 2, decided at step {decided})" in summary
-    assert f"no optimizer that stepped in {decided - 1} checks holds it" in summary
+    assert f"ERROR   not_in_optimizer    scale (since step 1, decided at step {decided})" in summary
+    assert f"no optimizer that stepped in {decided} checks holds it" in summary
     (run,) = read_reports(str(tmp_path))
     (f,) = run.report.findings
     assert (f.kind, f.name, f.severity, f.first_step, f.details["decided_step"]) == (
-        "not_in_optimizer", "scale", "error", 2, decided)
+        "not_in_optimizer", "scale", "error", 1, decided)
     assert (f.details["reason"], f.details["observed"]) == ("no_optimizer_stepped", "left_out")
     assert "left out when the optimizer's parameter list was built" in f.cause
 
@@ -618,21 +617,25 @@ def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a
     assert result.stdout == "gan done\n"  # a warning while it may still step: the script runs on
     live, summary = result.stderr.split("leafwatch: summary after 40 optimizer steps")
     # The generator is one mistake, named by the script's variable: its four tensors listed.
-    assert "WARNING not_in_optimizer `generator` (4 tensors: generator.{0,2}.{bias,weight}) seen at step 2, " \
-        "decided at step 27. Fix (code): call `opt_g.step()` after the backward pass" in live
+    assert "WARNING not_in_optimizer `generator` (4 tensors: generator.{0,2}.{bias,weight}) seen at step 1, " \
+        "decided at step 26. Fix (code): call `opt_g.step()` after the backward pass" in live
     names = {"generator.0.weight", "generator.0.bias", "generator.2.weight", "generator.2.bias"}
-    assert "ERROR   not_in_optimizer    generator (since step 2, decided at step 40)" in summary
-    assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 39 checks" \
+    assert "ERROR   not_in_optimizer    generator (since step 1, decided at step 40)" in summary
+    assert "each of `generator.{0,2}.{bias,weight}` is held only by an optimizer that never stepped in 40 checks" \
         in summary
     # The cause and the fix say the same thing: `opt_g` holds it and is never stepped.
     assert "cause: `opt_g` (an `Adam`) was created with it, but its `step()` is never called" in summary
     assert "fix (code): call `opt_g.step()` after the backward pass that computes its gradients" in summary
     assert "opt_d" not in summary
-    assert "`critic." not in result.stderr  # the critic trains
+    # The critic trains, but for its last bias: `-critic(real).mean() + critic(fake).mean()` cancels
+    # its gradient exactly, and the streak of zeros, read from step 1, is named.
+    assert "WARNING dead_grad           critic.2.bias (since step 40)" in summary
+    assert {line.split("`")[1] for line in result.stderr.splitlines() if "`critic." in line} == {"critic.2.bias"}
     (run,) = read_reports(str(tmp_path))
     assert run.report.names("not_in_optimizer") == names
-    assert {f.severity for f in run.report.open} == {"error"}
-    assert {(f.details["reason"], f.details["applicability"]) for f in run.report.open} == {("never_stepped", "code")}
+    assert {(f.kind, f.severity) for f in run.report.open} == {("not_in_optimizer", "error"), ("dead_grad", "warning")}
+    assert {(f.details["reason"], f.details["applicability"]) for f in run.report.open if f.kind == "not_in_optimizer"} \
+        == {("never_stepped", "code")}
 
 
 def test_a_script_without_modules_gets_a_sentence_that_fits_it():
@@ -646,7 +649,7 @@ def test_a_script_without_modules_gets_a_sentence_that_fits_it():
 def test_a_plain_tensor_in_the_optimizer_without_a_gradient_is_named_by_its_variable():
     result = _leafwatch("run", "--strict", str(SCRIPTS / "no_module_unused.py"))
     assert result.returncode == 1, result.stderr
-    assert "ERROR missing_grad `w` at step 2" in result.stderr
+    assert "ERROR missing_grad `w` at step 1" in result.stderr
     assert "`b`" not in result.stderr
 
 
@@ -667,8 +670,8 @@ def test_a_script_level_module_used_in_the_loss_and_in_no_optimizer_is_named(tmp
     fix = ('add it to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group({"params": '
            "calib.parameters()})`; the new group takes `optimizer`'s defaults (lr, weight decay, ...), an "
            '`"lr"` key in the dict sets its own; or, if it should stay fixed, `calib.requires_grad_(False)`')
-    assert ("leafwatch: WARNING not_in_optimizer `calib` (2 tensors: calib.{bias,weight}) seen at step 2, "
-            f"decided at step 27. Fix (code): {fix}") in result.stderr
+    assert ("leafwatch: WARNING not_in_optimizer `calib` (2 tensors: calib.{bias,weight}) seen at step 1, "
+            f"decided at step 26. Fix (code): {fix}") in result.stderr
     assert "each of `calib.{bias,weight}` gets gradients but no optimizer holds it, nor any tensor of `calib`" \
         in result.stderr
     (run,) = read_reports(str(tmp_path))
@@ -701,7 +704,7 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
     # One stale optimizer, one mistake: the script's own `optimizer` and `model`, the new tensors as
     # code in one `add_param_group` (`model[0].weight`, ...).
-    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 2. Fix (code): add the "
+    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 1. Fix (code): add the "
             "new parameters to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group("
             '{"params": [model[0].bias, model[0].weight, model[2].bias, model[2].weight]})`') in result.stderr
     assert "or rebuild `optimizer` after the last change to the model" in result.stderr

@@ -2,25 +2,24 @@
 :class:`~leafwatch.Monitor` that checks each step, the console lines and the summary.
 
 What the script trains (modules, roots, optimizers, module-level tensors) is found by
-:class:`~leafwatch.observe.discovery.Discovery`; the session decides when to check:
-the first check waits until some optimizer steps a second time (alternating GAN optimizers have
-all been seen), and optimizer membership stays pending for :data:`LATE_OPTIMIZER_CHECKS` checks
-(an optimizer may step late: WGAN-GP's ``n_critic``, TD3's ``policy_delay``). A run that ends
-before any check is still decided at its end by the Monitor's parts: the structure scan, every optimizer
-known, the tensors that had no gradient at their optimizer's only step, the end-of-run decisions.
+:class:`~leafwatch.observe.discovery.Discovery`. The session judges the run as a Monitor attached
+before its first forward would: its Observer subscribes from the script's first line (each
+registration and its line, the optimizers built and stepping), its Monitor is built before the
+first forward of a module with parameters (the diagnostic hooks see the first step), and every
+optimizer step is checked from the first. Optimizer membership stays pending for
+:data:`LATE_OPTIMIZER_CHECKS` checks (an optimizer may step late: WGAN-GP's ``n_critic``, TD3's
+``policy_delay``), except for what was created after every optimizer was built.
 """
 
 from __future__ import annotations
 
 import sys
-import weakref
 from contextlib import suppress
 from typing import Any, TextIO
 
 import torch
 from torch import nn
 
-from ...detectors.gradients import FIRST_STEPS
 from ...sinks.console import NewFindingWarnings
 from ...report.findings import Kind, Report
 from ...monitor import Monitor
@@ -62,16 +61,15 @@ class Session:
         self.patience = patience
         self.ignore = dict(ignore or {})
         self._stream = stream
-        self.monitor: _RunMonitor | None = None
+        self.monitor: Monitor | None = None
         self.report: Report | None = None
-        self.found = Discovery(on_roots=self._roots_changed)
+        self.found = Discovery(on_roots=self._roots_changed, on_first_module=self._first_forward)
         self._writer: Any = None
         # (what the end of a run too short for a check decides is said in the summary only)
         self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
         #: The script's global hooks, from its first line on (registrations, optimizers stepping, the
         #: checks at each step): the run's Monitor takes them over when the first optimizer steps.
         self.observer = Observer(self._checked_step, hooked=False)
-        self._first_misses: list[tuple[int, list[weakref.ReferenceType]]] = []
         self._checking = self._closed = False
         self._warn = WarnOnce("the script goes on, leafwatch skips this part.")
 
@@ -92,7 +90,7 @@ class Session:
 
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
-        self.observer = Observer(self._checked_step)  # (the registrations seen from here on)
+        self.observer = Observer(self._checked_step)  # (registrations and optimizers built, from here on)
         self.observer.install_global()
         self.found.arm()
 
@@ -107,22 +105,28 @@ class Session:
         finally:
             self._checking = False
 
+    def _first_forward(self, module: nn.Module) -> None:
+        """Before the first forward of a module with parameters: the run's Monitor, its diagnostic hooks
+        armed on that module (its forward and its backward are explained from the first step, as an
+        attached Monitor's; the roots are read again at the first check)."""
+        if self.monitor is None and not self._closed:
+            try:
+                self.monitor = self._make_monitor({"": module})
+                self.monitor.forward_begun(module)
+            except Exception as error:  # leafwatch's own failure never stops the script
+                self._warn("starting the check at the first forward", error)
+
     def _step(self, optimizer: torch.optim.Optimizer) -> None:
         found = self.found
+        if found.steps < LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
+            found.find_optimizers()  # before the roots are read: a network whose optimizer waits is one
         count, new_params = found.step(optimizer, checked=self.report is not None)
         if self.monitor is None:
             self.monitor = self._make_monitor()
-        if found.steps <= LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
-            found.find_optimizers()
         monitor = self.monitor
         if found.steps <= SCRIPT_SCANS or new_params:
             found.scan_script_globals(monitor.watches)
             found.script_variables()  # the names the fixes use, kept for decisions after the script ends
-        if self.report is None and count < 2:
-            # Not every optimizer has stepped yet: the first check waits for them. What this step
-            # says about its own tensors is kept, for a run that ends before any check (close()).
-            self._remember_first_misses(optimizer)
-            return
         for opt in found.optimizers:
             monitor.add_optimizer(opt)
         report = self.report = monitor.check(optimizer, step=found.steps)
@@ -133,13 +137,7 @@ class Session:
         if self.monitor is not None:
             self.monitor.set_roots(roots)  # rebuilt at the next check
 
-    def _remember_first_misses(self, optimizer: torch.optim.Optimizer) -> None:
-        """The trainable tensors of ``optimizer`` without a gradient at its first step (held weakly)."""
-        if self.patience == 1 and not is_distributed():  # (across ranks the Monitor's merge decides)
-            self._first_misses.append((self.steps, [weakref.ref(p) for g in optimizer.param_groups
-                                                    for p in g["params"] if p.requires_grad and p.grad is None]))
-
-    def _make_monitor(self) -> _RunMonitor:
+    def _make_monitor(self, roots: dict[str, nn.Module] | None = None) -> Monitor:
         if self.logdir is not None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -147,8 +145,9 @@ class Session:
                 self._writer = self._writer or SummaryWriter(self.logdir)
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
-        monitor = _RunMonitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
-                              roots=self.found.roots, writer=self._writer, observer=self.observer)
+        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
+                              roots=self.found.roots if roots is None else roots, writer=self._writer,
+                              observer=self.observer)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
@@ -186,9 +185,6 @@ class Session:
         try:
             if self.monitor is not None and self.report is not None:
                 report = self.monitor.close()
-            elif self.monitor is not None and self.found.optimizers:  # too few steps for a check
-                self.found.update_roots()
-                report = self.monitor.decide_unchecked(self.steps, self.found.optimizers, self._first_misses, self.found.seen)
             else:
                 report = Report(step=0)
         except Exception as error:
@@ -227,18 +223,3 @@ class Session:
                      "trained outside the model (a temperature, a loss weight) left out of the optimizer is not "
                      "seen: flag it with `leafwatch.watch(t)`.")
         return text
-
-
-class _RunMonitor(Monitor):
-    """The Monitor of one run: a run that ends before its first check is decided by its parts all the same."""
-
-    def decide_unchecked(self, step: int, optimizers: list[torch.optim.Optimizer],
-                         misses: list[tuple[int, list[weakref.ReferenceType]]], seen: set[int]) -> Report:
-        """The end of a run without a check, at ``step``: the structure scan of every optimizer, the misses
-        of each one's only step (``seen``: the ids of the modules that ran), the end-of-run decisions."""
-        for opt in optimizers:
-            self.add_optimizer(opt)
-        first = self._checker.states[FIRST_STEPS]  # the registry's part for them runs in the scan
-        self._checker.step, first.misses, first.seen = step, misses, seen
-        self.scan()
-        return self.close()

@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .detectors import crashes as _crashes
 from .detectors import gatherer as _distributed
 from .observe import inventory, structure
+from .observe.crashes import Context
+from .sinks import notes
 from .observe.observer import Observer
 from . import watching
 from .detectors.checker import Checker
@@ -125,6 +128,8 @@ class Monitor:
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
                                 warn=self._warn, request_check=self.check)
+        if self._observes:  # an exception torch raises for a leaf mistake gets leafwatch's note while it is open
+            self.observer.explain_crashes(self._checker.diagnostics.crash_context, explain_crash)
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
@@ -331,6 +336,26 @@ class Monitor:
         ``variables``: object id -> the script's variable for it, named by the fixes.
         """
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
+
+
+def explain_crash(error: BaseException, contexts: Sequence[Context] = (), monitors: Sequence[Monitor] = ()) -> list[str]:
+    """The crash door: where torch raised ``error`` because of a leaf mistake, add leafwatch's explanation to
+    it as notes (the tensor by the user's name, what made it so, the fix); nothing for another exception.
+
+    Args:
+        error: The exception, with its traceback (read: the user's frames and what they hold).
+        contexts: What the door knows beyond the traceback (the modules it watches).
+        monitors: Open Monitors: what their hooks saw of the last forward is read too.
+
+    Returns:
+        The notes to print right after the traceback, where the exception cannot carry them (Python 3.10).
+    """
+    try:
+        known = [*contexts, *(m._checker.diagnostics.crash_context() for m in monitors if m is not None)]
+        return notes.add(error, _crashes.explain(error, known))
+    except Exception as failure:  # never a new exception in place of the user's
+        WarnOnce(_crashes.GOES_ON)("explaining the exception", failure)
+        return []
 
 
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:

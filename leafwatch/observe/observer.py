@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames, hooks
+from . import excepthook, frames, hooks
 from .discovery import Discovery, user_scope
 
 #: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
@@ -139,6 +139,12 @@ class Observer:
             self._set_roots(roots, self._modules.paths)  # type: ignore[union-attr]
         if self._check is not None:
             self._check(optimizer)
+
+    # -- a crash ------------------------------------------------------------------------------
+    def explain_crashes(self, context: Any, door: excepthook.Door) -> None:
+        """Explain an uncaught exception with ``door`` until :meth:`close` (the excepthook's subscription;
+        ``context``: what the Monitor knows then, :meth:`~leafwatch.observe.diagnostics.Diagnostics.crash_context`)."""
+        self._subscriptions.append(excepthook.HOOK.subscribe(context, door))
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> None:

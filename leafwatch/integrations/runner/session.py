@@ -203,11 +203,17 @@ class Session:
         self.report = report
         return report
 
-    def summary(self, report: Report) -> str:
-        """The table at the end, with what the run could not see."""
+    def summary(self, report: Report, *, crashed: bool = False) -> str:
+        """The table at the end, with what the run could not see (``crashed``: the script raised; with no
+        optimizer stepped, ``report`` is the structure scan of the modules that ran)."""
         found = self.found
         if not found.optimizers:
-            return "leafwatch: no optimizer stepped, nothing was checked."
+            if not crashed:
+                return "leafwatch: no optimizer stepped, nothing was checked."
+            if not found.modules_seen():
+                return "leafwatch: the script raised before any optimizer stepped or any module ran: nothing was checked."
+            return ("leafwatch: the script raised before any optimizer stepped: no gradient was checked, only the "
+                    f"structure of the modules that ran\n{report}")
         text = f"leafwatch: summary after {self.steps} optimizer step{'s' if self.steps != 1 else ''}\n{report}"
         failed = self.failed_parts
         if failed:

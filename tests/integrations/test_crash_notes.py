@@ -256,6 +256,7 @@ def test_the_excepthook_adds_no_note_to_an_unrelated_exception_nor_to_a_hidden_s
         nn.Linear(4, 2)(torch.randn(8, 3))
 
     with leafwatch.Monitor(head):
+        assert excepthook.HOOK.installed  # the door is open: what it says of each exception is nothing
         errors = [_raised(hidden_state), _raised(shapes), _raised(lambda: {}["momentum"])]
         for error in errors:
             sys.excepthook(type(error), error, error.__traceback__)

@@ -22,7 +22,7 @@ from .detectors import crashes as _crashes
 from .detectors.leaves import non_leaf
 from .observe import graph
 from .observe.crashes import Context
-from .observe.excepthook import HOOK
+from .observe import excepthook
 from .sinks import notes
 from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
@@ -103,7 +103,7 @@ class WatchSet:
         if not self._explains_crashes or bool(self.by_name) == (self._crash_door is not None):
             return
         if self.by_name:
-            self._crash_door = HOOK.subscribe(Context, _explain_crash)
+            self._crash_door = excepthook.HOOK.subscribe(Context, _explain_crash)
         else:
             door, self._crash_door = self._crash_door, None
             door.remove()

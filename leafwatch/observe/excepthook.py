@@ -3,8 +3,9 @@ chained while at least one open Monitor or watched tensor holds it.
 
 Python's excepthook is process-wide, so leafwatch installs one hook for everyone and counts its users
 (:data:`HOOK`): the first subscription installs it in front of the hook that was there, the last one
-gone puts that hook back (unless something installed a hook of its own in front since: then leafwatch's
-stays, passing everything on, and does nothing). A subscriber hands two things: what it knows beyond the
+gone puts that hook back (unless something installed a hook of its own in front since, which calls
+leafwatch's, as ``torch.distributed.init_process_group`` does: then leafwatch's stays where it is,
+passing everything on, and a later first subscriber finds it there instead of chaining it twice). A subscriber hands two things: what it knows beyond the
 traceback (a callable giving a :class:`~leafwatch.observe.crashes.Context`, held weakly when it is a
 bound method, so that a Monitor never closed is no subscriber once it is gone), and the door that explains
 (``door(error, contexts)``: the crash detector and the note sink, injected by the front-end, as the
@@ -53,13 +54,15 @@ class ExceptHook:
         self._ipython: tuple[Any, Any, Any] | None = None
         #: The hook put in ``sys.excepthook`` (one bound method, so that it is known again by identity).
         self._hook = self._excepthook
+        self._running = False
 
     def __len__(self) -> int:
         return len(self._subscribers)
 
     @property
     def installed(self) -> bool:
-        return sys.excepthook is self._hook
+        """Whether leafwatch's hook is in the chain: in front, or behind a hook installed since."""
+        return self._previous is not None
 
     def subscribe(self, context: Callable[[], Context | None], door: Door) -> Subscription:
         """Explain an uncaught exception with ``door`` while this subscription lasts; ``context``
@@ -82,7 +85,7 @@ class ExceptHook:
 
     # -- installing --------------------------------------------------------------------------------
     def _install(self) -> None:
-        if sys.excepthook is not self._hook:
+        if self._previous is None:  # (still in the chain behind a later hook: not chained a second time)
             self._previous, sys.excepthook = sys.excepthook, self._hook
         shell = _ipython_shell()
         if shell is not None and self._ipython is None:
@@ -96,6 +99,7 @@ class ExceptHook:
     def _uninstall(self) -> None:
         if sys.excepthook is self._hook and self._previous is not None:
             sys.excepthook, self._previous = self._previous, None
+        # else a hook installed since calls leafwatch's: it stays in the chain, passing everything on
         if self._ipython is not None:
             shell, exceptions, handler = self._ipython
             self._ipython = None
@@ -119,12 +123,16 @@ class ExceptHook:
             return ()
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
-        later = self.explain(error)
-        previous = self._previous if self._previous is not None and self._previous is not self._hook \
-            else sys.__excepthook__
+        if self._running:  # hooks that call each other in a loop: Python's own prints it, once
+            sys.__excepthook__(kind, error, tb)
+            return
+        self._running = True
+        later: Sequence[str] = ()
         try:
-            previous(kind, error, tb)
+            later = self.explain(error)
+            (self._previous if self._previous is not None else sys.__excepthook__)(kind, error, tb)
         finally:
+            self._running = False
             _print(later)
 
     def _ipython_handler(self, shell: Any, kind: type[BaseException], error: BaseException, tb: Any,

@@ -6,7 +6,6 @@ watched, the Lightning callback (``on_exception``)."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -197,6 +196,14 @@ IN_PROCESS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def _own_excepthook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts from Python's own excepthook and a door no earlier test holds (a Monitor it never
+    closed, the hook ``torch.distributed.init_process_group`` wraps around the one there and leaves)."""
+    monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
+    monkeypatch.setattr(excepthook, "HOOK", excepthook.ExceptHook())
+
+
 def _raised(case) -> BaseException:
     with pytest.raises(Exception) as caught:
         case()
@@ -267,7 +274,6 @@ def test_the_excepthook_adds_no_note_to_an_unrelated_exception_nor_to_a_hidden_s
 
 def test_the_excepthook_is_chained_while_a_monitor_or_a_watch_lives_and_put_back_after_the_last(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    gc.collect()  # a Monitor an earlier test never closed is no subscriber once it is gone
     assert len(excepthook.HOOK) == 0 and not excepthook.HOOK.installed
     seen: list[BaseException] = []
     monkeypatch.setattr(sys, "excepthook", lambda kind, error, tb: seen.append(error))
@@ -287,6 +293,30 @@ def test_the_excepthook_is_chained_while_a_monitor_or_a_watch_lives_and_put_back
     leafwatch.unwatch(t)
     assert sys.excepthook is before
     assert leafwatch.audit(nn.Linear(2, 1)) is not None and sys.excepthook is before  # audit() installs nothing
+
+
+def test_a_hook_installed_in_front_of_leafwatchs_keeps_it_in_the_chain_once(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``torch.distributed.init_process_group`` wraps the excepthook there and never takes its wrapper
+    out: leafwatch's stays behind it, and a later Monitor neither chains it twice nor loops."""
+    first = leafwatch.Monitor()
+    inner = sys.excepthook
+
+    def wrapper(kind, error, tb):
+        print("wrapped", file=sys.stderr)
+        inner(kind, error, tb)
+
+    monkeypatch.setattr(sys, "excepthook", wrapper)
+    first.close()
+    assert sys.excepthook is wrapper and excepthook.HOOK.installed  # still called by the wrapper
+    with leafwatch.Monitor():
+        assert sys.excepthook is wrapper
+        error = _raised(_in_place)
+        sys.excepthook(type(error), error, error.__traceback__)
+    err = capsys.readouterr().err
+    assert len(error.__notes__) == 1
+    assert err.count("wrapped") == 1 and err.count("Traceback (most recent call last)") == 1
+    assert err.count("leafwatch: `w` is an `nn.Parameter`") == 1
 
 
 def test_on_python_310_the_excepthook_prints_the_note_after_the_traceback(

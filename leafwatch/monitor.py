@@ -18,8 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .detectors import crashes as _crashes
 from .detectors import gatherer as _distributed
 from .observe import inventory, structure
+from .observe.crashes import Context
+from .sinks import notes
 from .observe.observer import Observer
 from . import watching
 from .detectors.checker import Checker
@@ -61,13 +64,12 @@ class Monitor:
         distributed: Merge the findings of every rank after each check (rank zero runs the
             sinks, every rank gets the merged report and raises in strict mode). None: when
             ``torch.distributed`` is initialized with more than one process.
-        roots: Root modules to read instead of ``model``: a mapping name -> module, or a sequence
-            of modules (one root gets no prefix, several their class name, as ``leafwatch run``
-            names the roots it finds).
+        roots: Root modules to read instead of ``model``: name -> module, or a sequence of modules
+            (one root gets no prefix, several their class name, as ``leafwatch run`` names them).
         verbose: Warn once about each new open finding as it appears (short: kind, name, fix).
             None: on once :meth:`attach` is called, off for explicit :meth:`check` calls.
-        observer: The global hooks' observations to take over (``leafwatch run`` observes from the
-            script's first line, before its Monitor exists); None: a new one of this Monitor's own.
+        observer: The global hooks' observations to take over (``leafwatch run``'s, from the script's
+            first line); None: a new one of this Monitor's own.
 
     Example::
 
@@ -124,6 +126,8 @@ class Monitor:
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
                                 warn=self._warn, request_check=self.check)
+        if self._observes:  # an exception torch raises for a leaf mistake gets leafwatch's note while it is open
+            self.observer.explain_crashes(self._checker.diagnostics.crash_context, explain_crash)
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
@@ -226,9 +230,8 @@ class Monitor:
     def scan(self) -> Report:
         """Read the structure now, before any gradient exists, and return the report.
 
-        Finds what needs no backward pass (left out of the optimizer, frozen in it, stale,
-        orphan tensors, device mismatches, watched non-leaves) at the current step; gradient
-        checks wait for :meth:`check`. The diagnostic hooks stay armed.
+        Finds what needs no backward pass (left out of the optimizer, frozen in it, stale, orphan tensors,
+        device mismatches, watched non-leaves); gradients wait for :meth:`check`; the hooks stay armed.
         """
         if self._closed:
             return self._report
@@ -334,6 +337,26 @@ class Monitor:
         ``variables``: object id -> the script's variable for it, named by the fixes.
         """
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
+
+
+def explain_crash(error: BaseException, contexts: Sequence[Context] = (), monitors: Sequence[Monitor] = ()) -> list[str]:
+    """The crash door: where torch raised ``error`` because of a leaf mistake, add leafwatch's explanation to
+    it as notes (the tensor by the user's name, what made it so, the fix); nothing for another exception.
+
+    Args:
+        error: The exception, with its traceback (read: the user's frames and what they hold).
+        contexts: What the door knows beyond the traceback (the modules it watches).
+        monitors: Open Monitors: what their hooks saw of the last forward is read too.
+
+    Returns:
+        The notes to print right after the traceback, where the exception cannot carry them (Python 3.10).
+    """
+    try:
+        known = [*contexts, *(m._checker.diagnostics.crash_context() for m in monitors if m is not None)]
+        return notes.add(error, _crashes.explain(error, known))
+    except Exception as failure:  # never a new exception in place of the user's
+        WarnOnce(_crashes.GOES_ON)("explaining the exception", failure)
+        return []
 
 
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:

@@ -18,8 +18,12 @@ from typing import Any
 
 import torch
 
+from .detectors import crashes as _crashes
 from .detectors.leaves import non_leaf
 from .observe import graph
+from .observe.crashes import Context
+from .observe import excepthook
+from .sinks import notes
 from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
 from .report.format import FIX_MARKS
@@ -67,8 +71,12 @@ class WatchSet:
     ``Monitor(tensors=...)`` keeps a set of its own that only that Monitor checks.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, explains_crashes: bool = False) -> None:
         self._lock = threading.Lock()
+        #: While it watches something, an uncaught exception torch raises for a leaf mistake gets
+        #: leafwatch's note (the excepthook's subscription; the default set's only).
+        self._explains_crashes = explains_crashes
+        self._crash_door: Any = None
         #: The entries by name (read-only outside this class; dead ones included until the next
         #: locked call): its truth is the hot path's lock-free "is anything watched?".
         self.by_name: dict[str, WatchEntry] = {}
@@ -88,6 +96,17 @@ class WatchSet:
             entry = self.by_name.get(name)
             if entry is not None and entry.ref is ref:
                 del self.by_name[name]
+        self._follow_crashes()
+
+    def _follow_crashes(self) -> None:
+        """Hold the excepthook's door while something is watched, and only then; call with the lock held."""
+        if not self._explains_crashes or bool(self.by_name) == (self._crash_door is not None):
+            return
+        if self.by_name:
+            self._crash_door = excepthook.HOOK.subscribe(Context, _explain_crash)
+        else:
+            door, self._crash_door = self._crash_door, None
+            door.remove()
 
     def _finalizer(self, name: str) -> Any:
         dead = self._dead
@@ -123,6 +142,7 @@ class WatchSet:
                 if not entry.is_leaf:
                     entry.expect_grad = False  # gradient flow through a non-leaf is known only from the hook
             self.by_name[name] = entry
+            self._follow_crashes()
         return entry, hook_error
 
     def _remove(self, entry: WatchEntry) -> None:
@@ -131,6 +151,7 @@ class WatchSet:
                 entry.handle.remove()
             entry.handle = None
         self.by_name.pop(entry.name, None)
+        self._follow_crashes()
 
     def remove(self, tensor_or_name: torch.Tensor | str) -> bool:
         """Stop watching a tensor (by the tensor or its name); True when something was removed."""
@@ -168,8 +189,13 @@ class WatchSet:
             return [e for e in self.by_name.values() if e.tensor() is not None]
 
 
+def _explain_crash(error: BaseException, contexts: Any) -> list[str]:
+    """The crash door while a tensor is watched (as a Monitor's: :func:`leafwatch.monitor.explain_crash`)."""
+    return notes.add(error, _crashes.explain(error, contexts))
+
+
 #: The set ``leafwatch.watch()`` adds to; every ``audit()`` and Monitor check consults it.
-DEFAULT = WatchSet()
+DEFAULT = WatchSet(explains_crashes=True)
 
 
 def watch(tensor: torch.Tensor, name: str | None = None, *, expect_leaf: bool = True,

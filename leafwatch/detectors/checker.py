@@ -106,7 +106,7 @@ class Checker:
         #: The merge of the ranks' findings: the Monitor's Gatherer runs it, on a history of its own.
         self.merging = tuple(d for d in detectors if d.stage == registry.RANKS)
         for d in detectors:
-            if d.stage != registry.RANKS:
+            if d.stage not in (registry.RANKS, registry.CRASH):  # (run by the Gatherer, by the crash door)
                 state, needed = self.states.get(d.name), tuple(self.states[n] for n in d.needs)
                 stages[d.stage].append(Part(d.name, d.judge, state, needed, d.when(state, self.seen, *needed) if d.when else ()))
         #: The check's detectors in their one order, then what observe/ is handed back (the diagnostic

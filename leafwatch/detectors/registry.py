@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import gradients, membership, outside, ranks, structure, values, watched, zeroed
+from . import crashes, gradients, membership, outside, ranks, structure, values, watched, zeroed
 from . import pipeline  # noqa: F401 (the renderer of the incomplete finding a failing part leaves)
 from ..observe.evidence import LOSS, REBUILT
 from ..report.verdicts import Verdicts
@@ -37,6 +37,9 @@ ONE_LOOK = "one look"
 #: After each check when distributed, on the findings of every rank (run by the Monitor's
 #: :class:`~leafwatch.detectors.gatherer.Gatherer` on the merged history, with its own state).
 RANKS = "ranks"
+#: When torch raised because of a leaf mistake: run by the crash door (the excepthook, ``leafwatch run``,
+#: the Lightning callback) on what the exception's traceback shows, once per exception; no check runs it.
+CRASH = "crash"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +142,9 @@ DETECTORS: tuple[Detector, ...] = (
              decides={"missing_grad": ("no_grad_at_all",)}),
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides={
         "missing_grad": ("unused_on_rank", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching")}),
+    Detector("the crash explanation", crashes.judge, CRASH, decides={
+        "non_leaf": ("optimized_non_leaf", "persistent_non_leaf", "in_place_on_leaf"),
+        "missing_grad": ("all_frozen", "backward_of_no_graph")}),
 )
 
 #: What no detector decides: a part that failed (the pipeline's own finding).

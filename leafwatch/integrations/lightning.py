@@ -13,7 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from ..monitor import explain_crash
+from ..observe.crashes import Context
 from ..report import records
+from ..sinks.notes import print_notes
 from .environment import install_command
 from ..report.events import CheckEvent
 from ..report.findings import KINDS
@@ -155,6 +158,11 @@ class _LeafWatchMixin(CallbackBase):
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        # Lightning raises this very exception again: where torch raised it for a leaf mistake, it carries
+        # leafwatch's note (printed here where it cannot, Python 3.10: the traceback comes later).
+        later = explain_crash(exception, [Context((pl_module,), {id(pl_module): "self"})],
+                              monitors=[self.monitor] if self.monitor is not None else [])
+        print_notes(later)
         self._close(print_table=False)
 
     @override

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from . import structure, tracing
+from . import crashes, structure, tracing
 from .loop import ArrivalHooks, StepSentinels
 
 
@@ -63,6 +63,13 @@ class Diagnostics:
             tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
             tensors = cache.inventory.tensors
             self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *cleared) if pid in tensors})
+
+    def crash_context(self) -> crashes.Context:
+        """What the crash door reads of this Monitor: its model (or roots) and what the tracer saw of the
+        last forward (the modules that ran with grad mode off, the cuts)."""
+        cache = self.structure
+        roots = tuple(cache.roots.values()) if cache.roots is not None else (cache.model,) if cache.model is not None else ()
+        return crashes.Context(roots, tracer=self.tracer)
 
     def close(self) -> None:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""

@@ -207,6 +207,13 @@ class Discovery:
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
 
+    def top_modules(self) -> list[nn.Module]:
+        """The modules seen running that no other one of them holds (registered or in a plain container)
+        and that hold a tensor (a parameter, or one that requires grad unregistered): what a structure scan
+        reads when no optimizer stepped (``leafwatch run``'s script raised first)."""
+        return [m for m in _tops(self.modules_seen())
+                if any(True for _ in m.parameters()) or inventory.Inventory(m).orphans()]
+
     def _new_roots(self, tops: list[nn.Module]) -> bool:
         """Count a stable update, or take ``tops`` as the roots when they changed (True)."""
         key = tuple(id(m) for m in tops)

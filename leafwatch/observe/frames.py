@@ -13,7 +13,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable, Iterator
-from types import FrameType, WrapperDescriptorType
+from types import FrameType, TracebackType, WrapperDescriptorType
 from typing import Any
 
 #: The folder of the leafwatch package (every frame under it is leafwatch's own).
@@ -96,6 +96,25 @@ def outside(frame: FrameType | None, *, frameworks: bool = True) -> Iterator[Fra
     """The frames of the user's code from ``frame`` up (``frame`` itself included when it is the
     user's): outside leafwatch and, with ``frameworks``, outside the :data:`FRAMEWORKS`."""
     return _outside(frame, _prefixes(frameworks, ()))
+
+
+def is_users(frame: FrameType, *, frameworks: bool = True) -> bool:
+    """Whether ``frame`` runs the user's code: outside leafwatch and, with ``frameworks``, outside
+    the :data:`FRAMEWORKS`, installed code and pseudo-files (as :func:`user_frames` decides)."""
+    return not _is_under(frame, _prefixes(frameworks, ()))
+
+
+def in_traceback(tb: TracebackType | None, limit: int = 200) -> list[tuple[FrameType, int]]:
+    """The frames of a traceback and the line each one was running, outermost first (the one that
+    raised last), at most the ``limit`` innermost: where an exception passed, read after the stack
+    unwound (an excepthook, a front-end that caught it)."""
+    found: list[tuple[FrameType, int]] = []
+    while tb is not None:
+        found.append((tb.tb_frame, tb.tb_lineno))
+        tb = tb.tb_next
+    return found[-limit:]
+
+
 def every_frame(depth: int = 1) -> Iterator[FrameType]:
     """Every frame of the stack outside leafwatch, innermost first, the frameworks' included (a
     Trainer that runs the check); ``depth`` 1 is the caller of this function. leafwatch's own

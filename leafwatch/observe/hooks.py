@@ -144,21 +144,27 @@ PARAMETER_REGISTRATION = Dispatcher("parameter registration hook", getattr(
     _modules, "register_module_parameter_registration_hook", None))
 
 def _on_optimizer_init(callback: Callable[..., Any]) -> Any:
-    """torch has no hook for an optimizer being built: its base class's ``__init__`` is wrapped to
-    call ``callback(optimizer)`` once built, and put back when the handle is removed."""
+    """torch has no hook for an optimizer being built: the base class's ``_patch_step_function``,
+    which ``Optimizer.__init__`` calls first (and unpickling again), is wrapped to call
+    ``callback(optimizer)``, and put back when the handle is removed. Not ``__init__`` itself: an
+    exception it raises (``can't optimize a non-leaf Tensor``) would show leafwatch's frame in the
+    user's traceback."""
     base = _optimizers.Optimizer
-    original = base.__dict__["__init__"]
+    original = base.__dict__.get("_patch_step_function")
+    if original is None:  # (another torch: builds are not seen, the handover's mark stands in)
+        return SimpleNamespace(remove=lambda: None)
 
     @functools.wraps(original)
-    def built(self: Any, *args: Any, **kwargs: Any) -> None:
-        original(self, *args, **kwargs)
+    def built(self: Any) -> None:
+        original(self)
         callback(self)
 
-    base.__init__ = built  # type: ignore[method-assign]
-    return SimpleNamespace(remove=lambda: setattr(base, "__init__", original) if base.__init__ is built else None)
+    base._patch_step_function = built  # type: ignore[method-assign]
+    return SimpleNamespace(remove=lambda: setattr(base, "_patch_step_function", original)
+                           if base.__dict__.get("_patch_step_function") is built else None)
 
 
-#: Optimizers being built (no torch hook: ``Optimizer.__init__`` wrapped while subscribed).
+#: Optimizers being built (no torch hook: ``Optimizer._patch_step_function`` wrapped while subscribed).
 OPTIMIZER_BUILT = Dispatcher("optimizer built", _on_optimizer_init)
 
 #: Every dispatcher; torch's module forward hooks are not here: ``Module._call_impl`` copies their

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames, hooks
+from . import excepthook, frames, hooks
 from .discovery import Discovery, user_scope
 
 #: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
@@ -116,7 +116,7 @@ class Observer:
     def _saw_built(self, optimizer: torch.optim.Optimizer) -> None:
         try:  # (inside the user's optimizer construction: never stop it)
             frame = frames.user_frame()
-            if frame is not None:
+            if frame is not None and optimizer not in self._built:  # (zero_grad() may call it again)
                 where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
                 self._built[optimizer] = (self._last, where, _assigned_name(frame))
         except Exception:
@@ -167,6 +167,12 @@ class Observer:
             self._set_roots(roots, self._modules.paths)  # type: ignore[union-attr]
         if self._check is not None:
             self._check(optimizer)
+
+    # -- a crash ------------------------------------------------------------------------------
+    def explain_crashes(self, context: Any, door: excepthook.Door) -> None:
+        """Explain an uncaught exception with ``door`` until :meth:`close` (the excepthook's subscription;
+        ``context``: what the Monitor knows then, :meth:`~leafwatch.observe.diagnostics.Diagnostics.crash_context`)."""
+        self._subscriptions.append(excepthook.HOOK.subscribe(context, door))
 
     # -- the end -----------------------------------------------------------------------------
     def close(self) -> None:

@@ -162,6 +162,29 @@ def finding_line(f: FindingText) -> str:
     return f"{head}. Fix{fix_mark(f)}: {f.fix}" if f.fix else f"{head}: {f.message}"
 
 
+def note_text(f: FindingText) -> str:
+    """A finding as the note leafwatch adds to a crashing exception: its message, cause and fix, one
+    line each, each prefixed ``leafwatch:`` (the fix marked as code or advice).
+
+    Example::
+
+        >>> from leafwatch import Finding
+        >>> from leafwatch.report.words import code
+        >>> print(note_text(Finding("non_leaf", "w", "error", "`w` is not a leaf tensor.", cause="a dtype conversion",
+        ...                         fix="convert first: `w = w0.double().requires_grad_()`",
+        ...                         remedy=code("w = w0.double().requires_grad_()"))))
+        leafwatch: `w` is not a leaf tensor.
+        leafwatch: cause: a dtype conversion
+        leafwatch: fix (code): convert first: `w = w0.double().requires_grad_()`
+    """
+    lines = [f"leafwatch: {f.message}"]
+    if f.cause:
+        lines.append(f"leafwatch: cause: {f.cause}")
+    if f.fix:
+        lines.append(f"leafwatch: fix{fix_mark(f)}: {f.fix}")
+    return "\n".join(lines)
+
+
 def _head(text: str, step: int | None) -> str:
     moment = when(step)
     return f"{text} {moment}" if moment else text
@@ -234,4 +257,4 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
 
 
 __all__ = ["NOTHING_TO_CHECK", "FindingText", "decided_step", "escape_markdown", "finding_line", "fix_mark",
-           "ignored_because", "report_markdown", "report_text", "seen_when", "since", "tensor_count", "when"]
+           "ignored_because", "note_text", "report_markdown", "report_text", "seen_when", "since", "tensor_count", "when"]

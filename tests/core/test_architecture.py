@@ -121,8 +121,10 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 #: The modules outside ``detectors/`` that import it, and why: everything else sits below the
 #: detectors (a finding is built with ``Finding.new``, not with a detector's constructors).
 DETECTOR_USERS = {
-    "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer",
-    "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding",
+    "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer; its crash door "
+                         "(explain_crash) runs the crash explanation on an exception torch raised",
+    "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding; while a "
+                          "tensor is watched, the excepthook's door runs the crash explanation",
     "leafwatch.integrations.runner.session": "a run that ended before its first check: the misses of its "
                                              "only optimizer step, a part it hands its Monitor's scan",
     "leafwatch.integrations.distributed": "re-exports the merge and the Gatherer at their old path",

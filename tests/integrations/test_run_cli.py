@@ -842,3 +842,21 @@ def test_a_lora_text_encoder_left_out_of_every_optimizer_is_an_error_its_intent_
     exec(next(c for c in fixes.code_spans(f.fix) if "add_param_group" in c), scope)
     added = scope["optimizer"].param_groups[-1]["params"]
     assert {id(p) for p in added} == {id(p) for p in scope["text_encoder"].parameters() if p.requires_grad}
+
+
+def test_a_run_whose_script_never_steps_leaves_no_hook_on_the_modules_that_ran(tmp_path, capsys, monkeypatch):
+    # The run's Monitor is built at the first forward and arms hooks there; with no optimizer step
+    # no check ran, and closing the run still takes every hook off the script's modules.
+    script = tmp_path / "forward_only.py"
+    script.write_text("import torch\nfrom torch import nn\n"
+                      "model = nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 1))\n"
+                      "model(torch.randn(4, 2)).sum().backward()\n")
+    scope: dict = {}
+    real_run_path = runner.command.runpy.run_path
+    monkeypatch.setattr(runner.command.runpy, "run_path", lambda path, run_name=None: scope.update(
+        real_run_path(path, run_name=run_name)))
+    assert runner.run(str(script)) == 0
+    assert "leafwatch: no optimizer stepped, nothing was checked." in capsys.readouterr().err
+    assert len(list(scope["model"].modules())) == 3
+    for module in scope["model"].modules():
+        assert not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks), module

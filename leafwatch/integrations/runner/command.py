@@ -5,16 +5,25 @@ code :func:`exit_code` gives."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import runpy
 import sys
 import traceback
-from collections.abc import Sequence
+import types
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from typing import Any
 
+from torch import nn
+
+from ...monitor import Monitor, explain_crash
+from ...observe import frames, inventory
+from ...observe.crashes import Context
 from ...report.findings import Report
-from ...options import folder_problem, parse_ignore, positive_int
+from ...options import LeafwatchWarning, WarnOnce, folder_problem, parse_ignore, positive_int
+from ...sinks.notes import print_notes
 from .session import Session, StrictStop
 
 #: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
@@ -39,11 +48,14 @@ def _system_exit_code(code: Any) -> int:
     return 1
 
 
-def run_target(script: str | None, module: str | None, argv: Sequence[str]) -> int:
+def run_target(script: str | None, module: str | None, argv: Sequence[str],
+               explain: Callable[[BaseException], Sequence[str]] | None = None) -> int:
     """Run a script path or a module as ``__main__`` with ``argv`` after its name; its exit code.
 
     Exceptions raised by the script are printed with their traceback and give 1 (130 for
-    KeyboardInterrupt), as the interpreter does. :class:`StrictStop` is let through.
+    KeyboardInterrupt), as the interpreter does; ``explain`` is handed the exception first (it may add
+    notes to it, which the traceback shows) and returns what to print right after the traceback.
+    :class:`StrictStop` is let through.
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
@@ -63,13 +75,24 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str]) -> i
     except KeyboardInterrupt:
         traceback.print_exc()
         return 130
-    except BaseException:
+    except BaseException as error:
+        later = _explained(explain, error)
         _print_script_traceback()
+        print_notes(later)
         return 1
     finally:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
+
+
+def _explained(explain: Callable[[BaseException], Sequence[str]] | None, error: BaseException) -> Sequence[str]:
+    """What ``explain`` prints after the script's traceback; its failure is warned, never raised."""
+    try:
+        return explain(error) if explain is not None else ()
+    except Exception as failure:
+        WarnOnce("the exception is printed as it is, without leafwatch's note.")("explaining the exception", failure)
+        return ()
 
 
 def _print_script_traceback() -> None:
@@ -109,18 +132,28 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
     session.install()
     stopped: StrictStop | None = None
+    crashed: list[list[nn.Module]] = []  # the modules that ran when the script raised (for the structure scan)
+
+    def explain(error: BaseException) -> Sequence[str]:
+        crashed.append(session.found.top_modules())
+        with _script_as_main(error):
+            return explain_crash(error, [Context(tuple(crashed[0]))], monitors=[session.monitor] if session.monitor else [])
+
     try:
-        code = run_target(script, module, argv)
+        code = run_target(script, module, argv, explain)
     except StrictStop as stop:
         stopped = stop
         code = 0  # the script did not end: its own code is unknown
     finally:
         report = session.close()
+    if crashed and not session.found.optimizers:  # no check ran: what the structure alone shows
+        report = _structure_scan(crashed[0], session, report)
     if stopped is not None:
         first = stopped.report.at_least("error")[0]
         session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
                        f"{first.severity.upper()} {first.kind} `{first.name}`.")
-    session.write(session.summary(report))
+    session.write(session.summary(report, crashed=bool(crashed)))
+    crashed.clear()
     failed = session.failed_parts
     final = exit_code(code, report, strict=strict, incomplete=bool(failed))
     if strict and stopped is None and code == 0 and final == STRICT_EXIT_CODE:
@@ -131,6 +164,50 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         session.write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
                        f"exit {INCOMPLETE_EXIT_CODE}.")
     return final
+
+
+@contextlib.contextmanager
+def _script_as_main(error: BaseException) -> Iterator[None]:
+    """``__main__`` is the script again while its exception is explained (runpy put leafwatch's back when
+    the exception left it): the source of the classes the script defined is found by their module."""
+    scope = next((f.f_globals for f, _ in frames.in_traceback(error.__traceback__)
+                  if f.f_globals.get("__name__") == "__main__" and f.f_globals.get("__file__")), None)
+    saved = sys.modules.get("__main__")
+    if scope is None or saved is None or getattr(saved, "__dict__", None) is scope:
+        yield
+        return
+    stand_in = types.ModuleType("__main__")
+    stand_in.__dict__.update(scope)
+    sys.modules["__main__"] = stand_in
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = saved
+        stand_in.__dict__.clear()
+
+
+class _StructureScan(Monitor):
+    """A scan of the modules that ran, for a run whose script raised before any optimizer stepped."""
+
+    _observes = False  # no global hook: the script has ended
+
+
+def _structure_scan(modules: list[nn.Module], session: Session, report: Report) -> Report:
+    """What the structure of ``modules`` shows (no gradient exists to check): orphans, non-leaf attributes;
+    ``report`` when there is nothing to scan or the scan fails (warned)."""
+    if not modules:
+        return report
+    try:
+        roots = inventory.name_roots(modules, session.found.script_variables())
+        with warnings.catch_warnings():  # (every parameter frozen: the summary says "nothing to check" itself)
+            warnings.filterwarnings("ignore", message="leafwatch: nothing to check", category=LeafwatchWarning)
+            scan = _StructureScan(roots=roots, ignore=session.ignore or None, diagnose=False, verbose=False,
+                                  distributed=False, check_values_every_n_steps=0)
+            scan.scan()
+            return scan.close()
+    except Exception as failure:
+        WarnOnce("the summary says what the run saw without it.")("the structure scan of a run that raised", failure)
+        return report
 
 
 def exit_code(script_code: int, report: Report, *, strict: bool, incomplete: bool) -> int:

@@ -183,10 +183,10 @@ class Session:
         self.found.disarm()
         self.observer.close()
         try:
-            if self.monitor is not None and self.report is not None:
-                report = self.monitor.close()
-            else:
-                report = Report(step=0)
+            report = Report(step=0)
+            if self.monitor is not None:  # (built at the first forward: its hooks go even when no step was checked)
+                closed = self.monitor.close()
+                report = closed if self.report is not None else report
         except Exception as error:
             self._warn("closing the run", error)
             report = self.report or Report(step=self.steps)
@@ -199,11 +199,17 @@ class Session:
         self.report = report
         return report
 
-    def summary(self, report: Report) -> str:
-        """The table at the end, with what the run could not see."""
+    def summary(self, report: Report, *, crashed: bool = False) -> str:
+        """The table at the end, with what the run could not see (``crashed``: the script raised; with no
+        optimizer stepped, ``report`` is the structure scan of the modules that ran)."""
         found = self.found
         if not found.optimizers:
-            return "leafwatch: no optimizer stepped, nothing was checked."
+            if not crashed:
+                return "leafwatch: no optimizer stepped, nothing was checked."
+            if not found.modules_seen():
+                return "leafwatch: the script raised before any optimizer stepped or any module ran: nothing was checked."
+            return ("leafwatch: the script raised before any optimizer stepped: no gradient was checked, only the "
+                    f"structure of the modules that ran\n{report}")
         text = f"leafwatch: summary after {self.steps} optimizer step{'s' if self.steps != 1 else ''}\n{report}"
         failed = self.failed_parts
         if failed:

@@ -3,9 +3,9 @@ crash it raised, explained), the :class:`~leafwatch.report.words.Edit` of each c
 text of a copy of the script, and that copy run again under ``leafwatch run``.
 
 ``python _fix_runs.py SCRIPT OUT.json`` runs SCRIPT under ``leafwatch run``'s own function (a real
-Session, the real crash door) and writes to OUT.json the findings leafwatch decided: the report's
-open findings (its mistakes, as ``Finding.to_dict`` writes them) and the findings that explained the
-script's exception, if it raised one. The crash door is read by wrapping the real
+Session with a ``--logdir``, the real crash door) and writes to OUT.json the findings leafwatch decided:
+the open findings of the run's record (as ``leafwatch report --json`` reads them) and the findings that
+explained the script's exception, if it raised one. The crash door is read by wrapping the real
 ``leafwatch.detectors.crashes.explain`` (its findings pass through unchanged).
 """
 
@@ -92,30 +92,28 @@ def fixed_copy(script: Path, edits: Iterable[Edit], folder: Path) -> Path:
 
 
 def _main(script: str, out: str, argv: Sequence[str]) -> int:
+    import tempfile
+
     from leafwatch.detectors import crashes
     from leafwatch.integrations.runner import command
-    from leafwatch.integrations.runner.session import Session
+    from leafwatch.report.reader import format_json, read_reports
 
     explained: list[Any] = []
-    reports: list[Any] = []
-    real_explain, real_close = crashes.explain, Session.close
+    real_explain = crashes.explain
 
     def explain(error: BaseException, contexts: Any = ()) -> list[Any]:
         found = real_explain(error, contexts)
         explained.extend(found)
         return found
 
-    def close(self: Session) -> Any:
-        report = real_close(self)
-        reports.append(report)
-        return report
-
-    crashes.explain, Session.close = explain, close  # type: ignore[method-assign]
+    crashes.explain = explain
     try:
-        code = command.run(script, argv)
+        with tempfile.TemporaryDirectory() as logdir:
+            code = command.run(script, argv, logdir=logdir)
+            runs = json.loads(format_json(logdir, read_reports(logdir)))["runs"]
     finally:
-        crashes.explain, Session.close = real_explain, real_close  # type: ignore[method-assign]
-    opened = [f.to_dict() for f in (reports[-1].findings if reports else []) if f.status == "open"]
+        crashes.explain = real_explain
+    opened = [f for run in runs for f in run["findings"] if f["status"] == "open"]
     Path(out).write_text(json.dumps({"code": code, "open": opened, "crash": [f.to_dict() for f in explained]}))
     return code
 

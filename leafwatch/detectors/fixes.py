@@ -229,7 +229,7 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
 
 
 def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, variable: str | None = None,
-                     known: Any = None, cache: dict[Any, Any] | None = None) -> dict[str, Any]:
+                     known: Any = None, cache: dict[Any, Any] | None = None, built: Any = None) -> dict[str, Any]:
     """The optimizer a fix gives tensors to, as a finding's argument: the framework that builds it
     (``"lightning"``, ``"transformers"`` or None), the user's variable for it (the first of
     ``optimizers`` that one holds, unless ``variable`` is given) and its class.
@@ -240,15 +240,84 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
         variable: The optimizer's variable when the caller knows it already.
         known: Object id -> variable, from a front-end (see :func:`variable_for`).
         cache: Answers kept for the next finding (see :func:`variable_for`).
+        built: Optimizer -> ``(mark, path:line, variable)`` of the statement that built it, when seen
+            (:meth:`leafwatch.observe.observer.Observer.built`): its variable is named before any other
+            (never a loop variable that holds it for now), and the fix goes right after that statement.
     """
     where = framework(model, cache)
-    held = None
+    held = at = None
     if variable is None and where != "lightning":
-        variable, held = next(((v, o) for v, o in ((variable_for(o, known, cache), o) for o in optimizers)
-                               if v is not None), (None, None))
-    at = assigned_at(held, variable) if held is not None and variable is not None else None
+        for o in optimizers:
+            variable, at = _built_as(o, built, cache)
+            if variable is None:
+                variable = variable_for(o, known, cache)
+                at = _built_at(o, built, variable)
+            if variable is not None:
+                held = o
+                break
+    if at is None and held is not None and variable is not None:
+        at = assigned_at(held, variable)
     return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None,
             "at": at}
+
+
+def _record(optimizer: Any, built: Any) -> tuple[int, str, str] | None:
+    """The built record of ``optimizer`` (:func:`optimizer_target`'s ``built``) when its variable is code."""
+    try:
+        record = built(_unwrapped(optimizer)) if built is not None else None
+    except Exception:
+        return None
+    return record if record is not None and record[2] and is_code(record[2]) else None
+
+
+def _built_at(optimizer: Any, built: Any, variable: str | None) -> dict[str, Any] | None:
+    """Where the statement that built ``optimizer`` stands, when it assigned ``variable`` (or the list
+    ``variable`` indexes); None otherwise."""
+    record = _record(optimizer, built) if variable else None
+    if record is None or not (variable == record[2] or variable.startswith(record[2] + "[")):  # type: ignore[union-attr]
+        return None
+    return statement_span(record[1])
+
+
+def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    """The code for ``optimizer`` by the statement that built it (``opt_d`` of ``opt_d = Adam(...)``;
+    ``opts[1]`` of ``opts = [SGD(...), Adam(...)]``) and where that statement stands; ``(None, None)``
+    when it was not seen, or its variable holds something else now (its name was used again), or
+    no scope holds it now (``cache``: an answer found earlier, kept by object id)."""
+    key = ("built as", id(_unwrapped(optimizer)))
+    if cache is not None and key in cache:
+        return cache[key]
+    record = _record(optimizer, built)
+    if record is None:
+        return None, None
+    name = record[2]
+    value = _held_as(name)
+    if value is _MISSING:
+        return None, None
+    if value is not optimizer and _unwrapped(value) is not optimizer:
+        if not isinstance(value, (list, tuple)):
+            return None, None
+        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None)
+        if index is None:
+            return None, None
+        name = f"{name}[{index}]"
+    found = (name, statement_span(record[1]))
+    if cache is not None:
+        cache[key] = found
+    return found
+
+
+_MISSING = object()
+
+
+def _held_as(name: str) -> Any:
+    """What the user's variable ``name`` (``opt``, ``self.optimizer``) holds now, in the innermost user scope
+    that has it (``_MISSING`` when none does)."""
+    prefix, _, key = name.rpartition(".")
+    for scope_prefix, scope in _scopes():
+        if scope_prefix == (prefix + "." if prefix else "") and key in scope:
+            return scope[key]
+    return _MISSING
 
 
 def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
@@ -292,7 +361,8 @@ def inventory_target(inventory: Any, optimizers: Sequence[Any] | None = None, *,
     front-end read); ``optimizers``: those to choose from, else all of the inventory's."""
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
     return optimizer_target(chosen, model=getattr(inventory, "model", None), variable=variable,
-                            known=getattr(inventory, "variables", None), cache=getattr(inventory, "fix_names", None))
+                            known=getattr(inventory, "variables", None), cache=getattr(inventory, "fix_names", None),
+                            built=getattr(inventory, "built", None))
 
 
 def params_of(members_codes: Sequence[str | None], limit: int = 8) -> str | None:

@@ -163,6 +163,26 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = Non
     return None
 
 
+def user_optimizers(limit: int = 8) -> list[Any]:
+    """The optimizers the user's scopes hold (a variable, or an entry of a plain list or tuple), in the
+    order met; at most ``limit``."""
+    out: list[Any] = []
+    try:
+        for _, scope in _scopes():
+            for key, value in scope.items():
+                if key.startswith("_"):
+                    continue
+                for item in (value[:100] if isinstance(value, (list, tuple)) else (value,)):
+                    item = _unwrapped(item)
+                    if isinstance(item, torch.optim.Optimizer) and all(item is not o for o in out):
+                        out.append(item)
+                        if len(out) >= limit:
+                            return out
+    except Exception:  # a scope that cannot be read: the fix says less
+        return out
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def _loop_targets(code: Any) -> frozenset[str]:
     """The names a ``for`` loop of ``code`` assigns (read from its bytecode)."""
@@ -675,11 +695,18 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     return snippet if is_code(snippet) else None
 
 
-def leaf_fix_args(name: str, location: str | None) -> dict[str, Any]:
+def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None,
+                  target: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the fix of a non-leaf needs from the user's source: the statement that assigned it
-    rewritten to make a leaf (``leaf_code``, when ``location`` points at it) and where that
-    statement stands (``at``)."""
-    return {"leaf_code": leaf_assignment(name, location), "at": statement_span(location)}
+    rewritten to make a leaf (``leaf_code``, when ``location`` points at it, or, without one, the
+    user's last assignment of ``tensor`` to the variable ``name``) and where that statement stands
+    (``at``); ``target``: the optimizer the leaf goes to (:func:`optimizer_target`), for a tensor no
+    optimizer holds (a non-leaf never is: the fix makes it a leaf *and* hands it over)."""
+    at = statement_span(location)
+    if at is None and tensor is not None and name.isidentifier():
+        at = assigned_at(tensor, name)
+        location = f"{at['path']}:{at['start']}" if at is not None else None
+    return {"leaf_code": leaf_assignment(name, location), "at": at, "target": dict(target) if target else None}
 
 
 _NON_LEAF_WORDS = {
@@ -703,14 +730,46 @@ def leaf_fix(name: str, origin: Mapping[str, Any] | None, args: Mapping[str, Any
     at, written = args.get("at"), args.get("leaf_code")
     if written is not None:
         edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{written}\n")
-        return f"{words}: `{written}`", code(written, edit)
+        return _handed_over(name, f"{words}: `{written}`", written, edit, args.get("target"))
     if all(part.isidentifier() for part in name.split(".")):
         snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
         edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
                                             f"{at['indent']}{snippet}\n")
-        return f"{words}: `{snippet}` right after it is made", code(snippet, edit)
+        return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet, edit, args.get("target"))
     return (f"{words}. `{name}` is a name leafwatch made up: name your tensor with `watch()`'s `name=` "
             "or a key of `tensors=`"), ADVICE
+
+
+def _handed_over(name: str, fix: str, snippet: str, edit: Edit | None,
+                 target: Mapping[str, Any] | None) -> tuple[str, Remedy]:
+    """The leaf fix ``fix`` (``snippet``, placed by ``edit``) followed by handing the leaf ``name`` to the
+    optimizer ``target`` (none: the leaf fix alone): one edit places both where the leaf's statement and
+    the optimizer's stand at the same indentation (the lines between kept as they are), else no edit."""
+    if not target or not name.isidentifier():
+        return fix, code(snippet, edit)
+    add, remedy = add_words(f"[{name}]", target, what="the leaf")
+    if remedy.applicability != "code":
+        return f"{fix}; then {add}", ADVICE
+    return f"{fix}; then {add}", code(f"{snippet}\n{remedy.code}", _both(edit, target.get("at"), remedy.code))
+
+
+def _both(leaf: Edit | None, at: Mapping[str, Any] | None, call: str) -> Edit | None:
+    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``."""
+    if leaf is None or at is None or os.path.abspath(leaf.path) != at["path"]:
+        return None
+    lines = linecache.getlines(at["path"])
+    first = lines[leaf.start - 1] if 0 < leaf.start <= len(lines) else ""
+    indent = first[:len(first) - len(first.lstrip())]
+    if indent != at["indent"]:
+        return None  # a loop or a function between them: where the call goes is not plain
+    made = leaf.text if leaf.action == "replace" else "".join(lines[leaf.start - 1:leaf.end]) + leaf.text
+    added = f"{indent}{call}\n"
+    if leaf.start > at["end"]:  # made after the optimizer was built: handed over right after it is made
+        return Edit(leaf.path, leaf.start, leaf.end, "replace", made + added)
+    if leaf.end < at["start"] and at["end"] - leaf.end <= 40:
+        between = "".join(lines[leaf.end:at["end"]])
+        return Edit(leaf.path, leaf.start, at["end"], "replace", made + between + added)
+    return None
 
 
 __all__ = ["add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",

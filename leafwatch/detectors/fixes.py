@@ -276,7 +276,7 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
                 held = o
                 break
     if at is None and held is not None and variable is not None:
-        at = assigned_at(held, variable)
+        at = assigned_at(held, variable) or _script_assignment(variable)
     return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None,
             "at": at}
 
@@ -640,6 +640,20 @@ def assigned_at(obj: Any, variable: str) -> dict[str, Any] | None:
         if attr is None and _unwrapped(frame.f_globals.get(variable)) is obj:
             return _last_assignment(frame, variable, scope="module")
     return None
+
+
+def _script_assignment(variable: str) -> dict[str, Any] | None:
+    """The script's last module-level assignment to ``variable`` (its frames are gone: a crash explained
+    after the script ended), as :func:`statement_span` gives it; None when not found."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not variable.isidentifier() or not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return None
+    found = [n for n in tree.body if isinstance(n, ast.Assign) and any(ast.unparse(t) == variable for t in n.targets)]
+    return statement_span(f"{path}:{found[-1].lineno}") if found else None
 
 
 def _last_assignment(frame: Any, variable: str, scope: str) -> dict[str, Any] | None:

@@ -271,7 +271,7 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     saw = {} if got_grad is None else {"got_grad": got_grad}
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:
-        where, function = seen
+        where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
                     created=fixes.outside_module(info.name, inventory) or name,

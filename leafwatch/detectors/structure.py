@@ -206,11 +206,31 @@ def _chosen(inv: Inventory, optimizer: int | None) -> list[Any]:
     return [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else list(optimizers)
 
 
+def _replaced_at(new: torch.Tensor, inv: Inventory, target: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the user's statement that made the new tensor stands, when the registration hooks saw it
+    after the optimizers were built: of the user's frames that ran the registration (innermost first:
+    ``Hetero.__init__``'s ``setattr``, then ``model = Hetero(model)``), the first statement that stands
+    after the optimizer's, in its file and at its indentation (``replaced_span``). A fix that adds the
+    new tensors goes there, not after the optimizer's statement, where the name still holds the old
+    module; none found: ``None`` (the fix is not placed)."""
+    seen, at = inv.appeared(new, inv.optimizers_mark), target.get("at")
+    if seen is None:
+        return {}
+    for where in seen[2]:
+        span = fixes.statement_span(where)
+        if span and at and span["path"] == at["path"] and span["indent"] == at["indent"] and span["start"] > at["end"]:
+            return {"replaced_span": span}
+    return {"replaced_span": None}
+
+
 def _rebuild_fix(m: Members) -> tuple[str, Remedy]:
     """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
     target = m.first["target"]
     if target["framework"] == "lightning":
         return _LIGHTNING_REBUILD.format(which="new"), ADVICE
+    spans = [a["replaced_span"] for a in m.args if "replaced_span" in a]
+    if spans:  # after the last statement that made a new one (none found: the fix is not placed)
+        target = {**target, "at": max(spans, key=lambda s: s["end"]) if all(spans) else None}
     which = f"`{target['variable']}`" if target["variable"] else "your optimizer"
     params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
     add, remedy = fixes.add_words(params, target, what="the new parameters")
@@ -232,8 +252,8 @@ def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Findin
     return make("stale_param", pair.name, "error", "replaced", {
         "optimizer": pair.optimizer, "old_shape": list(old_shape) if old_shape is not None else None,
         "new_shape": list(new_shape) if new_shape is not None else None,
-        "target": fixes.inventory_target(inv, _chosen(inv, pair.optimizer)),
-        "param_code": fixes.model_tensor_code(pair.name, inv)},
+        "target": (target := fixes.inventory_target(inv, _chosen(inv, pair.optimizer))),
+        "param_code": fixes.model_tensor_code(pair.name, inv), **_replaced_at(pair.new, inv, target)},
         tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
         group=stale_group_key(pair.optimizer))
@@ -265,9 +285,9 @@ def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: In
     code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
     return make("stale_param", info.name, "error", "module_replaced", {
-        "optimizer": i, "owner": code_ or module, "target": fixes.inventory_target(inv, _chosen(inv, i)),
+        "optimizer": i, "owner": code_ or module, "target": (target := fixes.inventory_target(inv, _chosen(inv, i))),
         "module_params": code_ and fixes.trainable_params_code(code_, inv.modules[module]),
-        "param_code": fixes.model_tensor_code(info.name, inv)},
+        "param_code": fixes.model_tensor_code(info.name, inv), **_replaced_at(inv.tensors[k], inv, target)},
         tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i))
 
 

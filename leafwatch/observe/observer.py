@@ -72,13 +72,16 @@ class Observer:
         """The number of the last registration seen: a tensor with a higher one came after now."""
         return self._last
 
-    def appeared(self, t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
-        """``(path:line, function)`` of the user's code that registered ``t`` after the mark ``after``
-        (noted when the optimizers were handed over, so after they were built); None when not seen so."""
+    def appeared(self, t: torch.Tensor, after: int | None) -> tuple[str, str, tuple[str, ...]] | None:
+        """``(path:line, function, outer)`` of the user's code that registered ``t`` after the mark
+        ``after`` (noted when the optimizers were handed over, so after they were built): the innermost
+        user frame's line and function, and the lines of the user's frames from it outward (the
+        statement ``model = Hetero(model)`` that ran the ``__init__`` that registered it); None when
+        not seen so."""
         found = self._appeared.get(id(t))
         if after is None or found is None or found[0]() is not t or found[1] <= after:
             return None
-        return found[2], found[3]
+        return found[2], found[3], found[4]
 
     def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
         self.generation += 1
@@ -99,9 +102,10 @@ class Observer:
                 return
             where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
             function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            outer = tuple(f"{f.f_code.co_filename}:{f.f_lineno}" for f in itertools.islice(frames.outside(frame), 8))
             self._last = number = next(self._registrations)
             for t in tensors:
-                self._appeared[id(t)] = (weakref.ref(t), number, where, function)
+                self._appeared[id(t)] = (weakref.ref(t), number, where, function, outer)
         except Exception:
             pass
 

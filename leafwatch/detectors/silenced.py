@@ -47,10 +47,11 @@ def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> 
 
 def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> silenced.Silenced | None:
     if loss is not None:
-        if not silenced.hand_set(loss):
-            return None
+        leaf = silenced.hand_set_leaf(loss)
+        if leaf is None or id(leaf) in exclude():
+            return None  # a loss with its graph, or a leaf an optimizer holds (trained on purpose)
         frame = frames.user_frame()
-        return silenced.read(loss, frame, silenced.named_in(loss, frame))
+        return silenced.read(leaf, frame, silenced.named_in(leaf, frame))
     seen = silenced.in_frames(exclude())
     if seen is None:
         return None
@@ -100,7 +101,7 @@ def _cut(a: Mapping[str, Any]) -> tuple[str, str]:
         return (f"the value was taken out of autograd by {cut['op']} in that same statement, so the new tensor is "
                 "made of a number, not of the model's outputs.", keep)
     if cut is not None:
-        return (f"the graph was cut before: {_loss(a)} was made at {_where(cut)} (`{cut['statement']}`), where "
+        return (f"the graph was cut before: {_loss(a)} was made by `{cut['statement']}` at {_where(cut)}, where "
                 f"{cut['op']} has no gradient.", f"change `{cut['statement']}` at {short_at(cut)}: " + keep)
     return ("where the graph was cut before is not known: leafwatch saw no `.item()`, comparison, `.detach()`, "
             "NumPy or `torch.no_grad()` on the way to it.", keep)
@@ -111,8 +112,7 @@ def _silenced_loss(m: Members) -> Words:
     a = m.first
     hand = a["hand"]
     if hand is not None:
-        setting = (f"{_loss(a)} had its `requires_grad` set by hand at {_where(hand)} (`{hand['statement']}`), "
-                   "after its graph was cut")
+        setting = f"`{hand['statement']}` at {_where(hand)} set the `requires_grad` of {_loss(a)} by hand, after its graph was cut"
         remove = (f"do not rewrap the loss at {short_at(hand)} (`{hand['statement']}` makes a new leaf of a number): "
                   "keep the tensor itself" if hand["op"] == "rewrap" else f"remove `{hand['statement']}` at {short_at(hand)}")
     else:

@@ -65,6 +65,20 @@ def hand_set(t: Any) -> bool:
         and not isinstance(t, torch.nn.Parameter)
 
 
+def hand_set_leaf(t: Any) -> torch.Tensor | None:
+    """The hand-set leaf that ``t`` is, or that the one op that made ``t`` took as its only tensor input
+    (``loss / accumulate_grad_batches``, as Lightning divides it); None otherwise. A handful of attribute
+    reads: the Lightning callback asks it of each loss before backward."""
+    if not isinstance(t, torch.Tensor):
+        return None
+    fn = t.grad_fn
+    if fn is None:
+        return t if hand_set(t) else None
+    inputs = [n for n, _ in fn.next_functions if n is not None]
+    leaf = getattr(inputs[0], "variable", None) if len(inputs) == 1 else None
+    return leaf if hand_set(leaf) else None
+
+
 def in_frames(exclude: Container[int]) -> tuple[torch.Tensor, str, FrameType] | None:
     """The loss ``backward()`` was called on, read from the user's frames (innermost first): a
     one-element hand-set leaf that backward reached (its ``.grad`` is set) and that is none of

@@ -111,7 +111,7 @@ DETECTORS: tuple[Detector, ...] = (
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
         "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "detached", "rewrapped",
                          "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
-                         "loss_without_graph", "unreachable",
+                         "loss_without_graph", "unreachable", "silenced_loss",
                          "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",
                          "traced_nothing", "came_back", "intermittent", "stalled", "not_a_target", "target_undecided",
                          "not_layerdrop", "layerdrop_undecided", "untraced"),

@@ -81,11 +81,17 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
         [('experts', ['experts.2', 'experts.10'])]
     """
     dicts = [f for f in findings if isinstance(f, dict)]
+    # A finding's patch hunk (a unified diff of the user's file, recorded with the run) is the
+    # record's, not the Finding's words: kept across the reading.
+    hunks = {(f.get("kind"), f.get("name")): f["hunk"] for f in dicts if isinstance(f.get("hunk"), str)}
     try:
         dicts = [f.to_dict() for f in group_findings(Finding.from_dict(f) for f in dicts)]
     except (TypeError, ValueError, KeyError, AttributeError):
         pass  # not findings this version can read: shown as they are
     out = [{**f, "sort_key": _flat(sort_key_of(f))} for f in dicts]
+    for f in out:
+        if not f.get("hunk") and (f.get("kind"), f.get("name")) in hunks:
+            f["hunk"] = hunks[f.get("kind"), f.get("name")]
     out.sort(key=lambda f: tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in f["sort_key"]))
     return out
 

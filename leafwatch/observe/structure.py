@@ -153,15 +153,17 @@ class StructureCache:
         """The names of the tensors that require grad and that no optimizer holds (the model's
         trainable tensors left out of every optimizer, and its orphans: plain attributes, tensors in
         Python lists and dicts), at the last reading of the structure; empty when no optimizer was
-        given (then every trainable tensor is checked). Worked out once per reading, when first asked
-        (by the sinks' event), and kept (same identity) until the structure is read again.
+        given (then every trainable tensor is checked). The tensors found updated by other means
+        (:attr:`left_out`: target networks) are not among them. Worked out once per reading, when
+        first asked (by the sinks' event), and kept (same identity) until the structure is read
+        again (:meth:`leave_out` makes it read again).
         """
         inv = self.inventory
         seen, names = self._unheld
         if inv is seen:
             return names
         if inv is not None and self.optimizers:
-            held = inv.in_optimizer
+            held = inv.in_optimizer | self.left_out
             names = tuple([inv.params[k].name for k, t in inv.tensors.items() if t.requires_grad and k not in held]
                           + [o.name for o in inv.orphans() if id(o.tensor) not in held])
         else:

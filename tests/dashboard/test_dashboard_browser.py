@@ -297,7 +297,7 @@ def test_the_grid_follows_the_run_picker_and_shows_the_tensors_in_no_optimizer(t
     # The mixed run: its two tensors that no optimizer holds form a group of their own, after the
     # others, marked as such, next to the findings that name them.
     assert [row[1:] for row in out["mixed"][-3:]] == [
-        ["unheld", "in no optimizer", "true", "never updated"],
+        ["unheld", "in no optimizer", "true", "no optimizer"],
         ["tensor", "loss_weight", "true", "no optimizer"],
         ["tensor", "scale", "true", "no optimizer"]]
     assert not any(row[3] for row in out["mixed"][:-3])

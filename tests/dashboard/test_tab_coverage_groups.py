@@ -157,3 +157,41 @@ def test_a_coverage_record_written_before_the_group_existed_still_reads(tmp_path
     assert [(r["name"], r["in_no_optimizer"], r["missed_steps"]) for r in grid["rows"]] == [
         ("a.weight", False, []), ("b.weight", False, [[1, 3]])]
     assert coverage_grid([{**old, "version": 1}])["rows"][1]["missed"] == 3  # and a version 1 one
+
+
+class Distilled(nn.Module):
+    """A student trained by its optimizer, and an EMA teacher (its tensors require grad, as
+    ``copy.deepcopy`` leaves them) updated under ``no_grad``: on purpose in no optimizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.student = nn.Linear(2, 2)
+        self.teacher = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(x)
+        return (self.student(x) - target).pow(2).sum()
+
+
+def test_an_ema_teacher_in_no_optimizer_is_in_the_group_and_no_finding(tmp_path: Path) -> None:
+    model = Distilled()
+    optimizer = torch.optim.SGD(model.student.parameters(), lr=0.1)
+    writer = SummaryWriter(str(tmp_path / "ema"))
+    monitor = leafwatch.Monitor(model, optimizer, writer=writer)
+    for _ in range(3):
+        model(torch.randn(4, 2)).backward()
+        monitor.check()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for t, s in zip(model.teacher.parameters(), model.student.parameters()):
+                t.mul_(0.9).add_(s, alpha=0.1)
+    report = monitor.close()
+    writer.close()
+    assert report.findings == []  # intended: no false alarm
+    grid = _routes(tmp_path)("/coverage", run="ema")
+    # The grid says what is so (no optimizer holds them), not that they are a mistake.
+    assert [(r["name"], r["in_no_optimizer"], r["missed"]) for r in grid["rows"]] == [
+        ("student.weight", False, 0), ("student.bias", False, 0),
+        ("teacher.weight", True, 0), ("teacher.bias", True, 0)]

@@ -144,7 +144,7 @@ function legend() {
     item("got", "got a gradient"),
     item("partial", "some checks without"),
     item("missed", "no gradient"),
-    item("unheld", "in no optimizer (nothing updates it)"),
+    item("unheld", "in no optimizer (no optimizer step updates it)"),
     item("unchecked", "not checked (another optimizer stepped)"));
 }
 
@@ -402,7 +402,7 @@ async function loadGrid() {
     ` \u00d7 steps ${stepRange(grid.first_step, grid.last_step)}` +
     (grid.width > 1 ? ` in ${grid.columns.length} columns of ${grid.width} steps` : "") +
     ` \u2014 ${missedRows} tensor${missedRows === 1 ? "" : "s"} missed a gradient at least once` +
-    (unheldRows ? `, ${unheldRows} in no optimizer (nothing updates ${unheldRows === 1 ? "it" : "them"})` : "") + ".";
+    (unheldRows ? `, ${unheldRows} in no optimizer (no optimizer step updates ${unheldRows === 1 ? "it" : "them"})` : "") + ".";
   renderGrid();
 }
 
@@ -595,7 +595,7 @@ function renderGrid() {
       : el("span", { class: "module" }, el("code", {}, node.label), el("span", { class: "meta" }, ` ${node.count} tensor${node.count === 1 ? "" : "s"}`));
     let stat;
     if (isParam && node.param.in_no_optimizer) {
-      stat = el("span", { class: "stat unheld", title: `no optimizer held it at ${node.param.checks} checks: nothing updates it` },
+      stat = el("span", { class: "stat unheld", title: `no optimizer held it at ${node.param.checks} checks: no optimizer step updates it` },
         "no optimizer");
     } else if (isParam) {
       const p = node.param;
@@ -604,7 +604,7 @@ function renderGrid() {
             `missed ${compact(p.missed)}/${compact(p.checks)}`)
         : el("span", { class: "stat ok", title: `a gradient at each of ${p.checks} checks` }, "ok");
     } else if (node.kind === "unheld") {
-      stat = el("span", { class: "stat unheld", title: "no optimizer holds them: they never train" }, "never updated");
+      stat = el("span", { class: "stat unheld", title: "no optimizer holds them: no optimizer step updates them" }, "no optimizer");
     } else {
       const parts = [node.missedTensors ? `${node.missedTensors} missed` : "",
         node.unheldTensors ? `${node.unheldTensors} in no optimizer` : ""].filter(Boolean);
@@ -667,7 +667,7 @@ function showTip(event, node, cell) {
   const plural = (n) => `${n} check${n === 1 ? "" : "s"}`;
   const parts = [];
   if (checks) parts.push(`gradient in ${checks - missed} of ${plural(checks)}`);
-  if (unheld) parts.push(`in no optimizer at ${plural(unheld)}: nothing updates ${node.param ? "it" : "them"}`);
+  if (unheld) parts.push(`in no optimizer at ${plural(unheld)}: no optimizer step updates ${node.param ? "it" : "them"}`);
   const what = !parts.length
     ? "not checked (another optimizer stepped)"
     : parts.join("; ") + (node.param ? "" : ` (over ${node.count} tensors)`);

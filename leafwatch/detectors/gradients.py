@@ -483,7 +483,10 @@ def _unreachable(m: Members) -> Words:
     return missing_words(
         m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
         "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-        f"use {m.who} in the forward pass through torch ops only, or delete it")
+        f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
+        "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
+        "before the first forward names the line); if it does not, call it in the forward or freeze it with "
+        "`requires_grad_(False)`")
 
 
 @renders("missing_grad", "not_backpropagated", fixes="never")

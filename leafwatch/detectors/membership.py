@@ -26,6 +26,7 @@ from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
+from ..observe.tracing import Tracer
 from .constructors import make, silence
 from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 from ..report.verdicts import Verdict, Verdicts
@@ -39,7 +40,7 @@ def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: 
     out = escalate_late(view, step, checks)
     for f in view.pending():  # (a structural finding held before any gradient too)
         if f.kind != "missing_grad" and f.details.get("source") != "watch":
-            decided = decide(judged, hand, f, inv, step, checks)
+            decided = decide(judged, hand, f, inv, step, checks, evidence[SEEN].tracer)
             out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
     return out + _held_by_unstepped(inv, evidence[SEEN], view, step, checks)
 
@@ -119,7 +120,7 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
             out.append(Verdict.confirm(f.key, details=_without_pending(f)))
         elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
             # (a tensor outside the model is held and decided by its own owner)
-            verdict = _judge_one(state, hand, f, inv, step, seen.checks)
+            verdict = _judge_one(state, hand, f, inv, step, seen.checks, seen.tracer)
             if verdict is None:
                 still = True
             else:
@@ -129,14 +130,14 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
 
 
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-               checks: int) -> Verdict | None:
+               checks: int, tracer: Tracer | None = None) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
     ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or id(t) in state.quiet:
         return Verdict.drop(f.key)
-    rule = _gradient_rule(state, hand, t)
+    rule = "quiet" if _library_constant(info, t, tracer) else _gradient_rule(state, hand, t)
     if rule == "quiet":
         state.quiet.add(id(t))
         return Verdict.drop(f.key)
@@ -144,6 +145,14 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
         return None  # the value evidence, or an optimizer that steps late, may still come (not for a
         # tensor created after every optimizer was built: none could hold it)
     return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv), step=step, last_step=step)
+
+
+def _library_constant(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> bool:
+    """A registered buffer that a library's own forward switched to ``requires_grad`` (the loss
+    accumulator of vector-quantize-pytorch: ``loss = self.zero; loss.requires_grad_()``): the gradient
+    it collects is the loss's constant derivative, and nothing means it to train. A buffer registered
+    with ``requires_grad=True``, or switched on by the user's own line, is no such constant."""
+    return info.buffer and tracer is not None and tracer.switched_on_by_library(t) is not None
 
 
 def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *, final: bool = False) -> str:
@@ -235,14 +244,15 @@ def _bookkeeping(f: Finding) -> dict[str, Any]:
 
 
 def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-           checks: int) -> Finding | None:
+           checks: int, tracer: Tracer | None = None) -> Finding | None:
     """At the end of the run: what a held (or late-optimizer) finding becomes."""
     if f.details.get("pending") == Waiting.STRUCTURE:
         return f.replace(status=Status.OPEN, details=_without_pending(f))
     ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-    if t is None or info is None or _gradient_rule(state, hand, t, final=True) == "quiet":
+    if t is None or info is None or _library_constant(info, t, tracer) \
+            or _gradient_rule(state, hand, t, final=True) == "quiet":
         return None
     decided = _decide(state, f, info, t, step, checks, inv, final=True)
     return decided.replace(status=Status.OPEN, first_step=f.first_step, steps_seen=f.steps_seen)

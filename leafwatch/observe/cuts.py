@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import weakref
 from collections.abc import Iterable
 from types import FrameType
 from typing import Any
@@ -61,6 +62,18 @@ _ZERO_GRADIENT_OPS: dict[Any, str] = {
 #: it as it is): a cut only when the result does not require grad.
 _MAY_KEEP_GRAPH = {torch.tensor, torch.as_tensor}
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
+#: The calls that switch a tensor's ``requires_grad`` on in place (``t.requires_grad_()``, ``t.requires_grad = True``).
+_SWITCHES_ON = {torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__}
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchedOn:
+    """A leaf tensor whose ``requires_grad`` a forward switched on in place, and where: ``called_from``
+    is the user's line that called into the library holding ``place`` (None: ``place`` is the user's)."""
+
+    tensor: weakref.ReferenceType
+    place: Place
+    called_from: Place | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,6 +185,8 @@ class CutRecorder(TorchFunctionMode):
         self._order = first_order
         #: Where grad mode was switched off inside the forward (a ``with torch.no_grad():`` line).
         self._off_at: tuple[str, tuple[Place, Place | None]] | None = None
+        #: Leaf tensors whose ``requires_grad`` was switched on in place during the forward, by id.
+        self.switched_on: dict[int, SwitchedOn] = {}
         #: The first error inside the mode; the Tracer warns once and trusts nothing it recorded.
         self.error: BaseException | None = None
 
@@ -188,6 +203,8 @@ class CutRecorder(TorchFunctionMode):
                 self._op_without_grad(func, args)
             elif func in _ZERO_GRADIENT_OPS and self.error is None:
                 self._zero_gradient(func, args)
+            elif func in _SWITCHES_ON and self.error is None:
+                self._switch_on(func, args, kwargs)
             return func(*args, **kwargs)
         # The inputs of the cutting op that require grad (``torch.tensor([a, b])`` reads each).
         cut_from = args[:1] if args and (isinstance(args[0], torch.Tensor) or func is torch.tensor) else ()
@@ -229,6 +246,21 @@ class CutRecorder(TorchFunctionMode):
                 op, where = "grad mode off", place_of_call(sys._getframe(2))
             if where is not None:
                 self._cut((op, 0), where, sources)
+        except Exception as error:
+            self.error = error
+
+    def _switch_on(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
+        """``t.requires_grad_()`` / ``t.requires_grad = True`` on a leaf: where (a registered buffer a
+        library's forward switches on is that library's constant, not a tensor meant to train)."""
+        try:
+            t = args[0] if args else None
+            on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
+            if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
+                    or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
+                return
+            where = place_of_call(sys._getframe(2))
+            if where is not None:
+                self.switched_on[id(t)] = SwitchedOn(weakref.ref(t), *where)
         except Exception as error:
             self.error = error
 

@@ -104,6 +104,8 @@ class Tracer:
         #: Where an op of zero gradient ran on a tensor that requires grad (kept for the whole run:
         #: the value checks that find its gradient exactly zero come steps later), by site.
         self.zero_ops: dict[Any, cuts.Cut] = {}
+        #: Leaf tensors a forward switched to ``requires_grad`` in place, and where (kept for the run).
+        self.switched_on: dict[int, cuts.SwitchedOn] = {}
         self._cut_index: dict[int, cuts.Cut] | None = None
         self._recorder: cuts.CutRecorder | None = None
         self._depth = 0
@@ -245,6 +247,18 @@ class Tracer:
             for key, site in recorder.zero_ops.items():
                 if len(self.zero_ops) < cuts.MAX_SITES:
                     self.zero_ops.setdefault(key, site)
+            for key, seen in recorder.switched_on.items():
+                if len(self.switched_on) < cuts.MAX_SITES:
+                    self.switched_on[key] = seen
+
+    def switched_on_by_library(self, t: torch.Tensor) -> cuts.Place | None:
+        """Where a library's code (not the user's) switched ``t`` to ``requires_grad`` in place during an
+        instrumented forward (vector-quantize-pytorch's ``loss = self.zero; loss.requires_grad_()``); None
+        when that was not seen, or the user's own line did it."""
+        seen = self.switched_on.get(id(t))
+        if seen is None or seen.tensor() is not t or seen.called_from is None:
+            return None
+        return seen.place
 
     def _recorder_failed(self, error: BaseException) -> None:
         """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called

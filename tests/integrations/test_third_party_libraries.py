@@ -1,0 +1,80 @@
+"""Libraries nobody here wrote, used as their own docs and examples use them, under leafwatch.
+
+Each pattern is rebuilt the way the library writes it, with the library itself (skipped locally,
+failed in CI, when it is not installed: ``tests/_requirements.py``), in a real training loop under a
+``Monitor`` and under ``leafwatch run``:
+
+- vector-quantize-pytorch starts each quantizer's loss from a registered buffer that its own forward
+  switches on (``loss = self.zero; loss.requires_grad_()``): the loss's constant, no tensor meant to
+  train, so no finding; the user's own buffer registered with ``requires_grad=True`` still is one.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _requirements import require_module
+
+import leafwatch
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts" / "third_party"
+
+
+def _leafwatch_run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / script), *args],
+                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
+    assert result.stdout.endswith("done\n"), result.stdout
+    return result
+
+
+def _attached(script: str, *args: str) -> leafwatch.Report:
+    """The script's training run in this process with a Monitor attached right after its model and
+    optimizer are built, as a user adds one; what it found when the run ended."""
+    train = runpy.run_path(str(SCRIPTS / script), run_name="third_party_script")["train"]
+    monitor = train(list(args), attach=lambda model, opt: leafwatch.Monitor(model, opt, verbose=False).attach())
+    return monitor.close()
+
+
+# -- vector-quantize-pytorch: the loss accumulator buffer -------------------------------------------
+def test_vector_quantize_pytorch_readme_config_trains_under_a_monitor_with_no_finding() -> None:
+    require_module("vector_quantize_pytorch")
+    report = _attached("vq_autoencoder.py")
+    assert report.findings == [], report
+
+
+def test_vector_quantize_pytorch_readme_config_trains_under_leafwatch_run_with_no_finding() -> None:
+    require_module("vector_quantize_pytorch")
+    result = _leafwatch_run("vq_autoencoder.py")
+    assert "leafwatch: no findings at step" in result.stderr, result.stderr
+    assert "zero" not in result.stderr
+
+
+def _assert_scale_buffer_found(report_or_text) -> None:
+    (f,) = report_or_text.findings
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
+    assert f.details["reason"] == "buffer_requires_grad"
+    assert "`scale` is a buffer registered with `requires_grad=True`" in f.cause
+    assert "`nn.Parameter`" in f.fix
+
+
+def test_a_users_buffer_registered_with_requires_grad_next_to_vector_quantize_is_still_found() -> None:
+    require_module("vector_quantize_pytorch")
+    _assert_scale_buffer_found(_attached("vq_autoencoder.py", "--scale-buffer"))
+
+
+def test_a_users_buffer_registered_with_requires_grad_is_found_under_leafwatch_run() -> None:
+    require_module("vector_quantize_pytorch")
+    result = _leafwatch_run("vq_autoencoder.py", "--scale-buffer")
+    assert "ERROR   not_in_optimizer    scale" in result.stderr, result.stderr
+    assert "`scale` is a buffer registered with `requires_grad=True`" in result.stderr
+    assert "zero" not in result.stderr

@@ -170,6 +170,15 @@ def on_stack(frame: FrameType | None, limit: int, matches: Callable[[str], bool]
     return False
 
 
+def running(frame: FrameType | None, limit: int, code: Any) -> FrameType | None:
+    """The first of the ``limit`` frames from ``frame`` up that runs ``code`` (a code object), or None."""
+    while frame is not None and limit > 0:
+        if frame.f_code is code:
+            return frame
+        frame, limit = frame.f_back, limit - 1
+    return None
+
+
 def caller_location(*, frameworks: bool = False) -> str:
     """``file:line`` of the first frame of user code above the caller, ``"<unknown>"`` when none."""
     frame = _first_outside(sys._getframe(1), _prefixes(frameworks, ()))[0]

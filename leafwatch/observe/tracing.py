@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts, frames
+from . import cuts, frames, functions
 from .names import ancestors
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ class RunRecord:
     #: Its forward ran with tensors in ``_parameters`` other than its registered parameters
     #: (``torch.func.functional_call``, a TensorDict's weights swapped in, a vmapped copy).
     substituted: bool = False
+    #: It ran (with grad off) inside the forward of this custom autograd.Function, and whether its own
+    #: parameters were among the tensors given to that Function's ``apply``.
+    in_function: functions.FunctionCall | None = None
+    function_inputs: bool = False
 
 
 def _items(value: Any) -> list[Any] | None:
@@ -282,6 +286,8 @@ class Tracer:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             # The hook runs inside the user's forward: a failure here must never stop training.
             try:
+                if functions.in_backward():
+                    return  # re-run for a backward (an adjoint, a recomputation): not the step's forward
                 record_run(module, args, output)
             except Exception as error:
                 # What this hook saw is incomplete: explain nothing from it rather than guess.
@@ -307,6 +313,8 @@ class Tracer:
             else:
                 record.in_checkpoint = record.in_checkpoint or frames.on_stack(
                     sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
+                if record.in_function is None:
+                    _read_function(record, module, sys._getframe(1))
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
             record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
@@ -329,6 +337,15 @@ class Tracer:
                     pass
 
         return hook
+
+
+def _read_function(record: RunRecord, module: nn.Module, frame: Any) -> None:
+    """A module that runs with grad off: the custom autograd.Function whose forward it runs inside, if
+    any (torch's reentrant checkpoint keeps its own cause), and whether it was given the module's parameters."""
+    call = functions.function_call(frame)
+    if call is not None and not call.checkpoint:
+        own = {id(p) for p in module._parameters.values() if p is not None}
+        record.in_function, record.function_inputs = call, bool(own) and own <= call.inputs
 
 
 def _own_parameters(module: nn.Module) -> dict[str, int]:

@@ -78,3 +78,36 @@ def test_a_users_buffer_registered_with_requires_grad_is_found_under_leafwatch_r
     assert "ERROR   not_in_optimizer    scale" in result.stderr, result.stderr
     assert "`scale` is a buffer registered with `requires_grad=True`" in result.stderr
     assert "zero" not in result.stderr
+
+
+# -- torchdiffeq: a network used inside odeint_adjoint's Function, not given to it -----------------
+def test_a_network_not_registered_in_the_module_odeint_adjoint_integrates_is_named_inside_its_function() -> None:
+    require_module("torchdiffeq")
+    report = _attached("ode_adjoint.py")
+    (f,) = report.findings
+    assert (f.kind, f.severity) == ("missing_grad", "error")
+    assert {m.name for m in f.members} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    assert f.details["reason"] == "inside_function"
+    assert f.cause.startswith("`net` ran only inside the forward of the custom autograd.Function "
+                              "`OdeintAdjointMethod` (applied at adjoint.py:")
+    assert ", reached from your call at ode_adjoint.py:48)" in f.cause
+    assert "to the tensors given to `OdeintAdjointMethod.apply`" in f.cause
+    assert f.fix.startswith("register `net` as a submodule of `ODEFunc`, the module you integrate")
+    assert "`adjoint_params=`" in f.fix
+    assert "weight` itself" not in f.fix and "grad mode" not in f.cause
+
+
+def test_leafwatch_run_names_odeint_adjoints_function_as_the_cause() -> None:
+    require_module("torchdiffeq")
+    result = _leafwatch_run("ode_adjoint.py")
+    assert "ERROR   missing_grad        inside `OdeintAdjointMethod` at ode_adjoint.py:48" in result.stderr, result.stderr
+    assert "each of `net.{0,2}.{bias,weight}` requires grad but got no gradient" in result.stderr
+    assert "cause: `net` ran only inside the forward of the custom autograd.Function `OdeintAdjointMethod`" \
+        in result.stderr
+    assert "fix (advice): register `net` as a submodule of `ODEFunc`" in result.stderr
+
+
+def test_a_network_registered_in_the_module_odeint_adjoint_integrates_is_no_finding() -> None:
+    require_module("torchdiffeq")
+    assert _attached("ode_adjoint.py", "--registered").findings == []
+    assert "leafwatch: no findings at step" in _leafwatch_run("ode_adjoint.py", "--registered").stderr

@@ -14,6 +14,7 @@ step, or at the end of the run.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -289,10 +290,65 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
                     built=None if built is None else {"at": fixes.short_place(built[1]), "variable": built[2]})
         return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
                     aliases=info.aliases, **saw)
+    library = _built_by_library(info, p, args["target"], inventory)
+    if library is not None:
+        return make("not_in_optimizer", name, "error", "library_optimizers", {**args, **library}, tensor=p, step=step,
+                    aliases=info.aliases, **saw)
     if info.buffer:
         return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
                     tensor=p, step=step, aliases=info.aliases, **saw)
     return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
+
+
+def _built_by_library(info: ParamInfo, p: torch.Tensor, target: Mapping[str, Any],
+                      inv: Inventory | None) -> dict[str, Any] | None:
+    """When a library's code built every optimizer (none by the user's, none held by a user variable):
+    which library, where, and from which of the user's lines; Pyro's name for the tensor when Pyro's
+    param store holds it. None otherwise: the user holds an optimizer, and the fix names it."""
+    if inv is None or not inv.optimizers or target.get("variable") is not None or target.get("framework"):
+        return None
+    builders = [inv.built_by(o) for o in inv.optimizers]
+    if any(b is None for b in builders) or len({b[0] for b in builders}) != 1:  # type: ignore[index]
+        return None
+    built = inv.built(inv.optimizers[0])
+    module = fixes.outside_module(info.name, inv)
+    return {"library": builders[0][0], "built_at": builders[0][1],  # type: ignore[index]
+            "called_at": fixes.short_place(built[1]) if built is not None else None,
+            "module_code": fixes.model_tensor_code(module, inv) if module else None,
+            "pyro_name": _pyro_name(p) if builders[0][0] == "pyro" else None}  # type: ignore[index]
+
+
+def _pyro_name(p: torch.Tensor) -> str | None:
+    """The name ``pyro.module``/``pyro.param`` gave ``p`` in Pyro's param store (``decoder``), or None."""
+    store = getattr(sys.modules.get("pyro"), "get_param_store", None)
+    try:
+        return store().param_name(p).split("$$$")[0] if store is not None else None
+    except Exception:  # not in the store
+        return None
+
+
+@renders("not_in_optimizer", "library_optimizers", fixes="never")
+def _library_optimizers(m: Members) -> Words:
+    """Every optimizer that steps was built inside a library (Pyro's ``PyroOptim``: one torch optimizer per
+    parameter, inside ``svi.step``): the user holds none, so the fix names none; it says how the library
+    collects what it trains."""
+    a = m.first
+    what = f"`{a['module_code']}`" if a["module_code"] else m.who
+    inside = f", inside your call at {a['called_at']}" if a["called_at"] else ""
+    built = (f"the optimizers that step are built by `{a['library']}` at {a['built_at']}{inside}, and none of them is "
+             "yours")
+    if a["library"] == "pyro":
+        name = m.shared("pyro_name")
+        registered = (f"{what} is in Pyro's param store (`pyro.module(\"{name}\", ...)`), but registered outside the "
+                      "model and the guide" if name else f"{what} is not registered with Pyro inside the model or the guide")
+        call = f'pyro.module("{name or "<name>"}", ...)'
+        return Words(_in_no_optimizer(m), f"{registered}: SVI steps only the parameters whose `pyro.param` sites run "
+                     f"inside the model or the guide during `svi.step`, one torch optimizer each ({built}).",
+                     f"call `{call}` on {what} inside the model (the function passed to SVI) or the guide that uses "
+                     "it, at each call, as Pyro's examples do")
+    return Words(_in_no_optimizer(m), f"{m.who} is in no optimizer: {built}; it gives them only the tensors it "
+                 "collects itself.", f"hand {what} to `{a['library']}` the way it collects the tensors it trains, or "
+                 "freeze it with `requires_grad_(False)`")
 
 
 def _in_no_optimizer(m: Members) -> str:

@@ -111,3 +111,25 @@ def test_a_network_registered_in_the_module_odeint_adjoint_integrates_is_no_find
     require_module("torchdiffeq")
     assert _attached("ode_adjoint.py", "--registered").findings == []
     assert "leafwatch: no findings at step" in _leafwatch_run("ode_adjoint.py", "--registered").stderr
+
+
+# -- Pyro: a module registered with pyro.module outside the model ------------------------------------
+# (no Monitor can be attached by hand: the user holds no torch optimizer, PyroOptim builds them in svi.step)
+def test_pyro_module_called_outside_the_model_is_fixed_by_calling_it_inside_the_model() -> None:
+    require_module("pyro")
+    result = _leafwatch_run("pyro_vae.py")
+    assert "ERROR   not_in_optimizer    decoder" in result.stderr, result.stderr
+    assert "each of `decoder.{fc1,fc21}.{bias,weight}` requires grad but no optimizer that stepped" in result.stderr
+    assert "cause: `vae.decoder` is in Pyro's param store (`pyro.module(\"decoder\", ...)`), but registered outside " \
+        "the model and the guide" in result.stderr
+    assert "the optimizers that step are built by `pyro` at pyro/optim/optim.py:" in result.stderr
+    assert "inside your call at pyro_vae.py:79, and none of them is yours" in result.stderr
+    assert "fix (advice): call `pyro.module(\"decoder\", ...)` on `vae.decoder` inside the model (the function " \
+        "passed to SVI)" in result.stderr
+    assert "add_param_group" not in result.stderr  # the user holds no optimizer to add it to
+
+
+def test_pyro_svi_with_pyro_module_inside_the_model_is_no_finding() -> None:
+    require_module("pyro")
+    result = _leafwatch_run("pyro_vae.py", "--in-model")
+    assert "leafwatch: no findings at step" in result.stderr, result.stderr

@@ -95,6 +95,9 @@ def explain_cut(cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanati
     """A parameter upstream of a cut the recorder saw: the op and its line, and what to change there."""
     site = cut.site
     group = f"{site.op.strip('`')} at {short_at(place_args(site.called_from or site.place))}"  # type: ignore[arg-type]
+    if cut.integer is not None:
+        return Explanation("integer_cut", {"op": site.op, "place": place_args(site.place), "dtype": cut.integer,
+                                           "called_from": place_args(site.called_from), "steps": list(cut.steps)}, group)
     return Explanation(_CUT_REASONS.get(site.op, "rewrapped"), {
         "op": site.op, "place": place_args(site.place), "called_from": place_args(site.called_from), "rank": site.rank,
         "direct": tensor_id in cut.direct, "attribute": attribute}, group)
@@ -118,6 +121,26 @@ def _cut_words(m: Members) -> Words:
     described = f"{op} at {at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
     return missing_words(m, f"cut by {described}: {m.who} is used before that point of the forward, and {how}, "
                          "so backward never reaches it (leafwatch saw the op run).", fix, silenced=True)
+
+
+@renders("missing_grad", "integer_cut", fixes="never")
+def _integer_cut(m: Members) -> Words:
+    """The values became integers (indices, sizes): no op carries a gradient through them, so the fix is
+    no other op at that line but float values all the way (a differentiable resampling)."""
+    a = m.first
+    op, place, called_from, steps = a["op"], a["place"], a["called_from"], m.shared("steps", a["steps"])
+    described = f"{op} at {at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
+    rounded = f" (rounded on the way: {', '.join(f'`{s}()`' for s in steps)}, whose gradient is zero)" if steps else ""
+    library = f" (it runs inside a library, reached from your call at {short_at(called_from)})" if called_from else ""
+    return missing_words(
+        m, f"cut by {described}: the values computed from {'it' if m.single else 'them'}{rounded} become integers "
+        f"(`{a['dtype']}`) there, such as pixel indices or crop sizes, and integer indexing cuts the gradient: an "
+        "integer tensor carries no gradient in any form, so backward never reaches "
+        f"{'it' if m.single else 'them'} (leafwatch saw the op run).",
+        f"no torch op carries a gradient through integers{library}: to learn {m.who}, let it act through float "
+        "values, by a differentiable resampling (sample at float coordinates with `torch.nn.functional.grid_sample`, "
+        "an interpolating crop, no rounding) or a straight-through estimator; if it is not meant to train, freeze it "
+        "with `requires_grad_(False)`", silenced=True)
 
 
 @renders("missing_grad", "detached", "rewrapped")

@@ -7,6 +7,12 @@ failed in CI, when it is not installed: ``tests/_requirements.py``), in a real t
 - vector-quantize-pytorch starts each quantizer's loss from a registered buffer that its own forward
   switches on (``loss = self.zero; loss.requires_grad_()``): the loss's constant, no tensor meant to
   train, so no finding; the user's own buffer registered with ``requires_grad=True`` still is one.
+- torchdiffeq's ``odeint_adjoint`` differentiates only the parameters of the module it integrates: a network
+  used inside it but not registered there is named as run inside ``OdeintAdjointMethod``'s forward.
+- Pyro's ``PyroOptim`` builds its torch optimizers inside ``svi.step``: a module registered with
+  ``pyro.module`` outside the model is fixed by calling it inside the model, never by ``add_param_group``.
+- kornia's ``RandomResizedCrop`` turns learnable ranges into integer crop boxes: integer indexing cuts the
+  gradient, and the fix is a differentiable resampling, not another op at that line.
 """
 
 from __future__ import annotations
@@ -133,3 +139,35 @@ def test_pyro_svi_with_pyro_module_inside_the_model_is_no_finding() -> None:
     require_module("pyro")
     result = _leafwatch_run("pyro_vae.py", "--in-model")
     assert "leafwatch: no findings at step" in result.stderr, result.stderr
+
+
+# -- kornia: learnable ranges that only pick integer crop boxes ---------------------------------------
+def _assert_integer_cut(cause: str, fix: str) -> None:
+    assert cause.startswith("cut by `torch.as_tensor(..., dtype=torch.int64)` at crop2d.py:"), cause
+    assert "(in `crop_by_indices`), called from kornia_crop.py:23 (in `AugNet.forward`)" in cause
+    assert "(rounded on the way: `floor()`, `round()`, whose gradient is zero)" in cause
+    assert "become integers (`torch.int64`) there" in cause and "integer indexing cuts the gradient" in cause
+    assert "carries no gradient in any form" in cause
+    assert fix.startswith("no torch op carries a gradient through integers (it runs inside a library, reached from "
+                          "your call at kornia_crop.py:23)")
+    assert "differentiable resampling" in fix and "`torch.nn.functional.grid_sample`" in fix
+    assert "use torch ops" not in fix and "not `torch.as_tensor" not in fix
+
+
+def test_kornia_learnable_crop_ranges_are_cut_by_integer_indices() -> None:
+    require_module("kornia")
+    report = _attached("kornia_crop.py")
+    (f,) = report.findings
+    assert (f.kind, f.severity, f.details["reason"]) == ("missing_grad", "error", "integer_cut")
+    assert f.name == "torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23"
+    assert {m.name for m in f.members} == {"aug._param_generator.scale", "aug._param_generator.ratio"}
+    _assert_integer_cut(f.cause, f.fix)
+
+
+def test_leafwatch_run_says_kornias_crop_ranges_become_integers() -> None:
+    require_module("kornia")
+    result = _leafwatch_run("kornia_crop.py")
+    assert "ERROR   missing_grad        torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23" in result.stderr
+    cause = result.stderr.split("cause: ")[1].split("\n")[0]
+    fix = result.stderr.split("fix (advice): ")[1].split("\n")[0]
+    _assert_integer_cut(cause, fix)

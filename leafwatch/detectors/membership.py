@@ -145,7 +145,8 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
     if rule == "wait" or checks <= state.grace and f.reason != "created_after_optimizer":
         return None  # the value evidence, or an optimizer that steps late, may still come (not for a
         # tensor created after every optimizer was built: none could hold it)
-    return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv), step=step, last_step=step)
+    return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv, switched=_switched_at(info, t, tracer)),
+                           step=step, last_step=step)
 
 
 def _library_constant(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> bool:
@@ -171,8 +172,14 @@ def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *
     return {"by_hand": "quiet", "wait": "wait"}.get(hand.verdict(t, final=final), "report")
 
 
+def _switched_at(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> str | None:
+    """``model.py:12 (in `Net.forward`)`` where the user's forward switched the buffer ``t`` to requires_grad."""
+    place = tracer.switched_on_by_user(t) if info.buffer and tracer is not None else None
+    return place.described() if place is not None else None
+
+
 def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
-            inv: Inventory | None = None, *, final: bool = False) -> Finding:
+            inv: Inventory | None = None, *, final: bool = False, switched: str | None = None) -> Finding:
     """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
     holder = _waiting_holder(state, t)
     outside = _outside_root(state, t, inv) if holder is None else None
@@ -181,11 +188,11 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
     if state.grace and checks and f.reason != "created_after_optimizer":  # late (no check ran: the structure's words)
         decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
-                                                          inventory=inv), inv, final, checks)
+                                                          inventory=inv, switched=switched), inv, final, checks)
     elif f.reason == "unfrozen_after":  # the structure's words for it, kept whole
         decided = f
     else:
-        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv, switched=switched)
     details = _without_pending(decided)
     if f.first_step is not None and step > f.first_step:
         details["decided_step"] = step
@@ -255,7 +262,7 @@ def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory
     if t is None or info is None or _library_constant(info, t, tracer) \
             or _gradient_rule(state, hand, t, final=True) == "quiet":
         return None
-    decided = _decide(state, f, info, t, step, checks, inv, final=True)
+    decided = _decide(state, f, info, t, step, checks, inv, final=True, switched=_switched_at(info, t, tracer))
     return decided.replace(status=Status.OPEN, first_step=f.first_step, steps_seen=f.steps_seen)
 
 
@@ -274,9 +281,10 @@ def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
     return out
 
 
-def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
-                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
-    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
+def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_grad: bool | None = None,
+                     inventory: Inventory | None = None, switched: str | None = None) -> Finding:
+    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet);
+    ``switched``: the user's line whose ``requires_grad_()`` made the buffer ``p`` require grad, when seen."""
     name = info.name
     seen = inventory.appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
@@ -294,6 +302,9 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
     if library is not None:
         return make("not_in_optimizer", name, "error", "library_optimizers", {**args, **library}, tensor=p, step=step,
                     aliases=info.aliases, **saw)
+    if info.buffer and switched is not None:
+        return make("not_in_optimizer", name, "error", "buffer_switched_on", {
+            **args, "attribute": info.attribute, "switched_at": switched}, tensor=p, step=step, aliases=info.aliases, **saw)
     if info.buffer:
         return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
                     tensor=p, step=step, aliases=info.aliases, **saw)
@@ -421,6 +432,19 @@ def _buffer_requires_grad(m: Members) -> Words:
         f"make `{m.first['attribute']}` a parameter where the module registers it: pass the same tensor, wrapped in "
         "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
         "is built, so that `parameters()` (and the optimizer) holds it")
+
+
+@renders("not_in_optimizer", "buffer_switched_on", fixes="never")
+def _buffer_switched_on(m: Members) -> Words:
+    """A buffer the user's own forward switches to requires grad, meant as a parameter."""
+    attribute, at = m.first["attribute"], m.first["switched_at"]
+    return Words(
+        _in_no_optimizer(m),
+        f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at {at}): "
+        "`parameters()` does not list buffers, so the optimizer was built without it.",
+        f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+        "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+        f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:

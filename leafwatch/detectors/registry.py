@@ -103,7 +103,7 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
     Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides={
         "not_in_optimizer": ("left_out", "buffer_requires_grad", "unfrozen_after", "created_after_optimizer",
-                             "library_optimizers"),
+                             "library_optimizers", "buffer_switched_on"),
         "frozen_in_optimizer": ("plain_tensor", "frozen", "buffer"),
         "stale_param": ("replaced", "module_replaced", "old_tensors", "leftovers"),
         "orphan_tensor": ("module_in_container", "tensor_in_container", "non_leaf_attribute", "plain_attribute"),

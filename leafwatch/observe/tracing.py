@@ -264,6 +264,11 @@ class Tracer:
             return None
         return seen.place
 
+    def switched_on_by_user(self, t: torch.Tensor) -> cuts.Place | None:
+        """Where the user's own line switched ``t`` to ``requires_grad`` in place during an instrumented forward."""
+        seen = self.switched_on.get(id(t))
+        return seen.place if seen is not None and seen.tensor() is t and seen.called_from is None else None
+
     def _recorder_failed(self, error: BaseException) -> None:
         """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called
         with no recorder running: it failed to start, or :meth:`_stop_recorder` took it off)."""

@@ -86,6 +86,17 @@ def test_a_users_buffer_registered_with_requires_grad_is_found_under_leafwatch_r
     assert "zero" not in result.stderr
 
 
+def test_a_users_buffer_switched_on_in_the_users_forward_is_found_with_that_line() -> None:
+    require_module("vector_quantize_pytorch")
+    (f,) = _attached("vq_autoencoder.py", "--switched-on").findings
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
+    assert f.details["reason"] == "buffer_switched_on"
+    assert f.cause == ("`scale` is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` "
+                       "at vq_autoencoder.py:32 (in `VQAutoEncoder.forward`)): `parameters()` does not list buffers, "
+                       "so the optimizer was built without it.")
+    assert f.fix.endswith("and remove the `requires_grad_()` at vq_autoencoder.py:32")
+
+
 # -- torchdiffeq: a network used inside odeint_adjoint's Function, not given to it -----------------
 def test_a_network_not_registered_in_the_module_odeint_adjoint_integrates_is_named_inside_its_function() -> None:
     require_module("torchdiffeq")

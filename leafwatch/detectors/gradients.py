@@ -207,7 +207,7 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
     cut = _observed_cut(state, pid, tracer)
-    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
+    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint", "inside_function")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
         # whole stays a module-level cause: an EMA target is told from a mistake by it).
         explanation = causes.explain_cut(cut, pid, info.attribute if info is not None else "")

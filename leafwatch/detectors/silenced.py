@@ -33,19 +33,26 @@ EXPLAINS = frozenset({None, "pending", "unknown", "unknown_hooks_off", "unknown_
 GROUP = "the hand-set loss"
 
 
-def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> Callable[[], silenced.Silenced | None]:
+def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],
+           every_missed: Callable[[], bool]) -> Callable[[], silenced.Silenced | None]:
     """A memoised look for the hand-set loss of this check: ``loss`` when given (None when it has a
-    graph), else a hand-set leaf of the user's frames whose hand setting the code shows."""
+    graph), else a hand-set leaf of the user's frames whose hand setting the code shows, looked for only
+    where no checked tensor got a gradient (``every_missed``: backward stopped at the hand-set leaf, so
+    none did; reading a frame's locals keeps them alive on Python < 3.13 until the next read, so they
+    are read only for the error itself)."""
     found: list[silenced.Silenced | None] = []
 
     def look() -> silenced.Silenced | None:
         if not found:
-            found.append(_look(loss, exclude))
+            found.append(_look(loss, exclude, every_missed))
         return found[0]
     return look
 
 
-def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> silenced.Silenced | None:
+def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],
+          every_missed: Callable[[], bool]) -> silenced.Silenced | None:
+    if loss is None and not every_missed():
+        return None
     if loss is not None:
         leaf = silenced.hand_set_leaf(loss)
         if leaf is None or id(leaf) in exclude():

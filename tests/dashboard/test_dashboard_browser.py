@@ -366,9 +366,11 @@ def test_each_code_fix_shows_its_hunk_or_its_code_with_a_copy_button(
     assert scale.applicability == "code" and scale.edit.action == "replace"
     assert fixes["scale"] == {"place": f"_tensorboard_runs.py:{scale.edit.start}", "path": scale.edit.path,
                               "code": scale.code + "\n", "hunk": False}
+    # A code fix with no place (the watched non-leaf is made a leaf and handed to the optimizer: the two
+    # statements stand at other indentations, so no one edit places both): the code, to paste.
     temperature = remedies["temperature"]
-    assert fixes["temperature"]["place"] == f"after _tensorboard_runs.py:{temperature.edit.end}"
-    assert fixes["temperature"]["code"] == temperature.code + "\n"
+    assert temperature.applicability == "code" and temperature.edit is None
+    assert fixes["temperature"] == {"place": "paste", "path": "", "code": temperature.code + "\n", "hunk": False}
     # Advice has no code to copy.
     assert {name for name, fix in fixes.items() if fix is None} == {
         name for name, remedy in remedies.items() if remedy is None or remedy.applicability == "words"} >= {"unused", "kept"}

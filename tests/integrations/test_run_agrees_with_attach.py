@@ -36,9 +36,16 @@ NO_ATTACH_POINT = {
     "pyro_regression.py": "Pyro builds its optimizers inside `pyro.optim` at the first step: no variable of the "
                           "script holds them",
 }
+#: Scripts that raise before `run` could judge what a Monitor given the tensor is told, and why.
+RAISES_FIRST = {
+    "nonleaf_global_second_backward.py": "the second backward raises before `run`'s second scan of the script's "
+                                         "globals, which tells a tensor kept across steps from a per-step "
+                                         "activation; `run` names `margin` in the crash's note "
+                                         "(test_fixes_run)",
+}
 #: Arguments a script needs ("{tmp}": a fresh folder).
 ARGUMENTS = {"hf_peft_after_optimizer.py": ["{tmp}"]}
-COMPARED = sorted(p.name for p in SCRIPTS.glob("*.py") if p.name not in {**NOT_TRAINING, **NO_ATTACH_POINT})
+COMPARED = sorted(p.name for p in SCRIPTS.glob("*.py") if p.name not in {**NOT_TRAINING, **NO_ATTACH_POINT, **RAISES_FIRST})
 
 
 def _env() -> dict[str, str]:
@@ -60,7 +67,7 @@ def _open_findings(mode: str, script: str, tmp_path: Path) -> list[list[str]]:
 
 def test_every_script_is_compared_or_excluded_with_a_reason() -> None:
     assert len(COMPARED) >= 25
-    for excluded in {**NOT_TRAINING, **NO_ATTACH_POINT}:
+    for excluded in {**NOT_TRAINING, **NO_ATTACH_POINT, **RAISES_FIRST}:
         assert (SCRIPTS / excluded).exists(), excluded
 
 

@@ -38,6 +38,7 @@ from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
 from ..report.names import natural_key
 from ..report.words import ADVICE, Edit, Remedy, code
+from .configured import configured_at, given_too
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -246,9 +247,11 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
     if variable is None and where != "lightning":
         variable, held = next(((v, o) for v, o in ((variable_for(o, known, cache), o) for o in optimizers)
                                if v is not None), (None, None))
+    cls = type(optimizers[0]).__name__ if optimizers else None
     at = assigned_at(held, variable) if held is not None and variable is not None else None
-    return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None,
-            "at": at}
+    if where == "lightning" and model is not None:
+        at = configured_at(model, cls)
+    return {"framework": where, "variable": variable, "cls": cls, "at": at}
 
 
 def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
@@ -260,6 +263,12 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
         listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
         given = f"`{listed}`" if listed else "your tensor"
         yours = f"your `{cls}`" if cls else "the optimizer"
+        at = target.get("at")
+        written = given_too(at, params) if at is not None and params else None
+        if written is not None:
+            snippet = textwrap.dedent(written).strip()
+            return (f"in `configure_optimizers`, give {given} to {yours} with the rest: `{snippet}`",
+                    code(snippet, Edit(at["path"], at["start"], at["end"], "replace", written)))
         group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
         return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}", ADVICE
     group = f'{{"params": {params}}}' if params else None

@@ -27,7 +27,8 @@ def configured_at(model: Any, cls: str | None) -> dict[str, Any] | None:
     """The statement of ``type(model).configure_optimizers`` that calls the optimizer class ``cls``
     (exactly one such call), as a finding's argument: ``{"path", "start", "end", "indent",
     "statement": its lines, "params": [first, last] character offsets of its params argument in
-    them, "groups": whether that argument is a list of dicts}``; None when not found."""
+    them, "groups": whether that argument is a list of dicts, "code": [first, last] character offsets
+    of the statement itself (its comment after it left out)}``; None when not found."""
     function = getattr(type(model), "configure_optimizers", None)
     code = getattr(function, "__code__", None)
     if cls is None or code is None:
@@ -58,18 +59,20 @@ def configured_at(model: Any, cls: str | None) -> dict[str, Any] | None:
     last = sum(len(line) for line in text[:arg.end_lineno - start]) + _char(lines[arg.end_lineno - 1], arg.end_col_offset)
     groups = isinstance(arg, ast.List) and bool(arg.elts) and all(isinstance(e, ast.Dict) for e in arg.elts)
     indent = text[0][:len(text[0]) - len(text[0].lstrip())]
+    own = sum(len(line) for line in text[:-1]) + _char(text[-1], statement.end_col_offset or 0)
     return {"path": path, "start": start, "end": end, "indent": indent, "statement": "".join(text),
-            "params": [first, last], "groups": groups}
+            "params": [first, last], "groups": groups, "code": [len(indent), own]}
 
 
 def _name(func: ast.expr) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
-def given_too(at: Mapping[str, Any], params: str) -> str | None:
-    """The statement at ``at`` (:func:`configured_at`) with ``params`` (a list display or an iterable
-    of tensors, in code) given to its optimizer too: a group of their own after a list of groups,
-    else one list of both; None when the result is no statement."""
+def given_too(at: Mapping[str, Any], params: str) -> tuple[str, str] | None:
+    """The lines of the statement at ``at`` (:func:`configured_at`) with ``params`` (a list display or
+    an iterable of tensors, in code) given to its optimizer too (a group of their own after a list of
+    groups, else one list of both), and that statement alone as code to paste; None when the
+    result is no statement."""
     statement, (first, last) = at["statement"], at["params"]
     old = statement[first:last]
     listed = params.startswith("[") and params.endswith("]")
@@ -80,11 +83,14 @@ def given_too(at: Mapping[str, Any], params: str) -> str | None:
         extra = params[1:-1] if listed else f"*{params}"
         new = f"[{old[1:-1].rstrip().rstrip(',')}, {extra}]" if _is_list_display(old) else f"[*{old}, {extra}]"
     written = statement[:first] + new + statement[last:]
+    own_first, own_last = at["code"]
+    snippet = textwrap.dedent(" " * own_first + written[own_first:own_last + len(new) - len(old)]).strip()
     try:
         ast.parse(textwrap.dedent(written))
+        ast.parse(snippet)
     except SyntaxError:
         return None
-    return written
+    return written, snippet
 
 
 def _is_list_display(source: str) -> bool:

@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -230,7 +230,8 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
 
 
 def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, variable: str | None = None,
-                     known: Any = None, cache: dict[Any, Any] | None = None) -> dict[str, Any]:
+                     known: Any = None, cache: dict[Any, Any] | None = None,
+                     built: Callable[[Any], tuple[int, str, str] | None] | None = None) -> dict[str, Any]:
     """The optimizer a fix gives tensors to, as a finding's argument: the framework that builds it
     (``"lightning"``, ``"transformers"`` or None), the user's variable for it (the first of
     ``optimizers`` that one holds, unless ``variable`` is given) and its class.
@@ -241,6 +242,9 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
         variable: The optimizer's variable when the caller knows it already.
         known: Object id -> variable, from a front-end (see :func:`variable_for`).
         cache: Answers kept for the next finding (see :func:`variable_for`).
+        built: Where the statement that built an optimizer stands and the variable it assigns, when
+            seen (:attr:`leafwatch.observe.inventory.Inventory.built`): the place of the fix when no
+            running frame holds the optimizer any more.
     """
     where = framework(model, cache)
     held = None
@@ -249,6 +253,9 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
                                if v is not None), (None, None))
     cls = type(optimizers[0]).__name__ if optimizers else None
     at = assigned_at(held, variable) if held is not None and variable is not None else None
+    seen = built(held) if at is None and held is not None and built is not None else None
+    if seen is not None and seen[2] == variable:  # the script has ended: where the observer saw it built
+        at = statement_span(seen[1])
     if where == "lightning" and model is not None:
         at = configured_at(model, cls)
     return {"framework": where, "variable": variable, "cls": cls, "at": at}
@@ -264,9 +271,9 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
         given = f"`{listed}`" if listed else "your tensor"
         yours = f"your `{cls}`" if cls else "the optimizer"
         at = target.get("at")
-        written = given_too(at, params) if at is not None and params else None
-        if written is not None:
-            snippet = textwrap.dedent(written).strip()
+        given_code = given_too(at, params) if at is not None and params else None
+        if given_code is not None:
+            written, snippet = given_code
             return (f"in `configure_optimizers`, give {given} to {yours} with the rest: `{snippet}`",
                     code(snippet, Edit(at["path"], at["start"], at["end"], "replace", written)))
         group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
@@ -301,7 +308,8 @@ def inventory_target(inventory: Any, optimizers: Sequence[Any] | None = None, *,
     front-end read); ``optimizers``: those to choose from, else all of the inventory's."""
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
     return optimizer_target(chosen, model=getattr(inventory, "model", None), variable=variable,
-                            known=getattr(inventory, "variables", None), cache=getattr(inventory, "fix_names", None))
+                            known=getattr(inventory, "variables", None), cache=getattr(inventory, "fix_names", None),
+                            built=getattr(inventory, "built", None))
 
 
 def params_of(members_codes: Sequence[str | None], limit: int = 8) -> str | None:

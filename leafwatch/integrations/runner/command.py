@@ -159,18 +159,24 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
                        f"{first.severity.upper()} {first.kind} `{first.name}`.")
     session.write(session.summary(report, crashed=bool(crashed)))
     crashed.clear()
+    final = _final_code(session, report, code, strict=strict, stopped=stopped is not None)
+    if diff is not None:
+        patched = _write_patch(diff, report, root)
+        final = final or patched
+    return final
+
+
+def _final_code(session: Session, report: Report, code: int, *, strict: bool, stopped: bool) -> int:
+    """:func:`exit_code`, said when ``--strict`` decides it."""
     failed = session.failed_parts
     final = exit_code(code, report, strict=strict, incomplete=bool(failed))
-    if strict and stopped is None and code == 0 and final == STRICT_EXIT_CODE:
+    if strict and not stopped and code == 0 and final == STRICT_EXIT_CODE:
         errors = report.at_least("error")
         session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
                        f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
     elif final == INCOMPLETE_EXIT_CODE:
         session.write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
                        f"exit {INCOMPLETE_EXIT_CODE}.")
-    if diff is not None:
-        patched = _write_patch(diff, report, root)
-        final = final or patched
     return final
 
 

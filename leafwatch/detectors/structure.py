@@ -10,6 +10,8 @@ this one does not is resolved.
 
 from __future__ import annotations
 
+import os
+
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -226,13 +228,30 @@ def _regroup_fix(target: Mapping[str, Any]) -> str:
             "so that it holds the current parameters")
 
 
+def _after_rebuild(target: dict[str, Any], inv: Inventory, tensor: Any) -> dict[str, Any]:
+    """``target`` with its fix placed where the new tensors exist: after the statement that registered
+    ``tensor``, when it stands after the optimizer's in the same block of the same file; else no
+    place (after the optimizer's statement, the fix would name tensors not made yet)."""
+    at = target.get("at")
+    if at is None:
+        return target
+    seen = inv.appeared(tensor, 0) if tensor is not None else None
+    if seen is None:
+        return {**target, "at": None}
+    # (registered earlier in the file: inside a function or class it defines, called from who knows where)
+    path, _, line = seen[0].rpartition(":")
+    later = fixes.statement_span(seen[0]) if os.path.abspath(path) == at["path"] and line.isdigit() \
+        and int(line) > at["end"] else None
+    return {**target, "at": later if later is not None and later["indent"] == at["indent"] else None}
+
+
 def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     old_shape, new_shape = shape_of(pair.old), shape_of(pair.new)
     return make("stale_param", pair.name, "error", "replaced", {
         "optimizer": pair.optimizer, "old_shape": list(old_shape) if old_shape is not None else None,
         "new_shape": list(new_shape) if new_shape is not None else None,
-        "target": fixes.inventory_target(inv, _chosen(inv, pair.optimizer)),
+        "target": _after_rebuild(fixes.inventory_target(inv, _chosen(inv, pair.optimizer)), inv, pair.new),
         "param_code": fixes.model_tensor_code(pair.name, inv)},
         tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
@@ -265,7 +284,8 @@ def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: In
     code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
     return make("stale_param", info.name, "error", "module_replaced", {
-        "optimizer": i, "owner": code_ or module, "target": fixes.inventory_target(inv, _chosen(inv, i)),
+        "optimizer": i, "owner": code_ or module,
+        "target": _after_rebuild(fixes.inventory_target(inv, _chosen(inv, i)), inv, inv.tensors[k]),
         "module_params": code_ and fixes.trainable_params_code(code_, inv.modules[module]),
         "param_code": fixes.model_tensor_code(info.name, inv)},
         tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i))

@@ -304,5 +304,5 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
     return {"root": root, "files": files, "hunks": hunks}
 
 
-__all__ = ["FilePatch", "LeftOut", "Patch", "PatchRefused", "apply", "apply_edits", "exit_code", "patch_main", "build", "digest", "disk_lines",
-           "edits_of", "of_records", "outside", "record", "run_lines", "unified"]
+__all__ = ["FilePatch", "LeftOut", "Patch", "PatchRefused", "apply", "apply_edits", "build", "digest", "disk_lines",
+           "edits_of", "exit_code", "of_records", "outside", "patch_main", "record", "run_lines", "unified"]

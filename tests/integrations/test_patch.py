@@ -74,7 +74,7 @@ def _run_patch_rerun(folder: Path, script: str, fixed: set[tuple[str, str]], cod
     report = _leafwatch(folder, "report", "logs", "--diff")
     assert report.returncode == code, report.stderr
     assert report.stdout == diff and diff.startswith("--- a/")
-    assert "fix.diff" not in first.stdout  # the script's own output stays apart
+    assert "--- a/" not in first.stdout and "@@ -" not in first.stdout  # the script's own output stays apart
     assert _git(folder, "apply", "--check", "fix.diff").returncode == 0
     assert _git(folder, "apply", "fix.diff").returncode == 0
     again = _leafwatch(folder, "run", "--logdir", "logs_after", script)

@@ -68,7 +68,10 @@ def audit(
         monitor.check(loss=loss, step=step if step is not None else 1)
     finally:
         report = monitor.close()
-    return Report(report.tensors(), step=step, nothing_to_check=report.nothing_to_check)
+    found = report.tensors()
+    if step is None:  # one check with no history: no step to say "since"
+        found = [f.replace(step=None, first_step=None, last_step=None) for f in found]
+    return Report(found, step=step, nothing_to_check=report.nothing_to_check)
 
 
 def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any, check_values: Any

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..observe import cuts
+from ..observe import cuts, functions
 from ..observe.tracing import RunRecord
 from ..report.words import Members, Words, renders
 from . import fixes
@@ -95,6 +95,9 @@ def explain_cut(cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanati
     """A parameter upstream of a cut the recorder saw: the op and its line, and what to change there."""
     site = cut.site
     group = f"{site.op.strip('`')} at {short_at(place_args(site.called_from or site.place))}"  # type: ignore[arg-type]
+    if cut.integer is not None:
+        return Explanation("integer_cut", {"op": site.op, "place": place_args(site.place), "dtype": cut.integer,
+                                           "called_from": place_args(site.called_from), "steps": list(cut.steps)}, group)
     return Explanation(_CUT_REASONS.get(site.op, "rewrapped"), {
         "op": site.op, "place": place_args(site.place), "called_from": place_args(site.called_from), "rank": site.rank,
         "direct": tensor_id in cut.direct, "attribute": attribute}, group)
@@ -118,6 +121,26 @@ def _cut_words(m: Members) -> Words:
     described = f"{op} at {at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
     return missing_words(m, f"cut by {described}: {m.who} is used before that point of the forward, and {how}, "
                          "so backward never reaches it (leafwatch saw the op run).", fix, silenced=True)
+
+
+@renders("missing_grad", "integer_cut", fixes="never")
+def _integer_cut(m: Members) -> Words:
+    """The values became integers (indices, sizes): no op carries a gradient through them, so the fix is
+    no other op at that line but float values all the way (a differentiable resampling)."""
+    a = m.first
+    op, place, called_from, steps = a["op"], a["place"], a["called_from"], m.shared("steps", a["steps"])
+    described = f"{op} at {at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
+    rounded = f" (rounded on the way: {', '.join(f'`{s}()`' for s in steps)}, whose gradient is zero)" if steps else ""
+    library = f" (it runs inside a library, reached from your call at {short_at(called_from)})" if called_from else ""
+    return missing_words(
+        m, f"cut by {described}: the values computed from {'it' if m.single else 'them'}{rounded} become integers "
+        f"(`{a['dtype']}`) there, such as pixel indices or crop sizes, and integer indexing cuts the gradient: an "
+        "integer tensor carries no gradient in any form, so backward never reaches "
+        f"{'it' if m.single else 'them'} (leafwatch saw the op run).",
+        f"no torch op carries a gradient through integers{library}: to learn {m.who}, let it act through float "
+        "values, by a differentiable resampling (sample at float coordinates with `torch.nn.functional.grid_sample`, "
+        "an interpolating crop, no rounding) or a straight-through estimator; if it is not meant to train, freeze it "
+        "with `requires_grad_(False)`", silenced=True)
 
 
 @renders("missing_grad", "detached", "rewrapped")
@@ -156,6 +179,8 @@ def explain_missing(module_name: str, attribute: str, records: dict[str, RunReco
     if record is None:
         return _did_not_run(module_name, records, modules)
     if not record.grad_enabled:
+        if record.in_function is not None and not record.function_inputs:
+            return inside_function(record.in_function)
         return Explanation("checkpoint" if record.in_checkpoint else "grad_disabled", {})
     if record.substituted:
         return Explanation("substituted_weights", {})
@@ -233,6 +258,47 @@ def _never_ran(m: Members) -> Words:
         m, f"module {shown(module)} never ran in this step's forward{where}.",
         f"call {f'`{call}`' if call else shown(module)} in forward(), or remove it (or freeze it with "
         "requires_grad_(False) if that is intended)", silenced=True)
+
+
+def inside_function(call: functions.FunctionCall) -> Explanation:
+    """A module that ran only inside the forward of a custom autograd.Function not given its parameters."""
+    return Explanation("inside_function", {
+        "function": call.name, "library": call.module.split(".")[0], "place": place_args(call.place),
+        "called_from": place_args(call.called_from), "holder": call.holder},
+        f"inside `{call.name}` at {short_at(place_args(call.called_from or call.place))}")  # type: ignore[arg-type]
+
+
+def _common_module(m: Members) -> str:
+    """The innermost module that holds every tensor of ``m`` (``net`` for ``net.0`` and ``net.2``)."""
+    parts = [str(a.get("module", "")).split(".") for a in m.args]
+    common = []
+    for names in zip(*parts):
+        if any(n != names[0] for n in names):
+            break
+        common.append(names[0])
+    return ".".join(common)
+
+
+@renders("missing_grad", "inside_function", fixes="never")
+def _inside_function(m: Members) -> Words:
+    a = m.first
+    module, function = shown(_common_module(m)), a["function"]
+    at = f"at {short_at(a['place'])}" + (f", reached from your call at {short_at(a['called_from'])}"
+                                         if a["called_from"] else "")
+    cause = (f"{module} ran only inside the forward of the custom autograd.Function `{function}` (applied {at}). "
+             "torch runs a Function's forward without autograd and sends gradients back only through its backward, "
+             f"to the tensors given to `{function}.apply`: "
+             + (f"{m.who} was not among them, so no gradient reaches it." if m.single else
+                f"none of `{m.name}` was among them, so no gradient reaches them."))
+    holder = f"`{a['holder']}`" if a["holder"] else None
+    if a["library"] == "torchdiffeq":
+        fix = (f"register {module} as a submodule of {holder or 'the module you pass to `odeint_adjoint`'}, the "
+               "module you integrate (an attribute of it, so that `odeint_adjoint` finds its parameters), or pass "
+               "its parameters in `adjoint_params=`")
+    else:
+        given = f" (register {module} in {holder}, the module it receives)" if holder else ""
+        fix = f"give {module}'s parameters to `{function}.apply` as inputs{given}: its backward returns gradients only for its inputs"
+    return missing_words(m, cause, fix, silenced=True)
 
 
 @renders("missing_grad", "checkpoint", fixes="never")

@@ -206,7 +206,8 @@ class Checker:
         checked, index, _ = self._checked
         names = self._names_checked()
         index = index if optimizer is checked else self.structure.optimizer_index(optimizer)
-        return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, self.coverage(names))
+        return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, self.coverage(names),
+                          self.structure.in_no_optimizer())
 
     def _names_checked(self) -> tuple[str, ...]:
         lists = [clist for _, clist, _ in self._checked[2]]

@@ -113,7 +113,8 @@ def _persistent(place: str, t: crashes.NonLeaf) -> Finding:
         at = own["at"]
         args = {**own, "made_at": f"{os.path.basename(at['path'])}:{at['start']}" if at else None}
     else:
-        args = {**fixes.leaf_fix_args(name, t.assigned_at), "made_at": _short(t.assigned_at)}
+        target = fixes.optimizer_target(optimizers) if (optimizers := fixes.user_optimizers()) else None
+        args = {**fixes.leaf_fix_args(name, t.assigned_at, target=target), "made_at": _short(t.assigned_at)}
     args.update(place=place, origin=_origin(t), attribute=t.module is not None and t.attr is not None)
     return make("non_leaf", name, "error", "persistent_non_leaf", args)
 

@@ -164,6 +164,26 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = Non
     return None
 
 
+def user_optimizers(limit: int = 8) -> list[Any]:
+    """The optimizers the user's scopes hold (a variable, or an entry of a plain list or tuple), in the
+    order met; at most ``limit``."""
+    out: list[Any] = []
+    try:
+        for _, scope in _scopes():
+            for key, value in scope.items():
+                if key.startswith("_"):
+                    continue
+                for item in (value[:100] if isinstance(value, (list, tuple)) else (value,)):
+                    item = _unwrapped(item)
+                    if isinstance(item, torch.optim.Optimizer) and all(item is not o for o in out):
+                        out.append(item)
+                        if len(out) >= limit:
+                            return out
+    except Exception:  # a scope that cannot be read: the fix says less
+        return out
+    return out
+
+
 @functools.lru_cache(maxsize=256)
 def _loop_targets(code: Any) -> frozenset[str]:
     """The names a ``for`` loop of ``code`` assigns (read from its bytecode)."""
@@ -230,8 +250,7 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
 
 
 def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, variable: str | None = None,
-                     known: Any = None, cache: dict[Any, Any] | None = None,
-                     built: Callable[[Any], tuple[int, str, str] | None] | None = None) -> dict[str, Any]:
+                     known: Any = None, cache: dict[Any, Any] | None = None, built: Any = None) -> dict[str, Any]:
     """The optimizer a fix gives tensors to, as a finding's argument: the framework that builds it
     (``"lightning"``, ``"transformers"`` or None), the user's variable for it (the first of
     ``optimizers`` that one holds, unless ``variable`` is given) and its class.
@@ -242,23 +261,86 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
         variable: The optimizer's variable when the caller knows it already.
         known: Object id -> variable, from a front-end (see :func:`variable_for`).
         cache: Answers kept for the next finding (see :func:`variable_for`).
-        built: Where the statement that built an optimizer stands and the variable it assigns, when
-            seen (:attr:`leafwatch.observe.inventory.Inventory.built`): the place of the fix when no
-            running frame holds the optimizer any more.
+        built: Optimizer -> ``(mark, path:line, variable)`` of the statement that built it, when seen
+            (:meth:`leafwatch.observe.observer.Observer.built`): its variable is named before any other
+            (never a loop variable that holds it for now), and the fix goes right after that statement.
     """
     where = framework(model, cache)
-    held = None
+    held = at = None
     if variable is None and where != "lightning":
-        variable, held = next(((v, o) for v, o in ((variable_for(o, known, cache), o) for o in optimizers)
-                               if v is not None), (None, None))
+        for o in optimizers:
+            variable, at = _built_as(o, built, cache)
+            if variable is None:
+                variable = variable_for(o, known, cache)
+                at = _built_at(o, built, variable)
+            if variable is not None:
+                held = o
+                break
+    if at is None and held is not None and variable is not None:
+        at = assigned_at(held, variable) or _script_assignment(variable)
     cls = type(optimizers[0]).__name__ if optimizers else None
-    at = assigned_at(held, variable) if held is not None and variable is not None else None
-    seen = built(held) if at is None and held is not None and built is not None else None
-    if seen is not None and seen[2] == variable:  # the script has ended: where the observer saw it built
-        at = statement_span(seen[1])
     if where == "lightning" and model is not None:
         at = configured_at(model, cls)
     return {"framework": where, "variable": variable, "cls": cls, "at": at}
+
+
+def _record(optimizer: Any, built: Any) -> tuple[int, str, str] | None:
+    """The built record of ``optimizer`` (:func:`optimizer_target`'s ``built``) when its variable is code."""
+    try:
+        record = built(_unwrapped(optimizer)) if built is not None else None
+    except Exception:
+        return None
+    return record if record is not None and record[2] and is_code(record[2]) else None
+
+
+def _built_at(optimizer: Any, built: Any, variable: str | None) -> dict[str, Any] | None:
+    """Where the statement that built ``optimizer`` stands, when it assigned ``variable`` (or the list
+    ``variable`` indexes); None otherwise."""
+    record = _record(optimizer, built) if variable else None
+    if record is None or not (variable == record[2] or variable.startswith(record[2] + "[")):  # type: ignore[union-attr]
+        return None
+    return statement_span(record[1])
+
+
+def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+    """The code for ``optimizer`` by the statement that built it (``opt_d`` of ``opt_d = Adam(...)``;
+    ``opts[1]`` of ``opts = [SGD(...), Adam(...)]``) and where that statement stands; ``(None, None)``
+    when it was not seen, or its variable holds something else now (its name was used again), or
+    no scope holds it now (``cache``: an answer found earlier, kept by object id)."""
+    key = ("built as", id(_unwrapped(optimizer)))
+    if cache is not None and key in cache:
+        return cache[key]
+    record = _record(optimizer, built)
+    if record is None:
+        return None, None
+    name = record[2]
+    value = _held_as(name)
+    if value is _MISSING:
+        return None, None
+    if value is not optimizer and _unwrapped(value) is not optimizer:
+        if not isinstance(value, (list, tuple)):
+            return None, None
+        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None)
+        if index is None:
+            return None, None
+        name = f"{name}[{index}]"
+    found = (name, statement_span(record[1]))
+    if cache is not None:
+        cache[key] = found
+    return found
+
+
+_MISSING = object()
+
+
+def _held_as(name: str) -> Any:
+    """What the user's variable ``name`` (``opt``, ``self.optimizer``) holds now, in the innermost user scope
+    that has it (``_MISSING`` when none does)."""
+    prefix, _, key = name.rpartition(".")
+    for scope_prefix, scope in _scopes():
+        if scope_prefix == (prefix + "." if prefix else "") and key in scope:
+            return scope[key]
+    return _MISSING
 
 
 def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
@@ -569,6 +651,20 @@ def assigned_at(obj: Any, variable: str) -> dict[str, Any] | None:
     return None
 
 
+def _script_assignment(variable: str) -> dict[str, Any] | None:
+    """The script's last module-level assignment to ``variable`` (its frames are gone: a crash explained
+    after the script ended), as :func:`statement_span` gives it; None when not found."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not variable.isidentifier() or not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return None
+    found = [n for n in tree.body if isinstance(n, ast.Assign) and any(ast.unparse(t) == variable for t in n.targets)]
+    return statement_span(f"{path}:{found[-1].lineno}") if found else None
+
+
 def _last_assignment(frame: Any, variable: str, scope: str) -> dict[str, Any] | None:
     path = frame.f_code.co_filename
     try:
@@ -622,11 +718,18 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     return snippet if is_code(snippet) else None
 
 
-def leaf_fix_args(name: str, location: str | None) -> dict[str, Any]:
+def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None,
+                  target: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What the fix of a non-leaf needs from the user's source: the statement that assigned it
-    rewritten to make a leaf (``leaf_code``, when ``location`` points at it) and where that
-    statement stands (``at``)."""
-    return {"leaf_code": leaf_assignment(name, location), "at": statement_span(location)}
+    rewritten to make a leaf (``leaf_code``, when ``location`` points at it, or, without one, the
+    user's last assignment of ``tensor`` to the variable ``name``) and where that statement stands
+    (``at``); ``target``: the optimizer the leaf goes to (:func:`optimizer_target`), for a tensor no
+    optimizer holds (a non-leaf never is: the fix makes it a leaf *and* hands it over)."""
+    at = statement_span(location)
+    if at is None and tensor is not None and name.isidentifier():
+        at = assigned_at(tensor, name)
+        location = f"{at['path']}:{at['start']}" if at is not None else None
+    return {"leaf_code": leaf_assignment(name, location), "at": at, "target": dict(target) if target else None}
 
 
 _NON_LEAF_WORDS = {
@@ -650,14 +753,46 @@ def leaf_fix(name: str, origin: Mapping[str, Any] | None, args: Mapping[str, Any
     at, written = args.get("at"), args.get("leaf_code")
     if written is not None:
         edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{written}\n")
-        return f"{words}: `{written}`", code(written, edit)
+        return _handed_over(name, f"{words}: `{written}`", written, edit, args.get("target"))
     if all(part.isidentifier() for part in name.split(".")):
         snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
         edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
                                             f"{at['indent']}{snippet}\n")
-        return f"{words}: `{snippet}` right after it is made", code(snippet, edit)
+        return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet, edit, args.get("target"))
     return (f"{words}. `{name}` is a name leafwatch made up: name your tensor with `watch()`'s `name=` "
             "or a key of `tensors=`"), ADVICE
+
+
+def _handed_over(name: str, fix: str, snippet: str, edit: Edit | None,
+                 target: Mapping[str, Any] | None) -> tuple[str, Remedy]:
+    """The leaf fix ``fix`` (``snippet``, placed by ``edit``) followed by handing the leaf ``name`` to the
+    optimizer ``target`` (none: the leaf fix alone): one edit places both where the leaf's statement and
+    the optimizer's stand at the same indentation (the lines between kept as they are), else no edit."""
+    if not target or not name.isidentifier():
+        return fix, code(snippet, edit)
+    add, remedy = add_words(f"[{name}]", target, what="the leaf")
+    if remedy.applicability != "code":
+        return f"{fix}; then {add}", ADVICE
+    return f"{fix}; then {add}", code(f"{snippet}\n{remedy.code}", _both(edit, target.get("at"), remedy.code))
+
+
+def _both(leaf: Edit | None, at: Mapping[str, Any] | None, call: str) -> Edit | None:
+    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``."""
+    if leaf is None or at is None or os.path.abspath(leaf.path) != at["path"]:
+        return None
+    lines = linecache.getlines(at["path"])
+    first = lines[leaf.start - 1] if 0 < leaf.start <= len(lines) else ""
+    indent = first[:len(first) - len(first.lstrip())]
+    if indent != at["indent"]:
+        return None  # a loop or a function between them: where the call goes is not plain
+    made = leaf.text if leaf.action == "replace" else "".join(lines[leaf.start - 1:leaf.end]) + leaf.text
+    added = f"{indent}{call}\n"
+    if leaf.start > at["end"]:  # made after the optimizer was built: handed over right after it is made
+        return Edit(leaf.path, leaf.start, leaf.end, "replace", made + added)
+    if leaf.end < at["start"] and at["end"] - leaf.end <= 40:
+        between = "".join(lines[leaf.end:at["end"]])
+        return Edit(leaf.path, leaf.start, at["end"], "replace", made + between + added)
+    return None
 
 
 __all__ = ["add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",

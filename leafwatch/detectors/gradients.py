@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,7 +22,7 @@ from ..report.findings import Finding, Kind, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
-from . import causes, fixes, held, loop as stepping
+from . import causes, fixes, held, loop as stepping, silenced
 from .causes import Explanation
 from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, missing_words, observed, transition
 from ..report.words import Members, Words, render, renders
@@ -105,9 +105,11 @@ def _layer(state: GradientState, info: inventory.ParamInfo | None) -> tuple[str,
 
 
 def update(state: GradientState, view: FindingsView, clist: CheckList, missing: list[int], step: int, *,
-           tracer: tracing.Tracer, reachable: set[int] | None, skip: set[int]) -> Verdicts:
+           tracer: tracing.Tracer, reachable: set[int] | None, skip: set[int],
+           hand_set: Callable[[], Any] = lambda: None) -> Verdicts:
     """Record one check of ``clist``: ``missing`` are the indices without a gradient, ``skip`` the ids
-    reported elsewhere (watched tensors, replaced ones). Returns the verdicts."""
+    reported elsewhere (watched tensors, replaced ones), ``hand_set`` the look for a loss whose
+    ``requires_grad`` was set by hand (asked only for a miss to explain). Returns the verdicts."""
     out: Verdicts = []
     repeat = state._repeat
     if repeat is not None and repeat[0] is clist and repeat[1] == state._steady_changes and repeat[2] == missing:
@@ -154,7 +156,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         if info is None and view.is_open(("stale_param", name)):
             continue  # the replaced tensor: its stale_param finding already says it will not train
         _report_miss(state, view, clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                     layer, clist.checks, out)
+                     layer, clist.checks, out, hand_set)
     steady_now = state._steady_changes
     _after_update(state, view, clist, now if len(now) != len(streaks) else None, step, out)
     # Every miss a steady one, and none left or entered the steady set since: the next check
@@ -205,7 +207,7 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
     cut = _observed_cut(state, pid, tracer)
-    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint")):
+    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint", "inside_function")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
         # whole stays a module-level cause: an EMA target is told from a mistake by it).
         explanation = causes.explain_cut(cut, pid, info.attribute if info is not None else "")
@@ -214,10 +216,13 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
 
 def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
                  info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts) -> None:
+                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts,
+                 hand_set: Callable[[], Any]) -> None:
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
+    if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
+        explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
     reason = explanation.reason if explanation is not None else None
     if held.judges(state.held, pid, reason):
         # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
@@ -359,6 +364,8 @@ def no_gradient_at_all(evidence: Evidence, state: None, view: FindingsView, grad
     check where no checked tensor had a gradient (coverage 0) is one finding that says so (it
     ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
     missing = [f for f in view if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
+    if any(f.reason == "silenced_loss" for f in missing):
+        return None  # the loss whose requires_grad was set by hand is why: that finding says so
     if not grads.checked_now or len(grads.missing_now) != grads.checked_now or len(missing) < 2:
         return None
     names = [n for f in missing for n in (f.name, *f.aliases)]
@@ -391,6 +398,7 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
     walked = loss is None  # the loss's graph is walked only when a tensor misses its gradient
     offset, streaks, force = 0, len(grads.streak), False
     skip: set[int] | None = None
+    hand_set: Callable[[], Any] | None = None
     out: Verdicts | None = None  # a healthy check makes no list
     grads.missing_now = missing_now = []
     for key, clist, missing in evidence[LISTS]:
@@ -408,7 +416,10 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
                 skip = {id(e.tensor()) for e in seen.watch_entries()} | cache.stale_ids
             if missing and not walked:
                 reachable, walked = graph.reachable_leaf_ids(loss), True
-            found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip)
+            if hand_set is None:
+                hand_set = silenced.finder(loss, lambda: {id(q) for _, c, _ in evidence[LISTS] for q in c.params} | skip)
+            found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip,
+                           hand_set=hand_set)
             out = found if out is None else out + found
             missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)
@@ -472,7 +483,10 @@ def _unreachable(m: Members) -> Words:
     return missing_words(
         m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
         "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-        f"use {m.who} in the forward pass through torch ops only, or delete it")
+        f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
+        "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
+        "before the first forward names the line); if it does not, call it in the forward or freeze it with "
+        "`requires_grad_(False)`")
 
 
 @renders("missing_grad", "not_backpropagated", fixes="never")

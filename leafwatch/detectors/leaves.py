@@ -23,15 +23,19 @@ from .constructors import make
 
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
              found: graph.Origin | None = None, where: str = "", watched: Iterable[Any] = (),
-             location: str | None = None) -> Finding:
+             location: str | None = None, hand_over: bool = False) -> Finding:
+    """The non-leaf ``t`` as a finding; ``hand_over``: no optimizer holds it (a watched tensor), so the
+    fix also gives the leaf it makes to the inventory's optimizer (pasting it leaves no second finding)."""
     found = found if found is not None else graph.origin(t)
     known = inventory.known_names() if inventory is not None else {}
     for entry in watched:  # a watched leaf has a name too
         leaf = entry.tensor()
         if leaf is not None and entry.is_leaf:
             known.setdefault(id(leaf), entry.name)
+    target = (fixes.inventory_target(inventory) if hand_over and inventory is not None and inventory.optimizers
+              else None)
     return make("non_leaf", name, "error", "not_a_leaf", {
-        "origin": origin_args(found, known), "where": where, **fixes.leaf_fix_args(name, location)},
+        "origin": origin_args(found, known), "where": where, **fixes.leaf_fix_args(name, location, tensor=t, target=target)},
         tensor=t, step=step, op=found.op if found else None)
 
 

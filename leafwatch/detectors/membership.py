@@ -14,6 +14,7 @@ step, or at the end of the run.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -26,6 +27,7 @@ from ..observe.changes import HandUpdates
 from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
+from ..observe.tracing import Tracer
 from .constructors import make, silence
 from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
 from ..report.verdicts import Verdict, Verdicts
@@ -39,7 +41,7 @@ def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: 
     out = escalate_late(view, step, checks)
     for f in view.pending():  # (a structural finding held before any gradient too)
         if f.kind != "missing_grad" and f.details.get("source") != "watch":
-            decided = decide(judged, hand, f, inv, step, checks)
+            decided = decide(judged, hand, f, inv, step, checks, evidence[SEEN].tracer)
             out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
     return out + _held_by_unstepped(inv, evidence[SEEN], view, step, checks)
 
@@ -119,7 +121,7 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
             out.append(Verdict.confirm(f.key, details=_without_pending(f)))
         elif waiting == Waiting.MEMBERSHIP and not f.details.get("outside"):
             # (a tensor outside the model is held and decided by its own owner)
-            verdict = _judge_one(state, hand, f, inv, step, seen.checks)
+            verdict = _judge_one(state, hand, f, inv, step, seen.checks, seen.tracer)
             if verdict is None:
                 still = True
             else:
@@ -129,21 +131,30 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
 
 
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-               checks: int) -> Verdict | None:
+               checks: int, tracer: Tracer | None = None) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
     ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or id(t) in state.quiet:
         return Verdict.drop(f.key)
-    rule = _gradient_rule(state, hand, t)
+    rule = "quiet" if _library_constant(info, t, tracer) else _gradient_rule(state, hand, t)
     if rule == "quiet":
         state.quiet.add(id(t))
         return Verdict.drop(f.key)
     if rule == "wait" or checks <= state.grace and f.reason != "created_after_optimizer":
         return None  # the value evidence, or an optimizer that steps late, may still come (not for a
         # tensor created after every optimizer was built: none could hold it)
-    return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv), step=step, last_step=step)
+    return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv, switched=_switched_at(info, t, tracer)),
+                           step=step, last_step=step)
+
+
+def _library_constant(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> bool:
+    """A registered buffer that a library's own forward switched to ``requires_grad`` (the loss
+    accumulator of vector-quantize-pytorch: ``loss = self.zero; loss.requires_grad_()``): the gradient
+    it collects is the loss's constant derivative, and nothing means it to train. A buffer registered
+    with ``requires_grad=True``, or switched on by the user's own line, is no such constant."""
+    return info.buffer and tracer is not None and tracer.switched_on_by_library(t) is not None
 
 
 def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *, final: bool = False) -> str:
@@ -161,8 +172,14 @@ def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *
     return {"by_hand": "quiet", "wait": "wait"}.get(hand.verdict(t, final=final), "report")
 
 
+def _switched_at(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> str | None:
+    """``model.py:12 (in `Net.forward`)`` where the user's forward switched the buffer ``t`` to requires_grad."""
+    place = tracer.switched_on_by_user(t) if info.buffer and tracer is not None else None
+    return place.described() if place is not None else None
+
+
 def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
-            inv: Inventory | None = None, *, final: bool = False) -> Finding:
+            inv: Inventory | None = None, *, final: bool = False, switched: str | None = None) -> Finding:
     """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
     holder = _waiting_holder(state, t)
     outside = _outside_root(state, t, inv) if holder is None else None
@@ -171,11 +188,11 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
     if state.grace and checks and f.reason != "created_after_optimizer":  # late (no check ran: the structure's words)
         decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
-                                                          inventory=inv), inv, final, checks)
+                                                          inventory=inv, switched=switched), inv, final, checks)
     elif f.reason == "unfrozen_after":  # the structure's words for it, kept whole
         decided = f
     else:
-        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv)
+        decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv, switched=switched)
     details = _without_pending(decided)
     if f.first_step is not None and step > f.first_step:
         details["decided_step"] = step
@@ -235,16 +252,17 @@ def _bookkeeping(f: Finding) -> dict[str, Any]:
 
 
 def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-           checks: int) -> Finding | None:
+           checks: int, tracer: Tracer | None = None) -> Finding | None:
     """At the end of the run: what a held (or late-optimizer) finding becomes."""
     if f.details.get("pending") == Waiting.STRUCTURE:
         return f.replace(status=Status.OPEN, details=_without_pending(f))
     ref = state.by_name.get(f.name)
     t = ref() if ref is not None else None
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-    if t is None or info is None or _gradient_rule(state, hand, t, final=True) == "quiet":
+    if t is None or info is None or _library_constant(info, t, tracer) \
+            or _gradient_rule(state, hand, t, final=True) == "quiet":
         return None
-    decided = _decide(state, f, info, t, step, checks, inv, final=True)
+    decided = _decide(state, f, info, t, step, checks, inv, final=True, switched=_switched_at(info, t, tracer))
     return decided.replace(status=Status.OPEN, first_step=f.first_step, steps_seen=f.steps_seen)
 
 
@@ -263,15 +281,16 @@ def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
     return out
 
 
-def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
-                     got_grad: bool | None = None, inventory: Inventory | None = None) -> Finding:
-    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet)."""
+def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_grad: bool | None = None,
+                     inventory: Inventory | None = None, switched: str | None = None) -> Finding:
+    """A trainable tensor no optimizer holds; ``got_grad``: what the check saw (None: no check yet);
+    ``switched``: the user's line whose ``requires_grad_()`` made the buffer ``p`` require grad, when seen."""
     name = info.name
     seen = inventory.appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
     if seen is not None and inventory is not None and inventory.optimizers:
-        where, function = seen
+        where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
                     created=fixes.outside_module(info.name, inventory) or name,
@@ -279,10 +298,68 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None,
                     built=None if built is None else {"at": fixes.short_place(built[1]), "variable": built[2]})
         return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
                     aliases=info.aliases, **saw)
+    library = _built_by_library(info, p, args["target"], inventory)
+    if library is not None:
+        return make("not_in_optimizer", name, "error", "library_optimizers", {**args, **library}, tensor=p, step=step,
+                    aliases=info.aliases, **saw)
+    if info.buffer and switched is not None:
+        return make("not_in_optimizer", name, "error", "buffer_switched_on", {
+            **args, "attribute": info.attribute, "switched_at": switched}, tensor=p, step=step, aliases=info.aliases, **saw)
     if info.buffer:
         return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
                     tensor=p, step=step, aliases=info.aliases, **saw)
     return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
+
+
+def _built_by_library(info: ParamInfo, p: torch.Tensor, target: Mapping[str, Any],
+                      inv: Inventory | None) -> dict[str, Any] | None:
+    """When a library's code built every optimizer (none by the user's, none held by a user variable):
+    which library, where, and from which of the user's lines; Pyro's name for the tensor when Pyro's
+    param store holds it. None otherwise: the user holds an optimizer, and the fix names it."""
+    if inv is None or not inv.optimizers or target.get("variable") is not None or target.get("framework"):
+        return None
+    builders = [inv.built_by(o) for o in inv.optimizers]
+    if any(b is None for b in builders) or len({b[0] for b in builders}) != 1:  # type: ignore[index]
+        return None
+    built = inv.built(inv.optimizers[0])
+    module = fixes.outside_module(info.name, inv)
+    return {"library": builders[0][0], "built_at": builders[0][1],  # type: ignore[index]
+            "called_at": fixes.short_place(built[1]) if built is not None else None,
+            "module_code": fixes.model_tensor_code(module, inv) if module else None,
+            "pyro_name": _pyro_name(p) if builders[0][0] == "pyro" else None}  # type: ignore[index]
+
+
+def _pyro_name(p: torch.Tensor) -> str | None:
+    """The name ``pyro.module``/``pyro.param`` gave ``p`` in Pyro's param store (``decoder``), or None."""
+    store = getattr(sys.modules.get("pyro"), "get_param_store", None)
+    try:
+        return store().param_name(p).split("$$$")[0] if store is not None else None
+    except Exception:  # not in the store
+        return None
+
+
+@renders("not_in_optimizer", "library_optimizers", fixes="never")
+def _library_optimizers(m: Members) -> Words:
+    """Every optimizer that steps was built inside a library (Pyro's ``PyroOptim``: one torch optimizer per
+    parameter, inside ``svi.step``): the user holds none, so the fix names none; it says how the library
+    collects what it trains."""
+    a = m.first
+    what = f"`{a['module_code']}`" if a["module_code"] else m.who
+    inside = f", inside your call at {a['called_at']}" if a["called_at"] else ""
+    built = (f"the optimizers that step are built by `{a['library']}` at {a['built_at']}{inside}, and none of them is "
+             "yours")
+    if a["library"] == "pyro":
+        name = m.shared("pyro_name")
+        registered = (f"{what} is in Pyro's param store (`pyro.module(\"{name}\", ...)`), but registered outside the "
+                      "model and the guide" if name else f"{what} is not registered with Pyro inside the model or the guide")
+        call = f'pyro.module("{name or "<name>"}", ...)'
+        return Words(_in_no_optimizer(m), f"{registered}: SVI steps only the parameters whose `pyro.param` sites run "
+                     f"inside the model or the guide during `svi.step`, one torch optimizer each ({built}).",
+                     f"call `{call}` on {what} inside the model (the function passed to SVI) or the guide that uses "
+                     "it, at each call, as Pyro's examples do")
+    return Words(_in_no_optimizer(m), f"{m.who} is in no optimizer: {built}; it gives them only the tensors it "
+                 "collects itself.", f"hand {what} to `{a['library']}` the way it collects the tensors it trains, or "
+                 "freeze it with `requires_grad_(False)`")
 
 
 def _in_no_optimizer(m: Members) -> str:
@@ -355,6 +432,19 @@ def _buffer_requires_grad(m: Members) -> Words:
         f"make `{m.first['attribute']}` a parameter where the module registers it: pass the same tensor, wrapped in "
         "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
         "is built, so that `parameters()` (and the optimizer) holds it")
+
+
+@renders("not_in_optimizer", "buffer_switched_on", fixes="never")
+def _buffer_switched_on(m: Members) -> Words:
+    """A buffer the user's own forward switches to requires grad, meant as a parameter."""
+    attribute, at = m.first["attribute"], m.first["switched_at"]
+    return Words(
+        _in_no_optimizer(m),
+        f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at {at}): "
+        "`parameters()` does not list buffers, so the optimizer was built without it.",
+        f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+        "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+        f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:

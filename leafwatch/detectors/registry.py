@@ -102,16 +102,17 @@ GRADIENTS = "the gradient check"
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
     Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides={
-        "not_in_optimizer": ("left_out", "buffer_requires_grad", "unfrozen_after", "created_after_optimizer"),
+        "not_in_optimizer": ("left_out", "buffer_requires_grad", "unfrozen_after", "created_after_optimizer",
+                             "library_optimizers", "buffer_switched_on"),
         "frozen_in_optimizer": ("plain_tensor", "frozen", "buffer"),
         "stale_param": ("replaced", "module_replaced", "old_tensors", "leftovers"),
         "orphan_tensor": ("module_in_container", "tensor_in_container", "non_leaf_attribute", "plain_attribute"),
         "device_mismatch": ("device",), "missing_grad": ("sharded_gradients",)}),
     Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides={
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
-        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "detached", "rewrapped",
+        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "integer_cut", "detached", "rewrapped",
                          "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
-                         "loss_without_graph", "unreachable",
+                         "loss_without_graph", "unreachable", "silenced_loss",
                          "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",
                          "traced_nothing", "came_back", "intermittent", "stalled", "not_a_target", "target_undecided",
                          "not_layerdrop", "layerdrop_undecided", "untraced"),

@@ -10,7 +10,6 @@ this one does not is resolved.
 
 from __future__ import annotations
 
-import os
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -208,11 +207,33 @@ def _chosen(inv: Inventory, optimizer: int | None) -> list[Any]:
     return [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else list(optimizers)
 
 
+def _replaced_at(new: torch.Tensor, inv: Inventory, target: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the user's statement that made the new tensor stands, when the registration hooks saw it
+    made: of the user's frames that ran the registration (innermost first:
+    ``Hetero.__init__``'s ``setattr``, then ``model = Hetero(model)``), the first statement that stands
+    after the optimizer's, in its file and at its indentation (``replaced_span``). A fix that adds the
+    new tensors goes there, not after the optimizer's statement, where the name still holds the old
+    module; none found: ``None`` (the fix is not placed)."""
+    seen, at = inv.appeared(new, 0), target.get("at")
+    if at is None:
+        return {}
+    if seen is None:  # not seen made: after the optimizer's statement the fix would name tensors not made yet
+        return {"replaced_span": None}
+    for where in seen[2]:
+        span = fixes.statement_span(where)
+        if span and at and span["path"] == at["path"] and span["indent"] == at["indent"] and span["start"] > at["end"]:
+            return {"replaced_span": span}
+    return {"replaced_span": None}
+
+
 def _rebuild_fix(m: Members) -> tuple[str, Remedy]:
     """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
     target = m.first["target"]
     if target["framework"] == "lightning":
         return _LIGHTNING_REBUILD.format(which="new"), ADVICE
+    spans = [a["replaced_span"] for a in m.args if "replaced_span" in a]
+    if spans:  # after the last statement that made a new one (none found: the fix is not placed)
+        target = {**target, "at": max(spans, key=lambda s: s["end"]) if all(spans) else None}
     which = f"`{target['variable']}`" if target["variable"] else "your optimizer"
     params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
     add, remedy = fixes.add_words(params, target, what="the new parameters")
@@ -228,31 +249,14 @@ def _regroup_fix(target: Mapping[str, Any]) -> str:
             "so that it holds the current parameters")
 
 
-def _after_rebuild(target: dict[str, Any], inv: Inventory, tensor: Any) -> dict[str, Any]:
-    """``target`` with its fix placed where the new tensors exist: after the statement that registered
-    ``tensor``, when it stands after the optimizer's in the same block of the same file; else no
-    place (after the optimizer's statement, the fix would name tensors not made yet)."""
-    at = target.get("at")
-    if at is None:
-        return target
-    seen = inv.appeared(tensor, 0) if tensor is not None else None
-    if seen is None:
-        return {**target, "at": None}
-    # (registered earlier in the file: inside a function or class it defines, called from who knows where)
-    path, _, line = seen[0].rpartition(":")
-    later = fixes.statement_span(seen[0]) if os.path.abspath(path) == at["path"] and line.isdigit() \
-        and int(line) > at["end"] else None
-    return {**target, "at": later if later is not None and later["indent"] == at["indent"] else None}
-
-
 def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     old_shape, new_shape = shape_of(pair.old), shape_of(pair.new)
     return make("stale_param", pair.name, "error", "replaced", {
         "optimizer": pair.optimizer, "old_shape": list(old_shape) if old_shape is not None else None,
         "new_shape": list(new_shape) if new_shape is not None else None,
-        "target": _after_rebuild(fixes.inventory_target(inv, _chosen(inv, pair.optimizer)), inv, pair.new),
-        "param_code": fixes.model_tensor_code(pair.name, inv)},
+        "target": (target := fixes.inventory_target(inv, _chosen(inv, pair.optimizer))),
+        "param_code": fixes.model_tensor_code(pair.name, inv), **_replaced_at(pair.new, inv, target)},
         tensor=pair.new, step=step, optimizer=pair.optimizer,
         old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
         group=stale_group_key(pair.optimizer))
@@ -284,10 +288,9 @@ def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: In
     code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
     return make("stale_param", info.name, "error", "module_replaced", {
-        "optimizer": i, "owner": code_ or module,
-        "target": _after_rebuild(fixes.inventory_target(inv, _chosen(inv, i)), inv, inv.tensors[k]),
+        "optimizer": i, "owner": code_ or module, "target": (target := fixes.inventory_target(inv, _chosen(inv, i))),
         "module_params": code_ and fixes.trainable_params_code(code_, inv.modules[module]),
-        "param_code": fixes.model_tensor_code(info.name, inv)},
+        "param_code": fixes.model_tensor_code(info.name, inv), **_replaced_at(inv.tensors[k], inv, target)},
         tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i))
 
 

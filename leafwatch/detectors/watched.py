@@ -196,8 +196,8 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
             continue
         if entry.expect_leaf and not entry.is_leaf:
             out.append(leaves.non_leaf(entry.name, t, step=step, inventory=inventory, found=entry.origin,
-                                where=f" (watched at {entry.location})", watched=entries, location=entry.location
-                                ).with_details(source="watch"))
+                                where=f" (watched at {entry.location})", watched=entries, location=entry.location,
+                                hand_over=True).with_details(source="watch"))
             continue
         if not entry.expect_grad:
             continue

@@ -113,8 +113,9 @@ class CallbackBase:
         if self._console is not None:
             self._console.report(report)
 
-    def _check(self, optimizer: Any, step: int) -> None:
-        """Check before the optimizer step ``step``; in strict mode raise LeafwatchError on an open error."""
+    def _check(self, optimizer: Any, step: int, loss: Any = None) -> None:
+        """Check before the optimizer step ``step`` (``loss``: the loss, when the framework handed one worth
+        walking); in strict mode raise LeafwatchError on an open error."""
         monitor = self.monitor
         if monitor is None:
             return
@@ -125,7 +126,7 @@ class CallbackBase:
                 monitor.set_roots(roots, discovery.paths)  # read from this check on, by the user's paths
             elif discovery is not None and not discovery.armed:  # stable, its hook gone: nothing more to read
                 self._step_modules = None
-            monitor.check(optimizer, step=step)
+            monitor.check(optimizer, step=step, loss=loss)
         except LeafwatchError:
             # Strict mode stops training here: remove the hooks and write the records first.
             self._close(print_table=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import weakref
 from collections.abc import Iterable
 from types import FrameType
 from typing import Any
@@ -61,6 +62,26 @@ _ZERO_GRADIENT_OPS: dict[Any, str] = {
 #: it as it is): a cut only when the result does not require grad.
 _MAY_KEEP_GRAPH = {torch.tensor, torch.as_tensor}
 _SET_GRAD_ENABLED = torch._C._set_grad_enabled
+#: Conversions that may give an integer (or bool) tensor, which carries no gradient in any form: a cut
+#: when the result is one (``.round().long()`` pixel indices).
+_INTEGER_METHODS: dict[Any, str] = {
+    **{getattr(torch.Tensor, n): f"`.{n}()`" for n in ("long", "int", "short", "char", "byte", "bool")},
+    torch.Tensor.to: "`.to(...)`", torch.Tensor.type: "`.type(...)`"}
+#: Autograd nodes of ops whose gradient is zero almost everywhere, as the words name them.
+_STEP_NODES = {"RoundBackward": "round", "FloorBackward": "floor", "CeilBackward": "ceil", "TruncBackward": "trunc",
+               "SignBackward": "sign", "FracBackward": "frac"}
+#: The calls that switch a tensor's ``requires_grad`` on in place (``t.requires_grad_()``, ``t.requires_grad = True``).
+_SWITCHES_ON = {torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__}
+
+
+@dataclasses.dataclass(frozen=True)
+class SwitchedOn:
+    """A leaf tensor whose ``requires_grad`` a forward switched on in place, and where: ``called_from``
+    is the user's line that called into the library holding ``place`` (None: ``place`` is the user's)."""
+
+    tensor: weakref.ReferenceType
+    place: Place
+    called_from: Place | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +138,26 @@ class Cut:
     complete: bool = True
     #: The leaves the op was applied to themselves (`self.weight.data`), not to a value made from them.
     direct: set[int] = dataclasses.field(default_factory=set)
+    #: The integer dtype the op converted to (``torch.int64``): no gradient in any form; None for another cut.
+    integer: str | None = None
+    #: The ops of zero gradient met upstream of an integer cut (``floor``, ``round``): the values were rounded.
+    steps: tuple[str, ...] = ()
+
+
+def is_integer(dtype: Any) -> bool:
+    """Whether ``dtype`` is a torch dtype that holds no gradient (integers, bool)."""
+    return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex)
+
+
+def _steps_upstream(sources: list[torch.Tensor], limit: int = MAX_NODES_PER_SITE) -> tuple[str, ...]:
+    found: dict[str, None] = {}
+    seen: set[int] = set()
+    for t in sources:
+        for node in graph.iter_nodes(t.grad_fn, limit, seen):
+            step = _STEP_NODES.get(type(node).__name__.rstrip("0123456789"))
+            if step is not None:
+                found[step] = None
+    return tuple(found)
 
 
 def _is_internal(filename: str) -> bool:
@@ -172,6 +213,8 @@ class CutRecorder(TorchFunctionMode):
         self._order = first_order
         #: Where grad mode was switched off inside the forward (a ``with torch.no_grad():`` line).
         self._off_at: tuple[str, tuple[Place, Place | None]] | None = None
+        #: Leaf tensors whose ``requires_grad`` was switched on in place during the forward, by id.
+        self.switched_on: dict[int, SwitchedOn] = {}
         #: The first error inside the mode; the Tracer warns once and trusts nothing it recorded.
         self.error: BaseException | None = None
 
@@ -188,7 +231,15 @@ class CutRecorder(TorchFunctionMode):
                 self._op_without_grad(func, args)
             elif func in _ZERO_GRADIENT_OPS and self.error is None:
                 self._zero_gradient(func, args)
+            elif func in _SWITCHES_ON and self.error is None:
+                self._switch_on(func, args, kwargs)
+            elif func in _INTEGER_METHODS and self.error is None and args and isinstance(args[0], torch.Tensor) \
+                    and args[0].requires_grad:
+                return self._to_integer(func, args, kwargs)
             return func(*args, **kwargs)
+        integer = kwargs.get("dtype") if func in _MAY_KEEP_GRAPH and is_integer(kwargs.get("dtype")) else None
+        if integer is not None:  # `torch.as_tensor(box, dtype=torch.long)`: indices
+            op = (f"{op[0][:-5]}..., dtype={integer})`", op[1])
         # The inputs of the cutting op that require grad (``torch.tensor([a, b])`` reads each).
         cut_from = args[:1] if args and (isinstance(args[0], torch.Tensor) or func is torch.tensor) else ()
         sources = _inputs_with_grad(cut_from) if self.error is None else []
@@ -198,6 +249,8 @@ class CutRecorder(TorchFunctionMode):
         try:
             where = place_of_call(sys._getframe(1))
             cut = self._cut(op, where, sources) if where is not None else None
+            if cut is not None and integer is not None and cut.integer is None:
+                cut.integer, cut.steps = str(integer), _steps_upstream(sources)
         except Exception as error:
             self.error, cut = error, None
         result = func(*args, **kwargs)
@@ -231,6 +284,34 @@ class CutRecorder(TorchFunctionMode):
                 self._cut((op, 0), where, sources)
         except Exception as error:
             self.error = error
+
+    def _switch_on(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
+        """``t.requires_grad_()`` / ``t.requires_grad = True`` on a leaf: where (a registered buffer a
+        library's forward switches on is that library's constant, not a tensor meant to train)."""
+        try:
+            t = args[0] if args else None
+            on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
+            if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
+                    or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
+                return
+            where = place_of_call(sys._getframe(2))
+            if where is not None:
+                self.switched_on[id(t)] = SwitchedOn(weakref.ref(t), *where)
+        except Exception as error:
+            self.error = error
+
+    def _to_integer(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> Any:
+        """``.long()``/``.to(torch.long)``/... of a tensor that requires grad: a cut when it gives integers."""
+        result = func(*args, **kwargs)
+        try:
+            if isinstance(result, torch.Tensor) and is_integer(result.dtype):
+                where = place_of_call(sys._getframe(2))
+                cut = self._cut((_INTEGER_METHODS[func], 1), where, [args[0]]) if where is not None else None
+                if cut is not None and cut.integer is None:
+                    cut.integer, cut.steps = str(result.dtype), _steps_upstream([args[0]])
+        except Exception as error:
+            self.error = error
+        return result
 
     def _zero_gradient(self, func: Any, args: tuple[Any, ...]) -> None:
         try:

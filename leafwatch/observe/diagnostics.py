@@ -75,6 +75,7 @@ class Diagnostics:
         """Remove every diagnostic hook (the loop watch's sentinels too)."""
         self.tracer.disarm()
         self.tracer.zero_ops.clear()
+        self.tracer.switched_on.clear()
         self.arrivals.disarm()
         self.sentinels.close()
 

@@ -340,12 +340,18 @@ class Discovery:
 
     def script_variables(self) -> dict[int, str]:
         """Id of each module and optimizer of the script's module-level variables -> its name (the
-        first name: a loop variable comes later), read while the script runs and kept (names and
+        first name: a loop variable comes later; ``opts[1]`` for an optimizer of a plain list), read while the script runs and kept (names and
         ids only) for the fixes decided after it ended."""
         variables: dict[int, str] = {}
         for key, value in _script_scope().items():
-            if isinstance(value, (nn.Module, torch.optim.Optimizer)) and not key.startswith("_"):
+            if key.startswith("_"):
+                continue
+            if isinstance(value, (nn.Module, torch.optim.Optimizer)):
                 variables.setdefault(id(value), key)
+            elif isinstance(value, (list, tuple)) and key.isidentifier():  # `opts[1]`, before the loop's `opt`
+                for i, item in enumerate(value[:100]):
+                    if isinstance(item, torch.optim.Optimizer):
+                        variables.setdefault(id(item), f"{key}[{i}]")
         if variables:
             self._variables = variables
         return dict(self._variables)

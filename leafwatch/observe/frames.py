@@ -170,6 +170,27 @@ def on_stack(frame: FrameType | None, limit: int, matches: Callable[[str], bool]
     return False
 
 
+def library_of(path: str) -> tuple[str, str] | None:
+    """``("pyro", "pyro/optim/optim.py")`` for a file of an installed package (its top-level name and
+    its path from the folder that holds it); None for the user's code, the standard library's own files
+    and leafwatch."""
+    path = os.path.abspath(path)
+    holders = [d for d in installed_dirs() if path.startswith(d)] if not path.startswith(PACKAGE_DIR) else []
+    if not holders or os.path.basename(os.path.normpath(max(holders, key=len))) not in ("site-packages", "dist-packages"):
+        return None
+    relative = path[len(max(holders, key=len)):].replace(os.sep, "/")
+    return (relative.split("/", 1)[0], relative) if "/" in relative else None
+
+
+def running(frame: FrameType | None, limit: int, code: Any) -> FrameType | None:
+    """The first of the ``limit`` frames from ``frame`` up that runs ``code`` (a code object), or None."""
+    while frame is not None and limit > 0:
+        if frame.f_code is code:
+            return frame
+        frame, limit = frame.f_back, limit - 1
+    return None
+
+
 def caller_location(*, frameworks: bool = False) -> str:
     """``file:line`` of the first frame of user code above the caller, ``"<unknown>"`` when none."""
     frame = _first_outside(sys._getframe(1), _prefixes(frameworks, ()))[0]

@@ -258,10 +258,13 @@ class Inventory:
         #: The registration mark when the optimizers were handed over, and where the Monitor's observer
         #: saw a tensor registered after a mark (:meth:`leafwatch.observe.observer.Observer.appeared`).
         self.optimizers_mark: int | None = None
-        self.appeared: Callable[[torch.Tensor, int | None], tuple[str, str] | None] = lambda t, after: None
+        self.appeared: Callable[[torch.Tensor, int | None], tuple[str, str, tuple[str, ...]] | None] = lambda t, after: None
         #: The registration mark when an optimizer was built, where its statement stands and the
         #: variable it assigns, when seen (:meth:`leafwatch.observe.observer.Observer.built`).
         self.built: Callable[[torch.optim.Optimizer], tuple[int, str, str] | None] = lambda optimizer: None
+        #: ``(the library, its path:line)`` when a library's code built the optimizer, not the user's
+        #: (:meth:`leafwatch.observe.observer.Observer.built_by`).
+        self.built_by: Callable[[torch.optim.Optimizer], tuple[str, str] | None] = lambda optimizer: None
         #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
         self.fix_names: dict[Any, Any] = {}
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import itertools
 import linecache
+import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from torch import nn
 from . import excepthook, frames, hooks
 from .discovery import Discovery, user_scope
 
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 #: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
 APPEARED_MAX = 50_000
 
@@ -51,6 +53,8 @@ class Observer:
         self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         #: optimizer -> (the registration mark when it was built, the user's ``path:line``, the variable assigned)
         self._built: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, str, str]] = weakref.WeakKeyDictionary()
+        #: optimizer -> (the library, the library's ``path:line`` that built it) for one a library's code built
+        self._built_by: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[str, str]] = weakref.WeakKeyDictionary()
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()
@@ -72,13 +76,16 @@ class Observer:
         """The number of the last registration seen: a tensor with a higher one came after now."""
         return self._last
 
-    def appeared(self, t: torch.Tensor, after: int | None) -> tuple[str, str] | None:
-        """``(path:line, function)`` of the user's code that registered ``t`` after the mark ``after``
-        (noted when the optimizers were handed over, so after they were built); None when not seen so."""
+    def appeared(self, t: torch.Tensor, after: int | None) -> tuple[str, str, tuple[str, ...]] | None:
+        """``(path:line, function, outer)`` of the user's code that registered ``t`` after the mark
+        ``after`` (noted when the optimizers were handed over, so after they were built): the innermost
+        user frame's line and function, and the lines of the user's frames from it outward (the
+        statement ``model = Hetero(model)`` that ran the ``__init__`` that registered it); None when
+        not seen so."""
         found = self._appeared.get(id(t))
         if after is None or found is None or found[0]() is not t or found[1] <= after:
             return None
-        return found[2], found[3]
+        return found[2], found[3], found[4]
 
     def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
         self.generation += 1
@@ -99,9 +106,10 @@ class Observer:
                 return
             where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
             function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
+            outer = tuple(f"{f.f_code.co_filename}:{f.f_lineno}" for f in itertools.islice(frames.outside(frame), 8))
             self._last = number = next(self._registrations)
             for t in tensors:
-                self._appeared[id(t)] = (weakref.ref(t), number, where, function)
+                self._appeared[id(t)] = (weakref.ref(t), number, where, function, outer)
         except Exception:
             pass
 
@@ -119,6 +127,10 @@ class Observer:
             if frame is not None and optimizer not in self._built:  # (zero_grad() may call it again)
                 where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
                 self._built[optimizer] = (self._last, where, _assigned_name(frame))
+                builder = next((f for f in frames.every_frame() if not f.f_code.co_filename.startswith(_TORCH_DIR)), None)
+                library = frames.library_of(builder.f_code.co_filename) if builder is not None else None
+                if library is not None and builder is not frame:
+                    self._built_by[optimizer] = (library[0], f"{library[1]}:{builder.f_lineno}")
         except Exception:
             pass
 
@@ -131,6 +143,11 @@ class Observer:
         """``(the registration mark then, path:line, the variable assigned)`` of the statement that built
         ``optimizer``, when seen."""
         return self._built.get(optimizer)
+
+    def built_by(self, optimizer: torch.optim.Optimizer) -> tuple[str, str] | None:
+        """``(the library, its path:line)`` when a library's code built ``optimizer`` (Pyro's ``PyroOptim``
+        builds one torch optimizer per parameter inside ``svi.step``), not the user's; None otherwise."""
+        return self._built_by.get(optimizer)
 
     def install(self, optimizers: Sequence[torch.optim.Optimizer], model: Any = None,
                 set_roots: Callable[..., None] | None = None) -> None:

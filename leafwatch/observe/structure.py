@@ -82,6 +82,7 @@ class StructureCache:
         self._flags_read_at = 0
         self._requires_grad_flags: tuple[bool, ...] = ()
         self._joined: tuple[tuple[tuple[str, ...], ...], tuple[str, ...]] = ((), ())
+        self._unheld: tuple[inventory.Inventory | None, tuple[str, ...]] = (None, ())
         self._restored_checks: dict[int | None, int] = {}
         #: Tensors left out of the per-step checks (target networks updated by other means).
         self.left_out: set[int] = set()
@@ -147,6 +148,28 @@ class StructureCache:
             joined = tuple(n for part in parts for n in part)
             self._joined = (parts, joined)
         return joined
+
+    def in_no_optimizer(self) -> tuple[str, ...]:
+        """The names of the tensors that require grad and that no optimizer holds (the model's
+        trainable tensors left out of every optimizer, and its orphans: plain attributes, tensors in
+        Python lists and dicts), at the last reading of the structure; empty when no optimizer was
+        given (then every trainable tensor is checked). The tensors found updated by other means
+        (:attr:`left_out`: target networks) are not among them. Worked out once per reading, when
+        first asked (by the sinks' event), and kept (same identity) until the structure is read
+        again (:meth:`leave_out` makes it read again).
+        """
+        inv = self.inventory
+        seen, names = self._unheld
+        if inv is seen:
+            return names
+        if inv is not None and self.optimizers:
+            held = inv.in_optimizer | self.left_out
+            names = tuple([inv.params[k].name for k, t in inv.tensors.items() if t.requires_grad and k not in held]
+                          + [o.name for o in inv.orphans() if id(o.tensor) not in held])
+        else:
+            names = ()
+        self._unheld = (inv, names)
+        return names
 
     def restore_checks(self, counts: Mapping[int | None, int]) -> None:
         """Check counts from a saved state, applied at the next rebuild."""
@@ -217,6 +240,7 @@ class StructureCache:
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
         inv.optimizers_mark, inv.appeared, inv.built = self.optimizers_mark, self.observer.appeared, self.observer.built
+        inv.built_by = self.observer.built_by
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts, frames
+from . import cuts, frames, functions
 from .names import ancestors
 
 if TYPE_CHECKING:
@@ -48,6 +48,10 @@ class RunRecord:
     #: Its forward ran with tensors in ``_parameters`` other than its registered parameters
     #: (``torch.func.functional_call``, a TensorDict's weights swapped in, a vmapped copy).
     substituted: bool = False
+    #: It ran (with grad off) inside the forward of this custom autograd.Function, and whether its own
+    #: parameters were among the tensors given to that Function's ``apply``.
+    in_function: functions.FunctionCall | None = None
+    function_inputs: bool = False
 
 
 def _items(value: Any) -> list[Any] | None:
@@ -104,6 +108,8 @@ class Tracer:
         #: Where an op of zero gradient ran on a tensor that requires grad (kept for the whole run:
         #: the value checks that find its gradient exactly zero come steps later), by site.
         self.zero_ops: dict[Any, cuts.Cut] = {}
+        #: Leaf tensors a forward switched to ``requires_grad`` in place, and where (kept for the run).
+        self.switched_on: dict[int, cuts.SwitchedOn] = {}
         self._cut_index: dict[int, cuts.Cut] | None = None
         self._recorder: cuts.CutRecorder | None = None
         self._depth = 0
@@ -245,6 +251,23 @@ class Tracer:
             for key, site in recorder.zero_ops.items():
                 if len(self.zero_ops) < cuts.MAX_SITES:
                     self.zero_ops.setdefault(key, site)
+            for key, seen in recorder.switched_on.items():
+                if len(self.switched_on) < cuts.MAX_SITES:
+                    self.switched_on[key] = seen
+
+    def switched_on_by_library(self, t: torch.Tensor) -> cuts.Place | None:
+        """Where a library's code (not the user's) switched ``t`` to ``requires_grad`` in place during an
+        instrumented forward (vector-quantize-pytorch's ``loss = self.zero; loss.requires_grad_()``); None
+        when that was not seen, or the user's own line did it."""
+        seen = self.switched_on.get(id(t))
+        if seen is None or seen.tensor() is not t or seen.called_from is None:
+            return None
+        return seen.place
+
+    def switched_on_by_user(self, t: torch.Tensor) -> cuts.Place | None:
+        """Where the user's own line switched ``t`` to ``requires_grad`` in place during an instrumented forward."""
+        seen = self.switched_on.get(id(t))
+        return seen.place if seen is not None and seen.tensor() is t and seen.called_from is None else None
 
     def _recorder_failed(self, error: BaseException) -> None:
         """What the recorder saw is incomplete: no cut is named from it, and it stops for good (called
@@ -268,6 +291,8 @@ class Tracer:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             # The hook runs inside the user's forward: a failure here must never stop training.
             try:
+                if functions.in_backward():
+                    return  # re-run for a backward (an adjoint, a recomputation): not the step's forward
                 record_run(module, args, output)
             except Exception as error:
                 # What this hook saw is incomplete: explain nothing from it rather than guess.
@@ -293,6 +318,8 @@ class Tracer:
             else:
                 record.in_checkpoint = record.in_checkpoint or frames.on_stack(
                     sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
+                if record.in_function is None:
+                    _read_function(record, module, sys._getframe(1))
             inputs = [a for a in args if isinstance(a, torch.Tensor)]
             record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
             record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
@@ -315,6 +342,15 @@ class Tracer:
                     pass
 
         return hook
+
+
+def _read_function(record: RunRecord, module: nn.Module, frame: Any) -> None:
+    """A module that runs with grad off: the custom autograd.Function whose forward it runs inside, if
+    any (torch's reentrant checkpoint keeps its own cause), and whether it was given the module's parameters."""
+    call = functions.function_call(frame)
+    if call is not None and not call.checkpoint:
+        own = {id(p) for p in module._parameters.values() if p is not None}
+        record.in_function, record.function_inputs = call, bool(own) and own <= call.inputs
 
 
 def _own_parameters(module: nn.Module) -> dict[str, int]:

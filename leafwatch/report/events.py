@@ -21,6 +21,8 @@ class CheckEvent:
         names: The names of the tensors checked, in order.
         missing: Indices into ``names`` of the tensors without a gradient at this check.
         coverage: The fraction of ``names`` that had a gradient (None when nothing was checked).
+        in_no_optimizer: The names of the tensors that require grad and that no optimizer holds
+            (nothing updates them: they are never in ``names``); empty when no optimizer was given.
     """
 
     step: int
@@ -30,6 +32,7 @@ class CheckEvent:
     names: tuple[str, ...]
     missing: list[int]
     coverage: float | None
+    in_no_optimizer: tuple[str, ...] = ()
 
 
 class Sinks:

@@ -67,6 +67,11 @@ leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoa
         "missed": {name_index: [[i, j], ...]}   # ranges of positions in that list of checks
     }}}
     A group is the index of the optimizer that stepped ("all" when none was given).
+    "in_no_optimizer": [{"names": [qualified names of the tensors that require grad and that no
+        optimizer holds: nothing updates them], "steps": [[first, last], ...] (the checks while
+        that was so)}, ...]: one entry per set of such tensors, in order (a late optimizer can take
+        some); absent when every such tensor is in an optimizer, when no optimizer was given, and in
+        records written before it (read as none).
 """
 
 
@@ -96,9 +101,13 @@ def encode_report(report: Mapping[str, Any], patch: Mapping[str, Any] | None = N
     return json.dumps({"version": RECORD_VERSION, **report, **({"patch": dict(patch)} if patch is not None else {})})
 
 
-def encode_coverage(chunk: int, groups: Mapping[str, Any]) -> bytes:
-    """The ``leafwatch/coverage/NNNNNN`` record of one chunk: zlib-compressed compact JSON."""
-    record = {"version": RECORD_VERSION, "chunk": chunk, "groups": dict(groups)}
+def encode_coverage(chunk: int, groups: Mapping[str, Any],
+                    in_no_optimizer: list[dict[str, Any]] | None = None) -> bytes:
+    """The ``leafwatch/coverage/NNNNNN`` record of one chunk: zlib-compressed compact JSON
+    (``in_no_optimizer`` only when there is one)."""
+    record: dict[str, Any] = {"version": RECORD_VERSION, "chunk": chunk, "groups": dict(groups)}
+    if in_no_optimizer:
+        record["in_no_optimizer"] = list(in_no_optimizer)
     return zlib.compress(json.dumps(record, separators=(",", ":")).encode("utf-8"), 6)
 
 

@@ -53,6 +53,21 @@ class _Group:
                 "missed": {str(k): v for k, v in self.missed.items()}}
 
 
+class _InNoOptimizer:
+    """The tensors that no optimizer holds, and the steps of the checks while that was so."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+        self.steps: list[list[int]] = []
+
+    def add(self, step: int) -> None:
+        if not self.steps or self.steps[-1][1] < step:  # (two optimizers checked at one step: once)
+            _ranges_append(self.steps, step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"names": list(self.names), "steps": self.steps}
+
+
 def tensor_summary(tag: str, payload: str | bytes) -> Any:
     """A ``Summary`` proto holding one string (UTF-8 JSON, or zlib-compressed JSON), tagged for
     the Leafwatch plugin."""
@@ -109,13 +124,15 @@ class TensorBoardSink:
         self._chunk: int | None = None
         self._groups: dict[str, _Group] = {}
         self._current: dict[str, str] = {}
+        self._in_no_optimizer: list[_InNoOptimizer] = []
         self._last_step = 0
         self._written: tuple[int, int] | None = None  # (id of the report, step) last written
 
     def stats(self) -> dict[str, int]:
         """Sizes of the per-chunk coverage state (reset at every chunk), for tests of its bounds."""
         return {"coverage_groups": len(self._groups),
-                "max_steps_in_a_group": max((len(g.steps) for g in self._groups.values()), default=0)}
+                "max_steps_in_a_group": max((len(g.steps) for g in self._groups.values()), default=0),
+                "in_no_optimizer_sets": len(self._in_no_optimizer)}
 
     # -- the sink ----------------------------------------------------------------------------
     def __call__(self, event: CheckEvent) -> None:
@@ -167,7 +184,7 @@ class TensorBoardSink:
         chunk = (event.step - 1) // self.chunk_steps
         if self._chunk is not None and chunk != self._chunk:
             self._flush_chunk()
-            self._groups, self._current = {}, {}
+            self._groups, self._current, self._in_no_optimizer = {}, {}, []
         self._chunk = chunk
         base = "all" if event.optimizer is None else str(event.optimizer)
         key = self._current.get(base, base)
@@ -179,11 +196,19 @@ class TensorBoardSink:
             group = self._groups[key] = _Group(event.names)
             self._current[base] = key
         group.add(event.step, event.missing)
+        unheld = event.in_no_optimizer
+        if unheld:
+            last = self._in_no_optimizer[-1] if self._in_no_optimizer else None
+            if last is None or (last.names is not unheld and last.names != unheld):
+                last = _InNoOptimizer(unheld)
+                self._in_no_optimizer.append(last)
+            last.add(event.step)
 
     def _flush_chunk(self) -> None:
         if self._chunk is None or not self._groups:
             return
-        payload = records.encode_coverage(self._chunk, {k: g.to_dict() for k, g in self._groups.items()})
+        payload = records.encode_coverage(self._chunk, {k: g.to_dict() for k, g in self._groups.items()},
+                                          [u.to_dict() for u in self._in_no_optimizer])
         self._add_record(records.coverage_tag(self._chunk), payload, self._last_step)
 
     def _add_record(self, tag: str, payload: str | bytes, step: int) -> None:

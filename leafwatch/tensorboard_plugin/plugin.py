@@ -5,8 +5,9 @@ Routes, under ``/data/plugin/leafwatch``:
 - ``/index.js``, ``/style.css``: the page (plain JS and CSS, no build step, nothing external);
 - ``/runs``: the runs with Leafwatch records;
 - ``/findings?run=R``: the latest ``leafwatch/report`` of run R (every run without ``run``);
-- ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R, steps binned into at
-  most N columns (200 by default), optionally only the steps from A to B.
+- ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R (every run without
+  ``run``, on one step axis, each row naming its run), steps binned into at most N columns (200
+  by default), optionally only the steps from A to B.
 
 The records are the ones :class:`leafwatch.TensorBoardSink` writes; their
 tags and format are in :mod:`leafwatch.report.records`, and findings are listed in the order of
@@ -18,6 +19,7 @@ torch-free modules only.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import math
 import os
@@ -79,11 +81,17 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
         [('experts', ['experts.2', 'experts.10'])]
     """
     dicts = [f for f in findings if isinstance(f, dict)]
+    # A finding's patch hunk (a unified diff of the user's file, recorded with the run) is the
+    # record's, not the Finding's words: kept across the reading.
+    hunks = {(f.get("kind"), f.get("name")): f["hunk"] for f in dicts if isinstance(f.get("hunk"), str)}
     try:
         dicts = [f.to_dict() for f in group_findings(Finding.from_dict(f) for f in dicts)]
     except (TypeError, ValueError, KeyError, AttributeError):
         pass  # not findings this version can read: shown as they are
     out = [{**f, "sort_key": _flat(sort_key_of(f))} for f in dicts]
+    for f in out:
+        if not f.get("hunk") and (f.get("kind"), f.get("name")) in hunks:
+            f["hunk"] = hunks[f.get("kind"), f.get("name")]
     out.sort(key=lambda f: tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in f["sort_key"]))
     return out
 
@@ -121,23 +129,31 @@ def _clip(ranges: Iterable[list[int]], lo: int, hi: int) -> list[list[int]]:
     return [[max(a, lo), min(b, hi)] for a, b in ranges if b >= lo and a <= hi]
 
 
-def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS, *,
-                  first: int | None = None, last: int | None = None) -> dict[str, Any]:
+def coverage_grid(records: Iterable[Mapping[str, Any]] | Mapping[str, Iterable[Mapping[str, Any]]],
+                  bins: int = DEFAULT_BINS, *, first: int | None = None, last: int | None = None) -> dict[str, Any]:
     """Bins coverage records into a grid: one row per tensor, at most ``bins`` step columns.
 
     A cell counts, for its steps, the checks of that tensor (``profiles[row.profile][col]``)
     and those without a gradient (``row.missed_cols``); a step at which the tensor was not
-    checked (another optimizer stepped) counts in neither.
+    checked (another optimizer stepped) counts in neither. The tensors that no optimizer held
+    (the records' ``in_no_optimizer``) are rows of their own, marked ``in_no_optimizer``: their
+    profile counts the checks while no optimizer held them (nothing updated them then), and they
+    miss nothing (their gradients are not read at each step). A record written before
+    ``in_no_optimizer`` existed has none of those rows.
 
     Args:
-        records: The latest ``leafwatch/coverage/NNNNNN`` record of each chunk.
+        records: The latest ``leafwatch/coverage/NNNNNN`` record of each chunk of one run; or a
+            mapping from each run to its records: every run on one step axis, each row naming its
+            ``run`` (the tab's "All runs").
         bins: The most columns.
         first, last: Keep only these steps (inclusive); None keeps all.
 
     Returns:
         ``{"first_step", "last_step", "width", "columns": [[a, b], ...], "profiles": [[checks
-        per column], ...], "rows": [{"name", "profile", "checks", "missed", "missed_cols":
-        [[col, n], ...], "missed_steps": [[a, b], ...], "missed_steps_truncated"}], "chunks"}``.
+        per column], ...], "rows": [{"name", "in_no_optimizer", "profile", "checks", "missed",
+        "missed_cols": [[col, n], ...], "missed_steps": [[a, b], ...], "missed_steps_truncated"}],
+        "chunks"}``; with a mapping, each row also has its ``"run"`` and ``"chunks"`` maps each
+        run to its chunk numbers.
 
     Raises:
         ValueError: when ``bins`` is not an int >= 1.
@@ -145,59 +161,89 @@ def coverage_grid(records: Iterable[Mapping[str, Any]], bins: int = DEFAULT_BINS
     Example::
 
         >>> grid = coverage_grid([{"version": 1, "chunk": 0, "groups": {"all": {
-        ...     "names": ["a", "b"], "steps": [[1, 4]], "missed": {"1": [[2, 3]]}}}}])
-        >>> [(r["name"], r["missed_steps"]) for r in grid["rows"]]
-        [('a', []), ('b', [[3, 4]])]
+        ...     "names": ["a", "b"], "steps": [[1, 4]], "missed": {"1": [[2, 3]]}}},
+        ...     "in_no_optimizer": [{"names": ["c"], "steps": [[1, 4]]}]}])
+        >>> [(r["name"], r["in_no_optimizer"], r["missed_steps"]) for r in grid["rows"]]
+        [('a', False, []), ('b', False, [[3, 4]]), ('c', True, [])]
     """
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"`bins` must be an int >= 1, got {bins!r}")
-    groups, chunks = _read_groups(records, first, last)
+    by_run = records if isinstance(records, Mapping) else {None: records}
+    groups: list[_Group] = []
+    chunks: dict[Any, list[int]] = {}
+    for run, run_records in by_run.items():
+        chunks[run] = _read_groups(run, run_records, first, last, groups)
+    chunks_out: Any = chunks if isinstance(records, Mapping) else chunks[None]
     if not groups:
         return {"first_step": None, "last_step": None, "width": 1, "columns": [], "profiles": [],
-                "rows": [], "chunks": chunks}
-    origin = min(s[0][0] for _, s, _ in groups)
-    end = max(s[-1][1] for _, s, _ in groups)
+                "rows": [], "chunks": chunks_out}
+    origin = min(g.steps[0][0] for g in groups)
+    end = max(g.steps[-1][1] for g in groups)
     width = max(1, math.ceil((end - origin + 1) / bins))
     ncols = (end - origin) // width + 1
     columns = [[origin + c * width, min(end, origin + (c + 1) * width - 1)] for c in range(ncols)]
-    group_checks = [_binned(steps, origin, width, ncols) for _, steps, _ in groups]
+    profiles, rows = _grid_rows(groups, origin, width, ncols, with_run=isinstance(records, Mapping))
+    return {"first_step": origin, "last_step": end, "width": width, "columns": columns,
+            "profiles": profiles, "rows": rows, "chunks": chunks_out}
+
+
+def _grid_rows(groups: list[_Group], origin: int, width: int, ncols: int, *,
+               with_run: bool) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """The grid's profiles (checks per column, shared by the rows checked in the same groups) and
+    its rows, in first-seen order (each naming its run when ``with_run``)."""
+    group_checks = [_binned(g.steps, origin, width, ncols) for g in groups]
     profiles: list[list[int]] = []
     profile_index: dict[tuple[int, ...], int] = {}
     rows = []
-    for name, row in _rows_by_name(groups).items():
+    for (run, unheld, name), row in _rows_by_name(groups).items():
         key = tuple(row["groups"])
         if key not in profile_index:
             profile_index[key] = len(profiles)
             profiles.append([sum(column) for column in zip(*(group_checks[g] for g in key))])
-        rows.append(_row(name, profile_index[key], profiles[profile_index[key]], row["missed_steps"],
-                         sort=len(key) > 1, origin=origin, width=width, ncols=ncols))
-    return {"first_step": origin, "last_step": end, "width": width, "columns": columns,
-            "profiles": profiles, "rows": rows, "chunks": chunks}
+        out = _row(name, profile_index[key], profiles[profile_index[key]], row["missed_steps"],
+                   sort=len(key) > 1, origin=origin, width=width, ncols=ncols)
+        out["in_no_optimizer"] = unheld
+        if with_run:
+            out["run"] = run
+        rows.append(out)
+    return profiles, rows
 
 
-# One group of a coverage record: its tensor names, its checked step ranges, and for each
-# name index the step ranges at which that tensor had no gradient.
-_Group = tuple[list[str], list[list[int]], dict[int, list[list[int]]]]
+@dataclasses.dataclass
+class _Group:
+    """One group of a coverage record: its run, its tensor names, its checked step ranges, for each
+    name index the step ranges at which that tensor had no gradient, and whether these are the
+    tensors that no optimizer held (checked steps: the checks while that was so)."""
+
+    run: Any
+    names: list[str]
+    steps: list[list[int]]
+    missed: dict[int, list[list[int]]]
+    in_no_optimizer: bool = False
 
 
-def _read_groups(records: Iterable[Mapping[str, Any]], first: int | None,
-                 last: int | None) -> tuple[list[_Group], list[int]]:
-    """The groups of every record, in chunk order, clipped to ``[first, last]``; and the chunk numbers."""
-    groups: list[_Group] = []
+def _read_groups(run: Any, records: Iterable[Mapping[str, Any]], first: int | None, last: int | None,
+                 groups: list[_Group]) -> list[int]:
+    """Adds the groups of every record of ``run`` to ``groups``, in chunk order, clipped to
+    ``[first, last]``, then its tensors in no optimizer; returns its chunk numbers."""
     chunks = []
+    lo = first if first is not None else -(2**62)
+    hi = last if last is not None else 2**62
+    unheld: list[_Group] = []
     for record in sorted(records, key=lambda r: int(r.get("chunk", 0))):
         chunks.append(int(record.get("chunk", 0)))
         for group in (record.get("groups") or {}).values():
             steps = group.get("steps") or []
-            missed = {int(k): _ranges_to_steps(steps, v) for k, v in (group.get("missed") or {}).items()}
-            if first is not None or last is not None:
-                lo = first if first is not None else -(2**62)
-                hi = last if last is not None else 2**62
-                steps = _clip(steps, lo, hi)
-                missed = {k: _clip(v, lo, hi) for k, v in missed.items()}
+            missed = {int(k): _clip(_ranges_to_steps(steps, v), lo, hi) for k, v in (group.get("missed") or {}).items()}
+            steps = _clip(steps, lo, hi)
             if steps:
-                groups.append((list(group.get("names", [])), steps, missed))
-    return groups, chunks
+                groups.append(_Group(run, list(group.get("names", [])), steps, missed))
+        for entry in record.get("in_no_optimizer") or ():  # (absent from records written before it)
+            steps = _clip(entry.get("steps") or [], lo, hi)
+            if steps:
+                unheld.append(_Group(run, list(entry.get("names", [])), steps, {}, in_no_optimizer=True))
+    groups += unheld
+    return chunks
 
 
 def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) -> list[int]:
@@ -215,14 +261,15 @@ def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) ->
     return counts
 
 
-def _rows_by_name(groups: list[_Group]) -> dict[str, dict[str, Any]]:
-    """Each tensor name, in first-seen order: the groups it is checked in and its missed step ranges."""
-    order: dict[str, dict[str, Any]] = {}
-    for g, (names, _, missed) in enumerate(groups):
-        for index, name in enumerate(names):
-            row = order.setdefault(name, {"groups": [], "missed_steps": []})
+def _rows_by_name(groups: list[_Group]) -> dict[tuple[Any, bool, str], dict[str, Any]]:
+    """Each tensor by (run, in no optimizer, name), in first-seen order: the groups it is checked
+    in and its missed step ranges."""
+    order: dict[tuple[Any, bool, str], dict[str, Any]] = {}
+    for g, group in enumerate(groups):
+        for index, name in enumerate(group.names):
+            row = order.setdefault((group.run, group.in_no_optimizer, name), {"groups": [], "missed_steps": []})
             row["groups"].append(g)
-            row["missed_steps"].extend(missed.get(index, ()))
+            row["missed_steps"].extend(group.missed.get(index, ()))
     return order
 
 
@@ -380,17 +427,18 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         except ValueError as error:
             return _json_response(request, {"error": str(error)}, 400)
         listing = self._list(experiment, ctx)
-        if not run or run not in listing:
+        if run and run not in listing:
             return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
-        series = listing[run]
-        stamps = {t: (getattr(series[t], "max_step", None), getattr(series[t], "max_wall_time", None))
-                  for t in sorted(series) if is_coverage_tag(t)}
-        key = (experiment, run, bins, first, last, tuple(stamps.items()))
+        runs = [run] if run else sorted(listing)  # without `run`: every run, on one step axis
+        stamps = {r: {t: (getattr(listing[r][t], "max_step", None), getattr(listing[r][t], "max_wall_time", None))
+                      for t in sorted(listing[r]) if is_coverage_tag(t)} for r in runs}
+        key = (experiment, run or None, bins, first, last, tuple((r, tuple(s.items())) for r, s in stamps.items()))
         with self._lock:
             grid = self._grids.get(key)
         if grid is None:
-            grid = coverage_grid(self._coverage_records(ctx, experiment, run, stamps), bins, first=first, last=last)
-            grid["run"] = run
+            records = {r: self._coverage_records(ctx, experiment, r, stamps[r]) for r in runs}
+            grid = coverage_grid(records[run] if run else records, bins, first=first, last=last)
+            grid["run"] = run or None
             with self._lock:
                 self._grids[key] = grid
                 while len(self._grids) > 16:

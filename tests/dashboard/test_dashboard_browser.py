@@ -47,13 +47,52 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_gan_run(root / "gan")
     write_large_run(root / "large")
     write_mixed_run(root / "mixed")
+    _write_patched_run(root / "patched", tmp_path_factory.mktemp("patched_source"))
     return root
+
+
+#: The hunk the "patched" run records for its ``loss_weight`` finding (as a run records each code
+#: fix's hunk for the tab, without the sources).
+LOSS_WEIGHT_HUNK = """@@ -117,2 +117,3 @@
+     optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if n != "loss_weight"], lr=0.01)
++    optimizer.add_param_group({"params": [model.loss_weight]})
+     temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf
+"""
+
+
+def _write_patched_run(log_dir: Path, scratch: Path) -> None:
+    """The mixed run (trained in ``scratch``), its report record holding a hunk for its
+    ``loss_weight`` finding, written with its coverage records by one writer (one event file:
+    TensorBoard drops the records of a second file whose steps go back)."""
+    import json
+    import zlib
+
+    from tensorboard.backend.event_processing import event_accumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from leafwatch.report import records
+    from leafwatch.sinks.tensorboard import tensor_summary
+
+    report = write_mixed_run(scratch).to_dict()
+    for finding in report["findings"]:
+        if finding["name"] == "loss_weight":
+            finding["hunk"] = LOSS_WEIGHT_HUNK
+    acc = event_accumulator.EventAccumulator(str(scratch), size_guidance={"tensors": 0})
+    acc.Reload()
+    writer = SummaryWriter(str(log_dir))
+    for tag in acc.Tags()["tensors"]:
+        if records.is_coverage_tag(tag):
+            last = acc.Tensors(tag)[-1]
+            assert json.loads(zlib.decompress(last.tensor_proto.string_val[0]))["in_no_optimizer"]
+            writer._get_file_writer().add_summary(tensor_summary(tag, last.tensor_proto.string_val[0]), last.step)
+    writer._get_file_writer().add_summary(tensor_summary(records.REPORT_TAG, records.encode_report(report)), 3)
+    writer.close()
 
 
 @pytest.fixture(scope="module")
 def server(logs: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
     with tensorboard_server(logs, tmp_path_factory.mktemp("tensorboard")) as url:
-        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 4, 120, "runs not loaded")
+        wait_for(lambda: len(get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]) == 5, 120, "runs not loaded")
         yield url
 
 
@@ -203,6 +242,139 @@ def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -
     assert "head" not in out["onlyMissed"] and "unused.weight" in out["onlyMissed"]
     assert out["gan"] == ["generator_unused", "generator_unused.weight", "generator_unused.bias"]
     assert out["ganFindings"] == ["generator_unused"]  # the name filter stays
+
+
+_PICKER = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  const rows = () => [...document.querySelectorAll(".row")].map((r) =>
+    [r.dataset.run ?? null, r.dataset.kind, r.dataset.name, r.dataset.inNoOptimizer ?? null, r.querySelector(".stat").textContent]);
+  const note = () => document.getElementById("lw-coverage-note").textContent;
+  const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
+  await until(() => document.querySelector('.row[data-name="unused.weight"]'));
+  const out = { picked: document.getElementById("lw-run").value, first: rows() };
+  choose("lw-run", "mixed");
+  await until(() => document.querySelector(".row[data-in-no-optimizer]"));
+  out.mixed = rows();
+  out.mixedNote = note();
+  out.mixedFindings = [...document.querySelectorAll("tr.finding")].map((r) => [r.dataset.kind, r.dataset.name]);
+  const pixel = document.querySelector('.row[data-name="loss_weight"] canvas').getContext("2d").getImageData(1, 1, 1, 1).data;
+  out.unheldPixel = [pixel[0], pixel[1], pixel[2]];
+  const probe = document.createElement("span");
+  probe.style.color = "var(--unheld)";
+  document.body.append(probe);
+  out.unheldColour = getComputedStyle(probe).color;
+  choose("lw-run", "__all__");
+  await until(() => document.querySelector('.row[data-kind="run"]'));
+  out.allNote = note();
+  out.allFirst = rows();
+  document.querySelector('.row[data-kind="run"][data-name="large"] .toggle').click();  // its 2000 tensors
+  out.all = rows();
+  const body = document.querySelector(".grid-body");
+  body.scrollTop = body.scrollHeight;  // the rows below the view are drawn once scrolled to
+  body.dispatchEvent(new Event("scroll"));
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  for (const row of rows()) if (!out.all.some((seen) => JSON.stringify(seen) === JSON.stringify(row))) out.all.push(row);
+  choose("lw-run", "gan");
+  await until(() => document.querySelector('.row[data-name="generator_unused.weight"]') && !document.querySelector(".row[data-run]"));
+  out.gan = rows();
+  return out;
+})()"""
+
+
+def test_the_grid_follows_the_run_picker_and_shows_the_tensors_in_no_optimizer(tab_url: str, tmp_path: Path) -> None:
+    browser = DevTools(CHROMIUM, tmp_path / "profile")
+    try:
+        browser.open(tab_url)
+        out = browser.evaluate(_PICKER)
+    finally:
+        browser.close()
+    # The first run alphabetically, and its grid (every tensor of it in its optimizer).
+    assert out["picked"] == "buggy"
+    assert {run for run, *_ in out["first"]} == {None} and not any(row[3] for row in out["first"])
+    # The mixed run: its two tensors that no optimizer holds form a group of their own, after the
+    # others, marked as such, next to the findings that name them.
+    assert [row[1:] for row in out["mixed"][-3:]] == [
+        ["unheld", "in no optimizer", "true", "no optimizer"],
+        ["tensor", "loss_weight", "true", "no optimizer"],
+        ["tensor", "scale", "true", "no optimizer"]]
+    assert not any(row[3] for row in out["mixed"][:-3])
+    assert ["not_in_optimizer", "loss_weight"] in out["mixedFindings"] and ["orphan_tensor", "scale"] in out["mixedFindings"]
+    assert "8 tensors \u00d7 steps 1\u20133" in out["mixedNote"] and "2 in no optimizer" in out["mixedNote"]
+    unheld = [int(x) for x in out["unheldColour"][out["unheldColour"].index("(") + 1:-1].split(",")[:3]]
+    assert all(abs(a - b) <= 2 for a, b in zip(out["unheldPixel"], unheld)), out  # drawn in its own colour
+    # All runs: one row group per run, every row naming its run, on one step axis.
+    assert ["large", "run", "large", None, "2 missed"] in out["allFirst"]  # each run opens the way to its misses
+    assert ["large", "module", "blocks.3", None, "1 missed"] in out["allFirst"]
+    assert [row[2] for row in out["all"] if row[1] == "run"] == ["buggy", "gan", "large", "mixed", "patched"]
+    assert all(row[0] for row in out["all"])
+    assert [row[0] for row in out["all"] if row[2] == "loss_weight"] == ["mixed", "patched"]
+    assert {row[0] for row in out["all"] if row[2] == "unused.weight"} == {"buggy", "mixed", "patched"}
+    assert "of 5 runs \u00d7 steps 1\u20132000" in out["allNote"]
+    # Picking one run again shows that run alone.
+    assert {run for run, *_ in out["gan"]} == {None}
+    assert [None, "tensor", "generator_unused.weight", None, "missed 5/5"] in out["gan"]
+    assert {row[2] for row in out["gan"]} >= {"generator", "discriminator"} and "unused.weight" not in {row[2] for row in out["gan"]}
+
+
+_FIXES = """(async () => {
+  const until = async (f) => {
+    for (let i = 0; i < 300; i++) { const v = f(); if (v) return v; await new Promise((r) => setTimeout(r, 100)); }
+    throw new Error("timed out waiting for the tab");
+  };
+  await until(() => document.querySelector("tr.finding"));
+  const snippet = (r) => {
+    const s = r.querySelector(".fix-snippet");
+    if (!s) return null;
+    const place = s.querySelector(".place");
+    return { place: place.textContent, path: place.title, code: s.querySelector("pre").textContent,
+             hunk: s.classList.contains("hunk") };
+  };
+  const out = { fixes: Object.fromEntries([...document.querySelectorAll("tr.finding")].map((r) => [r.dataset.name, snippet(r)])) };
+  for (const name of ["loss_weight", "scale"]) {
+    const button = document.querySelector(`tr.finding[data-name="${name}"] .fix-snippet .copy`);
+    button.click();
+    await until(() => button.dataset.copied);
+    out[name] = { copied: button.dataset.copied, label: button.textContent, clipboard: await navigator.clipboard.readText() };
+  }
+  return out;
+})()"""
+
+
+def test_each_code_fix_shows_its_hunk_or_its_code_with_a_copy_button(
+        logs: Path, server: str, tab_url: str, tmp_path: Path) -> None:
+    from leafwatch.report.reader import read_reports
+
+    (cli,) = read_reports(str(logs / "patched"))
+    remedies = {f.name: f.remedy for f in cli.report}
+    browser = DevTools(CHROMIUM, tmp_path / "profile")
+    try:
+        browser.call("Browser.grantPermissions", {"origin": server,
+                                                  "permissions": ["clipboardReadWrite", "clipboardSanitizedWrite"]})
+        browser.open(f"{tab_url}&run=patched")
+        browser.call("Emulation.setFocusEmulationEnabled", {"enabled": True})
+        out = browser.evaluate(_FIXES)
+    finally:
+        browser.close()
+    fixes = out["fixes"]
+    # The hunk the run recorded, as a patch; without one, the code and the place it goes.
+    assert fixes["loss_weight"] == {"place": "patch", "path": remedies["loss_weight"].edit.path,
+                                    "code": LOSS_WEIGHT_HUNK, "hunk": True}
+    scale = remedies["scale"]
+    assert scale.applicability == "code" and scale.edit.action == "replace"
+    assert fixes["scale"] == {"place": f"_tensorboard_runs.py:{scale.edit.start}", "path": scale.edit.path,
+                              "code": scale.code + "\n", "hunk": False}
+    temperature = remedies["temperature"]
+    assert fixes["temperature"]["place"] == f"after _tensorboard_runs.py:{temperature.edit.end}"
+    assert fixes["temperature"]["code"] == temperature.code + "\n"
+    # Advice has no code to copy.
+    assert {name for name, fix in fixes.items() if fix is None} == {
+        name for name, remedy in remedies.items() if remedy is None or remedy.applicability == "words"} >= {"unused", "kept"}
+    # The button copies what it shows.
+    assert out["loss_weight"] == {"copied": "true", "label": "Copied", "clipboard": LOSS_WEIGHT_HUNK}
+    assert out["scale"] == {"copied": "true", "label": "Copied", "clipboard": scale.code}
 
 
 _TABLE = """(async () => {

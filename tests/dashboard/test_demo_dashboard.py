@@ -97,3 +97,17 @@ def test_the_tab_screenshot_of_the_demo_run_shows_its_open_errors(demo_server: s
     assert min(shares) > 0.5, list(zip([b["row"] for b in seen["badges"]], shares))
     if os.environ.get("LEAFWATCH_UPDATE_SCREENSHOT") == "1":
         SCREENSHOT.write_bytes(data)
+
+
+@pytest.mark.slow
+def test_the_grid_shows_the_demos_tensors_that_no_optimizer_holds_next_to_its_errors(demo_server: str) -> None:
+    """The two tensors the demo leaves out of its optimizer (the loss weight left out of
+    ``configure_optimizers``, the non-leaf temperature) never train: the grid shows them in a
+    group of their own, so its troubled tensors match the open errors."""
+    (run,) = get_json(f"{demo_server}/data/plugin/leafwatch/runs")["runs"]
+    grid = get_json(f"{demo_server}/data/plugin/leafwatch/coverage?run={run['run']}")
+    unheld = {row["name"]: row for row in grid["rows"] if row["in_no_optimizer"]}
+    assert set(unheld) == {"loss_weight", "temperature"}
+    assert all(row["checks"] == 6 and row["missed"] == 0 for row in unheld.values())
+    troubled = {row["name"] for row in grid["rows"] if row["missed"] or row["in_no_optimizer"]}
+    assert troubled == {name for _, name in DEMO_BUGS}

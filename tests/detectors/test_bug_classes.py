@@ -221,6 +221,31 @@ def test_audit_with_loss_tells_unreachable_parameters():
         assert "not reachable from the loss" in f.cause
 
 
+def test_audit_with_loss_never_advises_deleting_a_tensor_the_forward_may_use():
+    """A `.detach()` cut leaves nothing in the loss graph: the fix keeps the output in the graph
+    where the forward uses the tensor, and says nothing of deleting it (#46)."""
+    model = Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.randn(4, 3)).sum()
+    loss.backward()
+    (finding,) = leafwatch.audit(model, opt, loss=loss).by_kind("missing_grad")
+    assert (finding.name, finding.details["reason"]) == ("a", "unreachable")
+    assert "delete" not in finding.fix
+    assert "if the forward uses each of `a.{bias,weight}`, keep its output in the graph: no `.detach()`" in finding.fix
+
+
+def test_a_stateless_audit_says_no_step():
+    model = Detached()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 3)).sum().backward()
+    report = leafwatch.audit(model, opt)
+    (finding,) = report.by_kind("missing_grad")
+    assert (finding.name, finding.first_step, finding.last_step) == ("a", None, None)
+    assert "since" not in str(report) and "at step" not in str(report)
+    (stepped,) = leafwatch.audit(model, opt, step=7).by_kind("missing_grad")
+    assert stepped.first_step == 7 and "(since step 7)" in str(leafwatch.audit(model, opt, step=7))
+
+
 def test_audit_with_loss_before_backward_says_not_backpropagated():
     model = TwoLayer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

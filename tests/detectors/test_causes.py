@@ -154,3 +154,54 @@ def test_the_being_traced_placeholder_is_replaced_when_the_gradient_comes_back()
     assert "got one again at step 4" in final.cause
     assert final.status == "intermittent"
     assert all("being traced" not in f.cause for f in report)
+
+
+class _StraightThrough(torch.autograd.Function):
+    """A custom Function that runs a module in its forward and returns a gradient for its input only."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: nn.Module) -> torch.Tensor:  # type: ignore[override]
+        return fn(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        return grad, None
+
+
+class _Linear(torch.autograd.Function):
+    """A custom Function given its weights: its backward returns their gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x
+
+
+class InsideFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+        self.weight = nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _StraightThrough.apply(x, self.inner)  # applied here
+        return _Linear.apply(h, self.weight)
+
+
+def test_a_module_run_inside_a_custom_function_not_given_its_parameters_names_that_function() -> None:
+    report = _monitor_step(InsideFunction())
+    (f,) = report.findings  # `weight`, given to `_Linear.apply`, trains: no finding
+    assert report.names() == {"inner.weight", "inner.bias"}
+    assert (f.kind, f.details["reason"]) == ("missing_grad", "inside_function")
+    at = _line_of(InsideFunction.forward, "# applied here")
+    assert f.cause == (f"`inner` ran only inside the forward of the custom autograd.Function `_StraightThrough` "
+                       f"(applied at {at}). torch runs a Function's forward without autograd and sends gradients "
+                       "back only through its backward, to the tensors given to `_StraightThrough.apply`: none of "
+                       "`inner.{bias,weight}` was among them, so no gradient reaches them.")
+    assert f.fix.startswith("give `inner`'s parameters to `_StraightThrough.apply` as inputs: its backward returns "
+                            "gradients only for its inputs")

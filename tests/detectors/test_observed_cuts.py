@@ -407,3 +407,55 @@ def test_a_cut_inside_a_library_names_its_line_and_the_users_call(tmp_path, monk
                                   "<locals>.CallsTheLibrary.middle`)"), f.cause
         assert f.details["group"] == f".detach() at {at}"
         assert f"reached from your call at {at}" in f.fix
+
+
+class IntegerIndices(nn.Module):
+    """``offset`` only picks rows of ``table`` through rounded integer indices; ``shift`` is rewrapped as
+    a float tensor (a new leaf: torch ops on the tensor itself would keep it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.offset = nn.Parameter(torch.tensor(1.3))
+        self.shift = nn.Parameter(torch.zeros(3))
+        self.table = nn.Parameter(torch.randn(16, 3))
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        ids = torch.arange(x.shape[0])
+        idx = (ids + self.offset * 4).round().long().clamp(0, 15)  # cut: long
+        x = x + torch.tensor(self.shift.tolist())  # cut: float rewrap
+        return self.head(x + self.table[idx])
+
+
+def test_integer_indices_are_a_cut_that_says_no_op_carries_a_gradient_through_integers() -> None:
+    report = _one_step(IntegerIndices())
+    by_name = {f.name: f for f in report.findings}
+    assert set(by_name) == {"offset", "shift"}
+    offset, shift = by_name["offset"], by_name["shift"]
+    assert (offset.kind, offset.details["reason"]) == ("missing_grad", "integer_cut")
+    assert offset.cause == (
+        f"cut by `.long()` at {_at('long')} (in `IntegerIndices.forward`): the values computed from it (rounded on "
+        "the way: `round()`, whose gradient is zero) become integers (`torch.int64`) there, such as pixel indices or "
+        "crop sizes, and integer indexing cuts the gradient: an integer tensor carries no gradient in any form, so "
+        "backward never reaches it (leafwatch saw the op run).")
+    assert offset.fix.startswith("no torch op carries a gradient through integers: to learn `offset`, let it act "
+                                 "through float values, by a differentiable resampling")
+    # a float rewrap keeps its words: torch ops on the tensor itself would keep the graph
+    assert (shift.kind, shift.details["reason"]) == ("missing_grad", "rewrapped")
+    assert shift.cause.startswith(f"cut by `.tolist()` at {_at('float rewrap')}")
+    assert "use torch ops on the tensor itself" in shift.fix
+
+
+def test_a_conversion_to_integers_of_values_that_need_no_gradient_is_no_finding() -> None:
+    class Bins(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = nn.Linear(3, 3)
+            self.head = nn.Linear(3, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.proj(x)
+            bins = h.detach().argmax(-1).long()  # integer labels of a detached copy, for a lookup
+            return self.head(h * (bins.float().unsqueeze(-1) + 1)) + h.long().sum() * 0
+
+    assert _one_step(Bins(), steps=2).findings == []

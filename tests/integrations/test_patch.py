@@ -26,6 +26,9 @@ PATCHED = {
     "module_after_optimizer.py": ({("not_in_optimizer", "extra")}, 0),
     "recreated_network.py": ({("stale_param", "optimizers[0]")}, 0),
     "td3_twin_left_out.py": ({("not_in_optimizer", "critic2")}, 0),
+    "to_hetero_after_optimizer.py": ({("stale_param", "optimizers[0]")}, 0),
+    "two_optimizers_in_a_loop.py": ({("not_in_optimizer", "extra")}, 0),
+    "nonleaf_global_no_optimizer.py": ({("non_leaf", "margin")}, 0),
 }
 
 

@@ -860,3 +860,20 @@ def test_a_run_whose_script_never_steps_leaves_no_hook_on_the_modules_that_ran(t
     assert len(list(scope["model"].modules())) == 3
     for module in scope["model"].modules():
         assert not (module._forward_hooks or module._forward_pre_hooks or module._backward_hooks), module
+
+
+def test_a_folder_without_main_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "my_folder").mkdir()
+    run = _leafwatch("run", str(tmp_path / "my_folder"))
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [f"leafwatch run: can't find '__main__.py' in {str(tmp_path / 'my_folder')!r}: "
+                                       "give a script of that folder, or add a __main__.py to run the folder"]
+
+
+def test_run_m_of_a_package_without_main_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('the package must not be imported')\n")
+    run = _leafwatch("run", "-m", "pkg", cwd=tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == ["leafwatch run: No module named pkg.__main__; 'pkg' is a package and cannot be "
+                                       "directly executed (it has no __main__.py)"]

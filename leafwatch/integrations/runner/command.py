@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import os
 import runpy
 import sys
@@ -318,17 +319,36 @@ def run_main(args: argparse.Namespace) -> int:
         if args.script_args:
             return _usage_error(f"give a script or -m MODULE, not both (got {args.script_args[0]!r})")
         module, argv, script = args.module[0], args.module[1:], None
+        if _package_without_main(module):
+            return _usage_error(f"No module named {module}.__main__; {module!r} is a package and cannot be directly "
+                                "executed (it has no __main__.py)")
     else:
         if not args.script_args:
             return _usage_error("give a script to run: leafwatch run [options] script.py [args ...]")
         script, argv, module = args.script_args[0], args.script_args[1:], None
         if not os.path.exists(script):
             return _usage_error(f"can't open file {script!r}: no such file")
+        if os.path.isdir(script) and not os.path.isfile(os.path.join(script, "__main__.py")):
+            return _usage_error(f"can't find '__main__.py' in {script!r}: give a script of that folder, or add a "
+                                "__main__.py to run the folder")
     problem = None if args.logdir is None else folder_problem(args.logdir, "--logdir", create=True)
     if problem is not None:
         return _usage_error(problem)
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
                patience=args.patience, ignore=ignore, diff=args.diff)
+
+
+def _package_without_main(module: str) -> bool:
+    """Whether ``module`` is a package with no ``__main__.py`` (found without importing it: only a top-level
+    name is looked up; a dotted one is left to runpy, which imports its parents anyway)."""
+    if "." in module:
+        return False
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    locations = None if spec is None else spec.submodule_search_locations
+    return locations is not None and not any(os.path.isfile(os.path.join(str(loc), "__main__.py")) for loc in locations)
 
 
 def _usage_error(problem: str) -> int:

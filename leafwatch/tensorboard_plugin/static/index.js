@@ -128,7 +128,7 @@ function buildPage() {
           el("label", { class: "check" },
             el("input", { type: "checkbox", id: "lw-only-missed",
               onchange: (e) => { state.onlyMissed = e.target.checked; renderGrid(); } }),
-            "only tensors that missed a gradient"),
+            "only tensors that missed a gradient or are in no optimizer"),
           el("form", { class: "window", onsubmit: (e) => { e.preventDefault(); applyWindow(); } },
             "steps ", ui.first, " to ", ui.last,
             el("button", { type: "submit" }, "Zoom"),
@@ -144,6 +144,7 @@ function legend() {
     item("got", "got a gradient"),
     item("partial", "some checks without"),
     item("missed", "no gradient"),
+    item("unheld", "in no optimizer (no optimizer step updates it)"),
     item("unchecked", "not checked (another optimizer stepped)"));
 }
 
@@ -261,6 +262,53 @@ function findingRows() {
   return rows;
 }
 
+// Where a code fix goes: "after model.py:12" (inserted after the optimizer's statement) or
+// "model.py:8" / "model.py:8-10" (in place of those lines); the full path in its title.
+function placeText(edit) {
+  const file = String(edit.path).split(/[\\/]/).pop();
+  if (edit.action === "insert_after") return `after ${file}:${edit.end}`;
+  return edit.start === edit.end ? `${file}:${edit.start}` : `${file}:${edit.start}\u2013${edit.end}`;
+}
+
+// A finding's code fix, to copy: its hunk when the run recorded one (a unified diff of the
+// user's file), else its code and the place it goes. Advice has none.
+function fixSnippet(f) {
+  const remedy = f.remedy || {};
+  const text = f.hunk || (remedy.applicability === "code" ? remedy.code : "");
+  if (!text) return null;
+  const lines = String(text).replace(/\n$/, "").split("\n");
+  const code = f.hunk
+    ? lines.map((line) => el("span", { class: line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : line.startsWith("@@") ? "at" : null }, `${line}\n`))
+    : `${lines.join("\n")}\n`;
+  const button = el("button", { type: "button", class: "copy", "aria-label": `copy the fix of ${f.name}` }, "Copy");
+  button.addEventListener("click", () => copyText(String(text), button));
+  const edit = remedy.edit;
+  return el("div", { class: `fix-snippet${f.hunk ? " hunk" : ""}` },
+    el("div", { class: "snippet-head" },
+      el("span", { class: "place", title: edit ? edit.path : null }, f.hunk ? "patch" : edit ? placeText(edit) : "paste"),
+      button),
+    el("pre", {}, el("code", {}, code)));
+}
+
+async function copyText(text, button) {
+  let copied = false;
+  try {
+    await navigator.clipboard.writeText(text);
+    copied = true;
+  } catch (error) {  // no clipboard permission in this frame: the selection route
+    const area = el("textarea", { class: "offscreen", readonly: true });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    try { copied = document.execCommand("copy"); } catch (again) { copied = false; }
+    area.remove();
+  }
+  button.dataset.copied = copied ? "true" : "false";
+  button.textContent = copied ? "Copied" : "Copy failed: select the text";
+  clearTimeout(button.resetTimer);
+  button.resetTimer = setTimeout(() => { button.textContent = "Copy"; }, 2500);
+}
+
 function renderSummary() {
   clear(ui.summary);
   for (const [run, report] of Object.entries(state.reports)) {
@@ -307,7 +355,7 @@ function renderTable() {
         richText(f.cause || f.message)),
       el("td", { class: "fix" }, f.fix && FIX_MARKS[(f.details || {}).applicability]
         ? el("span", { class: `badge fix-mark fix-${f.details.applicability}` }, FIX_MARKS[f.details.applicability]) : null,
-      richText(f.fix)),
+      richText(f.fix), fixSnippet(f)),
       el("td", { class: "steps", title: `seen in ${f.steps_seen ?? "?"} check(s)` }, seen)));
   }
   const table = el("table", { class: "findings" },
@@ -321,23 +369,22 @@ function renderTable() {
 }
 
 // -- coverage grid -------------------------------------------------------------------------
+// The grid of the run picked; "All runs": every run on one step axis, a row group per run.
 async function loadGrid() {
-  if (state.run === ALL) {
-    clear(ui.grid);
-    state.grid = null;
-    ui.coverageNote.textContent = "Choose one run to see which tensors got a gradient at which step.";
-    return;
-  }
   const width = ui.grid.clientWidth || document.documentElement.clientWidth || 1000;
   const bins = Math.max(20, Math.min(200, Math.floor((width - 364) / 4)));
-  let query = `./coverage?run=${encodeURIComponent(state.run)}&bins=${bins}`;
+  let query = `./coverage?bins=${bins}`;
+  if (state.run !== ALL) query += `&run=${encodeURIComponent(state.run)}`;
   if (state.window.first !== null) query += `&first=${state.window.first}`;
   if (state.window.last !== null) query += `&last=${state.window.last}`;
+  const picked = state.run;
   const grid = await getJson(query);
+  if (picked !== state.run) return;  // another run was picked meanwhile: its own load draws it
   state.grid = grid;
   if (!grid.rows.length) {
     clear(ui.grid);
-    ui.coverageNote.textContent = "No coverage records for this run (or for these steps).";
+    state.tree = null;
+    ui.coverageNote.textContent = `No coverage records for ${state.run === ALL ? "any run" : "this run"} (or for these steps).`;
     return;
   }
   state.tree = buildTree(grid);
@@ -345,11 +392,17 @@ async function loadGrid() {
     state.expanded = defaultExpanded(state.tree);
     state.expandedFor = state.run;
   }
-  const missedRows = grid.rows.filter((r) => r.missed).length;
+  const tensor = (r) => `${r.run ?? ""}\u0000${r.name}`;
+  const tensors = new Set(grid.rows.map(tensor)).size;
+  const missedRows = new Set(grid.rows.filter((r) => r.missed).map(tensor)).size;
+  const unheldRows = new Set(grid.rows.filter((r) => r.in_no_optimizer).map(tensor)).size;
+  const runs = new Set(grid.rows.map((r) => r.run)).size;
   ui.coverageNote.textContent =
-    `${grid.rows.length} tensors \u00d7 steps ${stepRange(grid.first_step, grid.last_step)}` +
+    `${tensors} tensors${state.run === ALL ? ` of ${runs} run${runs === 1 ? "" : "s"}` : ""}` +
+    ` \u00d7 steps ${stepRange(grid.first_step, grid.last_step)}` +
     (grid.width > 1 ? ` in ${grid.columns.length} columns of ${grid.width} steps` : "") +
-    ` \u2014 ${missedRows} tensor${missedRows === 1 ? "" : "s"} missed a gradient at least once.`;
+    ` \u2014 ${missedRows} tensor${missedRows === 1 ? "" : "s"} missed a gradient at least once` +
+    (unheldRows ? `, ${unheldRows} in no optimizer (no optimizer step updates ${unheldRows === 1 ? "it" : "them"})` : "") + ".";
   renderGrid();
 }
 
@@ -359,56 +412,101 @@ function applyWindow() {
   loadGrid().catch((error) => { ui.coverageNote.textContent = `Could not load: ${error.message}`; });
 }
 
+// The label of the row group of the tensors that no optimizer holds (they never train).
+const UNHELD = "in no optimizer";
+
+function treeNode(key, path, label, depth, kind) {
+  return { key, path, label, depth, kind, children: new Map(), param: null };
+}
+
+function childOf(node, name, make) {
+  let child = node.children.get(name);
+  if (!child) node.children.set(name, (child = make()));
+  return child;
+}
+
+// Each node has a `key` (unique in the tree: what expands) and a `path` (the module or tensor
+// name it stands for). Under "All runs", each run is a node of its own; in a run (or the run),
+// the tensors that no optimizer holds form a group of their own after the others.
 function buildTree(grid) {
   const ncols = grid.columns.length;
-  const root = { path: "", label: "", children: new Map(), depth: -1, param: null };
+  const root = treeNode("", "", "", -1, "root");
   for (const row of grid.rows) {
+    let section = root;
+    let key = "";
+    if (row.run !== undefined) {
+      key = `${row.run}\u0000`;
+      section = childOf(root, `\u0000run\u0000${row.run}`, () => treeNode(`\u0000run\u0000${row.run}`, row.run, row.run, 0, "run"));
+    }
+    if (row.in_no_optimizer) {
+      const depth = section.depth + 1;
+      key += "\u0000unheld\u0000";
+      section = childOf(section, "\u0000unheld", () => treeNode(key, UNHELD, UNHELD, depth, "unheld"));
+    }
     const parts = row.name.split(".");
-    let node = root;
+    let node = section;
     parts.forEach((part, i) => {
-      let child = node.children.get(part);
-      if (!child) {
-        child = { path: parts.slice(0, i + 1).join("."), label: part, children: new Map(), depth: i, param: null };
-        node.children.set(part, child);
-      }
-      node = child;
+      const depth = node.depth + 1;
+      node = childOf(node, part, () => {
+        const path = parts.slice(0, i + 1).join(".");
+        return treeNode(key + path, path, part, depth, "module");
+      });
     });
     node.param = row;
   }
-  const aggregate = (node) => {
+  const aggregate = (node, run, unheld) => {
+    node.run = node.kind === "run" ? node.path : run;
+    node.unheld = unheld;
     node.checks = new Array(ncols).fill(0);
     node.missedCols = new Array(ncols).fill(0);
+    node.unheldCols = new Array(ncols).fill(0);
     node.count = 0;
+    node.missedTensors = 0;
+    node.unheldTensors = 0;
     if (node.param) {
       const profile = grid.profiles[node.param.profile];
-      for (let c = 0; c < ncols; c++) node.checks[c] += profile[c];
+      const into = node.param.in_no_optimizer ? node.unheldCols : node.checks;
+      for (let c = 0; c < ncols; c++) into[c] += profile[c];
       for (const [c, n] of node.param.missed_cols) node.missedCols[c] += n;
       node.count += 1;
+      if (node.param.missed) node.missedTensors += 1;
+      if (node.param.in_no_optimizer) node.unheldTensors += 1;
     }
     for (const child of node.children.values()) {
-      aggregate(child);
-      for (let c = 0; c < ncols; c++) { node.checks[c] += child.checks[c]; node.missedCols[c] += child.missedCols[c]; }
+      aggregate(child, node.run, unheld || child.kind === "unheld");
+      for (let c = 0; c < ncols; c++) {
+        node.checks[c] += child.checks[c];
+        node.missedCols[c] += child.missedCols[c];
+        node.unheldCols[c] += child.unheldCols[c];
+      }
       node.count += child.count;
+      node.missedTensors += child.missedTensors;
+      node.unheldTensors += child.unheldTensors;
     }
-    node.totalChecks = node.checks.reduce((a, b) => a + b, 0);
+    node.totalChecks = node.checks.reduce((a, b) => a + b, 0) + node.unheldCols.reduce((a, b) => a + b, 0);
     node.totalMissed = node.missedCols.reduce((a, b) => a + b, 0);
-    node.missedTensors = (node.param && node.param.missed ? 1 : 0) +
-      [...node.children.values()].reduce((a, ch) => a + ch.missedTensors, 0);
   };
-  aggregate(root);
+  aggregate(root, undefined, false);
   return root;
 }
 
+// A node worth opening: it holds a tensor that missed a gradient or that no optimizer holds.
+function troubled(node) {
+  return node.totalMissed > 0 || node.unheldTensors > 0;
+}
+
 function defaultExpanded(root) {
-  // Open the way to every tensor that missed a gradient; keep healthy modules folded.
+  // Open the way to every tensor that missed a gradient or is in no optimizer; keep healthy
+  // modules folded. Each run of "All runs" is open, and so is a lone top module.
   const open = new Set();
   const walk = (node) => {
+    const modules = [...node.children.values()].filter((ch) => ch.kind === "module");
+    if ((node.kind === "root" || node.kind === "run") && modules.length === 1 && modules[0].children.size) open.add(modules[0].key);
     for (const child of node.children.values()) {
-      if (child.children.size && child.totalMissed > 0) { open.add(child.path); walk(child); }
+      if (child.children.size && (child.kind === "run" || troubled(child))) { open.add(child.key); walk(child); }
     }
   };
   walk(root);
-  if (root.children.size === 1) open.add([...root.children.values()][0].path);
   return open;
 }
 
@@ -416,7 +514,7 @@ function expandAll(on) {
   if (!state.tree) return;
   state.expanded = new Set();
   if (on) {
-    const walk = (node) => { for (const ch of node.children.values()) if (ch.children.size) { state.expanded.add(ch.path); walk(ch); } };
+    const walk = (node) => { for (const ch of node.children.values()) if (ch.children.size) { state.expanded.add(ch.key); walk(ch); } };
     walk(state.tree);
   }
   renderGrid();
@@ -426,32 +524,36 @@ function visibleNodes() {
   const out = [];
   const walk = (node) => {
     for (const child of node.children.values()) {
-      if (state.onlyMissed && !child.totalMissed) continue;
+      if (state.onlyMissed && !troubled(child)) continue;
       out.push(child);
-      if (child.children.size && state.expanded.has(child.path)) walk(child);
+      if (child.children.size && state.expanded.has(child.key)) walk(child);
     }
   };
   walk(state.tree);
   return out;
 }
 
-function cellClass(checks, missed) {
-  if (!checks) return "unchecked";
-  if (!missed) return "got";
-  return missed >= checks ? "missed" : "partial";
+// A cell's colour from its checks: of tensors in an optimizer (`checks`, `missed` of them
+// without a gradient) and of tensors in no optimizer (`unheld`: they never train).
+function cellClass(checks, missed, unheld = 0) {
+  if (!checks && !unheld) return "unchecked";
+  if (!missed && !unheld) return "got";
+  if (missed + unheld < checks + unheld) return "partial";
+  return missed ? "missed" : "unheld";
 }
 
 function colors() {
   const style = getComputedStyle(document.documentElement);
   const get = (name) => style.getPropertyValue(name).trim();
-  return { got: get("--got"), partial: get("--partial"), missed: get("--missed"), unchecked: get("--unchecked") };
+  return { got: get("--got"), partial: get("--partial"), missed: get("--missed"), unheld: get("--unheld"),
+    unchecked: get("--unchecked") };
 }
 
 function renderGrid() {
   const previous = ui.grid.querySelector(".grid-body");
   const scrollTop = previous && ui.grid.dataset.run === state.run ? previous.scrollTop : 0;
   clear(ui.grid);
-  ui.grid.dataset.run = state.run;
+  ui.grid.dataset.run = state.run;  // (ALL: "All runs")
   const grid = state.grid;
   if (!grid || !state.tree) return;
   const ncols = grid.columns.length;
@@ -480,27 +582,34 @@ function renderGrid() {
   const drawRow = (node, index) => {
     const isParam = !!node.param && !node.children.size;
     const expandable = node.children.size > 0;
-    const open = state.expanded.has(node.path);
+    const open = state.expanded.has(node.key);
     const toggle = expandable
       ? el("button", { type: "button", class: "toggle", "aria-expanded": open ? "true" : "false",
           "aria-label": `${open ? "collapse" : "expand"} ${node.path}`,
-          onclick: () => { if (open) state.expanded.delete(node.path); else state.expanded.add(node.path); renderGrid(); } },
+          onclick: () => { if (open) state.expanded.delete(node.key); else state.expanded.add(node.key); renderGrid(); } },
           open ? "\u25be" : "\u25b8")
       : el("span", { class: "toggle-space" });
-    const prefix = node.path.slice(0, node.path.length - node.label.length);
+    const prefix = node.kind === "module" ? node.path.slice(0, node.path.length - node.label.length) : "";
     const name = isParam
       ? el("code", { class: "tensor" }, el("span", { class: "prefix" }, prefix), node.label)
       : el("span", { class: "module" }, el("code", {}, node.label), el("span", { class: "meta" }, ` ${node.count} tensor${node.count === 1 ? "" : "s"}`));
     let stat;
-    if (isParam) {
+    if (isParam && node.param.in_no_optimizer) {
+      stat = el("span", { class: "stat unheld", title: `no optimizer held it at ${node.param.checks} checks: no optimizer step updates it` },
+        "no optimizer");
+    } else if (isParam) {
       const p = node.param;
       stat = p.missed
         ? el("span", { class: "stat bad", title: `no gradient at steps ${rangesText(p.missed_steps, p.missed_steps_truncated)}` },
             `missed ${compact(p.missed)}/${compact(p.checks)}`)
         : el("span", { class: "stat ok", title: `a gradient at each of ${p.checks} checks` }, "ok");
+    } else if (node.kind === "unheld") {
+      stat = el("span", { class: "stat unheld", title: "no optimizer holds them: no optimizer step updates them" }, "no optimizer");
     } else {
-      stat = node.missedTensors
-        ? el("span", { class: "stat bad" }, `${node.missedTensors} missed`)
+      const parts = [node.missedTensors ? `${node.missedTensors} missed` : "",
+        node.unheldTensors ? `${node.unheldTensors} in no optimizer` : ""].filter(Boolean);
+      stat = parts.length
+        ? el("span", { class: node.missedTensors ? "stat bad" : "stat unheld" }, parts.join(", "))
         : el("span", { class: "stat ok" }, "all ok");
     }
     const canvas = el("canvas", { class: "cells", width: ncols * cell, height: ROW_HEIGHT - 6,
@@ -508,16 +617,19 @@ function renderGrid() {
     const ctx = canvas.getContext("2d");
     const gap = cell >= 8 ? 1 : 0;
     for (let c = 0; c < ncols; c++) {
-      ctx.fillStyle = palette[cellClass(node.checks[c], node.missedCols[c])];
+      ctx.fillStyle = palette[cellClass(node.checks[c], node.missedCols[c], node.unheldCols[c])];
       ctx.fillRect(c * cell, 0, cell - gap, ROW_HEIGHT - 6);
     }
     canvas.addEventListener("mousemove", (event) => showTip(event, node, cell));
     canvas.addEventListener("mouseleave", () => { ui.tooltip.hidden = true; });
     const attrs = {
-      class: `row ${isParam ? "param" : "group"}${node.totalMissed ? " has-missed" : ""}`,
+      class: `row ${isParam ? "param" : "group"}${node.totalMissed ? " has-missed" : ""}${node.unheldTensors ? " has-unheld" : ""}`,
       style: `top:${index * ROW_HEIGHT}px`,
       role: "row",
       "data-name": node.path,
+      "data-kind": node.kind === "module" ? (isParam ? "tensor" : "module") : node.kind,
+      "data-run": node.run,
+      "data-in-no-optimizer": node.unheld ? "true" : null,
       "data-missed": isParam ? node.param.missed : node.totalMissed,
       "data-checks": node.totalChecks,
     };
@@ -551,10 +663,14 @@ function showTip(event, node, cell) {
   const [a, b] = grid.columns[c];
   const checks = node.checks[c];
   const missed = node.missedCols[c];
-  const what = !checks
+  const unheld = node.unheldCols[c];
+  const plural = (n) => `${n} check${n === 1 ? "" : "s"}`;
+  const parts = [];
+  if (checks) parts.push(`gradient in ${checks - missed} of ${plural(checks)}`);
+  if (unheld) parts.push(`in no optimizer at ${plural(unheld)}: no optimizer step updates ${node.param ? "it" : "them"}`);
+  const what = !parts.length
     ? "not checked (another optimizer stepped)"
-    : `gradient in ${checks - missed} of ${checks} check${checks === 1 ? "" : "s"}` +
-      (node.param ? "" : ` (over ${node.count} tensors)`);
+    : parts.join("; ") + (node.param ? "" : ` (over ${node.count} tensors)`);
   ui.tooltip.textContent = `${node.path} \u2014 steps ${stepRange(a, b)}: ${what}`;
   ui.tooltip.hidden = false;
   ui.tooltip.style.left = `${Math.min(event.clientX + 12, window.innerWidth - 360)}px`;

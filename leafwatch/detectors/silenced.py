@@ -1,0 +1,126 @@
+"""The silenced error: ``missing_grad`` / ``silenced_loss``, a loss whose graph was cut and whose
+``requires_grad`` was then set by hand.
+
+A loss made without a graph makes ``backward()`` raise ``element 0 of tensors does not require grad``;
+``loss.requires_grad = True`` (``loss.requires_grad_()``, ``torch.tensor(loss.item(), requires_grad=True)``)
+silences that error: backward stops at the loss, a leaf, and no parameter gets a gradient. The gradient
+check asks :func:`explain` once a parameter misses its gradient (never on a healthy step): the loss is
+the one given (``audit(loss=)``, the Lightning callback's ``on_before_backward``) or, without it, a
+hand-set leaf of the user's frames that backward reached whose hand setting the user's code shows.
+Every tensor it leaves without a gradient is one mistake, named at the hand-setting line, with the cut
+before it where seen: in the statement that made the loss, or by the forward hooks (the module-level
+cause found before is kept as the cut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+import torch
+
+from ..observe import frames, silenced
+from ..report.words import ADVICE, Members, Words, renders
+from .causes import Explanation, at_in, short_at
+from .constructors import missing_words
+
+#: The module-level causes a hand-set loss explains better (backward stopped at the loss): kept as the cut
+#: where they name one, replaced otherwise. ``never_ran`` and the rest are mistakes of their own.
+EXPLAINS = frozenset({None, "pending", "unknown", "unknown_hooks_off", "unknown_not_a_parameter", "traced_nothing",
+                      "unused_output", "unused", "unreachable", "not_backpropagated", "detached", "rewrapped",
+                      "grad_disabled"})
+#: The group of the finding: every tensor the hand-set loss leaves without a gradient is one mistake.
+GROUP = "the hand-set loss"
+
+
+def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> Callable[[], silenced.Silenced | None]:
+    """A memoised look for the hand-set loss of this check: ``loss`` when given (None when it has a
+    graph), else a hand-set leaf of the user's frames whose hand setting the code shows."""
+    found: list[silenced.Silenced | None] = []
+
+    def look() -> silenced.Silenced | None:
+        if not found:
+            found.append(_look(loss, exclude))
+        return found[0]
+    return look
+
+
+def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]]) -> silenced.Silenced | None:
+    if loss is not None:
+        leaf = silenced.hand_set_leaf(loss)
+        if leaf is None or id(leaf) in exclude():
+            return None  # a loss with its graph, or a leaf an optimizer holds (trained on purpose)
+        frame = frames.user_frame()
+        return silenced.read(leaf, frame, silenced.named_in(leaf, frame))
+    seen = silenced.in_frames(exclude())
+    if seen is None:
+        return None
+    tensor, name, frame = seen
+    found = silenced.read(tensor, frame, name)
+    return found if found.hand is not None else None  # a leaf of the frames is the loss only where the code says so
+
+
+def _site(site: silenced.Site | None) -> dict[str, Any] | None:
+    return None if site is None else {"op": site.op, "file": site.file, "line": site.line, "function": site.function,
+                                      "statement": site.statement}
+
+
+def explain(found: silenced.Silenced, before: Explanation | None) -> Explanation:
+    """The explanation of a tensor the hand-set loss leaves without a gradient; ``before``: what the
+    forward hooks said, kept as the cut where it names one (an op at a line, a module run without grad)."""
+    traced = None
+    if before is not None and before.reason in ("detached", "rewrapped") and before.args.get("place"):
+        traced = {"op": before.args["op"], "place": before.args["called_from"] or before.args["place"]}
+    elif before is not None and before.reason == "grad_disabled":
+        traced = {"op": "grad mode off", "module": before.args.get("module", "")}
+    return Explanation("silenced_loss", {"loss": found.loss, "hand": _site(found.hand), "cut": _site(found.cut),
+                                         "traced": traced}, GROUP)
+
+
+def _where(site: Mapping[str, Any]) -> str:
+    return at_in({"file": site["file"], "line": site["line"], "function": site["function"]})
+
+
+def _loss(a: Mapping[str, Any]) -> str:
+    return f"`{a['loss']}`" if a["loss"] else "the loss"
+
+
+def _cut(a: Mapping[str, Any]) -> tuple[str, str]:
+    """What was observed of the cut before the hand setting, and what to change there."""
+    cut, traced, hand = a["cut"], a["traced"], a["hand"]
+    keep = ("compute the loss from the model's outputs through differentiable torch ops (no comparison or threshold, "
+            "`.item()`, `.detach()`, NumPy or `torch.tensor(...)` between the model and the loss; to log a number, "
+            "call `loss.item()` after `loss.backward()`)")
+    if traced is not None and "place" in traced:
+        return (f"the graph was cut before: leafwatch saw {traced['op']} at {at_in(traced['place'])} in the forward "
+                "pass.", f"remove {traced['op']} at {short_at(traced['place'])} and " + keep)
+    if traced is not None:
+        return (f"the graph was cut before: leafwatch's hooks saw `{traced['module']}` run with grad mode off "
+                "(`torch.no_grad()`), so its outputs carry no graph.", "run the forward with grad mode on and " + keep)
+    if cut is not None and hand is not None and cut["line"] == hand["line"]:
+        return (f"the value was taken out of autograd by {cut['op']} in that same statement, so the new tensor is "
+                "made of a number, not of the model's outputs.", keep)
+    if cut is not None:
+        return (f"the graph was cut before: {_loss(a)} was made by `{cut['statement']}` at {_where(cut)}, where "
+                f"{cut['op']} has no gradient.", f"change `{cut['statement']}` at {short_at(cut)}: " + keep)
+    return ("where the graph was cut before is not known: leafwatch saw no `.item()`, comparison, `.detach()`, "
+            "NumPy or `torch.no_grad()` on the way to it.", keep)
+
+
+@renders("missing_grad", "silenced_loss", fixes="never")
+def _silenced_loss(m: Members) -> Words:
+    a = m.first
+    hand = a["hand"]
+    if hand is not None:
+        setting = f"`{hand['statement']}` at {_where(hand)} set the `requires_grad` of {_loss(a)} by hand, after its graph was cut"
+        remove = (f"do not rewrap the loss at {short_at(hand)} (`{hand['statement']}` makes a new leaf of a number): "
+                  "keep the tensor itself" if hand["op"] == "rewrap" else f"remove `{hand['statement']}` at {short_at(hand)}")
+    else:
+        setting = (f"{_loss(a)} is a leaf that requires grad but was made of no parameter (no `grad_fn`): its "
+                   "`requires_grad` was set by hand after its graph was cut (the line that set it is not known)")
+        remove = f"remove the line that sets {_loss(a)}'s `requires_grad` by hand (`requires_grad = True`, " \
+                 "`requires_grad_()`, `torch.tensor(..., requires_grad=True)`)"
+    before, keep = _cut(a)
+    cause = (f"{setting}: backward() stops at {_loss(a)} and reaches no parameter. That setting silences torch's "
+             f"`element 0 of tensors does not require grad` and nothing trains; {before}")
+    return missing_words(m, cause, f"{remove}, and {keep}", ADVICE)

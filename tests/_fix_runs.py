@@ -1,0 +1,122 @@
+"""Executes the code fixes leafwatch prints: the findings of one script of ``tests/scripts/`` (and the
+crash it raised, explained), the :class:`~leafwatch.report.words.Edit` of each code fix applied to the
+text of a copy of the script, and that copy run again under ``leafwatch run``.
+
+``python _fix_runs.py SCRIPT OUT.json`` runs SCRIPT under ``leafwatch run``'s own function (a real
+Session with a ``--logdir``, the real crash door) and writes to OUT.json the findings leafwatch decided:
+the open findings of the run's record (as ``leafwatch report --json`` reads them) and the findings that
+explained the script's exception, if it raised one. The crash door is read by wrapping the real
+``leafwatch.detectors.crashes.explain`` (its findings pass through unchanged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from leafwatch.report.words import Edit
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SCRIPTS = TESTS / "scripts"
+
+
+def apply_edits(text: str, edits: Iterable[Edit]) -> str:
+    """``text`` with each edit applied (``insert_after`` line ``end``, or ``replace`` lines ``start`` to
+    ``end``; lines count from 1), the lowest last so that each edit's lines still count from the text it
+    was made for; an edit already in the text (two findings, one fix) is applied once.
+
+    Raises:
+        ValueError: edits that overlap, or an edit outside the text.
+    """
+    lines = text.splitlines(keepends=True)
+    unique = sorted(set(edits), key=lambda e: (e.end, e.start, e.action == "replace", e.text), reverse=True)
+    last_start = len(lines) + 2
+    for edit in unique:
+        if not 1 <= edit.start <= edit.end <= len(lines):
+            raise ValueError(f"edit outside the text ({len(lines)} lines): {edit}")
+        if edit.end >= last_start and not (edit.action == "insert_after" and edit.end == last_start - 1):
+            raise ValueError(f"edits overlap at line {edit.end}: {edit}")
+        new = edit.text.splitlines(keepends=True)
+        if edit.action == "insert_after":
+            lines[edit.end:edit.end] = new
+            last_start = edit.end + 1
+        else:
+            lines[edit.start - 1:edit.end] = new
+            last_start = edit.start
+    return "".join(lines)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def findings_of(script: Path, out: Path, *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
+    """What ``leafwatch run`` decides on ``script`` (run in its own folder): ``{"open": [...], "crash":
+    [...]}``, each a list of ``Finding.to_dict()``; and the finished process."""
+    result = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(script), str(out), *args],
+                            capture_output=True, text=True, env=_env(), cwd=script.parent, timeout=300)
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
+    assert out.exists(), result.stderr
+    return json.loads(out.read_text()), result
+
+
+def code_edits(findings: Sequence[Mapping[str, Any]], script: Path) -> list[Edit]:
+    """The edit of each code fix among ``findings`` that goes into ``script``."""
+    edits = []
+    for found in findings:
+        remedy = found.get("remedy") or {}
+        edit = remedy.get("edit")
+        if remedy.get("applicability") == "code" and isinstance(edit, Mapping):
+            if Path(edit["path"]).resolve() == script.resolve():
+                edits.append(Edit.from_dict(edit))
+    return edits
+
+
+def fixed_copy(script: Path, edits: Iterable[Edit], folder: Path) -> Path:
+    """A copy of ``script``'s folder in ``folder`` with ``edits`` applied to the copy of ``script``."""
+    copy = folder / script.parent.name
+    shutil.copytree(script.parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    target = copy / script.name
+    target.write_text(apply_edits(script.read_text(), edits))
+    return target
+
+
+def _main(script: str, out: str, argv: Sequence[str]) -> int:
+    import tempfile
+
+    from leafwatch.detectors import crashes
+    from leafwatch.integrations.runner import command
+    from leafwatch.report.reader import format_json, read_reports
+
+    explained: list[Any] = []
+    real_explain = crashes.explain
+
+    def explain(error: BaseException, contexts: Any = ()) -> list[Any]:
+        found = real_explain(error, contexts)
+        explained.extend(found)
+        return found
+
+    crashes.explain = explain
+    try:
+        with tempfile.TemporaryDirectory() as logdir:
+            code = command.run(script, argv, logdir=logdir)
+            runs = json.loads(format_json(logdir, read_reports(logdir)))["runs"]
+    finally:
+        crashes.explain = real_explain
+    opened = [f for run in runs for f in run["findings"] if f["status"] == "open"]
+    Path(out).write_text(json.dumps({"code": code, "open": opened, "crash": [f.to_dict() for f in explained]}))
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1], sys.argv[2], sys.argv[3:]))

@@ -1,0 +1,190 @@
+"""Libraries nobody here wrote, used as their own docs and examples use them, under leafwatch.
+
+Each pattern is rebuilt the way the library writes it, with the library itself (skipped locally,
+failed in CI, when it is not installed: ``tests/_requirements.py``), in a real training loop under a
+``Monitor`` and under ``leafwatch run``:
+
+- vector-quantize-pytorch starts each quantizer's loss from a registered buffer that its own forward
+  switches on (``loss = self.zero; loss.requires_grad_()``): the loss's constant, no tensor meant to
+  train, so no finding; the user's own buffer registered with ``requires_grad=True`` still is one.
+- torchdiffeq's ``odeint_adjoint`` differentiates only the parameters of the module it integrates: a network
+  used inside it but not registered there is named as run inside ``OdeintAdjointMethod``'s forward.
+- Pyro's ``PyroOptim`` builds its torch optimizers inside ``svi.step``: a module registered with
+  ``pyro.module`` outside the model is fixed by calling it inside the model, never by ``add_param_group``.
+- kornia's ``RandomResizedCrop`` turns learnable ranges into integer crop boxes: integer indexing cuts the
+  gradient, and the fix is a differentiable resampling, not another op at that line.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _requirements import require_module
+
+import leafwatch
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "tests" / "scripts" / "third_party"
+
+
+def _leafwatch_run(script: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / script), *args],
+                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
+    assert result.stdout.endswith("done\n"), result.stdout
+    return result
+
+
+def _attached(script: str, *args: str) -> leafwatch.Report:
+    """The script's training run in this process with a Monitor attached right after its model and
+    optimizer are built, as a user adds one; what it found when the run ended."""
+    train = runpy.run_path(str(SCRIPTS / script), run_name="third_party_script")["train"]
+    monitor = train(list(args), attach=lambda model, opt: leafwatch.Monitor(model, opt, verbose=False).attach())
+    return monitor.close()
+
+
+# -- vector-quantize-pytorch: the loss accumulator buffer -------------------------------------------
+def test_vector_quantize_pytorch_readme_config_trains_under_a_monitor_with_no_finding() -> None:
+    require_module("vector_quantize_pytorch")
+    report = _attached("vq_autoencoder.py")
+    assert report.findings == [], report
+
+
+def test_vector_quantize_pytorch_readme_config_trains_under_leafwatch_run_with_no_finding() -> None:
+    require_module("vector_quantize_pytorch")
+    result = _leafwatch_run("vq_autoencoder.py")
+    assert "leafwatch: no findings at step" in result.stderr, result.stderr
+    assert "zero" not in result.stderr
+
+
+def _assert_scale_buffer_found(report_or_text) -> None:
+    (f,) = report_or_text.findings
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
+    assert f.details["reason"] == "buffer_requires_grad"
+    assert "`scale` is a buffer registered with `requires_grad=True`" in f.cause
+    assert "`nn.Parameter`" in f.fix
+
+
+def test_a_users_buffer_registered_with_requires_grad_next_to_vector_quantize_is_still_found() -> None:
+    require_module("vector_quantize_pytorch")
+    _assert_scale_buffer_found(_attached("vq_autoencoder.py", "--scale-buffer"))
+
+
+def test_a_users_buffer_registered_with_requires_grad_is_found_under_leafwatch_run() -> None:
+    require_module("vector_quantize_pytorch")
+    result = _leafwatch_run("vq_autoencoder.py", "--scale-buffer")
+    assert "ERROR   not_in_optimizer    scale" in result.stderr, result.stderr
+    assert "`scale` is a buffer registered with `requires_grad=True`" in result.stderr
+    assert "zero" not in result.stderr
+
+
+def test_a_users_buffer_switched_on_in_the_users_forward_is_found_with_that_line() -> None:
+    require_module("vector_quantize_pytorch")
+    (f,) = _attached("vq_autoencoder.py", "--switched-on").findings
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
+    assert f.details["reason"] == "buffer_switched_on"
+    assert f.cause == ("`scale` is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` "
+                       "at vq_autoencoder.py:32 (in `VQAutoEncoder.forward`)): `parameters()` does not list buffers, "
+                       "so the optimizer was built without it.")
+    assert f.fix.endswith("and remove the `requires_grad_()` at vq_autoencoder.py:32")
+
+
+# -- torchdiffeq: a network used inside odeint_adjoint's Function, not given to it -----------------
+def test_a_network_not_registered_in_the_module_odeint_adjoint_integrates_is_named_inside_its_function() -> None:
+    require_module("torchdiffeq")
+    report = _attached("ode_adjoint.py")
+    (f,) = report.findings
+    assert (f.kind, f.severity) == ("missing_grad", "error")
+    assert {m.name for m in f.members} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
+    assert f.details["reason"] == "inside_function"
+    assert f.cause.startswith("`net` ran only inside the forward of the custom autograd.Function "
+                              "`OdeintAdjointMethod` (applied at adjoint.py:")
+    assert ", reached from your call at ode_adjoint.py:48)" in f.cause
+    assert "to the tensors given to `OdeintAdjointMethod.apply`" in f.cause
+    assert f.fix.startswith("register `net` as a submodule of `ODEFunc`, the module you integrate")
+    assert "`adjoint_params=`" in f.fix
+    assert "weight` itself" not in f.fix and "grad mode" not in f.cause
+
+
+def test_leafwatch_run_names_odeint_adjoints_function_as_the_cause() -> None:
+    require_module("torchdiffeq")
+    result = _leafwatch_run("ode_adjoint.py")
+    assert "ERROR   missing_grad        inside `OdeintAdjointMethod` at ode_adjoint.py:48" in result.stderr, result.stderr
+    assert "each of `net.{0,2}.{bias,weight}` requires grad but got no gradient" in result.stderr
+    assert "cause: `net` ran only inside the forward of the custom autograd.Function `OdeintAdjointMethod`" \
+        in result.stderr
+    assert "fix (advice): register `net` as a submodule of `ODEFunc`" in result.stderr
+
+
+def test_a_network_registered_in_the_module_odeint_adjoint_integrates_is_no_finding() -> None:
+    require_module("torchdiffeq")
+    assert _attached("ode_adjoint.py", "--registered").findings == []
+    assert "leafwatch: no findings at step" in _leafwatch_run("ode_adjoint.py", "--registered").stderr
+
+
+# -- Pyro: a module registered with pyro.module outside the model ------------------------------------
+# (no Monitor can be attached by hand: the user holds no torch optimizer, PyroOptim builds them in svi.step)
+def test_pyro_module_called_outside_the_model_is_fixed_by_calling_it_inside_the_model() -> None:
+    require_module("pyro")
+    result = _leafwatch_run("pyro_vae.py")
+    assert "ERROR   not_in_optimizer    decoder" in result.stderr, result.stderr
+    assert "each of `decoder.{fc1,fc21}.{bias,weight}` requires grad but no optimizer that stepped" in result.stderr
+    assert "cause: `vae.decoder` is in Pyro's param store (`pyro.module(\"decoder\", ...)`), but registered outside " \
+        "the model and the guide" in result.stderr
+    assert "the optimizers that step are built by `pyro` at pyro/optim/optim.py:" in result.stderr
+    assert "inside your call at pyro_vae.py:79, and none of them is yours" in result.stderr
+    assert "fix (advice): call `pyro.module(\"decoder\", ...)` on `vae.decoder` inside the model (the function " \
+        "passed to SVI)" in result.stderr
+    assert "add_param_group" not in result.stderr  # the user holds no optimizer to add it to
+
+
+def test_pyro_svi_with_pyro_module_inside_the_model_is_no_finding() -> None:
+    require_module("pyro")
+    result = _leafwatch_run("pyro_vae.py", "--in-model")
+    assert "leafwatch: no findings at step" in result.stderr, result.stderr
+
+
+# -- kornia: learnable ranges that only pick integer crop boxes ---------------------------------------
+def _require_kornia() -> None:
+    if sys.version_info < (3, 11):  # (no requirement is missing there: the pin leaves kornia out)
+        pytest.skip("kornia 0.9.0, the pinned version, needs Python >= 3.11: the test extra installs it only there")
+    require_module("kornia")
+
+
+def _assert_integer_cut(cause: str, fix: str) -> None:
+    assert cause.startswith("cut by `torch.as_tensor(..., dtype=torch.int64)` at crop2d.py:"), cause
+    assert "(in `crop_by_indices`), called from kornia_crop.py:23 (in `AugNet.forward`)" in cause
+    assert "(rounded on the way: `floor()`, `round()`, whose gradient is zero)" in cause
+    assert "become integers (`torch.int64`) there" in cause and "integer indexing cuts the gradient" in cause
+    assert "carries no gradient in any form" in cause
+    assert fix.startswith("no torch op carries a gradient through integers (it runs inside a library, reached from "
+                          "your call at kornia_crop.py:23)")
+    assert "differentiable resampling" in fix and "`torch.nn.functional.grid_sample`" in fix
+    assert "use torch ops" not in fix and "not `torch.as_tensor" not in fix
+
+
+def test_kornia_learnable_crop_ranges_are_cut_by_integer_indices() -> None:
+    _require_kornia()
+    report = _attached("kornia_crop.py")
+    (f,) = report.findings
+    assert (f.kind, f.severity, f.details["reason"]) == ("missing_grad", "error", "integer_cut")
+    assert f.name == "torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23"
+    assert {m.name for m in f.members} == {"aug._param_generator.scale", "aug._param_generator.ratio"}
+    _assert_integer_cut(f.cause, f.fix)
+
+
+def test_leafwatch_run_says_kornias_crop_ranges_become_integers() -> None:
+    _require_kornia()
+    result = _leafwatch_run("kornia_crop.py")
+    assert "ERROR   missing_grad        torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23" in result.stderr
+    cause = result.stderr.split("cause: ")[1].split("\n")[0]
+    fix = result.stderr.split("fix (advice): ")[1].split("\n")[0]
+    _assert_integer_cut(cause, fix)

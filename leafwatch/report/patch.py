@@ -143,16 +143,16 @@ def _overlap(a: Edit, b: Edit) -> bool:
         return False
     if a.action == "insert_after":
         a, b = b, a
-    if b.action == "insert_after":
-        return a.start <= b.end <= a.end
+    if b.action == "insert_after":  # (after a replaced statement's last line: it goes after the new text)
+        return a.start <= b.end < a.end
     return a.start <= b.end and b.start <= a.end
 
 
 def apply_edits(lines: Sequence[str], edits: Sequence[Edit]) -> str:
     """The text of ``lines`` with ``edits`` (one file's, not overlapping) made; inserts after one line
-    keep the order they are given in."""
+    keep the order they are given in, and go after the new text where that line ends a replaced span."""
     out = list(lines)
-    order = sorted(range(len(edits)), key=lambda i: (edits[i].end, i), reverse=True)
+    order = sorted(range(len(edits)), key=lambda i: (edits[i].end, edits[i].action == "insert_after", i), reverse=True)
     for i in order:
         edit = edits[i]
         text = edit.text if edit.text.endswith("\n") else edit.text + "\n"

@@ -63,6 +63,13 @@ def test_two_edits_on_overlapping_lines_are_refused_with_one_line(tmp_path: Path
         patch.build([_finding("a", edits[0]), _finding("b", edits[1])], str(tmp_path))
 
 
+def test_an_insert_after_the_last_line_of_a_replaced_span_goes_after_the_new_text(tmp_path: Path) -> None:
+    path = _file(tmp_path)
+    made = patch.build([_finding("a", Edit(path, 4, 5, "replace", "a\nb\nc\n")),
+                        _finding("b", Edit(path, 5, 5, "insert_after", "d\n"))], str(tmp_path))
+    assert "\n-line4\n-line5\n+a\n+b\n+c\n+d\n line6\n" in made.diff
+
+
 def test_files_outside_the_folder_or_in_an_installed_library_are_left_out_and_said(tmp_path: Path) -> None:
     root = tmp_path / "project"
     mine = _file(root)

@@ -29,6 +29,9 @@ PATCHED = {
     "to_hetero_after_optimizer.py": ({("stale_param", "optimizers[0]")}, 0),
     "two_optimizers_in_a_loop.py": ({("not_in_optimizer", "extra")}, 0),
     "nonleaf_global_no_optimizer.py": ({("non_leaf", "margin")}, 0),
+    # a replaced statement (the non-leaf `shift` made a leaf and handed over after the optimizer's) and an
+    # insert after its last line (`temperature` handed over): the insert goes after the new text
+    "outside_tensors.py": ({("non_leaf", "shift"), ("not_in_optimizer", "temperature")}, 0),
 }
 
 
@@ -221,12 +224,12 @@ def test_a_hugging_face_trainers_left_out_classifier_is_patched_after_its_optimi
 # -- exit codes and refusals ----------------------------------------------------------------
 def test_report_diff_exits_1_when_an_open_code_fix_has_no_place_and_says_which(tmp_path: Path) -> None:
     folder = _project(tmp_path, {p.name: p.read_text() for p in SCRIPTS.glob("*.py")})
-    assert _leafwatch(folder, "run", "--logdir", "logs", "outside_tensors.py").returncode == 0
+    assert _leafwatch(folder, "run", "--logdir", "logs", "calib_outside.py").returncode == 0
     result = _leafwatch(folder, "report", "logs", "--diff")
     assert result.returncode == 1
-    assert result.stdout.startswith("--- a/outside_tensors.py\n")  # what could be placed is there
-    assert ("not in the patch: non_leaf shift: its code has no place in a file (leafwatch could not find the "
-            "statement it belongs to)\n") in result.stderr
+    assert result.stdout == ""  # nothing else to place
+    assert ("not in the patch: not_in_optimizer calib: its code has no place in a file (leafwatch could not find "
+            "the statement it belongs to)\n") in result.stderr
 
 
 def test_report_diff_refuses_a_file_that_changed_since_the_run(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,7 @@ from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
 from ..report.names import natural_key
 from ..report.words import ADVICE, Edit, Remedy, code
+from .configured import configured_at, given_too
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -277,8 +278,10 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
                 break
     if at is None and held is not None and variable is not None:
         at = assigned_at(held, variable) or _script_assignment(variable)
-    return {"framework": where, "variable": variable, "cls": type(optimizers[0]).__name__ if optimizers else None,
-            "at": at}
+    cls = type(optimizers[0]).__name__ if optimizers else None
+    if where == "lightning" and model is not None:
+        at = configured_at(model, cls)
+    return {"framework": where, "variable": variable, "cls": cls, "at": at}
 
 
 def _record(optimizer: Any, built: Any) -> tuple[int, str, str] | None:
@@ -349,6 +352,12 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
         listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
         given = f"`{listed}`" if listed else "your tensor"
         yours = f"your `{cls}`" if cls else "the optimizer"
+        at = target.get("at")
+        given_code = given_too(at, params) if at is not None and params else None
+        if given_code is not None:
+            written, snippet = given_code
+            return (f"in `configure_optimizers`, give {given} to {yours} with the rest: `{snippet}`",
+                    code(snippet, Edit(at["path"], at["start"], at["end"], "replace", written)))
         group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
         return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}", ADVICE
     group = f'{{"params": {params}}}' if params else None

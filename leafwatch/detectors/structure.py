@@ -10,6 +10,7 @@ this one does not is resolved.
 
 from __future__ import annotations
 
+
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -208,14 +209,16 @@ def _chosen(inv: Inventory, optimizer: int | None) -> list[Any]:
 
 def _replaced_at(new: torch.Tensor, inv: Inventory, target: Mapping[str, Any]) -> dict[str, Any]:
     """Where the user's statement that made the new tensor stands, when the registration hooks saw it
-    after the optimizers were built: of the user's frames that ran the registration (innermost first:
+    made: of the user's frames that ran the registration (innermost first:
     ``Hetero.__init__``'s ``setattr``, then ``model = Hetero(model)``), the first statement that stands
     after the optimizer's, in its file and at its indentation (``replaced_span``). A fix that adds the
     new tensors goes there, not after the optimizer's statement, where the name still holds the old
     module; none found: ``None`` (the fix is not placed)."""
-    seen, at = inv.appeared(new, inv.optimizers_mark), target.get("at")
-    if seen is None:
+    seen, at = inv.appeared(new, 0), target.get("at")
+    if at is None:
         return {}
+    if seen is None:  # not seen made: after the optimizer's statement the fix would name tensors not made yet
+        return {"replaced_span": None}
     for where in seen[2]:
         span = fixes.statement_span(where)
         if span and at and span["path"] == at["path"] and span["indent"] == at["indent"] and span["start"] > at["end"]:

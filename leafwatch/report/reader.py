@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .findings import Report
+from .patch import patch_main
 from .records import REPORT_TAG, decode
 from ..options import folder_problem
 
@@ -124,13 +125,30 @@ def format_json(logdir: str, reports: Sequence[RunReport]) -> str:
 def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("logdir", metavar="LOGDIR", help="a TensorBoard log directory (searched recursively)")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
-    parser.add_argument("--fail-on", choices=FAIL_ON, default="error",
+    parser.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="exit 1 when a finding at least this severe is open (default: error)")
+    patching = parser.add_mutually_exclusive_group()
+    patching.add_argument("--diff", action="store_true",
+                          help="print the open findings' code fixes as one unified diff (for `git apply`, in the "
+                          "folder the run was started in); exit 0 when it holds every one, 1 when some could not "
+                          "be placed, 2 when it is refused")
+    patching.add_argument("--fix", action="store_true", help="apply that patch to the files in place and say what "
+                          "changed (same exit codes)")
+    parser.add_argument("--backup", action="store_true", help="with --fix: keep each changed file as FILE.orig")
     return parser
 
 
 def report_main(args: argparse.Namespace) -> int:
-    """Print the reports found under ``args.logdir``; the exit code."""
+    """Print the reports found under ``args.logdir`` (or their patch: ``--diff``, ``--fix``); the exit code."""
+    mixed = next((f"--{o}" for o, given in (("fail-on", args.fail_on is not None), ("json", args.json)) if given), None)
+    patching = "--diff" if args.diff else "--fix" if args.fix else None
+    if patching is not None and mixed is not None:
+        sys.stderr.write(f"leafwatch report: {patching} and {mixed} do not go together: {patching}'s exit code "
+                         "says whether the patch holds every code fix\n")
+        return EXIT_NO_DATA
+    if args.backup and not args.fix:
+        sys.stderr.write("leafwatch report: --backup goes with --fix\n")
+        return EXIT_NO_DATA
     try:
         reports = read_reports(args.logdir, "LOGDIR")
     except ValueError as error:
@@ -141,5 +159,7 @@ def report_main(args: argparse.Namespace) -> int:
                          f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
                          "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n")
         return EXIT_NO_DATA
+    if patching is not None:
+        return patch_main([r.data for r in reports], fix=args.fix, backup=args.backup)
     sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
-    return EXIT_FINDINGS if failing(reports, args.fail_on) else 0
+    return EXIT_FINDINGS if failing(reports, args.fail_on or "error") else 0

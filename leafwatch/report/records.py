@@ -52,6 +52,10 @@ leafwatch/report          latest wins; written when the findings change and at c
     lines, "action": "insert_after" | "replace", "text": the lines to write}} (null without a
     fix). Versions 1 and 2 carried no "reason", "args" or "remedy": read with the reason of
     "details" and no remedy.
+    "patch": {"root": the folder the run was started in, "files": {absolute path: sha256 of the
+    file as the run read it}, "hunks": [{"kind", "name", "diff": the finding's own unified diff}]}:
+    what `leafwatch report --diff` and the tab's hunks need (leafwatch/report/patch.py); absent
+    in records written before it (their patch is refused: run again).
     "nothing_to_check": true is added when no tensor required grad and nothing was watched
     (absent otherwise, and in records written before it: read as false).
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
@@ -91,9 +95,10 @@ def layout() -> dict[str, Any]:
                           "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]]}}
 
 
-def encode_report(report: Mapping[str, Any]) -> str:
-    """The ``leafwatch/report`` record of a report's ``to_dict()``: JSON with the version."""
-    return json.dumps({"version": RECORD_VERSION, **report})
+def encode_report(report: Mapping[str, Any], patch: Mapping[str, Any] | None = None) -> str:
+    """The ``leafwatch/report`` record of a report's ``to_dict()``: JSON with the version, and
+    what its patch needs (:func:`leafwatch.report.patch.record`) when given."""
+    return json.dumps({"version": RECORD_VERSION, **report, **({"patch": dict(patch)} if patch is not None else {})})
 
 
 def encode_coverage(chunk: int, groups: Mapping[str, Any],

@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..report import records
+from ..options import WarnOnce
+from ..report import patch, records
 from ..report.events import CheckEvent
 from ..report.findings import KINDS, Report
 from ..report.records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
@@ -79,6 +80,9 @@ def tensor_summary(tag: str, payload: str | bytes) -> Any:
     return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
+_WARN_PATCH = WarnOnce("`leafwatch report --diff` has no patch for this run.")
+
+
 class TensorBoardSink:
     """Writes each :class:`~leafwatch.CheckEvent` to a ``SummaryWriter``.
 
@@ -87,6 +91,8 @@ class TensorBoardSink:
         log_every_n_steps: Cadence of the coverage scalar and of refreshing the tab's records.
         chunk_steps: Steps per coverage record (one tag per chunk).
         write_layout: Write the custom-scalars layout to the ``leafwatch-layout`` sub-run.
+        root: The folder the run was started in (default: the working folder when the sink is
+            made): the paths of the patch its report record carries are relative to it.
 
     Example::
 
@@ -100,7 +106,7 @@ class TensorBoardSink:
     """
 
     def __init__(self, writer: Any, *, log_every_n_steps: int = 50, chunk_steps: int = 1000,
-                 write_layout: bool = True) -> None:
+                 write_layout: bool = True, root: str | None = None) -> None:
         for attr in ("add_scalar", "add_text"):
             if not callable(getattr(writer, attr, None)):
                 raise TypeError(f"`writer` must be a SummaryWriter (with `{attr}`), got {type(writer).__name__}")
@@ -108,6 +114,7 @@ class TensorBoardSink:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{argument}` must be an int >= 1, got {value!r}")
         self.writer = writer
+        self.root = os.path.abspath(root if root is not None else os.getcwd())
         self.log_every_n_steps = log_every_n_steps
         self.chunk_steps = chunk_steps
         # A live run's grid is refreshed a few times per chunk: every rewrite repeats the chunk so far.
@@ -162,7 +169,16 @@ class TensorBoardSink:
             return
         self._written = (id(report), step)
         self.writer.add_text(records.FINDINGS_TEXT_TAG, report.to_markdown(), step)
-        self._add_record(REPORT_TAG, records.encode_report(report.to_dict()), step)
+        self._add_record(REPORT_TAG, records.encode_report(report.to_dict(), patch=self._patch(report)), step)
+
+    def _patch(self, report: Report) -> dict[str, Any] | None:
+        """What ``leafwatch report --diff`` needs (:func:`leafwatch.report.patch.record`), written with the
+        report when the findings change; its failure costs only the patch."""
+        try:
+            return patch.record(report.findings, self.root)
+        except Exception as failure:
+            _WARN_PATCH("recording the patch of the run", failure)
+            return None
 
     def _add_coverage(self, event: CheckEvent) -> None:
         chunk = (event.step - 1) // self.chunk_steps

@@ -8,6 +8,7 @@ distributed merge and the tab.
 from __future__ import annotations
 
 import ast
+import os
 import random
 from pathlib import Path
 
@@ -83,7 +84,9 @@ def test_the_sink_writes_the_tags_of_records_and_records_decodes_them(tmp_path: 
     assert acc.Scalars(records.GRAD_COVERAGE_TAG)[-1].value == 0.5
     assert f"{records.FINDINGS_TEXT_TAG}/text_summary" in acc.Tags()["tensors"]
     written = records.decode(acc.Tensors(records.REPORT_TAG)[-1].tensor_proto.string_val[0])
-    assert written == {"version": records.RECORD_VERSION, **report.to_dict()}
+    # ... with what `leafwatch report --diff` needs: the folder, no file to edit (the fix is advice) (#47)
+    assert written == {"version": records.RECORD_VERSION, **report.to_dict(),
+                       "patch": {"root": os.getcwd(), "files": {}, "hunks": []}}
     coverage = records.decode(acc.Tensors(records.coverage_tag(0))[-1].tensor_proto.string_val[0])
     assert coverage["chunk"] == 0
     assert coverage["groups"]["all"]["names"] == ["body.weight", "body.bias", "unused.weight", "unused.bias"]

@@ -118,13 +118,19 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     # fixes in the user's terms: the right-hand side the class wrote, and Lightning's own place for
     # the optimizer (never a plain-loop `add_param_group` or a made-up `AdamW(model.parameters())`)
     assert "`self.temperature = nn.Parameter(torch.ones(1).to(torch.float64))`" in temperature.fix
-    left_out = by_key[("not_in_optimizer", "loss_weight")].fix
-    assert "in `configure_optimizers`, give `self.loss_weight` to your `SGD`" in left_out
-    assert '`{"params": [self.loss_weight]}`' in left_out
-    assert "add_param_group" not in left_out and "AdamW" not in left_out
-    # Each fix says what it is: the line to paste, or advice (Lightning's configure_optimizers is edited by hand).
+    left_out = by_key[("not_in_optimizer", "loss_weight")]
+    # configure_optimizers' own statement, its params argument given the left-out tensor too (#47)
+    given = ('return torch.optim.SGD([*[p for n, p in self.named_parameters() if n != "loss_weight"], '
+             'self.loss_weight], lr=0.01)')
+    assert f"in `configure_optimizers`, give `self.loss_weight` to your `SGD` with the rest: `{given}`" in left_out.fix
+    assert "add_param_group" not in left_out.fix and "AdamW" not in left_out.fix
+    edit = left_out.remedy.edit
+    statement = Buggy.configure_optimizers.__code__.co_firstlineno + 1
+    assert (edit.path, edit.start, edit.end, edit.action, edit.text) == (
+        __file__, statement, statement, "replace", f"        {given}\n")
+    # Each fix says what it is: the line to paste, or advice.
     assert {f.name: f.details["applicability"] for f in report} == {
-        "head": "words", "loss_weight": "words", "temperature": "code"}
+        "head": "words", "loss_weight": "code", "temperature": "code"}
     assert all(f.details["applicability"] in ("code", "words") for f in report.tensors() if f.fix)
 
 
@@ -168,7 +174,12 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     assert record["counts"]["missing_grad"] == 1 and record["version"] == 3
     # The tab's record carries the mark with the fix.
     assert {f["name"]: f["details"]["applicability"] for f in record["findings"]} == {
-        "head": "words", "loss_weight": "words", "temperature": "code"}
+        "head": "words", "loss_weight": "code", "temperature": "code"}
+    # ... and what the patch needs: the folder, each edited file's hash, each code fix's hunk (#47).
+    assert record["patch"]["root"] == os.getcwd() and list(record["patch"]["files"]) == [__file__]
+    hunks = {h["name"]: h["diff"] for h in record["patch"]["hunks"]}
+    assert set(hunks) == {"loss_weight", "temperature"}
+    assert "+        return torch.optim.SGD([*[p for n, p in self.named_parameters()" in hunks["loss_weight"]
 
 
 def test_clean_model_with_validation_test_and_clipping_has_no_findings(tmp_path):
@@ -522,7 +533,7 @@ def test_findings_of_the_fit_start_scan_say_at_start(tmp_path):
     # Seen at the fit-start scan, its gradient seen at the first (and only) check: the end of the
     # run decides it (no later check can show its value changing).
     assert lines["loss_weight"].startswith(
-        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix (advice): ")
+        "leafwatch: ERROR not_in_optimizer `loss_weight` seen at start, decided at step 1. Fix (code): in `configure_optimizers`")
     assert lines["head"].startswith("leafwatch: ERROR missing_grad `head` (2 tensors: head.{bias,weight}) at step 1. Fix (advice): ")
     table = str(callback.report)
     assert "loss_weight (since start, decided at step 1)" in table and "head (since step 1)" in table

@@ -22,6 +22,7 @@ from torch import nn
 from ...monitor import Monitor, explain_crash
 from ...observe import frames, inventory
 from ...observe.crashes import Context
+from ...report import patch
 from ...report.findings import Report
 from ...options import LeafwatchWarning, WarnOnce, folder_problem, parse_ignore, positive_int
 from ...sinks.notes import print_notes
@@ -108,7 +109,7 @@ def _print_script_traceback() -> None:
 
 def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = None,
         logdir: str | None = None, strict: bool = False, patience: int = 1,
-        ignore: dict[str, str] | None = None) -> int:
+        ignore: dict[str, str] | None = None, diff: str | None = None) -> int:
     """Run a script (or ``module``) under leafwatch; returns the exit code.
 
     Args:
@@ -119,9 +120,12 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         strict: Stop at the first check with an open error finding (exit code 1).
         patience: Checks a parameter may go without a gradient before it is reported.
         ignore: Name pattern -> reason; matching findings are reported as ignored.
+        diff: Write the patch of the open findings' code fixes to this file (paths relative to
+            the working folder when the run starts; see :mod:`leafwatch.report.patch`).
 
     Returns:
-        The script's exit code, or 1 when ``strict`` stopped it.
+        The script's exit code, or 1 when ``strict`` stopped it; with ``diff`` (and the script's
+        code 0), 2 when the patch is refused and 1 when it misses an open code fix.
 
     Raises:
         ValueError: neither or both of ``script`` and ``module``; ``patience`` below 1.
@@ -130,6 +134,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         raise ValueError(f"give exactly one of `script` and `module`, got script={script!r}, module={module!r}")
     if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
         raise ValueError(f"`patience` must be an int >= 1, got {patience!r}")
+    root = os.getcwd()
     session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
     session.install()
     stopped: StrictStop | None = None
@@ -155,9 +160,18 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
                        f"{first.severity.upper()} {first.kind} `{first.name}`.")
     session.write(session.summary(report, crashed=bool(crashed)))
     crashed.clear()
+    final = _final_code(session, report, code, strict=strict, stopped=stopped is not None)
+    if diff is not None:
+        patched = _write_patch(diff, report, root)
+        final = final or patched
+    return final
+
+
+def _final_code(session: Session, report: Report, code: int, *, strict: bool, stopped: bool) -> int:
+    """:func:`exit_code`, said when ``--strict`` decides it."""
     failed = session.failed_parts
     final = exit_code(code, report, strict=strict, incomplete=bool(failed))
-    if strict and stopped is None and code == 0 and final == STRICT_EXIT_CODE:
+    if strict and not stopped and code == 0 and final == STRICT_EXIT_CODE:
         errors = report.at_least("error")
         session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
                        f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
@@ -165,6 +179,20 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         session.write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
                        f"exit {INCOMPLETE_EXIT_CODE}.")
     return final
+
+
+def _write_patch(path: str, report: Report, root: str) -> int:
+    """Write the patch of ``report`` to ``path`` (the files as the run read them); what is left out
+    goes to stderr, one line each; 0 when it holds every code fix, 1 when not, 2 when refused."""
+    try:
+        made = patch.build(report.findings, root, patch.run_lines)
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(made.diff)
+    except (patch.PatchRefused, OSError) as refused:
+        sys.stderr.write(f"leafwatch run: no patch: {refused}\n")
+        return USAGE_EXIT_CODE
+    sys.stderr.write("".join(f"leafwatch run: {o}\n" for o in made.left_out))
+    return patch.exit_code(made)
 
 
 @contextlib.contextmanager
@@ -252,7 +280,9 @@ EXIT_CODES_HELP = f"""exit codes, first match wins:
   {STRICT_EXIT_CODE}   --strict and an open error: at the check that decided it (the script stops there),
       or at the end of the run
   {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings)
-  0   otherwise (without --strict, findings never change the exit code)"""
+  {USAGE_EXIT_CODE}   --diff FILE and the patch is refused (two fixes on the same lines, or FILE can't be written)
+  1   --diff FILE and an open code fix could not be placed in the patch
+  0   otherwise (without --strict or --diff, findings never change the exit code)"""
 
 
 def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -267,6 +297,9 @@ def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="checks a parameter may go without a gradient before it is reported (default 1)")
     parser.add_argument("--ignore", action="append", default=[], metavar="PATTERN[=REASON]",
                         help="report findings whose name matches the glob PATTERN as ignored (repeatable)")
+    parser.add_argument("--diff", metavar="FILE",
+                        help="write the open findings' code fixes to FILE as one unified diff (for `git apply` in "
+                        "this folder); the script's own output stays apart")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                         help="run a library module as a script (the rest of the line is its arguments)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
@@ -302,7 +335,7 @@ def run_main(args: argparse.Namespace) -> int:
     if problem is not None:
         return _usage_error(problem)
     return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
-               patience=args.patience, ignore=ignore)
+               patience=args.patience, ignore=ignore, diff=args.diff)
 
 
 def _package_without_main(module: str) -> bool:

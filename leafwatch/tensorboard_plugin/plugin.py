@@ -96,6 +96,27 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
     return out
 
 
+def with_hunks(findings: Any, patch: Any) -> list[Any]:
+    """The findings of a report record, each open one with a code fix given the hunk its run recorded
+    for it (the record's ``"patch"``: :func:`leafwatch.report.patch.record`), as ``"hunk"``: the tab
+    shows the diff without the sources. A record without one (an older leafwatch) is read as it is.
+
+    Example::
+
+        >>> with_hunks([{"kind": "orphan_tensor", "name": "blocks"}],
+        ...            {"hunks": [{"kind": "orphan_tensor", "name": "blocks", "diff": "--- a/t.py"}]})
+        [{'kind': 'orphan_tensor', 'name': 'blocks', 'hunk': '--- a/t.py'}]
+    """
+    findings = list(findings) if isinstance(findings, list) else []
+    hunks = patch.get("hunks") if isinstance(patch, dict) else None
+    if not isinstance(hunks, list):
+        return findings
+    diffs = {(h.get("kind"), h.get("name")): h["diff"] for h in hunks if isinstance(h, dict) and isinstance(h.get("diff"), str)}
+    return [{**f, "hunk": diffs[f.get("kind"), f.get("name")]}
+            if isinstance(f, dict) and not f.get("hunk") and (f.get("kind"), f.get("name")) in diffs else f
+            for f in findings]
+
+
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
     """Maps ranges of positions in a group's list of checks onto ranges of steps."""
     positions = list(positions)
@@ -371,7 +392,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
             if report is None:
                 continue
             out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
-                        "findings": sorted_findings(report.get("findings", [])),
+                        "findings": sorted_findings(with_hunks(report.get("findings", []), report.get("patch"))),
                         # Why there is nothing to check (the console's words), None when there is.
                         "nothing_to_check": NOTHING_TO_CHECK if report.get("nothing_to_check") is True else None}
         return out

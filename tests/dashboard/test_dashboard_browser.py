@@ -9,6 +9,7 @@ import struct
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 from _browser import DevTools, tab_screenshot
@@ -51,42 +52,44 @@ def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-#: The hunk the "patched" run records for its ``loss_weight`` finding (as a run records each code
-#: fix's hunk for the tab, without the sources).
-LOSS_WEIGHT_HUNK = """@@ -117,2 +117,3 @@
-     optimizer = torch.optim.SGD([p for n, p in model.named_parameters() if n != "loss_weight"], lr=0.01)
-+    optimizer.add_param_group({"params": [model.loss_weight]})
-     temperature = torch.ones(1, requires_grad=True).to(torch.float64)  # a non-leaf
-"""
-
-
 def _write_patched_run(log_dir: Path, scratch: Path) -> None:
-    """The mixed run (trained in ``scratch``), its report record holding a hunk for its
-    ``loss_weight`` finding, written with its coverage records by one writer (one event file:
-    TensorBoard drops the records of a second file whose steps go back)."""
+    """The mixed run (trained in ``scratch``) as its sink recorded it: its report record carries the
+    hunk of each placed code fix (``"patch"``), written with its coverage records by one writer (one
+    event file: TensorBoard drops the records of a second file whose steps go back)."""
     import json
     import zlib
 
-    from tensorboard.backend.event_processing import event_accumulator
     from torch.utils.tensorboard import SummaryWriter
 
     from leafwatch.report import records
     from leafwatch.sinks.tensorboard import tensor_summary
 
-    report = write_mixed_run(scratch).to_dict()
-    for finding in report["findings"]:
-        if finding["name"] == "loss_weight":
-            finding["hunk"] = LOSS_WEIGHT_HUNK
-    acc = event_accumulator.EventAccumulator(str(scratch), size_guidance={"tensors": 0})
-    acc.Reload()
+    write_mixed_run(scratch)
+    acc = _accumulator(scratch)
     writer = SummaryWriter(str(log_dir))
     for tag in acc.Tags()["tensors"]:
+        last = acc.Tensors(tag)[-1]
         if records.is_coverage_tag(tag):
-            last = acc.Tensors(tag)[-1]
             assert json.loads(zlib.decompress(last.tensor_proto.string_val[0]))["in_no_optimizer"]
+        if records.is_coverage_tag(tag) or tag == records.REPORT_TAG:
             writer._get_file_writer().add_summary(tensor_summary(tag, last.tensor_proto.string_val[0]), last.step)
-    writer._get_file_writer().add_summary(tensor_summary(records.REPORT_TAG, records.encode_report(report)), 3)
     writer.close()
+
+
+def _accumulator(log_dir: Path) -> Any:
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(log_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return acc
+
+
+def _recorded_hunks(log_dir: Path) -> dict[str, str]:
+    """Finding name -> the hunk its run's report record carries."""
+    from leafwatch.report import records
+
+    record = records.decode(_accumulator(log_dir).Tensors(records.REPORT_TAG)[-1].tensor_proto.string_val[0])
+    return {h["name"]: h["diff"] for h in record["patch"]["hunks"]}
 
 
 @pytest.fixture(scope="module")
@@ -359,13 +362,14 @@ def test_each_code_fix_shows_its_hunk_or_its_code_with_a_copy_button(
     finally:
         browser.close()
     fixes = out["fixes"]
-    # The hunk the run recorded, as a patch; without one, the code and the place it goes.
-    assert fixes["loss_weight"] == {"place": "patch", "path": remedies["loss_weight"].edit.path,
-                                    "code": LOSS_WEIGHT_HUNK, "hunk": True}
-    scale = remedies["scale"]
-    assert scale.applicability == "code" and scale.edit.action == "replace"
-    assert fixes["scale"] == {"place": f"_tensorboard_runs.py:{scale.edit.start}", "path": scale.edit.path,
-                              "code": scale.code + "\n", "hunk": False}
+    # The hunk the run recorded for each placed code fix, as a patch of the user's file.
+    hunks = _recorded_hunks(logs / "patched")
+    assert set(hunks) == {"loss_weight", "scale"}
+    assert '+    optimizer.add_param_group({"params": [model.loss_weight]})\n' in hunks["loss_weight"]
+    for name in ("loss_weight", "scale"):
+        assert remedies[name].applicability == "code" and remedies[name].edit is not None
+        assert hunks[name].startswith("--- a/tests/_tensorboard_runs.py\n+++ b/tests/_tensorboard_runs.py\n@@ -")
+        assert fixes[name] == {"place": "patch", "path": remedies[name].edit.path, "code": hunks[name], "hunk": True}
     # A code fix with no place (the watched non-leaf is made a leaf and handed to the optimizer: the two
     # statements stand at other indentations, so no one edit places both): the code, to paste.
     temperature = remedies["temperature"]
@@ -375,8 +379,8 @@ def test_each_code_fix_shows_its_hunk_or_its_code_with_a_copy_button(
     assert {name for name, fix in fixes.items() if fix is None} == {
         name for name, remedy in remedies.items() if remedy is None or remedy.applicability == "words"} >= {"unused", "kept"}
     # The button copies what it shows.
-    assert out["loss_weight"] == {"copied": "true", "label": "Copied", "clipboard": LOSS_WEIGHT_HUNK}
-    assert out["scale"] == {"copied": "true", "label": "Copied", "clipboard": scale.code}
+    assert out["loss_weight"] == {"copied": "true", "label": "Copied", "clipboard": hunks["loss_weight"]}
+    assert out["scale"] == {"copied": "true", "label": "Copied", "clipboard": hunks["scale"]}
 
 
 _TABLE = """(async () => {

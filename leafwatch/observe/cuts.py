@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 import weakref
 from collections.abc import Iterable
 from types import FrameType
@@ -201,6 +202,20 @@ def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
     return found
 
 
+def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: FrameType) -> Any:
+    """``func(*args, **kwargs)`` with the warnings it raises put on ``caller``'s line: a cutting op
+    (``float(t)``, ``.item()`` on a tensor that requires grad) warns from C++ at the Python frame that
+    called it, which here is this mode's, not the code that wrote the op. Only cutting ops come here."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = func(*args, **kwargs)
+    for w in caught:
+        warnings.warn_explicit(w.message, w.category, caller.f_code.co_filename, caller.f_lineno,
+                               module=caller.f_globals.get("__name__"),
+                               registry=caller.f_globals.setdefault("__warningregistry__", {}))
+    return result
+
+
 class CutRecorder(TorchFunctionMode):
     """Records the cuts of one forward pass (entered by the Tracer's root pre-hook, left at its end)."""
 
@@ -253,7 +268,7 @@ class CutRecorder(TorchFunctionMode):
                 cut.integer, cut.steps = str(integer), _steps_upstream(sources)
         except Exception as error:
             self.error, cut = error, None
-        result = func(*args, **kwargs)
+        result = _at_callers_line(func, args, kwargs, sys._getframe(1))
         if cut is not None and func in _MAY_KEEP_GRAPH and isinstance(result, torch.Tensor) and result.requires_grad:
             cut.leaves.difference_update(id(t) for t in sources if t.grad_fn is None)  # `as_tensor` kept it
         return result

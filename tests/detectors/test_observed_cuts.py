@@ -157,6 +157,21 @@ def test_a_cut_seen_in_the_forward_is_named_at_its_line(model_cls, op, marker, r
         assert fix.format(at=at) in f.fix, f.fix
 
 
+def test_a_warning_the_cutting_op_raises_points_at_the_line_that_wrote_it() -> None:
+    """torch warns from C++ at the Python frame that called the op: under the cut recorder that frame
+    is leafwatch's, so the warning is put back on the user's line."""
+    always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)  # (torch warns it once per process otherwise)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _one_step(Float())
+    finally:
+        torch.set_warn_always(always)
+    scalar = [w for w in caught if "to a scalar" in str(w.message)]
+    assert scalar and {f"{os.path.basename(w.filename)}:{w.lineno}" for w in scalar} == {_at("float")}
+
+
 class AsTensor(Cutting):
     def middle(self, h):
         return torch.as_tensor(h)  # the same tensor back: its graph is kept

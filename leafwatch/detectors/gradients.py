@@ -418,7 +418,8 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
                 reachable, walked = graph.reachable_leaf_ids(loss), True
             if hand_set is None:
                 hand_set = silenced.finder(loss, lambda: {id(q) for _, c, _ in evidence[LISTS] for q in c.params} | skip,
-                                           lambda: all(len(m) == len(c.params) for _, c, m in evidence[LISTS]))
+                                           lambda: all(len(m) == len(c.params) for _, c, m in evidence[LISTS]),
+                                           lambda: seen.observer.handed_loss)
             found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip,
                            hand_set=hand_set)
             out = found if out is None else out + found

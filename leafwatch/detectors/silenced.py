@@ -34,25 +34,27 @@ GROUP = "the hand-set loss"
 
 
 def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],
-           every_missed: Callable[[], bool]) -> Callable[[], silenced.Silenced | None]:
+           every_missed: Callable[[], bool], handed: Callable[[], torch.Tensor | None]) -> Callable[[], silenced.Silenced | None]:
     """A memoised look for the hand-set loss of this check: ``loss`` when given (None when it has a
-    graph), else a hand-set leaf of the user's frames whose hand setting the code shows, looked for only
-    where no checked tensor got a gradient (``every_missed``: backward stopped at the hand-set leaf, so
-    none did; reading a frame's locals keeps them alive on Python < 3.13 until the next read, so they
-    are read only for the error itself)."""
+    graph); else, only where no checked tensor got a gradient (``every_missed``: backward stopped at the
+    hand-set leaf, so none did), the loss a framework handed over at its backward (``handed``) or a
+    hand-set leaf of the user's frames whose hand setting the code shows (reading a frame's locals keeps
+    them alive on Python < 3.13 until the next read, so they are read only for the error itself)."""
     found: list[silenced.Silenced | None] = []
 
     def look() -> silenced.Silenced | None:
         if not found:
-            found.append(_look(loss, exclude, every_missed))
+            found.append(_look(loss, exclude, every_missed, handed))
         return found[0]
     return look
 
 
 def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],
-          every_missed: Callable[[], bool]) -> silenced.Silenced | None:
-    if loss is None and not every_missed():
-        return None
+          every_missed: Callable[[], bool], handed: Callable[[], torch.Tensor | None]) -> silenced.Silenced | None:
+    if loss is None:
+        if not every_missed():
+            return None
+        loss = handed()
     if loss is not None:
         leaf = silenced.hand_set_leaf(loss)
         if leaf is None or id(leaf) in exclude():

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from ..monitor import explain_crash
-from ..observe import silenced
 from ..observe.crashes import Context
 from ..report import records
 from ..sinks.notes import print_notes
@@ -101,8 +100,9 @@ class _LeafWatchMixin(CallbackBase):
     #: dropped, then ``global_step`` is read), and how many steps were read.
     _counter: Any = None
     _steps_read = 0
-    #: The loss of the last backward when its requires_grad was set by hand (until the check that follows).
-    _hand_set_loss: Any = None
+    #: The loss of the last backward (until the check that follows, which reads it only where no tensor
+    #: got a gradient: a loss whose requires_grad was set by hand).
+    _loss: Any = None
 
     # -- identity and state --------------------------------------------------------------------
     @property
@@ -121,7 +121,7 @@ class _LeafWatchMixin(CallbackBase):
         state = dict(self.__dict__)
         state.update(monitor=None, _console=None, _pending_state=self.state_dict() or None, _last_report=None,
                      _final_state={}, _unwrapped=None, _counter=None, _steps_read=0,
-                     _hand_set_loss=None)
+                     _loss=None)
         return state
 
     # -- the Trainer hooks ---------------------------------------------------------------------
@@ -133,10 +133,9 @@ class _LeafWatchMixin(CallbackBase):
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        # A loss made of no parameter that requires grad (its requires_grad set by hand): kept for the check
-        # that follows, which names it (a loss with a graph is never kept: its graph stays the user's).
-        if self.monitor is not None and silenced.hand_set_leaf(loss) is not None:
-            self._hand_set_loss = loss
+        # Kept for the check that follows, which looks at it only where no tensor got a gradient (a loss
+        # made of no parameter, its requires_grad set by hand): nothing read here, on every step.
+        self._loss = loss
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -153,10 +152,12 @@ class _LeafWatchMixin(CallbackBase):
         # toggle_optimizer's saved flags, read in place at every step (a call only when there are some)
         saved = getattr(pl_module, "_param_requires_grad_state", None)
         toggled = self._untoggle(saved) if saved else []
-        loss, self._hand_set_loss = self._hand_set_loss, None
+        observer, loss, self._loss = self.monitor.observer, self._loss, None
+        observer.handed_loss = loss
         try:
-            self._check(unwrapped[1], step + 1, loss)
+            self._check(unwrapped[1], step + 1)
         finally:
+            observer.handed_loss = None
             for p in toggled:
                 p.requires_grad_(False)
 
@@ -179,7 +180,7 @@ class _LeafWatchMixin(CallbackBase):
 
     @override
     def _release(self) -> None:
-        self._unwrapped = self._hand_set_loss = None
+        self._unwrapped = self._loss = None
         self._counter, self._steps_read = None, 0
 
     # -- helpers -------------------------------------------------------------------------------

@@ -48,13 +48,18 @@ class Observer:
         #: How many registrations were seen; :meth:`appeared` compares with :meth:`mark`.
         self._registrations = itertools.count(1)
         self._last = 0
-        #: id -> (the tensor, weakly; the registration's number; the user's ``path:line``; the user's function).
-        self._appeared: dict[int, tuple[weakref.ReferenceType, int, str, str]] = {}
+        #: id -> (the tensor, weakly; the registration's number; the user's ``path:line``; the user's function;
+        #: the ``path:line`` of the user's frames from it outward).
+        self._appeared: dict[int, tuple[weakref.ReferenceType, int, str, str, tuple[str, ...]]] = {}
         self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
+        self._last_stepping: weakref.ReferenceType[torch.optim.Optimizer] | None = None
         #: optimizer -> (the registration mark when it was built, the user's ``path:line``, the variable assigned)
         self._built: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, str, str]] = weakref.WeakKeyDictionary()
         #: optimizer -> (the library, the library's ``path:line`` that built it) for one a library's code built
         self._built_by: weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[str, str]] = weakref.WeakKeyDictionary()
+        #: The loss a framework handed over at its backward (the Lightning callback, until the check that
+        #: follows): read only where no checked tensor got a gradient, for a loss set to require grad by hand.
+        self.handed_loss: torch.Tensor | None = None
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()
@@ -119,7 +124,12 @@ class Observer:
         return list(self._stepping)
 
     def _saw_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        self._stepping.add(optimizer)
+        # At every step: the WeakSet makes a weak reference at each add, so the last one seen is kept
+        # (weakly) and a step of the same optimizer again costs one call of it.
+        last = self._last_stepping
+        if last is None or last() is not optimizer:
+            self._stepping.add(optimizer)
+            self._last_stepping = weakref.ref(optimizer)
 
     def _saw_built(self, optimizer: torch.optim.Optimizer) -> None:
         try:  # (inside the user's optimizer construction: never stop it)
@@ -201,6 +211,7 @@ class Observer:
             self._modules.disarm()
         self._appeared.clear()
         self._stepping.clear()
+        self._last_stepping = None
 
 
 def _assigned_name(frame: Any) -> str:

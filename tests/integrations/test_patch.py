@@ -20,6 +20,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 #: Each script of tests/scripts/ whose open findings get a code fix with a place: the findings the
 #: patch fixes, and the exit code of ``leafwatch report --diff`` (1: an open code fix had no place).
+#: (A script that raises has no record, so no patch: its fixes are run in test_fixes_run.py.)
 PATCHED = {
     "buggy.py": ({("orphan_tensor", "blocks"), ("orphan_tensor", "scale")}, 0),
     "left_out.py": ({("not_in_optimizer", "scale")}, 0),
@@ -33,6 +34,11 @@ PATCHED = {
     # insert after its last line (`temperature` handed over): the insert goes after the new text
     "outside_tensors.py": ({("non_leaf", "shift"), ("not_in_optimizer", "temperature")}, 0),
 }
+#: What stays open once the patch is applied: findings no code fix mends. buggy.py's `scale` fix keeps the
+#: `.to(torch.float64)` the user wrote, so the Parameter it registers is float64 beside float32 ones (a
+#: warning of its own); its unused `aux_head` has advice, not code. (A rebuilt model's old tensors stay
+#: in the optimizer: an INFO, never open.)
+KNOWN = {"buggy.py": {("missing_grad", "aux_head"), ("device_mismatch", "scale")}}
 
 
 def _env() -> dict[str, str]:
@@ -70,7 +76,8 @@ def _open(logdir: Path) -> set[tuple[str, str]]:
     return {(str(f.kind), f.name) for f in run.report.open}
 
 
-def _run_patch_rerun(folder: Path, script: str, fixed: set[tuple[str, str]], code: int) -> str:
+def _run_patch_rerun(folder: Path, script: str, fixed: set[tuple[str, str]], code: int,
+                     known: set[tuple[str, str]] | None = None) -> str:
     """Run ``script`` with ``--diff``, check ``leafwatch report --diff`` prints the same patch, apply it
     with ``git apply``, run the patched script: ``fixed`` are gone, it exits 0. The patch."""
     first = _leafwatch(folder, "run", "--logdir", "logs", "--diff", "fix.diff", script)
@@ -85,7 +92,9 @@ def _run_patch_rerun(folder: Path, script: str, fixed: set[tuple[str, str]], cod
     assert _git(folder, "apply", "fix.diff").returncode == 0
     again = _leafwatch(folder, "run", "--logdir", "logs_after", script)
     assert again.returncode == 0, again.stderr
-    assert not fixed & _open(folder / "logs_after"), again.stderr
+    after = _open(folder / "logs_after")
+    assert not fixed & after, again.stderr
+    assert known is None or after == known, (after, again.stderr)  # and nothing new opened
     twice = _git(folder, "apply", "--check", "fix.diff")  # applying twice fails cleanly: nothing written
     assert twice.returncode != 0 and "patch does not apply" in twice.stderr
     assert _git(folder, "diff", "--stat").stdout.count("|") == diff.count("--- a/")
@@ -96,7 +105,7 @@ def _run_patch_rerun(folder: Path, script: str, fixed: set[tuple[str, str]], cod
 def test_each_scripts_patch_applies_and_its_findings_are_gone(tmp_path: Path, script: str,
                                                              fixed: set[tuple[str, str]], code: int) -> None:
     folder = _project(tmp_path, {p.name: p.read_text() for p in SCRIPTS.glob("*.py")})
-    diff = _run_patch_rerun(folder, script, fixed, code)
+    diff = _run_patch_rerun(folder, script, fixed, code, KNOWN.get(script, set()))
     assert diff.startswith(f"--- a/{script}\n+++ b/{script}\n@@ -")  # the script's own file, nothing else
 
 

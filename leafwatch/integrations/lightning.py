@@ -8,9 +8,11 @@ The callback stays thin: ``on_fit_start``, ``on_before_optimizer_step`` and ``on
 from __future__ import annotations
 
 import importlib
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from typing_extensions import override
 
 from ..monitor import explain_crash
@@ -100,8 +102,9 @@ class _LeafWatchMixin(CallbackBase):
     #: dropped, then ``global_step`` is read), and how many steps were read.
     _counter: Any = None
     _steps_read = 0
-    #: The loss of the last backward (until the check that follows, which reads it only where no tensor
-    #: got a gradient: a loss whose requires_grad was set by hand).
+    #: The loss of the last backward, weakly (Lightning holds it until the optimizer step; leafwatch never
+    #: keeps a graph alive), for the check that follows, which reads it only where no tensor got a
+    #: gradient: a loss whose requires_grad was set by hand.
     _loss: Any = None
 
     # -- identity and state --------------------------------------------------------------------
@@ -135,7 +138,7 @@ class _LeafWatchMixin(CallbackBase):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         # Kept for the check that follows, which looks at it only where no tensor got a gradient (a loss
         # made of no parameter, its requires_grad set by hand): nothing read here, on every step.
-        self._loss = loss
+        self._loss = weakref.ref(loss) if isinstance(loss, torch.Tensor) else None
 
     @override
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any) -> None:
@@ -153,7 +156,7 @@ class _LeafWatchMixin(CallbackBase):
         saved = getattr(pl_module, "_param_requires_grad_state", None)
         toggled = self._untoggle(saved) if saved else []
         observer, loss, self._loss = self.monitor.observer, self._loss, None
-        observer.handed_loss = loss
+        observer.handed_loss = loss() if loss is not None else None
         try:
             self._check(unwrapped[1], step + 1)
         finally:

@@ -769,3 +769,21 @@ def test_with_only_the_lightning_package_it_is_a_lightning_pytorch_callback(tmp_
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True ['lightning.pytorch.callbacks.callback']"
+
+
+def test_the_loss_kept_between_backward_and_the_optimizer_step_is_not_kept_alive() -> None:
+    """The callback keeps the loss of the last backward for the check that follows (the silenced
+    error), weakly: a loss whose graph the user keeps (`retain_graph=True`) dies with the user's last
+    reference, not with the next step."""
+    import gc
+    import weakref
+
+    callback = LeafWatch()
+    w = torch.ones(3, requires_grad=True)
+    loss = (w * 2).sum()
+    loss.backward(retain_graph=True)
+    callback.on_before_backward(None, None, loss)  # type: ignore[arg-type]
+    gone = weakref.ref(loss)
+    del loss
+    gc.collect()
+    assert gone() is None

@@ -127,8 +127,8 @@ def _persistent_non_leaf(m: Members) -> Words:
                f"the graph that made it, and the backward() at {_short(a['place'])} goes through that graph again.")
     cause = f"{origin_cause(m.name, a['origin'])} Its graph is made once and freed by the first backward() through it"
     if a["attribute"]:
-        fix, remedy = fixes.parameter_fix(a)
-        fix += "; a Parameter is a leaf: no graph is kept from one step to the next, and the optimizer can hold it"
+        words, remedy = fixes.parameter_fix(a)
+        fix = f"{words}; a Parameter is a leaf: no graph is kept from one step to the next, and the optimizer can hold it"
     else:
         fix, remedy = fixes.leaf_fix(m.name, a["origin"], a)
     return Words(message, cause + ".", fix, remedy)

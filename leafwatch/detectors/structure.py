@@ -337,12 +337,12 @@ def _formerly(names: list[str]) -> str:
 def _old_tensors(m: Members) -> Words:
     a = m.first
     n, lazy = a["count"], a["lazy"]
+    uninitialized = "" if not lazy else (
+        f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
+        "before the lazy modules' first forward and the model was then copied or rebuilt, so "
+        f"{'they' if lazy != 1 else 'it'} will never materialize.")
     cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
-             "optimizer still holds the old tensors, which nothing uses.")
-    if lazy:
-        cause += (f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
-                  "before the lazy modules' first forward and the model was then copied or rebuilt, so "
-                  f"{'they' if lazy != 1 else 'it'} will never materialize.")
+             f"optimizer still holds the old tensors, which nothing uses.{uninitialized}")
     return Words(
         f"optimizer {a['optimizer']} holds {n} tensor{'s' if n != 1 else ''} that "
         f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
@@ -355,12 +355,12 @@ def _leftovers(m: Members) -> Words:
     a = m.first
     n, lazy, i = a["count"], a["lazy"], a["optimizer"]
     them = "them" if n != 1 else "it"
+    uninitialized = "" if not lazy else (
+        f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer materialize.")
     cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
              f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {i}, which "
              f"skips {them} (no gradient). Harmless, but {them} and {'their' if n != 1 else 'its'} optimizer "
-             "state cost memory.")
-    if lazy:
-        cause += f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer materialize."
+             f"state cost memory.{uninitialized}")
     return Words(
         f"optimizer {i} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
         f"uses{_formerly(a['old_names'])}: harmless, costs memory.",
@@ -412,11 +412,11 @@ def _tensor_in_container(m: Members) -> Words:
 @renders("orphan_tensor", "non_leaf_attribute")
 def _non_leaf_attribute(m: Members) -> Words:
     origin = m.first["origin"]
-    cause = leaves.origin_cause(m.name, origin)
     leaf = origin["leaf"] if origin is not None else None
-    if leaf is not None and leaf["is_parameter"] and origin["kind"] in ("device", "dtype", "copy"):
-        cause += (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf "
-                  "tensor, not a Parameter.")
+    of_a_parameter = leaf is not None and leaf["is_parameter"] and origin["kind"] in ("device", "dtype", "copy")
+    note = (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf tensor, not a "
+            "Parameter.") if of_a_parameter else ""
+    cause = leaves.origin_cause(m.name, origin) + note
     fix, remedy = fixes.parameter_fix(m.first["fix"])
     return Words(f"module attribute {m.who} is a non-leaf tensor, not a Parameter: {_effect(m)}, and it has no .grad.",
                  cause, fix, remedy)

@@ -273,23 +273,20 @@ for step in range(3):
                    "not in the patch: missing_grad spare: its fix is advice, not code"],
      "no code fix to give: 2 open findings have advice only"),
     ("clean.py", [], "no code fix to give: no open findings")])
-def test_report_diff_with_no_code_fix_to_give_says_why_on_one_line_and_exits_0(
+def test_a_patch_with_no_code_fix_to_give_says_why_on_one_line_and_exits_0(
         tmp_path: Path, script: str, left_out: list[str], summary: str) -> None:
+    """``report --diff``: the line after the left-out ones, nothing on stdout; ``run --diff FILE``: the same
+    line, and FILE left empty (an earlier run's patch is not left behind), never silently."""
     folder = _project(tmp_path, {"advice.py": ADVICE_ONLY, "clean.py": (SCRIPTS / "clean.py").read_text()})
-    assert _leafwatch(folder, "run", "--logdir", "logs", script).returncode == 0
+    (folder / "fix.diff").write_text("--- a/advice.py\n")
+    run = _leafwatch(folder, "run", "--logdir", "logs", "--diff", "fix.diff", script)
+    assert run.returncode == 0
+    assert "".join(f"leafwatch run: {line}\n" for line in left_out) + (
+        f"leafwatch run: {summary} (fix.diff is empty)\n") in run.stderr
+    assert (folder / "fix.diff").read_text() == ""
     result = _leafwatch(folder, "report", "logs", "--diff")
     assert (result.returncode, result.stdout) == (0, "")
     assert result.stderr.splitlines() == [*left_out, f"leafwatch report: {summary}"]
-
-
-def test_run_diff_with_no_code_fix_to_give_says_why_and_leaves_an_empty_file(tmp_path: Path) -> None:
-    folder = _project(tmp_path, {"advice.py": ADVICE_ONLY})
-    (folder / "fix.diff").write_text("--- a/advice.py\n")  # an earlier run's patch: not left behind
-    result = _leafwatch(folder, "run", "--diff", "fix.diff", "advice.py")
-    assert result.returncode == 0
-    assert ("leafwatch run: not in the patch: missing_grad spare: its fix is advice, not code\n"
-            "leafwatch run: no code fix to give: 2 open findings have advice only (fix.diff is empty)\n") in result.stderr
-    assert (folder / "fix.diff").read_text() == ""
 
 
 def test_report_diff_refuses_a_file_that_changed_since_the_run(tmp_path: Path) -> None:

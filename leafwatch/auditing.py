@@ -77,7 +77,7 @@ def audit(
 def _arguments(model: Any, optimizers: Any, tensors: Any, loss: Any, ignore: Any, check_values: Any
                ) -> tuple[nn.Module | None, list[torch.optim.Optimizer], dict[str, torch.Tensor], Mapping[str, str]]:
     """audit()'s arguments checked and normalized (a TypeError/ValueError naming the argument)."""
-    model = inventory.normalize_model(model)
+    model = inventory.normalize_model(model, call="audit")
     opts = inventory.normalize_optimizers(optimizers)
     named = inventory.normalize_tensors(tensors)
     ignore_map = validate_ignore(ignore)

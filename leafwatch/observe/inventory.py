@@ -462,10 +462,12 @@ def normalize_roots(roots: Any, argument: str = "roots") -> dict[str, nn.Module]
     return out
 
 
-def normalize_model(model: Any, argument: str = "model") -> nn.Module | None:
+def normalize_model(model: Any, argument: str = "model", call: str = "Monitor") -> nn.Module | None:
+    """``model`` as given (a module or None); a TypeError naming ``argument`` otherwise, and for an
+    optimizer given first, the order ``call`` (the function the user called) takes them in."""
     if model is None or isinstance(model, nn.Module):
         return model
-    hint = " (an optimizer goes second: `Monitor(model, optimizer)`)" if isinstance(model, torch.optim.Optimizer) else ""
+    hint = f" (an optimizer goes second: `{call}(model, optimizer)`)" if isinstance(model, torch.optim.Optimizer) else ""
     raise TypeError(f"`{argument}` must be a torch.nn.Module, got {got(model)}{hint}")
 
 

@@ -255,6 +255,36 @@ def apply(patch: Patch, backup: bool = False) -> list[str]:
     return said
 
 
+def nothing_to_give(patch: Patch) -> str | None:
+    """Why ``patch`` holds no file, in one line (None when it holds one): no open finding, or what the
+    open findings left out of it have instead of a placed code fix.
+
+    Example::
+
+        >>> nothing_to_give(Patch((), (LeftOut("missing_grad", "aux", "its fix is advice, not code", False),) * 2))
+        'no code fix to give: 2 open findings have advice only'
+        >>> nothing_to_give(Patch((), ()))
+        'no code fix to give: no open findings'
+    """
+    if patch.files:
+        return None
+    if not patch.left_out:
+        return "no code fix to give: no open findings"
+    counts = {"a code fix that could not be placed": sum(o.code for o in patch.left_out),
+              "no fix": sum(not o.code and o.why == "it has no fix" for o in patch.left_out)}
+    counts = {"advice only": len(patch.left_out) - sum(counts.values()), **counts}
+    said = [(n, what) for what, n in counts.items() if n]
+    total = len(patch.left_out)
+    if len(said) == 1:
+        return f"no code fix to give: {total} open finding{'s' if total != 1 else ''} {_have(total)} {said[0][1]}"
+    parts = [f"{n} {_have(n)} {what}" for n, what in said]
+    return f"no code fix to give: of {total} open findings, {', '.join(parts[:-1])} and {parts[-1]}"
+
+
+def _have(n: int) -> str:
+    return "has" if n == 1 else "have"
+
+
 def exit_code(patch: Patch) -> int:
     """0 when the patch holds every open code fix, 1 when some could not be placed in it."""
     return 0 if patch.complete else 1
@@ -263,7 +293,8 @@ def exit_code(patch: Patch) -> int:
 def patch_main(records: Sequence[Mapping[str, Any]], *, fix: bool = False, backup: bool = False,
                out: TextIO | None = None, err: TextIO | None = None) -> int:
     """``leafwatch report --diff`` (print the patch of ``records``) or ``--fix`` (apply it); each
-    finding left out on ``err``, one line each; the exit code (2 when the patch is refused)."""
+    finding left out on ``err``, one line each, and with ``--diff`` of no file, one more saying why
+    (:func:`nothing_to_give`); the exit code (2 when the patch is refused)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         patch = of_records(records)
@@ -280,6 +311,9 @@ def patch_main(records: Sequence[Mapping[str, Any]], *, fix: bool = False, backu
     else:
         out.write(patch.diff)
     err.write("".join(f"{o}\n" for o in patch.left_out))
+    empty = nothing_to_give(patch)
+    if empty is not None and not fix:
+        err.write(f"leafwatch report: {empty}\n")
     return exit_code(patch)
 
 
@@ -305,4 +339,4 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
 
 
 __all__ = ["FilePatch", "LeftOut", "Patch", "PatchRefused", "apply", "apply_edits", "build", "digest", "disk_lines",
-           "edits_of", "exit_code", "of_records", "outside", "patch_main", "record", "run_lines", "unified"]
+           "edits_of", "exit_code", "nothing_to_give", "of_records", "outside", "patch_main", "record", "run_lines", "unified"]

@@ -2,8 +2,12 @@
 
 Every run folder under the log directory (nested folders too) that holds a ``leafwatch/report``
 record gets its findings table, from the latest such record; ``--json`` prints them as JSON.
-The exit code says whether a finding at or above ``--fail-on`` is open, so that CI can gate on
-a training run. Only TensorBoard's event file reader is used: no torch needed here.
+Lightning writes each run of an experiment beside the earlier ones (``version_0``, ``version_1``,
+... under one folder): only the newest version of each is judged, the older ones are named on
+one line with their open errors (``--all`` judges every run). An event file that cannot be read
+(cut off, overwritten) is named on one line and its run is not judged; the others still are.
+The exit code says whether a finding at or above ``--fail-on`` is open in a judged run, so that
+CI can gate on a training run. Only TensorBoard's event file reader is used: no torch needed here.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -22,8 +27,10 @@ from .records import REPORT_TAG, decode
 from ..options import folder_problem
 
 FAIL_ON = ("error", "warning", "never")
-#: Exit codes: findings at or above --fail-on open; no leafwatch data (or LOGDIR is no folder).
+#: Exit codes: findings at or above --fail-on open; no run could be read (or LOGDIR is no folder).
 EXIT_FINDINGS, EXIT_NO_DATA = 1, 2
+#: The folder Lightning's ``TensorBoardLogger`` (and ``CSVLogger``) makes for each run of an experiment.
+VERSION_FOLDER = re.compile(r"^version_(\d+)$")
 
 
 @dataclasses.dataclass
@@ -43,6 +50,45 @@ class RunReport:
         return {"run": self.run, "path": self.path, "wall_time": self.wall_time, **self.data}
 
 
+@dataclasses.dataclass(frozen=True)
+class Unreadable:
+    """An event file that could not be read to its end, and why (its run is not judged)."""
+
+    path: str
+    why: str
+    run: str
+
+    def __str__(self) -> str:
+        return f"unreadable: {self.path}: {self.why}; run {self.run} is not judged"
+
+
+@dataclasses.dataclass
+class Reading:
+    """What ``leafwatch report`` read under a log folder: the runs it judges, the older versions it
+    does not (each experiment's newest is judged), and the event files it could not read."""
+
+    judged: list[RunReport]
+    older: list[RunReport]
+    unreadable: list[Unreadable]
+
+    def notes(self) -> list[str]:
+        """One line per unreadable file, then one naming the older versions and their open errors."""
+        lines = [str(u) for u in self.unreadable]
+        if self.older:
+            lines.append("older versions, not judged (the newest version of each experiment is; --all judges "
+                         "every run): " + ", ".join(f"{r.run} ({_errors(r)})" for r in self.older))
+        return lines
+
+
+def _errors(run: RunReport) -> str:
+    errors = len(run.report.at_least("error"))
+    return f"{errors} open error{'s' if errors != 1 else ''}" if errors else "no open error"
+
+
+class _Damaged(Exception):
+    """An event file that cannot be read past some byte."""
+
+
 def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
     """Each folder under ``logdir`` (itself included) with its event files, sorted by name."""
     from tensorboard.backend.event_processing import io_wrapper
@@ -54,24 +100,59 @@ def _run_folders(logdir: str) -> Iterator[tuple[str, list[str]]]:
             yield folder, [os.path.join(folder, f) for f in events]
 
 
-def _latest_record(files: Sequence[str]) -> tuple[float, dict[str, Any]] | None:
-    from tensorboard.backend.event_processing import event_file_loader
+def _events(path: str) -> Iterator[Any]:
+    """The events of one event file, in order.
 
+    Raises:
+        _Damaged: a record is cut off or fails its checksum (TensorBoard's reader stops there without
+            a word: the bytes it read fall short of the file's size), or it holds no event.
+    """
+    from google.protobuf.message import DecodeError
+    from tensorboard.backend.event_processing import event_file_loader
+    from tensorboard.compat.proto import event_pb2
+
+    size = os.path.getsize(path)
+    read = 0
+    for record in event_file_loader.RawEventFileLoader(path).Load():
+        try:
+            event = event_pb2.Event.FromString(record)
+        except DecodeError:
+            raise _Damaged(f"the record at byte {read} is not a TensorBoard event") from None
+        read += len(record) + 16  # a length (8 bytes) and its checksum (4), the record, its checksum (4)
+        yield event
+    if read < size:
+        raise _Damaged(f"it cannot be read past byte {read} of {size}: cut off (by a run still writing it, or one that "
+                       "was killed) or overwritten")
+
+
+def _latest_record(files: Sequence[str], damaged: list[tuple[str, str]] | None = None
+                   ) -> tuple[float, dict[str, Any]] | None:
+    """The latest leafwatch report record in ``files`` (by wall time); each file that cannot be read
+    to its end is added to ``damaged`` with why."""
     best: tuple[tuple[float, int, int], dict[str, Any]] | None = None
     for file_index, path in enumerate(files):
-        for event_index, event in enumerate(event_file_loader.EventFileLoader(path).Load()):
-            if not event.HasField("summary"):
-                continue
-            for value in event.summary.value:
-                if value.tag != REPORT_TAG or not value.HasField("tensor") or not value.tensor.string_val:
-                    continue
-                data = decode(value.tensor.string_val[0])
-                if data is None:
-                    continue
+        try:
+            for event_index, event in enumerate(_events(path)):
+                found = _record_of(event)
                 key = (event.wall_time, file_index, event_index)
-                if best is None or key >= best[0]:
-                    best = (key, data)
+                if found is not None and (best is None or key >= best[0]):
+                    best = (key, found)
+        except (_Damaged, OSError) as error:
+            if damaged is not None:
+                damaged.append((path, str(error) if isinstance(error, _Damaged) else error.strerror or str(error)))
     return None if best is None else (best[0][0], best[1])
+
+
+def _record_of(event: Any) -> dict[str, Any] | None:
+    """The ``leafwatch/report`` record an event holds (None when none this version reads)."""
+    if not event.HasField("summary"):
+        return None
+    for value in event.summary.value:
+        if value.tag == REPORT_TAG and value.HasField("tensor") and value.tensor.string_val:
+            data = decode(value.tensor.string_val[0])
+            if data is not None:
+                return data
+    return None
 
 
 def run_label(folder: str, logdir: str) -> str:
@@ -89,8 +170,10 @@ def run_label(folder: str, logdir: str) -> str:
     return run.replace(os.sep, "/")
 
 
-def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
-    """The latest leafwatch record of every run under ``logdir``, in folder order.
+def read_logdir(logdir: str, argument: str = "logdir", *, every: bool = False) -> Reading:
+    """The latest leafwatch record of every run under ``logdir``, in folder order: judged, or an older
+    version (each experiment's newest ``version_N`` is judged; ``every``: every run is), and the event
+    files that could not be read (a run with one is not judged: its latest state is unknown).
 
     Raises:
         ValueError: ``logdir`` is not a folder (a file, or nothing); the message calls it ``argument``.
@@ -98,12 +181,48 @@ def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
     problem = folder_problem(logdir, argument)
     if problem is not None:
         raise ValueError(problem)
-    out = []
+    runs: list[RunReport | None] = []
+    unreadable: list[Unreadable] = []
+    folders: list[str] = []
     for folder, files in _run_folders(logdir):
-        found = _latest_record(files)
-        if found is not None:
-            out.append(RunReport(run=run_label(folder, logdir), path=folder, wall_time=found[0], data=found[1]))
-    return out
+        damaged: list[tuple[str, str]] = []
+        found = _latest_record(files, damaged)
+        label = run_label(folder, logdir)
+        unreadable += [Unreadable(path, why, label) for path, why in damaged]
+        if found is None and not damaged:
+            continue  # no leafwatch data: another tool's event files
+        folders.append(folder)
+        runs.append(None if damaged or found is None else
+                    RunReport(run=label, path=folder, wall_time=found[0], data=found[1]))
+    newest = set(range(len(folders))) if every else _newest_versions(folders)
+    return Reading(judged=[r for i, r in enumerate(runs) if r is not None and i in newest],
+                   older=[r for i, r in enumerate(runs) if r is not None and i not in newest],
+                   unreadable=unreadable)
+
+
+def _newest_versions(folders: Sequence[str]) -> set[int]:
+    """The indexes of the folders that are judged: every folder not named ``version_N``, and of the
+    ``version_N`` folders under one parent, the one of the highest N (Lightning's newest)."""
+    newest: dict[str, tuple[int, int]] = {}
+    judged = set()
+    for index, folder in enumerate(folders):
+        parent, name = os.path.split(os.path.normpath(os.path.abspath(folder)))
+        version = VERSION_FOLDER.match(name)
+        if version is None:
+            judged.add(index)
+        elif parent not in newest or int(version.group(1)) > newest[parent][0]:
+            newest[parent] = (int(version.group(1)), index)
+    return judged | {index for _, index in newest.values()}
+
+
+def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
+    """The latest leafwatch record of every run under ``logdir`` that could be read, in folder order
+    (every version: what ``leafwatch report --all`` judges).
+
+    Raises:
+        ValueError: ``logdir`` is not a folder (a file, or nothing); the message calls it ``argument``.
+    """
+    return read_logdir(logdir, argument, every=True).judged
 
 
 def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
@@ -117,8 +236,15 @@ def format_text(reports: Sequence[RunReport]) -> str:
     return "\n\n".join(f"run: {r.run}\n{r.report}" for r in reports)
 
 
-def format_json(logdir: str, reports: Sequence[RunReport]) -> str:
-    return json.dumps({"logdir": logdir, "runs": [r.to_dict() for r in reports]}, indent=2)
+def format_json(logdir: str, reading: Reading | Sequence[RunReport]) -> str:
+    """The runs judged as JSON (``"runs"``), with the older versions not judged (``"not_judged"``: run,
+    path, open errors) and the files that could not be read (``"unreadable"``: path, why, run)."""
+    if not isinstance(reading, Reading):
+        reading = Reading(list(reading), [], [])
+    return json.dumps({"logdir": logdir, "runs": [r.to_dict() for r in reading.judged],
+                       "not_judged": [{"run": r.run, "path": r.path, "open_errors": len(r.report.at_least("error"))}
+                                      for r in reading.older],
+                       "unreadable": [dataclasses.asdict(u) for u in reading.unreadable]}, indent=2)
 
 
 # -- the command line -----------------------------------------------------------------------
@@ -127,6 +253,9 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
     parser.add_argument("--json", action="store_true", help="print the reports as JSON")
     parser.add_argument("--fail-on", choices=FAIL_ON, default=None,
                         help="exit 1 when a finding at least this severe is open (default: error)")
+    parser.add_argument("--all", action="store_true", dest="every",
+                        help="judge every run; by default only the newest version_N of each experiment (Lightning's "
+                        "runs side by side) is judged, and the older ones are named on one line")
     patching = parser.add_mutually_exclusive_group()
     patching.add_argument("--diff", action="store_true",
                           help="print the open findings' code fixes as one unified diff (for `git apply`, in the "
@@ -138,28 +267,46 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
     return parser
 
 
-def report_main(args: argparse.Namespace) -> int:
-    """Print the reports found under ``args.logdir`` (or their patch: ``--diff``, ``--fix``); the exit code."""
+def _usage_problem(args: argparse.Namespace) -> str | None:
+    """Why these options do not go together (None when they do)."""
     mixed = next((f"--{o}" for o, given in (("fail-on", args.fail_on is not None), ("json", args.json)) if given), None)
     patching = "--diff" if args.diff else "--fix" if args.fix else None
     if patching is not None and mixed is not None:
-        sys.stderr.write(f"leafwatch report: {patching} and {mixed} do not go together: {patching}'s exit code "
-                         "says whether the patch holds every code fix\n")
-        return EXIT_NO_DATA
+        return (f"{patching} and {mixed} do not go together: {patching}'s exit code says whether the patch holds "
+                "every code fix")
     if args.backup and not args.fix:
-        sys.stderr.write("leafwatch report: --backup goes with --fix\n")
+        return "--backup goes with --fix"
+    return None
+
+
+def report_main(args: argparse.Namespace) -> int:
+    """Print the reports found under ``args.logdir`` (or their patch: ``--diff``, ``--fix``); the exit code."""
+    problem = _usage_problem(args)
+    if problem is not None:
+        sys.stderr.write(f"leafwatch report: {problem}\n")
         return EXIT_NO_DATA
     try:
-        reports = read_reports(args.logdir, "LOGDIR")
+        reading = read_logdir(args.logdir, "LOGDIR", every=getattr(args, "every", False))
     except ValueError as error:
         sys.stderr.write(f"leafwatch report: {error}\n")
         return EXIT_NO_DATA
-    if not reports:
-        sys.stderr.write(f"leafwatch report: no leafwatch data under {args.logdir!r}: no event file there holds a "
-                         f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {args.logdir} script.py`, "
-                         "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n")
+    notes = "".join(f"leafwatch report: {line}\n" for line in reading.notes())
+    if not reading.judged:
+        sys.stderr.write(notes + _nothing_read(args.logdir, reading))
         return EXIT_NO_DATA
-    if patching is not None:
-        return patch_main([r.data for r in reports], fix=args.fix, backup=args.backup)
-    sys.stdout.write((format_json(args.logdir, reports) if args.json else format_text(reports)) + "\n")
-    return EXIT_FINDINGS if failing(reports, args.fail_on or "error") else 0
+    if args.diff or args.fix:
+        sys.stderr.write(notes)
+        return patch_main([r.data for r in reading.judged], fix=args.fix, backup=args.backup)
+    sys.stdout.write((format_json(args.logdir, reading) if args.json else format_text(reading.judged)) + "\n")
+    sys.stdout.flush()
+    sys.stderr.write(notes)
+    return EXIT_FINDINGS if failing(reading.judged, args.fail_on or "error") else 0
+
+
+def _nothing_read(logdir: str, reading: Reading) -> str:
+    """The line of a log folder where no run could be judged."""
+    if reading.unreadable:
+        return "leafwatch report: no run could be judged: the event files named above cannot be read\n"
+    return (f"leafwatch report: no leafwatch data under {logdir!r}: no event file there holds a "
+            f"`{REPORT_TAG}` record. Write one with `leafwatch run --logdir {logdir} script.py`, "
+            "the LeafWatch callback or `Monitor(..., writer=SummaryWriter(logdir))`.\n")

@@ -3,7 +3,8 @@
 Routes, under ``/data/plugin/leafwatch``:
 
 - ``/index.js``, ``/style.css``: the page (plain JS and CSS, no build step, nothing external);
-- ``/runs``: the runs with Leafwatch records;
+- ``/runs``: the runs with Leafwatch records, each with when it last wrote one (``wall_time``) and the
+  open errors and warnings of its latest report (the tab's run overview, newest first);
 - ``/findings?run=R``: the latest ``leafwatch/report`` of run R (every run without ``run``);
 - ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R (every run without
   ``run``, on one step axis, each row naming its run), steps binned into at most N columns (200
@@ -115,6 +116,22 @@ def with_hunks(findings: Any, patch: Any) -> list[Any]:
     return [{**f, "hunk": diffs[f.get("kind"), f.get("name")]}
             if isinstance(f, dict) and not f.get("hunk") and (f.get("kind"), f.get("name")) in diffs else f
             for f in findings]
+
+
+def open_counts(findings: Iterable[Any]) -> dict[str, int]:
+    """The open errors and warnings among a report's findings (one per mistake).
+
+    Example::
+
+        >>> open_counts([{"severity": "error", "status": "open"}, {"severity": "error", "status": "resolved"},
+        ...              {"severity": "warning", "status": "open"}, {"severity": "info", "status": "open"}])
+        {'error': 1, 'warning': 1}
+    """
+    counts = {"error": 0, "warning": 0}
+    for f in findings:
+        if isinstance(f, dict) and f.get("status") == "open" and f.get("severity") in counts:
+            counts[f["severity"]] += 1
+    return counts
 
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
@@ -412,12 +429,17 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
         ctx = plugin_util.context(request.environ)
         experiment = plugin_util.experiment_id(request.environ)
+        listing = self._list(experiment, ctx)
+        reports = self._reports(ctx, experiment, sorted(r for r, tags in listing.items() if REPORT_TAG in tags))
         runs = []
-        for run, tags in sorted(self._list(experiment, ctx).items()):
+        for run, tags in sorted(listing.items()):
             coverage = sorted(t for t in tags if is_coverage_tag(t))
             last_step = max((getattr(ts, "max_step", 0) or 0 for ts in tags.values()), default=0)
+            wall_time = max((getattr(ts, "max_wall_time", 0) or 0 for ts in tags.values()), default=0)
+            counts = open_counts(reports[run]["findings"]) if run in reports else {"error": 0, "warning": 0}
             runs.append({"run": run, "report": REPORT_TAG in tags, "coverage_chunks": len(coverage),
-                         "last_step": last_step})
+                         "last_step": last_step, "wall_time": wall_time, "open_errors": counts["error"],
+                         "open_warnings": counts["warning"]})
         return _json_response(request, {"runs": runs})
 
     @wrappers.Request.application

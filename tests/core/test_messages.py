@@ -170,16 +170,18 @@ def test_audit_with_nothing_to_check_is_a_value_error() -> None:
         leafwatch.audit()
 
 
-@pytest.mark.parametrize("make", [leafwatch.Monitor, leafwatch.audit])
-def test_an_optimizer_passed_as_the_model_is_a_one_line_type_error(make) -> None:
+@pytest.mark.parametrize(("make", "call"), [(leafwatch.Monitor, "Monitor"), (leafwatch.audit, "audit")])
+@pytest.mark.parametrize("with_model", [False, True])
+def test_an_optimizer_passed_as_the_model_is_a_one_line_type_error_naming_the_function_called(
+        make, call: str, with_model: bool) -> None:
     model = nn.Linear(2, 1)
     opt = torch.optim.Adam(model.parameters())
     with pytest.raises(TypeError) as raised:
-        make(opt)
+        make(opt, model) if with_model else make(opt)
     message = str(raised.value)
     assert "\n" not in message
     assert message == ("`model` must be a torch.nn.Module, got Adam "
-                       "(an optimizer goes second: `Monitor(model, optimizer)`)")
+                       f"(an optimizer goes second: `{call}(model, optimizer)`)")
 
 
 def test_ignore_applies_to_the_history_with_its_reason() -> None:

@@ -143,3 +143,16 @@ def test_runs_started_in_different_folders_are_refused(tmp_path: Path) -> None:
                for name in ("a", "b")]
     with pytest.raises(patch.PatchRefused, match="the runs were started in different folders"):
         patch.of_records(records)
+
+
+def test_a_patch_of_no_file_says_why_in_one_line_and_one_with_a_file_says_nothing(tmp_path: Path) -> None:
+    advice = _finding("aux", kind="missing_grad", applicability="words")
+    placeless = _finding("calib")  # code, no place
+    both = patch.build([advice, placeless], str(tmp_path))
+    assert patch.nothing_to_give(both) == ("no code fix to give: of 2 open findings, 1 has advice only and 1 has a "
+                                           "code fix that could not be placed")
+    err = io.StringIO()
+    assert patch.patch_main([], out=io.StringIO(), err=err) == 0
+    assert err.getvalue() == "leafwatch report: no code fix to give: no open findings\n"
+    placed = patch.build([_finding("scale", Edit(_file(tmp_path), 3, 3, "insert_after", "x()")), advice], str(tmp_path))
+    assert placed.files and patch.nothing_to_give(placed) is None

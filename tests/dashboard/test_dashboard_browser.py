@@ -41,14 +41,19 @@ STEPS = 60
 ROUTED_MISSED = ", ".join(f"{s}\u2013{s + 1}" for s in range(1, STEPS, 3))  # the second expert runs every third step
 
 
+#: The runs in the order they are written: the newest, `large`, has no finding; the newest with open
+#: errors, `patched`, is neither the first by name nor the newest.
+WRITTEN = ["buggy", "gan", "mixed", "patched", "large"]
+
+
 @pytest.fixture(scope="module")
 def logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("leafwatch_logs")
     write_buggy_run(root / "buggy", steps=STEPS)
     write_gan_run(root / "gan")
-    write_large_run(root / "large")
     write_mixed_run(root / "mixed")
     _write_patched_run(root / "patched", tmp_path_factory.mktemp("patched_source"))
+    write_large_run(root / "large")
     return root
 
 
@@ -132,7 +137,7 @@ class _Elements(HTMLParser):
 
 @pytest.fixture(scope="module")
 def page(tab_url: str, tmp_path_factory: pytest.TempPathFactory) -> _Elements:
-    result = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", tab_url)
+    result = _chromium(tmp_path_factory.mktemp("chromium"), "--dump-dom", f"{tab_url}&run=buggy")
     parsed = _Elements()
     parsed.feed(result.stdout)
     return parsed
@@ -231,7 +236,7 @@ _INTERACT = """(async () => {
 def test_tab_filters_and_folds_in_a_live_browser(tab_url: str, tmp_path: Path) -> None:
     browser = DevTools(CHROMIUM, tmp_path / "profile")
     try:
-        browser.open(tab_url)
+        browser.open(f"{tab_url}&run=buggy")
         out = browser.evaluate(_INTERACT)
     finally:
         browser.close()
@@ -256,8 +261,18 @@ _PICKER = """(async () => {
     [r.dataset.run ?? null, r.dataset.kind, r.dataset.name, r.dataset.inNoOptimizer ?? null, r.querySelector(".stat").textContent]);
   const note = () => document.getElementById("lw-coverage-note").textContent;
   const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
-  await until(() => document.querySelector('.row[data-name="unused.weight"]'));
-  const out = { picked: document.getElementById("lw-run").value, first: rows() };
+  const overview = () => [...document.querySelectorAll("#lw-runs tr.run-row")].map((r) =>
+    [r.dataset.run, +r.dataset.errors, +r.dataset.warnings, r.getAttribute("aria-current")]);
+  const findings = () => [...document.querySelectorAll("tr.finding")].map((r) => r.dataset.name);
+  await until(() => document.querySelector('.row[data-name="loss_weight"]'));
+  const out = { picked: document.getElementById("lw-run").value, overview: overview(), openedOn: findings(),
+                overviewShown: document.getElementById("lw-runs").checkVisibility() };
+  document.querySelector('#lw-runs tr.run-row[data-run="buggy"] button.pick').click();  // the overview picks a run
+  await until(() => document.querySelector('.row[data-name="unused.weight"]') && !document.querySelector(".row[data-in-no-optimizer]"));
+  out.pickedByOverview = document.getElementById("lw-run").value;
+  out.overviewAfterPick = overview();
+  out.first = rows();
+  out.firstFindings = findings();
   choose("lw-run", "mixed");
   await until(() => document.querySelector(".row[data-in-no-optimizer]"));
   out.mixed = rows();
@@ -287,15 +302,34 @@ _PICKER = """(async () => {
 })()"""
 
 
-def test_the_grid_follows_the_run_picker_and_shows_the_tensors_in_no_optimizer(tab_url: str, tmp_path: Path) -> None:
+def test_the_tab_opens_on_the_newest_run_with_open_errors_and_the_grid_follows_the_picker(
+        logs: Path, tab_url: str, tmp_path: Path) -> None:
+    from leafwatch.report.reader import read_reports
+
     browser = DevTools(CHROMIUM, tmp_path / "profile")
     try:
         browser.open(tab_url)
         out = browser.evaluate(_PICKER)
     finally:
         browser.close()
-    # The first run alphabetically, and its grid (every tensor of it in its optimizer).
-    assert out["picked"] == "buggy"
+    # The overview: every run, newest first, with the open errors and warnings of its latest report, as
+    # `leafwatch report` counts them; the tab opens on the newest run with open errors (not the newest run,
+    # which is clean, nor the first by name).
+    expected = []
+    for run in reversed(WRITTEN):
+        (read,) = read_reports(str(logs / run))
+        errors, warnings = (len([f for f in read.report.open if f.severity == s]) for s in ("error", "warning"))
+        expected.append([run, errors, warnings, "true" if run == "patched" else None])
+    assert out["overviewShown"] and out["overview"] == expected, out["overview"]
+    assert [row[1] for row in expected] == [0, 4, 4, 1, 2]  # (the counts the runs were written to give)
+    assert out["picked"] == "patched"
+    (patched,) = read_reports(str(logs / "patched"))
+    assert out["openedOn"] == [f.name for f in patched.report]  # the findings table of that run
+    # A click on a run of the overview picks it: the picker, the findings, the grid follow.
+    assert out["pickedByOverview"] == "buggy"
+    assert [(run, current) for run, _, _, current in out["overviewAfterPick"]] == [
+        (run, "true" if run == "buggy" else None) for run in reversed(WRITTEN)]
+    assert out["firstFindings"] == [BUGGY_CUT, "unused", "experts.1"]
     assert {run for run, *_ in out["first"]} == {None} and not any(row[3] for row in out["first"])
     # The mixed run: its two tensors that no optimizer holds form a group of their own, after the
     # others, marked as such, next to the findings that name them.
@@ -449,15 +483,20 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     assert set(marks.values()) == {"code", "advice"}
 
 
-def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(server: str, tmp_path: Path) -> None:
-    seen, data, shares = tab_screenshot(CHROMIUM, server, tmp_path / "profile", "unused.weight")
+def test_tab_screenshot_shows_the_findings_table_with_its_error_badges(logs: Path, server: str, tmp_path: Path) -> None:
+    from leafwatch.report.reader import read_reports
+
+    # TensorBoard's own page, which gives the tab no run: it opens on the newest run with open errors.
+    seen, data, shares = tab_screenshot(CHROMIUM, server, tmp_path / "profile", "loss_weight")
+    (patched,) = read_reports(str(logs / "patched"))
+    errors = [f.name for f in patched.report.at_least("error")]
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert struct.unpack(">II", data[16:24]) == (1400, 900)
-    assert seen["ratio"] == 1 and seen["rows"] == 3 and seen["text"] is False
-    # The DOM at the moment of the picture: the table's two open errors (the cut, the unused layer) are in view...
-    assert len(seen["badges"]) >= 2, seen
+    assert seen["ratio"] == 1 and seen["rows"] == len(patched.report) and seen["text"] is False
+    # The DOM at the moment of the picture: the table's open errors are in view, under the run overview...
+    assert len(errors) == 4 and len(seen["badges"]) >= 2, seen
     assert {b["text"] for b in seen["badges"]} == {"error"}
-    assert {b["row"] for b in seen["badges"]} == {BUGGY_CUT, "unused"}
+    assert [b["row"] for b in seen["badges"]] == errors[:len(seen["badges"])], (seen, errors)
     # ...and the picture shows them: each badge's pixels are the error colour, where the DOM puts it.
     assert min(shares) > 0.5, list(zip([b["row"] for b in seen["badges"]], shares))
 

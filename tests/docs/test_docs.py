@@ -13,7 +13,9 @@ How a page's blocks are read (``markdown_blocks``):
 - a ```` ```text ```` block whose first line starts with ``$ `` is a shell session: each command
   runs with ``bash`` in the page's folder (this environment's ``leafwatch`` and ``python`` first
   on ``PATH``), standard output and error together, and prints what follows it up to the next
-  ``$ `` line;
+  ``$ `` line; a command in it that exits non-zero (in a pipeline or an ``&&`` list too) must
+  show its exit code: ``echo "exit $?"`` runs right after it, so the page prints ``exit 1``
+  (``leafwatch run x.py; echo "exit $?"``), never a failure hidden behind ``> /dev/null``;
 - other blocks (``bash`` set-up commands, ``toml``, diagrams) are not run; a block tagged with any
   other language fails, so that no python example escapes under another name.
 """
@@ -176,10 +178,54 @@ def test_shell_sessions_print_what_the_page_shows(page: Path, tmp_path: Path) ->
             continue
         sessions += 1
         for command, want in re.findall(r"^\$ (.*)\n((?:(?!\$ ).*\n)*)", block.code, flags=re.MULTILINE):
-            result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S)
-            _check_output(block, want.rstrip("\n") + "\n", result.stdout.rstrip("\n") + "\n", tmp_path)
+            output, unshown = run_session_command(command, tmp_path)
+            assert not unshown, (f"{block.where}: `{command}`: a command exited non-zero and the session does not show "
+                                 f"it (follow it with `; echo \"exit $?\"`, and show `exit N`): {unshown}\n{output[-3000:]}")
+            _check_output(block, want.rstrip("\n") + "\n", output.rstrip("\n") + "\n", tmp_path)
     assert sessions
+
+
+#: Run before each command of a session: every command that exits non-zero and is not followed at once by
+#: `echo "exit $?"` is written to fd 9, one line each ("STATUS<TAB>COMMAND"); pipefail makes a pipeline
+#: fail when one of its commands does.
+SHOW_EXIT = """set -o pipefail
+__docs_last=
+__docs_check() {
+  if [ -n "$__docs_last" ] && [ "$1" -ne 0 ] && [ "$2" != 'echo "exit $?"' ]; then
+    printf '%s\\t%s\\n' "$1" "$__docs_last" >&9
+  fi
+  __docs_last=$2
+}
+trap '__docs_check $? "$BASH_COMMAND"' DEBUG
+trap '__docs_check $? ""' EXIT
+"""
+
+
+def run_session_command(command: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[str, list[str]]:
+    """What ``command`` prints (standard output and error together), and each of its commands that
+    exited non-zero without showing its exit code (``STATUS<TAB>COMMAND``)."""
+    read, write = os.pipe()
+    try:
+        result = subprocess.run(["bash", "-c", f"{SHOW_EXIT}exec 9>&{write}\n{command}"], cwd=cwd, env=env or _env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=TIMEOUT_S,
+                                pass_fds=(write,))
+    finally:
+        os.close(write)
+    with os.fdopen(read, encoding="utf-8") as unshown:
+        failed = list(dict.fromkeys(unshown.read().splitlines()))  # (the exit trap may say the last one again)
+    return result.stdout, failed
+
+
+@pytest.mark.parametrize(("command", "output", "unshown"), [
+    ('false > /dev/null 2>&1; echo ok', "ok\n", ["1\tfalse > /dev/null 2>&1"]),  # a failure hidden
+    ('false; echo "exit $?"', "exit 1\n", []),  # shown
+    ("false | cat", "", ["1\tcat"]),  # in a pipeline
+    ("true && false && echo never", "", ["1\tfalse"]),  # in an && list, the last command of the session
+    ("ls missing 2>&1 | tail -1; echo \"exit $?\"", "ls: cannot access 'missing': No such file or directory\nexit 2\n", []),
+    ("true && echo ok", "ok\n", [])])
+def test_a_session_command_that_exits_non_zero_must_show_its_exit_code(
+        command: str, output: str, unshown: list[str], tmp_path: Path) -> None:
+    assert run_session_command(command, tmp_path, dict(os.environ, LC_ALL="C")) == (output, unshown)
 
 
 def test_every_file_block_is_used_by_a_session_of_its_page() -> None:

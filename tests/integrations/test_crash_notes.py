@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from _requirements import require_module
+from _tracebacks import PACKAGE, is_leafwatch_module, leafwatch_lines
 from torch import nn
 
 import leafwatch
@@ -91,6 +92,17 @@ def _assert_note(note: list[str], expected: list[str]) -> None:
         assert part in text, (part, text)
 
 
+def test_leafwatchs_own_frames_are_judged_by_their_module_not_by_a_word_in_the_path(tmp_path: Path) -> None:
+    """A clone of the repository is a folder named ``leafwatch``: its scripts' frames are not leafwatch's."""
+    clone = tmp_path / "leafwatch"
+    traceback = (f'Traceback (most recent call last):\n  File "{clone / "tests" / "scripts" / "t.py"}", line 3, in <module>\n'
+                 f'  File "{PACKAGE / "monitor.py"}", line 9, in check\n  File "<frozen runpy>", line 1, in _run\n'
+                 "ValueError: no\nleafwatch: cause: it\n")
+    assert leafwatch_lines(traceback) == [str(PACKAGE / "monitor.py"), "leafwatch: cause: it"]
+    assert is_leafwatch_module(os.path.relpath(PACKAGE / "report" / "patch.py")) and not is_leafwatch_module(
+        str(clone / "leafwatch_notes.py"))
+
+
 # -- leafwatch run ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_leafwatch_run_prints_pytorchs_traceback_then_the_note_and_exits_1(script: str) -> None:
@@ -98,7 +110,7 @@ def test_leafwatch_run_prints_pytorchs_traceback_then_the_note_and_exits_1(scrip
     plain = _python(str(SCRIPTS / script))
     run = _python("-m", "leafwatch", "run", str(SCRIPTS / script))
     assert plain.returncode == run.returncode == 1
-    assert "leafwatch" not in plain.stderr and error_line in plain.stderr.splitlines()[-1]
+    assert leafwatch_lines(plain.stderr, REPO) == [] and error_line in plain.stderr.splitlines()[-1]
     # PyTorch's traceback as the interpreter prints it, then leafwatch's note, then the summary.
     assert run.stderr.startswith(plain.stderr.rstrip("\n") + "\nleafwatch: "), run.stderr
     _assert_note(_note_after(run.stderr, error_line), expected)
@@ -269,7 +281,7 @@ def test_the_excepthook_adds_no_note_to_an_unrelated_exception_nor_to_a_hidden_s
             sys.excepthook(type(error), error, error.__traceback__)
     assert "backward through the graph a second time" in str(errors[0]) and isinstance(errors[2], KeyError)
     assert [getattr(e, "__notes__", None) for e in errors] == [None, None, None]
-    assert "leafwatch" not in capsys.readouterr().err
+    assert leafwatch_lines(capsys.readouterr().err) == []
 
 
 def test_the_excepthook_is_chained_while_a_monitor_or_a_watch_lives_and_put_back_after_the_last(

@@ -237,8 +237,56 @@ def test_report_diff_exits_1_when_an_open_code_fix_has_no_place_and_says_which(t
     result = _leafwatch(folder, "report", "logs", "--diff")
     assert result.returncode == 1
     assert result.stdout == ""  # nothing else to place
-    assert ("not in the patch: not_in_optimizer calib: its code has no place in a file (leafwatch could not find "
-            "the statement it belongs to)\n") in result.stderr
+    assert result.stderr.endswith(
+        "not in the patch: not_in_optimizer calib: its code has no place in a file (leafwatch could not find "
+        "the statement it belongs to)\n"
+        "leafwatch report: no code fix to give: 1 open finding has a code fix that could not be placed\n")
+
+
+#: Two modules that never run: two open findings whose fixes are advice (call it, remove it, or freeze it).
+ADVICE_ONLY = """import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 1)
+        self.aux_head = nn.Linear(4, 1)
+        self.spare = nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+model = Net()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
+@pytest.mark.parametrize(("script", "left_out", "summary"), [
+    ("advice.py", ["not in the patch: missing_grad aux_head: its fix is advice, not code",
+                   "not in the patch: missing_grad spare: its fix is advice, not code"],
+     "no code fix to give: 2 open findings have advice only"),
+    ("clean.py", [], "no code fix to give: no open findings")])
+def test_a_patch_with_no_code_fix_to_give_says_why_on_one_line_and_exits_0(
+        tmp_path: Path, script: str, left_out: list[str], summary: str) -> None:
+    """``report --diff``: the line after the left-out ones, nothing on stdout; ``run --diff FILE``: the same
+    line, and FILE left empty (an earlier run's patch is not left behind), never silently."""
+    folder = _project(tmp_path, {"advice.py": ADVICE_ONLY, "clean.py": (SCRIPTS / "clean.py").read_text()})
+    (folder / "fix.diff").write_text("--- a/advice.py\n")
+    run = _leafwatch(folder, "run", "--logdir", "logs", "--diff", "fix.diff", script)
+    assert run.returncode == 0
+    assert "".join(f"leafwatch run: {line}\n" for line in left_out) + (
+        f"leafwatch run: {summary} (fix.diff is empty)\n") in run.stderr
+    assert (folder / "fix.diff").read_text() == ""
+    result = _leafwatch(folder, "report", "logs", "--diff")
+    assert (result.returncode, result.stdout) == (0, "")
+    assert result.stderr.splitlines() == [*left_out, f"leafwatch report: {summary}"]
 
 
 def test_report_diff_refuses_a_file_that_changed_since_the_run(tmp_path: Path) -> None:

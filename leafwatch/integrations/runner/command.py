@@ -182,8 +182,9 @@ def _final_code(session: Session, report: Report, code: int, *, strict: bool, st
 
 
 def _write_patch(path: str, report: Report, root: str) -> int:
-    """Write the patch of ``report`` to ``path`` (the files as the run read them); what is left out
-    goes to stderr, one line each; 0 when it holds every code fix, 1 when not, 2 when refused."""
+    """Write the patch of ``report`` to ``path`` (the files as the run read them; empty when it holds no
+    file, which one more line says, never silently); what is left out goes to stderr, one line each; 0
+    when it holds every code fix, 1 when not, 2 when refused."""
     try:
         made = patch.build(report.findings, root, patch.run_lines)
         with open(path, "w", encoding="utf-8") as out:
@@ -192,6 +193,9 @@ def _write_patch(path: str, report: Report, root: str) -> int:
         sys.stderr.write(f"leafwatch run: no patch: {refused}\n")
         return USAGE_EXIT_CODE
     sys.stderr.write("".join(f"leafwatch run: {o}\n" for o in made.left_out))
+    empty = patch.nothing_to_give(made)
+    if empty is not None:
+        sys.stderr.write(f"leafwatch run: {empty} ({path} is empty)\n")
     return patch.exit_code(made)
 
 

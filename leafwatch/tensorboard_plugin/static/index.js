@@ -93,6 +93,7 @@ function buildPage() {
     oninput: () => { state.search = ui.search.value.trim(); state.tableLimit = TABLE_PAGE; renderTable(); },
   });
   ui.status = el("div", { class: "status", role: "status" });
+  ui.overview = el("section", { class: "panel", id: "lw-runs", "aria-labelledby": "lw-runs-title", hidden: true });
   ui.summary = el("div", { class: "summary", id: "lw-summary" });
   ui.table = el("div", { class: "table-wrap", id: "lw-findings" });
   ui.coverageNote = el("p", { class: "note", id: "lw-coverage-note" });
@@ -103,19 +104,14 @@ function buildPage() {
   const root = el("main", { class: "lw" },
     el("header", { class: "bar" },
       el("h1", {}, "Leafwatch"),
-      select("lw-run", "Run", () => {
-        state.run = ui["lw-run"].value;
-        state.window = { first: null, last: null };
-        ui.first.value = "";
-        ui.last.value = "";
-        refresh();
-      }),
+      select("lw-run", "Run", () => pickRun(ui["lw-run"].value)),
       select("lw-kind", "Kind", () => { state.kind = ui["lw-kind"].value; renderTable(); }),
       select("lw-severity", "Severity", () => { state.severity = ui["lw-severity"].value; renderTable(); }),
       select("lw-status", "Status", () => { state.status = ui["lw-status"].value; renderTable(); }),
       el("label", { class: "field" }, "Name", ui.search),
       el("button", { type: "button", onclick: () => load() }, "Reload"),
       ui.status),
+    ui.overview,
     el("section", { class: "panel", "aria-labelledby": "lw-findings-title" },
       el("h2", { id: "lw-findings-title" }, "Findings"), ui.summary, ui.table),
     el("section", { class: "panel", "aria-labelledby": "lw-coverage-title" },
@@ -170,13 +166,70 @@ async function load() {
     }
     const names = runs.map((r) => r.run);
     if (state.run === null) state.run = new URLSearchParams(window.location.search).get("run");
-    if (state.run !== ALL && !names.includes(state.run)) state.run = names[0];
+    if (state.run !== ALL && !names.includes(state.run)) state.run = firstToShow(runs);
     fillSelect(ui["lw-run"], names, state.run, "All runs");
     state.run = ui["lw-run"].value;
+    renderOverview();
     await refresh();
   } catch (error) {
     ui.status.textContent = `Could not load: ${error.message}`;
   }
+}
+
+// The runs newest first: by when each last wrote a Leafwatch record, then by name.
+function newestFirst(runs) {
+  return [...runs].sort((a, b) => (b.wall_time || 0) - (a.wall_time || 0) || compareText(a.run, b.run));
+}
+
+// The run the tab opens on: the newest one with an open error (what needs attention), else the newest.
+function firstToShow(runs) {
+  const ordered = newestFirst(runs);
+  return (ordered.find((r) => r.open_errors > 0) || ordered[0]).run;
+}
+
+function pickRun(run) {
+  state.run = run;
+  ui["lw-run"].value = run;
+  state.window = { first: null, last: null };
+  ui.first.value = "";
+  ui.last.value = "";
+  renderOverview();
+  refresh();
+}
+
+function whenText(wallTime) {
+  if (!wallTime) return "";
+  const d = new Date(wallTime * 1000);
+  const two = (n) => String(n).padStart(2, "0");
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${two(d.getHours())}:${two(d.getMinutes())}`;
+}
+
+// The run overview (with more than one run): each run, newest first, with the open errors and
+// warnings of its latest report; a click picks it.
+function renderOverview() {
+  clear(ui.overview);
+  ui.overview.hidden = state.runs.length < 2;
+  if (ui.overview.hidden) return;
+  const count = (n, severity) => (n
+    ? el("span", { class: `badge sev-${severity}` }, `${n} ${severity}${n === 1 ? "" : "s"}`)
+    : el("span", { class: "meta" }, "0"));
+  const rows = newestFirst(state.runs).map((r) => el("tr", {
+    class: `run-row${r.open_errors ? " has-errors" : ""}`, "data-run": r.run, "data-errors": r.open_errors || 0,
+    "data-warnings": r.open_warnings || 0, "aria-current": r.run === state.run ? "true" : null },
+  el("td", { class: "name" }, el("button", { type: "button", class: "pick", onclick: () => pickRun(r.run) }, r.run)),
+  el("td", { class: "errors" }, count(r.open_errors || 0, "error")),
+  el("td", { class: "warnings" }, count(r.open_warnings || 0, "warning")),
+  el("td", { class: "step" }, r.last_step ? `${r.last_step}` : ""),
+  el("td", { class: "when" }, whenText(r.wall_time))));
+  const withErrors = state.runs.filter((r) => r.open_errors > 0).length;
+  ui.overview.append(
+    el("div", { class: "panel-head" },
+      el("h2", { id: "lw-runs-title" }, "Runs"),
+      el("span", { class: "note" }, `${state.runs.length} runs, newest first; ${withErrors} with open errors`)),
+    el("div", { class: "runs-wrap" }, el("table", { class: "runs" },
+      el("thead", {}, el("tr", {}, ["Run", "Open errors", "Open warnings", "Last step", "Last written"].map(
+        (h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, rows))));
 }
 
 async function refresh() {

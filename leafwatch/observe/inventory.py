@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import follow as follow_
 from . import frames, graph
 from .names import ancestors
 from ..options import got
@@ -297,6 +298,23 @@ class Inventory:
     def name(self, t: torch.Tensor) -> str | None:
         info = self.params.get(id(t))
         return info.name if info is not None else None
+
+    def follow(self, t: torch.Tensor) -> follow_.Ref:
+        """``t`` followed through the module or optimizer of this reading that holds it (a swap keeps
+        it followed), or weakly when none holds it (:mod:`leafwatch.observe.follow`)."""
+        info = self.params.get(id(t))
+        if info is not None:
+            held = follow_.in_module(self.modules[info.module], t, info.attribute) if info.module in self.modules else None
+            if held is not None:
+                return held
+        buffer = self.buffer_names.get(id(t))
+        if buffer is not None:
+            module, _, attribute = buffer.rpartition(".")
+            held = follow_.in_module(self.modules[module], t, attribute) if module in self.modules else None
+            if held is not None:
+                return held
+        holders = [opt for opt, params in zip(self.optimizers, self.optimizer_params) if any(p is t for p in params)]
+        return follow_.follow(t, optimizers=holders)
 
     def known_names(self) -> dict[int, str]:
         return {k: v.name for k, v in self.params.items()}

@@ -88,6 +88,7 @@ class Checker:
         self.loop = loop = self.grads.loop
         arrivals, sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` judges
             lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
+        structure_.watch_swaps(sentinels.swapped)  # a swapped sentinel is hooked again at the next reading
         self.diagnostics = Diagnostics(structure_, arrivals, sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         #: What the detectors read of the Monitor's observing objects (each check's evidence holds it).
@@ -156,7 +157,7 @@ class Checker:
         arrivals = self.seen.arrivals
         if tracer.handles or grads.streak or arrivals.handles or loop.cleared.ongoing or loop.cleared.all_cleared:
             cleared, loop.cleared_now = loop.cleared_now, []
-            self.diagnostics.retarget(grads.changes, grads.streak, cleared)
+            self.diagnostics.retarget(grads.changes, grads.streak, cleared, gradients.counted_only(grads))
         if optimizers > 1 or tracer.handles or tracer.records or tracer.armed_since_reset or tracer.order \
                 or tracer.checked_in_round:  # (else the tracer has nothing to forget: no call)
             tracer.end_check(check[INDEX], optimizers)

@@ -71,7 +71,7 @@ class Gatherer:
         ddp = find_ddp(model)
         self.ddp_unused: bool | None = declared_ddp(model) if ddp is None else bool(
             getattr(ddp, "find_unused_parameters", False) or getattr(ddp, "static_graph", False))
-        self._use = UseTracker(params) if self.ddp_unused else None
+        self._use = UseTracker(params, model) if self.ddp_unused else None
         #: The merge's detectors (the registry's ``RANKS`` stage), each with what it knows of the run.
         self.pipeline: Pipeline[Any] = Pipeline([Part(d.name, d.judge, ranks.RankState(self.ddp_unused))
                                                  for d in detectors], self.history, warn or WarnOnce())

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -86,10 +86,17 @@ class GradientState:
     readings: int = -1
 
 
+def counted_only(state: GradientState) -> tuple[int, Collection[int]]:
+    """The misses whose finding is counted at each check without being worked out again (the same open
+    finding twice in a row: the forward hooks need not follow them), and a count of that set's changes."""
+    return state._steady_changes, state._steady.keys()
+
+
 def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
     """A new reading of the structure: forget what was learnt about tensors that are gone."""
     alive = set(inv.tensors) | set(inv.in_optimizer)
     held.forget(state.held, alive)
+    state.held.evidence.follow_through(inv)  # (never a weak reference to a tensor a module or optimizer holds)
     state._cuts = {pid: c for pid, c in state._cuts.items() if pid in alive}
     state._modules = inv.modules
     state._layers, state._steady, state._repeat = {}, {}, None

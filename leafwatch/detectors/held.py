@@ -16,12 +16,11 @@ What a run ends with still held is decided by :func:`decide`.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable
 
 import torch
 
-from ..observe import changes
+from ..observe import changes, follow
 from . import causes
 from .constructors import transition
 from ..report.words import Members, Words, render, renders
@@ -37,8 +36,8 @@ class HeldState:
     targets: set[int] = dataclasses.field(default_factory=set)
     _new_targets: set[int] = dataclasses.field(default_factory=set)
     evidence: changes.ChangeEvidence = dataclasses.field(default_factory=changes.ChangeEvidence)
-    #: Tensors held as possible targets: id -> (a weak reference, the name).
-    suspects: dict[int, tuple[weakref.ReferenceType, str]] = dataclasses.field(default_factory=dict)
+    #: Tensors held as possible targets: id -> (the tensor, followed through its module, the name).
+    suspects: dict[int, tuple[follow.Ref, str]] = dataclasses.field(default_factory=dict)
     #: Tensors whose suspicion the evidence settled: reported as plain misses from now on.
     decided: set[int] = dataclasses.field(default_factory=set)
     #: How often each layer's siblings were skipped (LayerDrop).
@@ -79,7 +78,7 @@ def target(state: HeldState, p: torch.Tensor, name: str, old: Finding | None, ex
         return None
     f = old.replace(step=step, last_step=step) if explanation is None and old is not None else made()
     if verdict == "unknown":
-        state.suspects[pid] = (weakref.ref(p), name)
+        state.suspects[pid] = (state.evidence.follow(p), name)
         return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
     _settled(state, pid)
     state.decided.add(pid)

@@ -65,13 +65,19 @@ class ClearedGradients:
 
 
 def judge_cleared(state: ClearedGradients, view: FindingsView, clist: CheckList, missing: list[int], arrived: set[int],
-                  where: str, step: int, optimizer: Any = None) -> tuple[list[int], list[int], Verdicts]:
+                  where: str, step: int, optimizer: Any = None,
+                  unknown: set[int] = frozenset()) -> tuple[list[int], list[int], Verdicts]:  # type: ignore[assignment]
     """One check of ``clist``: (the indices still missing, the cleared ids, the verdicts).
 
     ``missing`` are the indices whose ``.grad`` is None at the check, ``arrived`` the ids
-    whose gradient arrived in backward since the last check of this list.
+    whose gradient arrived in backward since the last check of this list, ``unknown`` the ids whose
+    arrival could not be seen (swapped since their hook was put on: it fired for the old contents):
+    one found cleared before is taken as cleared still, any other as missing, as before the swap.
     """
     out: Verdicts = []
+    if unknown:
+        assumed = {pid for pid in unknown if pid in state.ongoing or where in state.all_cleared}
+        arrived = arrived | assumed
     cleared = [i for i in missing if id(clist.params[i]) in arrived]
     cleared_ids = {id(clist.params[i]) for i in cleared}
     if state.ongoing:
@@ -279,8 +285,9 @@ def judge(state: LoopState, arrivals: ArrivalHooks, view: FindingsView, clist: C
     arrived = arrivals.take(clist.ids)
     if not (missing or cleared.ongoing or cleared.all_cleared):
         return missing, []
+    unknown = arrivals.rearm_swapped() if arrivals.handles else set()  # (their hook sat on what a swap took out)
     missing, cleared_ids, out = judge_cleared(cleared, view, clist, missing, arrived, optimizer_name(index), step,
-                                              optimizers[index] if index is not None else None)
+                                              optimizers[index] if index is not None else None, unknown)
     state.cleared_now += cleared_ids
     return missing, out
 

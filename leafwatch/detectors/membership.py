@@ -88,9 +88,11 @@ class MembershipState:
     #: Tensors judged intended (a teacher, a target network): a new reading holds them no more.
     quiet: set[int] = dataclasses.field(default_factory=set)
     roots_read: tuple[Inventory | None, dict[int, tuple[str, str]]] = (None, {})
-    #: The reading whose tensors :attr:`by_name` holds (weakly: never an old reading kept alive).
+    #: The reading whose tensors :attr:`by_name` names (weakly: never an old reading kept alive).
     read: weakref.ReferenceType | None = None
-    by_name: dict[str, weakref.ReferenceType] = dataclasses.field(default_factory=dict)
+    #: Each name's tensor id in that reading (never a weak reference to a tensor: ``torch.utils.swap_tensors``
+    #: refuses one; the reading holds the tensor, and a check reads it from there).
+    by_name: dict[str, int] = dataclasses.field(default_factory=dict)
     #: Whether a finding is held for this judge: a check has work for it only then (and at first).
     waiting: bool = True
 
@@ -104,8 +106,14 @@ def _read(state: MembershipState, hand: HandUpdates, inv: Inventory | None) -> N
     alive = set(inv.tensors)
     state.quiet &= alive
     hand.keep(alive)
-    state.by_name = {info.name: weakref.ref(inv.tensors[k]) for k, info in inv.params.items()}
+    hand.follow_through(inv)
+    state.by_name = {info.name: k for k, info in inv.params.items()}
     state.read = weakref.ref(inv)
+
+
+def _tensor(state: MembershipState, inv: Inventory | None, name: str) -> torch.Tensor | None:
+    """The tensor named ``name`` in ``inv``, the reading :func:`_read` read last."""
+    return inv.tensors.get(state.by_name.get(name, -1)) if inv is not None else None
 
 
 def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Verdicts:
@@ -133,8 +141,7 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
                checks: int, tracer: Tracer | None = None) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
-    ref = state.by_name.get(f.name)
-    t = ref() if ref is not None else None
+    t = _tensor(state, inv, f.name)
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or id(t) in state.quiet:
         return Verdict.drop(f.key)
@@ -256,8 +263,7 @@ def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory
     """At the end of the run: what a held (or late-optimizer) finding becomes."""
     if f.details.get("pending") == Waiting.STRUCTURE:
         return f.replace(status=Status.OPEN, details=_without_pending(f))
-    ref = state.by_name.get(f.name)
-    t = ref() if ref is not None else None
+    t = _tensor(state, inv, f.name)
     info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
     if t is None or info is None or _library_constant(info, t, tracer) \
             or _gradient_rule(state, hand, t, final=True) == "quiet":

@@ -12,21 +12,21 @@ Two ways leafwatch sees such a tensor:
   never reported. The graph is walked only at the first check, while a suspect waits for its
   second sighting, and after a new missing gradient: never on a healthy step.
 
-Suspects are held weakly: nothing of the user's is kept alive.
+Suspects are followed through the module or optimizer that holds them, else held weakly: nothing of
+the user's is kept alive.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import fixes
-from ..observe import changes, frames, graph
+from ..observe import changes, follow, frames, graph
 from ..observe.discovery import optimizer_ids
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
@@ -148,7 +148,7 @@ def judged_elsewhere(inv: Inventory | None, optimizers: Iterable[torch.optim.Opt
 class LossLeavesState:
     """Persistent leaves of the loss's graph that no optimizer holds, across checks."""
 
-    _suspects: dict[int, tuple[weakref.ReferenceType, str]] = dataclasses.field(default_factory=dict)
+    _suspects: dict[int, tuple[follow.Ref, str]] = dataclasses.field(default_factory=dict)
     _walked: bool = False
     #: How many times the loss's graph was walked (for tests of the hot path).
     walks: int = 0
@@ -176,6 +176,7 @@ def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tenso
         return []
     state._walked = True
     state.walks += 1
+    hand.follow_through(inventory)  # a suspect a module or optimizer holds is followed there, never weakly
     candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
     if not candidates:
         state._suspects = {}
@@ -183,18 +184,18 @@ def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tenso
     excluded = exclude()
     candidates = {k: v for k, v in candidates.items() if k not in excluded}
     out = []
-    suspects: dict[int, tuple[weakref.ReferenceType, str]] = {}
+    suspects: dict[int, tuple[follow.Ref, str]] = {}
     for k, (t, op) in candidates.items():
         seen = state._suspects.get(k)
         if hand.by_hand(t):
             continue  # updated by hand between checks (a trained perturbation): no finding
         if seen is None or seen[0]() is not t:
-            suspects[k] = (weakref.ref(t), op)  # first sighting: nothing noted (most are fresh inputs)
+            suspects[k] = (hand.follow(t), op)  # first sighting: nothing noted (most are fresh inputs)
             continue
         # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
         verdict = hand.verdict(t)
         if verdict == "wait":
-            suspects[k] = (weakref.ref(t), op)
+            suspects[k] = (hand.follow(t), op)
         elif verdict == "unchanged":
             name = caller_name(t) or f"{shape_text(t)} used by {op}"
             out.append(outside_optimizer(name, t, step, {"op": op}, inventory=inventory, op=op, persistent=True))

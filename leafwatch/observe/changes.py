@@ -35,7 +35,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .inventory import has_values
+from . import follow as follow_
+from .inventory import Inventory, has_values
 
 Verdict = Literal["changed", "unchanged", "unknown"]
 #: What :meth:`HandUpdates.verdict` says of a tensor that gets gradients in no optimizer.
@@ -105,11 +106,14 @@ def _fingerprint(t: torch.Tensor) -> _Fingerprint | None:
 
 @dataclasses.dataclass
 class _Snapshot:
-    ref: weakref.ReferenceType
+    ref: follow_.Ref
     version: int
     pointer: int
     first: _Fingerprint | None
     second: _Fingerprint | None = None
+    #: ``follow.impl`` of the tensor when noted: a swap (``torch.utils.swap_tensors``, a ``module.to()`` with
+    #: swap-on-conversion) changes it, and its version and storage with it, while nothing updated it.
+    contents: int = 0
 
 
 class ChangeEvidence:
@@ -130,6 +134,18 @@ class ChangeEvidence:
 
     def __init__(self) -> None:
         self._snapshots: dict[int, _Snapshot] = {}
+        self._inventory: weakref.ReferenceType[Inventory] | None = None
+
+    def follow_through(self, inventory: Inventory | None) -> None:
+        """Follow the tensors noted from now on through the module or optimizer of ``inventory`` that
+        holds them (never a weak reference to a tensor they hold: ``torch.utils.swap_tensors`` refuses
+        one); the inventory is held weakly."""
+        self._inventory = weakref.ref(inventory) if inventory is not None else None
+
+    def follow(self, t: torch.Tensor) -> follow_.Ref:
+        """``t`` followed through its holder in the inventory given to :meth:`follow_through`, else weakly."""
+        inventory = self._inventory() if self._inventory is not None else None
+        return inventory.follow(t) if inventory is not None else follow_.weakly(t)
 
     def __contains__(self, t: torch.Tensor) -> bool:
         s = self._snapshots.get(id(t))
@@ -138,15 +154,20 @@ class ChangeEvidence:
     def note(self, t: torch.Tensor) -> None:
         """Remember ``t`` as it is now (a no-op when it is already noted)."""
         if t not in self:
-            self._snapshots[id(t)] = _Snapshot(weakref.ref(t), t._version, _pointer(t), _fingerprint(t))
+            self._snapshots[id(t)] = _Snapshot(self.follow(t), t._version, _pointer(t), _fingerprint(t),
+                                               contents=follow_.impl(t))
 
     def verdict(self, t: torch.Tensor, *, final: bool = False) -> Verdict:
         """``changed`` / ``unchanged`` since :meth:`note` (noting it first), or ``unknown`` yet.
 
         The values are compared when neither the version nor the storage moved: the second
         fingerprint is taken at this call and read at the next one on CUDA (``final=True``
-        waits for it instead: the run is over).
+        waits for it instead: the run is over). A tensor swapped since it was noted is noted again
+        (``unknown``): a swap replaces its version, storage and values' dtype with nothing trained.
         """
+        s = self._snapshots.get(id(t))
+        if s is not None and s.ref() is t and follow_.impl(t) != s.contents:
+            del self._snapshots[id(t)]  # swapped since noted: a conversion, no update; noted again
         s = self._snapshots.get(id(t))
         if s is None or s.ref() is not t:
             self.note(t)
@@ -181,7 +202,8 @@ class HandUpdates:
     inner loop, a trained perturbation: remembered for good), ``unchanged`` when it did not (the
     gradient is computed and never applied), ``wait`` while a CUDA fingerprint is on its way. The
     snapshot is taken at a check, never when the structure is read: a ``model.to()`` or a
-    ``load_state_dict()`` before the first step is no update by hand. Tensors are held weakly.
+    ``load_state_dict()`` before the first step is no update by hand. Tensors are followed through
+    the module or optimizer that holds them (:meth:`follow_through`), else held weakly.
 
     Example::
 
@@ -198,7 +220,15 @@ class HandUpdates:
 
     def __init__(self) -> None:
         self._evidence = ChangeEvidence()
-        self._by_hand: dict[int, weakref.ReferenceType] = {}
+        self._by_hand: dict[int, follow_.Ref] = {}
+
+    def follow_through(self, inventory: Inventory | None) -> None:
+        """See :meth:`ChangeEvidence.follow_through`."""
+        self._evidence.follow_through(inventory)
+
+    def follow(self, t: torch.Tensor) -> follow_.Ref:
+        """See :meth:`ChangeEvidence.follow`."""
+        return self._evidence.follow(t)
 
     def by_hand(self, t: torch.Tensor) -> bool:
         """Whether ``t`` was seen updated by hand."""
@@ -219,7 +249,7 @@ class HandUpdates:
             return "unchanged" if final else "wait"
         seen = self._evidence.verdict(t, final=final)
         if seen == "changed":
-            self._by_hand[id(t)] = weakref.ref(t)
+            self._by_hand[id(t)] = self._evidence.follow(t)
             self._evidence.forget([id(t)])
             return "by_hand"
         return "wait" if seen == "unknown" and not final else "unchanged"

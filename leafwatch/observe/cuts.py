@@ -17,14 +17,14 @@ import dataclasses
 import os
 import sys
 import warnings
-import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import FrameType
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 
+from . import follow as follow_
 from . import frames, graph
 
 #: Autograd nodes one cut site may visit in all (its upstream walks share what they saw).
@@ -80,7 +80,7 @@ class SwitchedOn:
     """A leaf tensor whose ``requires_grad`` a forward switched on in place, and where: ``called_from``
     is the user's line that called into the library holding ``place`` (None: ``place`` is the user's)."""
 
-    tensor: weakref.ReferenceType
+    tensor: follow_.Ref  # through the module that holds it, else weakly
     place: Place
     called_from: Place | None
 
@@ -219,8 +219,10 @@ def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: Fram
 class CutRecorder(TorchFunctionMode):
     """Records the cuts of one forward pass (entered by the Tracer's root pre-hook, left at its end)."""
 
-    def __init__(self, first_order: int = 0) -> None:
+    def __init__(self, first_order: int = 0, follow: Callable[[torch.Tensor], follow_.Ref] = follow_.weakly) -> None:
         super().__init__()
+        #: How a tensor switched to requires_grad is followed (the Tracer's: through the module that holds it).
+        self._follow = follow
         self.cuts: dict[tuple[str, Place, Place | None], Cut] = {}
         #: Where an op of zero gradient ran on a tensor that requires grad, with the leaves upstream.
         self.zero_ops: dict[tuple[str, Place, Place | None], Cut] = {}
@@ -311,7 +313,7 @@ class CutRecorder(TorchFunctionMode):
                 return
             where = place_of_call(sys._getframe(2))
             if where is not None:
-                self.switched_on[id(t)] = SwitchedOn(weakref.ref(t), *where)
+                self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
         except Exception as error:
             self.error = error
 

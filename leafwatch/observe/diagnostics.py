@@ -10,7 +10,7 @@ forward is instrumented again only after a new miss or a new structure.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
 from . import crashes, structure, tracing
@@ -33,6 +33,7 @@ class Diagnostics:
         self.arrivals, self.sentinels = arrivals, sentinels
         self.diagnose, self.warn = diagnose, warn
         self.tracer = tracing.Tracer(on_error=warn)
+        self.tracer.on_forward = self._forward_begins
         self._retargeted: tuple[int, int, object] | None = None
 
     def arm(self, snapshot: Any) -> None:
@@ -45,24 +46,39 @@ class Diagnostics:
             roots = cache.roots.values() if cache.roots is not None else [cache.model]
             self.tracer.compiled = any(type(m).__name__ == "OptimizedModule" for m in roots)
             self.tracer.arm(snapshot.modules)
-            self.arrivals.arm(t for t, _ in cache.named_params())
+            self.arrivals.arm(snapshot.tensors.values(), snapshot.follow)
         except Exception as error:  # never stop training for a diagnostic
             self.warn("arming the diagnostic hooks", error)
 
-    def retarget(self, changes: int, missing: Iterable[int], cleared: Sequence[int]) -> None:
+    def retarget(self, changes: int, missing: Iterable[int], cleared: Sequence[int],
+                 settled: tuple[int, Collection[int]] = (0, ())) -> None:
         """After a check: the hooks follow the tensors that miss now (ids; ``changes`` counts that set's
         changes) and the gradients found cleared, worked out again only when one of them or the
-        structure changes (handed over: observe/ reads no detector's state)."""
+        structure changes (handed over: observe/ reads no detector's state). ``settled``: (a count of its
+        changes, the misses whose finding is counted without being worked out again): the forward hooks
+        leave their modules (torch's global forward hooks cost every module call while one is armed);
+        the arrival hooks stay on them (a miss the loop starts clearing is still told)."""
         cache, tracer = self.structure, self.tracer
-        retarget = (changes, cache.rebuilds, tuple(cleared))
+        if self.arrivals.handles:
+            self.arrivals.rearm_swapped()  # (a miss's hook a swap left on the old contents: on it again)
+        retarget = (changes, cache.rebuilds, tuple(cleared), settled[0])
         if self.diagnose and cache.inventory is not None and retarget != self._retargeted:
             instrument = not isinstance(self._retargeted, tuple) or retarget[:2] != self._retargeted[:2]
             self._retargeted = retarget
             listed = set().union(*(clist.ids for clist in cache.lists.values()))  # (no closure over `cache`:
             missing_ids = list(filter(listed.__contains__, missing))  # a cell at every check)
-            tracer.retarget(tracing.modules_owning(missing_ids, cache.inventory), instrument=instrument)
+            traced = [pid for pid in missing_ids if pid not in settled[1]] if settled[1] else missing_ids
+            tracer.retarget(tracing.modules_owning(traced, cache.inventory), instrument=instrument)
             tensors = cache.inventory.tensors
-            self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *cleared) if pid in tensors})
+            self.arrivals.retarget({pid: tensors[pid] for pid in (*missing_ids, *cleared) if pid in tensors},
+                                   cache.inventory.follow)
+
+    def _forward_begins(self) -> None:
+        """A forward under the recorder begins (the first step's, one after a new miss): the arrival hooks
+        of the tensors swapped since they were hooked are put on them again, so that this step's backward
+        is seen (a ``model.to(torch.float64)`` with swap-on-conversion between the Monitor and the step)."""
+        if self.arrivals.handles:
+            self.arrivals.rearm_swapped()
 
     def crash_context(self) -> crashes.Context:
         """What the crash door reads of this Monitor: its model (or roots) and what the tracer saw of the

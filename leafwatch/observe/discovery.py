@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames, graph, inventory
+from . import follow, frames, graph, inventory
 from ..options import LeafwatchInternalWarning
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
@@ -165,7 +165,8 @@ class Discovery:
         #: Root modules (by id) no optimizer holds a tensor of that got a gradient.
         self._outside: dict[int, weakref.ReferenceType] = {}
         self._outside_ids: tuple[int, dict[int, tuple[str, str]]] = (-1, {})
-        self._script_tensors: dict[str, weakref.ReferenceType] = {}
+        #: The script's module-level tensors at the last scan: through an optimizer holding one, else weakly.
+        self._script_tensors: dict[str, follow.Ref] = {}
         self._script_watched: set[str] = set()
 
     # -- the global module hook ------------------------------------------------------------------
@@ -408,7 +409,7 @@ class Discovery:
             watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
                                 location="the script's module level")
             self._script_watched.add(name)
-        self._script_tensors = {name: weakref.ref(t) for name, t in found.items()}
+        self._script_tensors = {name: follow.follow(t, optimizers=self.optimizers) for name, t in found.items()}
 
     def _derived_from_model(self, t: torch.Tensor, in_optimizers: set[int]) -> bool:
         leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)

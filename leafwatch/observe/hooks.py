@@ -167,7 +167,17 @@ def _on_optimizer_init(callback: Callable[..., Any]) -> Any:
 #: Optimizers being built (no torch hook: ``Optimizer._patch_step_function`` wrapped while subscribed).
 OPTIMIZER_BUILT = Dispatcher("optimizer built", _on_optimizer_init)
 
-#: Every dispatcher; torch's module forward hooks are not here: ``Module._call_impl`` copies their
-#: dicts before calling them, so a hook added there during a step breaks nothing.
+#: Every module's forward, before and after it (the diagnostic tracer, while it has modules armed: a hook
+#: left on the user's module would travel into a ``copy.deepcopy`` and stop ``torch.save(model)``). ``Module._call_impl``
+#: copies these dicts before calling them, so a change during a forward breaks nothing; torch calls a
+#: global hook for every module of the process while it is registered, so only a tracer with armed
+#: modules subscribes, and only an instrumented forward's needs the two hooks around the top modules.
+MODULE_FORWARD_PRE = Dispatcher("module forward pre-hook", getattr(_modules, "register_module_forward_pre_hook", None))
+MODULE_FORWARD = Dispatcher("module forward hook", getattr(_modules, "register_module_forward_hook", None))
+MODULE_FORWARD_ALWAYS = Dispatcher("module forward hook (called when the forward raises too)", functools.partial(
+    _modules.register_module_forward_hook, always_call=True) if hasattr(_modules, "register_module_forward_hook") else None)
+
+#: Every dispatcher.
 DISPATCHERS: tuple[Dispatcher, ...] = (OPTIMIZER_STEP_PRE, OPTIMIZER_STEP_POST, MODULE_REGISTRATION,
-                                       PARAMETER_REGISTRATION, OPTIMIZER_BUILT)
+                                       PARAMETER_REGISTRATION, OPTIMIZER_BUILT, MODULE_FORWARD_PRE, MODULE_FORWARD,
+                                       MODULE_FORWARD_ALWAYS)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import follow as follow_
 from . import frames, graph
 from .names import ancestors
 from ..options import got
@@ -297,6 +298,26 @@ class Inventory:
     def name(self, t: torch.Tensor) -> str | None:
         info = self.params.get(id(t))
         return info.name if info is not None else None
+
+    def follow(self, t: torch.Tensor) -> follow_.Ref:
+        """``t`` followed through the module or optimizer of this reading that holds it (a swap keeps
+        it followed), or weakly when none holds it (:mod:`leafwatch.observe.follow`). Looks where the
+        reading says it is, never through every module: a fresh leaf of the loss is followed at once."""
+        info = self.params.get(id(t))
+        place = (info.module, info.attribute) if info is not None else None
+        buffer = self.buffer_names.get(id(t)) if place is None else None
+        if buffer is not None:
+            module_name, _, attribute = buffer.rpartition(".")
+            place = (module_name, attribute)
+        module = self.modules.get(place[0]) if place is not None else None
+        if module is not None and place is not None:
+            # (a wrapper that shares its inner module's name, torch.compile's: the inner one holds it)
+            held = follow_.in_module(module, t, place[1]) or follow_.in_module(unwrap(module), t, place[1])
+            if held is not None:
+                return held
+        holders = [opt for opt, params in zip(self.optimizers, self.optimizer_params) if any(p is t for p in params)] \
+            if id(t) in self.in_optimizer else []
+        return follow_.follow(t, optimizers=holders)
 
     def known_names(self) -> dict[int, str]:
         return {k: v.name for k, v in self.params.items()}

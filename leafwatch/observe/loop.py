@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from . import follow
 from .structure import CheckList
 
 #: An optimizer that skipped this many steps in a row is looked at (a few at the start are the
@@ -25,14 +26,20 @@ class ArrivalHooks:
     """Post-accumulate-grad hooks on chosen tensors: which got a gradient in backward since last read
     (a ``.grad`` None at a check then tells "backward never reached it" from "the loop cleared it").
 
-    The hooks hold only the tensor's id: nothing of the user's is kept alive.
+    The hooks hold only the tensor's id: nothing of the user's is kept alive. A tensor is followed
+    through the module or optimizer that holds it (:mod:`leafwatch.observe.follow`): a swap
+    (``torch.utils.swap_tensors``) keeps it, and leaves the hook with the old contents, where it never
+    fires again; :meth:`rearm_swapped` hooks such a tensor again.
     """
 
     def __init__(self) -> None:
         self.arrived: set[int] = set()
         self.handles: dict[int, Any] = {}
+        #: id -> (the tensor, followed; its contents when hooked: ``follow.impl``).
+        self._hooked: dict[int, tuple[follow.Ref, int]] = {}
 
-    def arm(self, tensors: Iterable[torch.Tensor]) -> None:
+    def arm(self, tensors: Iterable[torch.Tensor], follow_: Callable[[torch.Tensor], follow.Ref]) -> None:
+        """Hook ``tensors`` (each followed with ``follow_``)."""
         for t in tensors:
             pid = id(t)
             if pid in self.handles or not (t.requires_grad and t.is_leaf) or torch.nn.parameter.is_lazy(t):
@@ -40,7 +47,8 @@ class ArrivalHooks:
             try:
                 self.handles[pid] = t.register_post_accumulate_grad_hook(self._make_hook(pid))
             except (RuntimeError, AttributeError):  # a tensor subclass that refuses the hook
-                pass
+                continue
+            self._hooked[pid] = (follow_(t), follow.impl(t))
 
     def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
         def arrived(t: torch.Tensor) -> None:
@@ -51,18 +59,35 @@ class ArrivalHooks:
 
         return arrived
 
-    def retarget(self, wanted: Mapping[int, torch.Tensor]) -> None:
+    def retarget(self, wanted: Mapping[int, torch.Tensor], follow_: Callable[[torch.Tensor], follow.Ref]) -> None:
         """Keep hooks on exactly the tensors ``wanted`` (by id)."""
         self.disarm([pid for pid in self.handles if pid not in wanted])
-        self.arm(t for pid, t in wanted.items() if pid not in self.handles)
+        self.arm((t for pid, t in wanted.items() if pid not in self.handles), follow_)
+
+    def rearm_swapped(self) -> set[int]:
+        """The ids of the hooked tensors swapped since they were hooked (their hook sits on the old
+        contents: what they got since is unknown), each hooked again."""
+        swapped = set()
+        for pid, (ref, contents) in list(self._hooked.items()):
+            t = ref()
+            if t is not None and follow.impl(t) != contents:
+                self._unhook(pid, swapped=True)
+                self.arm([t], lambda _, ref=ref: ref)
+                swapped.add(pid)
+        return swapped
 
     def disarm(self, ids: Iterable[int] | None = None) -> None:
         for pid in list(self.handles) if ids is None else list(ids):
-            handle = self.handles.pop(pid, None)
-            if handle is not None:
-                handle.remove()
+            self._unhook(pid)
         if ids is None:
             self.arrived.clear()
+
+    def _unhook(self, pid: int, swapped: bool = False) -> None:
+        handle = self.handles.pop(pid, None)
+        ref, _ = self._hooked.pop(pid, (None, 0))
+        if handle is not None:
+            handle.remove()
+            follow.release_hook_dict(ref() if ref is not None else None, follow.POST_ACCUMULATE_HOOKS, swapped)
 
     def take(self, ids: frozenset[int]) -> set[int]:
         """The tensors among ``ids`` whose gradient arrived since the last take (then forgotten)."""
@@ -78,6 +103,8 @@ class Skipping:
 
     handle: Any  # the tensor hook on the sentinel
     sentinel: int  # id of the tensor whose hook counts the backward passes
+    tensor: follow.Ref  # the sentinel, followed through the optimizer that holds it
+    contents: int  # ``follow.impl`` of the sentinel when hooked: a swap leaves the hook on the old contents
     version: int = -1  # the sentinel's ``_version`` at the start of the last backward pass
     skipped: int = 0  # backward passes in a row that started from a cleared gradient, the sentinel unchanged
     skipping_since: int = 0  # the step when the skipping began
@@ -88,7 +115,9 @@ class StepSentinels:
     """Per optimizer (by id), the steps skipped in a row: a tensor hook on one tensor it holds (the
     sentinel) fires in every backward pass; a pass that starts from a cleared ``.grad`` with the
     sentinel's ``_version`` unchanged since the last one followed no step (a step updates its tensors
-    in place). No optimizer hook is needed, and none is registered from inside one.
+    in place). No optimizer hook is needed, and none is registered from inside one. A sentinel swapped
+    (``torch.utils.swap_tensors``: its hook stays with the old contents) is hooked again at the next
+    :meth:`track`; the structure cache reads :meth:`swapped` every few checks to ask for one.
 
     Args:
         request_check: Called with the optimizer at the end of a backward pass when it has skipped
@@ -113,20 +142,33 @@ class StepSentinels:
         for i, opt in enumerate(optimizers):
             clist = lists.get(i)
             state = self.seen.get(id(opt))
-            if clist is None or (state is not None and state.sentinel in clist.ids and state.sentinel not in leftovers):
+            if clist is None or (state is not None and state.sentinel in clist.ids and state.sentinel not in leftovers
+                                 and not _moved(state)):
                 continue
             if state is not None:
-                self.seen.pop(id(opt)).handle.remove()
+                self._unhook(self.seen.pop(id(opt)), swapped=True)
                 self.alert.discard(id(opt))
             sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf and id(p) not in leftovers
                              and not torch.nn.parameter.is_lazy(p)), None)
             if sentinel is not None:
                 self.seen[id(opt)] = self._hook_sentinel(opt, sentinel)
 
-    def _hook_sentinel(self, opt: torch.optim.Optimizer, sentinel: torch.Tensor) -> Skipping:
-        tensor_ref, opt_ref, key = weakref.ref(sentinel), weakref.ref(opt), id(opt)
-        state = Skipping(None, id(sentinel))
+    def swapped(self) -> bool:
+        """Whether a sentinel was swapped since it was hooked (its hook counts nothing any more)."""
+        return any(_moved(state) for state in self.seen.values())
 
+    @staticmethod
+    def _unhook(state: Skipping, swapped: bool = False) -> None:
+        state.handle.remove()
+        follow.release_hook_dict(state.tensor(), follow.BACKWARD_HOOKS, swapped and _moved(state))
+
+    def _hook_sentinel(self, opt: torch.optim.Optimizer, sentinel: torch.Tensor) -> Skipping:
+        tensor_ref = follow.in_optimizer(opt, sentinel) or follow.weakly(sentinel)
+        opt_ref, key = weakref.ref(opt), id(opt)
+        state = Skipping(None, id(sentinel), tensor_ref, follow.impl(sentinel))
+
+        # Marked unserializable: ``torch.save`` of a plain tensor the optimizer holds gives no warning for it.
+        @torch.utils.hooks.unserializable_hook
         def counted(grad: torch.Tensor) -> None:
             t = tensor_ref()
             if t is None or t.grad is not None:
@@ -159,6 +201,12 @@ class StepSentinels:
 
     def close(self) -> None:
         for state in self.seen.values():
-            state.handle.remove()
+            self._unhook(state)
         self.seen.clear()
         self.alert.clear()
+
+
+def _moved(state: Skipping) -> bool:
+    """Whether the sentinel of ``state`` was swapped (or left its place) since it was hooked."""
+    t = state.tensor()
+    return t is None or follow.impl(t) != state.contents

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import excepthook, frames, hooks
+from . import excepthook, follow, frames, hooks
 from .discovery import Discovery, user_scope
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
@@ -48,9 +48,10 @@ class Observer:
         #: How many registrations were seen; :meth:`appeared` compares with :meth:`mark`.
         self._registrations = itertools.count(1)
         self._last = 0
-        #: id -> (the tensor, weakly; the registration's number; the user's ``path:line``; the user's function;
-        #: the ``path:line`` of the user's frames from it outward).
-        self._appeared: dict[int, tuple[weakref.ReferenceType, int, str, str, tuple[str, ...]]] = {}
+        #: id -> (the tensor, followed through the module it was registered in: never a weak reference,
+        #: which ``torch.utils.swap_tensors`` refuses; the registration's number; the user's ``path:line``;
+        #: the user's function; the ``path:line`` of the user's frames from it outward).
+        self._appeared: dict[int, tuple[follow.Held, int, str, str, tuple[str, ...]]] = {}
         self._stepping: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self._last_stepping: weakref.ReferenceType[torch.optim.Optimizer] | None = None
         #: optimizer -> (the registration mark when it was built, the user's ``path:line``, the variable assigned)
@@ -95,14 +96,15 @@ class Observer:
     def _on_parameter(self, module: nn.Module, name: str, param: Any) -> None:
         self.generation += 1
         if param is not None:
-            self._record([param])
+            self._record([(module, name, param)])
 
     def _on_module(self, module: nn.Module, name: str, submodule: Any) -> None:
         self.generation += 1
         if isinstance(submodule, nn.Module):
-            self._record(submodule.parameters())
+            self._record((owner, attribute, p) for owner in submodule.modules()
+                         for attribute, p in owner._parameters.items() if p is not None)
 
-    def _record(self, tensors: Iterable[torch.Tensor]) -> None:
+    def _record(self, registered: Iterable[tuple[nn.Module, str, torch.Tensor]]) -> None:
         """Where the user's code registered ``tensors``, if it did. It runs inside the user's
         ``self.x = ...``: a failure must never stop it (the tensor is then not known as late)."""
         try:
@@ -113,8 +115,10 @@ class Observer:
             function = getattr(frame.f_code, "co_qualname", frame.f_code.co_name)
             outer = tuple(f"{f.f_code.co_filename}:{f.f_lineno}" for f in itertools.islice(frames.outside(frame), 8))
             self._last = number = next(self._registrations)
-            for t in tensors:
-                self._appeared[id(t)] = (weakref.ref(t), number, where, function, outer)
+            for module, attribute, t in registered:
+                held = follow.registered(module, attribute, t)
+                if held is not None:
+                    self._appeared[id(t)] = (held, number, where, function, outer)
         except Exception:
             pass
 

@@ -33,6 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import follow
+
 
 # -- where gradients can be read ---------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
@@ -200,31 +202,49 @@ def find_ddp(model: Any) -> nn.Module | None:
 class UseTracker:
     """Which parameters this rank used in its backward passes since the last :meth:`take`.
 
-    One post-accumulate-grad hook per parameter that requires grad (torch >= 2.2); the hooks
-    hold the tensors weakly and go at :meth:`close`.
+    One post-accumulate-grad hook per parameter that requires grad (torch >= 2.2); each tensor is
+    followed through the module of ``model`` that holds it (never a weak reference, which
+    ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter swapped since
+    its hook was put on (the hook stays with the old contents) is hooked again, and not named unused
+    from what its old hook did not see.
     """
 
-    def __init__(self, params: Sequence[tuple[torch.Tensor, str]]) -> None:
+    def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
         self.used: set[int] = set()
-        self.tracked: list[tuple[Any, str]] = []
-        self._handles: list[Any] = []
+        #: id -> [the tensor followed, its name, its contents when hooked (``follow.impl``), the hook].
+        self.tracked: dict[int, list[Any]] = {}
+        owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
+                  for p in m._parameters.values() if p is not None}
         for p, name in params:
             if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
                 continue
-            self._handles.append(p.register_post_accumulate_grad_hook(_marker(self.used, id(p))))
-            self.tracked.append((weakref.ref(p), name))
+            owner = owners.get(id(p))
+            ref = (follow.in_module(owner, p) if owner is not None else None) or follow.weakly(p)
+            self.tracked[id(p)] = [ref, name, follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, id(p)))]
 
     def unused(self) -> list[tuple[torch.Tensor, str]]:
         """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
-        out = [(p, name) for ref, name in self.tracked
-               if (p := ref()) is not None and id(p) not in self.used and p.grad is not None and p.requires_grad]
+        out = []
+        for pid, entry in self.tracked.items():
+            p = entry[0]()
+            if p is None or pid in self.used or p.grad is None or not p.requires_grad:
+                continue
+            if follow.impl(p) != entry[2]:  # swapped: its hook saw nothing since; hooked again
+                self._unhook(entry, swapped=True)
+                entry[2], entry[3] = follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, pid))
+                continue
+            out.append((p, entry[1]))
         self.used.clear()
         return out
 
+    @staticmethod
+    def _unhook(entry: list[Any], swapped: bool = False) -> None:
+        entry[3].remove()
+        follow.release_hook_dict(entry[0](), follow.POST_ACCUMULATE_HOOKS, swapped)
+
     def close(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
+        for entry in self.tracked.values():
+            self._unhook(entry)
         self.tracked.clear()
 
 

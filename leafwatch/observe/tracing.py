@@ -6,6 +6,11 @@ A hook records plain facts (it ran, with grad mode on or off, its output require
 tensor hook on that output tells whether backward reached it); the causes are worked out only
 for the parameters that failed, when they failed.
 
+The hooks are torch's global module forward hooks (:mod:`leafwatch.observe.hooks`), subscribed
+while a module is armed and filtered by the armed modules: nothing is left on the user's modules,
+so ``torch.save(model)``, ``pickle`` and ``copy.deepcopy`` of a module work while it is diagnosed
+and a copy carries no leafwatch hook. On a healthy step nothing is armed and nothing is subscribed.
+
 On instrumented forwards (from creation to the first check, and after a new miss or a new
 structure until the next check) the top armed modules also run their forward under the cut
 recorder (:mod:`leafwatch.observe.cuts`), so a parameter cut by a ``.detach()`` is explained by that line.
@@ -14,6 +19,7 @@ recorder (:mod:`leafwatch.observe.cuts`), so a parameter cut by a ``.detach()`` 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import sys
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -21,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import cuts, frames, functions
+from . import cuts, follow, frames, functions, hooks
 from .names import ancestors
 
 if TYPE_CHECKING:
@@ -88,15 +94,18 @@ class Tracer:
 
     def __init__(self, on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.on_error = on_error
+        #: Called when the forward of a top armed module begins (the arrival hooks are re-armed then when
+        #: a parameter was swapped since they were armed).
+        self.on_forward: Callable[[], None] | None = None
         self.records: dict[str, RunRecord] = {}
-        self.handles: dict[str, Any] = {}
+        #: The armed modules by name (the global hooks fire for these only).
+        self.handles: dict[str, nn.Module] = {}
         self.order = 0  # the last record's place in the forward
         # The modules armed since the last reset, so whose hooks saw the whole step: the ones
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
         self.checked_in_round: set[int | None] = set()  # the optimizers checked since the last reset
-        #: Whether the next forward is instrumented (the recorder runs over it).
-        self.ops_wanted = False
+        self._ops_wanted = False
         self._ops_next = False
         #: Whether a forward ran whole under the recorder since the last reset: then a tensor
         #: upstream of no recorded cut was seen not to be cut inside the forward.
@@ -113,14 +122,31 @@ class Tracer:
         self._cut_index: dict[int, cuts.Cut] | None = None
         self._recorder: cuts.CutRecorder | None = None
         self._depth = 0
-        self._root_handles: dict[str, tuple[Any, Any]] = {}
-        self._modules: dict[str, nn.Module] = {}
+        #: The names of the top armed modules (no armed ancestor): the cut recorder runs over their forward.
+        self.tops: set[str] = set()
+        #: ``id(module)`` -> its armed names, and the ids of the top ones (the armed modules are held in
+        #: :attr:`handles`, so an id here stays theirs).
+        self._armed: dict[int, tuple[str, ...]] = {}
+        self._top_ids: set[int] = set()
+        #: The subscriptions to the global forward hooks: the records', and the recorder's around the tops.
+        self._records_hook: Any = None
+        self._tops_hooks: tuple[Any, ...] = ()
         #: Each armed module's registered parameters (attribute -> id), to tell weights swapped in.
         self._own: dict[str, dict[str, int]] = {}
 
     @property
     def armed(self) -> set[str]:
         return set(self.handles)
+
+    @property
+    def ops_wanted(self) -> bool:
+        """Whether the next forward is instrumented (the recorder runs over it)."""
+        return self._ops_wanted
+
+    @ops_wanted.setter
+    def ops_wanted(self, wanted: bool) -> None:
+        self._ops_wanted = wanted
+        self._subscribe()  # (the hooks around the top modules start the recorder)
 
     def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
         """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
@@ -130,7 +156,7 @@ class Tracer:
         self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
         # The registered parameters, read again between steps (none is swapped in then): a
         # parameter replaced since the hooks were armed is no weight swapped in for a call.
-        self._own = {n: _own_parameters(m) for n, m in self._modules.items()}
+        self._own = {n: _own_parameters(m) for n, m in self.handles.items()}
         self._ops_next = self._ops_next or (instrument and bool(wanted))
 
     def end_check(self, optimizer_index: int | None, n_optimizers: int) -> None:
@@ -153,8 +179,8 @@ class Tracer:
         for name, module in modules.items():
             if name in self.handles:
                 continue
-            self.handles[name] = module.register_forward_hook(self._make_hook(name))
-            self._modules[name] = module
+            self.handles[name] = module
+            self._armed[id(module)] = (*self._armed.get(id(module), ()), name)
             self._own[name] = _own_parameters(module)
             self.armed_since_reset.add(name)
             if type(module).__name__ == "OptimizedModule":
@@ -165,14 +191,15 @@ class Tracer:
 
     def disarm(self, names: set[str] | None = None) -> None:
         for name in list(self.handles) if names is None else list(names):
-            handle = self.handles.pop(name, None)
-            self._modules.pop(name, None)
+            module = self.handles.pop(name, None)
             self._own.pop(name, None)
-            if handle is not None:
-                handle.remove()
-        self._hook_roots()
+            if module is not None:
+                kept = tuple(n for n in self._armed.pop(id(module), ()) if n != name)
+                if kept:
+                    self._armed[id(module)] = kept
         if not self.handles:
             self._stop_recorder()
+        self._hook_roots()
 
     def reset(self) -> None:
         """Forget what was seen; the armed modules stay armed and will see the whole next step."""
@@ -190,25 +217,45 @@ class Tracer:
 
     # -- the cut recorder -------------------------------------------------------------------------
     def _hook_roots(self) -> None:
-        """Enter/leave hooks on the top armed modules: those with no armed ancestor."""
-        tops = {n for n in self.handles
-                if not ((n != "" and "" in self.handles) or any(a in self.handles for a in ancestors(n)))}
-        for name in list(self._root_handles):
-            if name not in tops:
-                pre, post = self._root_handles.pop(name)
-                pre.remove()
-                post.remove()
-        for name in tops - set(self._root_handles):
-            module = self._modules[name]
-            pre = module.register_forward_pre_hook(self._enter_forward)
-            post = module.register_forward_hook(self._leave_forward, always_call=True)
-            self._root_handles[name] = (pre, post)
+        """The top armed modules: those with no armed ancestor (the recorder's enter/leave hooks fire for them)."""
+        self.tops = {n for n in self.handles
+                     if not ((n != "" and "" in self.handles) or any(a in self.handles for a in ancestors(n)))}
+        self._top_ids = {id(self.handles[n]) for n in self.tops}
+        self._subscribe()
+
+    def _subscribe(self) -> None:
+        """Hold the global forward hooks this tracer needs now, and no other: the records' while a module is
+        armed, the two around the top modules while the next forward may run under the recorder."""
+        records = bool(self.handles)
+        tops = records and (self._recorder is not None or self.ops_wanted and not self.compiled and not self._recorder_broken)
+        if records != (self._records_hook is not None):
+            if records:
+                self._records_hook = hooks.MODULE_FORWARD.subscribe(self._on_forward)
+            else:
+                self._records_hook, handle = None, self._records_hook
+                handle.remove()
+        if tops != bool(self._tops_hooks):
+            if tops:
+                self._tops_hooks = (hooks.MODULE_FORWARD_PRE.subscribe(self._on_forward_pre),
+                                    hooks.MODULE_FORWARD_ALWAYS.subscribe(self._on_forward_end))
+            else:
+                handles, self._tops_hooks = self._tops_hooks, ()
+                for handle in handles:
+                    handle.remove()
+
+    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
+        if id(module) in self._top_ids:
+            self._enter_forward(module, args)
+
+    def _on_forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in self._top_ids:
+            self._leave_forward(module, args, output)
 
     def entered(self, module: nn.Module) -> None:
-        """The forward of ``module``, an armed top module, has begun already: its own pre-hook was read
+        """The forward of ``module``, an armed top module, has begun already: the global pre-hook was read
         before the hooks were armed (``leafwatch run`` arms them in the global pre-hook of the first
         forward); the cut recorder starts now, as that pre-hook would have started it."""
-        if any(self._modules.get(name) is module for name in self._root_handles):
+        if id(module) in self._top_ids:
             self._enter_forward(module, ())
 
     def _enter_forward(self, module: nn.Module, args: Any) -> None:
@@ -216,10 +263,12 @@ class Tracer:
             if self._recorder is not None:
                 self._depth += 1  # a root called inside another (or inside itself)
                 return
+            if self.on_forward is not None:
+                self.on_forward()
             if not self.ops_wanted or self.compiled or self._recorder_broken or getattr(module, "_compiled_call_impl", None) is not None \
                     or not torch.is_grad_enabled() or torch.is_inference_mode_enabled() or cuts.compiling():
                 return
-            recorder = cuts.CutRecorder(first_order=len(self.cuts))
+            recorder = cuts.CutRecorder(first_order=len(self.cuts), follow=self._follow)
             recorder.__enter__()
             self._recorder, self._depth = recorder, 1
         except Exception as error:
@@ -287,13 +336,17 @@ class Tracer:
             self._cut_index = {leaf: cut for cut in ordered for leaf in cut.leaves}
         return self._cut_index.get(tensor_id)
 
-    def _make_hook(self, name: str):
-        def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def _on_forward(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        """The global forward hook: what an armed module's forward did (any other module: nothing)."""
+        names = self._armed.get(id(module))
+        if names is None:
+            return
+        for name in names:
             # The hook runs inside the user's forward: a failure here must never stop training.
             try:
                 if functions.in_backward():
                     return  # re-run for a backward (an adjoint, a recomputation): not the step's forward
-                record_run(module, args, output)
+                self._record_run(name, module, args, output)
             except Exception as error:
                 # What this hook saw is incomplete: explain nothing from it rather than guess.
                 self.records.pop(name, None)
@@ -301,47 +354,56 @@ class Tracer:
                 if self.on_error is not None:
                     self.on_error("a diagnostic forward hook", error)
 
-        def record_run(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
-            grad_on = torch.is_grad_enabled()
-            if not grad_on and not module.training:
-                return  # an evaluation pass between steps (a fixed teacher): not what the training step did
-            record = self.records.get(name)
-            if record is None:
-                record = self.records[name] = RunRecord(name)
-            record.calls += 1
-            record.substituted = record.substituted or _swapped_in(module, self._own.get(name))
-            if self.order < _MAX_ORDER:
-                self.order += 1
-                record.order = self.order
-            if grad_on:
-                record.grad_enabled = True
-            else:
-                record.in_checkpoint = record.in_checkpoint or frames.on_stack(
-                    sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
-                if record.in_function is None:
-                    _read_function(record, module, sys._getframe(1))
-            inputs = [a for a in args if isinstance(a, torch.Tensor)]
-            record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
-            record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
-            produced = _first_tensor(output, requires_grad=False)
-            if produced is not None:
-                record.output_storage = _storage(produced)
-            out = _first_tensor(output)
-            if out is None and produced is None:
-                record.output_opaque = True
-            if out is not None and grad_on:
-                record.output_requires_grad = True
-                if out.is_leaf:
-                    # A module that returns a leaf (its own parameter): a hook there would stay on
-                    # that tensor for good. It is explained only when its .grad stays None, that
-                    # is when backward did not reach it.
-                    return
-                try:
-                    out.register_hook(_reached(record))
-                except RuntimeError:
-                    pass
+    def _record_run(self, name: str, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        grad_on = torch.is_grad_enabled()
+        if not grad_on and not module.training:
+            return  # an evaluation pass between steps (a fixed teacher): not what the training step did
+        record = self.records.get(name)
+        if record is None:
+            record = self.records[name] = RunRecord(name)
+        record.calls += 1
+        record.substituted = record.substituted or _swapped_in(module, self._own.get(name))
+        if self.order < _MAX_ORDER:
+            self.order += 1
+            record.order = self.order
+        _observe_run(record, module, args, output, grad_on)
 
-        return hook
+    def _follow(self, t: torch.Tensor) -> follow.Ref:
+        """A tensor the recorder saw switched to requires_grad, followed through the armed module (or a
+        module under a top one) that holds it, else weakly (a tensor made in the forward)."""
+        tops = [self.handles[n] for n in self.tops if n in self.handles]
+        return follow.follow(t, itertools.chain(self.handles.values(), *(top.modules() for top in tops)))
+
+
+def _observe_run(record: RunRecord, module: nn.Module, args: tuple[Any, ...], output: Any, grad_on: bool) -> None:
+    """What one forward of an armed module shows: its grad mode, its inputs, its output (and a hook on it)."""
+    if grad_on:
+        record.grad_enabled = True
+    else:
+        record.in_checkpoint = record.in_checkpoint or frames.on_stack(
+            sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
+        if record.in_function is None:
+            _read_function(record, module, sys._getframe(1))
+    inputs = [a for a in args if isinstance(a, torch.Tensor)]
+    record.grad_inputs |= {_storage(a) for a in inputs if a.requires_grad}
+    record.detached_inputs |= {_storage(a) for a in inputs if not a.requires_grad}
+    produced = _first_tensor(output, requires_grad=False)
+    if produced is not None:
+        record.output_storage = _storage(produced)
+    out = _first_tensor(output)
+    if out is None and produced is None:
+        record.output_opaque = True
+    if out is not None and grad_on:
+        record.output_requires_grad = True
+        if out.is_leaf:
+            # A module that returns a leaf (its own parameter): a hook there would stay on
+            # that tensor for good. It is explained only when its .grad stays None, that
+            # is when backward did not reach it.
+            return
+        try:
+            out.register_hook(_reached(record))
+        except RuntimeError:
+            pass
 
 
 def _read_function(record: RunRecord, module: nn.Module, frame: Any) -> None:
@@ -377,6 +439,8 @@ def modules_owning(ids: Iterable[int], inv: Inventory) -> dict[str, nn.Module]:
 
 
 def _reached(record: RunRecord):
+    # Marked unserializable: a module output the user saves (``torch.save(features)``) gets no warning for it.
+    @torch.utils.hooks.unserializable_hook
     def mark(grad: torch.Tensor | None) -> None:
         if grad is not None:  # torch calls tensor hooks with None too: that is no gradient
             record.backward_reached = True

@@ -294,14 +294,20 @@ def test_open_after_reads_what_verdicts_will_leave_open_in_their_order() -> None
 
 
 def test_the_tracer_puts_its_recorder_hooks_on_the_top_armed_modules_only() -> None:
-    """Armed on every module, the cut recorder's enter/leave hooks go on the root alone; armed on
-    two sibling blocks and a child of one, on the two blocks."""
+    """Armed on every module, the cut recorder's enter/leave hooks fire for the root alone; armed on
+    two sibling blocks and a child of one, for the two blocks (torch's global forward hooks, while armed)."""
+    from leafwatch.observe import hooks
+
     model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.Linear(2, 1))
+    subscribers = len(hooks.MODULE_FORWARD_PRE), len(hooks.MODULE_FORWARD)
     tracer = Tracer()
     tracer.arm(dict(model.named_modules()))
-    assert set(tracer._root_handles) == {""}
+    assert tracer.tops == {""}
+    assert (len(hooks.MODULE_FORWARD_PRE), len(hooks.MODULE_FORWARD)) == (subscribers[0] + 1, subscribers[1] + 1)
     tracer.disarm()
+    assert (len(hooks.MODULE_FORWARD_PRE), len(hooks.MODULE_FORWARD)) == subscribers
     tracer.arm({"0": model[0], "0.0": model[0][0], "1": model[1]})
-    assert set(tracer._root_handles) == {"0", "1"}
+    assert tracer.tops == {"0", "1"}
     tracer.reset()
     tracer.disarm()
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())

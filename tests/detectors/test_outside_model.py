@@ -133,7 +133,9 @@ def test_an_open_monitor_changes_no_verdict_of_an_audit(monitor_first: bool) -> 
 
 def test_audit_subscribes_to_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> None:
     """audit() observes no step: its Monitor's observer subscribes to none of leafwatch's global
-    dispatchers; a Monitor's own observer subscribes to the registration, step and optimizer-built hooks."""
+    dispatchers; a Monitor's own observer subscribes to the registration, step and optimizer-built hooks,
+    and its tracer, armed until the first check, to the global module forward hooks (the records', and
+    the two around the top module under which the first forward runs the cut recorder)."""
     from leafwatch.observe import hooks
 
     subscribed: list[str] = []
@@ -147,7 +149,8 @@ def test_audit_subscribes_to_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> 
     assert subscribed == [], "audit() subscribed to a global hook"
     leafwatch.Monitor(model, opt).close()  # the recorder sees a Monitor's hooks
     assert subscribed == ["parameter registration hook", "module registration hook", "optimizer step pre-hook",
-                          "optimizer built"]
+                          "optimizer built", "module forward hook", "module forward pre-hook",
+                          "module forward hook (called when the forward raises too)"]
 
 
 def test_a_persistent_leaf_of_the_loss_in_no_optimizer_is_an_error_named_by_its_variable() -> None:

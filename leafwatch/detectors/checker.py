@@ -88,7 +88,6 @@ class Checker:
         self.loop = loop = self.grads.loop
         arrivals, sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` judges
             lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
-        structure_.watch_swaps(sentinels.swapped)  # a swapped sentinel is hooked again at the next reading
         self.diagnostics = Diagnostics(structure_, arrivals, sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         #: What the detectors read of the Monitor's observing objects (each check's evidence holds it).

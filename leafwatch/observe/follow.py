@@ -171,13 +171,21 @@ def impl(tensor: torch.Tensor) -> int:
         return 0
 
 
-def release_hook_dict(tensor: torch.Tensor | None, attribute: str, swapped: bool = False) -> None:
-    """After leafwatch removed its hook from ``tensor``'s hook dict ``attribute``: a dict left empty is
-    taken away (as if leafwatch had never hooked the tensor), and, where the tensor was ``swapped`` since
-    the hook was put on, a dict that holds the user's hooks is wired to its new contents. torch leaves the
-    dict with the tensor and its hooks with the old contents: a hook the user registered after the swap
-    went into a dict leafwatch's hook kept alive, and would never fire."""
-    if tensor is None or not tensor.is_leaf:
+def makes_hook_dict(tensor: torch.Tensor, attribute: str) -> bool:
+    """Whether a hook leafwatch puts on ``tensor`` now makes its hook dict ``attribute`` (none is there
+    yet): only such a dict is leafwatch's to take away or to wire again (:func:`release_hook_dict`)."""
+    return getattr(tensor, attribute, None) is None
+
+
+def release_hook_dict(tensor: torch.Tensor | None, attribute: str, swapped: bool = False, made: bool = True) -> None:
+    """After leafwatch removed its hook from ``tensor``'s hook dict ``attribute``, where leafwatch ``made``
+    that dict (:func:`makes_hook_dict`; no hook of the user's was in it while leafwatch's fired): left
+    empty, it is taken away, as if leafwatch had never hooked the tensor; where the tensor was ``swapped``
+    since, it is wired to the new contents. torch leaves the dict with the tensor and its hooks with the
+    old contents: without leafwatch the dict would not exist at the swap, and a hook the user registers
+    after it would make a new one that fires. A dict the user made is left as torch leaves it (its hooks,
+    and those added to it after a swap, stay with the old contents, as they do without leafwatch)."""
+    if tensor is None or not made or not tensor.is_leaf:
         return
     with contextlib.suppress(Exception):
         hooks = getattr(tensor, attribute, None)
@@ -185,5 +193,5 @@ def release_hook_dict(tensor: torch.Tensor | None, attribute: str, swapped: bool
             setattr(tensor, attribute, hooks or None)  # (setting the dict wires it to the contents now)
 
 
-__all__ = ["BACKWARD_HOOKS", "POST_ACCUMULATE_HOOKS", "Held", "Ref", "release_hook_dict", "follow", "impl",
+__all__ = ["BACKWARD_HOOKS", "POST_ACCUMULATE_HOOKS", "Held", "Ref", "makes_hook_dict", "release_hook_dict", "follow", "impl",
            "in_module", "in_optimizer", "registered", "weakly"]

@@ -37,6 +37,9 @@ class ArrivalHooks:
         self.handles: dict[int, Any] = {}
         #: id -> (the tensor, followed; its contents when hooked: ``follow.impl``).
         self._hooked: dict[int, tuple[follow.Ref, int]] = {}
+        #: The hooked tensors whose hook dict leafwatch did not make, or that held a hook of the user's
+        #: while leafwatch's fired: left as torch leaves it (:func:`follow.release_hook_dict`).
+        self._shared: set[int] = set()
 
     def arm(self, tensors: Iterable[torch.Tensor], follow_: Callable[[torch.Tensor], follow.Ref]) -> None:
         """Hook ``tensors`` (each followed with ``follow_``)."""
@@ -44,10 +47,13 @@ class ArrivalHooks:
             pid = id(t)
             if pid in self.handles or not (t.requires_grad and t.is_leaf) or torch.nn.parameter.is_lazy(t):
                 continue  # a lazy parameter takes no hook before its first forward
+            made = follow.makes_hook_dict(t, follow.POST_ACCUMULATE_HOOKS)
             try:
                 self.handles[pid] = t.register_post_accumulate_grad_hook(self._make_hook(pid))
             except (RuntimeError, AttributeError):  # a tensor subclass that refuses the hook
                 continue
+            if not made:
+                self._shared.add(pid)
             self._hooked[pid] = (follow_(t), follow.impl(t))
 
     def _make_hook(self, pid: int) -> Callable[[torch.Tensor], None]:
@@ -56,6 +62,8 @@ class ArrivalHooks:
             # returning None for this input): no gradient arrived then.
             if t.grad is not None:
                 self.arrived.add(pid)
+            if pid not in self._shared and len(t._post_accumulate_grad_hooks or ()) > 1:
+                self._shared.add(pid)  # a hook of the user's joined leafwatch's dict
 
         return arrived
 
@@ -85,9 +93,12 @@ class ArrivalHooks:
     def _unhook(self, pid: int, swapped: bool = False) -> None:
         handle = self.handles.pop(pid, None)
         ref, _ = self._hooked.pop(pid, (None, 0))
+        shared = pid in self._shared
+        self._shared.discard(pid)
         if handle is not None:
             handle.remove()
-            follow.release_hook_dict(ref() if ref is not None else None, follow.POST_ACCUMULATE_HOOKS, swapped)
+            follow.release_hook_dict(ref() if ref is not None else None, follow.POST_ACCUMULATE_HOOKS, swapped,
+                                     made=not shared)
 
     def take(self, ids: frozenset[int]) -> set[int]:
         """The tensors among ``ids`` whose gradient arrived since the last take (then forgotten)."""
@@ -105,6 +116,7 @@ class Skipping:
     sentinel: int  # id of the tensor whose hook counts the backward passes
     tensor: follow.Ref  # the sentinel, followed through the optimizer that holds it
     contents: int  # ``follow.impl`` of the sentinel when hooked: a swap leaves the hook on the old contents
+    made: bool = True  # leafwatch made the sentinel's hook dict and no hook of the user's joined it
     version: int = -1  # the sentinel's ``_version`` at the start of the last backward pass
     skipped: int = 0  # backward passes in a row that started from a cleared gradient, the sentinel unchanged
     skipping_since: int = 0  # the step when the skipping began
@@ -117,7 +129,7 @@ class StepSentinels:
     sentinel's ``_version`` unchanged since the last one followed no step (a step updates its tensors
     in place). No optimizer hook is needed, and none is registered from inside one. A sentinel swapped
     (``torch.utils.swap_tensors``: its hook stays with the old contents) is hooked again at the next
-    :meth:`track`; the structure cache reads :meth:`swapped` every few checks to ask for one.
+    :meth:`track`; each check reads :meth:`swapped` (one ``_cdata`` per optimizer) to ask for one.
 
     Args:
         request_check: Called with the optimizer at the end of a backward pass when it has skipped
@@ -148,8 +160,11 @@ class StepSentinels:
             if state is not None:
                 self._unhook(self.seen.pop(id(opt)), swapped=True)
                 self.alert.discard(id(opt))
-            sentinel = next((p for p in clist.params if p.requires_grad and p.is_leaf and id(p) not in leftovers
-                             and not torch.nn.parameter.is_lazy(p)), None)
+            candidates = [p for p in clist.params if p.requires_grad and p.is_leaf and id(p) not in leftovers
+                          and not torch.nn.parameter.is_lazy(p)]
+            # One without a hook dict of the user's first: leafwatch's hook then makes the dict.
+            sentinel = next((p for p in candidates if follow.makes_hook_dict(p, follow.BACKWARD_HOOKS)),
+                            candidates[0] if candidates else None)
             if sentinel is not None:
                 self.seen[id(opt)] = self._hook_sentinel(opt, sentinel)
 
@@ -160,12 +175,13 @@ class StepSentinels:
     @staticmethod
     def _unhook(state: Skipping, swapped: bool = False) -> None:
         state.handle.remove()
-        follow.release_hook_dict(state.tensor(), follow.BACKWARD_HOOKS, swapped and _moved(state))
+        follow.release_hook_dict(state.tensor(), follow.BACKWARD_HOOKS, swapped and _moved(state), state.made)
 
     def _hook_sentinel(self, opt: torch.optim.Optimizer, sentinel: torch.Tensor) -> Skipping:
         tensor_ref = follow.in_optimizer(opt, sentinel) or follow.weakly(sentinel)
         opt_ref, key = weakref.ref(opt), id(opt)
-        state = Skipping(None, id(sentinel), tensor_ref, follow.impl(sentinel))
+        state = Skipping(None, id(sentinel), tensor_ref, follow.impl(sentinel),
+                         made=follow.makes_hook_dict(sentinel, follow.BACKWARD_HOOKS))
 
         # Marked unserializable: ``torch.save`` of a plain tensor the optimizer holds gives no warning for it.
         @torch.utils.hooks.unserializable_hook
@@ -173,6 +189,8 @@ class StepSentinels:
             t = tensor_ref()
             if t is None or t.grad is not None:
                 return  # a second backward into the same gradients (accumulation)
+            if state.made and len(t._backward_hooks or ()) > 1:
+                state.made = False  # a hook of the user's joined leafwatch's dict: torch's to keep as it is
             version = t._version
             if version == state.version:
                 state.skipped += 1

@@ -211,7 +211,8 @@ class UseTracker:
 
     def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
         self.used: set[int] = set()
-        #: id -> [the tensor followed, its name, its contents when hooked (``follow.impl``), the hook].
+        #: id -> [the tensor followed, its name, its contents when hooked (``follow.impl``), the hook, whether
+        #: leafwatch made its hook dict (:func:`follow.release_hook_dict`)].
         self.tracked: dict[int, list[Any]] = {}
         owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
                   for p in m._parameters.values() if p is not None}
@@ -220,7 +221,9 @@ class UseTracker:
                 continue
             owner = owners.get(id(p))
             ref = (follow.in_module(owner, p) if owner is not None else None) or follow.weakly(p)
-            self.tracked[id(p)] = [ref, name, follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, id(p)))]
+            made = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
+            self.tracked[id(p)] = [ref, name, follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, id(p))),
+                                   made]
 
     def unused(self) -> list[tuple[torch.Tensor, str]]:
         """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
@@ -231,6 +234,7 @@ class UseTracker:
                 continue
             if follow.impl(p) != entry[2]:  # swapped: its hook saw nothing since; hooked again
                 self._unhook(entry, swapped=True)
+                entry[4] = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
                 entry[2], entry[3] = follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, pid))
                 continue
             out.append((p, entry[1]))
@@ -240,7 +244,7 @@ class UseTracker:
     @staticmethod
     def _unhook(entry: list[Any], swapped: bool = False) -> None:
         entry[3].remove()
-        follow.release_hook_dict(entry[0](), follow.POST_ACCUMULATE_HOOKS, swapped)
+        follow.release_hook_dict(entry[0](), follow.POST_ACCUMULATE_HOOKS, swapped, made=entry[4])
 
     def close(self) -> None:
         for entry in self.tracked.values():

@@ -350,19 +350,26 @@ def test_every_swap_works_under_the_hugging_face_callback(tmp_path: Path) -> Non
     assert swaps.armed == [True]  # probed while the miss of `unused_head` was diagnosed
 
 
-def _hooks_fired(watched: bool, steps: int = 14) -> dict[str, int]:
+def _hooks_fired(watched: bool, before_swap: bool = False, steps: int = 14) -> dict[str, int]:
     """How often the hooks the user registers on `scale` and `fc.bias` right after a swap (after the first
-    step) fire in the steps that follow."""
+    step) fire in the steps that follow; with ``before_swap``, the user hooked every parameter before the
+    swap too (torch then keeps the hooks of both times with the swapped-out contents: none fires)."""
     with _swaps.swapping_on_conversion():
         torch.manual_seed(0)
         model = _swaps.Net()
         optimizer = _swaps.optimizer_for(model)
-        monitor = leafwatch.Monitor(model, optimizer, verbose=False).attach() if watched else None
-        counts = dict.fromkeys(["scale hook", "scale post-accumulate", "fc.bias hook", "fc.bias post-accumulate"], 0)
+        early = dict.fromkeys([f"{name} before" for name, p in model.named_parameters() if p.requires_grad], 0)
+        counts = {**dict.fromkeys(["scale hook", "scale post-accumulate", "fc.bias hook", "fc.bias post-accumulate"], 0),
+                  **(early if before_swap else {})}
 
         def count(key: str) -> Any:
             return lambda *args: counts.__setitem__(key, counts[key] + 1)
 
+        if before_swap:
+            for name, p in model.named_parameters():
+                if p.requires_grad:
+                    p.register_hook(count(f"{name} before"))
+        monitor = leafwatch.Monitor(model, optimizer, verbose=False).attach() if watched else None
         for step, (x, y) in enumerate(_swaps.batches(steps)):
             optimizer.zero_grad()
             nn.functional.mse_loss(model(x), y).backward()
@@ -383,13 +390,23 @@ def test_a_hook_the_user_puts_on_a_parameter_after_a_swap_fires_as_without_leafw
     emptied go with them: a dict torch leaves with a swapped tensor's old contents is never one leafwatch
     made, so a hook the user registers after the swap fires, as it does without leafwatch. The one hook
     leafwatch keeps for the whole run, the skipped-step sentinel on the first tensor of each optimizer
-    (`scale` here), is found on swapped contents at the next periodic look (every 10 checks): put on the
-    new contents again, and its dict, which holds the user's hook, wired to them, so that hook fires from
-    then on."""
+    (`scale` here), is found on swapped contents at the next check: put on the new contents again, and the
+    dict leafwatch made for it, which now holds the user's hook, wired to them, so that hook fires from
+    then on: it misses the one backward pass between the swap and that check."""
     plain, watched = _hooks_fired(watched=False), _hooks_fired(watched=True)
     assert plain == dict.fromkeys(plain, 13)
     assert {k: v for k, v in watched.items() if k != "scale hook"} == {k: v for k, v in plain.items() if k != "scale hook"}
-    assert 0 < watched["scale hook"] < 13
+    assert watched["scale hook"] == plain["scale hook"] - 1
+
+
+def test_hooks_the_user_put_on_parameters_before_a_swap_stay_as_torch_leaves_them() -> None:
+    """torch keeps a tensor's hook dict with the contents a swap takes out: hooks registered before the swap,
+    and hooks added to that dict after it, never fire again. A hook dict the user made is never leafwatch's
+    to wire again, so the run is the same hook for hook as without leafwatch (the sentinel goes on a tensor
+    whose dict leafwatch makes, where there is one, and sits in the user's dict only where there is none)."""
+    plain, watched = _hooks_fired(watched=False, before_swap=True), _hooks_fired(watched=True, before_swap=True)
+    assert plain["scale hook"] == plain["fc.bias hook"] == 0 and plain["scale before"] == 1  # torch's own behaviour
+    assert watched == plain
 
 
 def test_a_watched_tensor_is_held_weakly_and_cannot_be_swapped_until_it_is_unwatched() -> None:

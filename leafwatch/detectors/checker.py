@@ -246,6 +246,7 @@ class Checker:
         membership.grace = validate_int(checks_, "checks", 0)
         membership.waiting_optimizers = waiting
         membership.outside_roots = outside_roots
+        self.states[registry.UNCHECKED].waiting = waiting
 
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""

@@ -302,15 +302,15 @@ class Discovery:
                             self.called_directly |= _used_without_running(value, unknown, self.seen)
                         remember(self.seen, value)
 
-    def find_optimizers(self) -> None:
+    def find_optimizers(self, *, ended: bool = False) -> None:
         """Remember the optimizers the script holds in the calling frames, stepped or not (in a
         variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
-        that steps runs at the script's module level."""
-        first = frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
+        that steps runs at the script's module level; ``ended``: in its module-level variables, once it ended."""
+        first = None if ended else frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
         if first is not None and first.f_code.co_name == "<module>":
             self.loop_at_module_level = True
-        for frame in user_frames():
-            for value in _frame_values(frame):
+        for values in [list(_script_scope().values())] if ended else map(_frame_values, user_frames()):
+            for value in values:
                 items = [value]
                 if isinstance(value, (dict, list, tuple)) and len(value) <= 64:
                     items = value.values() if isinstance(value, dict) else value

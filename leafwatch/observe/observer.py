@@ -114,6 +114,9 @@ class Observer:
             outer = tuple(f"{f.f_code.co_filename}:{f.f_lineno}" for f in itertools.islice(frames.outside(frame), 8))
             self._last = number = next(self._registrations)
             for t in tensors:
+                known = self._appeared.get(id(t))
+                if known is not None and known[0]() is t:
+                    continue  # registered again (its module wrapped: DDP, Opacus's make_private): it appeared before
                 self._appeared[id(t)] = (weakref.ref(t), number, where, function, outer)
         except Exception:
             pass

@@ -13,6 +13,9 @@ failed in CI, when it is not installed: ``tests/_requirements.py``), in a real t
   ``pyro.module`` outside the model is fixed by calling it inside the model, never by ``add_param_group``.
 - kornia's ``RandomResizedCrop`` turns learnable ranges into integer crop boxes: integer indexing cuts the
   gradient, and the fix is a differentiable resampling, not another op at that line.
+- Opacus's ``make_private`` returns a ``DPOptimizer`` that never runs ``Optimizer.__init__`` (torch's step hooks
+  fire for the SGD it holds as ``.original_optimizer``) and a ``GradSampleModule`` that names every parameter
+  ``_module.<name>``: an attached Monitor checks every step, under the user's names.
 """
 
 from __future__ import annotations
@@ -188,3 +191,50 @@ def test_leafwatch_run_says_kornias_crop_ranges_become_integers() -> None:
     cause = result.stderr.split("cause: ")[1].split("\n")[0]
     fix = result.stderr.split("fix (advice): ")[1].split("\n")[0]
     _assert_integer_cut(cause, fix)
+
+
+# -- Opacus: DPOptimizer and GradSampleModule ----------------------------------------------------------
+def test_opacus_dp_optimizer_is_checked_at_every_step_under_an_attached_monitor() -> None:
+    require_module("opacus")
+    seen: list[leafwatch.Monitor] = []
+
+    def attach(model, opt):
+        seen.append(leafwatch.Monitor(model, opt, verbose=False).attach())
+        return seen[0]
+
+    train = runpy.run_path(str(SCRIPTS / "opacus_dp.py"), run_name="third_party_script")["train"]
+    monitor = train([], attach=attach)
+    assert monitor.step == 8  # one check per step of the 8 (none before: the DPOptimizer was not seen)
+    (opt,) = monitor.optimizers
+    assert type(opt) is torch.optim.SGD  # the one it steps, under `.original_optimizer`
+    assert monitor.close().findings == []
+
+
+def _assert_head_left_out(f) -> None:
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "head", "error")
+    assert {m.name for m in f.members} == {"head.weight", "head.bias"}  # no `_module.` prefix
+    assert "_module" not in f.cause + f.fix
+    assert f.cause == "each of `head.{bias,weight}` was left out when the optimizer's parameter list was built."
+
+
+def test_opacus_left_out_head_is_named_by_the_users_module_name() -> None:
+    require_module("opacus")
+    (f,) = _attached("opacus_dp.py", "--left-out").findings
+    _assert_head_left_out(f)
+
+
+def test_leafwatch_run_names_opacus_left_out_head_without_the_wrapper_prefix() -> None:
+    require_module("opacus")
+    result = _leafwatch_run("opacus_dp.py", "--left-out")
+    assert "leafwatch: summary after 8 optimizer steps" in result.stderr, result.stderr
+    assert "ERROR   not_in_optimizer    head (since step 1" in result.stderr
+    # make_private registers the model again inside its wrapper, after the optimizer: no "created after" cause
+    assert "cause: each of `head.{bias,weight}` was left out when the optimizer's parameter list was built." \
+        in result.stderr
+    assert "_module" not in result.stderr and "was created at" not in result.stderr
+
+
+def test_leafwatch_run_of_a_private_training_with_every_parameter_in_the_optimizer_is_no_finding() -> None:
+    require_module("opacus")
+    result = _leafwatch_run("opacus_dp.py")
+    assert "leafwatch: summary after 8 optimizer steps\nleafwatch: no findings at step 8" in result.stderr, result.stderr

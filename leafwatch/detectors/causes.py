@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..observe import cuts, functions
+from ..observe import copies, cuts, functions
 from ..observe.tracing import RunRecord
 from ..report.words import Members, Words, renders
 from . import fixes
@@ -266,6 +266,34 @@ def inside_function(call: functions.FunctionCall) -> Explanation:
         "function": call.name, "library": call.module.split(".")[0], "place": place_args(call.place),
         "called_from": place_args(call.called_from), "holder": call.holder},
         f"inside `{call.name}` at {short_at(place_args(call.called_from or call.place))}")  # type: ignore[arg-type]
+
+
+def copied_weights(copy: copies.Copy) -> Explanation:
+    """A module that never ran, a library's copy of it ran in its place on weights copied from its parameters
+    as new leaves (higher's ``copy_initial_weights=True``): those copies got the gradients."""
+    return Explanation("copied_weights", {"variable": copy.variable, "class": copy.cls, "library": copy.library},
+                       f"weights copied into `{copy.variable}`")
+
+
+@renders("missing_grad", "copied_weights", fixes="never")
+def _copied_weights(m: Members) -> Words:
+    a = m.first
+    module, library, variable = shown(_common_module(m)), a["library"], a["variable"]
+    made = f"`{library}`'s copy of it" if library else "a library's copy of it"
+    higher = library == "higher"
+    how = ("`copy_initial_weights=True`, higher's default for `higher.innerloop_ctx` and `higher.monkeypatch`, "
+           "makes them new leaves" if higher else "they are new leaves")
+    cause = (f"{module} never ran in this step: {made}, `{variable}` (a `{a['class']}`), ran in its place, on weights "
+             f"that start as copies of its parameters' values ({how}). Backward stops at those copies (they got the "
+             f"gradients), so no gradient reaches {m.who}.")
+    if higher:
+        fix = ("pass `copy_initial_weights=False` to `higher.innerloop_ctx(...)` (or `higher.monkeypatch(...)`): the "
+               f"fast weights of `{variable}` then start from {module}'s own parameters, and the meta-gradient "
+               "reaches them")
+    else:
+        fix = (f"make the weights of `{variable}` start from {module}'s own parameters, not from detached copies "
+               f"of them, so that backward reaches them; or give the optimizer the tensors `{variable}` trains on")
+    return missing_words(m, cause, fix)
 
 
 def _common_module(m: Members) -> str:

@@ -112,7 +112,7 @@ DETECTORS: tuple[Detector, ...] = (
         "device_mismatch": ("device",), "missing_grad": ("sharded_gradients",)}),
     Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides={
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
-        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "integer_cut", "detached", "rewrapped",
+        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "copied_weights", "integer_cut", "detached", "rewrapped",
                          "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
                          "loss_without_graph", "unreachable", "silenced_loss",
                          "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",

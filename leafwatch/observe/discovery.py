@@ -198,7 +198,8 @@ class Discovery:
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self.seen:
             remember(self.seen, module)
-            if self.on_first_module is not None and next(module.parameters(), None) is not None:
+            if self.on_first_module is not None and next(module.parameters(), None) is not None and \
+                    not inventory.functional_copy(module):
                 first, self.on_first_module = self.on_first_module, None
                 first(module)
         elif self.called_directly:  # a module the frames gave runs through module(x) after all
@@ -243,7 +244,7 @@ class Discovery:
             return None
         inside = {id(p) for p in model.parameters()}
         held = {id(model), *(id(m) for m in _contained_modules(model))}
-        extras = [m for m in self.modules_seen() if id(m) not in held
+        extras = [m for m in self.modules_seen() if id(m) not in held and not inventory.functional_copy(m)
                   and any(p.requires_grad and id(p) not in inside for p in m.parameters())]
         tops = _tops(extras)
         if not self._new_roots(tops):
@@ -362,7 +363,7 @@ class Discovery:
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
         kept: list[tuple[nn.Module, set[int]]] = []  # each root, with its registered and unregistered tensors
-        for module in _tops(self.modules_seen()):
+        for module in _tops([m for m in self.modules_seen() if not inventory.functional_copy(m)]):  # (not higher's fnet)
             if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
             inv = inventory.Inventory(module)
@@ -420,7 +421,10 @@ class Discovery:
 def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:
     """The ids of ``module`` and its submodules not in ``seen`` (they did not run through ``module(x)``, nor
     did the frames give them earlier) that own, themselves, a tensor of ``ids`` that has a gradient: the
-    forward that used them was not called through ``module(x)``."""
+    forward that used them was not called through ``module(x)``; none when a library's copy ran (higher's ``fnet``:
+    their gradients came through it)."""
+    if any(inventory.functional_copy(m) for m in (ref() for ref in list(seen.values())) if m is not None):
+        return set()
     return {id(m) for m in module.modules() if id(m) not in seen
             and any(id(p) in ids and p.grad is not None for p in m.parameters(recurse=False))}
 

@@ -131,6 +131,28 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
     return optimizer, deepspeed
 
 
+def functional_copy(module: nn.Module) -> bool:
+    """Whether ``module`` is a library's functional copy of a module: its class is defined in an installed
+    package and its tensors are no parameters (no ``nn.Parameter``: fast weights it computes, as higher's
+    ``innerloop_ctx`` / ``monkeypatch`` give). It is no model of the user's: the module it copies is.
+
+    Example::
+
+        >>> from torch import nn
+        >>> functional_copy(nn.Linear(2, 1))  # a library's class, with its own parameters
+        False
+    """
+    if frames.library_class(type(module)) is None:
+        return False
+    tensors = False
+    for m in module.modules():
+        for t in m._parameters.values():
+            if isinstance(t, nn.Parameter):
+                return False  # (a library's module with parameters of its own: read at its first one)
+            tensors = tensors or isinstance(t, torch.Tensor)
+    return tensors
+
+
 def is_uninitialized(t: torch.Tensor) -> bool:
     """Whether ``t`` is a lazy module's tensor not materialized yet (no shape, no data)."""
     return nn.parameter.is_lazy(t)
@@ -331,12 +353,16 @@ class Inventory:
 
     # -- orphans -----------------------------------------------------------------------------
     def orphans(self) -> list[Orphan]:
-        """Tensors that need grad but are not registered: plain attributes, Python lists/dicts."""
+        """Tensors that need grad but are not registered: plain attributes, Python lists/dicts. What a
+        library's module holds (its class defined in an installed package: higher's ``_fast_params``) is that
+        library's own storage, never a would-be parameter of the user's: it is not looked into."""
         if self.model is None:
             return []
         taken = set(self.tensors) | self.buffers  # registered, or found already
         found: list[Orphan] = []
         for module_name, module in self.modules.items():
+            if frames.library_class(type(module)) is not None:
+                continue
             prefix = f"{module_name}." if module_name else ""
             for path, value, kinds in contained(module):
                 name, container = prefix + path, kinds[-1] if kinds else "attribute"

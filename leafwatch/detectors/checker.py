@@ -23,7 +23,7 @@ from ..report.format import NOTHING_TO_CHECK
 from ..report.findings import Status
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, REBUILT, Evidence, Observation
-from . import gradients, held, loop as stepping, registry
+from . import gradients, held, loop as stepping, registry, unchecked
 from ..options import warn_unmatched_ignore
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
@@ -122,6 +122,8 @@ class Checker:
         """At creation: diagnostic hooks on every module until the first check (never raises)."""
         snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
         self.grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
+        if snapshot is not None:  # (the end of a run that no check saw tells a stepped model by them)
+            unchecked.note(self.states[registry.UNCHECKED], snapshot.tensors)
         self.diagnostics.arm(snapshot)
 
     @property

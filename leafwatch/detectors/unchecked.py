@@ -9,17 +9,18 @@ where no hook sees. Such a run would end with "no findings" after no check at al
 the run this detector says so instead, as an ``incomplete`` finding that names the optimizer and
 how to give leafwatch its steps. It runs once, at the end (stage ``CLOSE``): nothing per step.
 
-The evidence is the run's own: no check ran, and gradients reached the model's tensors (the arrival
-hooks armed from the Monitor's creation saw one, or one is there now), so a backward ran; and an
-optimizer the Monitor was given (or the script holds, under ``leafwatch run``) holds those tensors and
-was never seen stepping by torch's global step hook (one that stepped and whose check failed is the
-``incomplete`` finding of that failure, not this one).
+The evidence is the run's own: no check ran; gradients reached the model's tensors (the arrival
+hooks armed from the Monitor's creation saw one, or one is there now), so a backward ran; their values
+changed in place since the Monitor was created (their ``_version``, noted then: something stepped them;
+a script that raised before its first step changed none); and an optimizer the Monitor was given (or the
+script holds, under ``leafwatch run``) holds them and was never seen stepping by torch's global step hook
+(one that stepped and whose check failed is the ``incomplete`` finding of that failure, not this one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -39,9 +40,16 @@ _MAX_ATTRIBUTES = 64
 @dataclasses.dataclass
 class UncheckedState:
     """What a front-end tells this detector: the optimizers the script holds that never stepped
-    (``leafwatch run``: met in the script's frames, none handed to a Monitor)."""
+    (``leafwatch run``: met in the script's frames, none handed to a Monitor); and the ``_version`` of each
+    of the model's tensors when the Monitor was created (by id; :func:`note`)."""
 
     waiting: Callable[[], list[torch.optim.Optimizer]] | None = None
+    versions: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+def note(state: UncheckedState, tensors: Mapping[int, torch.Tensor]) -> None:
+    """The tensors' ``_version`` now (once, at the Monitor's creation: no value is copied)."""
+    state.versions = {pid: getattr(t, "_version", -1) for pid, t in tensors.items()}
 
 
 def judge(evidence: Evidence, state: UncheckedState, view: FindingsView) -> Verdicts | None:
@@ -53,11 +61,14 @@ def judge(evidence: Evidence, state: UncheckedState, view: FindingsView) -> Verd
     if inv is None:  # no check read the structure: read once now, at the end
         inv = seen.cache.rebuild(evidence[STEP])
     optimizers = [*seen.cache.optimizers, *(state.waiting() if state.waiting is not None else [])]
-    tensors = set(inv.tensors)
+    tensors, versions = set(inv.tensors), state.versions
     trained = (seen.arrivals.arrived & tensors) or {pid for pid, t in inv.tensors.items() if t.grad is not None}
+    # ...and updated since the Monitor was created (their version moved: something stepped them)
+    trained = {pid for pid in trained if versions.get(pid, -1) not in (-1, getattr(inv.tensors[pid], "_version", -1))}
     stepping = seen.observer.stepping_optimizers()
     # (one seen stepping was checked, or its check failed: that failure is an `incomplete` finding of its own)
-    holders = [o for o in dict.fromkeys(optimizers) if _holds(o, trained) and all(o is not s for s in stepping)]
+    holders = [o for i, o in enumerate(optimizers) if all(o is not q for q in optimizers[:i])  # (each once)
+               and _holds(o, trained) and all(o is not s for s in stepping)]
     if not holders:
         return None
     return [Verdict.open(unchecked(holders[0], evidence[STEP], stepping, inv))]
@@ -109,8 +120,9 @@ def _unchecked_optimizer(m: Members) -> Words:
                "its class never ran `Optimizer.__init__`, which hooks `step`")
     else:
         why = f"{shown} never stepped through a `step()` that torch's optimizer step hooks see, where leafwatch checks"
-    cause = (f"the model's forward and backward ran and its tensors got gradients, but no check ran: {why}. Nothing "
-             "was judged, so no other finding here means nothing was looked at, not that nothing is wrong.")
+    cause = (f"the model's forward and backward ran, its tensors got gradients and were updated, but no check ran: "
+             f"{why}. Nothing was judged, so no other finding here means nothing was looked at, not that nothing is "
+             "wrong.")
     message = f"No check ran: {shown} trained the model where leafwatch could not see its steps."
     inner, model = a["inner"], a["model"] or "model"
     if inner:

@@ -57,7 +57,8 @@ def test_an_attached_monitor_whose_optimizer_is_never_hooked_says_no_check_ran()
     (f,) = report.findings
     assert (f.kind, f.name, f.severity, f.details["reason"]) == ("incomplete", "opt", "warning", "unchecked_optimizer")
     assert f.message == "No check ran: `opt` (a `SkipInitWrapper`) trained the model where leafwatch could not see its steps."
-    assert f.cause.startswith("the model's forward and backward ran and its tensors got gradients, but no check ran: "
+    assert f.cause.startswith("the model's forward and backward ran, its tensors got gradients and were updated, but "
+                              "no check ran: "
                               "torch's optimizer step hooks, where leafwatch checks before each step, never fire for "
                               "`opt` (a `SkipInitWrapper`): its class never ran `Optimizer.__init__`, which hooks `step`.")
     assert f.fix.startswith("call `monitor.check()` yourself after `loss.backward()` and before `opt.step()`, with "
@@ -90,6 +91,18 @@ def test_an_attached_monitor_of_a_model_that_never_trained_reports_nothing() -> 
     with torch.no_grad():
         model(torch.randn(2, 4))
     assert monitor.close().findings == []
+
+
+def test_a_run_that_ends_before_its_first_step_has_no_incomplete_finding() -> None:
+    """A backward ran and nothing stepped the model (a script that raised before its first step): no step went
+    unseen, so nothing is said of one (whatever the optimizer, hooked by torch or not)."""
+    for inner in (torch.optim.SGD, lambda params, lr: SkipInitWrapper(torch.optim.SGD(params, lr=lr))):
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        opt = inner(model.parameters(), lr=0.1)
+        monitor = leafwatch.Monitor(model, opt, verbose=False).attach()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        assert all(p.grad is not None for p in model.parameters())
+        assert monitor.close().findings == []
 
 
 def test_a_monitor_checked_by_hand_beside_the_wrapper_has_no_incomplete_finding() -> None:

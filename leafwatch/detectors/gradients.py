@@ -46,8 +46,6 @@ STALLED_AFTER = 100
 
 #: The reasons of a missing gradient whose cause is not known (yet): the hooks may still tell.
 _NO_CAUSE_YET = (None, "pending", "unknown", "unknown_hooks_off", "unknown_not_a_parameter", "traced_nothing")
-#: The reasons that say a parameter's module ran no forward that uses it (a library's copy may have run instead).
-_DID_NOT_RUN = ("never_ran", "no_forward_of_its_own")
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -223,8 +221,10 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
-    if (explanation is None or explanation.reason in _DID_NOT_RUN) and (copy := copied(p)) is not None:
-        explanation = causes.copied_weights(copy)  # a library's copy of its module ran on weights copied from it
+    if explanation is None and info is not None and not tracer.records and info.module in tracer.armed_since_reset \
+            and (copy := copied(p)) is not None:  # the hooks saw none of the model run: a library's copy ran instead?
+        explanation = causes.copied_weights(copy)  # (the user's frames are read only then: they stay alive until
+        # the next read on Python < 3.13)
     if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
         explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
     reason = explanation.reason if explanation is not None else None

@@ -6,8 +6,9 @@ leaves holding the values of the module's parameters (``p.clone().detach().requi
 stops at those copies and the module's own parameters get no gradient (MAML's meta-gradient is lost). What
 is observed, not guessed: a module of an installed package's class (:func:`~leafwatch.observe.inventory.
 functional_copy`) in the user's frames, whose weights come from leaves that are not the parameters, hold
-exactly their values, and got the gradients. Read only when a parameter misses its gradient and no module
-hook saw its module run (a cold path: the user's frames are read then, never per step).
+exactly their values, and got the gradients. Read only when a parameter misses its gradient and the module
+hooks, armed for the whole step, saw none of the model run (a cold path: the user's frames are read then,
+never per step; on Python < 3.13 what they hold stays alive until the next read).
 """
 
 from __future__ import annotations

@@ -449,9 +449,9 @@ def paths_to(modules: list[nn.Module], owners: dict[str, Any], depth: int = 3) -
 
     Example::
 
-        >>> import torch
+        >>> import torch, types
         >>> loss = torch.nn.Module(); loss.classifier = torch.nn.Linear(2, 2)
-        >>> holder = type("Holder", (), {})(); holder.loss = loss
+        >>> holder = types.SimpleNamespace(loss=loss)  # (a class made here would be leafwatch's own: never read)
         >>> paths_to([loss.classifier], {"trainer": holder})[id(loss.classifier)]
         'trainer.loss.classifier'
     """

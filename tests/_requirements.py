@@ -82,6 +82,8 @@ INSTALL = {
     "accelerate": 'pip install -e ".[transformers]"',
     "peft": 'pip install -e ".[test]"',
     "pyro": 'pip install -e ".[test]"',
+    "opacus": 'pip install -e ".[test]"',
+    "higher": 'pip install -e ".[test]"',
     "setuptools": 'pip install -e ".[test]"',
 }
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..observe import cuts, functions
+from ..observe import copies, cuts, functions
 from ..observe.tracing import RunRecord
 from ..report.words import Members, Words, renders
 from . import fixes
@@ -178,9 +178,9 @@ def explain_missing(module_name: str, attribute: str, records: dict[str, RunReco
     record = records.get(module_name)
     if record is None:
         return _did_not_run(module_name, records, modules)
+    if record.in_function is not None and not record.function_inputs:
+        return inside_function(record.in_function, grad_on=record.grad_enabled)
     if not record.grad_enabled:
-        if record.in_function is not None and not record.function_inputs:
-            return inside_function(record.in_function)
         return Explanation("checkpoint" if record.in_checkpoint else "grad_disabled", {})
     if record.substituted:
         return Explanation("substituted_weights", {})
@@ -260,12 +260,41 @@ def _never_ran(m: Members) -> Words:
         "requires_grad_(False) if that is intended)", silenced=True)
 
 
-def inside_function(call: functions.FunctionCall) -> Explanation:
-    """A module that ran only inside the forward of a custom autograd.Function not given its parameters."""
+def inside_function(call: functions.FunctionCall, *, grad_on: bool = False) -> Explanation:
+    """A module that ran only inside the forward of a custom autograd.Function not given its parameters
+    (``grad_on``: under ``torch.enable_grad()`` there, its output detached by the Function)."""
     return Explanation("inside_function", {
         "function": call.name, "library": call.module.split(".")[0], "place": place_args(call.place),
-        "called_from": place_args(call.called_from), "holder": call.holder},
+        "called_from": place_args(call.called_from), "holder": call.holder, "grad_on": grad_on},
         f"inside `{call.name}` at {short_at(place_args(call.called_from or call.place))}")  # type: ignore[arg-type]
+
+
+def copied_weights(copy: copies.Copy) -> Explanation:
+    """A module that never ran, a library's copy of it ran in its place on weights copied from its parameters
+    as new leaves (higher's ``copy_initial_weights=True``): those copies got the gradients."""
+    return Explanation("copied_weights", {"variable": copy.variable, "class": copy.cls, "library": copy.library},
+                       f"weights copied into `{copy.variable}`")
+
+
+@renders("missing_grad", "copied_weights", fixes="never")
+def _copied_weights(m: Members) -> Words:
+    a = m.first
+    module, library, variable = shown(_common_module(m)), a["library"], a["variable"]
+    made = f"`{library}`'s copy of it" if library else "a library's copy of it"
+    higher = library == "higher"
+    how = ("`copy_initial_weights=True`, higher's default for `higher.innerloop_ctx` and `higher.monkeypatch`, "
+           "makes them new leaves" if higher else "they are new leaves")
+    cause = (f"{module} never ran in this step: {made}, `{variable}` (a `{a['class']}`), ran in its place, on weights "
+             f"that start as copies of its parameters' values ({how}). Backward stops at those copies (they got the "
+             f"gradients), so no gradient reaches {m.who}.")
+    if higher:
+        fix = ("pass `copy_initial_weights=False` to `higher.innerloop_ctx(...)` (or `higher.monkeypatch(...)`): the "
+               f"fast weights of `{variable}` then start from {module}'s own parameters, and the meta-gradient "
+               "reaches them")
+    else:
+        fix = (f"make the weights of `{variable}` start from {module}'s own parameters, not from detached copies "
+               f"of them, so that backward reaches them; or give the optimizer the tensors `{variable}` trains on")
+    return missing_words(m, cause, fix)
 
 
 def _common_module(m: Members) -> str:
@@ -285,11 +314,16 @@ def _inside_function(m: Members) -> Words:
     module, function = shown(_common_module(m)), a["function"]
     at = f"at {short_at(a['place'])}" + (f", reached from your call at {short_at(a['called_from'])}"
                                          if a["called_from"] else "")
+    if a.get("grad_on"):
+        how = ("It ran there under `torch.enable_grad()`, but the graph it built ends inside that forward: what "
+               f"`{function}` returns carries only its own backward node, and torch sends gradients back only "
+               f"through `{function}`'s backward, to the tensors given to `{function}.apply`: ")
+    else:
+        how = ("torch runs a Function's forward without autograd and sends gradients back only through its backward, "
+               f"to the tensors given to `{function}.apply`: ")
     cause = (f"{module} ran only inside the forward of the custom autograd.Function `{function}` (applied {at}). "
-             "torch runs a Function's forward without autograd and sends gradients back only through its backward, "
-             f"to the tensors given to `{function}.apply`: "
-             + (f"{m.who} was not among them, so no gradient reaches it." if m.single else
-                f"none of `{m.name}` was among them, so no gradient reaches them."))
+             + how + (f"{m.who} was not among them, so no gradient reaches it." if m.single else
+                      f"none of `{m.name}` was among them, so no gradient reaches them."))
     holder = f"`{a['holder']}`" if a["holder"] else None
     if a["library"] == "torchdiffeq":
         fix = (f"register {module} as a submodule of {holder or 'the module you pass to `odeint_adjoint`'}, the "

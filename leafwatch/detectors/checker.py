@@ -23,7 +23,7 @@ from ..report.format import NOTHING_TO_CHECK
 from ..report.findings import Status
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, REBUILT, Evidence, Observation
-from . import gradients, held, loop as stepping, registry
+from . import gradients, held, loop as stepping, registry, unchecked
 from ..options import warn_unmatched_ignore
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
@@ -88,6 +88,7 @@ class Checker:
         self.loop = loop = self.grads.loop
         arrivals, sentinels = ArrivalHooks(), StepSentinels(  # the loop hooks that ``loop`` judges
             lambda o: stepping.wants_check(loop.skips, o) and request_check(o), lambda: self.step, warn)
+        structure_.watch_swaps(sentinels.swapped)  # a swapped sentinel is hooked again at the next reading
         self.diagnostics = Diagnostics(structure_, arrivals, sentinels, diagnose, warn)
         self.tracer = self.diagnostics.tracer
         #: What the detectors read of the Monitor's observing objects (each check's evidence holds it).
@@ -122,6 +123,8 @@ class Checker:
         """At creation: diagnostic hooks on every module until the first check (never raises)."""
         snapshot = self.structure.snapshot()  # a layer replaced from now on is paired by name
         self.grads.from_start = snapshot is None or all(t.grad is None for t in snapshot.tensors.values())
+        if snapshot is not None:  # (the end of a run that no check saw tells a stepped model by them)
+            unchecked.note(self.states[registry.UNCHECKED], snapshot.tensors)
         self.diagnostics.arm(snapshot)
 
     @property
@@ -246,6 +249,7 @@ class Checker:
         membership.grace = validate_int(checks_, "checks", 0)
         membership.waiting_optimizers = waiting
         membership.outside_roots = outside_roots
+        self.states[registry.UNCHECKED].waiting = waiting
 
     def misses_by_name(self) -> dict[str, int]:
         """Per-name counts of checks without a gradient, for ``state_dict()``."""

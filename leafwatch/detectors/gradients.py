@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..observe import changes as evidence, cuts, graph, inventory, tracing
+from ..observe import changes as evidence, copies, cuts, graph, inventory, tracing
 from ..report.findings import Finding, Kind, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.structure import CheckList
@@ -112,11 +112,11 @@ def _layer(state: GradientState, info: inventory.ParamInfo | None) -> tuple[str,
 
 
 def update(state: GradientState, view: FindingsView, clist: CheckList, missing: list[int], step: int, *,
-           tracer: tracing.Tracer, reachable: set[int] | None, skip: set[int],
-           hand_set: Callable[[], Any] = lambda: None) -> Verdicts:
-    """Record one check of ``clist``: ``missing`` are the indices without a gradient, ``skip`` the ids
-    reported elsewhere (watched tensors, replaced ones), ``hand_set`` the look for a loss whose
-    ``requires_grad`` was set by hand (asked only for a miss to explain). Returns the verdicts."""
+           tracer: tracing.Tracer, reachable: set[int] | None, skip: set[int], hand_set: Callable[[], Any] = lambda: None,
+           copied: Callable[[torch.Tensor], copies.Copy | None] = lambda p: None) -> Verdicts:
+    """Record one check of ``clist``: ``missing`` are the indices without a gradient, ``skip`` the ids reported
+    elsewhere (watched tensors, replaced ones), ``hand_set`` the look for a loss whose ``requires_grad`` was set by
+    hand, ``copied`` for a library's copy run in place of a module (each asked only for a miss to explain)."""
     out: Verdicts = []
     repeat = state._repeat
     if repeat is not None and repeat[0] is clist and repeat[1] == state._steady_changes and repeat[2] == missing:
@@ -163,7 +163,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         if info is None and view.is_open(("stale_param", name)):
             continue  # the replaced tensor: its stale_param finding already says it will not train
         _report_miss(state, view, clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                     layer, clist.checks, out, hand_set)
+                     layer, clist.checks, out, hand_set, copied)
     steady_now = state._steady_changes
     _after_update(state, view, clist, now if len(now) != len(streaks) else None, step, out)
     # Every miss a steady one, and none left or entered the steady set since: the next check
@@ -224,10 +224,14 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
 def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
                  info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
                  reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts,
-                 hand_set: Callable[[], Any]) -> None:
+                 hand_set: Callable[[], Any], copied: Callable[[torch.Tensor], copies.Copy | None]) -> None:
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
+    if explanation is None and info is not None and not tracer.records and info.module in tracer.armed_since_reset \
+            and (copy := copied(p)) is not None:  # the hooks saw none of the model run: a library's copy ran instead?
+        explanation = causes.copied_weights(copy)  # (the user's frames are read only then: they stay alive until
+        # the next read on Python < 3.13)
     if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
         explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
     reason = explanation.reason if explanation is not None else None
@@ -406,6 +410,7 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
     offset, streaks, force = 0, len(grads.streak), False
     skip: set[int] | None = None
     hand_set: Callable[[], Any] | None = None
+    copied: Callable[[torch.Tensor], copies.Copy | None] | None = None
     out: Verdicts | None = None  # a healthy check makes no list
     grads.missing_now = missing_now = []
     for key, clist, missing in evidence[LISTS]:
@@ -427,8 +432,10 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
                 hand_set = silenced.finder(loss, lambda: {id(q) for _, c, _ in evidence[LISTS] for q in c.params} | skip,
                                            lambda: all(len(m) == len(c.params) for _, c, m in evidence[LISTS]),
                                            lambda: seen.observer.handed_loss)
+            if copied is None:
+                copied = copies.finder()
             found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip,
-                           hand_set=hand_set)
+                           hand_set=hand_set, copied=copied)
             out = found if out is None else out + found
             missing_now.extend([i + offset for i in missing] if offset else missing)
         offset += len(clist.params)

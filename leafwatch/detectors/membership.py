@@ -158,10 +158,13 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
 
 def _library_constant(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> bool:
     """A registered buffer that a library's own forward switched to ``requires_grad`` (the loss
-    accumulator of vector-quantize-pytorch: ``loss = self.zero; loss.requires_grad_()``): the gradient
+    accumulator of vector-quantize-pytorch: ``loss = self.zero; loss.requires_grad_()``), or that a forward
+    switched on and then only added to other tensors (the same code in the user's own file): the gradient
     it collects is the loss's constant derivative, and nothing means it to train. A buffer registered
-    with ``requires_grad=True``, or switched on by the user's own line, is no such constant."""
-    return info.buffer and tracer is not None and tracer.switched_on_by_library(t) is not None
+    with ``requires_grad=True``, or switched on by the user's own line and used any other way (a scale), is
+    no such constant."""
+    return info.buffer and tracer is not None and (tracer.switched_on_by_library(t) is not None
+                                                   or tracer.added_to_a_loss(t))
 
 
 def _gradient_rule(state: MembershipState, hand: HandUpdates, t: torch.Tensor, *, final: bool = False) -> str:

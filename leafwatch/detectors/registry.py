@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from . import crashes, gradients, membership, outside, ranks, structure, values, watched, zeroed
+from . import crashes, gradients, membership, outside, ranks, structure, unchecked, values, watched, zeroed
 from . import pipeline  # noqa: F401 (the renderer of the incomplete finding a failing part leaves)
 from ..observe.evidence import LOSS, REBUILT
 from ..report.verdicts import Verdicts
@@ -97,6 +97,8 @@ def ordered(detectors: Sequence[Detector]) -> list[Detector]:
 
 
 GRADIENTS = "the gradient check"
+#: The end-of-run look for a run that trained with no check (a front-end tells it the optimizers it met).
+UNCHECKED = "the check that the run's steps were seen"
 
 
 DETECTORS: tuple[Detector, ...] = (
@@ -110,7 +112,7 @@ DETECTORS: tuple[Detector, ...] = (
         "device_mismatch": ("device",), "missing_grad": ("sharded_gradients",)}),
     Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides={
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
-        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "integer_cut", "detached", "rewrapped",
+        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "copied_weights", "integer_cut", "detached", "rewrapped",
                          "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
                          "loss_without_graph", "unreachable", "silenced_loss",
                          "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",
@@ -139,6 +141,8 @@ DETECTORS: tuple[Detector, ...] = (
              needs=("the optimizer-membership check",)),
     Detector("the end-of-run decision on the loss's leaves", outside.judge_undecided, CLOSE,
              needs=("the loss-graph check",), decides={"not_in_optimizer": ("loss_leaf",)}),
+    Detector(UNCHECKED, unchecked.judge, CLOSE, state=lambda c: unchecked.UncheckedState(),
+             decides={"incomplete": ("unchecked_optimizer",)}),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, needs=(GRADIENTS,),
              decides={"missing_grad": ("no_grad_at_all",)}),
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides={

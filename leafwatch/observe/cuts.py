@@ -73,6 +73,9 @@ _STEP_NODES = {"RoundBackward": "round", "FloorBackward": "floor", "CeilBackward
                "SignBackward": "sign", "FracBackward": "frac"}
 #: The calls that switch a tensor's ``requires_grad`` on in place (``t.requires_grad_()``, ``t.requires_grad = True``).
 _SWITCHES_ON = {torch.Tensor.requires_grad_, torch.Tensor.requires_grad.__set__}
+#: The names of the ops that add (``a + b``, ``torch.add``, ``a.add_(b)``): a tensor a forward switched on and then
+#: only added to others is a loss's starting value, whose gradient is the loss's own.
+ADDITIONS = frozenset({"add", "add_", "__add__", "__radd__", "__iadd__"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,14 @@ class SwitchedOn:
     tensor: follow_.Ref  # through the module that holds it, else weakly
     place: Place
     called_from: Place | None
+    #: The names of the ops the rest of that forward applied to it (``{"add"}``: only added to others).
+    ops: set[str] = dataclasses.field(default_factory=set, compare=False)
+
+    @property
+    def added_only(self) -> bool:
+        """Whether the forward used it, and only in additions (``loss = self.zero; loss.requires_grad_();
+        loss = loss + term``): a loss's starting value, which has nothing to learn."""
+        return bool(self.ops) and self.ops <= ADDITIONS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,6 +248,8 @@ class CutRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if self.switched_on and self.error is None:
+            self._used(func, args)
         try:
             op = _OPS.get(func)
         except TypeError:  # an unhashable callable
@@ -314,6 +327,20 @@ class CutRecorder(TorchFunctionMode):
             where = place_of_call(sys._getframe(2))
             if where is not None:
                 self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
+        except Exception as error:
+            self.error = error
+
+    def _used(self, func: Any, args: tuple[Any, ...]) -> None:
+        """Note ``func`` as a use of each tensor switched on earlier in this forward that it takes (in its
+        arguments, or a list of them: ``torch.stack``)."""
+        try:
+            if func in _SWITCHES_ON:
+                return
+            for a in args[:8]:
+                for t in (a[:64] if isinstance(a, (list, tuple)) else (a,)):
+                    seen = self.switched_on.get(id(t)) if isinstance(t, torch.Tensor) else None
+                    if seen is not None and seen.tensor() is t:
+                        seen.ops.add(getattr(func, "__name__", "?"))
         except Exception as error:
             self.error = error
 

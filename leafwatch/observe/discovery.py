@@ -199,7 +199,8 @@ class Discovery:
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         if id(module) not in self.seen:
             remember(self.seen, module)
-            if self.on_first_module is not None and next(module.parameters(), None) is not None:
+            if self.on_first_module is not None and next(module.parameters(), None) is not None and \
+                    not inventory.functional_copy(module):
                 first, self.on_first_module = self.on_first_module, None
                 first(module)
         elif self.called_directly:  # a module the frames gave runs through module(x) after all
@@ -244,7 +245,7 @@ class Discovery:
             return None
         inside = {id(p) for p in model.parameters()}
         held = {id(model), *(id(m) for m in _contained_modules(model))}
-        extras = [m for m in self.modules_seen() if id(m) not in held
+        extras = [m for m in self.modules_seen() if id(m) not in held and not inventory.functional_copy(m)
                   and any(p.requires_grad and id(p) not in inside for p in m.parameters())]
         tops = _tops(extras)
         if not self._new_roots(tops):
@@ -303,15 +304,14 @@ class Discovery:
                             self.called_directly |= _used_without_running(value, unknown, self.seen)
                         remember(self.seen, value)
 
-    def find_optimizers(self) -> None:
-        """Remember the optimizers the script holds in the calling frames, stepped or not (in a
-        variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
-        that steps runs at the script's module level."""
-        first = frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
+    def find_optimizers(self, *, ended: bool = False) -> None:
+        """Remember the optimizers the script holds in the calling frames (``ended``: its module-level variables),
+        stepped or not (a variable, ``self.x``, a plain dict or list there); is the stepping loop at module level?"""
+        first = None if ended else frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
         if first is not None and first.f_code.co_name == "<module>":
             self.loop_at_module_level = True
-        for frame in user_frames():
-            for value in _frame_values(frame):
+        for values in [list(_script_scope().values())] if ended else map(_frame_values, user_frames()):
+            for value in values:
                 items = [value]
                 if isinstance(value, (dict, list, tuple)) and len(value) <= 64:
                     items = value.values() if isinstance(value, dict) else value
@@ -363,7 +363,7 @@ class Discovery:
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
         kept: list[tuple[nn.Module, set[int]]] = []  # each root, with its registered and unregistered tensors
-        for module in _tops(self.modules_seen()):
+        for module in _tops([m for m in self.modules_seen() if not inventory.functional_copy(m)]):  # (not higher's fnet)
             if type(module).__module__.startswith("torch.") and not any(True for _ in module.parameters()):
                 continue  # a loss or an activation called at the top level
             inv = inventory.Inventory(module)
@@ -421,7 +421,10 @@ class Discovery:
 def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:
     """The ids of ``module`` and its submodules not in ``seen`` (they did not run through ``module(x)``, nor
     did the frames give them earlier) that own, themselves, a tensor of ``ids`` that has a gradient: the
-    forward that used them was not called through ``module(x)``."""
+    forward that used them was not called through ``module(x)``; none when a library's copy ran (higher's ``fnet``:
+    their gradients came through it)."""
+    if any(inventory.functional_copy(m) for m in (ref() for ref in list(seen.values())) if m is not None):
+        return set()
     return {id(m) for m in module.modules() if id(m) not in seen
             and any(id(p) in ids and p.grad is not None for p in m.parameters(recurse=False))}
 
@@ -446,9 +449,9 @@ def paths_to(modules: list[nn.Module], owners: dict[str, Any], depth: int = 3) -
 
     Example::
 
-        >>> import torch
+        >>> import torch, types
         >>> loss = torch.nn.Module(); loss.classifier = torch.nn.Linear(2, 2)
-        >>> holder = type("Holder", (), {})(); holder.loss = loss
+        >>> holder = types.SimpleNamespace(loss=loss)  # (a class made here would be leafwatch's own: never read)
         >>> paths_to([loss.classifier], {"trainer": holder})[id(loss.classifier)]
         'trainer.loss.classifier'
     """

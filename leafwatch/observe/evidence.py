@@ -82,7 +82,7 @@ def read(seen: Observation, optimizer: torch.optim.Optimizer | None, loss: torch
             cache.add_optimizer(optimizer)
             index = cache.optimizer_index(optimizer)
     rebuilt = cache.refresh(step)
-    if rebuilt is not None or seen.sentinels.swapped():  # (a swapped sentinel: hooked again on its new contents)
+    if rebuilt is not None:
         seen.sentinels.track(cache.optimizers, cache.lists, cache.stale_ids)
     found = []
     for key, clist in cache.lists.items() if optimizer is None else ((index, cache.lists[index]),):

@@ -182,6 +182,31 @@ def library_of(path: str) -> tuple[str, str] | None:
     return (relative.split("/", 1)[0], relative) if "/" in relative else None
 
 
+def library_class(klass: type) -> str | None:
+    """The installed package that defines ``klass`` (``"higher"`` for higher's patched modules, ``"torch"`` for
+    ``nn.Linear``), or None for a class of the user's code (the folder the run started in, an editable install),
+    of the standard library or of leafwatch. What such an object holds is that library's, never the user's
+    would-be parameter (higher keeps its fast weights in ``_fast_params``, a plain list).
+
+    Example::
+
+        >>> import torch
+        >>> library_class(torch.nn.Linear), library_class(type("Net", (), {}))
+        ('torch', None)
+    """
+    module = getattr(klass, "__module__", None)
+    return _library_module(module) if isinstance(module, str) else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _library_module(name: str) -> str | None:
+    """The installed package of the Python module ``name`` (by module name: a class made anew at each call,
+    as higher makes its patched classes, is never kept alive here)."""
+    path = getattr(sys.modules.get(name), "__file__", None)
+    found = library_of(path) if isinstance(path, str) else None
+    return found[0] if found is not None else None
+
+
 def running(frame: FrameType | None, limit: int, code: Any) -> FrameType | None:
     """The first of the ``limit`` frames from ``frame`` up that runs ``code`` (a code object), or None."""
     while frame is not None and limit > 0:
@@ -212,11 +237,14 @@ def readable(value: Any) -> bool:
     user (or, under ``-W error``, stop the read). The user's variables, frames' locals and objects' attributes
     that are not readable are passed over; reading the class itself runs nothing either (``type.__getattribute__``).
 
+    leafwatch's own objects are never read either (:func:`own`): a ``Monitor`` the user keeps in a variable
+    holds the model, the roots and leafwatch's records, and no walk of leafwatch's goes through them.
+
     Example::
 
-        >>> import torch.distributed
-        >>> readable(torch.nn.Linear(1, 1)), readable(torch.distributed.reduce_op)
-        (True, False)
+        >>> import torch.distributed, leafwatch
+        >>> readable(torch.nn.Linear(1, 1)), readable(torch.distributed.reduce_op), readable(leafwatch.Monitor())
+        (True, False, False)
     """
     if type(value) in _BUILT_IN:
         return True
@@ -227,4 +255,31 @@ def readable(value: Any) -> bool:
             getattribute = namespace.get("__getattribute__", _MISSING)
         if class_attribute is _MISSING:
             class_attribute = namespace.get("__class__", _MISSING)
+        if _own_module(namespace.get("__module__")):
+            return False
     return type(getattribute) is WrapperDescriptorType and class_attribute is _OBJECT_CLASS
+
+
+#: leafwatch's module that holds the user's side of a run: the demo's model is trained, not leafwatch's machinery.
+_USERS_SIDE = "leafwatch.demo"
+
+
+def _own_module(name: Any) -> bool:
+    return isinstance(name, str) and name.startswith("leafwatch") and (name == "leafwatch" or name[9:10] == ".") \
+        and name != _USERS_SIDE
+
+
+def own(value: Any) -> bool:
+    """Whether ``value`` is one of leafwatch's own objects (its class, or a base of it, is leafwatch's): a
+    ``Monitor``, a callback, a report. leafwatch never walks into them: the user's ``monitor`` variable is no
+    path to the model, and what it holds is no tensor of the user's (the demo's model is the user's side).
+
+    Example::
+
+        >>> import torch, leafwatch
+        >>> own(leafwatch.Monitor()), own(torch.nn.Linear(1, 1))
+        (True, False)
+    """
+    klass = type(value)
+    return any(_own_module(type.__getattribute__(k, "__dict__").get("__module__"))
+               for k in type.__getattribute__(klass, "__mro__"))

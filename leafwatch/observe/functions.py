@@ -5,8 +5,11 @@ backward, to the tensors given to ``Function.apply``: a module that runs inside 
 whose parameters are no input of ``apply`` gets no gradient (torchdiffeq's ``OdeintAdjointMethod``
 integrating a module that calls a network it does not register). ``Function.apply`` is a Python
 classmethod for every Function (old style ``forward(ctx, ...)`` and new style ``setup_context``):
-its frame holds ``cls`` and ``args``, and its caller is the line that applied the Function. This
-is read only when a diagnostic hook sees a module run with grad off (a rare, already slow path).
+its frame holds ``cls`` and ``args``, and its caller is the line that applied the Function. A forward
+may switch grad on again (``torch.enable_grad()``) and detach what it returns: the graph built there
+ends inside it all the same. This is read only by the diagnostic hooks (armed until the first check,
+then on the modules that miss): when a module runs with grad off, and at the first call of one that
+runs with grad on.
 """
 
 from __future__ import annotations

@@ -35,17 +35,23 @@ _OPTIONAL_WRAPPERS = (
     ("torch._dynamo.eval_frame", "OptimizedModule"),
     ("lightning.fabric.wrappers", "_FabricModule"),
     ("lightning_fabric.wrappers", "_FabricModule"),
+    # Opacus's ``GradSampleModule`` (every grad-sample mode) and its DDP wrapper: ``make_private``'s model.
+    ("opacus.grad_sample.gsm_base", "AbstractGradSampleModule"),
+    ("opacus.distributed", "DifferentiallyPrivateDistributedDataParallel"),
 )
 #: The attributes that hold the wrapped module, in the order they are tried: Fabric's user
-#: module first (its ``_forward_module`` may itself be a DDP wrapper around it).
-_INNER_MODULE_ATTRIBUTES = ("_original_module", "_orig_mod", "module", "_forward_module")
+#: module first (its ``_forward_module`` may itself be a DDP wrapper around it); Opacus's ``_module``.
+_INNER_MODULE_ATTRIBUTES = ("_original_module", "_orig_mod", "module", "_forward_module", "_module")
+#: The attributes that hold the optimizer a wrapper steps: ``.optimizer`` (accelerate, Fabric, Lightning,
+#: DeepSpeed), ``.original_optimizer`` (Opacus's ``DPOptimizer``, which never runs ``Optimizer.__init__``).
+_INNER_OPTIMIZER_ATTRIBUTES = ("optimizer", "original_optimizer")
 #: Name segments that only wrappers insert: Fabric, ``torch.compile``, FSDP, activation checkpointing.
 _WRAPPER_SEGMENTS = frozenset({"_forward_module", "_original_module", "_orig_mod", "_fsdp_wrapped_module",
                                "_checkpoint_wrapped_module"})
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The user's module inside DDP/DataParallel, ``torch.compile`` and Lightning Fabric wrappers.
+    """The user's module inside DDP/DataParallel, ``torch.compile``, Lightning Fabric and Opacus wrappers.
 
     Example::
 
@@ -66,7 +72,8 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def clean_name(name: str) -> str:
     """A qualified name without the segments wrappers insert (``_orig_mod.``, ``_forward_module.``,
-    ``_fsdp_wrapped_module.``, ...): the name the user's own module gives.
+    ``_fsdp_wrapped_module.``, ...): the name the user's own module gives. (A root wrapper's own segment,
+    DDP's ``module.`` or Opacus's ``_module.``, never appears: :func:`unwrap` takes the wrapper off first.)
 
     Example::
 
@@ -82,7 +89,9 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
     Follows the ``.optimizer`` chain: accelerate's ``AcceleratedOptimizer``, Lightning Fabric's
     ``_FabricOptimizer``, Lightning's ``LightningOptimizer``, DeepSpeed's wrappers, and any other
     wrapper that exposes the real optimizer as ``.optimizer`` and has ``param_groups`` (a learning
-    rate scheduler also holds ``.optimizer`` but is no wrapper: it is returned as it is). Runs once
+    rate scheduler also holds ``.optimizer`` but is no wrapper: it is returned as it is); and
+    ``.original_optimizer``, Opacus's ``DPOptimizer`` (from ``PrivacyEngine.make_private``: it never runs
+    ``Optimizer.__init__``, so torch's step hooks fire for the optimizer it steps, never for it). Runs once
     per optimizer given or adopted, never per step.
 
     Args:
@@ -113,13 +122,36 @@ def unwrap_optimizer(optimizer: Any) -> tuple[Any, bool]:
         module = type(optimizer).__module__ or ""
         deepspeed = deepspeed or module.startswith("deepspeed") or "DeepSpeed" in type(optimizer).__name__
         try:
-            inner = getattr(optimizer, "optimizer", None) if hasattr(optimizer, "param_groups") else None
+            inner = next((found for found in (getattr(optimizer, a, None) for a in _INNER_OPTIMIZER_ATTRIBUTES)
+                          if found is not None), None) if hasattr(optimizer, "param_groups") else None
         except Exception:  # a property that fails: not a wrapper we can see through
             inner = None
         if inner is None or isinstance(inner, (str, bytes, Mapping)):
             break
         optimizer = inner
     return optimizer, deepspeed
+
+
+def functional_copy(module: nn.Module) -> bool:
+    """Whether ``module`` is a library's functional copy of a module: its class is defined in an installed
+    package and its tensors are no parameters (no ``nn.Parameter``: fast weights it computes, as higher's
+    ``innerloop_ctx`` / ``monkeypatch`` give). It is no model of the user's: the module it copies is.
+
+    Example::
+
+        >>> from torch import nn
+        >>> functional_copy(nn.Linear(2, 1))  # a library's class, with its own parameters
+        False
+    """
+    if frames.library_class(type(module)) is None:
+        return False
+    tensors = False
+    for m in module.modules():
+        for t in m._parameters.values():
+            if isinstance(t, nn.Parameter):
+                return False  # (a library's module with parameters of its own: read at its first one)
+            tensors = tensors or isinstance(t, torch.Tensor)
+    return tensors
 
 
 def is_uninitialized(t: torch.Tensor) -> bool:
@@ -342,12 +374,18 @@ class Inventory:
 
     # -- orphans -----------------------------------------------------------------------------
     def orphans(self) -> list[Orphan]:
-        """Tensors that need grad but are not registered: plain attributes, Python lists/dicts."""
+        """Tensors that need grad but are not registered: plain attributes, Python lists/dicts. What a
+        library's module holds (its class defined in an installed package: higher's ``_fast_params``) is that
+        library's own storage, never a would-be parameter of the user's: it is not looked into. torch's own
+        modules keep no such tensor: one on an ``nn.Linear`` was put there by the user's code (a LoRA
+        factor written by hand), and is looked into."""
         if self.model is None:
             return []
         taken = set(self.tensors) | self.buffers  # registered, or found already
         found: list[Orphan] = []
         for module_name, module in self.modules.items():
+            if frames.library_class(type(module)) not in (None, "torch"):
+                continue
             prefix = f"{module_name}." if module_name else ""
             for path, value, kinds in contained(module):
                 name, container = prefix + path, kinds[-1] if kinds else "attribute"
@@ -376,8 +414,9 @@ class Inventory:
 
 _OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"
 #: What error messages add about wrappers.
-WRAPPERS_ACCEPTED = ("a wrapper is accepted when it exposes the real optimizer as `.optimizer` and has "
-                     "`param_groups`: accelerate's, Lightning's, Fabric's")
+WRAPPERS_ACCEPTED = ("a wrapper is accepted when it exposes the real optimizer as `.optimizer` (or "
+                     "`.original_optimizer`, as Opacus's does) and has `param_groups`: accelerate's, Lightning's, "
+                     "Fabric's, Opacus's")
 
 
 def as_optimizer(value: Any, argument: str = "optimizer") -> torch.optim.Optimizer:

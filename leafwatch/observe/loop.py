@@ -129,7 +129,7 @@ class StepSentinels:
     sentinel's ``_version`` unchanged since the last one followed no step (a step updates its tensors
     in place). No optimizer hook is needed, and none is registered from inside one. A sentinel swapped
     (``torch.utils.swap_tensors``: its hook stays with the old contents) is hooked again at the next
-    :meth:`track`; each check reads :meth:`swapped` (one ``_cdata`` per optimizer) to ask for one.
+    :meth:`track`; the structure cache reads :meth:`swapped` every few checks to ask for one.
 
     Args:
         request_check: Called with the optimizer at the end of a backward pass when it has skipped

@@ -116,6 +116,9 @@ class Observer:
             outer = tuple(f"{f.f_code.co_filename}:{f.f_lineno}" for f in itertools.islice(frames.outside(frame), 8))
             self._last = number = next(self._registrations)
             for module, attribute, t in registered:
+                known = self._appeared.get(id(t))
+                if known is not None and known[0]() is t:
+                    continue  # registered again (its module wrapped: DDP, Opacus's make_private): it appeared before
                 held = follow.registered(module, attribute, t)
                 if held is not None:
                     self._appeared[id(t)] = (held, number, where, function, outer)

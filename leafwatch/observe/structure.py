@@ -90,6 +90,9 @@ class StructureCache:
         self.rebuilds = 0
         #: Object id -> the user's variable, when the front-end knows them (``leafwatch run``).
         self.variables: Callable[[], dict[int, str]] | None = None
+        #: Asked at the periodic look (every :data:`REQUIRES_GRAD_EVERY` checks) whether a tensor a hook was
+        #: put on has been swapped since (``torch.utils.swap_tensors``): then the structure is read again.
+        self._swap_checks: list[Callable[[], bool]] = []
 
     # -- what is checked ---------------------------------------------------------------------
     @property
@@ -133,6 +136,12 @@ class StructureCache:
         if ids - self.left_out:
             self.left_out |= ids
             self.invalidate()
+
+    def watch_swaps(self, swapped: Callable[[], bool]) -> None:
+        """Read the structure again when ``swapped()`` says so at the periodic look (a hook left on a
+        swapped tensor is put on it again by what a new reading calls: never on a healthy step, whose
+        check reads each ``.grad`` and nothing else of a tensor)."""
+        self._swap_checks.append(swapped)
 
     def invalidate(self) -> None:
         """Rebuild at the next :meth:`refresh`."""
@@ -278,7 +287,7 @@ class StructureCache:
     def _requires_grad_changed(self, step: int) -> bool:
         """Every few checks (the caller tells when): was a parameter frozen or unfrozen since the last build?"""
         self._flags_read_at = step
-        return self._read_requires_grad() != self._requires_grad_flags
+        return self._read_requires_grad() != self._requires_grad_flags or any(swapped() for swapped in self._swap_checks)
 
     def _make_list(self, params: list[torch.Tensor], inv: inventory.Inventory, old: CheckList | None) -> CheckList:
         infos = [inv.params.get(id(p)) for p in params]

@@ -54,8 +54,8 @@ class RunRecord:
     #: Its forward ran with tensors in ``_parameters`` other than its registered parameters
     #: (``torch.func.functional_call``, a TensorDict's weights swapped in, a vmapped copy).
     substituted: bool = False
-    #: It ran (with grad off) inside the forward of this custom autograd.Function, and whether its own
-    #: parameters were among the tensors given to that Function's ``apply``.
+    #: It ran inside the forward of this custom autograd.Function (with grad off, or switched on again there
+    #: by ``torch.enable_grad()``), and whether its own parameters were among the tensors given to its ``apply``.
     in_function: functions.FunctionCall | None = None
     function_inputs: bool = False
 
@@ -313,6 +313,13 @@ class Tracer:
             return None
         return seen.place
 
+    def added_to_a_loss(self, t: torch.Tensor) -> bool:
+        """Whether an instrumented forward switched ``t`` to ``requires_grad`` in place and then only added it to
+        other tensors (``loss = self.zero; loss.requires_grad_(); loss = loss + term``): a loss's starting value,
+        whose gradient is the loss's own, the same at every step, whoever's line switched it on."""
+        seen = self.switched_on.get(id(t))
+        return seen is not None and seen.tensor() is t and seen.added_only
+
     def switched_on_by_user(self, t: torch.Tensor) -> cuts.Place | None:
         """Where the user's own line switched ``t`` to ``requires_grad`` in place during an instrumented forward."""
         seen = self.switched_on.get(id(t))
@@ -379,6 +386,8 @@ def _observe_run(record: RunRecord, module: nn.Module, args: tuple[Any, ...], ou
     """What one forward of an armed module shows: its grad mode, its inputs, its output (and a hook on it)."""
     if grad_on:
         record.grad_enabled = True
+        if record.calls == 1:  # (once per record: a Function's forward under torch.enable_grad())
+            _read_function(record, module, sys._getframe(1))
     else:
         record.in_checkpoint = record.in_checkpoint or frames.on_stack(
             sys._getframe(1), 40, lambda f: f.replace("\\", "/").endswith(_CHECKPOINT_FILE))
@@ -407,8 +416,9 @@ def _observe_run(record: RunRecord, module: nn.Module, args: tuple[Any, ...], ou
 
 
 def _read_function(record: RunRecord, module: nn.Module, frame: Any) -> None:
-    """A module that runs with grad off: the custom autograd.Function whose forward it runs inside, if
-    any (torch's reentrant checkpoint keeps its own cause), and whether it was given the module's parameters."""
+    """The custom autograd.Function whose forward a module runs inside, if any (torch's reentrant checkpoint
+    keeps its own cause), and whether it was given the module's parameters: read for a module that runs with
+    grad off, and at the first call of one that runs with grad on (``torch.enable_grad()`` in that forward)."""
     call = functions.function_call(frame)
     if call is not None and not call.checkpoint:
         own = {id(p) for p in module._parameters.values() if p is not None}

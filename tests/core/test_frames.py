@@ -136,3 +136,57 @@ def test_torchs_deprecated_reduce_op_is_not_readable_and_a_module_is() -> None:
     assert not frames.readable(torch.distributed.reduce_op)
     assert frames.readable(torch.distributed) and frames.readable(torch.nn.Linear(1, 1))
     assert frames.readable(torch.zeros(1)) and frames.readable(torch.nn.Parameter(torch.zeros(1)))
+
+
+class _UsersMonitor:
+    """A class of the user's that subclasses nothing of leafwatch's: read as any other."""
+
+
+def test_leafwatchs_own_objects_are_never_read_and_the_users_are() -> None:
+    import torch
+
+    import leafwatch
+
+    class Subclass(leafwatch.Monitor):  # the user's subclass of a Monitor is still leafwatch's machinery
+        pass
+
+    model = torch.nn.Linear(2, 1)
+    for own in (leafwatch.Monitor(model), Subclass(model), leafwatch.Report()):
+        assert frames.own(own) and not frames.readable(own), own
+    assert not frames.own(_UsersMonitor()) and frames.readable(_UsersMonitor())
+    assert not frames.own(model) and not frames.own(frames.readable)  # a function of leafwatch's is a function
+
+
+def test_the_demos_model_is_the_users_side_of_a_run() -> None:
+    from _requirements import require_lightning_callback
+
+    require_lightning_callback()
+    from leafwatch.demo import Classifier
+
+    model = Classifier()
+    assert not frames.own(model) and frames.readable(model)
+
+
+def test_no_path_to_a_module_goes_through_a_monitor_the_user_holds() -> None:
+    import torch
+
+    import leafwatch
+    from leafwatch.observe.discovery import paths_to, user_scope
+
+    model, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    monitor = leafwatch.Monitor(model, roots={"model": model, "head": head}, verbose=False)
+    assert monitor.structure.roots["head"] is head  # it holds the module...
+    assert paths_to([head], {"monitor": monitor}) == {}  # ...and is never a path to it
+    holder = type("Holder", (), {})()
+    holder.head = head
+    assert paths_to([head], {"monitor": monitor, "holder": holder}) == {id(head): "holder.head"}
+    assert "monitor" not in user_scope()  # the user's variables, leafwatch's own left out
+    monitor.close()
+
+
+def test_a_class_of_an_installed_package_is_a_librarys_and_the_users_is_not() -> None:
+    import torch
+
+    assert frames.library_class(torch.nn.Linear) == "torch"
+    assert frames.library_class(_UsersMonitor) is None
+    assert frames.library_class(frames.PACKAGE_DIR.__class__) is None  # str: the standard library's own

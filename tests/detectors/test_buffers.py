@@ -87,3 +87,43 @@ def test_plain_buffers_outside_the_optimizer_are_no_finding() -> None:
     model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     assert _train(model, opt, lambda x: model(x).sum()).findings == []
+
+
+class LossStart(nn.Module):
+    """vector-quantize-pytorch's loss accumulator written in the user's own file: a registered buffer the
+    forward switches on and starts the auxiliary loss from (``loss = self.zero; loss.requires_grad_()``),
+    then adds a term to (``as_scale``: multiplies a term by it instead, a scale meant to train)."""
+
+    def __init__(self, as_scale: bool = False) -> None:
+        super().__init__()
+        self.proj = nn.Linear(3, 3)
+        self.register_buffer("zero", torch.tensor(0.0), persistent=False)
+        self.as_scale = as_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        loss = self.zero
+        loss.requires_grad_()  # switched on here
+        commit = (h - x.detach()).pow(2).mean()
+        loss = loss * commit if self.as_scale else loss + commit * 0.25
+        return h.sum() + 10 * loss
+
+
+def test_a_buffer_the_users_forward_switches_on_and_only_adds_to_the_loss_is_no_finding() -> None:
+    """Its gradient is the loss's own (here 10, at every step): it has nothing to learn, and no advice to train it."""
+    model = LossStart()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    report = _train(model, opt, model, steps=4)
+    assert report.findings == []
+    assert model.zero.requires_grad and model.zero.grad is not None  # it got the loss's own gradient
+
+
+def test_a_buffer_the_users_forward_switches_on_and_uses_as_a_scale_stays_an_error() -> None:
+    model = LossStart(as_scale=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    (f,) = _train(model, opt, model, steps=4).findings
+    assert (f.kind, f.name, f.severity, f.details["reason"]) == ("not_in_optimizer", "zero", "error", "buffer_switched_on")
+    line = LossStart.forward.__code__.co_firstlineno + 3
+    assert f.cause.startswith(f"`zero` is a registered buffer that your forward switches to `requires_grad` "
+                              f"(`requires_grad_()` at test_buffers.py:{line} (in `LossStart.forward`))")
+    assert f.fix.startswith("make `zero` a parameter where the module registers it")

@@ -205,3 +205,76 @@ def test_a_module_run_inside_a_custom_function_not_given_its_parameters_names_th
                        "`inner.{bias,weight}` was among them, so no gradient reaches them.")
     assert f.fix.startswith("give `inner`'s parameters to `_StraightThrough.apply` as inputs: its backward returns "
                             "gradients only for its inputs")
+
+
+class _RecomputedGrad(torch.autograd.Function):
+    """A custom Function that runs a module in its forward under ``torch.enable_grad()``, returns the result
+    detached and computes the input's gradient itself in its backward (a backward through the graph it kept,
+    ``inputs=`` the input only): the module's parameters, not given to ``apply``, get none."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, fn: nn.Module) -> torch.Tensor:  # type: ignore[override]
+        with torch.enable_grad():
+            inner_x = x.detach().requires_grad_()
+            out = fn(inner_x).tanh()
+        ctx.save_for_backward(inner_x, out)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        inner_x, out = ctx.saved_tensors
+        torch.autograd.backward(out, grad, inputs=[inner_x])
+        return inner_x.grad, None
+
+
+class InsideGradOnFunction(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(3, 3)
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_RecomputedGrad.apply(x, self.inner))  # applied here
+
+
+def _assert_inside_grad_on_function(f, at: str) -> None:
+    assert (f.kind, f.details["reason"]) == ("missing_grad", "inside_function")
+    assert f.name == f"inside `_RecomputedGrad` at {at}"
+    assert f.cause == (f"`inner` ran only inside the forward of the custom autograd.Function `_RecomputedGrad` "
+                       f"(applied at {at}). It ran there under `torch.enable_grad()`, but the graph it built ends "
+                       "inside that forward: what `_RecomputedGrad` returns carries only its own backward node, and "
+                       "torch sends gradients back only through `_RecomputedGrad`'s backward, to the tensors given to "
+                       "`_RecomputedGrad.apply`: none of `inner.{bias,weight}` was among them, so no gradient reaches "
+                       "them.")
+    assert "does not use" not in f.cause and "`.detach()` at" not in f.cause  # not a cut of the user's to remove
+    assert f.fix.startswith("give `inner`'s parameters to `_RecomputedGrad.apply` as inputs: its backward returns "
+                            "gradients only for its inputs")
+
+
+def test_a_module_run_inside_a_custom_function_under_enable_grad_names_that_function() -> None:
+    model = InsideGradOnFunction()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt, verbose=False) as monitor:
+        for _ in range(3):  # the first step instrumented (the Function's `.detach()` seen), the later ones not
+            opt.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            report = monitor.check()
+            opt.step()
+            (f,) = report.findings  # `head` trains
+            assert report.names() == {"inner.weight", "inner.bias"}
+            _assert_inside_grad_on_function(f, _line_of(InsideGradOnFunction.forward, "# applied here"))
+
+
+def test_a_custom_function_under_enable_grad_applied_in_the_loop_is_named_too() -> None:
+    """Applied outside any module's forward (no op recorded): the hooks' own records name it."""
+    model = nn.ModuleDict({"inner": nn.Linear(3, 3), "head": nn.Linear(3, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt, verbose=False) as monitor:
+        for _ in range(2):
+            opt.zero_grad()
+            model["head"](_RecomputedGrad.apply(torch.randn(4, 3), model["inner"])).sum().backward()  # applied here
+            report = monitor.check()
+            opt.step()
+    (f,) = report.findings
+    at = _line_of(test_a_custom_function_under_enable_grad_applied_in_the_loop_is_named_too, "# applied here")
+    _assert_inside_grad_on_function(f, at)

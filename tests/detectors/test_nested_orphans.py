@@ -113,3 +113,18 @@ def test_registered_tensors_kept_in_nested_containers_too_are_no_orphans() -> No
         model(torch.randn(4, 3)).sum().backward()
         assert monitor.check().findings == []
     assert leafwatch.audit(model, opt).findings == []
+
+
+def test_a_tensor_the_user_puts_on_a_torch_module_is_an_orphan() -> None:
+    """A LoRA factor written by hand onto an `nn.Linear` (a plain tensor attribute): torch's own modules keep
+    no such tensor, so it is the user's would-be parameter, named by its path (a library's module, higher's
+    patched copy, is not looked into: tests/integrations/test_third_party_libraries.py)."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
+    model[0].lora_a = torch.zeros(3, 2, requires_grad=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with leafwatch.Monitor(model, opt) as monitor:
+        model(torch.randn(4, 3)).sum().backward()
+        monitored = monitor.check()
+    for report in (monitored, leafwatch.audit(model, opt)):
+        assert report.names() == {"0.lora_a"}
+        assert [(f.kind, f.severity) for f in report] == [("orphan_tensor", "error")]

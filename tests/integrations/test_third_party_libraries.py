@@ -13,6 +13,13 @@ failed in CI, when it is not installed: ``tests/_requirements.py``), in a real t
   ``pyro.module`` outside the model is fixed by calling it inside the model, never by ``add_param_group``.
 - kornia's ``RandomResizedCrop`` turns learnable ranges into integer crop boxes: integer indexing cuts the
   gradient, and the fix is a differentiable resampling, not another op at that line.
+- higher's MAML (``innerloop_ctx``) runs a patched copy of the network on fast weights that higher keeps in a
+  plain list (``_fast_params``): no orphan, and no walk through the user's own ``monitor`` variable;
+  ``copy_initial_weights=True`` (higher's default) starts them from detached copies, named as such with the fix
+  ``copy_initial_weights=False``.
+- Opacus's ``make_private`` returns a ``DPOptimizer`` that never runs ``Optimizer.__init__`` (torch's step hooks
+  fire for the SGD it holds as ``.original_optimizer``) and a ``GradSampleModule`` that names every parameter
+  ``_module.<name>``: an attached Monitor checks every step, under the user's names.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import os
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -188,3 +196,120 @@ def test_leafwatch_run_says_kornias_crop_ranges_become_integers() -> None:
     cause = result.stderr.split("cause: ")[1].split("\n")[0]
     fix = result.stderr.split("fix (advice): ")[1].split("\n")[0]
     _assert_integer_cut(cause, fix)
+
+
+# -- Opacus: DPOptimizer and GradSampleModule ----------------------------------------------------------
+def test_opacus_dp_optimizer_is_checked_at_every_step_under_an_attached_monitor() -> None:
+    require_module("opacus")
+    seen: list[leafwatch.Monitor] = []
+
+    def attach(model, opt):
+        seen.append(leafwatch.Monitor(model, opt, verbose=False).attach())
+        return seen[0]
+
+    train = runpy.run_path(str(SCRIPTS / "opacus_dp.py"), run_name="third_party_script")["train"]
+    monitor = train([], attach=attach)
+    assert monitor.step == 8  # one check per step of the 8 (none before: the DPOptimizer was not seen)
+    (opt,) = monitor.optimizers
+    assert type(opt) is torch.optim.SGD  # the one it steps, under `.original_optimizer`
+    assert monitor.close().findings == []
+
+
+def _assert_head_left_out(f) -> None:
+    assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "head", "error")
+    assert {m.name for m in f.members} == {"head.weight", "head.bias"}  # no `_module.` prefix
+    assert "_module" not in f.cause + f.fix
+    assert f.cause == "each of `head.{bias,weight}` was left out when the optimizer's parameter list was built."
+
+
+def test_opacus_left_out_head_is_named_by_the_users_module_name() -> None:
+    require_module("opacus")
+    (f,) = _attached("opacus_dp.py", "--left-out").findings
+    _assert_head_left_out(f)
+
+
+def test_leafwatch_run_names_opacus_left_out_head_without_the_wrapper_prefix() -> None:
+    require_module("opacus")
+    result = _leafwatch_run("opacus_dp.py", "--left-out")
+    assert "leafwatch: summary after 8 optimizer steps" in result.stderr, result.stderr
+    assert "ERROR   not_in_optimizer    head (since step 1" in result.stderr
+    # make_private registers the model again inside its wrapper, after the optimizer: no "created after" cause
+    assert "cause: each of `head.{bias,weight}` was left out when the optimizer's parameter list was built." \
+        in result.stderr
+    assert "_module" not in result.stderr and "was created at" not in result.stderr
+
+
+def test_leafwatch_run_of_a_private_training_with_every_parameter_in_the_optimizer_is_no_finding() -> None:
+    require_module("opacus")
+    result = _leafwatch_run("opacus_dp.py")
+    assert "leafwatch: summary after 8 optimizer steps\nleafwatch: no findings at step 8" in result.stderr, result.stderr
+
+
+# -- higher: MAML's fast weights ---------------------------------------------------------------------
+_COPIED_CAUSE = ("the root module never ran in this step: `higher`'s copy of it, `fnet` (a `FunctionalSequential`), "
+                 "ran in its place, on weights that start as copies of its parameters' values (`copy_initial_weights="
+                 "True`, higher's default for `higher.innerloop_ctx` and `higher.monkeypatch`, makes them new leaves). "
+                 "Backward stops at those copies (they got the gradients), so no gradient reaches each of "
+                 "`{0,2}.{bias,weight}`.")
+_COPIED_FIX = ("pass `copy_initial_weights=False` to `higher.innerloop_ctx(...)` (or `higher.monkeypatch(...)`): the "
+               "fast weights of `fnet` then start from the root module's own parameters, and the meta-gradient "
+               "reaches them")
+
+
+def test_higher_maml_with_copy_initial_weights_false_trains_under_a_monitor_with_no_finding() -> None:
+    require_module("higher")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert _attached("higher_maml.py").findings == []
+    # leafwatch read no `.grad` of higher's fast weights (non-leaves: torch warns at such a read)
+    assert not [w for w in caught if "not a leaf Tensor is being accessed" in str(w.message)], caught
+
+
+def test_the_fast_weights_higher_keeps_in_a_plain_list_are_no_orphan_and_a_users_list_is() -> None:
+    higher = require_module("higher")
+    from torch import nn
+
+    from leafwatch.observe.inventory import Inventory, functional_copy
+
+    net = nn.Sequential(nn.Linear(4, 3))
+    fnet = higher.monkeypatch(net, copy_initial_weights=True)
+    assert isinstance(vars(fnet)["_fast_params"], list) and functional_copy(fnet) and not functional_copy(net)
+    assert Inventory(fnet).orphans() == []  # higher's own storage, in higher's object
+
+    class Mine(nn.Module):  # the same plain list of leaves, in the user's own module
+        def __init__(self) -> None:
+            super().__init__()
+            self.fast = [[p.detach().clone().requires_grad_() for p in net.parameters()]]
+
+    assert {o.name for o in Inventory(Mine()).orphans()} == {"fast[0][0]", "fast[0][1]"}
+
+
+def test_higher_maml_with_its_default_copy_initial_weights_is_named_with_that_cause_and_fix() -> None:
+    require_module("higher")
+    (f,) = _attached("higher_maml.py", "--copy").findings
+    assert (f.kind, f.severity, f.details["reason"]) == ("missing_grad", "error", "copied_weights")
+    assert f.name == "weights copied into `fnet`"
+    assert {m.name for m in f.members} == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert (f.cause, f.fix) == (_COPIED_CAUSE, _COPIED_FIX)
+
+
+def test_the_users_own_monitor_variable_is_never_walked_into() -> None:
+    """The script keeps ``monitor = Monitor(...)``: no finding names it, or anything reached through it
+    (it holds the roots and leafwatch's records), beside a test's Monitor and under leafwatch run."""
+    require_module("higher")
+    assert _attached("higher_maml.py", "--own-monitor").findings == []
+    (f,) = _attached("higher_maml.py", "--copy", "--own-monitor").findings
+    assert f.name == "weights copied into `fnet`" and "monitor" not in f.cause + f.fix
+    result = _leafwatch_run("higher_maml.py", "--copy", "--own-monitor")
+    assert "ERROR   missing_grad        weights copied into `fnet` (since step 1)" in result.stderr, result.stderr
+    assert "monitor" not in result.stderr and "orphan" not in result.stderr and "_fast_params" not in result.stderr
+
+
+def test_leafwatch_run_of_higher_maml_names_copy_initial_weights() -> None:
+    require_module("higher")
+    result = _leafwatch_run("higher_maml.py", "--copy")
+    assert "leafwatch: 1 open of 1 finding(s) at step 3" in result.stderr, result.stderr
+    assert f"cause: {_COPIED_CAUSE}" in result.stderr and f"fix (advice): {_COPIED_FIX}" in result.stderr
+    clean = _leafwatch_run("higher_maml.py")
+    assert "leafwatch: summary after 3 optimizer steps\nleafwatch: no findings at step 3" in clean.stderr, clean.stderr
+    assert "never ran through `module(x)`" not in clean.stderr  # its gradients came through higher's copy

@@ -51,13 +51,15 @@ def _system_exit_code(code: Any) -> int:
 
 
 def run_target(script: str | None, module: str | None, argv: Sequence[str],
-               explain: Callable[[BaseException], Sequence[str]] | None = None) -> int:
+               explain: Callable[[BaseException], Sequence[str]] | None = None,
+               ended: dict[str, Any] | None = None) -> int:
     """Run a script path or a module as ``__main__`` with ``argv`` after its name; its exit code.
 
     Exceptions raised by the script are printed with their traceback and give 1 (130 for
     KeyboardInterrupt), as the interpreter does; ``explain`` is handed the exception first (it may add
     notes to it, which the traceback shows) and returns what to print right after the traceback.
-    :class:`StrictStop` is let through.
+    :class:`StrictStop` is let through. ``ended``: filled with the script's module-level variables when
+    it ends (the caller reads them for its summary, then clears them).
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     try:
@@ -66,9 +68,11 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str],
         sys.argv = [target, *argv]
         sys.path[:1] = [os.getcwd() if module is not None else os.path.dirname(os.path.abspath(target))]
         if module is not None:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            scope = runpy.run_module(module, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            scope = runpy.run_path(target, run_name="__main__")
+        if ended is not None and isinstance(scope, dict):
+            ended.update(scope)
         return 0
     except SystemExit as stop:
         return _system_exit_code(stop.code)
@@ -145,13 +149,14 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         with _script_as_main(error):
             return explain_crash(error, [Context(tuple(crashed[0]))], monitors=[session.monitor] if session.monitor else [])
 
+    ended: dict[str, Any] = {}  # the script's variables once it ended, until the run is closed
     try:
-        code = run_target(script, module, argv, explain)
+        code = run_target(script, module, argv, explain, ended)
     except StrictStop as stop:
         stopped = stop
         code = 0  # the script did not end: its own code is unknown
     finally:
-        report = session.close()
+        report = _close(session, ended)
     if crashed and not session.found.optimizers:  # no check ran: what the structure alone shows
         report = _structure_scan(crashed[0], session, report)
     if stopped is not None:
@@ -167,17 +172,27 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     return final
 
 
+def _close(session: Session, ended: dict[str, Any]) -> Report:
+    """Close the run, reading what the script left at its module level (``ended``) as it left it; then forget it."""
+    try:
+        with _as_main(ended):
+            return session.close()
+    finally:
+        ended.clear()
+
+
 def _final_code(session: Session, report: Report, code: int, *, strict: bool, stopped: bool) -> int:
     """:func:`exit_code`, said when ``--strict`` decides it."""
     failed = session.failed_parts
-    final = exit_code(code, report, strict=strict, incomplete=bool(failed))
+    unseen = [f"no step of `{f.name}` was seen" for f in report.findings if f.reason == "unchecked_optimizer"]
+    final = exit_code(code, report, strict=strict, incomplete=bool(failed or unseen))
     if strict and not stopped and code == 0 and final == STRICT_EXIT_CODE:
         errors = report.at_least("error")
         session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
                        f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
     elif final == INCOMPLETE_EXIT_CODE:
-        session.write(f"leafwatch: --strict: the check is incomplete ({', '.join(failed)} failed): "
-                       f"exit {INCOMPLETE_EXIT_CODE}.")
+        why = ", ".join([*unseen, *([f"{', '.join(failed)} failed"] if failed else [])])
+        session.write(f"leafwatch: --strict: the check is incomplete ({why}): exit {INCOMPLETE_EXIT_CODE}.")
     return final
 
 
@@ -205,8 +220,16 @@ def _script_as_main(error: BaseException) -> Iterator[None]:
     the exception left it): the source of the classes the script defined is found by their module."""
     scope = next((f.f_globals for f, _ in frames.in_traceback(error.__traceback__)
                   if f.f_globals.get("__name__") == "__main__" and f.f_globals.get("__file__")), None)
+    with _as_main(scope):
+        yield
+
+
+@contextlib.contextmanager
+def _as_main(scope: dict[str, Any] | None) -> Iterator[None]:
+    """``__main__`` holds ``scope`` (the script's variables) for the length of the block: nothing when there
+    is none, or when ``__main__`` holds it already."""
     saved = sys.modules.get("__main__")
-    if scope is None or saved is None or getattr(saved, "__dict__", None) is scope:
+    if not scope or saved is None or getattr(saved, "__dict__", None) is scope:
         yield
         return
     stand_in = types.ModuleType("__main__")
@@ -283,7 +306,8 @@ EXIT_CODES_HELP = f"""exit codes, first match wins:
   {USAGE_EXIT_CODE}   bad arguments, an unusable --logdir: the script is not run
   {STRICT_EXIT_CODE}   --strict and an open error: at the check that decided it (the script stops there),
       or at the end of the run
-  {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings)
+  {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings), or
+      the model trained with an optimizer whose steps leafwatch could not see (nothing was checked)
   {USAGE_EXIT_CODE}   --diff FILE and the patch is refused (two fixes on the same lines, or FILE can't be written)
   1   --diff FILE and an open code fix could not be placed in the patch
   0   otherwise (without --strict or --diff, findings never change the exit code)"""

@@ -111,6 +111,8 @@ class Session:
         attached Monitor's; the roots are read again at the first check)."""
         if self.monitor is None and not self._closed:
             try:
+                self.found.find_optimizers()  # those built before the loop (none stepped yet)
+                self.found.script_variables()
                 self.monitor = self._make_monitor({"": module})
                 self.monitor.forward_begun(module)
             except Exception as error:  # leafwatch's own failure never stops the script
@@ -160,7 +162,8 @@ class Session:
         """The parts of the check that failed inside leafwatch (each warned once): the report may
         miss findings. Writing TensorBoard records is not a part of the check."""
         own = [where for where in self._warn.seen if "TensorBoard" not in where]
-        failed = [f.name for f in self.monitor.history.values() if f.kind == Kind.INCOMPLETE] if self.monitor else []
+        failed = [f.name for f in self.monitor.history.values()
+                  if f.kind == Kind.INCOMPLETE and f.reason == "part_failed"] if self.monitor else []
         return sorted({*own, *failed})
 
     # -- output ------------------------------------------------------------------------------
@@ -181,16 +184,19 @@ class Session:
             return self.report or Report(step=self.steps)
         self._closed = True
         self.found.disarm()
-        self.observer.close()
         try:
             report = Report(step=0)
             if self.monitor is not None:  # (built at the first forward: its hooks go even when no step was checked)
+                if self.report is None:  # no step was checked: the optimizers the script ends with may tell why
+                    self.found.find_optimizers(ended=True)
+                    self.found.script_variables()
                 closed = self.monitor.close()
-                report = closed if self.report is not None else report
+                report = closed if self.report is not None or closed.findings else report
         except Exception as error:
             self._warn("closing the run", error)
             report = self.report or Report(step=self.steps)
         finally:
+            self.observer.close()  # (after the Monitor's end-of-run decisions, which read the optimizers seen stepping)
             if self._writer is not None:
                 try:
                     self._writer.close()
@@ -204,6 +210,8 @@ class Session:
         optimizer stepped, ``report`` is the structure scan of the modules that ran)."""
         found = self.found
         if not found.optimizers:
+            if not crashed and report.findings:  # the modules trained with an optimizer whose steps were not seen
+                return f"leafwatch: no optimizer step was seen, nothing was checked\n{report}"
             if not crashed:
                 return "leafwatch: no optimizer stepped, nothing was checked."
             if not found.modules_seen():

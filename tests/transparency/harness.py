@@ -31,6 +31,7 @@ TIMEOUT_S = 300
 #: Each subprocess's address space (``RLIMIT_AS``): a run that keeps what it should free fails with
 #: a MemoryError here instead of taking the machine's memory.
 MEMORY_LIMIT = 12 * 2**30
+#: A printed loss, ``loss STEP HEX`` (anywhere on its line: a progress bar may print before it).
 LOSS_LINE = re.compile(r"loss (\d+) ([-+]?0x[0-9a-f.]+p[-+]\d+|[-+]?inf|nan)$", re.MULTILINE)
 LOADED_LINE = re.compile(r"^loaded (\S+) ([0-9a-f]{64})$", re.MULTILINE)
 #: A finding said while the script runs: ``leafwatch: ERROR kind `name` ...`` (``leafwatch run``),
@@ -49,7 +50,7 @@ class Scenario:
     args: tuple[str, ...] = ()
     #: The library's own leafwatch door (``TRANSPARENCY_DOOR``): monitor, lightning or transformers.
     door: str = "monitor"
-    #: The module that must import for the scenario to run (skipped locally, failed in CI, without it).
+    #: The library's top-level module: without it installed, the scenario skips locally and fails in CI.
     requires: str = ""
     #: How many ``loss`` lines a run prints.
     steps: int = 4
@@ -94,7 +95,6 @@ def environment(scenario: Scenario, home: Path) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(home / "hf"),
         "YOLO_CONFIG_DIR": str(home / "ultralytics"), "YOLO_OFFLINE": "1", "MPLBACKEND": "Agg",
         "MPLCONFIGDIR": str(home / "matplotlib"), "WANDB_MODE": "disabled", "TQDM_DISABLE": "1",
-        "PYTHONWARNINGS": "default",
     })
     if scenario.torchao:
         env["PYTHONPATH"] = str(TORCHAO_TARGET)

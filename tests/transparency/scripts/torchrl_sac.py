@@ -1,5 +1,6 @@
-"""torchrl: SAC with one optimizer per loss (actor, critic, temperature), as torchrl's
-``sota-implementations/sac`` trains it: a ``ProbabilisticActor`` with a ``TanhNormal`` head and a
+"""torchrl: SAC with one optimizer per parameter group (actor, critic, temperature) merged by
+``group_optimizers``, as torchrl's ``sota-implementations/sac`` trains it: one backward of the three
+losses, one step. A ``ProbabilisticActor`` with a ``TanhNormal`` head and a
 ``ValueOperator`` critic built from lazy ``MLP``s (initialized on a fake tensordict), ``SACLoss`` with
 two Q-value nets and a delayed target, ``SoftUpdate``, and a replay buffer filled with synthetic
 transitions (no environment). The checkpoint is the loss module's ``state_dict``.
@@ -17,7 +18,7 @@ from torch import nn, optim
 from torchrl.data import Bounded, LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
-from torchrl.objectives import SACLoss, SoftUpdate
+from torchrl.objectives import SACLoss, SoftUpdate, group_optimizers
 
 OBS, ACT, N = 6, 2, 256
 STEPS = 30
@@ -68,7 +69,9 @@ if __name__ == "__main__":
     optimizer_actor = optim.Adam(actor_params, lr=3e-4, weight_decay=0.0, eps=1e-8)
     optimizer_critic = optim.Adam(critic_params, lr=3e-4, weight_decay=0.0, eps=1e-8)
     optimizer_alpha = optim.Adam([loss_module.log_alpha], lr=3.0e-4)
-    monitor = attach_monitor(loss_module, [optimizer_actor, optimizer_critic, optimizer_alpha], out)
+    optimizer = group_optimizers(optimizer_actor, optimizer_critic, optimizer_alpha)
+    del optimizer_actor, optimizer_critic, optimizer_alpha
+    monitor = attach_monitor(loss_module, optimizer, out)
 
     replay_buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(N), batch_size=32)
     replay_buffer.extend(TensorDict({
@@ -80,15 +83,9 @@ if __name__ == "__main__":
         sampled_tensordict = replay_buffer.sample().clone()
         loss_td = loss_module(sampled_tensordict)
         actor_loss, q_loss, alpha_loss = loss_td["loss_actor"], loss_td["loss_qvalue"], loss_td["loss_alpha"]
-        optimizer_actor.zero_grad()
-        actor_loss.backward()
-        optimizer_actor.step()
-        optimizer_critic.zero_grad()
-        q_loss.backward()
-        optimizer_critic.step()
-        optimizer_alpha.zero_grad()
-        alpha_loss.backward()
-        optimizer_alpha.step()
+        (actor_loss + q_loss + alpha_loss).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
         target_net_updater.step()
         print_loss(step, actor_loss + q_loss + alpha_loss)
     close_monitor(monitor)

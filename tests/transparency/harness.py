@@ -37,6 +37,8 @@ LOADED_LINE = re.compile(r"^loaded (\S+) ([0-9a-f]{64})$", re.MULTILINE)
 #: A finding said while the script runs: ``leafwatch: ERROR kind `name` ...`` (``leafwatch run``),
 #: or the same words in a ``LeafwatchWarning`` (a Monitor, the callbacks).
 LIVE_FINDING = re.compile(r"leafwatch: (ERROR|WARNING) \w+ `[^`]*`")
+#: A warning's location line: ``path.py:LINE: SomeWarning: message``.
+WARNING_LINE = re.compile(r"^(.+\.py):\d+: \w*Warning: .*$", re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +136,10 @@ def train(scenario: Scenario, variant: str, root: Path) -> Run:
         env["TRANSPARENCY_DOOR"] = scenario.door
     else:
         raise ValueError(f"`variant` must be one of {VARIANTS}, got {variant!r}")
-    return Run(variant, out, *_run(command, out, env, scenario.timeout_s))
+    run = Run(variant, out, *_run(command, out, env, scenario.timeout_s))
+    (root / f"{variant}.stdout.txt").write_text(run.stdout, encoding="utf-8")  # kept for reading after a failure
+    (root / f"{variant}.stderr.txt").write_text(run.stderr, encoding="utf-8")
+    return run
 
 
 @dataclasses.dataclass
@@ -196,6 +201,20 @@ def findings(logdir: Path) -> list[Any]:
     if not logdir.is_dir():
         return []
     return [finding for run in read_reports(str(logdir)) for finding in run.report.findings]
+
+
+def warnings_from_leafwatch(stderr: str) -> list[str]:
+    """The warnings that leafwatch's own code made anything raise (torch reading a non-leaf's
+    ``.grad``, ...): their location is a file of the leafwatch package. A finding's warning points at
+    the user's line instead, and is not one of them."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("leafwatch")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    package = Path(next(iter(spec.submodule_search_locations))).resolve()
+    return [match.group(0) for match in WARNING_LINE.finditer(stderr)
+            if Path(match.group(1)).resolve().is_relative_to(package)]
 
 
 def has_report(logdir: Path) -> bool:

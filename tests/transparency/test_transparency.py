@@ -6,7 +6,8 @@ It runs three times, each in a fresh process: plainly, under ``leafwatch run``, 
 library's own leafwatch door (a ``leafwatch.Monitor(...).attach()`` beside the optimizer, the
 Lightning ``LeafWatch`` callback, the Hugging Face ``LeafWatchCallback``). For each leafwatch run:
 
-- the same exit code as the plain run, and the same printed losses, bit for bit;
+- the same exit code as the plain run, and the same printed losses, bit for bit; no warning raised
+  from leafwatch's own code (torch's warning on reading a non-leaf's ``.grad``, ...);
 - its checkpoint, saved the library's way, loads in a fresh process that never imports leafwatch,
   with the same weights, bit for bit, as the plain run's;
 - leafwatch made at least one check (its coverage records count the checked optimizer steps);
@@ -111,6 +112,7 @@ def test_the_same_exit_code_and_the_same_losses_bit_for_bit(scenario: Scenario, 
     assert run.returncode == plain.returncode, run.tail()
     assert run.losses == plain.losses, run.tail()
     assert "LeafwatchInternalWarning" not in run.stderr, run.tail()
+    assert harness.warnings_from_leafwatch(run.stderr) == [], run.tail()
 
 
 @pytest.mark.parametrize(("scenario", "variant"), _params("checkpoint"))

@@ -32,10 +32,6 @@ import pytest
 from _requirements import require
 from harness import Run, Scenario
 
-ITEM_1 = "item 1: torchtune's FrozenNF4Linear swaps its weight with torch.utils.swap_tensors, which " \
-         "raises 'Cannot swap t1 because it has weakref associated with it' under leafwatch run"
-ITEM_2 = "item 2: Ultralytics pickles whole modules (torch.save of its EMA model), and leafwatch run's " \
-         "forward hook cannot be pickled ('Tracer._make_hook.<locals>.hook'): the run dies at its first save"
 ITEM_4 = "item 4: Opacus's DPOptimizer is never checked by a Monitor: no check, and 'no findings'"
 ITEM_5_DOOR = "item 5: a Monitor names higher's fast weights through its own objects " \
               "(monitor.structure.roots['fnet']...) in in_no_optimizer records that double each step: the run stalls"
@@ -45,10 +41,8 @@ ITEM_6 = "item 6: x-transformers' layer_dropout gets live missing_grad errors at
 
 SCENARIOS = (
     Scenario("torchtune-lora", "torchtune_lora.py", requires="torchtune", torchao=True),
-    Scenario("torchtune-qlora", "torchtune_lora.py", ("qlora",), requires="torchtune", torchao=True,
-             xfail={("run", check): ITEM_1 for check in ("losses", "checkpoint", "checks", "findings")}),
-    Scenario("ultralytics", "ultralytics_yolo.py", requires="ultralytics",
-             xfail={("run", "losses"): ITEM_2, ("run", "checkpoint"): ITEM_2}),
+    Scenario("torchtune-qlora", "torchtune_lora.py", ("qlora",), requires="torchtune", torchao=True),
+    Scenario("ultralytics", "ultralytics_yolo.py", requires="ultralytics"),
     Scenario("opacus", "opacus_dp_sgd.py", requires="opacus", xfail={("door", "checks"): ITEM_4}),
     Scenario("higher", "higher_maml.py", requires="higher", steps=30, timeout_s=90,
              xfail={("door", "losses"): ITEM_5_DOOR, ("door", "checkpoint"): ITEM_5_DOOR, ("run", "losses"): ITEM_5_RUN}),

@@ -241,12 +241,23 @@ def test_the_quickstart_block_is_examples_quickstart_py() -> None:
     assert first.code == body
 
 
-def test_ci_runs_exactly_the_readmes_test_command() -> None:
+def _transparency_commands(page: Path) -> list[str]:
+    """The lines of the page's bash blocks that run the transparency suite."""
+    return [line for block in markdown_blocks(page) if block.language == "bash"
+            for line in block.code.splitlines() if "-m pytest tests/transparency" in line]
+
+
+def test_ci_runs_exactly_the_readmes_test_command_then_the_transparency_suite() -> None:
     setup = next(b for b in markdown_blocks(REPO / "README.md") if b.language == "bash")
     commands = [line for line in setup.code.splitlines() if line and not line.startswith("#")]
     assert len(commands) == 2 and commands[1].endswith("-m pytest -n auto --dist loadgroup")
+    (transparency,) = _transparency_commands(REPO / "README.md")
+    assert transparency.endswith("-m pytest tests/transparency -n auto --dist loadgroup")
+    assert 'pip install -q torch==2.13.0 -e ".[lightning,test,ecosystem]"' in transparency
+    assert "tests/transparency/install.py" in transparency
+    assert _transparency_commands(REPO / "docs" / "testing.md") == [transparency]
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
-    assert [line for line in ci.splitlines() if "-m pytest" in line] == [commands[1]]
+    assert [line for line in ci.splitlines() if "-m pytest" in line] == [commands[1], transparency]
 
 
 def _without_code_blocks(page: Path) -> str:

@@ -32,20 +32,14 @@ import pytest
 from _requirements import require
 from harness import Run, Scenario
 
-ITEM_4 = "item 4: Opacus's DPOptimizer is never checked by a Monitor: no check, and 'no findings'"
-ITEM_5_DOOR = "item 5: a Monitor names higher's fast weights through its own objects " \
-              "(monitor.structure.roots['fnet']...) in in_no_optimizer records that double each step: the run stalls"
-ITEM_5_RUN = "item 5: leafwatch run reads .grad of higher's fast weights (non-leaf tensors): torch's UserWarning " \
-             "'The .grad attribute of a Tensor that is not a leaf Tensor is being accessed' from leafwatch's own code"
 ITEM_6 = "item 6: x-transformers' layer_dropout gets live missing_grad errors at step 1 under the Lightning callback"
 
 SCENARIOS = (
     Scenario("torchtune-lora", "torchtune_lora.py", requires="torchtune", torchao=True),
     Scenario("torchtune-qlora", "torchtune_lora.py", ("qlora",), requires="torchtune", torchao=True),
     Scenario("ultralytics", "ultralytics_yolo.py", requires="ultralytics"),
-    Scenario("opacus", "opacus_dp_sgd.py", requires="opacus", xfail={("door", "checks"): ITEM_4}),
-    Scenario("higher", "higher_maml.py", requires="higher", steps=30, timeout_s=90,
-             xfail={("door", "losses"): ITEM_5_DOOR, ("door", "checkpoint"): ITEM_5_DOOR, ("run", "losses"): ITEM_5_RUN}),
+    Scenario("opacus", "opacus_dp_sgd.py", requires="opacus"),
+    Scenario("higher", "higher_maml.py", requires="higher", steps=30),
     Scenario("pytorch-metric-learning", "metric_learning_arcface.py", requires="pytorch_metric_learning", steps=30),
     Scenario("torchrl", "torchrl_sac.py", requires="torchrl", steps=30),
     Scenario("x-transformers", "x_transformers_decoder.py", requires="x_transformers", steps=30),

@@ -289,7 +289,7 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
     seen = inventory.appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
-    if seen is not None and inventory is not None and inventory.optimizers:
+    if seen is not None and inventory is not None and inventory.optimizers and not _held_by_existing(p, inventory):
         where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
@@ -309,6 +309,12 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
         return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
                     tensor=p, step=step, aliases=info.aliases, **saw)
     return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
+
+
+def _held_by_existing(p: torch.Tensor, inv: Inventory) -> bool:
+    """Whether an optimizer that exists holds ``p``, stepped or not yet (a ``loss_optimizer`` built after
+    the tensor and stepped after the model's optimizer): then ``p`` was not created after every optimizer."""
+    return any(q is p for opt in inv.existing() for g in opt.param_groups for q in g["params"])
 
 
 def _built_by_library(info: ParamInfo, p: torch.Tensor, target: Mapping[str, Any],

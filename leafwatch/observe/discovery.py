@@ -302,10 +302,11 @@ class Discovery:
                             self.called_directly |= _used_without_running(value, unknown, self.seen)
                         remember(self.seen, value)
 
-    def find_optimizers(self) -> None:
+    def find_optimizers(self, built: Iterable[torch.optim.Optimizer] = ()) -> None:
         """Remember the optimizers the script holds in the calling frames, stepped or not (in a
-        variable, an attribute of ``self``, or a plain dict or list there), and whether the loop
-        that steps runs at the script's module level."""
+        variable, an attribute of ``self``, or a plain dict or list there), and ``built``: those seen
+        built, wherever they are held; and whether the loop that steps runs at the script's module level."""
+        self._held_optimizers.update(built)
         first = frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
         if first is not None and first.f_code.co_name == "<module>":
             self.loop_at_module_level = True

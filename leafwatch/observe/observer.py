@@ -154,6 +154,11 @@ class Observer:
         ``optimizer``, when seen."""
         return self._built.get(optimizer)
 
+    def built_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen built that still exist, stepped or not: an optimizer counts from its
+        construction on (``leafwatch run``'s ``loss_optimizer``, stepped after the model's in each iteration)."""
+        return list(self._built.keys())
+
     def built_by(self, optimizer: torch.optim.Optimizer) -> tuple[str, str] | None:
         """``(the library, its path:line)`` when a library's code built ``optimizer`` (Pyro's ``PyroOptim``
         builds one torch optimizer per parameter inside ``svi.step``), not the user's; None otherwise."""

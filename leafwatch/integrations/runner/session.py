@@ -119,7 +119,9 @@ class Session:
     def _step(self, optimizer: torch.optim.Optimizer) -> None:
         found = self.found
         if found.steps < LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
-            found.find_optimizers()  # before the roots are read: a network whose optimizer waits is one
+            # Before the roots are read (a network whose optimizer waits is one): the optimizers the script
+            # holds and every one built since its first line, stepped or not (an optimizer counts once built).
+            found.find_optimizers(self.observer.built_optimizers())
         count, new_params = found.step(optimizer, checked=self.report is not None)
         if self.monitor is None:
             self.monitor = self._make_monitor()

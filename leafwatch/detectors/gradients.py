@@ -64,7 +64,10 @@ class GradientState:
     #: The misses held until the evidence decides (EMA / target networks, LayerDrop).
     held: HeldState = dataclasses.field(default_factory=HeldState)
     _modules: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
-    _layers: dict[str, tuple[str, int] | None] = dataclasses.field(default_factory=dict)
+    #: Module name -> each ``nn.ModuleList`` item it is in, innermost first; check list id -> how many of its
+    #: tensors each such item holds (which layer was skipped is read from them at each check with a new miss).
+    _layers: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    _layer_sizes: dict[int, dict[tuple[str, int], int]] = dataclasses.field(default_factory=dict)
     _steady: dict[int, tuple[str, CheckList, int]] = dataclasses.field(default_factory=dict)
     #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
     #: count, the missing indices, their ids) of a check where every miss was a steady one.
@@ -92,16 +95,37 @@ def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
     held.forget(state.held, alive)
     state._cuts = {pid: c for pid, c in state._cuts.items() if pid in alive}
     state._modules = inv.modules
-    state._layers, state._steady, state._repeat = {}, {}, None
+    state._layers, state._layer_sizes, state._steady, state._repeat = {}, {}, {}, None
     state._steady_changes += 1
 
 
-def _layer(state: GradientState, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
+def _layers(state: GradientState, info: inventory.ParamInfo | None) -> tuple[tuple[str, int], ...]:
     if info is None:
-        return None
+        return ()
     if info.module not in state._layers:
-        state._layers[info.module] = evidence.layer_of(info.module, state._modules)
+        state._layers[info.module] = evidence.layers_of(info.module, state._modules)
     return state._layers[info.module]
+
+
+def _skipped_layers(state: GradientState, clist: CheckList, missing: list[int]) -> dict[int, tuple[str, int]]:
+    """Index of each missing tensor of ``clist`` in an ``nn.ModuleList`` -> the layer it was skipped in (the
+    innermost item whose siblings ran), counted in the skip statistics (LayerDrop)."""
+    fresh = [i for i in missing if id(clist.params[i]) not in state._steady]
+    candidates = [_layers(state, clist.infos[i]) for i in fresh]
+    if not any(candidates):
+        return {}
+    sizes = state._layer_sizes.get(id(clist))
+    if sizes is None:  # once per reading of the structure: how many of the list's tensors each item holds
+        sizes = state._layer_sizes[id(clist)] = {}
+        for info in clist.infos:
+            for layer in _layers(state, info):
+                sizes[layer] = sizes.get(layer, 0) + 1
+    out = {}
+    for i, layer in zip(fresh, evidence.skipped_layers(candidates, sizes)):
+        if layer is not None:
+            out[i] = layer
+            state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)
+    return out
 
 
 def update(state: GradientState, view: FindingsView, clist: CheckList, missing: list[int], step: int, *,
@@ -121,15 +145,8 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         _after_update(state, view, clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step, out)
         return out
     now: set[int] = set()
-    if state._modules:
-        # Count the skipped layers of each ModuleList first: a layer is judged with all its
-        # siblings of this check known.
-        for i in missing:
-            if id(clist.params[i]) in state._steady:
-                continue
-            layer = _layer(state, clist.infos[i])
-            if layer is not None:
-                state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)
+    # Count the skipped layers of each ModuleList first: a layer is judged with all its siblings of this check known.
+    layers = _skipped_layers(state, clist, missing) if state._modules else {}
     steady, streaks, counts = state._steady, state.streak, state.misses
     steady_hits: list[int] = []
     for i in missing:
@@ -150,7 +167,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         if streak == 1:
             state.changes += 1
         name, info = clist.names[i], clist.infos[i]
-        layer = _layer(state, info)
+        layer = layers.get(i)
         if streak < state.patience:
             continue
         if info is None and view.is_open(("stale_param", name)):

@@ -8,11 +8,20 @@ which is still named, with its cause, at the first check where it can be known."
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
+from _requirements import require_module
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import leafwatch
+from leafwatch import LeafWatch, LeafwatchError
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -77,3 +86,178 @@ def test_a_loss_parameter_no_optimizer_holds_is_still_named():
     summary = _summary(result)
     assert "ERROR   not_in_optimizer    loss_module.log_alpha (since step 1" in summary
     assert "qvalue_network_params" not in result.stderr
+
+
+# -- item: layer dropout is no error at step 1 -----------------------------------------------------
+class LayerNorm(nn.Module):
+    """x-transformers' bias-less ``LayerNorm``: a LayerNorm without affine parameters, times ``gamma``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(dim, elementwise_affine=False)
+        self.gamma = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ln(x) * self.gamma
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.to_q, self.to_k, self.to_v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.to_out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (f(x).view(b, n, self.heads, -1).transpose(1, 2) for f in (self.to_q, self.to_k, self.to_v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.to_out(out.transpose(1, 2).reshape(b, n, d))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, mult: int = 4) -> None:
+        super().__init__()
+        self.ff = nn.Sequential(nn.Sequential(nn.Linear(dim, dim * mult), nn.GELU()), nn.Identity(),
+                                nn.Linear(dim * mult, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ff(x)
+
+
+class Residual(nn.Module):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return x + residual
+
+
+class Decoder(nn.Module):
+    """x-transformers' ``AttentionLayers`` (``x_transformers.py``) as ``Decoder(layer_dropout=...)`` builds it:
+    ``layer_types`` alternate attention and feedforward, ``self.layer_dropouts = cast_tuple(layer_dropout,
+    len(layer_types))``, each item of ``self.layers`` is ``ModuleList([norms, block, residual])``, and the forward
+    skips a layer with ``if self.training and layer_dropout > 0. and random() < layer_dropout: continue``.
+    ``skip_last``: the loop leaves out the last layer (an off-by-one: the bug beside the pattern)."""
+
+    def __init__(self, dim: int, depth: int, heads: int, layer_dropout: float = 0.0, skip_last: bool = False) -> None:
+        super().__init__()
+        self.layer_types = ("a", "f") * depth
+        self.layer_dropouts = (layer_dropout,) * len(self.layer_types)
+        self.skip_last = skip_last
+        self.layers = nn.ModuleList([])
+        for layer_type in self.layer_types:
+            block = Attention(dim, heads) if layer_type == "a" else FeedForward(dim)
+            self.layers.append(nn.ModuleList([nn.ModuleList([LayerNorm(dim), None, None]), block, Residual()]))
+        self.final_norm = LayerNorm(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        types = self.layer_types[:-1] if self.skip_last else self.layer_types
+        for layer_type, (norm, block, residual_fn), layer_dropout in zip(types, self.layers, self.layer_dropouts):
+            if self.training and layer_dropout > 0. and random.random() < layer_dropout:
+                continue
+            inner_residual = x
+            x = residual_fn(block(norm[0](x)), inner_residual)
+        return self.final_norm(x)
+
+
+class TransformerWrapper(nn.Module):
+    def __init__(self, num_tokens: int, attn_layers: Decoder, dim: int) -> None:
+        super().__init__()
+        self.token_emb = nn.Embedding(num_tokens, dim)
+        self.attn_layers = attn_layers
+        self.to_logits = nn.Linear(dim, num_tokens, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.to_logits(self.attn_layers(self.token_emb(x)))
+
+
+class AutoregressiveWrapper(nn.Module):
+    """x-transformers' ``AutoregressiveWrapper``: the wrapped net as ``self.net``, the next-token loss."""
+
+    def __init__(self, net: TransformerWrapper) -> None:
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.net(x[:, :-1])
+        return nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:])
+
+
+def _language_model(layer_dropout: float, skip_last: bool = False):
+    pl = require_module("pytorch_lightning")
+
+    class LanguageModel(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = AutoregressiveWrapper(TransformerWrapper(
+                num_tokens=64, dim=32, attn_layers=Decoder(dim=32, depth=4, heads=2, layer_dropout=layer_dropout,
+                                                           skip_last=skip_last)))
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=1e-3)
+
+    return LanguageModel()
+
+
+def _fit(model, callback, steps: int) -> tuple[list[str], dict[int, set[int]]]:
+    """Fit ``steps`` steps; the leafwatch warnings, and the layers each step skipped (by forward hooks)."""
+    pl = require_module("pytorch_lightning")
+    layers = model.net.net.attn_layers.layers
+    ran: set[int] = set()
+    skipped: dict[int, set[int]] = {}
+    handles = [layer[1].register_forward_hook(lambda m, a, o, i=i: ran.add(i)) for i, layer in enumerate(layers)]
+
+    class Skips(pl.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            skipped[trainer.global_step] = set(range(len(layers))) - ran
+            ran.clear()
+
+    g = torch.Generator().manual_seed(0)
+    data = DataLoader(TensorDataset(torch.randint(0, 64, (8 * steps, 16), generator=g)), batch_size=8)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, callbacks=[callback, Skips()],
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            trainer.fit(model, data)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return [str(w.message) for w in record if issubclass(w.category, leafwatch.LeafwatchWarning)], skipped
+
+
+def test_layer_dropout_is_no_error_at_step_1_nor_in_strict_mode():
+    """x-transformers' ``Decoder(layer_dropout=0.5)`` under the Lightning callback with ``strict=True``: layers
+    skipped at step 1 while their siblings ran print nothing and raise nothing; the end says what the run
+    showed (the layers are skipped at some steps: ``intermittent`` information)."""
+    random.seed(0)
+    torch.manual_seed(0)
+    callback = LeafWatch(strict=True)
+    said, skipped = _fit(_language_model(0.5), callback, steps=8)
+    assert skipped[1] and len(skipped[1]) < 8, "the seed must skip some layers, not all, at step 1"
+    assert said == []
+    report = callback.report
+    assert report.open == [] and report.step == 8
+    (found,) = report.findings
+    assert (found.kind, found.name, found.status, found.severity) == (
+        "missing_grad", "net.net.attn_layers.layers", "intermittent", "info")
+    assert "LayerDrop" in found.message
+
+
+def test_a_layer_the_loop_never_calls_beside_layer_dropout_is_named_once_chance_cannot_explain_it():
+    """The bug beside the pattern: the loop leaves out the last layer of a ``Decoder(layer_dropout=0.1)``. The
+    declared rate says how long a random drop can explain it: named (strict mode raises) at the first check where
+    ``0.1 ** checks < 1e-9``, with the cause, and nothing is printed before."""
+    random.seed(0)
+    torch.manual_seed(0)
+    callback = LeafWatch(strict=True)
+    with pytest.raises(LeafwatchError, match=r"missing_grad\s+net\.net\.attn_layers\.layers\.7") as raised:
+        _fit(_language_model(0.1, skip_last=True), callback, steps=20)
+    report = raised.value.report
+    assert report.step == 10  # 0.1 ** 9 == 1.0000000000000006e-09 is not below 1e-09; 0.1 ** 10 is
+    (found,) = report.open
+    assert (found.kind, found.name, found.status, found.severity) == (
+        "missing_grad", "net.net.attn_layers.layers.7", "open", "error")
+    assert found.cause.startswith("module `net.net.attn_layers.layers.7` never ran in this step's forward (`net.net.attn_layers` ran")
+    assert "Its siblings in `net.net.attn_layers.layers` ran: skipped at all 10 checks" in found.cause

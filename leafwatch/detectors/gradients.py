@@ -68,6 +68,9 @@ class GradientState:
     #: tensors each such item holds (which layer was skipped is read from them at each check with a new miss).
     _layers: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
     _layer_sizes: dict[int, dict[tuple[str, int], int]] = dataclasses.field(default_factory=dict)
+    #: Module name -> the layer it was last skipped in (a check where every layer of its stack was skipped
+    #: shows no sibling running: the stack seen before stands).
+    _stacks: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     _steady: dict[int, tuple[str, CheckList, int]] = dataclasses.field(default_factory=dict)
     #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
     #: count, the missing indices, their ids) of a check where every miss was a steady one.
@@ -95,7 +98,7 @@ def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
     held.forget(state.held, alive)
     state._cuts = {pid: c for pid, c in state._cuts.items() if pid in alive}
     state._modules = inv.modules
-    state._layers, state._layer_sizes, state._steady, state._repeat = {}, {}, {}, None
+    state._layers, state._layer_sizes, state._stacks, state._steady, state._repeat = {}, {}, {}, {}, None
     state._steady_changes += 1
 
 
@@ -122,6 +125,11 @@ def _skipped_layers(state: GradientState, clist: CheckList, missing: list[int]) 
                 sizes[layer] = sizes.get(layer, 0) + 1
     out = {}
     for i, layer in zip(fresh, evidence.skipped_layers(candidates, sizes)):
+        module = clist.infos[i].module  # (a tensor with candidates has its info)
+        if layer is None:
+            layer = state._stacks.get(module)
+        else:
+            state._stacks[module] = layer
         if layer is not None:
             out[i] = layer
             state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)

@@ -313,6 +313,8 @@ class _Container:
     skips: dict[int, int] = dataclasses.field(default_factory=dict)
     last_counted: int = -1
     counted_now: set[int] = dataclasses.field(default_factory=set)
+    #: Whether some layer ran while others were skipped at an earlier check: a stack seen dropping layers.
+    partly_skipped: bool = False
 
 
 class SiblingSkips:
@@ -333,15 +335,17 @@ class SiblingSkips:
             size = len(modules[container]) if isinstance(modules.get(container), nn.ModuleList) else 1
             c = self._containers[container] = _Container(size, declared_drop_rate(container, modules), check)
         if c.last_counted != check:
+            c.partly_skipped = c.partly_skipped or 0 < len(c.counted_now) < c.size
             c.last_counted, c.counted_now = check, set()
         if index not in c.counted_now:
             c.counted_now.add(index)
             c.skips[index] = c.skips.get(index, 0) + 1
 
     def all_skipped(self, container: str, check: int) -> bool:
-        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran)."""
+        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran), in a stack
+        never seen dropping some layers only (a stack that drops layers at random may drop all at once)."""
         c = self._containers.get(container)
-        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size
+        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size and not c.partly_skipped
 
     def chance(self, container: str, index: int, skipped_checks: int, check: int) -> float:
         """The chance that layer ``index`` is skipped at ``skipped_checks`` checks in a row by a random drop.

@@ -90,6 +90,9 @@ class GradientState:
     loop: stepping.LoopState = dataclasses.field(default_factory=stepping.LoopState)
     #: The count of structure readings last seen; what was learnt of tensors gone is forgotten at a new one.
     readings: int = -1
+    #: At a check with misses: the ids of the modules a global forward hook watched over the step and never saw
+    #: run (the observer's ``not_run``).
+    not_run: frozenset[int] = frozenset()
 
 
 def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
@@ -154,7 +157,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         return out
     now: set[int] = set()
     # Count the skipped layers of each ModuleList first: a layer is judged with all its siblings of this check known.
-    layers = _skipped_layers(state, clist, missing) if state._modules else {}
+    layers = _skipped_layers(state, clist, missing) if state._modules and missing else {}
     steady, streaks, counts = state._steady, state.streak, state.misses
     steady_hits: list[int] = []
     for i in missing:
@@ -224,10 +227,12 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
              tracer: tracing.Tracer) -> causes.Explanation | None:
     """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
     explanation = None
-    if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
+    if info is not None and state.not_run and id(state._modules.get(info.module)) in state.not_run:
+        explanation = causes.never_called(info.module)  # a global hook watched the step: it never ran
+    elif info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
             and _siblings_got_grads(clist, info):
         # The module never ran through its hooks, yet its other parameters got gradients.
-        explanation = causes.called_directly(info.module)
+        explanation = causes.called_directly(info.module, state._modules.get(info.module))
     elif info is not None:
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
@@ -445,6 +450,7 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
                 hand_set = silenced.finder(loss, lambda: {id(q) for _, c, _ in evidence[LISTS] for q in c.params} | skip,
                                            lambda: all(len(m) == len(c.params) for _, c, m in evidence[LISTS]),
                                            lambda: seen.observer.handed_loss)
+            grads.not_run = seen.observer.not_run
             found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip,
                            hand_set=hand_set)
             out = found if out is None else out + found

@@ -11,8 +11,9 @@
   gradient and that no optimizer holds (an EMA copy, a teacher, a target network) is not judged.
 - The frames of user code at an optimizer step (:func:`user_frames`) give the modules that own
   unknown parameters, the optimizers the script holds, and whether the loop runs at the
-  script's module level. A module found there whose own tensors got gradients although the hook,
-  armed, never saw it run is :attr:`Discovery.called_directly` (its ``.forward()`` is called).
+  script's module level. A module found there that the hook, armed, never saw run is
+  :attr:`Discovery.unhooked` (:mod:`leafwatch.observe.unhooked`): used without a call the hooks see
+  when its own tensors got gradients (``called_directly``), else never run.
 - What the user's variables hold is read without running code of theirs: an object whose class
   overrides ``__getattribute__`` (torch's deprecated ``torch.distributed.reduce_op``, which warns
   at each read) is passed over (:func:`leafwatch.observe.frames.readable`), properties are never
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from . import frames, graph, inventory
+from .unhooked import Unhooked
 from ..options import LeafwatchInternalWarning
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
@@ -148,9 +150,8 @@ class Discovery:
         self.step_counts: dict[int, int] = {}
         #: Whether the loop that steps runs at the script's module level.
         self.loop_at_module_level = False
-        #: Ids of the modules owning, themselves, a tensor an optimizer stepped with a gradient, that the global
-        #: hook never saw run through ``module(x)`` although it watched that step: their ``.forward()`` is called.
-        self.called_directly: set[int] = set()
+        #: The modules found in the frames that the hook, watching the step, never saw run, and how they were used.
+        self.unhooked = Unhooked()
         self.seen: dict[int, weakref.ReferenceType] = {}
         self._handles: list[Any] = []
         self._opt_keys: dict[int, tuple[int, ...]] = {}
@@ -201,8 +202,8 @@ class Discovery:
             if self.on_first_module is not None and next(module.parameters(), None) is not None:
                 first, self.on_first_module = self.on_first_module, None
                 first(module)
-        elif self.called_directly:  # a module the frames gave runs through module(x) after all
-            self.called_directly.discard(id(module))
+        if self.unhooked.called_directly or self.unhooked.not_run:  # a module the frames gave runs after all
+            self.unhooked.ran(id(module))
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
@@ -293,13 +294,14 @@ class Discovery:
         """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
         container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
         one by one) is found there, the training loop holds it in a variable. When the hook ``watched``
-        the step's forward, those that got gradients without running are :attr:`called_directly`."""
-        for frame in user_frames():
+        the step's forward, those it never saw run are :attr:`unhooked`."""
+        stack = list(user_frames())
+        for frame in stack:
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):
                         if watched:
-                            self.called_directly |= _used_without_running(value, unknown, self.seen)
+                            self.unhooked.note(value, _used_without_running(value, unknown, self.seen), self.seen, stack)
                         remember(self.seen, value)
 
     def find_optimizers(self, built: Iterable[torch.optim.Optimizer] = ()) -> None:

@@ -60,6 +60,9 @@ class Observer:
         #: The loss a framework handed over at its backward (the Lightning callback, until the check that
         #: follows): read only where no checked tensor got a gradient, for a loss set to require grad by hand.
         self.handed_loss: torch.Tensor | None = None
+        #: Ids of modules a global forward hook watched over the step checked next and never saw run (``leafwatch
+        #: run``'s module kept in a script's variable, never called), set by the front-end: they never ran.
+        self.not_run: frozenset[int] = frozenset()
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()

@@ -289,3 +289,117 @@ def test_a_step_that_drops_every_layer_is_no_evidence_against_layer_dropout():
     assert report.open == []
     assert {(f.kind, f.name, f.status, f.severity) for f in report.findings} == {
         ("missing_grad", "net.attn_layers.layers", "intermittent", "info")}
+
+
+# -- item: no false finding after a crash, no false statement ----------------------------------------
+def test_a_gan_that_dies_before_the_generator_steps_leaves_its_membership_undecided():
+    """pytorch/pytorch#39141's GAN: ``G_loss`` computed from ``D``'s output before ``opt_D.step()``, so that
+    ``G_loss.backward()`` raises. ``opt_G`` never got the chance to step: ``G`` is left undecided (info), never
+    "its step() is never called" nor "add it to opt_D"."""
+    result = _run("gan_crash.py")
+    assert result.returncode == 1, result.stderr
+    assert "modified by an inplace operation" in result.stderr
+    assert [line for line in _live(result) if " ERROR " in line or " WARNING " in line] == []
+    summary = _summary(result)
+    assert "leafwatch: 0 open of 1 finding(s) at step 1" in summary
+    assert "INFO    not_in_optimizer    G (since step 1)" in summary
+    assert ("each of `G.{0,2}.{bias,weight}` requires grad and no optimizer that stepped holds it, but the run raised "
+            "an exception at step 1, before the checks that decide whether it trains: left undecided.") in summary
+    assert "`opt_G` (an `Adam`) holds it and had not stepped yet: it may step later in the iteration" in summary
+    said = "\n".join(_live(result)) + summary  # (the traceback quotes the script)
+    for false in ("never called", "never stepped", "left out", "opt_D", "ERROR"):
+        assert false not in said, false
+    strict = _run("gan_crash.py", strict=True)  # the script's own exit code, no strict failure of leafwatch's
+    assert strict.returncode == 1 and "--strict: the run ended with" not in strict.stderr, strict.stderr
+
+
+def test_a_generator_optimizer_that_never_steps_in_a_whole_run_is_named_with_its_cause():
+    """The bug beside it: the loop in the right order, ``opt_G.step()`` never called, the run goes to its end.
+    The optimizer is gone with the script when the run ends; the one seen holding ``G`` while it waited is named."""
+    result = _run("gan_crash.py", "--no-g-step")
+    assert result.returncode == 0, result.stderr
+    summary = _summary(result)
+    assert "ERROR   not_in_optimizer    G (since step 1, decided at step 5)" in summary
+    assert "`opt_G` (an `Adam`) was created with it, but its `step()` is never called" in summary
+    assert "fix (code): call `opt_G.step()` after the backward pass" in summary
+    assert "left out" not in summary and "opt_D" not in summary
+
+
+def test_a_monitor_left_by_an_exception_leaves_an_unstepped_optimizers_tensors_undecided():
+    """The same GAN under ``Monitor.attach()`` given both optimizers, in a ``with`` block the exception leaves:
+    ``opt_G`` held ``G`` and had not stepped yet when the script died."""
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    D = nn.Sequential(nn.Linear(4, 16), nn.LeakyReLU(0.2), nn.Linear(16, 1))
+    opt_G, opt_D = torch.optim.Adam(G.parameters(), lr=2e-4), torch.optim.Adam(D.parameters(), lr=2e-4)
+    bce = nn.BCEWithLogitsLoss()
+    monitor = leafwatch.Monitor(nn.ModuleDict({"G": G, "D": D}), [opt_D, opt_G]).attach()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"), monitor:
+        for _ in range(5):
+            opt_D.zero_grad()
+            opt_G.zero_grad()
+            fake = G(torch.randn(16, 8))
+            D_real, D_fake = D(torch.randn(16, 4)), D(fake)
+            D_loss = bce(D_real, torch.ones_like(D_real)) + bce(D_fake, torch.zeros_like(D_fake))
+            G_loss = bce(D_fake, torch.ones_like(D_fake))
+            D_loss.backward(retain_graph=True)
+            opt_D.step()
+            G_loss.backward()
+            opt_G.step()
+    report = monitor.report
+    assert report.open == []
+    (found,) = report.findings
+    assert (found.kind, found.name, found.severity, found.status) == ("not_in_optimizer", "G", "info", "open")
+    assert found.message.endswith("left undecided.")
+    assert "`opt_G` (an `Adam`) holds it and had not stepped yet" in found.cause
+
+
+def test_the_script_calls_forward_directly_only_where_a_forward_call_was_seen():
+    """``model.forward(x)`` is seen in the script's source, with its line."""
+    result = _run("forward_called_directly.py")
+    assert result.returncode == 0, result.stderr
+    assert ("the script calls `.forward()` directly, where module hooks cannot see (`model.forward(...)` at "
+            "forward_called_directly.py:12)") in result.stderr
+
+
+def test_a_class_with_its_own_call_is_said_to_run_through_it_not_to_call_forward():
+    """gpytorch's ``Module.__call__`` pattern: the script calls ``model(train_x)``; the hooks never fire."""
+    result = _run("own_call.py")
+    assert result.returncode == 0, result.stderr
+    assert "leafwatch: no findings at step 5" in result.stderr
+    assert ("modules whose tensors got gradients and were stepped ran through their class's own `__call__` "
+            "(`likelihood`, `model.covar_module`, `model.mean_module`: `__main__.Module.__call__`), which runs "
+            "`forward` without torch's module hooks.") in result.stderr
+    assert "calls `.forward()` directly" not in result.stderr
+
+
+def test_a_parameter_a_module_with_its_own_call_never_uses_is_named_with_that_cause():
+    """The bug beside it: the mean registers an ``offset`` its forward never uses."""
+    result = _run("own_call.py", "--unused-parameter")
+    assert _live(result)[0].startswith("leafwatch: ERROR missing_grad `mean_module.offset` at step 1.")
+    assert ("its forward hooks never ran: its class's own `__call__` (`__main__.Module.__call__`) runs `forward` "
+            "without torch's module hooks") in _summary(result)
+    assert ".forward()` directly" not in result.stderr and "call the module itself" not in result.stderr
+
+
+def test_a_table_read_without_calling_its_module_is_not_said_to_be_called_through_forward():
+    """``emb.weight[idx]``: no module call, no ``.forward()`` call."""
+    result = _run("embedding_weight_read.py")
+    assert result.returncode == 0, result.stderr
+    assert "leafwatch: no findings at step 4" in result.stderr
+    assert ("modules whose tensors got gradients and were stepped never ran through `module(x)` (`emb`): their "
+            "tensors are used without a call of the module that module hooks see (read directly") in result.stderr
+    assert "calls `.forward()` directly" not in result.stderr
+
+
+def test_a_module_never_called_is_said_to_have_never_run_at_the_first_check():
+    """A global ``aux = nn.Linear(...)`` handed to the optimizer and never called."""
+    result = _run("aux_never_called.py")
+    assert result.returncode == 0, result.stderr
+    assert _live(result) == ["leafwatch: ERROR missing_grad `aux` (2 tensors: aux.{bias,weight}) at step 1. Fix "
+                             "(advice): call `aux` in forward(), or remove it (or freeze it with requires_grad_(False) "
+                             "if that is intended); if that is intended, silence it: `ignore=[\"aux.*\"]`"]
+    summary = _summary(result)
+    assert "cause: module `aux` never ran in this step's forward." in summary
+    assert "unknown" not in summary and "probably used outside any module's forward" not in summary
+    assert ".forward()" not in result.stderr

@@ -151,7 +151,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         stopped = stop
         code = 0  # the script did not end: its own code is unknown
     finally:
-        report = session.close()
+        report = session.close(crashed=bool(crashed))
     if crashed and not session.found.optimizers:  # no check ran: what the structure alone shows
         report = _structure_scan(crashed[0], session, report)
     if stopped is not None:

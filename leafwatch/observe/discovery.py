@@ -181,6 +181,7 @@ class Discovery:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.unhooked.not_run.clear()  # (unwatched from now on: whether they run is no longer seen)
 
     @property
     def armed(self) -> bool:
@@ -295,8 +296,7 @@ class Discovery:
         container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
         one by one) is found there, the training loop holds it in a variable. When the hook ``watched``
         the step's forward, those it never saw run are :attr:`unhooked`."""
-        stack = list(user_frames())
-        for frame in stack:
+        for frame in (stack := list(user_frames())):
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):

@@ -60,9 +60,9 @@ class Observer:
         #: The loss a framework handed over at its backward (the Lightning callback, until the check that
         #: follows): read only where no checked tensor got a gradient, for a loss set to require grad by hand.
         self.handed_loss: torch.Tensor | None = None
-        #: Ids of modules a global forward hook watched over the step checked next and never saw run (``leafwatch
-        #: run``'s module kept in a script's variable, never called), set by the front-end: they never ran.
-        self.not_run: frozenset[int] = frozenset()
+        #: ``leafwatch run``'s :class:`~leafwatch.observe.unhooked.Unhooked`: the modules its global forward hook
+        #: watched and never saw run (read only where a gradient misses: :attr:`not_run`).
+        self.unhooked: Any = None
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()
@@ -120,6 +120,12 @@ class Observer:
                 self._appeared[id(t)] = (weakref.ref(t), number, where, function, outer)
         except Exception:
             pass
+
+    @property
+    def not_run(self) -> frozenset[int]:
+        """Ids of the modules a global forward hook watches since before this step and never saw run (a module kept
+        in a script's variable, never called): they never ran."""
+        return frozenset(self.unhooked.not_run) if self.unhooked is not None else frozenset()
 
     # -- optimizers --------------------------------------------------------------------------
     def stepping_optimizers(self) -> list[torch.optim.Optimizer]:

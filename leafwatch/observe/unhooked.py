@@ -37,7 +37,7 @@ class Unhooked:
         self.own_calls: dict[int, str] = {}
         #: Module id (of :attr:`called_directly`) -> the module found in the frames that holds it, and its path there.
         self.paths: dict[int, tuple[weakref.ReferenceType, str]] = {}
-        #: Modules owning tensors with no gradient that never ran (id -> weak reference).
+        #: Modules owning tensors with no gradient that never ran while the hook watched (id -> weak reference).
         self.not_run: dict[int, weakref.ReferenceType] = {}
 
     def note(self, module: nn.Module, used: set[int], seen: dict[int, Any], stack: list[Any]) -> None:
@@ -61,10 +61,6 @@ class Unhooked:
         """A module found in the frames runs through ``module(x)`` after all."""
         self.called_directly.discard(module_id)
         self.not_run.pop(module_id, None)
-
-    def modules_not_run(self) -> list[nn.Module]:
-        """The modules found in the frames that the hook never saw run while it watched."""
-        return [m for m in (ref() for ref in list(self.not_run.values())) if m is not None]
 
 
 def own_call(module: nn.Module) -> str | None:

@@ -92,6 +92,7 @@ class Session:
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
         self.observer = Observer(self._checked_step)  # (registrations and optimizers built, from here on)
+        self.observer.unhooked = self.found.unhooked  # (a module its hook watched never run: a cause, at a miss)
         self.observer.install_global()
         self.found.arm()
 
@@ -123,13 +124,10 @@ class Session:
             # Before the roots are read (a network whose optimizer waits is one): the optimizers the script
             # holds and every one built since its first line, stepped or not (an optimizer counts once built).
             found.find_optimizers(self.observer.built_optimizers())
-        watched = found.armed  # the global module hook saw this step's forward
         count, new_params = found.step(optimizer, checked=self.report is not None)
         if self.monitor is None:
             self.monitor = self._make_monitor()
         monitor = self.monitor
-        # A module found in the frames that the hook watched this step and never saw run never ran.
-        self.observer.not_run = frozenset(map(id, found.unhooked.modules_not_run())) if watched else frozenset()
         if found.steps <= SCRIPT_SCANS or new_params:
             found.scan_script_globals(monitor.watches)
             found.script_variables()  # the names the fixes use, kept for decisions after the script ends

@@ -283,12 +283,12 @@ class Monitor:
                 "own_watches": len(self.watches.entries()), "step_hooks": len(self.observer),
                 "sinks": len(self._sinks), **self._checker.stats()}
 
-    def close(self) -> Report:
-        """Remove every hook leafwatch installed, flush pending value checks, close sinks."""
+    def close(self, *, interrupted: bool = False) -> Report:
+        """Remove every hook, flush pending value checks, close sinks (``interrupted``: ended by an exception)."""
         if self._closed:
             return self._report
         self._closed = True
-        self._checker.finish()
+        self._checker.finish(interrupted)
         try:
             self._report = self.history_store.report(self.step)
         except Exception as error:
@@ -305,7 +305,7 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        self.close(interrupted=exc[0] is not None)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from torch import nn
 
-from ..observe import copies, cuts, functions
+from ..observe import copies, cuts, functions, unhooked
 from ..observe.tracing import RunRecord
 from ..report.words import Members, Words, renders
 from . import fixes
@@ -151,14 +151,23 @@ def _detached(m: Members) -> Words:
 
 
 # -- what the module hooks saw ---------------------------------------------------------------------
-def called_directly(module_name: str) -> Explanation:
-    """A module whose other parameters got gradients but whose forward hooks never fired: it is
-    called through ``.forward()`` directly, where module hooks cannot see."""
-    return Explanation("called_directly", {})
+def called_directly(module_name: str, module: nn.Module | None = None) -> Explanation:
+    """A module whose other parameters got gradients but whose forward hooks never fired: it is called
+    through ``.forward()`` directly, where module hooks cannot see, or its class runs through a ``__call__``
+    of its own that skips them (gpytorch's ``Module.__call__``: ``own_call``)."""
+    own = unhooked.own_call(module) if module is not None else None
+    return Explanation("called_directly", {"own_call": own} if own else {})
 
 
 @renders("missing_grad", "called_directly", fixes="never")
 def _called_directly(m: Members) -> Words:
+    own = m.shared("own_call", m.first.get("own_call"))
+    if own:
+        return missing_words(
+            m, f"{m.who} is not used in the computation of the loss. {shown(module_of(m))}'s other parameters got "
+            f"gradients, but its forward hooks never ran: its class's own `__call__` (`{own}`) runs `forward` without "
+            "torch's module hooks, so leafwatch cannot say more about where.",
+            f"use {m.who} in the forward pass, or delete it (or freeze it with `requires_grad_(False)`)")
     return missing_words(
         m, f"{m.who} is not used in the computation of the loss. {shown(module_of(m))}'s other parameters got "
         "gradients, but its forward hooks never ran: it is called through `.forward()` directly (or its "
@@ -227,6 +236,12 @@ def _substituted(m: Members) -> Words:
         "nothing in the forward: give the optimizer the tensors the module is called with (those passed "
         f"to `functional_call` or swapped in); if {m.who} itself is meant to train, call the module "
         "with its own parameters")
+
+
+def never_called(module_name: str) -> Explanation:
+    """A module a global forward hook watched over the whole step and never saw run (``leafwatch run``'s module
+    kept in a script's variable and never called): ``never_ran``, no parent that ran known."""
+    return Explanation("never_ran", {"parent": None, "call": fixes.module_code(module_name) if module_name else None})
 
 
 def _did_not_run(module_name: str, records: dict[str, RunRecord], modules: dict[str, nn.Module] | None) -> Explanation:

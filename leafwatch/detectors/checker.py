@@ -231,8 +231,10 @@ class Checker:
         self.pipeline.run(observed.at_rest(self.seen, self.step, inv), self.step, self.scanning)
         self._read_anew(inv)
 
-    def finish(self) -> None:
-        """The end of the run: the last value check and every decision still pending."""
+    def finish(self, interrupted: bool = False) -> None:
+        """The end of the run: the last value check and every decision still pending (``interrupted``: the run
+        ended by an exception, and what waits for a later step stays undecided)."""
+        self.seen.interrupted = interrupted
         self.pipeline.run(observed.at_rest(self.seen, self.step), self.step, self.closing)
 
     def close(self) -> None:

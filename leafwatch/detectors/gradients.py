@@ -64,7 +64,13 @@ class GradientState:
     #: The misses held until the evidence decides (EMA / target networks, LayerDrop).
     held: HeldState = dataclasses.field(default_factory=HeldState)
     _modules: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict)
-    _layers: dict[str, tuple[str, int] | None] = dataclasses.field(default_factory=dict)
+    #: Module name -> each ``nn.ModuleList`` item it is in, innermost first; check list id -> how many of its
+    #: tensors each such item holds (which layer was skipped is read from them at each check with a new miss).
+    _layers: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+    _layer_sizes: dict[int, dict[tuple[str, int], int]] = dataclasses.field(default_factory=dict)
+    #: Module name -> the layer it was last skipped in (a check where every layer of its stack was skipped
+    #: shows no sibling running: the stack seen before stands).
+    _stacks: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)
     _steady: dict[int, tuple[str, CheckList, int]] = dataclasses.field(default_factory=dict)
     #: Bumped when a tensor enters or leaves ``_steady``; ``_repeat`` holds (the list, that
     #: count, the missing indices, their ids) of a check where every miss was a steady one.
@@ -84,6 +90,9 @@ class GradientState:
     loop: stepping.LoopState = dataclasses.field(default_factory=stepping.LoopState)
     #: The count of structure readings last seen; what was learnt of tensors gone is forgotten at a new one.
     readings: int = -1
+    #: At a check with misses: the ids of the modules a global forward hook watched over the step and never saw
+    #: run (the observer's ``not_run``).
+    not_run: frozenset[int] = frozenset()
 
 
 def counted_only(state: GradientState) -> tuple[int, Collection[int]]:
@@ -99,16 +108,42 @@ def rebuilt(state: GradientState, inv: inventory.Inventory) -> None:
     state.held.evidence.follow_through(inv)  # (never a weak reference to a tensor a module or optimizer holds)
     state._cuts = {pid: c for pid, c in state._cuts.items() if pid in alive}
     state._modules = inv.modules
-    state._layers, state._steady, state._repeat = {}, {}, None
+    state._layers, state._layer_sizes, state._stacks, state._steady, state._repeat = {}, {}, {}, {}, None
     state._steady_changes += 1
 
 
-def _layer(state: GradientState, info: inventory.ParamInfo | None) -> tuple[str, int] | None:
+def _layers(state: GradientState, info: inventory.ParamInfo | None) -> tuple[tuple[str, int], ...]:
     if info is None:
-        return None
+        return ()
     if info.module not in state._layers:
-        state._layers[info.module] = evidence.layer_of(info.module, state._modules)
+        state._layers[info.module] = evidence.layers_of(info.module, state._modules)
     return state._layers[info.module]
+
+
+def _skipped_layers(state: GradientState, clist: CheckList, missing: list[int]) -> dict[int, tuple[str, int]]:
+    """Index of each missing tensor of ``clist`` in an ``nn.ModuleList`` -> the layer it was skipped in (the
+    innermost item whose siblings ran), counted in the skip statistics (LayerDrop)."""
+    fresh = [i for i in missing if id(clist.params[i]) not in state._steady]
+    candidates = [_layers(state, clist.infos[i]) for i in fresh]
+    if not any(candidates):
+        return {}
+    sizes = state._layer_sizes.get(id(clist))
+    if sizes is None:  # once per reading of the structure: how many of the list's tensors each item holds
+        sizes = state._layer_sizes[id(clist)] = {}
+        for info in clist.infos:
+            for layer in _layers(state, info):
+                sizes[layer] = sizes.get(layer, 0) + 1
+    out = {}
+    for i, layer in zip(fresh, evidence.skipped_layers(candidates, sizes)):
+        module = clist.infos[i].module  # (a tensor with candidates has its info)
+        if layer is None:
+            layer = state._stacks.get(module)
+        else:
+            state._stacks[module] = layer
+        if layer is not None:
+            out[i] = layer
+            state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)
+    return out
 
 
 def update(state: GradientState, view: FindingsView, clist: CheckList, missing: list[int], step: int, *,
@@ -128,15 +163,8 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         _after_update(state, view, clist, set(repeat[3]) if len(repeat[3]) != len(streaks) else None, step, out)
         return out
     now: set[int] = set()
-    if state._modules:
-        # Count the skipped layers of each ModuleList first: a layer is judged with all its
-        # siblings of this check known.
-        for i in missing:
-            if id(clist.params[i]) in state._steady:
-                continue
-            layer = _layer(state, clist.infos[i])
-            if layer is not None:
-                state.held.skips.skipped(layer[0], layer[1], clist.checks, state._modules)
+    # Count the skipped layers of each ModuleList first: a layer is judged with all its siblings of this check known.
+    layers = _skipped_layers(state, clist, missing) if state._modules and missing else {}
     steady, streaks, counts = state._steady, state.streak, state.misses
     steady_hits: list[int] = []
     for i in missing:
@@ -157,7 +185,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
         if streak == 1:
             state.changes += 1
         name, info = clist.names[i], clist.infos[i]
-        layer = _layer(state, info)
+        layer = layers.get(i)
         if streak < state.patience:
             continue
         if info is None and view.is_open(("stale_param", name)):
@@ -206,10 +234,12 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
              tracer: tracing.Tracer) -> causes.Explanation | None:
     """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
     explanation = None
-    if info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
+    if info is not None and state.not_run and id(state._modules.get(info.module)) in state.not_run:
+        explanation = causes.never_called(info.module)  # a global hook watched the step: it never ran
+    elif info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
             and _siblings_got_grads(clist, info):
         # The module never ran through its hooks, yet its other parameters got gradients.
-        explanation = causes.called_directly(info.module)
+        explanation = causes.called_directly(info.module, state._modules.get(info.module))
     elif info is not None:
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
@@ -434,6 +464,7 @@ def read(evidence: Evidence, grads: GradientState, view: FindingsView) -> Verdic
                                            lambda: seen.observer.handed_loss)
             if copied is None:
                 copied = copies.finder()
+            grads.not_run = seen.observer.not_run
             found = update(grads, view, clist, missing, step, tracer=seen.tracer, reachable=reachable, skip=skip,
                            hand_set=hand_set, copied=copied)
             out = found if out is None else out + found

@@ -38,6 +38,8 @@ def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: 
     check still holds is decided (a held missing gradient or watched tensor is decided by its own detector)."""
     inv, step, checks, hand = evidence[INVENTORY], evidence[STEP], evidence[SEEN].checks, evidence[SEEN].hands["membership"]
     _read(judged, hand, inv)
+    if evidence[SEEN].interrupted:
+        return _interrupted(judged, hand, view, inv, step, checks, evidence[SEEN])
     out = escalate_late(view, step, checks)
     for f in view.pending():  # (a structural finding held before any gradient too)
         if f.kind != "missing_grad" and f.details.get("source") != "watch":
@@ -46,9 +48,65 @@ def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: 
     return out + _held_by_unstepped(inv, evidence[SEEN], view, step, checks)
 
 
-def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, step: int, checks: int) -> Verdicts:
+def _interrupted(state: MembershipState, hand: HandUpdates, view: FindingsView, inv: Inventory | None, step: int,
+                 checks: int, seen: Any) -> Verdicts:
+    """The run ended by an exception: what waits for a later step (an optimizer built and not stepped yet, the
+    value evidence of the next check) is left undecided, an info finding that says so; a late optimizer's
+    warning stays one; a tensor seen without a gradient is still no finding."""
+    out: Verdicts = []
+    for f in view.pending():
+        if f.kind != "not_in_optimizer":
+            continue
+        if f.details.get("pending") == Waiting.STRUCTURE:
+            decided = decide(state, hand, f, inv, step, checks)
+            out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
+            continue
+        if f.details.get("source") != "watch":  # (a watched tensor's gradient rule is its detector's)
+            t = _tensor(state, inv, f.name)
+            info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
+            if t is None or info is None or _library_constant(info, t, seen.tracer) \
+                    or _gradient_rule(state, hand, t, final=True) == "quiet":
+                out.append(Verdict.drop(f.key))
+                continue
+            waiting = _waiting_holder(state, t)
+            holder = _holder_of(waiting, inv) if waiting is not None else state.holders.get(f.name)
+        else:
+            holder = None
+        out.append(Verdict.set(_undecided(f, holder, step, checks)))
+    return out + _held_by_unstepped(inv, seen, view, step, checks, interrupted=True)
+
+
+def _undecided(f: Finding, holder: tuple[str, str] | None, step: int, checks: int) -> Finding:
+    """``not_in_optimizer``/``undecided`` (info): the run raised before the checks that decide ``f``."""
+    return make("not_in_optimizer", f.name, Severity.INFO, "undecided", {"holder": list(holder) if holder else None,
+                "step": step, "checks": checks}, step=f.step, aliases=f.aliases, shape=f.shape, dtype=f.dtype,
+                device=f.device, **_bookkeeping(f)).replace(status=Status.OPEN, first_step=f.first_step or step,
+                                                           last_step=step, steps_seen=f.steps_seen)
+
+
+@renders("not_in_optimizer", "undecided", fixes="never")
+def _undecided_words(m: Members) -> Words:
+    a = m.first
+    if a["holder"]:
+        (variable, cls) = a["holder"]
+        article = "an" if cls[:1] in "AEIOU" else "a"
+        held = (f"`{variable}` ({article} `{cls}`)" if variable else f"the `{cls}` that holds it") + \
+            " holds it and had not stepped yet: it may step later in the iteration"
+    else:
+        held = "an optimizer that steps later in the iteration may hold it"
+    return Words(
+        f"{m.who} requires grad and no optimizer that stepped holds it, but the run raised an exception at step "
+        f"{a['step']}, before the checks that decide whether it trains: left undecided.",
+        f"leafwatch decides a tensor in no optimizer that steps at the checks after the one that first sees it: "
+        f"{held}, or its value may change by hand; those checks never came.",
+        "nothing to change for it yet: fix the exception; a run that goes on decides it")
+
+
+def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, step: int, checks: int, *,
+                       interrupted: bool = False) -> Verdicts:
     """At the end of a run: the trainable tensors that only optimizers the Monitor was given hold, and
-    that never stepped while it watched (another one did: steps were seen) -- they never changed.
+    that never stepped while it watched (another one did: steps were seen) -- they never changed; after an
+    exception (``interrupted``), their optimizer may have been about to step: left undecided.
     (``leafwatch run`` hands its Monitor only the optimizers that stepped: its waiting ones are
     decided by :func:`_late`.)"""
     if inv is None or not checks or len(inv.optimizers) < 2:
@@ -69,8 +127,10 @@ def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, ste
                 continue
             named.add(info.name)
             base = not_in_optimizer(info, p, step=step, inventory=inv)
-            out.append(Verdict.set(_never_stepped(info.name, (variable, type(opt).__name__), checks, base,
-                                                  Severity.ERROR).replace(first_step=step, last_step=step)))
+            holder = (variable, type(opt).__name__)
+            decided = _undecided(base, holder, step, checks) if interrupted else _never_stepped(
+                info.name, holder, checks, base, Severity.ERROR)
+            out.append(Verdict.set(decided.replace(first_step=step, last_step=step)))
     return out
 
 
@@ -95,6 +155,9 @@ class MembershipState:
     by_name: dict[str, int] = dataclasses.field(default_factory=dict)
     #: Whether a finding is held for this judge: a check has work for it only then (and at first).
     waiting: bool = True
+    #: Held tensor's name -> (the variable, the class) of the optimizer not stepped yet seen holding it while it
+    #: waited: the end of the run names it even when it is gone with the script.
+    holders: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def _read(state: MembershipState, hand: HandUpdates, inv: Inventory | None) -> None:
@@ -108,6 +171,7 @@ def _read(state: MembershipState, hand: HandUpdates, inv: Inventory | None) -> N
     hand.keep(alive)
     hand.follow_through(inv)
     state.by_name = {info.name: k for k, info in inv.params.items()}
+    state.holders = {name: holder for name, holder in state.holders.items() if name in state.by_name}
     state.read = weakref.ref(inv)
 
 
@@ -150,6 +214,8 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
         state.quiet.add(id(t))
         return Verdict.drop(f.key)
     if rule == "wait" or checks <= state.grace and f.reason != "created_after_optimizer":
+        if f.name not in state.holders and (holder := _waiting_holder(state, t)) is not None:
+            state.holders[f.name] = _holder_of(holder, inv)
         return None  # the value evidence, or an optimizer that steps late, may still come (not for a
         # tensor created after every optimizer was built: none could hold it)
     return Verdict.confirm(f.key, _decide(state, f, info, t, step, checks, inv, switched=_switched_at(info, t, tracer)),
@@ -190,8 +256,10 @@ def _switched_at(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> str
 
 def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
             inv: Inventory | None = None, *, final: bool = False, switched: str | None = None) -> Finding:
-    """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run)."""
-    holder = _waiting_holder(state, t)
+    """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run, where
+    the optimizer seen holding it while it waited may be gone with the script)."""
+    waiting = _waiting_holder(state, t)
+    holder = _holder_of(waiting, inv) if waiting is not None else state.holders.get(f.name) if final else None
     outside = _outside_root(state, t, inv) if holder is None else None
     if outside is not None:
         decided = _outside_root_finding(info, t, step, outside, inv)
@@ -233,14 +301,19 @@ def _waiting_holder(state: MembershipState, t: torch.Tensor) -> torch.optim.Opti
     return next((opt for opt in waiting for g in opt.param_groups for p in g["params"] if p is t), None)
 
 
-def _late(name: str, holder: torch.optim.Optimizer | None, base: Finding, inv: Inventory | None, final: bool,
+def _holder_of(optimizer: torch.optim.Optimizer, inv: Inventory | None) -> tuple[str, str]:
+    """``(the user's variable for it or "", its class)`` of an optimizer that holds a tensor and has not stepped."""
+    variable = fixes.variable_for(optimizer, inv.variables if inv is not None else None,
+                                  inv.fix_names if inv is not None else None)
+    return variable or "", type(optimizer).__name__
+
+
+def _late(name: str, holder: tuple[str, str] | None, base: Finding, inv: Inventory | None, final: bool,
           checks: int) -> Finding:
     # An optimizer that has not stepped yet may still step: a warning until the end of the run.
     severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
     if holder is not None:
-        variable = fixes.variable_for(holder, inv.variables if inv is not None else None,
-                                      inv.fix_names if inv is not None else None)
-        return _never_stepped(name, (variable or "", type(holder).__name__), checks, base, severity)
+        return _never_stepped(name, holder, checks, base, severity)
     return make("not_in_optimizer", name, severity, "no_optimizer_stepped", {
         "earlier": {"reason": base.reason, "args": dict(base.args)}, "checks": checks}, step=base.step,
         aliases=base.aliases, shape=base.shape, dtype=base.dtype, device=base.device,
@@ -298,7 +371,7 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
     seen = inventory.appeared(p, inventory.optimizers_mark) if inventory is not None else None
     saw = {} if got_grad is None else {"got_grad": got_grad}
     args: dict[str, Any] = {"got_grad": got_grad, **_add_args(name, inventory), "module": info.module}
-    if seen is not None and inventory is not None and inventory.optimizers:
+    if seen is not None and inventory is not None and inventory.optimizers and not _held_by_existing(p, inventory):
         where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
@@ -318,6 +391,12 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
         return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
                     tensor=p, step=step, aliases=info.aliases, **saw)
     return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
+
+
+def _held_by_existing(p: torch.Tensor, inv: Inventory) -> bool:
+    """Whether an optimizer that exists holds ``p``, stepped or not yet (a ``loss_optimizer`` built after
+    the tensor and stepped after the model's optimizer): then ``p`` was not created after every optimizer."""
+    return any(q is p for opt in inv.existing() for g in opt.param_groups for q in g["params"])
 
 
 def _built_by_library(info: ParamInfo, p: torch.Tensor, target: Mapping[str, Any],

@@ -127,7 +127,8 @@ DETECTORS: tuple[Detector, ...] = (
              when=lambda state, *needed: ((None, LOSS),)),
     Detector("the optimizer-membership check", membership.judge, state=lambda c: membership.MembershipState(),
              when=lambda state, *needed: ((state, "waiting"), (None, REBUILT)), decides={
-                 "not_in_optimizer": ("never_stepped", "no_optimizer_stepped", "root_outside", "chosen_outside")}),
+                 "not_in_optimizer": ("never_stepped", "no_optimizer_stepped", "root_outside", "chosen_outside",
+                                      "undecided")}),
     Detector("the NaN/Inf gradient check", values.judge, state=lambda c: values.ValuesState(c.check_values_every_n_steps),
              needs=(GRADIENTS,), when=lambda state, *needed: ((state, "every"),), decides={
                  "nonfinite_grad": ("nan_or_inf", "nan_or_inf_value"), "dead_grad": ("zero_streak",)}),

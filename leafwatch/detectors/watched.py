@@ -56,7 +56,10 @@ def in_judging_optimizer(seen: Any, entry: WatchEntry) -> bool:
 
 
 def decide_pending(evidence: Evidence, state: None, view: FindingsView, judged: WatchedState) -> Verdicts:
-    """At the end of the run: each watched finding still held is decided (updated by hand, or not)."""
+    """At the end of the run: each watched finding still held is decided (updated by hand, or not); after an
+    exception it stays undecided (the check that would show its value change never came)."""
+    if evidence[SEEN].interrupted:
+        return []
     out: Verdicts = []
     for f in view.pending():
         if f.details.get("source") == "watch":

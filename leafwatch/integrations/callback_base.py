@@ -132,15 +132,16 @@ class CallbackBase:
             self._close(print_table=False)
             raise
 
-    def _close(self, *, print_table: bool) -> None:
-        """Close the Monitor, keep its final report and history, print the table if asked."""
+    def _close(self, *, print_table: bool, interrupted: bool = False) -> None:
+        """Close the Monitor, keep its final report and history, print the table if asked (``interrupted``:
+        training ended by an exception, see :meth:`leafwatch.Monitor.close`)."""
         monitor, self.monitor = self.monitor, None
         if self._step_modules is not None:
             self._step_modules.disarm()
             self._step_modules = None
         try:
             if monitor is not None:
-                report = self._last_report = monitor.close()
+                report = self._last_report = monitor.close(interrupted=interrupted)
                 self._final_state = {"monitor": monitor.state_dict()}
                 if print_table and self.verbose:
                     print(report)

@@ -179,7 +179,7 @@ class _LeafWatchMixin(CallbackBase):
         later = explain_crash(exception, [Context((pl_module,), {id(pl_module): "self"})],
                               monitors=[self.monitor] if self.monitor is not None else [])
         print_notes(later)
-        self._close(print_table=False)
+        self._close(print_table=False, interrupted=True)
 
     @override
     def _release(self) -> None:

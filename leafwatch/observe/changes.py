@@ -20,7 +20,10 @@ the few tensors under suspicion and never on a healthy step:
   was dropped by chance (``rate ** checks``). It is named (never ran) only once that chance is
   below :data:`LAYERDROP_FALSE_ALARM`: with Wav2Vec2's ``layerdrop=0.1`` after 9 checks, so a
   12-layer model raises a false alarm in at most 12 * 0.1**9 = 1.2e-8 of its runs (a layer
-  that ran once is never named "never ran" again: it is intermittent). A stack with no
+  that ran once is never named "never ran" again: it is intermittent). A rate is declared by an
+  attribute named for it, of the stack, an ancestor or its ``config`` (``layerdrop``,
+  ``encoder_layerdrop``, torchaudio's ``layer_drop``, x-transformers' ``layer_dropouts``, one per
+  layer), or by fairseq's ``LayerDropModuleList(p=...)``. A stack with no
   declared rate whose siblings were never seen both running and skipped has a rate of 0: a
   layer left out of the loop is named at the first check.
 """
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from . import follow as follow_
+from .frames import readable
 from .inventory import Inventory, has_values
 
 Verdict = Literal["changed", "unchanged", "unknown"]
@@ -50,8 +54,12 @@ FINGERPRINT_ELEMENTS = 8
 LAYERDROP_FALSE_ALARM = 1e-9
 #: At the end of a run, a layer never seen running is named when that chance is below this.
 LAYERDROP_END_OF_RUN = 1e-3
-#: Names of the attributes that declare a drop rate (on a module or on its ``config``).
+#: Names of the attributes that declare a drop rate (on a module or on its ``config``, read with ``getattr``:
+#: a Hugging Face config answers through its own ``__getattribute__``).
 DROP_RATE_ATTRIBUTES = ("layerdrop", "encoder_layerdrop", "decoder_layerdrop", "layer_drop")
+#: An attribute of a module's own ``__dict__`` whose name holds one of these declares one too (x-transformers'
+#: ``layer_dropouts``, one rate per layer; ``layer_drop_rate``).
+DROP_RATE_NAMES = ("layerdrop", "layer_drop")
 
 
 # -- change by other means ----------------------------------------------------------------------
@@ -263,16 +271,35 @@ class HandUpdates:
 
 
 # -- layers dropped on purpose --------------------------------------------------------------------
-def layer_of(module_name: str, modules: Mapping[str, nn.Module]) -> tuple[str, int] | None:
-    """``(container, index)`` when ``module_name`` (or an ancestor) is an item of an ``nn.ModuleList``."""
+def layers_of(module_name: str, modules: Mapping[str, nn.Module]) -> tuple[tuple[str, int], ...]:
+    """Each ``(container, index)`` where ``module_name`` (or an ancestor) is an item of an ``nn.ModuleList``,
+    the innermost first: x-transformers' ``layers.7.0.0`` is item 0 of the norms of ``layers.7``, item 0 of
+    ``layers.7`` and item 7 of ``layers`` (the stack its ``layer_dropout`` skips)."""
     parts = module_name.split(".") if module_name else []
+    found = []
     for depth in range(len(parts) - 1, 0, -1):
         if not parts[depth].isdigit():
             continue
         container = ".".join(parts[:depth])
         if isinstance(modules.get(container), nn.ModuleList):
-            return container, int(parts[depth])
-    return None
+            found.append((container, int(parts[depth])))
+    return tuple(found)
+
+
+def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
+                   counts: Mapping[tuple[str, int], int]) -> list[tuple[str, int] | None]:
+    """For each missing tensor's :func:`layers_of`, the layer that was skipped: the innermost item whose
+    siblings ran (a sibling ran when some of its ``counts`` tensors, by ``(container, index)``, got a
+    gradient: fewer of them missed than it holds); None when no sibling ran in any of its containers."""
+    missed: dict[tuple[str, int], int] = {}
+    for layers in candidates:
+        for layer in layers:
+            missed[layer] = missed.get(layer, 0) + 1
+    ran: dict[str, set[int]] = {}
+    for (container, index), total in counts.items():
+        if missed.get((container, index), 0) < total:
+            ran.setdefault(container, set()).add(index)
+    return [next((layer for layer in layers if ran.get(layer[0], set()) - {layer[1]}), None) for layers in candidates]
 
 
 def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> float:
@@ -286,11 +313,26 @@ def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> floa
     for depth in range(len(parts) + 1):
         module = modules.get(".".join(parts[:depth]))
         for owner in (module, getattr(module, "config", None)):
-            for attribute in DROP_RATE_ATTRIBUTES:
-                value = getattr(owner, attribute, None)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 1:
-                    rate = max(rate, float(value))
+            named = {n for n in _attribute_names(owner) if any(word in n.lower() for word in DROP_RATE_NAMES)}
+            for name in (*DROP_RATE_ATTRIBUTES, *sorted(named - set(DROP_RATE_ATTRIBUTES))):
+                rate = max([rate, *_rates(getattr(owner, name, None))])
     return rate
+
+
+def _attribute_names(owner: Any) -> list[str]:
+    """The names in ``owner``'s own ``__dict__`` (none when it has none, or runs code of its own to be read)."""
+    if owner is None or not readable(owner):
+        return []
+    try:
+        return [k for k in vars(owner) if isinstance(k, str)]
+    except TypeError:
+        return []
+
+
+def _rates(value: Any) -> list[float]:
+    """The drop rates an attribute holds: a number in (0, 1), or a tuple or list of them (one per layer)."""
+    values = value if isinstance(value, (tuple, list)) and len(value) <= 1024 else (value,)
+    return [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1]
 
 
 @dataclasses.dataclass
@@ -301,6 +343,8 @@ class _Container:
     skips: dict[int, int] = dataclasses.field(default_factory=dict)
     last_counted: int = -1
     counted_now: set[int] = dataclasses.field(default_factory=set)
+    #: Whether some layer ran while others were skipped at an earlier check: a stack seen dropping layers.
+    partly_skipped: bool = False
 
 
 class SiblingSkips:
@@ -321,15 +365,17 @@ class SiblingSkips:
             size = len(modules[container]) if isinstance(modules.get(container), nn.ModuleList) else 1
             c = self._containers[container] = _Container(size, declared_drop_rate(container, modules), check)
         if c.last_counted != check:
+            c.partly_skipped = c.partly_skipped or 0 < len(c.counted_now) < c.size
             c.last_counted, c.counted_now = check, set()
         if index not in c.counted_now:
             c.counted_now.add(index)
             c.skips[index] = c.skips.get(index, 0) + 1
 
     def all_skipped(self, container: str, check: int) -> bool:
-        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran)."""
+        """Whether every layer of ``container`` was skipped at check ``check`` (no sibling ran), in a stack
+        never seen dropping some layers only (a stack that drops layers at random may drop all at once)."""
         c = self._containers.get(container)
-        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size
+        return c is not None and c.last_counted == check and len(c.counted_now) >= c.size and not c.partly_skipped
 
     def chance(self, container: str, index: int, skipped_checks: int, check: int) -> float:
         """The chance that layer ``index`` is skipped at ``skipped_checks`` checks in a row by a random drop.

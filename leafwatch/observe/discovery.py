@@ -11,8 +11,9 @@
   gradient and that no optimizer holds (an EMA copy, a teacher, a target network) is not judged.
 - The frames of user code at an optimizer step (:func:`user_frames`) give the modules that own
   unknown parameters, the optimizers the script holds, and whether the loop runs at the
-  script's module level. A module found there whose own tensors got gradients although the hook,
-  armed, never saw it run is :attr:`Discovery.called_directly` (its ``.forward()`` is called).
+  script's module level. A module found there that the hook, armed, never saw run is
+  :attr:`Discovery.unhooked` (:mod:`leafwatch.observe.unhooked`): used without a call the hooks see
+  when its own tensors got gradients (``called_directly``), else never run.
 - What the user's variables hold is read without running code of theirs: an object whose class
   overrides ``__getattribute__`` (torch's deprecated ``torch.distributed.reduce_op``, which warns
   at each read) is passed over (:func:`leafwatch.observe.frames.readable`), properties are never
@@ -36,6 +37,7 @@ import torch
 from torch import nn
 
 from . import follow, frames, graph, inventory
+from .unhooked import Unhooked
 from ..options import LeafwatchInternalWarning
 
 #: Optimizer steps the roots must stay unchanged before the global module hooks are removed.
@@ -148,9 +150,8 @@ class Discovery:
         self.step_counts: dict[int, int] = {}
         #: Whether the loop that steps runs at the script's module level.
         self.loop_at_module_level = False
-        #: Ids of the modules owning, themselves, a tensor an optimizer stepped with a gradient, that the global
-        #: hook never saw run through ``module(x)`` although it watched that step: their ``.forward()`` is called.
-        self.called_directly: set[int] = set()
+        #: The modules found in the frames that the hook, watching the step, never saw run, and how they were used.
+        self.unhooked = Unhooked()
         self.seen: dict[int, weakref.ReferenceType] = {}
         self._handles: list[Any] = []
         self._opt_keys: dict[int, tuple[int, ...]] = {}
@@ -181,6 +182,7 @@ class Discovery:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.unhooked.not_run.clear()  # (unwatched from now on: whether they run is no longer seen)
 
     @property
     def armed(self) -> bool:
@@ -203,8 +205,8 @@ class Discovery:
                     not inventory.functional_copy(module):
                 first, self.on_first_module = self.on_first_module, None
                 first(module)
-        elif self.called_directly:  # a module the frames gave runs through module(x) after all
-            self.called_directly.discard(id(module))
+        if self.unhooked.called_directly or self.unhooked.not_run:  # a module the frames gave runs after all
+            self.unhooked.ran(id(module))
 
     def modules_seen(self) -> list[nn.Module]:
         return [m for m in (ref() for ref in list(self.seen.values())) if m is not None]
@@ -295,18 +297,20 @@ class Discovery:
         """Remember the modules in the step's calling frames (locals, ``self``) owning ``unknown``: a
         container that never runs a forward of its own (an ``nn.ModuleDict`` whose members are called
         one by one) is found there, the training loop holds it in a variable. When the hook ``watched``
-        the step's forward, those that got gradients without running are :attr:`called_directly`."""
-        for frame in user_frames():
+        the step's forward, those it never saw run are :attr:`unhooked`."""
+        for frame in (stack := list(user_frames())):
             for value in _frame_values(frame):
                 if isinstance(value, nn.Module) and id(value) not in self.seen:
                     if any(id(p) in unknown for p in value.parameters()):
                         if watched:
-                            self.called_directly |= _used_without_running(value, unknown, self.seen)
+                            self.unhooked.note(value, _used_without_running(value, unknown, self.seen), self.seen, stack)
                         remember(self.seen, value)
 
-    def find_optimizers(self, *, ended: bool = False) -> None:
+    def find_optimizers(self, built: Iterable[torch.optim.Optimizer] = (), *, ended: bool = False) -> None:
         """Remember the optimizers the script holds in the calling frames (``ended``: its module-level variables),
-        stepped or not (a variable, ``self.x``, a plain dict or list there); is the stepping loop at module level?"""
+        stepped or not (a variable, ``self.x``, a plain dict or list there), and ``built``: those seen built, wherever
+        they are held; and whether the loop that steps runs at the script's module level."""
+        self._held_optimizers.update(built)
         first = None if ended else frames.user_frame()  # the user's own code (a library's loop, skorch's fit, is not)
         if first is not None and first.f_code.co_name == "<module>":
             self.loop_at_module_level = True
@@ -403,7 +407,7 @@ class Discovery:
             # (a tensor an optimizer holds persists: watched at first sight)
             if (before is None or before() is not t) and id(t) not in in_optimizers or name in self._script_watched:
                 continue
-            if not t.is_leaf and self._derived_from_model(t, in_optimizers):
+            if not t.is_leaf and _derived_from(t, self._owned | in_optimizers, self.modules_seen()):
                 continue  # an output or a loss kept at module level
             # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
             watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
@@ -411,11 +415,14 @@ class Discovery:
             self._script_watched.add(name)
         self._script_tensors = {name: follow.follow(t, optimizers=self.optimizers) for name, t in found.items()}
 
-    def _derived_from_model(self, t: torch.Tensor, in_optimizers: set[int]) -> bool:
-        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-        held = self._owned | in_optimizers
-        held |= {id(p) for m in self.modules_seen() for p in m.parameters(recurse=False)}  # modules that ran
-        return not complete or any(id(leaf) in held for leaf in leaves)
+
+
+def _derived_from(t: torch.Tensor, held: set[int], modules: list[nn.Module]) -> bool:
+    """Whether the non-leaf ``t`` comes from the tensors ``held`` or those of the ``modules`` that ran (or its graph
+    is too large to tell): an output or a loss the script keeps, no tensor of its own."""
+    leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
+    held = held | {id(p) for m in modules for p in m.parameters(recurse=False)}
+    return not complete or any(id(leaf) in held for leaf in leaves)
 
 
 def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:

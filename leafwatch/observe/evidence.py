@@ -48,6 +48,8 @@ class Observation:
         default_watches: The tensors flagged with ``watch()``: every Monitor judges them.
         hands: The value snapshots that tell a tensor updated by hand, by the detector that asked.
         checks: How many checks ran (this one included).
+        interrupted: The run ended by an exception (read at its end): the checks that would decide what
+            waits for a later step never came.
     """
 
     cache: StructureCache
@@ -59,6 +61,7 @@ class Observation:
     default_watches: Any
     hands: Mapping[str, HandUpdates]
     checks: int = 0
+    interrupted: bool = False
 
     @property
     def observer(self) -> Observer:

@@ -298,6 +298,9 @@ class Inventory:
         #: ``(the library, its path:line)`` when a library's code built the optimizer, not the user's
         #: (:meth:`leafwatch.observe.observer.Observer.built_by`).
         self.built_by: Callable[[torch.optim.Optimizer], tuple[str, str] | None] = lambda optimizer: None
+        #: Every optimizer that exists, seen built, stepped or not
+        #: (:meth:`leafwatch.observe.observer.Observer.built_optimizers`).
+        self.existing: Callable[[], list[torch.optim.Optimizer]] = list
         #: What the fixes looked up for this snapshot (variables, framework), asked once per object.
         self.fix_names: dict[Any, Any] = {}
 

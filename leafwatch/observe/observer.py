@@ -61,6 +61,9 @@ class Observer:
         #: The loss a framework handed over at its backward (the Lightning callback, until the check that
         #: follows): read only where no checked tensor got a gradient, for a loss set to require grad by hand.
         self.handed_loss: torch.Tensor | None = None
+        #: ``leafwatch run``'s :class:`~leafwatch.observe.unhooked.Unhooked`: the modules its global forward hook
+        #: watched and never saw run (read only where a gradient misses: :attr:`not_run`).
+        self.unhooked: Any = None
         self._subscriptions: list[Any] = []
         self._step_handles: list[Any] = []
         self._closure_steps: set[int] = set()
@@ -125,6 +128,12 @@ class Observer:
         except Exception:
             pass
 
+    @property
+    def not_run(self) -> frozenset[int]:
+        """Ids of the modules a global forward hook watches since before this step and never saw run (a module kept
+        in a script's variable, never called): they never ran."""
+        return frozenset(self.unhooked.not_run) if self.unhooked is not None else frozenset()
+
     # -- optimizers --------------------------------------------------------------------------
     def stepping_optimizers(self) -> list[torch.optim.Optimizer]:
         """The optimizers seen stepping while this Observer was subscribed."""
@@ -160,6 +169,11 @@ class Observer:
         """``(the registration mark then, path:line, the variable assigned)`` of the statement that built
         ``optimizer``, when seen."""
         return self._built.get(optimizer)
+
+    def built_optimizers(self) -> list[torch.optim.Optimizer]:
+        """The optimizers seen built that still exist, stepped or not: an optimizer counts from its
+        construction on (``leafwatch run``'s ``loss_optimizer``, stepped after the model's in each iteration)."""
+        return list(self._built.keys())
 
     def built_by(self, optimizer: torch.optim.Optimizer) -> tuple[str, str] | None:
         """``(the library, its path:line)`` when a library's code built ``optimizer`` (Pyro's ``PyroOptim``

@@ -249,7 +249,7 @@ class StructureCache:
         inv = self.inventory = inventory.Inventory(self.source, self.optimizers)
         inv.variables = self.variables
         inv.optimizers_mark, inv.appeared, inv.built = self.optimizers_mark, self.observer.appeared, self.observer.built
-        inv.built_by = self.observer.built_by
+        inv.built_by, inv.existing = self.observer.built_by, self.observer.built_optimizers
         # Old names matter only while an optimizer still holds the tensor.
         self.previous_names = {k: v for k, v in self.previous_names.items()
                                if k in inv.in_optimizer and k not in inv.tensors}

@@ -156,7 +156,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         stopped = stop
         code = 0  # the script did not end: its own code is unknown
     finally:
-        report = _close(session, ended)
+        report = _close(session, ended, crashed=bool(crashed))
     if crashed and not session.found.optimizers:  # no check ran: what the structure alone shows
         report = _structure_scan(crashed[0], session, report)
     if stopped is not None:
@@ -172,11 +172,11 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     return final
 
 
-def _close(session: Session, ended: dict[str, Any]) -> Report:
+def _close(session: Session, ended: dict[str, Any], *, crashed: bool) -> Report:
     """Close the run, reading what the script left at its module level (``ended``) as it left it; then forget it."""
     try:
         with _as_main(ended):
-            return session.close()
+            return session.close(crashed=crashed)
     finally:
         ended.clear()
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from ...sinks.console import NewFindingWarnings
 from ...report.findings import Kind, Report
+from ...report.names import natural_key
 from ...monitor import Monitor
 from ...observe.observer import Observer
 from ...options import WarnOnce
@@ -91,6 +92,7 @@ class Session:
     # -- hooks -------------------------------------------------------------------------------
     def install(self) -> None:
         self.observer = Observer(self._checked_step)  # (registrations and optimizers built, from here on)
+        self.observer.unhooked = self.found.unhooked  # (a module its hook watched never run: a cause, at a miss)
         self.observer.install_global()
         self.found.arm()
 
@@ -121,7 +123,9 @@ class Session:
     def _step(self, optimizer: torch.optim.Optimizer) -> None:
         found = self.found
         if found.steps < LATE_OPTIMIZER_CHECKS + STABLE_STEPS:
-            found.find_optimizers()  # before the roots are read: a network whose optimizer waits is one
+            # Before the roots are read (a network whose optimizer waits is one): the optimizers the script
+            # holds and every one built since its first line, stepped or not (an optimizer counts once built).
+            found.find_optimizers(self.observer.built_optimizers())
         count, new_params = found.step(optimizer, checked=self.report is not None)
         if self.monitor is None:
             self.monitor = self._make_monitor()
@@ -166,6 +170,44 @@ class Session:
                   if f.kind == Kind.INCOMPLETE and f.reason == "part_failed"] if self.monitor else []
         return sorted({*own, *failed})
 
+    def _unhooked_modules(self) -> str:
+        """What the summary says of the modules whose tensors got gradients and were stepped without torch's module
+        hooks seeing them run: how, only where it was seen (a ``.forward()`` call in the frames' source, the
+        class's own ``__call__``)."""
+        found, said = self.found.unhooked, []
+        called = sorted(found.called_directly)
+        forward = [m for m in called if m in found.forward_calls]
+        own = [m for m in called if m in found.own_calls and m not in found.forward_calls]
+        other = [m for m in called if m not in found.forward_calls and m not in found.own_calls]
+        lead = "modules whose tensors got gradients and were stepped"
+        if forward:
+            places = ", ".join(sorted({found.forward_calls[m] for m in forward}))
+            said.append(f"{lead} never ran through `module(x)`: the script calls `.forward()` directly, where module "
+                        f"hooks cannot see ({places}).")
+        if own:
+            calls = ", ".join(sorted({f"`{found.own_calls[m]}`" for m in own}))
+            said.append(f"{lead} ran through their class's own `__call__` ({self._module_names(own)}: {calls}), which "
+                        "runs `forward` without torch's module hooks.")
+        if other:
+            said.append(f"{lead} never ran through `module(x)` ({self._module_names(other)}): their tensors are used "
+                        "without a call of the module that module hooks see (read directly, as `emb.weight[idx]`; no "
+                        "`.forward()` call on them was seen in the calling frames).")
+        return ("leafwatch: " + " ".join(said) + " Parameters are named from the modules that own the optimizers' "
+                "tensors (found in the calling frames), and the causes of missing gradients cannot say where in a "
+                "forward pass they were lost.")
+
+    def _module_names(self, ids: list[int]) -> str:
+        """The script's names for these modules (its variable for the module found in its frames, and the path
+        below it), at most six."""
+        variables, names = self.found.script_variables(), set()
+        for module_id in ids:
+            top, path = self.found.unhooked.paths.get(module_id, (None, ""))
+            module = top() if top is not None else None
+            base = variables.get(id(module)) or (type(module).__name__ if module is not None else "")
+            names.add(f"`{base}.{path}`" if base and path else f"`{base or path}`")
+        ordered = sorted(names, key=natural_key)
+        return ", ".join(ordered[:6]) + (f" and {len(ordered) - 6} more" if len(ordered) > 6 else "")
+
     # -- output ------------------------------------------------------------------------------
     @property
     def stream(self) -> TextIO:
@@ -178,8 +220,9 @@ class Session:
             self.stream.flush()
 
     # -- the end -----------------------------------------------------------------------------
-    def close(self) -> Report:
-        """Remove every hook, flush the Monitor and TensorBoard, and return the final report."""
+    def close(self, *, crashed: bool = False) -> Report:
+        """Remove every hook, flush the Monitor and TensorBoard, and return the final report (``crashed``: the
+        script raised, and what waits for a later step is left undecided)."""
         if self._closed:
             return self.report or Report(step=self.steps)
         self._closed = True
@@ -190,7 +233,7 @@ class Session:
                 if self.report is None:  # no step was checked: the optimizers the script ends with may tell why
                     self.found.find_optimizers(ended=True)
                     self.found.script_variables()
-                closed = self.monitor.close()
+                closed = self.monitor.close(interrupted=crashed)
                 report = closed if self.report is not None or closed.findings else report
         except Exception as error:
             self._warn("closing the run", error)
@@ -226,11 +269,8 @@ class Session:
         if not found.roots and not found.seen:
             text += ("\nleafwatch: the script trains no `nn.Module`: its optimizers hold plain tensors, named by the "
                      "script's module-level variables where it keeps them (else by shape).")
-        elif found.called_directly:  # seen: tensors stepped with gradients, their modules never ran as module(x)
-            text += ("\nleafwatch: modules whose tensors got gradients and were stepped never ran through `module(x)`: "
-                     "the script calls `.forward()` directly, where module hooks cannot see. Parameters are named "
-                     "from the modules that own the optimizers' tensors (found in the calling frames), and the "
-                     "causes of missing gradients cannot say where in a forward pass they were lost.")
+        elif found.unhooked.called_directly:  # seen: tensors stepped with gradients, their modules never ran as module(x)
+            text += "\n" + self._unhooked_modules()
         if not found.loop_at_module_level:
             text += ("\nleafwatch: the training loop runs inside a function: leafwatch run sees the modules "
                      "that run and the optimizers that step, not tensors created inside functions. A tensor "

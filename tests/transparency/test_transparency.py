@@ -32,7 +32,6 @@ import pytest
 from _requirements import require
 from harness import Run, Scenario
 
-ITEM_6 = "item 6: x-transformers' layer_dropout gets live missing_grad errors at step 1 under the Lightning callback"
 
 SCENARIOS = (
     Scenario("torchtune-lora", "torchtune_lora.py", requires="torchtune", torchao=True),
@@ -44,7 +43,7 @@ SCENARIOS = (
     Scenario("torchrl", "torchrl_sac.py", requires="torchrl", steps=30),
     Scenario("x-transformers", "x_transformers_decoder.py", requires="x_transformers", steps=30),
     Scenario("x-transformers-lightning", "x_transformers_lightning.py", door="lightning", requires="x_transformers",
-             steps=30, xfail={("door", "findings"): ITEM_6}),
+             steps=30),
     Scenario("timm", "timm_resnet.py", requires="timm", steps=6),
     Scenario("transformers-peft", "hf_trainer_peft.py", door="transformers", requires="peft", steps=6),
     Scenario("lightning", "lightning_autoencoder.py", door="lightning", requires="lightning", steps=8),

@@ -20,45 +20,52 @@ the renderers below write (message, cause, fix); the note sink adds them to the 
   grad``: no parameter of the user's modules requires grad, or the loss was made without a graph (and
   where, only when a Monitor's hooks saw it). ``missing_grad``: nothing gets a gradient.
 
-The registry lists this detector at a stage of its own (``CRASH``) that no check runs: the door calls
-:func:`explain` once per exception. A failure here is a ``LeafwatchInternalWarning``; the exception is
-raised as it is.
+The registry lists this detector at a stage of its own (``CRASH``) that no check runs: a Monitor's door
+(:meth:`leafwatch.Monitor.crashed`) runs it once per exception through its pipeline, onto its history, so the
+crash finding reaches the record, the tab and the patch like any other; the note on the exception is one more
+sink. Without a Monitor (a watched tensor), :func:`explain` gives the findings for the note alone. A failure
+here is a ``LeafwatchInternalWarning``; the exception is raised as it is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..observe import crashes
 from ..options import WarnOnce
 from ..report.findings import Finding
+from ..report.reasons import Place, Reason, Span
 from ..report.verdicts import Verdict
-from ..report.words import ADVICE, Edit, Members, Words, code, renders
+from ..report.words import ADVICE, Members, Remedy, Words, code
 from . import fixes
-from .causes import at_in, place_args
+from .causes import place_of
 from .constructors import make
-from .leaves import origin_args, origin_cause
+from .leaves import Origin, origin_cause, origin_of
 
 #: What a failure to explain a crash says happens next.
 GOES_ON = "the exception is raised as it is, without leafwatch's note."
 
 
 def explain(error: BaseException, contexts: Iterable[crashes.Context] = ()) -> list[Finding]:
-    """The findings that explain ``error`` (none for an exception that is no leaf mistake leafwatch
-    recognises, or one whose traceback does not show it); never raises: a failure is warned once."""
+    """The findings that explain ``error``, with no history to keep them in (the door of a watched tensor,
+    with no Monitor open): none for an exception that is no leaf mistake leafwatch recognises, or one whose
+    traceback does not show it; never raises: a failure is warned once."""
     if crashes.recognise(error) is None:
         return []
     try:
-        return [v.finding for v in judge(crashes.read(error, contexts), None, None) if v.finding is not None]
+        return [v.finding for v in judge((None, crashes.read(error, contexts)), None, None) if v.finding is not None]
     except Exception as failure:
         WarnOnce(GOES_ON)("explaining the exception", failure)
         return []
 
 
-def judge(crash: crashes.Crash | None, state: None, view: Any) -> list[Verdict]:
-    """The registry's entry (stage ``CRASH``): the findings a crash's observation shows, opened."""
+def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any) -> list[Verdict]:
+    """The registry's entry (stage ``CRASH``): the findings a crash's observation shows at ``step`` (``seen``:
+    the step and the observation), opened; each marked ``crash`` (the note on the exception says it)."""
+    step, crash = seen
     if isinstance(crash, crashes.OptimizedNonLeaf):
         found = [_optimized(crash)]
     elif isinstance(crash, crashes.FreedGraph):
@@ -69,187 +76,266 @@ def judge(crash: crashes.Crash | None, state: None, view: Any) -> list[Verdict]:
         found = [_in_place(crash)]
     else:
         found = []
-    return [Verdict.open(f) for f in found]
+    return [Verdict.open(f.replace(step=step, first_step=step, last_step=step, details={**f.details, "crash": True}))
+            for f in found]
 
 
 def _short(location: str | None) -> str | None:
     return fixes.short_place(location) if location else None
 
 
-def _origin(t: crashes.NonLeaf) -> dict[str, Any] | None:
+def _origin(t: crashes.NonLeaf) -> Origin | None:
     leaf = t.origin.leaf if t.origin is not None else None
-    return origin_args(t.origin, {leaf.tensor_id: t.leaf_name} if leaf is not None and t.leaf_name else {})
+    return origin_of(t.origin, {leaf.tensor_id: t.leaf_name} if leaf is not None and t.leaf_name else {})
+
+
+_COPIES = {"dtype": "the {dtype} copy", "device": "the {device} copy", "copy": "the copy", "clone": "the clone",
+           "arithmetic": "the result of arithmetic", "view": "the view"}
+
+
+def described(origin: Origin | None, optimizer: str, place: str) -> str:
+    """A tensor the user holds under no name, in words: ``the float64 copy passed to `Adam` at train.py:3``."""
+    what = _COPIES.get(origin.kind, "the tensor") if origin is not None else "the tensor"
+    dtype, device = (origin.dtype, origin.device) if origin is not None else ("", "")
+    return f"{what.format(dtype=dtype.removeprefix('torch.'), device=device)} passed to `{optimizer}` at {_short(place)}"
 
 
 def _optimized(crash: crashes.OptimizedNonLeaf) -> Finding:
-    t = crash.tensor
-    name = t.path or f"<a tensor given to {crash.optimizer}>"
-    args = {"optimizer": crash.optimizer, "place": crash.place, "named": bool(t.path), "origin": _origin(t),
-            "made_at": _short(t.assigned_at), **fixes.leaf_fix_args(name, t.assigned_at)}
-    return make("non_leaf", name, "error", "optimized_non_leaf", args)
+    t, origin = crash.tensor, _origin(crash.tensor)
+    if not t.path:  # no variable holds it: said in words, never as a name
+        return make(OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, origin=origin),
+                    described(origin, crash.optimizer, crash.place), "error", described=True)
+    fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin)
+    return make(OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=True, origin=origin,
+                                 made_at=_short(t.assigned_at), fix=fix), t.path, "error")
 
 
-@renders("non_leaf", "optimized_non_leaf")
-def _optimized_non_leaf(m: Members) -> Words:
-    a = m.first
-    who = m.who if a["named"] else f"a tensor given to `{a['optimizer']}`"
-    made = f" (assigned at {a['made_at']})" if a["made_at"] else ""
-    message = (f"{who}{made} is not a leaf tensor, so `{a['optimizer']}` at {_short(a['place'])} cannot optimize it: "
-               "an optimizer steps leaves only, and a non-leaf's .grad stays None.")
-    if not a["named"]:
-        return Words(message, origin_cause("the tensor", a["origin"]),
-                     "make the tensor a leaf before you give it to the optimizer: create it with its final dtype "
-                     "and device, then ask for grad (`.requires_grad_()` last), or register it as an `nn.Parameter`")
-    fix, remedy = fixes.leaf_fix(m.name, a["origin"], a)
-    return Words(message, origin_cause(m.name, a["origin"]), fix, remedy)
+class OptimizedNonLeaf(Reason, kind="non_leaf", name="optimized_non_leaf"):
+    """``can't optimize a non-leaf Tensor``: the tensor handed to ``optimizer`` at ``place`` (``named``: the user
+    holds it in a variable), what made it, the statement that assigned it and its fix."""
+
+    optimizer: str
+    place: str
+    origin: Origin | None = None
+    named: bool = False
+    made_at: str | None = None
+    fix: fixes.LeafFix = fixes.LeafFix()
+
+    def words(self, m: Members) -> Words:
+        who = m.who if self.named else f"a tensor given to `{self.optimizer}`"
+        made = f" (assigned at {self.made_at})" if self.made_at else ""
+        message = (f"{who}{made} is not a leaf tensor, so `{self.optimizer}` at {_short(self.place)} cannot optimize "
+                   "it: an optimizer steps leaves only, and a non-leaf's .grad stays None.")
+        if not self.named:
+            return Words(message, origin_cause(None, self.origin),
+                         "make the tensor a leaf before you give it to the optimizer: create it with its final dtype "
+                         "and device, then ask for grad (`.requires_grad_()` last), or register it as an `nn.Parameter`")
+        fix, remedy = fixes.leaf_fix(m.name, self.origin, self.fix)
+        return Words(message, origin_cause(m.name, self.origin), fix, remedy)
 
 
 # -- a non-leaf kept across steps ------------------------------------------------------------------------
 def _persistent(place: str, t: crashes.NonLeaf) -> Finding:
     code_name = fixes.attribute_path(t.path, t.owner) if t.owner else None
-    name = code_name or t.path
+    name, origin = code_name or t.path, _origin(t)
     if t.module is not None and t.attr is not None:
         own = fixes.parameter_args(t.module, t.attr)
-        at = own["at"]
-        args = {**own, "made_at": f"{os.path.basename(at['path'])}:{at['start']}" if at else None}
-    else:
-        target = fixes.optimizer_target(optimizers) if (optimizers := fixes.user_optimizers()) else None
-        args = {**fixes.leaf_fix_args(name, t.assigned_at, target=target), "made_at": _short(t.assigned_at)}
-    args.update(place=place, origin=_origin(t), attribute=t.module is not None and t.attr is not None)
-    return make("non_leaf", name, "error", "persistent_non_leaf", args)
+        made = f"{os.path.basename(own.at.path)}:{own.at.start}" if own.at else None
+        return make(PersistentNonLeaf(place=place, origin=origin, made_at=made, attribute=own), name, "error")
+    target = fixes.optimizer_target(optimizers) if (optimizers := fixes.user_optimizers()) else None
+    fix = fixes.leaf_fix_args(name, t.assigned_at, target=target, origin=origin)
+    return make(PersistentNonLeaf(place=place, origin=origin, made_at=_short(t.assigned_at), fix=fix), name, "error")
 
 
-@renders("non_leaf", "persistent_non_leaf")
-def _persistent_non_leaf(m: Members) -> Words:
-    a = m.first
-    made = f" (made at {a['made_at']})" if a["made_at"] else ""
-    message = (f"{m.who}{made} is a non-leaf tensor kept from one step to the next: an earlier backward() freed "
-               f"the graph that made it, and the backward() at {_short(a['place'])} goes through that graph again.")
-    cause = f"{origin_cause(m.name, a['origin'])} Its graph is made once and freed by the first backward() through it"
-    if a["attribute"]:
-        words, remedy = fixes.parameter_fix(a)
-        fix = f"{words}; a Parameter is a leaf: no graph is kept from one step to the next, and the optimizer can hold it"
-    else:
-        fix, remedy = fixes.leaf_fix(m.name, a["origin"], a)
-    return Words(message, cause + ".", fix, remedy)
+class PersistentNonLeaf(Reason, kind="non_leaf", name="persistent_non_leaf"):
+    """``backward through the graph a second time``: a non-leaf kept across steps, reached by the backward at
+    ``place``, whose graph an earlier backward freed; its fix registers the attribute (``attribute``) or makes
+    the variable a leaf (``fix``)."""
+
+    place: str
+    origin: Origin | None = None
+    made_at: str | None = None
+    attribute: fixes.Assigned | None = None
+    fix: fixes.LeafFix = fixes.LeafFix()
+
+    def words(self, m: Members) -> Words:
+        made = f" (made at {self.made_at})" if self.made_at else ""
+        message = (f"{m.who}{made} is a non-leaf tensor kept from one step to the next: an earlier backward() freed "
+                   f"the graph that made it, and the backward() at {_short(self.place)} goes through that graph again.")
+        cause = f"{origin_cause(m.name, self.origin)} Its graph is made once and freed by the first backward() through it"
+        if self.attribute is not None:
+            words, remedy = fixes.parameter_fix(self.attribute)
+            fix = f"{words}; a Parameter is a leaf: no graph is kept from one step to the next, and the optimizer can hold it"
+        else:
+            fix, remedy = fixes.leaf_fix(m.name, self.origin, self.fix)
+        return Words(message, cause + ".", fix, remedy)
 
 
 # -- an in-place op on a leaf ------------------------------------------------------------------------------
 def _in_place(crash: crashes.InPlaceOnLeaf) -> Finding:
-    args = {"place": crash.place, "parameter": crash.is_parameter, "method": crash.method,
-            "arguments": list(crash.arguments), "keywords": crash.keywords, "statement": crash.statement,
-            "whole": crash.whole, "torch": crash.torch_name, "nn": crash.nn_name, "at": fixes.statement_span(crash.place)}
-    return make("non_leaf", crash.receiver, "error", "in_place_on_leaf", args)
+    return make(InPlaceOnLeaf(place=crash.place, parameter=crash.is_parameter, method=crash.method,
+                              arguments=tuple(crash.arguments), keywords=crash.keywords, statement=crash.statement,
+                              whole=crash.whole, torch=crash.torch_name, nn=crash.nn_name,
+                              at=fixes.statement_span(crash.place)), crash.receiver, "error")
 
 
-def _in_place_fix(name: str, a: Mapping[str, Any]) -> tuple[str, Any]:
-    """``nn.init.normal_(w)`` in place of ``w.normal_()`` (torch.nn.init runs under no_grad), else the
-    statement under ``torch.no_grad()``."""
-    at, statement, method = a["at"], a["statement"], a["method"]
-    single = "\n" not in statement
-    guarded = f"with {a['torch']}.no_grad(): {statement}" if a["torch"] and single else None
-    if guarded is not None and not fixes.is_code(guarded):
-        guarded = None
-    initialiser = crashes.INITIALISERS.get(method or "")
-    if initialiser and a["nn"] and a["whole"] and not a["keywords"]:
-        snippet = f"{a['nn']}.init.{initialiser}({', '.join([name, *a['arguments']])})"
-        if fixes.is_code(snippet):
-            edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{snippet}\n")
-            also = f" (or `{guarded}`)" if guarded else ""
-            return f"initialise it with `torch.nn.init`, which runs under `torch.no_grad()`: `{snippet}`{also}", code(snippet, edit)
-    if guarded is not None:
-        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace",
-                                            f"{at['indent']}with {a['torch']}.no_grad():\n{at['indent']}    {statement}\n")
-        return f"change it without autograd: `{guarded}`", code(guarded, edit)
-    return "run that change inside a `with torch.no_grad():` block (or use the functions of `torch.nn.init`)", ADVICE
+class InPlaceOnLeaf(Reason, kind="non_leaf", name="in_place_on_leaf"):
+    """``a leaf Variable that requires grad is being used in an in-place operation``: the statement at ``place``
+    (``method``: the in-place method called, with its ``arguments``; ``whole``: the statement is that call) and
+    how the user's module spells ``torch`` and ``torch.nn``."""
 
+    place: str
+    parameter: bool
+    statement: str
+    method: str | None = None
+    arguments: tuple[str, ...] = ()
+    keywords: bool = False
+    whole: bool = False
+    torch: str | None = None
+    nn: str | None = None
+    at: Span | None = None
 
-@renders("non_leaf", "in_place_on_leaf")
-def _in_place_on_leaf(m: Members) -> Words:
-    a = m.first
-    what = "an `nn.Parameter`" if a["parameter"] else "a tensor that requires grad"
-    op = f"`.{a['method']}()`" if a["method"] else f"`{a['statement']}`" if "\n" not in a["statement"] else "the statement"
-    message = (f"{m.who} is {what}, a leaf: torch refuses the in-place {op} at {_short(a['place'])} with grad mode on, "
-               f"since autograd cannot record an in-place change of a leaf it accumulates gradients into.")
-    cause = (f"{op} changes {m.who} in place while autograd records: an initialisation or a hand-made update of a "
-             "parameter must run without autograd (under `torch.no_grad()`, as the functions of `torch.nn.init` do).")
-    fix, remedy = _in_place_fix(m.name, a)
-    return Words(message, cause, fix, remedy)
+    def _fix(self, name: str) -> tuple[str, Remedy]:
+        """``nn.init.normal_(w)`` in place of ``w.normal_()`` (torch.nn.init runs under no_grad), else the
+        statement under ``torch.no_grad()``."""
+        at, statement = self.at, self.statement
+        guarded = f"with {self.torch}.no_grad(): {statement}" if self.torch and "\n" not in statement else None
+        if guarded is not None and not fixes.is_code(guarded):
+            guarded = None
+        initialiser = crashes.INITIALISERS.get(self.method or "")
+        if initialiser and self.nn and self.whole and not self.keywords:
+            snippet = f"{self.nn}.init.{initialiser}({', '.join([name, *self.arguments])})"
+            if fixes.is_code(snippet):
+                also = f" (or `{guarded}`)" if guarded else ""
+                return (f"initialise it with `torch.nn.init`, which runs under `torch.no_grad()`: `{snippet}`{also}",
+                        code(snippet, None if at is None else at.put(snippet, "replace")))
+        if guarded is not None:
+            edit = None if at is None else at.edit(
+                "replace", f"{at.indent}with {self.torch}.no_grad():\n{at.indent}    {statement}\n")
+            return f"change it without autograd: `{guarded}`", code(guarded, edit)
+        return "run that change inside a `with torch.no_grad():` block (or use the functions of `torch.nn.init`)", ADVICE
+
+    def words(self, m: Members) -> Words:
+        what = "an `nn.Parameter`" if self.parameter else "a tensor that requires grad"
+        op = (f"`.{self.method}()`" if self.method else f"`{self.statement}`" if "\n" not in self.statement
+              else "the statement")
+        message = (f"{m.who} is {what}, a leaf: torch refuses the in-place {op} at {_short(self.place)} with grad mode "
+                   "on, since autograd cannot record an in-place change of a leaf it accumulates gradients into.")
+        cause = (f"{op} changes {m.who} in place while autograd records: an initialisation or a hand-made update of a "
+                 "parameter must run without autograd (under `torch.no_grad()`, as the functions of `torch.nn.init` do).")
+        fix, remedy = self._fix(m.name)
+        return Words(message, cause, fix, remedy)
 
 
 # -- a backward of a tensor without a graph ----------------------------------------------------------------
-def _model_code(model: crashes.Model) -> str:
-    return model.name if model.name and fixes.is_code(model.name) else f"your `{model.cls}`"
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model of the user's frames as a crash names it: its code (``code``: a path the user can type) or its
+    class in words, how many parameter tensors it has and how many of them require grad."""
+
+    name: str
+    code: bool
+    parameters: int
+    trainable: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    """A cut a Monitor's recorder saw in the last forward: the op, its line and the user's call into it."""
+
+    op: str
+    place: Place | None
+    called_from: Place | None = None
+
+
+def _model(model: crashes.Model) -> Model:
+    named = bool(model.name and fixes.is_code(model.name))
+    return Model(model.name if named else f"your `{model.cls}`", named, model.parameters, model.trainable)  # type: ignore[arg-type]
 
 
 def _no_graph(crash: crashes.NoGraph) -> Finding:
-    models = [{"name": _model_code(m), "code": bool(m.name and fixes.is_code(m.name)), "parameters": m.parameters,
-               "trainable": m.trainable} for m in crash.models]
-    base = {"place": crash.place, "loss": crash.loss}
-    if models and not any(m["trainable"] for m in models):
-        return make("missing_grad", models[0]["name"], "error", "all_frozen", {**base, "models": models})
-    grad_off = [fixes.attribute_path(name, owner) or name if owner else name or "the model" for owner, name in crash.grad_off]
-    args = {**base, "inference": crash.inference, "models": [m for m in models if m["trainable"]], "grad_off": grad_off,
-            "cuts": [{"op": s.op, "place": place_args(s.place), "called_from": place_args(s.called_from)}
-                     for s in crash.cuts]}
-    return make("missing_grad", crash.loss or "<the loss>", "error", "backward_of_no_graph", args)
+    models = tuple(_model(m) for m in crash.models)
+    if models and not any(m.trainable for m in models):
+        return make(AllFrozen(place=crash.place, loss=crash.loss, models=models), models[0].name, "error",
+                    **({} if models[0].code else {"described": True}))
+    grad_off = tuple(fixes.attribute_path(name, owner) or name if owner else name or "the model"
+                     for owner, name in crash.grad_off)
+    reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference,
+                               models=tuple(m for m in models if m.trainable), grad_off=grad_off,
+                               cuts=tuple(Seen(s.op, place_of(s.place), place_of(s.called_from)) for s in crash.cuts))
+    if crash.loss:
+        return make(reason, crash.loss, "error")
+    return make(reason, f"the tensor backward() was called on at {_short(crash.place)}", "error", described=True)
 
 
-def _loss(a: Mapping[str, Any]) -> str:
-    return f"`{a['loss']}`" if a["loss"] else "the tensor backward() was called on"
+def _loss(loss: str | None) -> str:
+    return f"`{loss}`" if loss else "the tensor backward() was called on"
 
 
-def _listed(models: Sequence[Mapping[str, Any]]) -> str:
-    names = [f"`{m['name']}`" if m["code"] else str(m["name"]) for m in models]
+def _listed(models: Sequence[Model]) -> str:
+    names = [f"`{m.name}`" if m.code else m.name for m in models]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
-@renders("missing_grad", "all_frozen", fixes="never")
-def _all_frozen(m: Members) -> Words:
-    a = m.first
-    models, count = a["models"], sum(model["parameters"] for model in a["models"])
-    message = (f"every parameter of {_listed(models)} is frozen, so {_loss(a)} has no autograd graph and the "
-               f"backward() at {_short(a['place'])} has nothing to differentiate: nothing trains.")
-    cause = (f"none of the {count} parameter tensors of {_listed(models)} requires grad (`requires_grad=False` on each), "
-             "so nothing computed from them records a graph.")
-    first = models[0]
-    whole = f"`{first['name']}.requires_grad_(True)` for the whole model, or " if first["code"] else ""
-    fix = (f"unfreeze what should train before the forward pass: {whole}`requires_grad_(True)` on the part that "
-           "should train (and give it to your optimizer)")
-    return Words(message, cause, fix, ADVICE)
+class AllFrozen(Reason, kind="missing_grad", name="all_frozen", fixes="never"):
+    """``element 0 of tensors does not require grad``: every parameter of the user's models is frozen."""
+
+    place: str
+    models: tuple[Model, ...]
+    loss: str | None = None
+
+    def words(self, m: Members) -> Words:
+        models, count = self.models, sum(model.parameters for model in self.models)
+        message = (f"every parameter of {_listed(models)} is frozen, so {_loss(self.loss)} has no autograd graph and "
+                   f"the backward() at {_short(self.place)} has nothing to differentiate: nothing trains.")
+        cause = (f"none of the {count} parameter tensors of {_listed(models)} requires grad (`requires_grad=False` on "
+                 "each), so nothing computed from them records a graph.")
+        first = models[0]
+        whole = f"`{first.name}.requires_grad_(True)` for the whole model, or " if first.code else ""
+        fix = (f"unfreeze what should train before the forward pass: {whole}`requires_grad_(True)` on the part that "
+               "should train (and give it to your optimizer)")
+        return Words(message, cause, fix, ADVICE)
 
 
-def _no_graph_cause(a: Mapping[str, Any]) -> tuple[str, str]:
-    """What was observed of where the graph was lost, and the fix that goes with it."""
-    keep = ("compute the loss from the model's outputs with grad mode on, keeping them tensors all the way (no "
-            "`.item()`, `.tolist()`, NumPy or `torch.tensor(...)` between the model and the loss); to log a number, "
-            "call `loss.item()` after `loss.backward()`")
-    if a["inference"]:
-        return (f"{_loss(a)} is an inference tensor: it was computed under `torch.inference_mode()`, which records "
-                "no graph.", "run the forward and the loss outside `torch.inference_mode()`")
-    if a["grad_off"]:
-        modules = ", ".join(f"`{name}`" for name in a["grad_off"])
-        return (f"leafwatch's hooks saw {modules} run with grad mode off only since the last check (under "
-                "`torch.no_grad()`, `torch.inference_mode()` or `torch.set_grad_enabled(False)`), so its outputs "
-                "carry no graph.", f"run the forward of {modules} with grad mode on: out of the `torch.no_grad()` block")
-    if a["cuts"]:
-        seen = "; ".join(f"{c['op']} at {at_in(c['place'])}" + (f", called from {at_in(c['called_from'])}"
-                                                               if c["called_from"] else "") for c in a["cuts"])
-        return (f"leafwatch saw the last forward leave autograd at {seen}: what comes out of there carries no "
-                "graph.", keep)
-    return ("leafwatch did not see where the graph was lost: a loss has none when it is computed under "
-            "`torch.no_grad()` or `torch.inference_mode()`, from numbers (`.item()`, `.tolist()`, NumPy, "
-            "`torch.tensor(...)` of values) or from `.detach()`ed tensors; a `leafwatch.Monitor` created before "
-            "the forward sees where.", keep)
+class BackwardOfNoGraph(Reason, kind="missing_grad", name="backward_of_no_graph", fixes="never"):
+    """``element 0 of tensors does not require grad``: the loss was made without a graph; where it was lost,
+    only where it was seen (an inference tensor, modules the hooks saw run with grad off, cuts)."""
 
+    place: str
+    loss: str | None = None
+    inference: bool = False
+    models: tuple[Model, ...] = ()
+    grad_off: tuple[str, ...] = ()
+    cuts: tuple[Seen, ...] = ()
 
-@renders("missing_grad", "backward_of_no_graph", fixes="never")
-def _backward_of_no_graph(m: Members) -> Words:
-    a = m.first
-    trainable = a["models"]
-    having = (f" while {_listed(trainable)} {'has' if len(trainable) == 1 else 'have'} parameters that require "
-              "grad: it was not computed from them through autograd") if trainable else ""
-    message = (f"{_loss(a)} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the backward() at "
-               f"{_short(a['place'])} fails{having}.")
-    cause, fix = _no_graph_cause(a)
-    return Words(message, cause, fix, ADVICE)
+    def _cause(self) -> tuple[str, str]:
+        """What was observed of where the graph was lost, and the fix that goes with it."""
+        keep = ("compute the loss from the model's outputs with grad mode on, keeping them tensors all the way (no "
+                "`.item()`, `.tolist()`, NumPy or `torch.tensor(...)` between the model and the loss); to log a "
+                "number, call `loss.item()` after `loss.backward()`")
+        if self.inference:
+            return (f"{_loss(self.loss)} is an inference tensor: it was computed under `torch.inference_mode()`, which "
+                    "records no graph.", "run the forward and the loss outside `torch.inference_mode()`")
+        if self.grad_off:
+            modules = ", ".join(f"`{name}`" for name in self.grad_off)
+            return (f"leafwatch's hooks saw {modules} run with grad mode off only since the last check (under "
+                    "`torch.no_grad()`, `torch.inference_mode()` or `torch.set_grad_enabled(False)`), so its outputs "
+                    "carry no graph.", f"run the forward of {modules} with grad mode on: out of the `torch.no_grad()` block")
+        if self.cuts:
+            seen = "; ".join(f"{c.op} at {c.place.within if c.place else '?'}"
+                             + (f", called from {c.called_from.within}" if c.called_from else "") for c in self.cuts)
+            return (f"leafwatch saw the last forward leave autograd at {seen}: what comes out of there carries no "
+                    "graph.", keep)
+        return ("leafwatch did not see where the graph was lost: a loss has none when it is computed under "
+                "`torch.no_grad()` or `torch.inference_mode()`, from numbers (`.item()`, `.tolist()`, NumPy, "
+                "`torch.tensor(...)` of values) or from `.detach()`ed tensors; a `leafwatch.Monitor` created before "
+                "the forward sees where.", keep)
+
+    def words(self, m: Members) -> Words:
+        trainable = self.models
+        having = (f" while {_listed(trainable)} {'has' if len(trainable) == 1 else 'have'} parameters that require "
+                  "grad: it was not computed from them through autograd") if trainable else ""
+        message = (f"{_loss(self.loss)} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the "
+                   f"backward() at {_short(self.place)} fails{having}.")
+        cause, fix = self._cause()
+        return Words(message, cause, fix, ADVICE)

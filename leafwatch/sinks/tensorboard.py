@@ -155,11 +155,15 @@ class TensorBoardSink:
         if event.changed or step % self.refresh_every_n_steps == 0:
             self._flush_chunk()
 
+    def flush(self) -> None:
+        """Write what waits (the coverage of this chunk) and flush the writer (the run may end now: a crash)."""
+        self._flush_chunk()
+        self.writer.flush()
+
     def close(self, report: Report | None = None) -> None:
         if report is not None:
             self._write_report(report, self._last_step)
-        self._flush_chunk()
-        self.writer.flush()
+        self.flush()
 
     # -- records -----------------------------------------------------------------------------
     def _write_report(self, report: Report, step: int) -> None:

@@ -19,11 +19,12 @@ from typing import Any
 
 from torch import nn
 
-from ...monitor import Monitor, explain_crash
+from ...monitor import Monitor
 from ...observe import frames, inventory
 from ...observe.crashes import Context
 from ...report import patch
 from ...report.findings import Report
+from ...report.format import shown
 from ...options import LeafwatchWarning, WarnOnce, folder_problem, parse_ignore, positive_int
 from ...sinks.notes import print_notes
 from .session import Session, StrictStop
@@ -147,7 +148,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     def explain(error: BaseException) -> Sequence[str]:
         crashed.append(session.found.top_modules())
         with _script_as_main(error):
-            return explain_crash(error, [Context(tuple(crashed[0]))], monitors=[session.monitor] if session.monitor else [])
+            return session.crashed(error, [Context(tuple(crashed[0]))])
 
     ended: dict[str, Any] = {}  # the script's variables once it ended, until the run is closed
     try:
@@ -162,7 +163,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     if stopped is not None:
         first = stopped.report.at_least("error")[0]
         session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
-                       f"{first.severity.upper()} {first.kind} `{first.name}`.")
+                       f"{first.severity.upper()} {first.kind} {shown(first)}.")
     session.write(session.summary(report, crashed=bool(crashed)))
     crashed.clear()
     final = _final_code(session, report, code, strict=strict, stopped=stopped is not None)
@@ -184,12 +185,12 @@ def _close(session: Session, ended: dict[str, Any], *, crashed: bool) -> Report:
 def _final_code(session: Session, report: Report, code: int, *, strict: bool, stopped: bool) -> int:
     """:func:`exit_code`, said when ``--strict`` decides it."""
     failed = session.failed_parts
-    unseen = [f"no step of `{f.name}` was seen" for f in report.findings if f.reason == "unchecked_optimizer"]
+    unseen = [f"no step of `{f.name}` was seen" for f in report.findings if f.reason.name == "unchecked_optimizer"]
     final = exit_code(code, report, strict=strict, incomplete=bool(failed or unseen))
     if strict and not stopped and code == 0 and final == STRICT_EXIT_CODE:
         errors = report.at_least("error")
         session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
-                       f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
+                       f"(first: {errors[0].kind} {shown(errors[0])}): exit {STRICT_EXIT_CODE}.")
     elif final == INCOMPLETE_EXIT_CODE:
         why = ", ".join([*unseen, *([f"{', '.join(failed)} failed"] if failed else [])])
         session.write(f"leafwatch: --strict: the check is incomplete ({why}): exit {INCOMPLETE_EXIT_CODE}.")
@@ -249,8 +250,9 @@ class _StructureScan(Monitor):
 
 
 def _structure_scan(modules: list[nn.Module], session: Session, report: Report) -> Report:
-    """What the structure of ``modules`` shows (no gradient exists to check): orphans, non-leaf attributes;
-    ``report`` when there is nothing to scan or the scan fails (warned)."""
+    """What the structure of ``modules`` shows (no gradient exists to check: orphans, non-leaf attributes), with
+    the findings of the crash itself (``report``'s); ``report`` when there is nothing to scan or the scan fails
+    (warned)."""
     if not modules:
         return report
     try:
@@ -260,7 +262,8 @@ def _structure_scan(modules: list[nn.Module], session: Session, report: Report) 
             scan = _StructureScan(roots=roots, ignore=session.ignore or None, diagnose=False, verbose=False,
                                   distributed=False, check_values_every_n_steps=0)
             scan.scan()
-            return scan.close()
+            found = scan.close()
+        return Report([*report.tensors(), *found.tensors()], step=found.step, nothing_to_check=found.nothing_to_check)
     except Exception as failure:
         WarnOnce("the summary says what the run saw without it.")("the structure scan of a run that raised", failure)
         return report

@@ -260,9 +260,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     explanation = _explain(state, clist, pid, name, info, tracer)
     if (explanation is None or explanation.reason == "never_ran") and info is not None and not tracer.records \
             and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
-        # None of the model ran, yet its tensors are used: a library's copy ran in its place?
-        explanation = causes.copied_weights(copy)  # (the user's frames are read only then: they stay alive until
-        # the next read on Python < 3.13)
+        explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place
     if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
         explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
     reason = explanation.reason if explanation is not None else None

@@ -55,7 +55,8 @@ def explain(error: BaseException, contexts: Iterable[crashes.Context] = ()) -> l
         return []
     try:
         found = [v.finding for v in judge(crashes.read(error, contexts), None, None) if v.finding is not None]
-        return group_findings(found) if len(found) > 1 else found
+        together = [f for f in found if "group" in f.details]  # the non-leaves handed to one optimizer
+        return [f for f in found if "group" not in f.details] + (group_findings(together) if together else [])
     except Exception as failure:
         WarnOnce(GOES_ON)("explaining the exception", failure)
         return []

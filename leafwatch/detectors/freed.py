@@ -69,9 +69,9 @@ def _carried_state(m: Members) -> Words:
     message = (f"{m.who} carries the autograd graph of the previous iteration into this one: {statement} makes it "
                f"from its own value of the iteration before, never detached, so the backward() at {_short(a['place'])} "
                "goes back into the earlier iteration's graph, which that iteration's backward() freed.")
-    cause = (f"a state carried from batch to batch (a recurrent hidden state) keeps the graph of every batch that made "
-             f"it: each backward() frees the graph it went through, and the next one reaches it again through "
-             f"{m.who}, whose values are to be carried over, not their history.")
+    cause = (f"a value carried from one iteration to the next (a recurrent hidden state, a running sum) keeps the graph "
+             f"of every iteration that made it: each backward() frees the graph it went through, and the next one "
+             f"reaches it again through {m.who}, whose values are to be carried over, not their history.")
     where = f" (before {a['top']})" if a["top"] else ""
     fix = (f"cut its history at the top of the loop, keeping its value: `{a['snippet']}` as the loop's first "
            f"statement{where}")
@@ -110,7 +110,8 @@ def _computed_once(m: Members) -> Words:
     message = (f"{m.who}{made} is computed once, {when}, and used at every step: the first backward() freed the "
                f"graph that made it, and the backward() at {_short(a['place'])} goes through it again.")
     op = f" (autograd op `{a['origin']['op']}`)" if a["origin"] else ""
-    cause = (f"its graph{op} is made once, from {_sources(a)}, which trains, and the first backward() through it "
+    trains = "train" if len(a["sources"]) > 1 else "trains"
+    cause = (f"its graph{op} is made once, from {_sources(a)}, which {trains}, and the first backward() through it "
              "freed it: each backward() needs a graph made in its own step.")
     never = f"never make it an `nn.Parameter` (or a `.detach()`ed copy): {_sources(a)} would stop training"
     if a["snippet"] and a["attribute"]:

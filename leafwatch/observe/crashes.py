@@ -501,11 +501,13 @@ def _freed(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]]
     reached = _reached(roots)
     modules = scopes.modules(contexts)
     trainable = freed.trainable_leaves(scopes, modules, [o for _, o in scopes.optimizers()])
+    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], read_source, reached,
+                                                          made_before_a_backward, scopes.holders()) if user else [])}
     found = _made_once_attributes(modules, reached, roots, scopes)
     once = freed.computed_once_attributes(modules, reached, lambda t, r: _persistent(t, r, roots), trainable,
                                           read_source)
     for frame, name, value in scopes.values():
-        if id(value) in found or "." in name or not _persistent(value, reached, roots) \
+        if id(value) in found or "." in name or name in earlier or not _persistent(value, reached, roots) \
                 or assigned_in_a_loop(frame.f_code.co_filename, name) or any(c.name == name for c in once):
             continue
         names = freed.sources(value, trainable)
@@ -519,8 +521,8 @@ def _freed(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]]
         found[id(value)] = NonLeaf(name, None, graph.origin(value), _leaf_name(value, scopes),
                                    assigned_at(frame, line, name))
     carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, read_source, reached)}
-    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], read_source, reached,
-                                                          made_before_a_backward, scopes.holders()) if user else [])}
+    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, read_source,
+                                                                 reached))
     if not (found or carried or once or earlier):
         return None
     return FreedGraph(place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))

@@ -164,6 +164,60 @@ def carried(frame: FrameType, source: Source, reached: Mapping[int, Any]) -> lis
     return out
 
 
+def carried_attributes(modules: Iterable[tuple[str | None, nn.Module]], frame: FrameType | None, source: Source,
+                       reached: Mapping[int, Any]) -> list[Carried]:
+    """The module attributes carried across calls with their graph (``out, self.hidden = self.lstm(x, self.hidden)``
+    in ``forward``): one statement of the class assigns the attribute beside an output and reads it, and the
+    attribute's graph meets the failing backward's; the fix goes at the top of ``frame``'s loop."""
+    scope = source.scope(frame) if frame is not None else None
+    loops = loops_around(scope, frame.f_lineno) if scope is not None else []  # type: ignore[union-attr]
+    top = source.span(frame.f_code.co_filename, loops[-1].body[0]) if loops else None  # type: ignore[union-attr]
+    out = []
+    for owner, root in modules:
+        for prefix, module in itertools.islice(root.named_modules(), 10_000) if owner else ():
+            for attr, value in list(vars(module).items())[:200]:
+                tensors = [t for t in _tensors(value) if t.grad_fn is not None]
+                if attr.startswith("_") or not tensors or not any(_meets(t, reached) for t in tensors):
+                    continue
+                found = _carrying_statement(type(module), attr, source)
+                if found is not None:
+                    name = ".".join(p for p in (owner, prefix, attr) if p)
+                    helper = next((k for k in ("repackage_hidden",) if frame is not None and callable(frame.f_globals.get(k))), None)
+                    out.append(Carried(name, len(value) if isinstance(value, (tuple, list)) else None, found[0], found[1],
+                                       False, helper if isinstance(value, (tuple, list)) else None, top))
+    return out
+
+
+def _meets(t: torch.Tensor, reached: Mapping[int, Any]) -> bool:
+    return any(id(n) in reached for n in graph.iter_nodes(t.grad_fn, _MAX_NODES))
+
+
+def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str] | None:
+    """``path:line`` and text of the statement of ``cls``'s methods that assigns ``self.attr`` beside another
+    target and reads ``self.attr``."""
+    try:
+        path, first = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return None
+    tree = source.tree(path) if path else None
+    klass = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__
+                  and min([c.lineno, *(d.lineno for d in c.decorator_list)]) == first), None) if tree else None
+    for method in klass.body if klass is not None else ():
+        if not isinstance(method, ast.FunctionDef) or method.name == "__init__" or not method.args.args:
+            continue
+        me = method.args.args[0].arg
+        for statement in (s for body in blocks(method) for s in body):
+            target = statement.targets[0] if isinstance(statement, ast.Assign) and len(statement.targets) == 1 else None
+            elements = target.elts if isinstance(target, (ast.Tuple, ast.List)) else []
+            mine = [e for e in elements if isinstance(e, ast.Attribute) and e.attr == attr
+                    and isinstance(e.value, ast.Name) and e.value.id == me]
+            if mine and len(elements) > 1 and any(
+                    isinstance(n, ast.Attribute) and n.attr == attr and isinstance(n.value, ast.Name) and n.value.id == me
+                    for n in ast.walk(statement.value)):
+                return f"{path}:{statement.lineno}", source.text(path, statement)
+    return None
+
+
 # -- a value computed once from a parameter -----------------------------------------------------------------
 def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, source: Source,
                            trainable: Mapping[int, str], made_at: str | None, where_line: int | None) -> ComputedOnce | None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .source import Source, Span, assigns, blocks, changed, holding, last_assignment, loops_around, reads
+from .source import Source, Span, assigns, blocks, changed, holding, last_assignment, loops_around, on_line, reads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,7 +196,8 @@ def grad_off_function(frame: FrameType, line: int, root: torch.Tensor, source: S
         return None
     body, index = held
     path = frame.f_code.co_filename
-    wanted, statements = reads(body[index]), [body[index]]
+    statements = on_line(body, index)
+    wanted = set().union(*map(reads, statements))
     for k in range(index - 1, max(-1, index - 30), -1):
         if assigns(body[k]) & wanted:
             statements.append(body[k])

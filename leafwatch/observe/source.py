@@ -96,14 +96,23 @@ def blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
 
 
 def holding(scope: ast.AST, line: int) -> tuple[list[ast.stmt], int] | None:
-    """The innermost statement list of ``scope`` with a statement whose lines hold ``line``, and its index."""
+    """The innermost statement list of ``scope`` with a statement whose lines hold ``line``, and the index of the
+    first such statement (``a(); b()`` on one line: ``a()``'s)."""
     found = None
     for body in blocks(scope):
         for i, statement in enumerate(body):
             if statement.lineno <= line <= (statement.end_lineno or statement.lineno):
-                if found is None or statement.lineno >= found[0][found[1]].lineno:
+                if found is None or statement.lineno > found[0][found[1]].lineno or body is not found[0] \
+                        and statement.lineno == found[0][found[1]].lineno:
                     found = (body, i)
+                break
     return found
+
+
+def on_line(body: list[ast.stmt], index: int) -> list[ast.stmt]:
+    """The statement at ``index`` and those after it on its last line (``a(); b()``)."""
+    last = body[index].end_lineno or body[index].lineno
+    return [s for s in body[index:] if s.lineno <= last]
 
 
 def loops_around(scope: ast.AST, line: int) -> list[ast.For | ast.AsyncFor | ast.While]:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from . import graph
-from .source import Source, Span, assigns, backward_receiver, holding, last_assignment, reads
+from .source import Source, Span, assigns, backward_receiver, holding, last_assignment, on_line, reads
 
 #: ``[torch.FloatTensor [16, 1]], which is output 0 of AsStrided, is at version 2; expected version 1``.
 _TENSOR = re.compile(r"\[\S+ \[([\d, ]*)\]\](?:, which is output \d+ of \w+,)? is at version (\d+); expected version (\d+)")
@@ -105,7 +105,7 @@ def read(frame: FrameType, line: int, root: torch.Tensor, stepped: list[torch.Te
     if held is None or not holders:
         return None
     body, index = held
-    loss = backward_receiver(body[index])
+    loss = next((r for r in map(backward_receiver, on_line(body, index)) if r is not None), None)
     made = last_assignment(body, index, loss) if loss else None
     if made is None or frame.f_locals.get(loss) is not root:
         return None

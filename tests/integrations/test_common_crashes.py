@@ -61,6 +61,16 @@ PATTERNS = {
         "`out, hidden = rnn(torch.randn(2, 5, 4), hidden)` at crash_rnn_hidden_state.py:13",
         "leafwatch: fix (code): cut its history at the top of the loop, keeping its value: `hidden = hidden.detach()`"),
         ("rnn", "head")),
+    "hidden attribute": Pattern("crash_lstm_hidden_attribute.py", FREED, ("non_leaf", "model.hidden", "carried_state"), (
+        "leafwatch: `model.hidden` carries the autograd graph of the previous iteration into this one: `lstm_out, "
+        "self.hidden = self.lstm(embeds.view(len(sentence), 1, -1), self.hidden)` at crash_lstm_hidden_attribute.py:26",
+        "leafwatch: fix (code): cut its history at the top of the loop, keeping its value: `model.hidden = "
+        "tuple(t.detach() for t in model.hidden)`"), ("model",)),
+    "value beside a detached state": Pattern(
+        "crash_scale_beside_a_detached_state.py", FREED, ("non_leaf", "scale", "computed_once"), (
+            "leafwatch: `scale` (made at crash_scale_beside_a_detached_state.py:13 from `log_scale`) is computed once",
+            "repeat `scale = log_scale.exp()` at the top of the loop"), ("log_scale", "rnn", "head"),
+        never=("`h`", "`running`")),
     "value before the loop": Pattern("crash_std_before_loop.py", FREED, ("non_leaf", "std", "computed_once"), (
         "leafwatch: `std` (made at crash_std_before_loop.py:13 from `log_std`) is computed once, before the loop, and "
         "used at every step",

@@ -194,7 +194,9 @@ def _meets(t: torch.Tensor, reached: Mapping[int, Any]) -> bool:
 
 def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str] | None:
     """``path:line`` and text of the statement of ``cls``'s methods that assigns ``self.attr`` beside another
-    target and reads ``self.attr``."""
+    target and reads ``self.attr`` (a class of the user's code only)."""
+    if frames.library_class(cls) is not None:
+        return None
     try:
         path, first = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
@@ -262,6 +264,8 @@ def _from_init(name: str, cls: type, attr: str, sources: tuple[str, ...], value:
     try:
         path, first = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
+        return ComputedOnce(name, sources, None, "", origin, owner=cls.__name__, attr=attr)
+    if frames.library_class(cls) is not None:  # a library's class: no edit of its file
         return ComputedOnce(name, sources, None, "", origin, owner=cls.__name__, attr=attr)
     tree = source.tree(path) if path else None
     klass = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import frames
 from .source import Source, Span, assigns, blocks, changed, holding, last_assignment, loops_around, on_line, reads
 
 
@@ -217,7 +218,7 @@ def _decorated(function: Any, source: Source) -> tuple[str, str, Span, str, str]
     of the user's, whose definition has that decorator."""
     wrapped = inspect.getattr_static(function, "__wrapped__", None)
     code = getattr(wrapped, "__code__", None) if inspect.isfunction(wrapped) else None
-    if code is None:
+    if code is None or not frames.is_users_file(code.co_filename):  # a library's function: no edit of its file
         return None
     path = code.co_filename
     tree = source.tree(path)
@@ -244,6 +245,8 @@ def detached_return(modules: Iterable[nn.Module], source: Source) -> DetachedRet
             continue
         method = inspect.getattr_static(type(module), "training_step", None)
         code = getattr(method, "__code__", None)
+        if code is not None and not frames.is_users_file(code.co_filename):
+            continue
         definition = _definition(code, source) if code is not None else None
         if definition is None:
             continue

@@ -24,6 +24,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch.observe import excepthook
+from leafwatch.report.words import Members, render
 
 pytestmark = pytest.mark.xdist_group("common_crashes")  # the runs are shared by the tests of this module
 
@@ -197,6 +198,18 @@ def test_leafwatch_run_notes_the_users_variable_the_true_cause_and_a_fix(runs: d
     for wrong in pattern.never:
         assert wrong not in text and wrong not in finding["remedy"]["code"], (wrong, text)
     assert finding["remedy"]["applicability"] == "code" and finding["remedy"]["edit"] is not None  # a placed fix
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_each_crash_finding_renders_from_its_json_arguments_alone(runs: dict[str, Any], name: str) -> None:
+    """The words and the placed fix come from the finding's plain arguments (read back from JSON), as a record would
+    hold them: no file is read and no object is needed to say them again."""
+    for f in runs["before"][_key(PATTERNS[name])]["crash"]:
+        members = f["members"] or [f]
+        words = render(f["kind"], f["reason"], Members([m["name"] for m in members], [m["args"] for m in members],
+                                                       f["details"].get("group", "")))
+        assert (words.message, words.cause, words.fix, words.remedy.to_dict()) == (
+            f["message"], f["cause"], f["fix"], f["remedy"])
 
 
 def test_two_non_leaves_are_one_mistake_naming_each_tensor(runs: dict[str, Any]) -> None:

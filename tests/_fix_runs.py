@@ -28,6 +28,8 @@ from typing import Any
 
 from leafwatch.report.words import Edit
 
+import _warm
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SCRIPTS = TESTS / "scripts"
@@ -69,8 +71,8 @@ def _env() -> dict[str, str]:
 def findings_of(script: Path, out: Path, *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess]:
     """What ``leafwatch run`` decides on ``script`` (run in its own folder): ``{"open": [...], "crash":
     [...]}``, each a list of ``Finding.to_dict()``; and the finished process."""
-    result = subprocess.run([sys.executable, str(Path(__file__).resolve()), str(script), str(out), *args],
-                            capture_output=True, text=True, env=_env(), cwd=script.parent, timeout=300)
+    result = _warm.run([sys.executable, str(Path(__file__).resolve()), str(script), str(out), *args],
+                       capture_output=True, text=True, env=_env(), cwd=script.parent, timeout=300)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     assert out.exists(), result.stderr
     return json.loads(out.read_text()), result

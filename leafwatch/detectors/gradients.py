@@ -258,8 +258,9 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
-    if explanation is None and info is not None and not tracer.records and info.module in tracer.armed_since_reset \
-            and (copy := copied(p)) is not None:  # the hooks saw none of the model run: a library's copy ran instead?
+    if (explanation is None or explanation.reason == "never_ran") and info is not None and not tracer.records \
+            and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
+        # None of the model ran, yet its tensors are used: a library's copy ran in its place?
         explanation = causes.copied_weights(copy)  # (the user's frames are read only then: they stay alive until
         # the next read on Python < 3.13)
     if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):

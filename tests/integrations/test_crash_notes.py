@@ -12,6 +12,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -67,7 +68,7 @@ def _env() -> dict[str, str]:
 
 
 def _python(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=240)
+    result = _warm.run([sys.executable, *args], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr  # leafwatch's own failure fails the test
     return result
 

@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -31,7 +32,7 @@ def _run(script: str, *args: str, strict: bool = False) -> subprocess.CompletedP
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "leafwatch", "run", *(["--strict"] if strict else []), str(SCRIPTS / script), *args]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    result = _warm.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 

@@ -104,8 +104,8 @@ def runs_of(spec: Sequence[Mapping[str, Any]], out: Path) -> dict[str, Any]:
     process: ``{key: {"code", "open", "crash", "stderr", "trains"}}``, keyed by the script's path and arguments."""
     listing = out.with_suffix(".spec.json")
     listing.write_text(json.dumps(list(spec)))
-    result = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--batch", str(listing), str(out)],
-                            capture_output=True, text=True, env=_env(), timeout=600)
+    result = _warm.run([sys.executable, str(Path(__file__).resolve()), "--batch", str(listing), str(out)],
+                       capture_output=True, text=True, env=_env(), timeout=600)
     assert out.exists(), result.stderr
     found = json.loads(out.read_text())
     for run in found.values():

@@ -59,7 +59,7 @@ PATTERNS = {
         "leafwatch: fix (code): cut its history at the top of the loop, keeping its value: `hidden = "
         "repackage_hidden(hidden)`"), ("model",)),
     "hidden tensor": Pattern("crash_rnn_hidden_state.py", FREED, ("non_leaf", "hidden", "carried_state"), (
-        "`out, hidden = rnn(torch.randn(2, 5, 4), hidden)` at crash_rnn_hidden_state.py:13",
+        "`out, hidden = rnn(torch.randn(2, 5, 4), hidden)` at crash_rnn_hidden_state.py:14",
         "leafwatch: fix (code): cut its history at the top of the loop, keeping its value: `hidden = hidden.detach()`"),
         ("rnn", "head")),
     "hidden attribute": Pattern("crash_lstm_hidden_attribute.py", FREED, ("non_leaf", "model.hidden", "carried_state"), (

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import inspect
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
-from .source import Source, Span, blocks, reads
+import torch
+
+from .source import Source, Span, blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,8 +55,10 @@ def read(optimizer: Any, handed: Any, frame: FrameType, line: int, name: str, so
             and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name]
     assignment = made[-1] if made else None
     start = assignment.end_lineno or assignment.lineno if assignment is not None else 0
-    users = [s for s in statements if start < s.lineno < line and name in reads(_own(s))]
+    users = [s for s in statements if start < s.lineno < line and _iterates(s, name, frame)]
     used = users[0] if users else None
+    if used is None:  # nothing went through it before: it was empty from the start (every parameter frozen)
+        return None
     return ExhaustedIterator(
         f"{path}:{line}", type(optimizer).__name__, name, type(handed).__name__,
         f"{path}:{assignment.lineno}" if assignment is not None else None,
@@ -61,6 +66,45 @@ def read(optimizer: Any, handed: Any, frame: FrameType, line: int, name: str, so
         source.span(path, assignment) if assignment is not None else None,
         f"{path}:{used.lineno}" if used is not None else None,
         source.text(path, used) if used is not None else None)
+
+
+#: Built-ins that go through the iterable they are given.
+_CONSUMERS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "sum", "any", "all", "max", "min", "dict",
+                        "len", "next"})
+
+
+def _iterates(node: ast.AST, name: str, frame: FrameType) -> bool:
+    """Whether the statement ``node`` goes through the iterator ``name``: a loop or a comprehension over it, a
+    built-in that consumes its argument (``list(params)``, ``sum(...)``), or an optimizer built from it."""
+    if isinstance(node, (ast.For, ast.AsyncFor)) and _is(node.iter, name):
+        return True
+    for n in ast.walk(_own(node)):
+        if isinstance(n, ast.comprehension) and _is(n.iter, name):
+            return True
+        if isinstance(n, ast.Call) and n.args and _is(n.args[0], name):
+            func = n.func.id if isinstance(n.func, ast.Name) else None
+            if func in _CONSUMERS or _optimizer_class(n.func, frame):
+                return True
+    return False
+
+
+def _is(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Name) and node.id == name
+
+
+def _optimizer_class(node: ast.expr, frame: FrameType) -> bool:
+    """Whether ``node`` names an optimizer class in ``frame`` (``torch.optim.SGD``, ``Adam``): module attributes and
+    variables only, nothing of the user's runs."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.insert(0, node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return False
+    value = frame.f_locals.get(node.id, frame.f_globals.get(node.id))
+    for part in parts:
+        value = vars(value).get(part) if inspect.ismodule(value) else None
+    return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
 
 def _own(statement: ast.stmt) -> ast.AST:

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import frames, graph
+from .graphless import code_path
 from .source import (Source, Span, assigned_in, assigns, backward_receiver, blocks, changed, holding, keyword, loops_around,
                      reads, rewritten)
 
@@ -100,7 +101,7 @@ def trainable_leaves(scopes: Any, modules: Iterable[nn.Module], optimizers: Iter
             named.setdefault(id(value), name)
     for owner, module in modules:
         for path, p in itertools.islice(module.named_parameters(), 100_000):
-            named.setdefault(id(p), f"{owner}.{path}" if owner else path)
+            named.setdefault(id(p), code_path(owner, path) if owner else path)
     for optimizer in optimizers:
         for group in optimizer.param_groups:
             for p in group["params"][:100_000]:

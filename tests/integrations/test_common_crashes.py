@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,8 +141,12 @@ PATTERNS = {
         "leafwatch: fix (code): return the loss itself, not `loss.detach()`: `return {\"loss\": loss, \"log\": "
         "{\"train_loss\": loss.detach()}}`"), ("model.layer",)),
 }
-#: In-place errors no optimizer step caused: torch's message, and no note.
-UNNOTED = {"relu": ("crash_inplace_activation.py",), "add": ("crash_inplace_activation.py", "add")}
+#: Crashes that show none of the mistakes above: in-place errors no optimizer step caused, an iterator empty from the
+#: start (nothing used it up); torch's message, and no note.
+UNNOTED = {"relu": ("crash_inplace_activation.py",), "add": ("crash_inplace_activation.py", "add"),
+           "empty filter": ("crash_empty_filter.py",)}
+UNNOTED_ERRORS = {"relu": "RuntimeError: one of the variables needed", "add": "RuntimeError: one of the variables needed",
+                  "empty filter": "ValueError: optimizer got an empty parameter list"}
 
 
 def _key(pattern: Pattern) -> str:
@@ -231,10 +234,10 @@ def test_the_fix_applied_to_a_copy_runs_past_the_crash_and_trains_the_tensor(run
 
 
 @pytest.mark.parametrize("case", sorted(UNNOTED))
-def test_an_in_place_error_no_optimizer_step_caused_gets_no_note(runs: dict[str, Any], case: str) -> None:
+def test_a_crash_that_shows_none_of_these_mistakes_gets_no_note(runs: dict[str, Any], case: str) -> None:
     run = runs["before"][key_of(SCRIPTS / UNNOTED[case][0], UNNOTED[case][1:])]
     lines = run["stderr"].splitlines()
-    error = next(i for i, line in enumerate(lines) if line.startswith("RuntimeError: one of the variables needed"))
+    error = next(i for i, line in enumerate(lines) if line.startswith(UNNOTED_ERRORS[case]))
     assert run["code"] == 1 and run["crash"] == []
     assert lines[error + 1].startswith(("leafwatch: the script raised", "leafwatch: summary")), run["stderr"]
 

@@ -149,8 +149,11 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides={
         "missing_grad": ("unused_on_rank", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching")}),
     Detector("the crash explanation", crashes.judge, CRASH, decides={
-        "non_leaf": ("optimized_non_leaf", "persistent_non_leaf", "in_place_on_leaf"),
-        "missing_grad": ("all_frozen", "backward_of_no_graph")}),
+        "non_leaf": ("optimized_non_leaf", "persistent_non_leaf", "in_place_on_leaf", "carried_state", "computed_once",
+                     "freed_by_earlier_backward"),
+        "missing_grad": ("all_frozen", "backward_of_no_graph", "grad_off_function", "detached_loss",
+                         "stepped_before_backward"),
+        "not_in_optimizer": ("exhausted_iterator",)}),
 )
 
 #: What no detector decides: a part that failed (the pipeline's own finding).

@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: The xdist group of the tests that read the demo run.
@@ -34,6 +36,6 @@ def run_demo(cwd: Path) -> DemoRun:
     """The demo, from ``cwd`` (a scratch folder), with this checkout first on ``PYTHONPATH``."""
     logdir = cwd / "runs"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", str(logdir), "--steps", "6"],
-                          capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
+    done = _warm.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", str(logdir), "--steps", "6"],
+                     capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
     return DemoRun(cwd, logdir, env, done)

@@ -23,7 +23,7 @@ from ..report.format import NOTHING_TO_CHECK
 from ..report.findings import Status
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, REBUILT, Evidence, Observation
-from . import gradients, held, loop as stepping, registry, unchecked
+from . import crashes as explained, gradients, held, loop as stepping, registry, unchecked
 from ..options import warn_unmatched_ignore
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
@@ -251,7 +251,8 @@ class Checker:
         seen = crashes.read(error, [*(c for c in contexts if c.tracer is not self.tracer), self.diagnostics.crash_context()])
         before = {f.key: f for f in self.history_store.view}
         self.pipeline.run((self.step, seen), self.step, self.crashing)
-        return [f for f in self.history_store.view if f.details.get("crash") and before.get(f.key) is not f]
+        return explained.together([f for f in self.history_store.view if f.details.get("crash")
+                                    and before.get(f.key) is not f])
 
     def close(self) -> None:
         """Remove the diagnostic and loop hooks."""

@@ -17,8 +17,15 @@ the renderers below write (message, cause, fix); the note sink adds them to the 
   operation``: the receiver on the failing line, and the same change under ``torch.no_grad()``. The kind
   is ``non_leaf`` because autograd refuses to make a leaf it accumulates into a non-leaf;
 - ``missing_grad`` / ``all_frozen`` and ``backward_of_no_graph``: ``element 0 of tensors does not require
-  grad``: no parameter of the user's modules requires grad, or the loss was made without a graph (and
-  where, only when a Monitor's hooks saw it). ``missing_grad``: nothing gets a gradient.
+  grad``: no parameter of the user's modules requires grad (and what the script meant to train: a module it
+  unfroze with a plain attribute, the part it gave the optimizer), or the loss was made without a graph (and
+  where, only when a Monitor's hooks saw it). ``missing_grad``: nothing gets a gradient;
+- ``not_in_optimizer`` / ``exhausted_iterator``: ``optimizer got an empty parameter list`` where an earlier
+  statement used up the one-shot iterator handed to it.
+
+The forms of ``backward through the graph a second time`` (``freed.py``), of ``does not require grad`` where the
+script shows how the graph was lost (``graphless.py``) and of an optimizer step before a backward (``stepped.py``)
+have their reasons in modules of their own; this detector hands each its observation.
 
 The registry lists this detector at a stage of its own (``CRASH``) that no check runs: a Monitor's door
 (:meth:`leafwatch.Monitor.crashed`) runs it once per exception through its pipeline, onto its history, so the
@@ -30,19 +37,22 @@ here is a ``LeafwatchInternalWarning``; the exception is raised as it is.
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..observe import crashes
+from ..observe import crashes, exhausted
+from ..observe import stepped as stepped_crash
 from ..options import WarnOnce
-from ..report.findings import Finding
+from ..report.findings import Finding, group_findings
 from ..report.reasons import Place, Reason, Span
 from ..report.verdicts import Verdict
-from ..report.words import ADVICE, Members, Remedy, Words, code
-from . import fixes
+from ..report.words import ADVICE, Edit, Members, Remedy, Words, code
+from . import fixes, freed, graphless, stepped
 from .causes import place_of
 from .constructors import make
+from .graphless import Model
 from .leaves import Origin, origin_cause, origin_of
 
 #: What a failure to explain a crash says happens next.
@@ -56,10 +66,18 @@ def explain(error: BaseException, contexts: Iterable[crashes.Context] = ()) -> l
     if crashes.recognise(error) is None:
         return []
     try:
-        return [v.finding for v in judge((None, crashes.read(error, contexts)), None, None) if v.finding is not None]
+        return together([v.finding for v in judge((None, crashes.read(error, contexts)), None, None)
+                         if v.finding is not None])
     except Exception as failure:
         WarnOnce(GOES_ON)("explaining the exception", failure)
         return []
+
+
+def together(found: Sequence[Finding]) -> list[Finding]:
+    """``found`` with the findings that make one mistake (the non-leaves handed to one optimizer: ``group`` in
+    their details) as one finding listing them."""
+    grouped = [f for f in found if "group" in f.details]
+    return [f for f in found if "group" not in f.details] + (group_findings(grouped) if grouped else [])
 
 
 def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any) -> list[Verdict]:
@@ -67,13 +85,20 @@ def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any)
     the step and the observation), opened; each marked ``crash`` (the note on the exception says it)."""
     step, crash = seen
     if isinstance(crash, crashes.OptimizedNonLeaf):
-        found = [_optimized(crash)]
+        found = _optimized(crash)
     elif isinstance(crash, crashes.FreedGraph):
-        found = [_persistent(crash.place, t) for t in crash.tensors]
+        found = [*(freed.carried(crash.place, c) for c in crash.carried),
+                 *(freed.freed_by_earlier(crash.place, e) for e in crash.earlier),
+                 *(freed.computed_once(crash.place, c) for c in crash.once),
+                 *(_persistent(crash.place, t) for t in crash.tensors)]
     elif isinstance(crash, crashes.NoGraph):
         found = [_no_graph(crash)]
     elif isinstance(crash, crashes.InPlaceOnLeaf):
         found = [_in_place(crash)]
+    elif isinstance(crash, stepped_crash.SteppedBeforeBackward):
+        found = [stepped.judge(crash)]
+    elif isinstance(crash, exhausted.ExhaustedIterator):
+        found = [_exhausted(crash)]
     else:
         found = []
     return [Verdict.open(f.replace(step=step, first_step=step, last_step=step, details={**f.details, "crash": True}))
@@ -100,14 +125,44 @@ def described(origin: Origin | None, optimizer: str, place: str) -> str:
     return f"{what.format(dtype=dtype.removeprefix('torch.'), device=device)} passed to `{optimizer}` at {_short(place)}"
 
 
-def _optimized(crash: crashes.OptimizedNonLeaf) -> Finding:
-    t, origin = crash.tensor, _origin(crash.tensor)
-    if not t.path:  # no variable holds it: said in words, never as a name
-        return make(OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, origin=origin),
-                    described(origin, crash.optimizer, crash.place), "error", described=True)
-    fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin)
-    return make(OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=True, origin=origin,
-                                 made_at=_short(t.assigned_at), fix=fix), t.path, "error")
+def _optimized(crash: crashes.OptimizedNonLeaf) -> list[Finding]:
+    """One finding per non-leaf handed to the optimizer; several make one mistake (said where they were handed
+    over), whose one fix makes each a leaf (torch refuses the first it meets, then the next)."""
+    made = []
+    for t in crash.tensors:
+        origin = _origin(t)
+        if not t.path:  # no variable holds it: said in words, never as a name
+            made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, origin=origin),
+                         described(origin, crash.optimizer, crash.place)))
+            continue
+        fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin)
+        made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=True, origin=origin,
+                                      made_at=_short(t.assigned_at), fix=fix), t.path))
+    if len(made) == 1:
+        reason, name = made[0]
+        return [make(reason, name, "error", **({} if reason.named else {"described": True}))]
+    rewrite = _together([r.fix for r, _ in made])
+    where = f"`{crash.optimizer}` at {_short(crash.place)}"
+    return [make(dataclasses.replace(reason, together=rewrite), name, "error",
+                 group=f"{crash.optimizer} at {_short(crash.place)}", location=f"given to {where}")
+            for reason, name in made]
+
+
+def _together(made: Sequence[fixes.LeafFix]) -> freed.Rewrite | None:
+    """One code fix for several non-leaves: each assignment rewritten to make a leaf, as one edit from the first
+    to the last (the lines between as they are); None when one of them has no rewrite, or they are in two files."""
+    if any(f.leaf_code is None or f.at is None for f in made) or len({f.at.path for f in made}) != 1:  # type: ignore[union-attr]
+        return None
+    spans = sorted(made, key=lambda f: f.at.start)  # type: ignore[union-attr]
+    if any(b.at.start <= a.at.end for a, b in zip(spans, spans[1:])):  # type: ignore[union-attr]
+        return None
+    path = spans[0].at.path  # type: ignore[union-attr]
+    lines, text, line = linecache.getlines(path), "", spans[0].at.start  # type: ignore[union-attr]
+    for f in spans:
+        text += "".join(lines[line - 1:f.at.start - 1]) + f"{f.at.indent}{f.leaf_code}\n"  # type: ignore[union-attr]
+        line = f.at.end + 1  # type: ignore[union-attr]
+    edit = Edit(path, spans[0].at.start, spans[-1].at.end, "replace", text)  # type: ignore[union-attr]
+    return freed.Rewrite("\n".join(f.leaf_code for f in made), edit)  # type: ignore[misc]
 
 
 class OptimizedNonLeaf(Reason, kind="non_leaf", name="optimized_non_leaf"):
@@ -120,8 +175,27 @@ class OptimizedNonLeaf(Reason, kind="non_leaf", name="optimized_non_leaf"):
     named: bool = False
     made_at: str | None = None
     fix: fixes.LeafFix = fixes.LeafFix()
+    together: freed.Rewrite | None = None
+
+    def _words_together(self, m: Members) -> Words:
+        """Several non-leaves handed to one optimizer: each named, one fix for all."""
+        named = [(f"`{name}`" if r.named else name) + (f" (assigned at {r.made_at})" if r.made_at else "")
+                 for name, r in zip(m.names, m.reasons)]
+        listed = ", ".join(named[:-1]) + f" and {named[-1]}"
+        message = (f"{listed} are not leaf tensors, so `{self.optimizer}` at {_short(self.place)} cannot optimize "
+                   "them: torch refuses the first it meets, and would refuse the next once that one is fixed; an "
+                   "optimizer steps leaves only.")
+        cause = " ".join(origin_cause(name if r.named else None, r.origin, name) for name, r in zip(m.names, m.reasons))
+        if self.together is None:
+            return Words(message, cause, "make each of them a leaf where it is made: create it with its final value, "
+                                         "then ask for grad (`.requires_grad_()` last)", ADVICE)
+        snippets = "; ".join(f"`{line}`" for line in self.together.code.splitlines())
+        return Words(message, cause, f"make each a leaf where it is made: {snippets}",
+                     code(self.together.code, self.together.edit))
 
     def words(self, m: Members) -> Words:
+        if not m.single:
+            return self._words_together(m)
         who = m.who if self.named else f"a tensor given to `{self.optimizer}`"
         made = f" (assigned at {self.made_at})" if self.made_at else ""
         message = (f"{who}{made} is not a leaf tensor, so `{self.optimizer}` at {_short(self.place)} cannot optimize "
@@ -172,11 +246,28 @@ class PersistentNonLeaf(Reason, kind="non_leaf", name="persistent_non_leaf"):
 
 
 # -- an in-place op on a leaf ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Other:
+    """Another statement of the same routine that changes a leaf in place: its line and its text."""
+
+    place: str
+    statement: str
+
+
 def _in_place(crash: crashes.InPlaceOnLeaf) -> Finding:
+    also: dict[str, Any] = {}
+    if crash.others:
+        decorator, at, guarded = f"@{crash.torch_name}.no_grad()", crash.decorate, crash.guarded
+        also = {"others": tuple(Other(_short(place), statement) for place, statement in crash.others),  # type: ignore[arg-type]
+                "routine": crash.routine, "decorator": decorator if at is not None else None,
+                "all": Edit(at.path, at.start - 1, at.start - 1, "insert_after", f"{at.indent}{decorator}\n")
+                if at is not None else Edit(guarded[0].path, guarded[0].start, guarded[0].end, "replace", guarded[1])
+                if guarded is not None else None,
+                "guarded": guarded[1] if guarded is not None and at is None else None}
     return make(InPlaceOnLeaf(place=crash.place, parameter=crash.is_parameter, method=crash.method,
                               arguments=tuple(crash.arguments), keywords=crash.keywords, statement=crash.statement,
                               whole=crash.whole, torch=crash.torch_name, nn=crash.nn_name,
-                              at=fixes.statement_span(crash.place)), crash.receiver, "error")
+                              at=fixes.statement_span(crash.place), **also), crash.receiver, "error")
 
 
 class InPlaceOnLeaf(Reason, kind="non_leaf", name="in_place_on_leaf"):
@@ -194,6 +285,24 @@ class InPlaceOnLeaf(Reason, kind="non_leaf", name="in_place_on_leaf"):
     torch: str | None = None
     nn: str | None = None
     at: Span | None = None
+    others: tuple[Other, ...] = ()
+    routine: str | None = None
+    decorator: str | None = None
+    all: Edit | None = None
+    guarded: str | None = None
+
+    def _fix_all(self) -> tuple[str, Remedy]:
+        """One fix for every in-place change of a leaf in one routine: the routine under ``@torch.no_grad()``, or
+        the statements under one ``with torch.no_grad():``."""
+        if self.decorator and self.all:
+            return (f"run `{self.routine}` without autograd, as an initialisation: decorate it with `{self.decorator}` "
+                    "(every in-place change in it then runs under `torch.no_grad()`), or use the functions of "
+                    "`torch.nn.init`"), code(self.decorator, self.all)
+        if self.guarded and self.all:
+            return ("run these lines without autograd, under one `with torch.no_grad():` block (or use the functions "
+                    "of `torch.nn.init`)"), code(self.guarded.strip("\n"), self.all)
+        return ("run each of these changes inside a `with torch.no_grad():` block (or use the functions of "
+                "`torch.nn.init`)"), ADVICE
 
     def _fix(self, name: str) -> tuple[str, Remedy]:
         """``nn.init.normal_(w)`` in place of ``w.normal_()`` (torch.nn.init runs under no_grad), else the
@@ -219,26 +328,19 @@ class InPlaceOnLeaf(Reason, kind="non_leaf", name="in_place_on_leaf"):
         what = "an `nn.Parameter`" if self.parameter else "a tensor that requires grad"
         op = (f"`.{self.method}()`" if self.method else f"`{self.statement}`" if "\n" not in self.statement
               else "the statement")
+        lines = "; ".join(f"`{o.statement}` at {o.place}" if "\n" not in o.statement else f"the statement at {o.place}"
+                          for o in self.others)
+        where = f"`{self.routine}`" if self.routine else "The same code"
+        also = f" {where} changes a leaf in place again: {lines} would be refused next." if self.others else ""
         message = (f"{m.who} is {what}, a leaf: torch refuses the in-place {op} at {_short(self.place)} with grad mode "
-                   "on, since autograd cannot record an in-place change of a leaf it accumulates gradients into.")
+                   f"on, since autograd cannot record an in-place change of a leaf it accumulates gradients into.{also}")
         cause = (f"{op} changes {m.who} in place while autograd records: an initialisation or a hand-made update of a "
                  "parameter must run without autograd (under `torch.no_grad()`, as the functions of `torch.nn.init` do).")
-        fix, remedy = self._fix(m.name)
+        fix, remedy = self._fix_all() if self.others else self._fix(m.name)
         return Words(message, cause, fix, remedy)
 
 
 # -- a backward of a tensor without a graph ----------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Model:
-    """A model of the user's frames as a crash names it: its code (``code``: a path the user can type) or its
-    class in words, how many parameter tensors it has and how many of them require grad."""
-
-    name: str
-    code: bool
-    parameters: int
-    trainable: int
-
-
 @dataclasses.dataclass(frozen=True)
 class Seen:
     """A cut a Monitor's recorder saw in the last forward: the op, its line and the user's call into it."""
@@ -256,8 +358,13 @@ def _model(model: crashes.Model) -> Model:
 def _no_graph(crash: crashes.NoGraph) -> Finding:
     models = tuple(_model(m) for m in crash.models)
     if models and not any(m.trainable for m in models):
-        return make(AllFrozen(place=crash.place, loss=crash.loss, models=models), models[0].name, "error",
-                    **({} if models[0].code else {"described": True}))
+        return make(AllFrozen(place=crash.place, loss=crash.loss, models=models, **_meant(crash.frozen)),
+                    models[0].name, "error", **({} if models[0].code else {"described": True}))
+    trainable = tuple(m for m in models if m.trainable)
+    if crash.function is not None:
+        return graphless.grad_off(crash.place, crash.loss, trainable, crash.function)
+    if crash.detached is not None:
+        return graphless.detached(crash.place, crash.loss, trainable, crash.detached)
     grad_off = tuple(fixes.attribute_path(name, owner) or name if owner else name or "the model"
                      for owner, name in crash.grad_off)
     reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference,
@@ -277,24 +384,123 @@ def _listed(models: Sequence[Model]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
 
 
-class AllFrozen(Reason, kind="missing_grad", name="all_frozen", fixes="never"):
-    """``element 0 of tensors does not require grad``: every parameter of the user's models is frozen."""
+@dataclasses.dataclass(frozen=True)
+class Unfrozen:
+    """``module.requires_grad = True`` as the script wrote it: the module (its code), the line, the statement."""
+
+    module: str
+    at: str | None = None
+    statement: str | None = None
+
+
+def _meant(frozen: Any) -> dict[str, Any]:
+    """What a fully frozen script meant to train, as the fields of :class:`AllFrozen`: the modules it tried to
+    unfreeze with a plain attribute (and where), the parts its optimizer was given, and the placed unfreeze."""
+    if frozen is None:
+        return {}
+    unfrozen = tuple(Unfrozen(u.module, _short(u.at), u.statement) for u in frozen.unfrozen)
+    targets = [u.module for u in frozen.unfrozen] or list(frozen.parts)
+    snippet = "\n".join(f"{t}.requires_grad_(True)" for t in targets) if targets else None
+    edit = None
+    spans = [u.span for u in frozen.unfrozen if u.span is not None]
+    if snippet and frozen.unfrozen and len(spans) == len(frozen.unfrozen) == 1:
+        at = spans[0]
+        edit = Edit(at.path, at.start, at.end, "replace", f"{at.indent}{snippet}\n")
+    elif snippet and not frozen.unfrozen and frozen.after is not None:
+        at = frozen.after
+        edit = Edit(at.path, at.end, at.end, "insert_after", "".join(f"{at.indent}{line}\n" for line in snippet.splitlines()))
+    return {"unfrozen": unfrozen, "parts": tuple(frozen.parts), "whole": frozen.whole, "optimizer": frozen.optimizer,
+            "snippet": snippet, "edit": edit}
+
+
+class AllFrozen(Reason, kind="missing_grad", name="all_frozen"):
+    """``element 0 of tensors does not require grad``: every parameter of the user's models is frozen; what the
+    script meant to train: the modules it unfroze with a plain attribute (``unfrozen``), the parts of the model
+    ``optimizer`` was given (``parts``; ``whole``: all of it), and the unfreeze (``snippet``) placed by ``edit``."""
 
     place: str
     models: tuple[Model, ...]
     loss: str | None = None
+    unfrozen: tuple[Unfrozen, ...] = ()
+    parts: tuple[str, ...] = ()
+    whole: bool = False
+    optimizer: str | None = None
+    snippet: str | None = None
+    edit: Edit | None = None
+
+    def _also(self) -> str:
+        if self.unfrozen:
+            said = "; ".join(f"`{u.statement}` at {u.at}" if u.at else f"`{u.module}.requires_grad = True`"
+                             for u in self.unfrozen)
+            return (f" {said} sets a plain attribute of the module, which PyTorch ignores: its parameters keep "
+                    "`requires_grad=False`.")
+        if self.parts and not self.whole:
+            return f" `{self.optimizer}` was given the parameters of {', '.join(f'`{p}`' for p in self.parts)}, frozen too."
+        return ""
 
     def words(self, m: Members) -> Words:
         models, count = self.models, sum(model.parameters for model in self.models)
         message = (f"every parameter of {_listed(models)} is frozen, so {_loss(self.loss)} has no autograd graph and "
                    f"the backward() at {_short(self.place)} has nothing to differentiate: nothing trains.")
         cause = (f"none of the {count} parameter tensors of {_listed(models)} requires grad (`requires_grad=False` on "
-                 "each), so nothing computed from them records a graph.")
-        first = models[0]
-        whole = f"`{first.name}.requires_grad_(True)` for the whole model, or " if first.code else ""
-        fix = (f"unfreeze what should train before the forward pass: {whole}`requires_grad_(True)` on the part that "
-               "should train (and give it to your optimizer)")
-        return Words(message, cause, fix, ADVICE)
+                 f"each), so nothing computed from them records a graph.{self._also()}")
+        if not self.snippet:
+            first = models[0]
+            whole = f"`{first.name}.requires_grad_(True)` for the whole model, or " if first.code else ""
+            fix = (f"unfreeze what should train before the forward pass: {whole}`requires_grad_(True)` on the part "
+                   "that should train (and give it to your optimizer)")
+            return Words(message, cause, fix, ADVICE)
+        shown = "; ".join(self.snippet.splitlines())
+        if self.unfrozen:
+            fix = f"unfreeze its parameters with the module's method: `{shown}`"
+        elif not self.whole:
+            fix = (f"unfreeze what `{self.optimizer}` trains, before the forward pass: `{shown}` (not "
+                   "`requires_grad_(True)` on the whole model, which would also train what should stay frozen)")
+        else:
+            fix = (f"unfreeze what should train before the forward pass: `{shown}` (`{self.optimizer}` was given every "
+                   "parameter of it); if a part should stay frozen (a pretrained backbone), unfreeze only the part "
+                   "that should train")
+        return Words(message, cause, fix, code(self.snippet, self.edit))
+
+
+# -- an optimizer handed an iterator used up already ---------------------------------------------------------
+def _exhausted(crash: exhausted.ExhaustedIterator) -> Finding:
+    snippet = f"{crash.name} = list({crash.value})" if crash.value is not None else None
+    at = crash.at
+    edit = Edit(at.path, at.start, at.end, "replace", f"{at.indent}{snippet}\n") \
+        if snippet is not None and at is not None and fixes.is_code(snippet) else None
+    return make(ExhaustedIterator(place=crash.place, optimizer=crash.optimizer, iterator=crash.kind,
+                                  made_at=_short(crash.made_at), used_at=_short(crash.used_at), used=crash.used,
+                                  snippet=snippet if edit else None, edit=edit), crash.name, "error")
+
+
+class ExhaustedIterator(Reason, kind="not_in_optimizer", name="exhausted_iterator"):
+    """``optimizer got an empty parameter list``: the one-shot iterator (of the class ``iterator``, made at
+    ``made_at``) handed to ``optimizer`` at ``place`` was used up by ``used`` (at ``used_at``) before; the fix
+    makes it a list where it is made (``snippet``, ``edit``)."""
+
+    place: str
+    optimizer: str
+    iterator: str
+    made_at: str | None = None
+    used_at: str | None = None
+    used: str | None = None
+    snippet: str | None = None
+    edit: Edit | None = None
+
+    def words(self, m: Members) -> Words:
+        made = f" (made at {self.made_at})" if self.made_at else ""
+        used = (f"`{self.used}` at {self.used_at}" if self.used and "\n" not in self.used else
+                f"the statement at {self.used_at}" if self.used_at else "an earlier statement")
+        message = (f"{m.who}{made} is a one-shot `{self.iterator}` iterator, used up by {used} before "
+                   f"`{self.optimizer}` at {_short(self.place)} got it: the optimizer got no parameter, and nothing "
+                   "would train.")
+        cause = (f"a `{self.iterator}` (like a generator, or `model.parameters()`) yields its items once: the first "
+                 f"pass over {m.who} took them all, so nothing was left for the optimizer.")
+        if self.snippet:
+            return Words(message, cause, f"make it a list where it is made: `{self.snippet}`", code(self.snippet, self.edit))
+        return Words(message, cause, f"make {m.who} a list where it is made (`list(...)`), so that it can be read "
+                                     "twice", ADVICE)
 
 
 class BackwardOfNoGraph(Reason, kind="missing_grad", name="backward_of_no_graph", fixes="never"):

@@ -258,10 +258,9 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
-    if explanation is None and info is not None and not tracer.records and info.module in tracer.armed_since_reset \
-            and (copy := copied(p)) is not None:  # the hooks saw none of the model run: a library's copy ran instead?
-        explanation = causes.copied_weights(copy)  # (the user's frames are read only then: they stay alive until
-        # the next read on Python < 3.13)
+    if (explanation is None or explanation.reason.name == "never_ran") and info is not None and not tracer.records \
+            and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
+        explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place
     if (explanation.reason.name if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
         explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
     reason = explanation.reason.name if explanation is not None else None

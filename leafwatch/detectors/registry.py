@@ -20,8 +20,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import (causes, crashes, dead, gradients, held, leaves, loop, membership, outside, pipeline, ranks, silenced,
-               structure, unchecked, values, watched, zeroed)
+from . import (causes, crashes, dead, freed, gradients, graphless, held, leaves, loop, membership, outside, pipeline,
+               ranks, silenced, stepped, structure, unchecked, values, watched, zeroed)
 from ..observe.evidence import LOSS, REBUILT
 from ..report.reasons import Reason
 from ..report.verdicts import Verdicts
@@ -150,8 +150,9 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides=(
         ranks.UnusedOnRank, ranks.NoGradOnAnyRank, ranks.RankBranchingHangs, ranks.RankBranching)),
     Detector("the crash explanation", crashes.judge, CRASH, decides=(
-        crashes.OptimizedNonLeaf, crashes.PersistentNonLeaf, crashes.InPlaceOnLeaf, crashes.AllFrozen,
-        crashes.BackwardOfNoGraph)),
+        crashes.OptimizedNonLeaf, crashes.PersistentNonLeaf, crashes.InPlaceOnLeaf, freed.CarriedState,
+        freed.ComputedOnce, freed.FreedByEarlier, crashes.AllFrozen, crashes.BackwardOfNoGraph,
+        graphless.GradOffFunction, graphless.DetachedLoss, stepped.SteppedBeforeBackward, crashes.ExhaustedIterator)),
 )
 
 #: What no detector decides: a part that failed (the pipeline's own finding).

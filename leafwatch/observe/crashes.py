@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import frames, graph
+from . import exhausted, frames, freed, graph, graphless, source, stepped
 from .cuts import CutSite
 from .inventory import Inventory
 
@@ -43,6 +43,10 @@ GRAPH_FREED = "graph_freed"
 NO_GRAPH = "no_graph"
 #: torch raised ``a leaf Variable that requires grad is being used in an in-place operation``.
 LEAF_IN_PLACE = "leaf_in_place"
+#: torch raised ``one of the variables needed for gradient computation has been modified by an inplace operation``.
+MODIFIED_IN_PLACE = "modified_in_place"
+#: torch raised ``optimizer got an empty parameter list``.
+EMPTY_PARAMETERS = "empty_parameters"
 
 _ERRORS = (
     (ValueError, re.compile(r"can't optimize a non-leaf Tensor"), OPTIMIZED_NON_LEAF),
@@ -50,6 +54,9 @@ _ERRORS = (
     (RuntimeError, re.compile(r"element (\d+) of tensors does not require grad and does not have a grad_fn"), NO_GRAPH),
     (RuntimeError, re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
      LEAF_IN_PLACE),
+    (RuntimeError, re.compile(r"one of the variables needed for gradient computation has been modified by an inplace "
+                              r"operation"), MODIFIED_IN_PLACE),
+    (ValueError, re.compile(r"optimizer got an empty parameter list"), EMPTY_PARAMETERS),
 )
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _MAX_FRAMES = 30
@@ -90,11 +97,12 @@ class NonLeaf:
 
 @dataclasses.dataclass(frozen=True)
 class OptimizedNonLeaf:
-    """``can't optimize a non-leaf Tensor``: the user's line that built the optimizer, its class, the tensor."""
+    """``can't optimize a non-leaf Tensor``: the user's line that built the optimizer, its class, and every
+    non-leaf it was handed (torch refuses the first; the others would be refused next)."""
 
     place: str
     optimizer: str
-    tensor: NonLeaf
+    tensors: tuple[NonLeaf, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +112,9 @@ class FreedGraph:
 
     place: str
     tensors: tuple[NonLeaf, ...]
+    carried: tuple[freed.Carried, ...] = ()
+    once: tuple[freed.ComputedOnce, ...] = ()
+    earlier: tuple[freed.FreedByEarlier, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +139,9 @@ class NoGraph:
     models: tuple[Model, ...]
     grad_off: tuple[tuple[str | None, str], ...] = ()
     cuts: tuple[CutSite, ...] = ()
+    frozen: graphless.FrozenPart | None = None
+    function: graphless.GradOffFunction | None = None
+    detached: graphless.DetachedReturn | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,9 +162,17 @@ class InPlaceOnLeaf:
     whole: bool
     torch_name: str | None
     nn_name: str | None
+    #: The other statements of the same function (or block) that change a leaf in place, ``(path:line, as written)``.
+    others: tuple[tuple[str, str], ...] = ()
+    #: The function that runs them when it returns nothing (an init routine), and where its definition starts.
+    routine: str | None = None
+    decorate: source.Span | None = None
+    #: The statements from the first to the last, adjacent in one block, and the same lines under ``torch.no_grad()``.
+    guarded: tuple[source.Span, str] | None = None
 
 
-Crash = OptimizedNonLeaf | FreedGraph | NoGraph | InPlaceOnLeaf
+Crash = (OptimizedNonLeaf | FreedGraph | NoGraph | InPlaceOnLeaf | stepped.SteppedBeforeBackward
+         | exhausted.ExhaustedIterator)
 
 
 def recognise(error: BaseException) -> tuple[str, re.Match[str]] | None:
@@ -177,14 +199,18 @@ def read(error: BaseException, contexts: Iterable[Context] = ()) -> Crash | None
     first = (user or above or [None])[0]
     place = f"{first[0].f_code.co_filename}:{first[1]}" if first is not None else None
     name, found = recognised
-    contexts = list(contexts)
+    contexts, read_source = list(contexts), source.Source()
     if name == OPTIMIZED_NON_LEAF:
         return _optimized(where, user, scopes, place)
+    if name == EMPTY_PARAMETERS:
+        return _emptied(where, user, scopes, read_source)
     if name == GRAPH_FREED:
-        return _freed(where, scopes, contexts, place)
+        return _freed(where, user, scopes, contexts, place, read_source)
     if name == NO_GRAPH:
-        return _no_graph(where, scopes, contexts, place, int(found.group(1)))
-    return _in_place(user, scopes) if user else None
+        return _no_graph(where, user, scopes, contexts, place, int(found.group(1)), read_source)
+    if name == MODIFIED_IN_PLACE:
+        return _stepped(str(error), where, user, scopes, read_source)
+    return _in_place(user, scopes, read_source) if user else None
 
 
 # -- the user's variables -------------------------------------------------------------------------------
@@ -217,6 +243,23 @@ class Scopes:
     def name_of(self, obj: Any) -> tuple[str, FrameType] | None:
         """The user's variable for ``obj`` (``w``, ``self.scale``) and the frame that holds it."""
         return next(((name, frame) for frame, name, value in self.values() if value is obj), None)
+
+    def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
+        """The optimizers the user's variables hold, each with the innermost variable for it."""
+        found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
+        for _, name, value in self.values():
+            if isinstance(value, torch.optim.Optimizer):
+                found.setdefault(id(value), (name, value))
+        return list(found.values())
+
+    def holders(self) -> dict[int, tuple[str, torch.optim.Optimizer]]:
+        """Tensor id -> the optimizer of :meth:`optimizers` that holds it (the first), with its variable."""
+        held: dict[int, tuple[str, torch.optim.Optimizer]] = {}
+        for name, optimizer in self.optimizers():
+            for group in optimizer.param_groups:
+                for p in group["params"][:100_000]:
+                    held.setdefault(id(p), (name, optimizer))
+        return held
 
     def modules(self, contexts: Iterable[Context] = ()) -> list[tuple[str | None, nn.Module]]:
         """The top modules of the user's frames and of the doors' contexts (none held by another one),
@@ -323,18 +366,23 @@ def _optimized(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, i
         local = frame.f_locals
         group = local.get("param_group")
         candidates = [local.get("param"), *(_tensors(group.get("params")) if isinstance(group, dict) else [])]
-        tensor = next((t for t in candidates if isinstance(t, torch.Tensor) and not t.is_leaf and not t.retains_grad),
-                      None)
-        if tensor is None or place is None:
+        tensors = list({id(t): t for t in candidates if isinstance(t, torch.Tensor) and not t.is_leaf
+                        and not t.retains_grad}.values())
+        if not tensors or place is None:
             return None
-        found = scopes.name_of(tensor)
-        name, holder = found if found is not None else (None, None)
-        line = next((line for f, line in user if f is holder), None)
-        at = assigned_at(holder, line, name) if holder is not None and name is not None and name.isidentifier() else None
         owner = local.get("self")
         return OptimizedNonLeaf(place, type(owner).__name__ if owner is not None else "the optimizer",
-                                NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, scopes), at))
+                                tuple(_non_leaf(t, user, scopes) for t in tensors))
     return None
+
+
+def _non_leaf(tensor: torch.Tensor, user: list[tuple[FrameType, int]], scopes: Scopes) -> NonLeaf:
+    """A non-leaf handed to an optimizer: the user's variable for it and the statement that assigned it."""
+    found = scopes.name_of(tensor)
+    name, holder = found if found is not None else (None, None)
+    line = next((line for f, line in user if f is holder), None)
+    at = assigned_at(holder, line, name) if holder is not None and name is not None and name.isidentifier() else None
+    return NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, scopes), at)
 
 
 # -- a graph freed by an earlier backward -----------------------------------------------------------------
@@ -415,22 +463,24 @@ def assigned_once(cls: type, attr: str) -> bool:
     return found
 
 
-def _freed(where: list[tuple[FrameType, int]], scopes: Scopes, contexts: list[Context],
-           place: str | None) -> FreedGraph | None:
-    roots = backward_roots(where)
-    if not roots or place is None:
-        return None
-    reached: dict[int, Any] = {}  # the nodes themselves: an id is only known while its node lives
+def _reached(roots: list[torch.Tensor]) -> dict[int, Any]:
+    """The autograd nodes a backward from ``roots`` reaches, by id (the nodes themselves: an id is only known
+    while its node lives)."""
+    reached: dict[int, Any] = {}
     seen: set[int] = set()
     for root in roots:
         if root.grad_fn is not None:
             reached.update((id(n), n) for n in graph.iter_nodes(root.grad_fn, graph.MAX_NODES, seen))
+    return reached
+
+
+def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], reached: Mapping[int, Any],
+                          roots: list[torch.Tensor], scopes: Scopes) -> dict[int, NonLeaf]:
+    """The non-leaf module attributes made once in ``__init__`` (not from the model's parameters) that the
+    failing backward went through after an earlier one freed them."""
     found: dict[int, NonLeaf] = {}
-    modules = scopes.modules(contexts)
-    parameters: set[int] = set()
     for owner, module in modules:
         inventory = Inventory(module)
-        parameters.update(inventory.tensors)
         for orphan in inventory.orphans():
             t = orphan.tensor
             if id(t) in found or orphan.container != "attribute" or not _persistent(t, reached, roots):
@@ -440,17 +490,78 @@ def _freed(where: list[tuple[FrameType, int]], scopes: Scopes, contexts: list[Co
             if holder is not None and assigned_once(type(holder), attr):
                 found[id(t)] = NonLeaf(orphan.name, owner, graph.origin(t), _leaf_name(t, scopes), module=holder,
                                        attr=attr)
+    return found
+
+
+def _freed(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
+           contexts: list[Context], place: str | None, read_source: source.Source) -> FreedGraph | None:
+    roots = backward_roots(where)
+    if not roots or place is None:
+        return None
+    reached = _reached(roots)
+    modules = scopes.modules(contexts)
+    trainable = freed.trainable_leaves(scopes, modules, [o for _, o in scopes.optimizers()])
+    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], read_source, reached,
+                                                          made_before_a_backward, scopes.holders()) if user else [])}
+    found = _made_once_attributes(modules, reached, roots, scopes)
+    once = freed.computed_once_attributes(modules, reached, lambda t, r: _persistent(t, r, roots), trainable,
+                                          read_source)
     for frame, name, value in scopes.values():
-        if id(value) in found or "." in name or not _persistent(value, reached, roots) \
-                or assigned_in_a_loop(frame.f_code.co_filename, name):
+        if id(value) in found or "." in name or name in earlier or not _persistent(value, reached, roots) \
+                or assigned_in_a_loop(frame.f_code.co_filename, name) or any(c.name == name for c in once):
             continue
-        leaves, complete = graph.leaves_of(value.grad_fn, limit=_MAX_OWN_NODES)
-        if not complete or any(isinstance(leaf, nn.Parameter) or id(leaf) in parameters for leaf in leaves):
-            continue  # made from the model's parameters: an output or a state carried across steps
+        names = freed.sources(value, trainable)
+        if names is None:
+            continue
         line = next((line for f, line in where if f is frame), None)
+        if names:  # made from a parameter the user trains: computed once, freed by the first backward
+            once.append(freed.computed_once_variable(frame, name, value, read_source, trainable,  # type: ignore[arg-type]
+                                                     assigned_at(frame, line, name), line))
+            continue
         found[id(value)] = NonLeaf(name, None, graph.origin(value), _leaf_name(value, scopes),
                                    assigned_at(frame, line, name))
-    return FreedGraph(place, tuple(found.values())) if found else None
+    carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, read_source, reached)}
+    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, read_source,
+                                                                 reached))
+    if not (found or carried or once or earlier):
+        return None
+    return FreedGraph(place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))
+
+
+# -- an optimizer step between a forward and its backward ----------------------------------------------------
+def _stepped(message: str, where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
+             read_source: source.Source) -> stepped.SteppedBeforeBackward | None:
+    roots = backward_roots(where)
+    if len(roots) != 1 or roots[0].grad_fn is None or not user:
+        return None
+    leaves, _ = graph.leaves_of(roots[0].grad_fn, limit=graph.MAX_NODES)
+    changed = stepped.modified(message, roots, leaves)
+    if not changed:
+        return None
+
+    def module_of(tensors: list[torch.Tensor]) -> str | None:
+        ids = {id(t) for t in tensors}
+        return next((name for name, m in scopes.modules() if name and ids & {id(p) for p in m.parameters()}), None)
+
+    frame, line = user[0]
+    return stepped.read(frame, line, roots[0], changed, read_source, scopes.holders(), module_of)
+
+
+# -- an optimizer handed an iterator used up already ---------------------------------------------------------
+def _emptied(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
+             read_source: source.Source) -> exhausted.ExhaustedIterator | None:
+    for frame, _ in reversed(where):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name != "__init__" or not frame.f_code.co_filename.startswith(_TORCH_DIR) \
+                or not isinstance(owner, torch.optim.Optimizer):
+            continue
+        handed = frame.f_locals.get("params")
+        found = scopes.name_of(handed) if exhausted.is_iterator(handed) else None
+        line = next((line for f, line in user if found is not None and f is found[1]), None)
+        if found is None or line is None or not found[0].isidentifier():
+            return None
+        return exhausted.read(owner, handed, found[1], line, found[0], read_source)
+    return None
 
 
 # -- a backward of a tensor without a graph ----------------------------------------------------------------
@@ -481,8 +592,8 @@ def _what_the_tracer_saw(contexts: list[Context], names: Mapping[int, str | None
     return tuple(off), tuple(dict.fromkeys(sites))
 
 
-def _no_graph(where: list[tuple[FrameType, int]], scopes: Scopes, contexts: list[Context], place: str | None,
-              index: int) -> NoGraph | None:
+def _no_graph(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
+              contexts: list[Context], place: str | None, index: int, read_source: source.Source) -> NoGraph | None:
     roots = backward_roots(where)
     if index >= len(roots) or place is None:
         return None
@@ -492,7 +603,15 @@ def _no_graph(where: list[tuple[FrameType, int]], scopes: Scopes, contexts: list
     found = scopes.name_of(root)
     modules = scopes.modules(contexts)
     off, sites = _what_the_tracer_saw(contexts, {id(m): name for name, m in modules})
-    return NoGraph(place, found[0] if found is not None else None, root.is_inference(), _models(modules), off, sites)
+    models = _models(modules)
+    frame, line = user[0] if user else (None, None)
+    frozen = graphless.frozen_part([(n, m) for n, m in modules if any(True for _ in m.parameters())],
+                                   scopes.optimizers(), scopes.frames, frame, line, read_source, _resolve) \
+        if models and not any(m.trainable for m in models) else None
+    function = graphless.grad_off_function(frame, line, root, read_source, _resolve) if frame is not None else None
+    detached = graphless.detached_return([m for _, m in modules], read_source) if function is None else None
+    return NoGraph(place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
+                   function, detached)
 
 
 # -- an in-place op on a leaf that requires grad -----------------------------------------------------------
@@ -515,7 +634,11 @@ def _resolve(node: ast.expr, frame: FrameType) -> Any:
             for registered in (owner._parameters, owner._buffers, owner._modules):
                 if node.attr in registered:
                     return registered[node.attr]
-        return getattr(owner, "__dict__", {}).get(node.attr, _MISSING)
+        found = getattr(owner, "__dict__", {}).get(node.attr, _MISSING)
+        if found is _MISSING and not inspect.ismodule(owner):  # a method: the function its class defines
+            found = inspect.getattr_static(type(owner), node.attr, _MISSING)
+            found = found if inspect.isfunction(found) else _MISSING
+        return found
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         owner = _resolve(node.value, frame)
         if isinstance(owner, (list, tuple, dict, nn.ModuleList, nn.ParameterList, nn.Sequential, nn.ModuleDict,
@@ -548,24 +671,60 @@ def _spelling(scope: Mapping[str, Any], target: Any) -> str | None:
                  and isinstance(key, str) and not key.startswith("_")), None)
 
 
-def _in_place(user: list[tuple[FrameType, int]], scopes: Scopes) -> InPlaceOnLeaf | None:
+def _changes_a_leaf(statement: ast.stmt, frame: FrameType) -> tuple[ast.expr, ast.Call | None, torch.Tensor] | None:
+    """The receiver (and the in-place call) of ``statement`` that is a leaf requiring grad, read in ``frame``."""
+    for receiver, call in _receivers(statement):
+        t = _resolve(receiver, frame)
+        if isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad:
+            return receiver, call, t
+    return None
+
+
+def _in_place(user: list[tuple[FrameType, int]], scopes: Scopes, read_source: source.Source) -> InPlaceOnLeaf | None:
     frame, line = user[0]
     path = frame.f_code.co_filename
     statement = _statement_at(path, line)
-    if statement is None:
+    found = _changes_a_leaf(statement, frame) if statement is not None else None
+    if found is None:
         return None
-    for receiver, call in _receivers(statement):
-        t = _resolve(receiver, frame)
-        if not (isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad):
-            continue
-        whole = isinstance(statement, ast.Expr) and statement.value is call
-        written = ast.get_source_segment("".join(linecache.getlines(path)), statement) or ast.unparse(statement)
-        nn_name = _spelling(frame.f_globals, nn)
-        torch_name = _spelling(frame.f_globals, torch)
-        return InPlaceOnLeaf(
-            f"{path}:{line}", ast.unparse(receiver), isinstance(t, nn.Parameter),
-            call.func.attr if call is not None else None,  # type: ignore[union-attr]
-            tuple(ast.unparse(a) for a in call.args) if call is not None else (),
-            bool(call.keywords) if call is not None else False, written, whole, torch_name,
-            nn_name if nn_name is not None else f"{torch_name}.nn" if torch_name is not None else None)
-    return None
+    receiver, call, t = found
+    whole = isinstance(statement, ast.Expr) and statement.value is call
+    nn_name, torch_name = _spelling(frame.f_globals, nn), _spelling(frame.f_globals, torch)
+    return InPlaceOnLeaf(
+        f"{path}:{line}", ast.unparse(receiver), isinstance(t, nn.Parameter),
+        call.func.attr if call is not None else None,  # type: ignore[union-attr]
+        tuple(ast.unparse(a) for a in call.args) if call is not None else (),
+        bool(call.keywords) if call is not None else False, read_source.text(path, statement), whole, torch_name,
+        nn_name if nn_name is not None else f"{torch_name}.nn" if torch_name is not None else None,
+        **_routine(frame, statement, torch_name, read_source))  # type: ignore[arg-type]
+
+
+def _routine(frame: FrameType, failing: ast.stmt, torch_name: str | None, read_source: source.Source) -> dict[str, Any]:
+    """The other statements of the function (or, at a module's level, of the block) that changes a leaf in
+    place on ``failing``, and the fix for all of them: the function under ``@torch.no_grad()`` when it returns
+    nothing (an init routine), else the statements, when adjacent, under one ``with torch.no_grad():``."""
+    path, scope = frame.f_code.co_filename, read_source.scope(frame)
+    held = source.holding(scope, failing.lineno) if scope is not None else None
+    if held is None:
+        return {}
+    function = isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef))
+    statements = [s for body in source.blocks(scope) for s in body] if function else held[0]  # type: ignore[arg-type]
+    changing = sorted((s for s in statements if s.lineno == failing.lineno or not hasattr(s, "body")
+                       and _changes_a_leaf(s, frame) is not None), key=lambda s: s.lineno)
+    others = tuple((f"{path}:{s.lineno}", read_source.text(path, s)) for s in changing if s.lineno != failing.lineno)
+    if not others:
+        return {}
+    out: dict[str, Any] = {"others": others}
+    if function and source.is_routine(scope) and torch_name is not None:  # type: ignore[arg-type]
+        first = min([scope.lineno, *(d.lineno for d in scope.decorator_list)])  # type: ignore[union-attr]
+        at = read_source.span(path, scope)  # type: ignore[arg-type]
+        out.update(routine=scope.name, decorate=source.Span(at.path, first, first, at.indent))  # type: ignore[union-attr]
+        return out
+    body = held[0]
+    index = [body.index(s) for s in changing if s in body]
+    if torch_name is not None and len(index) == len(changing) and index == list(range(index[0], index[-1] + 1)):
+        at = read_source.span(path, body[index[0]])
+        lines = read_source.lines(path)[at.start - 1:body[index[-1]].end_lineno]
+        text = f"{at.indent}with {torch_name}.no_grad():\n" + "".join(f"    {line}" if line.strip() else line for line in lines)
+        out["guarded"] = (source.Span(at.path, at.start, body[index[-1]].end_lineno or at.start, at.indent), text)
+    return out

@@ -67,8 +67,17 @@ def _prefixes(frameworks: bool, skip: tuple[str, ...]) -> tuple[str, ...]:
     return (PACKAGE_DIR, *framework_dirs(), *installed_dirs(), "<", *skip)
 
 
+def is_users_file(filename: str) -> bool:
+    """Whether code of the file ``filename`` (a function's ``co_filename``) is the user's, as :func:`is_users`
+    decides for a frame that runs it."""
+    return not _file_under(filename, _prefixes(True, ()))
+
+
 def _is_under(frame: FrameType, prefixes: tuple[str, ...]) -> bool:
-    filename = frame.f_code.co_filename
+    return _file_under(frame.f_code.co_filename, prefixes)
+
+
+def _file_under(filename: str, prefixes: tuple[str, ...]) -> bool:
     if filename.startswith(prefixes):
         # The script run as ``__main__`` is the user's wherever it lives, and so is a notebook
         # cell (IPython names it ``<ipython-input-…>``).

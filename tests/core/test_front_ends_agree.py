@@ -194,19 +194,20 @@ for step in range(4):
 def test_leafwatch_run_gives_the_same_verdict_at_the_end_of_the_run(scenario: str, tmp_path) -> None:
     import json
     import os
-    import subprocess
     import sys
     from pathlib import Path
+
+    import _warm  # (here: the scripts below import this module without tests/ on their path)
 
     here = Path(__file__).resolve().parent
     script = tmp_path / "train.py"
     script.write_text(_SCRIPT.format(here=str(here), scenario=scenario))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(here.parents[1]), os.environ.get("PYTHONPATH", "")) if p)}
-    ran = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "runs"), str(script)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    ran = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "runs"), str(script)],
+                    capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert ran.returncode == 0, ran.stderr
-    read = subprocess.run([sys.executable, "-m", "leafwatch", "report", "--json", "--fail-on", "never",
-                           str(tmp_path / "runs")], capture_output=True, text=True, env=env, timeout=120)
+    read = _warm.run([sys.executable, "-m", "leafwatch", "report", "--json", "--fail-on", "never",
+                      str(tmp_path / "runs")], capture_output=True, text=True, env=env, timeout=120)
     assert read.returncode == 0, read.stderr
     (run,) = json.loads(read.stdout)["runs"]
     found = _tensors_of(run["findings"])

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import _warm
 import torch
 from torch import nn
 
@@ -88,8 +89,8 @@ def test_a_partly_used_container_prints_under_40_lines_under_leafwatch_run(tmp_p
             model(torch.randn(4)).backward()
             opt.step()
     """))
-    done = subprocess.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
-                          capture_output=True, text=True, timeout=300)
+    done = _warm.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
+                     capture_output=True, text=True, timeout=300)
     lines = (done.stdout + done.stderr).splitlines()
     assert len(lines) < 40, "\n".join(lines[:60])
     live = [line for line in lines if line.startswith("leafwatch: ERROR missing_grad")]
@@ -234,8 +235,8 @@ def test_one_cut_in_a_12_block_model_is_one_live_line_naming_the_line_of_the_cut
     script = tmp_path / "deep.py"
     script.write_text(_DEEP)
     line = next(i for i, text in enumerate(_DEEP.splitlines(), 1) if "# the cut" in text)
-    done = subprocess.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
-                          capture_output=True, text=True, timeout=300)
+    done = _warm.run([sys.executable, "-m", "leafwatch.cli", "run", str(script)],
+                     capture_output=True, text=True, timeout=300)
     live = [text for text in done.stderr.split("leafwatch: summary")[0].splitlines() if text.startswith("leafwatch:")]
     assert len(live) <= 2, done.stderr
     # Named by its tensors (no module holds them all but the model), the cut said as where it is (#52 item 5).

@@ -15,6 +15,7 @@ import warnings
 import weakref
 from typing import Any
 
+import _warm
 import pytest
 import torch
 import torch.optim.optimizer as _optimizers
@@ -905,7 +906,7 @@ def test_watched_tensors_freed_by_the_garbage_collector_never_deadlock(tmp_path)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     script = tmp_path / "cycles.py"
     script.write_text(_CYCLE_SCRIPT)
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    done = _warm.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "watched after collection: 0" in done.stdout
 

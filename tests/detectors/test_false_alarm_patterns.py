@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from torch import nn
@@ -60,8 +61,8 @@ def _leafwatch_run(tmp_path: Path, source: str, *args: str) -> subprocess.Comple
     script.write_text(textwrap.dedent(source))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "leafwatch", "run", *args, str(script)], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=240)
+    return _warm.run([sys.executable, "-m", "leafwatch", "run", *args, str(script)], capture_output=True,
+                     text=True, env=env, cwd=tmp_path, timeout=240)
 
 
 # -- BYOL as lightning-bolts writes it --------------------------------------------------------

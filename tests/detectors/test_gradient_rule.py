@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from torch import nn
@@ -109,9 +110,9 @@ def test_audit_sees_one_step_and_decides_at_once() -> None:
 
 
 def test_run_names_nothing_for_tensors_updated_by_hand() -> None:
-    result = subprocess.run([sys.executable, "-m", "leafwatch.cli", "run", "--strict",
+    result = _warm.run([sys.executable, "-m", "leafwatch.cli", "run", "--strict",
                              str(SCRIPTS / "updated_by_hand_tensors.py")],
-                            capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "done" in result.stdout
     assert "leafwatch: no findings at step 5" in result.stderr, result.stderr

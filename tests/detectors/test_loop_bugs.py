@@ -16,6 +16,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 from _requirements import require_module
 import torch
@@ -484,8 +485,8 @@ def _run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
     """) + textwrap.dedent(body))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    return subprocess.run([sys.executable, "-m", "leafwatch", "run", str(script)], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=240)
+    return _warm.run([sys.executable, "-m", "leafwatch", "run", str(script)], capture_output=True,
+                     text=True, env=env, cwd=tmp_path, timeout=240)
 
 
 def test_run_names_zero_grad_between_backward_and_step(tmp_path):

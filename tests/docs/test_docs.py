@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import _warm
 import pytest
 from _requirements import require, require_module, require_pytest_plugin
 
@@ -153,8 +154,8 @@ def test_python_blocks_not_run_here_still_compile(block: Block) -> None:
 def test_python_block_runs_and_prints_what_the_page_shows(block: Block, tmp_path: Path) -> None:
     _require_what_it_needs(block.code)
     (tmp_path / "train.py").write_text(block.code, encoding="utf-8")
-    result = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, env=_env(), capture_output=True,
-                            text=True, timeout=TIMEOUT_S)
+    result = _warm.run([sys.executable, "train.py"], cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
     assert result.returncode == 0, f"{block.where} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert "LeafwatchInternalWarning" not in result.stderr, f"{block.where}:\n{result.stderr[-3000:]}"
     if block.output is not None:

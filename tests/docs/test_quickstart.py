@@ -7,13 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_quickstart_names_each_seeded_bug_with_its_cause() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py")], capture_output=True,
-                         text=True, env=env, timeout=240, check=True)
+    out = _warm.run([sys.executable, str(REPO / "examples" / "quickstart.py")], capture_output=True,
+                    text=True, env=env, timeout=240, check=True)
     text = out.stdout
     assert "3 open of 3 finding(s) at step 1" in text  # three mistakes, five tensors
     assert "ERROR   non_leaf            temperature" in text and "ToCopyBackward0" in text

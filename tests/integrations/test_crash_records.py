@@ -81,6 +81,38 @@ def test_a_crashed_leafwatch_run_writes_the_crash_finding_and_report_diff_patche
     assert after.returncode == 0 and after.stdout == "trained\n", after.stderr
 
 
+#: Crash scripts of #53 (tests/scripts/): the finding their record holds (kind, name, reason, members) and the lines
+#: `report --diff` takes out and puts in.
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+COMMON_CRASHES = {
+    "crash_hidden_state.py": (("non_leaf", "h_state", "carried_state", []), [],
+                              ["+    h_state = None if h_state is None else h_state.detach()\n"]),
+    "crash_two_non_leaves.py": (("non_leaf", "{W1,W2}", "optimized_non_leaf", ["W1", "W2"]),
+                                ["-W1 = torch.randn(784, 128, requires_grad=True) * 0.01\n"],
+                                ["+W1 = (torch.randn(784, 128) * 0.01).requires_grad_()\n",
+                                 "+W2 = (torch.randn(128, 10) * 0.01).requires_grad_()\n"]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(COMMON_CRASHES))
+def test_a_crashed_leafwatch_run_of_a_common_crash_writes_its_finding_and_report_diff_patches_it(
+        tmp_path: Path, script: str) -> None:
+    """#53's crashes take the one flow too: the record of a crashed ``leafwatch run --logdir`` lists the finding
+    (one mistake for several non-leaves, its tensors its members) and ``report --diff`` shows its placed fix."""
+    (kind, name, reason, members), removed, added = COMMON_CRASHES[script]
+    (tmp_path / script).write_text((SCRIPTS / script).read_text())
+    run = _run("-m", "leafwatch", "run", "--logdir", "logs", script, cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback (most recent call last):" in run.stderr
+    found = _crash_finding(_report_json(tmp_path / "logs", tmp_path), kind, reason)
+    assert found["name"] == name and [m["name"] for m in found["members"] if len(found["members"]) > 1] == members
+    assert found["remedy"]["applicability"] == "code" and found["remedy"]["edit"] is not None
+    assert f"leafwatch: {found['message']}" in run.stderr  # the note and the record: one render
+    diff = _run("-m", "leafwatch", "report", "logs", "--diff", cwd=tmp_path)
+    assert diff.returncode == 0, diff.stderr
+    for line in removed + added:
+        assert line in diff.stdout, (line, diff.stdout)
+
+
 def test_a_monitor_with_a_writer_in_a_script_that_crashes_writes_the_record_through_the_excepthook(
         tmp_path: Path) -> None:
     _script(tmp_path, """\

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -113,8 +114,8 @@ def test_cli_rejects_bad_arguments(argv, match, capsys):
 def test_demo_with_a_logdir_that_is_a_file_exits_2_before_training(tmp_path):
     (tmp_path / "afile.txt").write_text("not a folder")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", "afile.txt"], capture_output=True,
-                          text=True, env=env, cwd=tmp_path, timeout=120)
+    done = _warm.run([sys.executable, "-m", "leafwatch", "demo", "--logdir", "afile.txt"], capture_output=True,
+                     text=True, env=env, cwd=tmp_path, timeout=120)
     assert done.returncode == 2
     assert done.stdout == ""  # not even the "training ..." line
     assert done.stderr.splitlines() == ["leafwatch demo: `--logdir` 'afile.txt' is a file, not a folder"]
@@ -127,7 +128,7 @@ def test_leafwatch_report_does_not_import_torch(tmp_path):
     code = (f"import sys\nfrom leafwatch import cli\ncode = cli.main(['report', {str(tmp_path)!r}])\n"
             "print(code, 'torch' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = _warm.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
     assert "no leafwatch data" in done.stderr
 
@@ -180,8 +181,8 @@ def test_the_install_hint_follows_how_leafwatch_was_installed(direct_url, target
         (info / "direct_url.json").write_text(json.dumps(direct_url))
     code = ("import leafwatch.integrations.environment as e, leafwatch; "
             "print(leafwatch.__file__); print(e.install_command('lightning'))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                          env={**os.environ, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
+    done = _warm.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                     env={**os.environ, "PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}, check=True)
     where, command = done.stdout.splitlines()
     assert where.startswith(str(site))
     assert shlex.split(command) == [sys.executable, "-m", "pip", "install", target]

@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -31,7 +32,7 @@ def _run(script: str, *args: str, strict: bool = False) -> subprocess.CompletedP
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     command = [sys.executable, "-m", "leafwatch", "run", *(["--strict"] if strict else []), str(SCRIPTS / script), *args]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    result = _warm.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 
@@ -306,7 +307,15 @@ def test_a_gan_that_dies_before_the_generator_steps_leaves_its_membership_undeci
     assert ("each of `G.{0,2}.{bias,weight}` requires grad and no optimizer that stepped holds it, but the run raised "
             "an exception at step 1, before the checks that decide whether it trains: left undecided.") in summary
     assert "`opt_G` (an `Adam`) holds it and had not stepped yet: it may step later in the iteration" in summary
-    said = "\n".join(_live(result)) + summary  # (the traceback quotes the script)
+    live = _live(result)
+    # The crash's note (#53) names what raised: `opt_D.step()` changed D's weights before `G_loss.backward()`; it
+    # says nothing of `opt_G`, which never got to step.
+    note = [line for line in live if line.startswith(("leafwatch: `opt_D.step()`", "leafwatch: cause: an optimizer's",
+                                                       "leafwatch: fix (code): compute `G_loss` again"))]
+    assert len(note) == 3 and note[0].startswith("leafwatch: `opt_D.step()` at gan_crash.py:38 changed in place the "
+                                                 "parameters of `D` that the graph of `G_loss`"), live
+    assert "opt_G" not in "\n".join(note)
+    said = "\n".join(line for line in live if line not in note) + summary  # (the traceback quotes the script)
     for false in ("never called", "never stepped", "left out", "opt_D", "ERROR"):
         assert false not in said, false
     strict = _run("gan_crash.py", strict=True)  # the script's own exit code, no strict failure of leafwatch's

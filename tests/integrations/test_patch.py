@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 from _requirements import require_module
 
@@ -49,8 +50,8 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "leafwatch", *args], capture_output=True, text=True,
-                            env=_env(), cwd=cwd, timeout=300)
+    result = _warm.run([sys.executable, "-m", "leafwatch", *args], capture_output=True, text=True,
+                       env=_env(), cwd=cwd, timeout=300)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -57,8 +58,8 @@ def _env() -> dict[str, str]:
 
 def _open_findings(mode: str, script: str, tmp_path: Path) -> list[list[str]]:
     args = [a.format(tmp=tmp_path / mode) for a in ARGUMENTS.get(script, [])]
-    result = subprocess.run([sys.executable, str(TESTS / "_run_or_attach.py"), mode, str(SCRIPTS / script), *args],
-                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, str(TESTS / "_run_or_attach.py"), mode, str(SCRIPTS / script), *args],
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("OPEN ")]
     assert len(lines) == 1, result.stdout[-2000:] + result.stderr[-3000:]
@@ -129,8 +130,8 @@ def test_an_optimizer_that_steps_late_in_the_run_is_no_finding() -> None:
 
 
 def test_run_strict_passes_a_periodic_auxiliary_loss() -> None:
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--strict", str(SCRIPTS / "periodic_aux_loss.py")],
-                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", "--strict", str(SCRIPTS / "periodic_aux_loss.py")],
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "aux done" in result.stdout
     assert "ERROR" not in result.stderr
@@ -138,8 +139,8 @@ def test_run_strict_passes_a_periodic_auxiliary_loss() -> None:
 
 
 def test_a_strict_attached_monitor_passes_a_periodic_auxiliary_loss() -> None:
-    result = subprocess.run([sys.executable, str(SCRIPTS / "periodic_aux_loss.py"), "--attach"],
-                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, str(SCRIPTS / "periodic_aux_loss.py"), "--attach"],
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "ERROR" not in result.stdout + result.stderr
     assert "INFO    missing_grad        aux [intermittent] (since step 2)" in result.stdout
@@ -224,8 +225,8 @@ def test_the_strict_hugging_face_callback_passes_a_periodic_auxiliary_loss(tmp_p
 
 
 def test_run_names_a_layer_created_after_the_optimizer_by_both_lines_at_the_next_check() -> None:
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / "module_after_optimizer.py")],
-                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / "module_after_optimizer.py")],
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "ERROR   not_in_optimizer    extra (since step 1, decided at step 2)" in result.stderr
     assert ("cause: `extra` was created at module_after_optimizer.py:30, after `opt` was built at "
@@ -235,8 +236,8 @@ def test_run_names_a_layer_created_after_the_optimizer_by_both_lines_at_the_next
 
 
 def test_a_monitor_built_before_the_optimizer_names_the_line_that_built_it() -> None:
-    result = subprocess.run([sys.executable, str(SCRIPTS / "module_after_optimizer.py"), "--attach"],
-                            capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, str(SCRIPTS / "module_after_optimizer.py"), "--attach"],
+                       capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "ERROR   not_in_optimizer    model.extra (since step 1, decided at step 2)" in result.stdout
     assert ("cause: `model.extra` was created at module_after_optimizer.py:30, after `opt` was built at "

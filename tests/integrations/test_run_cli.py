@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -41,15 +42,15 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(command: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
-                            env=_env(), cwd=cwd or REPO, timeout=240)
+    result = _warm.run([sys.executable, "-m", "leafwatch", command, *args], capture_output=True, text=True,
+                       env=_env(), cwd=cwd or REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr  # leafwatch's own failure fails the test
     return result
 
 
 def _python(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
-                            cwd=cwd or REPO, timeout=240)
+    result = _warm.run([sys.executable, *args], capture_output=True, text=True, env=_env(),
+                       cwd=cwd or REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 
@@ -799,8 +800,8 @@ def test_a_library_that_keeps_the_optimizer_is_named_by_the_users_path_never_by_
     script.write_text(SKORCH_SCRIPT)
     env = _env()
     env["PYTHONPATH"] = os.pathsep.join((str(library), env["PYTHONPATH"]))
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script)],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=240)
     assert result.returncode == 0 and result.stdout == "fit\n", result.stderr
     (run,) = read_reports(str(tmp_path / "logs"))
     (f,) = run.report.open

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -38,7 +39,7 @@ CASES = {
 def _python(*args: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
-    result = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    result = _warm.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 

@@ -31,6 +31,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -43,8 +44,8 @@ SCRIPTS = REPO / "tests" / "scripts" / "third_party"
 
 def _leafwatch_run(script: str, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / script), *args],
-                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", str(SCRIPTS / script), *args],
+                       capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     assert result.stdout.endswith("done\n"), result.stdout

@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import _warm
 import pytest
 import torch
 from _launch import rank_results
@@ -307,7 +308,7 @@ def test_leafwatch_run_names_an_adapter_added_after_the_optimizer_in_a_run_short
     from leafwatch.report.reader import read_reports
 
     script = REPO / "tests" / "scripts" / "hf_peft_after_optimizer.py"
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script),
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", str(tmp_path / "logs"), str(script),
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 0 and result.stdout.endswith("done\n"), result.stderr
     (run,) = read_reports(str(tmp_path / "logs"))
@@ -435,12 +436,12 @@ def test_records_under_output_dir_whatever_report_to(tmp_path: Path) -> None:
 def test_leafwatch_report_on_the_output_dir_exits_1_naming_the_layer(tmp_path: Path) -> None:
     train(BertWithUnusedHead(bert_config()), tmp_path / "buggy", LeafWatchCallback(verbose=False))
     train(tiny_bert(), tmp_path / "clean", LeafWatchCallback(verbose=False))
-    buggy = subprocess.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "buggy")],
-                           capture_output=True, text=True, timeout=120)
+    buggy = _warm.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "buggy")],
+                      capture_output=True, text=True, timeout=120)
     assert buggy.returncode == 1, buggy.stderr
     assert "unused_head.{bias,weight}" in buggy.stdout and "never ran" in buggy.stdout
-    clean = subprocess.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "clean")],
-                           capture_output=True, text=True, timeout=120)
+    clean = _warm.run([sys.executable, "-m", "leafwatch", "report", str(tmp_path / "clean")],
+                      capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert "no findings" in clean.stdout
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import _swaps
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -46,8 +47,8 @@ def _env() -> dict[str, str]:
 
 
 def _run(*command: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=_env(), cwd=REPO,
-                            timeout=240)
+    result = _warm.run([sys.executable, *command], capture_output=True, text=True, env=_env(), cwd=REPO,
+                       timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -113,8 +114,8 @@ def test_a_model_saved_under_leafwatch_run_loads_where_leafwatch_is_never_import
             "assert 'leafwatch' not in sys.modules, 'leafwatch imported'; "
             "assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules()); "
             "print(type(model).__name__, tuple(model(torch.ones(2, 4)).shape))")
-    result = subprocess.run([sys.executable, "-c", load, str(script_runs["saved"]), str(TESTS)], capture_output=True,
-                            text=True, cwd=REPO, timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    result = _warm.run([sys.executable, "-c", load, str(script_runs["saved"]), str(TESTS)], capture_output=True,
+                       text=True, cwd=REPO, timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert result.returncode == 0, result.stderr
     assert result.stdout == "Net (2, 1)\n"
 

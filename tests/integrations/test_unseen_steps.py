@@ -17,6 +17,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_lightning_callback
@@ -120,8 +121,8 @@ def test_a_monitor_checked_by_hand_beside_the_wrapper_has_no_incomplete_finding(
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-m", "leafwatch", "run", *args], capture_output=True, text=True,
-                            env=env, cwd=REPO, timeout=240)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", *args], capture_output=True, text=True,
+                       env=env, cwd=REPO, timeout=240)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     assert result.stdout == "done\n", result.stdout
     return result

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 from _requirements import require_module
@@ -39,7 +40,7 @@ def _global_optimizer_hooks() -> tuple[int, int]:
 
 def _run(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
+    return _warm.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=REPO, timeout=240)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -19,6 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import _warm
 import pytest
 import torch
 import torch.distributed as dist
@@ -37,8 +38,8 @@ def _run(mode: str, *python_flags: str, user_warns: bool = False) -> subprocess.
     script = [str(SCRIPT), *(["--user-warns"] if user_warns else [])]
     args = ["-m", "leafwatch", "run", *script] if mode == "run" else [*script, "--attach"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *python_flags, *args], capture_output=True, text=True, env=env,
-                          cwd=REPO, timeout=240)
+    return _warm.run([sys.executable, *python_flags, *args], capture_output=True, text=True, env=env,
+                     cwd=REPO, timeout=240)
 
 
 def _warnings(stderr: str) -> list[str]:

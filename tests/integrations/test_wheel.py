@@ -48,8 +48,22 @@ def _fresh_venv(path: Path) -> Path:
     _run([sys.executable, "-m", "venv", "--without-pip", str(path)])
     python = path / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     purelib = _run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).stdout.strip()
-    Path(purelib, "leafwatch_test_dependencies.pth").write_text("\n".join(_dependency_dirs()) + "\n")
+    dirs = _dependency_dirs()
+    Path(purelib, "leafwatch_test_dependencies.pth").write_text("\n".join([*dirs, *_start_up_lines(dirs)]) + "\n")
     return python
+
+
+def _start_up_lines(dirs: list[str]) -> list[str]:
+    """The ``import`` lines of the ``.pth`` files in ``dirs`` that run at start-up there (the transparency
+    suite's torchvision shim, once the ecosystem extra is installed: torchmetrics, and so Lightning, import
+    torchvision), except the editable install of leafwatch, which the fresh venv must not see."""
+    lines = []
+    for directory in dirs:
+        for pth in sorted(Path(directory).glob("*.pth")):
+            if "leafwatch" in pth.name:
+                continue
+            lines += [line for line in pth.read_text().splitlines() if line.startswith("import ")]
+    return lines
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """An RNN whose hidden state is carried across steps without `.detach()`: the second backward goes
 through the first step's freed graph (RuntimeError: Trying to backward through the graph a second
-time). No leaf mistake: leafwatch adds no note."""
+time). leafwatch's note names `hidden`, the statement that carries it, and `hidden = hidden.detach()` at
+the top of the loop."""
 
 import torch
 from torch import nn

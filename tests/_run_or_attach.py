@@ -80,7 +80,8 @@ def _before_forward(module: torch.nn.Module, args: Any) -> None:
 def _before_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
     if not _attached:  # no module ran through module(x) before the first step
         _attach((optimizer,))
-        if _attached:
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if _attached and closure is None:  # (a closure computes this step's gradients inside step(): checked after it)
             _attached["monitor"].check(optimizer)  # this step's check: the attached hooks start with the next
 
 
@@ -89,25 +90,28 @@ def _open(report: leafwatch.Report) -> list[list[str]]:
 
 
 def main(mode: str, script: str, args: list[str]) -> None:
+    crashed: list[BaseException] = []
     if mode == "run":
         session = Session(stream=open(os.devnull, "w"))
         session.install()
-        try:
-            run_target(script, None, args)
+        try:  # (as `leafwatch run` does: a script that raised leaves undecided what waits for later steps)
+            run_target(script, None, args, explain=lambda error: crashed.append(error) or ())
         finally:
-            report = session.close()
+            report = session.close(crashed=bool(crashed))
     else:
         forward = torch.nn.modules.module.register_module_forward_pre_hook(_before_forward)
         step = register_optimizer_step_pre_hook(_before_step)
         sys.argv, sys.path[0] = [script, *args], os.path.dirname(os.path.abspath(script))
         try:
             runpy.run_path(script, run_name="__main__")
-        except (Exception, SystemExit):
-            pass  # (a script that raises or exits: what was checked until then is compared)
+        except SystemExit:
+            pass  # (a script that exits: what was checked until then is compared)
+        except Exception as error:  # noqa: BLE001 - as a `with Monitor(...)` block left by the exception
+            crashed.append(error)
         finally:
             forward.remove()
             step.remove()
-            report = _attached["monitor"].close() if _attached else leafwatch.Report()
+            report = _attached["monitor"].close(interrupted=bool(crashed)) if _attached else leafwatch.Report()
     print("OPEN", json.dumps(_open(report)))
 
 

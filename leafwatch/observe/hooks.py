@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from types import SimpleNamespace
 from collections.abc import Callable
 from typing import Any
@@ -28,14 +29,18 @@ class Subscription:
     """One subscriber's hold on a :class:`Dispatcher`; :meth:`remove` ends it (idempotent), as a
     ``RemovableHandle`` does."""
 
-    __slots__ = ("_dispatcher", "_callback")
+    __slots__ = ("_dispatcher", "_callback", "_finalizer")
 
-    def __init__(self, dispatcher: Dispatcher, callback: Callable[..., Any]) -> None:
+    def __init__(self, dispatcher: Dispatcher, callback: Callable[..., Any], finalizer: Any = None) -> None:
         self._dispatcher: Dispatcher | None = dispatcher
         self._callback = callback
+        self._finalizer = finalizer  # (a weak subscription's end when its object goes: not needed once removed)
 
     def remove(self) -> None:
         dispatcher, self._dispatcher = self._dispatcher, None
+        if self._finalizer is not None:
+            self._finalizer.detach()
+            self._finalizer = None
         if dispatcher is not None:
             dispatcher.unsubscribe(self._callback)
 
@@ -65,12 +70,27 @@ class Dispatcher:
     def __len__(self) -> int:
         return len(self._subscribers)
 
-    def subscribe(self, callback: Callable[..., Any]) -> Subscription:
-        """Call ``callback`` with the hook's arguments at each call of this hook, from the next one on."""
+    def subscribe(self, callback: Callable[..., Any], *, weakly: bool = False) -> Subscription:
+        """Call ``callback`` with the hook's arguments at each call of this hook, from the next one on.
+
+        ``weakly`` (``callback`` a bound method): the subscription holds its object weakly and ends when it is
+        gone, so that a Monitor dropped without ``close()`` (its constructor or ``attach()`` raised, or it was
+        never closed) leaves no global hook behind. What must outlive the user's reference (an attached
+        Monitor's step hooks) subscribes strongly."""
+        finalizer = None
+        if weakly:
+            owner, method = callback.__self__, weakref.WeakMethod(callback)  # type: ignore[attr-defined, arg-type]
+
+            def callback(*args: Any) -> Any:  # noqa: F811 - the weak stand-in for the method
+                found = method()
+                return found(*args) if found is not None else None
+
+            finalizer = weakref.finalize(owner, self.unsubscribe, callback)
+            del owner
         with _LOCK:
             self._subscribers = (*self._subscribers, callback)
         settle()
-        return Subscription(self, callback)
+        return Subscription(self, callback, finalizer)
 
     def unsubscribe(self, callback: Callable[..., Any]) -> None:
         with _LOCK:

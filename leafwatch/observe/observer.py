@@ -70,11 +70,12 @@ class Observer:
         self._modules: Discovery | None = None
         self._set_roots: Callable[..., None] = lambda roots, paths: None
         if hooked:
-            self._subscriptions = [hooks.PARAMETER_REGISTRATION.subscribe(self._on_parameter),
-                                   hooks.MODULE_REGISTRATION.subscribe(self._on_module),
-                                   hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step)]
+            # (weakly: a Monitor dropped without close() leaves none of them behind)
+            self._subscriptions = [hooks.PARAMETER_REGISTRATION.subscribe(self._on_parameter, weakly=True),
+                                   hooks.MODULE_REGISTRATION.subscribe(self._on_module, weakly=True),
+                                   hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step, weakly=True)]
         if (hooked if builds is None else builds):
-            self._subscriptions.append(hooks.OPTIMIZER_BUILT.subscribe(self._saw_built))
+            self._subscriptions.append(hooks.OPTIMIZER_BUILT.subscribe(self._saw_built, weakly=True))
 
     def __len__(self) -> int:
         """The step hooks installed (for tests of what a Monitor holds)."""

@@ -230,14 +230,14 @@ class Tracer:
         tops = records and (self._recorder is not None or self.ops_wanted and not self.compiled and not self._recorder_broken)
         if records != (self._records_hook is not None):
             if records:
-                self._records_hook = hooks.MODULE_FORWARD.subscribe(self._on_forward)
+                self._records_hook = hooks.MODULE_FORWARD.subscribe(self._on_forward, weakly=True)
             else:
                 self._records_hook, handle = None, self._records_hook
                 handle.remove()
         if tops != bool(self._tops_hooks):
             if tops:
-                self._tops_hooks = (hooks.MODULE_FORWARD_PRE.subscribe(self._on_forward_pre),
-                                    hooks.MODULE_FORWARD_ALWAYS.subscribe(self._on_forward_end))
+                self._tops_hooks = (hooks.MODULE_FORWARD_PRE.subscribe(self._on_forward_pre, weakly=True),
+                                    hooks.MODULE_FORWARD_ALWAYS.subscribe(self._on_forward_end, weakly=True))
             else:
                 handles, self._tops_hooks = self._tops_hooks, ()
                 for handle in handles:

@@ -527,6 +527,38 @@ def test_close_removes_every_hook_leafwatch_installed() -> None:
     assert monitor.step == 3
 
 
+def test_a_monitor_dropped_without_close_leaves_no_global_hook_behind() -> None:
+    """A Monitor the user never closes (its attach() raised, or it was simply dropped) keeps no subscriber
+    on leafwatch's global dispatchers once it is gone: a forward pre-hook left by it would keep running
+    in every later forward of the process."""
+    from leafwatch.observe import hooks
+
+    def subscribers() -> dict[str, int]:
+        gc.collect()
+        return {dispatcher.name: len(dispatcher) for dispatcher in hooks.DISPATCHERS}
+
+    before = subscribers()
+    model = TwoLayer()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = leafwatch.Monitor(model)
+    assert subscribers()["module forward pre-hook"] > before["module forward pre-hook"]
+    with pytest.raises(ValueError, match="`optimizers` must be given to attach"):
+        monitor.attach()
+    del monitor
+    assert subscribers() == before
+    leafwatch.Monitor(model, optimizer)  # never closed, never kept
+    assert subscribers() == before
+    # An attached Monitor whose reference the user dropped still checks: its step hooks hold it.
+    attached = weakref.ref(leafwatch.Monitor(model, optimizer).attach())
+    gc.collect()
+    _train_step(model, optimizer)
+    monitor = attached()
+    assert monitor is not None and monitor.step == 1
+    monitor.close()
+    del monitor
+    assert subscribers() == before
+
+
 def test_closing_twice_and_using_as_a_context_manager_is_safe() -> None:
     model = TwoLayer()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

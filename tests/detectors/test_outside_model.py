@@ -140,7 +140,7 @@ def test_audit_subscribes_to_no_global_hook(monkeypatch: pytest.MonkeyPatch) -> 
 
     subscribed: list[str] = []
     real = hooks.Dispatcher.subscribe
-    monkeypatch.setattr(hooks.Dispatcher, "subscribe", lambda self, f: (subscribed.append(self.name), real(self, f))[1])
+    monkeypatch.setattr(hooks.Dispatcher, "subscribe", lambda self, f, **how: (subscribed.append(self.name), real(self, f, **how))[1])
     model = nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = model(torch.randn(3, 2)).sum()

@@ -43,6 +43,10 @@ RAISES_FIRST = {
                                          "globals, which tells a tensor kept across steps from a per-step "
                                          "activation; `run` names `margin` in the crash's note "
                                          "(test_fixes_run)",
+    "crash_std_before_loop.py": "the same: `std`, computed once before the loop, is a module-level non-leaf the "
+                                "second backward reaches before `run`'s second scan; `run` names it in the crash's "
+                                "note (test_common_crashes)",
+    "crash_scale_beside_a_detached_state.py": "the same, for `scale` (test_common_crashes)",
 }
 #: Arguments a script needs ("{tmp}": a fresh folder).
 ARGUMENTS = {"hf_peft_after_optimizer.py": ["{tmp}"]}

@@ -21,7 +21,7 @@ def train(args: list[str], attach=None):
     net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
     meta_opt = torch.optim.Adam(net.parameters(), lr=1e-3)
     inner_opt = torch.optim.SGD(net.parameters(), lr=1e-1)
-    monitor = attach(net, meta_opt) if attach is not None else None
+    attached = attach(net, meta_opt) if attach is not None else None
     if "--own-monitor" in args:
         import leafwatch
 
@@ -36,8 +36,10 @@ def train(args: list[str], attach=None):
                     diffopt.step(F.cross_entropy(fnet(x_spt[i]), y_spt[i]))
                 F.cross_entropy(fnet(x_qry[i]), y_qry[i]).backward()
         meta_opt.step()
+    if "--own-monitor" in args:
+        monitor.close()
     print("done")
-    return monitor
+    return attached
 
 
 if __name__ == "__main__":

@@ -180,6 +180,53 @@ def test_the_rerun_record_says_how_it_ran_and_both_folders_mark_the_verified_hun
         assert (mark["step"], mark["steps"], mark["exit_code"], mark["new"], mark["problems"]) == (6, 6, 0, [], [])
 
 
+@pytest.fixture(scope="module")
+def tab(fixed: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A TensorBoard server on the verified run's log folder: its address and the run's name."""
+    from _tensorboard_runs import get_json, tensorboard_server, wait_for
+
+    with tensorboard_server(fixed["folder"] / "runs", tmp_path_factory.mktemp("tensorboard")) as url:
+        wait_for(lambda: get_json(f"{url}/data/plugin/leafwatch/runs")["runs"], 120, "runs not loaded")
+        (run,) = get_json(f"{url}/data/plugin/leafwatch/runs")["runs"]
+        yield url, run["run"]
+
+
+def test_the_tabs_findings_route_marks_the_verified_hunk(fixed: dict, tab: tuple[str, str]) -> None:
+    from _tensorboard_runs import get_json
+
+    url, run = tab
+    (finding,) = get_json(f"{url}/data/plugin/leafwatch/findings?run={run}")["findings"]
+    assert (finding["kind"], finding["name"]) == ("not_in_optimizer", "scale")
+    assert finding["hunk"] == fixed["record_before"]["patch"]["hunks"][0]["diff"]
+    assert finding["verified"] == {"outcome": "fixed", "decided_step": 6, "steps": 6, "of": 6, "new": 0}
+
+
+_MARK = """(async () => {
+  for (let i = 0; i < 300 && !document.querySelector("tr.finding .fix-snippet"); i++) await new Promise((r) => setTimeout(r, 100));
+  const head = document.querySelector('tr.finding[data-name="scale"] .fix-snippet .snippet-head');
+  const mark = head && head.querySelector(".verified");
+  return mark && { text: mark.textContent, outcome: mark.dataset.outcome, title: mark.title,
+                   fixed: mark.classList.contains("fixed"), place: head.querySelector(".place").textContent };
+})()"""
+
+
+@pytest.mark.slow
+def test_the_tab_shows_the_verified_mark_on_the_hunk(tab: tuple[str, str], tmp_path: Path) -> None:
+    from _browser import DevTools
+    from _requirements import require_browser
+
+    url, run = tab
+    browser = DevTools(require_browser(), tmp_path / "profile")
+    try:
+        browser.open(f"{url}/data/plugin_entry.html?name=leafwatch&run={run}")
+        mark = browser.evaluate(_MARK)
+    finally:
+        browser.close()
+    assert mark == {"text": "verified: fixed", "outcome": "fixed", "fixed": True, "place": "patch",
+                    "title": "the patched script, run again for 6 of the run's 6 optimizer steps, no longer has "
+                             "this finding"}
+
+
 # -- undecided, and the step limit: `leafwatch run --diff FILE --verify --verify-steps N` -----------------------
 @pytest.fixture(scope="module")
 def undecided(tmp_path_factory: pytest.TempPathFactory) -> dict:

@@ -2,7 +2,8 @@
 apply the patch to a scratch copy of the run's folder, run the recorded ``leafwatch run`` command there again
 (``--max-steps``: as many optimizer steps as the run made, at most ``--verify-steps``), and say per finding:
 fixed, still open or undecided, and each new finding. Real scripts under ``leafwatch run --logdir``; each run
-is shared by the tests that read it (module-scoped fixtures, one xdist worker)."""
+is shared by the tests that read it (module-scoped fixtures: their tests share an xdist worker, the others
+spread)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from leafwatch.report.reader import read_reports
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-pytestmark = pytest.mark.xdist_group("verify")
+FIXED_RUN = pytest.mark.xdist_group("verify_fixed")  # the tests of the module-scoped `fixed` run
+UNDECIDED_RUN = pytest.mark.xdist_group("verify_undecided")
 
 
 def _env() -> dict[str, str]:
@@ -31,7 +33,12 @@ def _env() -> dict[str, str]:
 
 
 def _leafwatch(cwd: Path, *args: str):
-    result = _warm.run([sys.executable, "-m", "leafwatch", *args], env=_env(), cwd=cwd, timeout=300)
+    """``python -m leafwatch ARGS`` in ``cwd``; the scratch copies of a verification go beside ``cwd`` (its
+    ``TMPDIR``), in the test's own temporary folder."""
+    scratch = cwd.parent / f"{cwd.name}-scratch"
+    scratch.mkdir(exist_ok=True)
+    result = _warm.run([sys.executable, "-m", "leafwatch", *args], env={**_env(), "TMPDIR": str(scratch)}, cwd=cwd,
+                       timeout=300)
     assert "LeafwatchInternalWarning" not in result.stderr, result.stderr
     return result
 
@@ -134,6 +141,7 @@ def fixed(tmp_path_factory: pytest.TempPathFactory) -> dict:
             "copy": _rerun_folder(verify.stderr)}
 
 
+@FIXED_RUN
 def test_a_fixed_finding_is_said_fixed_and_the_patch_proven_with_exit_0(fixed: dict) -> None:
     verify = fixed["verify"]
     assert verify.returncode == 0, verify.stderr
@@ -146,6 +154,7 @@ def test_a_fixed_finding_is_said_fixed_and_the_patch_proven_with_exit_0(fixed: d
     assert said[3:] == ["fixed: not_in_optimizer scale", "the patch is proven: 1 fixed, nothing new"]
 
 
+@FIXED_RUN
 def test_nothing_the_rerun_writes_reaches_the_original_folder_or_logdir(fixed: dict) -> None:
     folder, copy = fixed["folder"], fixed["copy"]
     after = _snapshot(folder)
@@ -166,6 +175,7 @@ def test_nothing_the_rerun_writes_reaches_the_original_folder_or_logdir(fixed: d
     assert not list(copy.rglob("__pycache__"))
 
 
+@FIXED_RUN
 def test_the_rerun_record_says_how_it_ran_and_both_folders_mark_the_verified_hunk(fixed: dict) -> None:
     copy = fixed["copy"]
     (rerun,) = read_reports(str(copy / "runs"))
@@ -191,6 +201,7 @@ def tab(fixed: dict, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str
         yield url, run["run"]
 
 
+@FIXED_RUN
 def test_the_tabs_findings_route_marks_the_verified_hunk(fixed: dict, tab: tuple[str, str]) -> None:
     from _tensorboard_runs import get_json
 
@@ -211,6 +222,7 @@ _MARK = """(async () => {
 
 
 @pytest.mark.slow
+@FIXED_RUN
 def test_the_tab_shows_the_verified_mark_on_the_hunk(tab: tuple[str, str], tmp_path: Path) -> None:
     from _browser import DevTools
     from _requirements import require_browser
@@ -236,6 +248,7 @@ def undecided(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"folder": folder, "run": run, "copy": _rerun_folder(run.stderr)}
 
 
+@UNDECIDED_RUN
 def test_a_finding_decided_after_the_last_step_of_the_rerun_is_undecided_and_exits_1(undecided: dict) -> None:
     run, folder = undecided["run"], undecided["folder"]
     assert run.returncode == 1, run.stderr
@@ -247,6 +260,7 @@ def test_a_finding_decided_after_the_last_step_of_the_rerun_is_undecided_and_exi
                         "not proven: 1 undecided, nothing new"]
 
 
+@UNDECIDED_RUN
 def test_leafwatch_stops_the_rerun_after_the_step_limit_and_its_record_says_so(undecided: dict) -> None:
     copy = undecided["copy"]
     (rerun,) = read_reports(str(copy / "runs"))

@@ -284,6 +284,43 @@ def test_run_diff_writes_the_patch_whatever_the_scripts_exit_code(tmp_path: Path
     assert (folder / "fix.diff").read_text().startswith("--- a/left_out.py\n")
     assert "+optimizer.add_param_group({\"params\": [model.scale]})\n" in (folder / "fix.diff").read_text()
 
+
+CLOSURE = """import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Linear(4, 1)
+optimizer = torch.optim.LBFGS(model.parameters(), max_iter=2)
+inputs = torch.randn(8, 4)
+
+
+def closure():
+    print(f"closure of step {step}")
+    optimizer.zero_grad()
+    loss = model(inputs).pow(2).mean()
+    loss.backward()
+    return loss
+
+
+for step in range(1, 6):
+    optimizer.step(closure)
+    print(f"made step {step}")
+print("done")
+"""
+
+
+def test_max_steps_stops_a_step_given_a_closure_before_it_runs(tmp_path: Path) -> None:
+    """LBFGS (as Lightning) computes its gradients inside `step(closure)`, which leafwatch checks after the
+    step: `--max-steps 2` still stops the script before step 3 runs its closure, and the run is no crash."""
+    folder = _project(tmp_path, {"lbfgs.py": CLOSURE})
+    run = _leafwatch(folder, "run", "--max-steps", "2", "lbfgs.py")
+    assert run.returncode == 0, run.stderr
+    said = run.stdout.splitlines()
+    assert "made step 2" in said and "closure of step 2" in said
+    assert "closure of step 3" not in said and "made step 3" not in said and "done" not in said
+    assert "leafwatch: --max-steps 2 stopped the script when it called optimizer step 3" in run.stderr
+    assert "Traceback" not in run.stderr
+
 # -- a new finding; a finding still open; a patch that crashes the script ------------------------------------
 def test_a_new_finding_of_the_patched_script_is_said_and_exits_1(tmp_path: Path) -> None:
     """buggy.py's `scale` fix keeps the user's `.to(torch.float64)`: the Parameter it registers is float64

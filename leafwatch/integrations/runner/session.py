@@ -25,6 +25,7 @@ from ...sinks.tensorboard import TensorBoardSink
 from ...report.findings import Kind, Report
 from ...report.names import natural_key
 from ...monitor import Monitor
+from ...observe import hooks
 from ...observe.observer import Observer
 from ...options import WarnOnce
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
@@ -46,8 +47,8 @@ class StrictStop(BaseException):
 
 
 class MaxStepsStop(BaseException):
-    """Raised from the optimizer step after the last one ``--max-steps`` lets run (before it is checked
-    or made); a BaseException so scripts don't swallow it."""
+    """Raised from the optimizer step after the last one ``--max-steps`` lets run, before it is checked
+    or made (a step given a closure too: LBFGS, Lightning); a BaseException so scripts don't swallow it."""
 
     def __init__(self, step: int) -> None:
         super().__init__(f"leafwatch --max-steps {step}: the script was stopped after optimizer step {step}")
@@ -77,6 +78,7 @@ class Session:
         self.max_steps = max_steps
         self.command = command
         self._sink: TensorBoardSink | None = None
+        self._limit: Any = None  # (with max_steps: the pre-step subscription that stops the script)
         self.patience = patience
         self.ignore = dict(ignore or {})
         self._stream = stream
@@ -113,6 +115,15 @@ class Session:
         self.observer.unhooked = self.found.unhooked  # (a module its hook watched never run: a cause, at a miss)
         self.observer.install_global()
         self.found.arm()
+        if self.max_steps is not None:  # (before a step given a closure too, which is checked after it)
+            self._limit = hooks.OPTIMIZER_STEP_PRE.subscribe(self._stop_at_limit)
+
+    def _stop_at_limit(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # A step given a closure is checked (and counted) after it is made: stopped here, before it. Any other
+        # step is stopped by its check (:meth:`_checked_step`), which may come before this call in the same step.
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if closure is not None and not self._closed and self.max_steps is not None and self.found.steps >= self.max_steps:
+            raise MaxStepsStop(self.found.steps)
 
     def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._checking or self._closed:
@@ -266,6 +277,8 @@ class Session:
             self._warn("closing the run", error)
             report = self.report or Report(step=self.steps)
         finally:
+            if self._limit is not None:
+                self._limit.remove()
             self.observer.close()  # (after the Monitor's end-of-run decisions, which read the optimizers seen stepping)
             if self._writer is not None:
                 try:

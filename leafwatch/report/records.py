@@ -65,8 +65,9 @@ leafwatch/report          latest wins; written when the findings change and at c
     (absent otherwise, and in records written before it: read as false).
     "command": what `leafwatch run` ran, so that `--verify` can run it again (absent from the records
     of a Monitor, a callback, and of records written before it):
-        {"by": "leafwatch run", "cwd": the working folder it started in, "script": the path as
-         given (null with -m), "module": null or the -m module, "args": [the script's arguments],
+        {"by": "leafwatch run", "python": the interpreter it ran in, "cwd": the working folder it
+         started in, "script": the path as given (null with -m), "module": null or the -m module,
+         "args": [the script's arguments],
          "options": {"logdir": as given, "strict": bool, "patience": int, "ignore": {pattern:
          reason}, "max_steps": null or int}, "started": its wall time when it started,
          "ended": null while it runs, then {"exit_code": the script's own (null when leafwatch

@@ -56,7 +56,7 @@ class Refused(ValueError):
 def command(script: str | None, module: str | None, argv: Sequence[str], *, cwd: str, logdir: str | None,
             strict: bool, patience: int, ignore: Mapping[str, str] | None, max_steps: int | None) -> dict[str, Any]:
     """What a ``leafwatch run`` records of itself (its record's ``"command"``): enough to run it again."""
-    return {"by": "leafwatch run", "cwd": os.path.abspath(cwd), "script": script, "module": module, "args": list(argv),
+    return {"by": "leafwatch run", "python": sys.executable, "cwd": os.path.abspath(cwd), "script": script, "module": module, "args": list(argv),
             "options": {"logdir": logdir, "strict": strict, "patience": patience, "ignore": dict(ignore or {}),
                         "max_steps": max_steps},
             "started": time.time(), "ended": None}
@@ -251,13 +251,14 @@ def apply_to(patch: Patch, copy: Copy) -> None:
 
 # -- the rerun -------------------------------------------------------------------------------
 def rerun_command(run: Mapping[str, Any], copy: Copy, logdir: str, steps: int) -> list[str]:
-    """``leafwatch run`` with the recorded options, ``--logdir`` in the scratch folder and ``--max-steps``.
+    """``leafwatch run`` with the recorded Python and options, ``--logdir`` in the scratch folder and ``--max-steps``.
 
     Raises:
         Refused: the script lies outside the folder the run was started in (its copy would not be run).
     """
-    options = run.get("options") or {}
-    line = [sys.executable, "-m", "leafwatch", "run", "--logdir", logdir, "--max-steps", str(steps)]
+    options, python = run.get("options") or {}, run.get("python")
+    python = python if isinstance(python, str) and os.path.isfile(python) else sys.executable  # (the run's, when it is there)
+    line = [python, "-m", "leafwatch", "run", "--logdir", logdir, "--max-steps", str(steps)]
     if options.get("strict"):
         line.append("--strict")
     if options.get("patience", 1) != 1:

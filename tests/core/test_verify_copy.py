@@ -99,6 +99,9 @@ def test_the_rerun_command_is_the_recorded_one_under_max_steps(source: Path, tmp
     assert verify.rerun_command(absolute, copy, "L", 1)[-3:] == [str(Path(copy.root) / "train.py"), "--lr", "0.1"]
     module = {**run, "script": None, "module": "pkg.train", "options": {}}
     assert verify.rerun_command(module, copy, "L", 1)[-4:] == ["-m", "pkg.train", "--lr", "0.1"]
+    python = _write(tmp_path / "env" / "bin" / "python3", "")  # the interpreter the run ran in, when it is there
+    assert verify.rerun_command({**run, "python": str(python)}, copy, "L", 1)[0] == str(python)
+    assert verify.rerun_command({**run, "python": str(tmp_path / "gone" / "python3")}, copy, "L", 1)[0] == sys.executable
     elsewhere = {**run, "script": str(tmp_path / "other.py")}
     with pytest.raises(verify.Refused, match="outside the folder the run was started in"):
         verify.rerun_command(elsewhere, copy, "L", 1)

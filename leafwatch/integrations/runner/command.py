@@ -184,7 +184,8 @@ def _patched(final: int, diff: str, report: Report, command: dict[str, Any], log
         return final or USAGE_EXIT_CODE
     if verify_steps is None:
         return final or patch.exit_code(made)
-    said = verification.verify(verification.Original(command, report, made, logdir), steps=verify_steps,
+    folder = None if logdir is None else os.path.join(command["cwd"], logdir)  # (the script may have changed folder)
+    said = verification.verify(verification.Original(command, report, made, folder), steps=verify_steps,
                                say=lambda line: sys.stderr.write(f"leafwatch run: {line}\n"), read=latest_record)
     return final or max(patch.exit_code(made), said)
 

@@ -166,6 +166,8 @@ def test_nothing_the_rerun_writes_reaches_the_original_folder_or_logdir(fixed: d
     (record,) = added
     assert record.startswith("runs/events.out.tfevents.") and record.endswith(records.VERIFY_SUFFIX)
     assert _records(folder / "runs", records.REPORT_TAG)[-1] == fixed["record_before"]  # the run's record stays
+    (run,) = read_reports(str(folder / "runs"))  # and `leafwatch report` reads it as before
+    assert run.data == fixed["record_before"]
     # The copy: the patched script, the data it only reads linked, the checkpoint it rewrites copied and rewritten.
     assert 'optimizer.add_param_group({"params": [model.scale]})\n' in (copy / "train.py").read_text()
     assert (folder / "train.py").read_text() == FIXED

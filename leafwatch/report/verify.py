@@ -382,7 +382,7 @@ class Rerun:
 
 def prepare(original: Original, steps: int) -> Rerun:
     """The scratch copy of the run's folder with the patch applied, and the command that runs it again
-    for the steps the run made, at most ``steps``.
+    for the steps the run made, at most ``steps`` (at least one: a run that crashed before its first step).
 
     Raises:
         Refused: a patched file changed since the run, or the script lies outside the folder.
@@ -399,7 +399,7 @@ def prepare(original: Original, steps: int) -> Rerun:
     apply_to(original.patch, copy)
     inside = logdir is not None and outside(logdir, cwd) is None
     rerun_logdir = copy.inside(logdir) if inside and logdir else os.path.join(scratch, "logs")
-    limit = min(original.steps, steps)
+    limit = max(1, min(original.steps, steps))  # (a run that crashed before its first step: the rerun checks one)
     return Rerun(scratch, copy, copy.inside(cwd), rerun_command(run, copy, rerun_logdir, limit), rerun_logdir,
                  os.path.join(scratch, "rerun.log"), limit)
 

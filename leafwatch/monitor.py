@@ -126,8 +126,8 @@ class Monitor:
         self._checker = Checker(self.structure, self.history_store, self.watches, patience=self.patience,
                                 diagnose=self.diagnose, check_values_every_n_steps=self.check_values_every_n_steps,
                                 warn=self._warn, request_check=self.check)
-        if self._observes:  # an exception torch raises for a leaf mistake gets leafwatch's note while it is open
-            self.observer.explain_crashes(self._checker.diagnostics.crash_context, explain_crash)
+        if self._observes:  # an exception torch raises for a leaf mistake is explained while it is open
+            self.observer.explain_crashes(self._checker.diagnostics.crash_context, self.crashed)
         self._report = Report(step=0)
         self._in_check = self._closed = False
         self._checked_optimizer: torch.optim.Optimizer | None = None  # the last one check() validated
@@ -160,16 +160,9 @@ class Monitor:
 
     def set_roots(self, roots: Mapping[str, nn.Module] | Sequence[nn.Module],
                   variables: Callable[[], dict[int, str]] | None = None) -> None:
-        """Read these root modules instead of the model from the next check on.
-
-        Args:
-            roots: A mapping name -> module, or a sequence of modules (one root gets no prefix,
-                several their class name, as ``leafwatch run`` names them).
-            variables: Object id -> the user's code for it (``trainer.loss``), named by the fixes.
-
-        Raises:
-            TypeError: ``roots`` of another form.
-        """
+        """Read these root modules instead of the model from the next check on: a mapping name -> module, or a
+        sequence of modules (one root gets no prefix, several their class name, as ``leafwatch run`` names them;
+        any other form is a TypeError); ``variables``: object id -> the user's code for it (``trainer.loss``)."""
         self.structure.set_roots(inventory.normalize_roots(roots) or {}, variables)
 
     # -- public ------------------------------------------------------------------------------
@@ -228,11 +221,8 @@ class Monitor:
         return report
 
     def scan(self) -> Report:
-        """Read the structure now, before any gradient exists, and return the report.
-
-        Finds what needs no backward pass (left out of the optimizer, frozen in it, stale, orphan tensors,
-        device mismatches, watched non-leaves); gradients wait for :meth:`check`; the hooks stay armed.
-        """
+        """Read the structure now, before any gradient exists, and return the report: what needs no backward pass
+        (left out of the optimizer, frozen in it, stale, orphans, device mismatches, watched non-leaves)."""
         if self._closed:
             return self._report
         self._checker.scan()
@@ -244,14 +234,8 @@ class Monitor:
         self._checker.tracer.entered(module)
 
     def attach(self) -> Monitor:
-        """Check automatically before each ``optimizer.step()`` of the optimizers given.
-
-        An optimizer stepped with a closure (``LBFGS``) computes its gradients inside ``step()``:
-        it is checked right after the step instead.
-
-        Returns:
-            self, so that ``monitor = Monitor(model, opt).attach()`` reads naturally.
-        """
+        """Check automatically before each ``optimizer.step()`` of the optimizers given (right after it for a step
+        with a closure, ``LBFGS``: its gradients are computed inside); self, so that ``Monitor(...).attach()`` reads."""
         if not self.structure.optimizers:
             raise ValueError("`optimizers` must be given to attach(): got none")
         if self.verbose is None:
@@ -305,7 +289,22 @@ class Monitor:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if isinstance(exc[1], Exception):  # (its note is printed with its traceback, or by a door that sees it later)
+            self.crashed(exc[1])
         self.close(interrupted=exc[0] is not None)
+
+    def crashed(self, error: BaseException, contexts: Sequence[Context] = ()) -> list[str]:
+        """The crash door (docs/architecture.md): where torch raised ``error`` for a leaf mistake, its findings go
+        through the history and the sinks, and each is a note on it; the notes to print after its traceback."""
+        try:
+            found = [] if self._closed else self._checker.crash(error, contexts)
+            if found:
+                self._sinks.emit(self._checker.event(None))
+                self._sinks.flush()
+            return notes.add(error, found)
+        except Exception as failure:  # never a new exception in place of the user's
+            WarnOnce(_crashes.GOES_ON)("explaining the exception", failure)
+            return []
 
     def state_dict(self) -> dict[str, Any]:
         """Plain data: the step, every finding's history and the per-name miss counts."""
@@ -337,26 +336,6 @@ class Monitor:
         ``variables``: object id -> the script's variable for it, named by the fixes.
         """
         self._checker.wait_for_optimizers(checks_, waiting, outside_roots, variables, values_until)
-
-
-def explain_crash(error: BaseException, contexts: Sequence[Context] = (), monitors: Sequence[Monitor] = ()) -> list[str]:
-    """The crash door: where torch raised ``error`` because of a leaf mistake, add leafwatch's explanation to
-    it as notes (the tensor by the user's name, what made it so, the fix); nothing for another exception.
-
-    Args:
-        error: The exception, with its traceback (read: the user's frames and what they hold).
-        contexts: What the door knows beyond the traceback (the modules it watches).
-        monitors: Open Monitors: what their hooks saw of the last forward is read too.
-
-    Returns:
-        The notes to print right after the traceback, where the exception cannot carry them (Python 3.10).
-    """
-    try:
-        known = [*contexts, *(m._checker.diagnostics.crash_context() for m in monitors if m is not None)]
-        return notes.add(error, _crashes.explain(error, known))
-    except Exception as failure:  # never a new exception in place of the user's
-        WarnOnce(_crashes.GOES_ON)("explaining the exception", failure)
-        return []
 
 
 def _check_arguments(structure_: structure.StructureCache, optimizer: Any, step: Any, loss: Any) -> Any:

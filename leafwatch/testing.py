@@ -16,7 +16,7 @@ from torch import nn
 
 from .report.findings import Report
 from .options import LeafwatchAssertionError, validate_int
-from .report.format import tensor_count
+from .report.format import located, shown, tensor_count
 from .monitor import Monitor
 
 
@@ -131,4 +131,4 @@ def _fail_on_errors(report: Report, steps: int) -> None:
     if failing:
         raise LeafwatchAssertionError(
             f"leafwatch.assert_trains: {len(failing)} error finding(s) open after {_calls(steps)}: "
-            f"{', '.join(f'{f.kind} `{f.name}`{tensor_count(f)}' for f in failing)}\n{report}", report=report)
+            f"{', '.join(f'{f.kind} {shown(f)}{tensor_count(f)}{located(f)}' for f in failing)}\n{report}", report=report)

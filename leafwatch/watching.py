@@ -26,7 +26,7 @@ from .observe import excepthook
 from .sinks import notes
 from .observe.frames import caller_location, stacklevel_outside
 from .options import LeafwatchInternalWarning, LeafwatchWarning, validate_bool
-from .report.format import FIX_MARKS
+from .report.format import warning_text
 
 
 @dataclasses.dataclass(eq=False)
@@ -190,7 +190,8 @@ class WatchSet:
 
 
 def _explain_crash(error: BaseException, contexts: Any) -> list[str]:
-    """The crash door while a tensor is watched (as a Monitor's: :func:`leafwatch.monitor.explain_crash`)."""
+    """The crash door while a tensor is watched: the note alone (an open Monitor's door, :meth:`leafwatch.Monitor.crashed`,
+    keeps the findings in its history too)."""
     return notes.add(error, _crashes.explain(error, contexts))
 
 
@@ -251,10 +252,7 @@ def add_watch(into: WatchSet, tensor: torch.Tensor, name: str | None, *, expect_
             LeafwatchInternalWarning, stacklevel=stacklevel_outside(frameworks=False))
     if expect_leaf and not tensor.is_leaf:
         found = non_leaf(name, tensor, step=None, found=entry.origin, location=entry.location)
-        warnings.warn(
-            f"leafwatch: watched tensor {name!r} is not a leaf and will never get a .grad. {found.cause} "
-            f"Fix ({FIX_MARKS[found.details['applicability']]}): {found.fix}",
-            LeafwatchWarning, stacklevel=stacklevel_outside(frameworks=False))
+        warnings.warn(warning_text(found), LeafwatchWarning, stacklevel=stacklevel_outside(frameworks=False))
     return tensor
 
 

@@ -5,8 +5,9 @@ text of a copy of the script, and that copy run again under ``leafwatch run``.
 ``python _fix_runs.py SCRIPT OUT.json`` runs SCRIPT under ``leafwatch run``'s own function (a real
 Session with a ``--logdir``, the real crash door) and writes to OUT.json the findings leafwatch decided:
 the open findings of the run's record (as ``leafwatch report --json`` reads them) and the findings that
-explained the script's exception, if it raised one. The crash door is read by wrapping the real
-``leafwatch.detectors.crashes.explain`` (its findings pass through unchanged).
+explained the script's exception, if it raised one. The crash doors are read by wrapping the real
+``Checker.crash`` (a Monitor's, through its history) and ``leafwatch.detectors.crashes.explain`` (a watched
+tensor's without a Monitor); their findings pass through unchanged.
 
 ``python _fix_runs.py --batch SPEC.json OUT.json`` does the same for several scripts in one process (one
 interpreter start for all: :func:`runs_of`), each in its own folder, and also writes what each printed on
@@ -17,12 +18,13 @@ value changed since the first step that held it (torch's global optimizer step h
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,23 +177,43 @@ def _batch(listing: str, out: str) -> int:
     return 0
 
 
-def _run(script: str, out: str, argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The findings of ``leafwatch run`` on ``script`` and the script's variables when it ended (none when it
-    raised)."""
-    import tempfile
-
+@contextlib.contextmanager
+def _crash_doors(explained: list[Any]) -> Iterator[None]:
+    """Collect into ``explained`` the findings the crash doors decide: a Monitor's (``Checker.crash``, through its
+    history) and a watched tensor's without a Monitor (``crashes.explain``); their findings pass through unchanged."""
     from leafwatch.detectors import crashes
-    from leafwatch.integrations.runner import command
-    from leafwatch.report.reader import format_json, read_reports
+    from leafwatch.detectors.checker import Checker
 
-    explained: list[Any] = []
-    real_explain, real_target = crashes.explain, command.run_target
-    scope: dict[str, Any] = {}
+    real_explain, real_crash = crashes.explain, Checker.crash
 
     def explain(error: BaseException, contexts: Any = ()) -> list[Any]:
         found = real_explain(error, contexts)
         explained.extend(found)
         return found
+
+    def crash(self: Any, error: BaseException, contexts: Any = ()) -> list[Any]:
+        found = real_crash(self, error, contexts)
+        explained.extend(found)
+        return found
+
+    crashes.explain, Checker.crash = explain, crash  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        crashes.explain, Checker.crash = real_explain, real_crash  # type: ignore[method-assign]
+
+
+def _run(script: str, out: str, argv: Sequence[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The findings of ``leafwatch run`` on ``script`` and the script's variables when it ended (none when it
+    raised)."""
+    import tempfile
+
+    from leafwatch.integrations.runner import command
+    from leafwatch.report.reader import format_json, read_reports
+
+    explained: list[Any] = []
+    real_target = command.run_target
+    scope: dict[str, Any] = {}
 
     def run_target(*args: Any, **kwargs: Any) -> int:
         code = real_target(*args, **kwargs)
@@ -199,13 +221,13 @@ def _run(script: str, out: str, argv: Sequence[str]) -> tuple[dict[str, Any], di
         scope.update(ended or {})
         return code
 
-    crashes.explain, command.run_target = explain, run_target
+    command.run_target = run_target
     try:
-        with tempfile.TemporaryDirectory() as logdir:
+        with tempfile.TemporaryDirectory() as logdir, _crash_doors(explained):
             code = command.run(script, argv, logdir=logdir)
             runs = json.loads(format_json(logdir, read_reports(logdir)))["runs"]
     finally:
-        crashes.explain, command.run_target = real_explain, real_target
+        command.run_target = real_target
     opened = [f for run in runs for f in run["findings"] if f["status"] == "open"]
     return {"code": code, "open": opened, "crash": [f.to_dict() for f in explained]}, scope
 
@@ -213,25 +235,13 @@ def _run(script: str, out: str, argv: Sequence[str]) -> tuple[dict[str, Any], di
 def _main(script: str, out: str, argv: Sequence[str]) -> int:
     import tempfile
 
-    from leafwatch.detectors import crashes
     from leafwatch.integrations.runner import command
     from leafwatch.report.reader import format_json, read_reports
 
     explained: list[Any] = []
-    real_explain = crashes.explain
-
-    def explain(error: BaseException, contexts: Any = ()) -> list[Any]:
-        found = real_explain(error, contexts)
-        explained.extend(found)
-        return found
-
-    crashes.explain = explain
-    try:
-        with tempfile.TemporaryDirectory() as logdir:
-            code = command.run(script, argv, logdir=logdir)
-            runs = json.loads(format_json(logdir, read_reports(logdir)))["runs"]
-    finally:
-        crashes.explain = real_explain
+    with tempfile.TemporaryDirectory() as logdir, _crash_doors(explained):
+        code = command.run(script, argv, logdir=logdir)
+        runs = json.loads(format_json(logdir, read_reports(logdir)))["runs"]
     opened = [f for run in runs for f in run["findings"] if f["status"] == "open"]
     Path(out).write_text(json.dumps({"code": code, "open": opened, "crash": [f.to_dict() for f in explained]}))
     return code

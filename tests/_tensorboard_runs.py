@@ -53,9 +53,11 @@ class GanModel(nn.Module):
         self.generator_unused = nn.Linear(4, 4)
 
 
-#: The buggy run's one cut: the mistake that names the encoder's tensors (the cut recorder's group).
-BUGGY_CUT = ".detach() at _tensorboard_runs.py:" + str(
+#: Where the buggy run's one cut is (the cut recorder's group: a location, said beside the mistake's name).
+BUGGY_CUT_AT = "_tensorboard_runs.py:" + str(
     next(i for i, line in enumerate(open(__file__, encoding="utf-8"), 1) if line.rstrip().endswith("# BUGGY_CUT")))
+#: The mistake that cut makes: named by the module that holds its tensors, the encoder.
+BUGGY_CUT = "encoder"
 
 
 def write_buggy_run(log_dir: Path, steps: int = 12) -> leafwatch.Report:

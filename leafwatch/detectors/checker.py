@@ -16,19 +16,19 @@ from typing import Any
 
 import torch
 
-from ..observe import changes, evidence as observed, inventory, structure
+from ..observe import changes, crashes, evidence as observed, inventory, structure
 from ..observe.values import NamedValueCheck
 from ..observe.frames import stacklevel_outside
 from ..report.format import NOTHING_TO_CHECK
 from ..report.findings import Status
 from .. import watching
 from ..observe.evidence import INDEX, LISTS, REBUILT, Evidence, Observation
-from . import gradients, held, loop as stepping, registry, unchecked
+from . import crashes as explained, gradients, held, loop as stepping, registry, unchecked
 from ..options import warn_unmatched_ignore
 from ..observe.diagnostics import Diagnostics
 from ..observe.loop import ArrivalHooks, StepSentinels
 from ..report.events import CheckEvent
-from ..report.findings import Report
+from ..report.findings import Finding, Report
 from ..report.history import FindingHistory
 from ..options import LeafwatchWarning, WarnOnce, validate_int
 from ..report.verdicts import Verdicts
@@ -57,7 +57,7 @@ class Checker:
     # Slots: past 30 attributes an instance gets a dict of its own, and the hot path's reads a slow path.
     __slots__ = ("structure", "history_store", "_warn", "step", "seen", "grads", "loop", "diagnostics", "tracer",
                  "ignore_checked", "_names", "_checked", "_emitted", "emitted_revision", "states", "merging",
-                 "pipeline", "scanning", "closing", "one_look")
+                 "pipeline", "scanning", "closing", "one_look", "crashing")
 
     def _trainable_names(self) -> tuple[str, ...]:
         """The names of the model's trainable tensors (the history names mistakes by module):
@@ -103,11 +103,11 @@ class Checker:
         #: The history's revision when the last event was built (-1: none yet).
         self.emitted_revision = -1
         stages: dict[str, list[Part[Any]]] = {registry.SCAN: [], registry.CHECK: [], registry.CLOSE: [],
-                                              registry.ONE_LOOK: []}
+                                              registry.ONE_LOOK: [], registry.CRASH: []}
         #: The merge of the ranks' findings: the Monitor's Gatherer runs it, on a history of its own.
         self.merging = tuple(d for d in detectors if d.stage == registry.RANKS)
         for d in detectors:
-            if d.stage not in (registry.RANKS, registry.CRASH):  # (run by the Gatherer, by the crash door)
+            if d.stage != registry.RANKS:  # (run by the Gatherer)
                 state, needed = self.states.get(d.name), tuple(self.states[n] for n in d.needs)
                 stages[d.stage].append(Part(d.name, d.judge, state, needed, d.when(state, self.seen, *needed) if d.when else ()))
         #: The check's detectors in their one order, then what observe/ is handed back (the diagnostic
@@ -117,6 +117,8 @@ class Checker:
         #: What a scan before any gradient runs; what the end of a run decides, in order (and of one look).
         self.scanning, self.closing = tuple(stages[registry.SCAN]), tuple(stages[registry.CLOSE])
         self.one_look = tuple(stages[registry.ONE_LOOK])
+        #: What explains an exception torch raised for a leaf mistake (the crash door, once per exception).
+        self.crashing = tuple(stages[registry.CRASH])
 
     # -- driven by the Monitor ------------------------------------------------------------------
     def arm(self) -> None:
@@ -236,6 +238,21 @@ class Checker:
         ended by an exception, and what waits for a later step stays undecided)."""
         self.seen.interrupted = interrupted
         self.pipeline.run(observed.at_rest(self.seen, self.step), self.step, self.closing)
+
+    def crash(self, error: BaseException, contexts: Sequence[crashes.Context] = ()) -> list[Finding]:
+        """An exception torch raised because of a leaf mistake: the crash entry run on what its traceback shows
+        (and what this Monitor's hooks saw), through the pipeline onto the history; the findings it made.
+
+        Raises:
+            Exception: the traceback could not be read (the door warns: the exception goes on as it is).
+        """
+        if crashes.recognise(error) is None:
+            return []
+        seen = crashes.read(error, [*(c for c in contexts if c.tracer is not self.tracer), self.diagnostics.crash_context()])
+        before = {f.key: f for f in self.history_store.view}
+        self.pipeline.run((self.step, seen), self.step, self.crashing)
+        return explained.together([f for f in self.history_store.view if f.details.get("crash")
+                                    and before.get(f.key) is not f])
 
     def close(self) -> None:
         """Remove the diagnostic and loop hooks."""

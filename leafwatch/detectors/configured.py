@@ -14,8 +14,9 @@ import inspect
 import linecache
 import os
 import textwrap
-from collections.abc import Mapping
 from typing import Any
+
+from ..report.reasons import Span
 
 
 def _char(line: str, col: int) -> int:
@@ -23,12 +24,12 @@ def _char(line: str, col: int) -> int:
     return len(line.encode("utf-8")[:col].decode("utf-8", errors="ignore"))
 
 
-def configured_at(model: Any, cls: str | None) -> dict[str, Any] | None:
+def configured_at(model: Any, cls: str | None) -> Span | None:
     """The statement of ``type(model).configure_optimizers`` that calls the optimizer class ``cls``
-    (exactly one such call), as a finding's argument: ``{"path", "start", "end", "indent",
-    "statement": its lines, "params": [first, last] character offsets of its params argument in
-    them, "groups": whether that argument is a list of dicts, "code": [first, last] character offsets
-    of the statement itself (its comment after it left out)}``; None when not found."""
+    (exactly one such call), as a :class:`~leafwatch.report.reasons.Span` with its lines (``statement``),
+    the first and last character offsets of its params argument in them (``params``), whether that
+    argument is a list of dicts (``groups``) and the offsets of the statement itself (``own``: its comment
+    after it left out); None when not found."""
     function = getattr(type(model), "configure_optimizers", None)
     code = getattr(function, "__code__", None)
     if cls is None or code is None:
@@ -60,30 +61,29 @@ def configured_at(model: Any, cls: str | None) -> dict[str, Any] | None:
     groups = isinstance(arg, ast.List) and bool(arg.elts) and all(isinstance(e, ast.Dict) for e in arg.elts)
     indent = text[0][:len(text[0]) - len(text[0].lstrip())]
     own = sum(len(line) for line in text[:-1]) + _char(text[-1], statement.end_col_offset or 0)
-    return {"path": path, "start": start, "end": end, "indent": indent, "statement": "".join(text),
-            "params": [first, last], "groups": groups, "code": [len(indent), own]}
+    return Span(path, start, end, indent, "".join(text), (first, last), groups, (len(indent), own))
 
 
 def _name(func: ast.expr) -> str | None:
     return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
-def given_too(at: Mapping[str, Any], params: str) -> tuple[str, str] | None:
+def given_too(at: Span, params: str) -> tuple[str, str] | None:
     """The lines of the statement at ``at`` (:func:`configured_at`) with ``params`` (a list display or
     an iterable of tensors, in code) given to its optimizer too (a group of their own after a list of
     groups, else one list of both), and that statement alone as code to paste; None when the
     result is no statement."""
-    statement, (first, last) = at["statement"], at["params"]
+    statement, (first, last) = at.statement or "", at.params or (0, 0)
     old = statement[first:last]
     listed = params.startswith("[") and params.endswith("]")
-    if at["groups"]:
+    if at.groups:
         inner = old[1:-1].rstrip().rstrip(",")
         new = f'[{inner}, {{"params": {params}}}]'
     else:
         extra = params[1:-1] if listed else f"*{params}"
         new = f"[{old[1:-1].rstrip().rstrip(',')}, {extra}]" if _is_list_display(old) else f"[*{old}, {extra}]"
     written = statement[:first] + new + statement[last:]
-    own_first, own_last = at["code"]
+    own_first, own_last = at.own or (0, len(statement))
     snippet = textwrap.dedent(" " * own_first + written[own_first:own_last + len(new) - len(old)]).strip()
     try:
         ast.parse(textwrap.dedent(written))

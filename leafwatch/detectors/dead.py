@@ -19,7 +19,8 @@ from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from ..report.findings import Finding
 from .constructors import make
-from ..report.words import Members, Words, renders
+from ..report.reasons import Reason
+from ..report.words import Members, Words
 
 #: Value checks in a row with an exactly-zero gradient before ``dead_grad`` is reported.
 DEAD_AFTER = 3
@@ -64,17 +65,21 @@ def record(state: DeadGradState, view: FindingsView, results: Iterable[tuple[int
 # -- its words ---------------------------------------------------------------------------------
 def dead_grad(name: str, checks: int, step: int) -> Finding:
     """A gradient that exists but was exactly zero at ``checks`` value checks in a row."""
-    return make("dead_grad", name, "warning", "zero_streak", {"checks": checks}, step=step, zero_checks=checks)
+    return make(ZeroStreak(checks=checks), name, "warning", step=step, zero_checks=checks)
 
 
-@renders("dead_grad", "zero_streak", fixes="never")
-def _zero_streak(m: Members) -> Words:
-    checks = m.shared("checks") or f"{min(m.each('checks'))} or more"
-    return Words(
-        f"{m.who} gets a gradient, but it was exactly zero at {checks} value checks in a row: it does not train.",
-        "every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
-        "that removes all of it, or gradients that underflow through a deep chain), a custom "
-        "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
-        "this rank with zeros.",
-        f"find what zeroes the gradient of {m.who} (`torch.autograd.grad` of one step's loss with respect "
-        "to the intermediate outputs); if it is unused on purpose, freeze it with `requires_grad_(False)`")
+class ZeroStreak(Reason, kind="dead_grad", name="zero_streak", fixes="never"):
+    """A gradient exactly zero at ``checks`` value checks in a row."""
+
+    checks: int
+
+    def words(self, m: Members) -> Words:
+        checks = m.shared("checks") or f"{min(m.each('checks'))} or more"
+        return Words(
+            f"{m.who} gets a gradient, but it was exactly zero at {checks} value checks in a row: it does not train.",
+            "every path from the loss to it is multiplied by zero (a gate or a scale stuck at 0, a mask "
+            "that removes all of it, or gradients that underflow through a deep chain), a custom "
+            "`autograd.Function` returns zeros for it, or DDP fills the gradient of a parameter unused on "
+            "this rank with zeros.",
+            f"find what zeroes the gradient of {m.who} (`torch.autograd.grad` of one step's loss with respect "
+            "to the intermediate outputs); if it is unused on purpose, freeze it with `requires_grad_(False)`")

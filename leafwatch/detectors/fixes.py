@@ -18,6 +18,7 @@ snapshot (``Inventory.fix_names`` keeps the names, never an object).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import dis
 import functools
 import inspect
@@ -26,7 +27,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -37,8 +38,22 @@ from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
 from ..report.names import natural_key
+from ..report.reasons import Span
 from ..report.words import ADVICE, Edit, Remedy, code
 from .configured import configured_at, given_too
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The optimizer a fix gives tensors to, as a reason's field: the framework that builds it
+    (``"lightning"``, ``"transformers"`` or None), the user's code for it (``variable``), its class, and
+    where the code fix goes (``at``: after the statement that built it; under Lightning, the statement of
+    ``configure_optimizers`` that builds it, rewritten)."""
+
+    framework: str | None = None
+    variable: str | None = None
+    cls: str | None = None
+    at: Span | None = None
 
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -250,10 +265,10 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
 
 
 def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, variable: str | None = None,
-                     known: Any = None, cache: dict[Any, Any] | None = None, built: Any = None) -> dict[str, Any]:
-    """The optimizer a fix gives tensors to, as a finding's argument: the framework that builds it
-    (``"lightning"``, ``"transformers"`` or None), the user's variable for it (the first of
-    ``optimizers`` that one holds, unless ``variable`` is given) and its class.
+                     known: Any = None, cache: dict[Any, Any] | None = None, built: Any = None) -> Target:
+    """The optimizer a fix gives tensors to (:class:`Target`): the framework that builds it, the user's
+    variable for it (the first of ``optimizers`` that one holds, unless ``variable`` is given), its class,
+    and where the statement that built it stands.
 
     Args:
         optimizers: The optimizers leafwatch checks.
@@ -281,7 +296,7 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
     cls = type(optimizers[0]).__name__ if optimizers else None
     if where == "lightning" and model is not None:
         at = configured_at(model, cls)
-    return {"framework": where, "variable": variable, "cls": cls, "at": at}
+    return Target(where, variable, cls, at)
 
 
 def _record(optimizer: Any, built: Any) -> tuple[int, str, str] | None:
@@ -293,7 +308,7 @@ def _record(optimizer: Any, built: Any) -> tuple[int, str, str] | None:
     return record if record is not None and record[2] and is_code(record[2]) else None
 
 
-def _built_at(optimizer: Any, built: Any, variable: str | None) -> dict[str, Any] | None:
+def _built_at(optimizer: Any, built: Any, variable: str | None) -> Span | None:
     """Where the statement that built ``optimizer`` stands, when it assigned ``variable`` (or the list
     ``variable`` indexes); None otherwise."""
     record = _record(optimizer, built) if variable else None
@@ -302,7 +317,7 @@ def _built_at(optimizer: Any, built: Any, variable: str | None) -> dict[str, Any
     return statement_span(record[1])
 
 
-def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -> tuple[str | None, dict[str, Any] | None]:
+def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -> tuple[str | None, Span | None]:
     """The code for ``optimizer`` by the statement that built it (``opt_d`` of ``opt_d = Adam(...)``;
     ``opts[1]`` of ``opts = [SGD(...), Adam(...)]``) and where that statement stands; ``(None, None)``
     when it was not seen, or its variable holds something else now (its name was used again), or
@@ -343,28 +358,26 @@ def _held_as(name: str) -> Any:
     return _MISSING
 
 
-def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -> tuple[str, Remedy]:
+def add_words(params: str | None, target: Target, what: str = "it") -> tuple[str, Remedy]:
     """How to give ``params`` (code for a list or an iterable of tensors: ``[model.scale]``,
-    ``model.aux.parameters()``; None: "your tensor") to the optimizer ``target``
-    (:func:`optimizer_target`), keeping its class and groups; ``what``: the words for the tensors."""
-    where, cls, variable = target.get("framework"), target.get("cls"), target.get("variable")
+    ``model.aux.parameters()``; None: "your tensor") to the optimizer ``target``, keeping its class and
+    groups; ``what``: the words for the tensors. The code's place is ``target.at`` (read when the finding
+    was decided)."""
+    where, cls, variable, at = target.framework, target.cls, target.variable, target.at
     if where == "lightning":
         listed = params[1:-1] if params and params.startswith("[") and params.endswith("]") else params
         given = f"`{listed}`" if listed else "your tensor"
         yours = f"your `{cls}`" if cls else "the optimizer"
-        at = target.get("at")
         given_code = given_too(at, params) if at is not None and params else None
         if given_code is not None:
             written, snippet = given_code
             return (f"in `configure_optimizers`, give {given} to {yours} with the rest: `{snippet}`",
-                    code(snippet, Edit(at["path"], at["start"], at["end"], "replace", written)))
+                    code(snippet, at.edit("replace", written)))  # type: ignore[union-attr]
         group = f': a group of its own is fine, `{{"params": {params}}}`' if params else ""
         return f"in `configure_optimizers`, give {given} to {yours} with the rest{group}", ADVICE
     group = f'{{"params": {params}}}' if params else None
     call = f"{variable}.add_param_group({group})" if variable is not None and group is not None else None
-    at = target.get("at")
-    edit = None if call is None or at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
-                                                          f"{at['indent']}{call}\n")
+    edit = None if call is None or at is None else at.put(call)
     if where == "transformers":
         if call is not None:
             return (f"add {what} to `{variable}`, the optimizer you pass in the Trainer's `optimizers=`, before "
@@ -375,8 +388,8 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
                 "in the Trainer's `optimizers=` (with its scheduler)"), ADVICE
     if call is not None:
         yours = f"your `{cls}`, its groups as they are" if cls else "its groups as they are"
-        return (f"add {what} to `{variable}` ({yours}): `{call}`; the new group "
-                f"takes `{variable}`'s defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"), code(call, edit)
+        return (f"add {what} to `{variable}` ({yours}): `{call}`; the new group takes `{variable}`'s defaults (lr, "
+                "weight decay, ...), an `\"lr\"` key in the dict sets its own"), code(call, edit)
     defaults = "the new group takes the optimizer's defaults (lr, weight decay, ...), an `\"lr\"` key in the dict sets its own"
     if group is not None:
         return f"add {what} to your optimizer: call its `add_param_group` with `{group}`; {defaults}", ADVICE
@@ -385,7 +398,7 @@ def add_words(params: str | None, target: Mapping[str, Any], what: str = "it") -
 
 
 def inventory_target(inventory: Any, optimizers: Sequence[Any] | None = None, *,
-                     variable: str | None = None) -> dict[str, Any]:
+                     variable: str | None = None) -> Target:
     """:func:`optimizer_target` in the inventory's terms (its optimizers, its model, the variables a
     front-end read); ``optimizers``: those to choose from, else all of the inventory's."""
     chosen = list(optimizers) if optimizers is not None else list(getattr(inventory, "optimizers", []))
@@ -490,7 +503,7 @@ def _nn_name(scope: dict[str, Any]) -> str:
 _REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
-def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], dict[str, Any] | None] | None:
+def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span | None] | None:
     """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
     module globals, where the statement stands)`` read from the source of the class (and its bases
     outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
@@ -522,26 +535,35 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], dict[s
     return None
 
 
-def parameter_args(module: Any, attr: str) -> dict[str, Any]:
-    """What a fix that registers the attribute ``attr`` of ``module`` as a Parameter needs from the
-    user's source: the assignment rewritten (``parameter_code``: ``self.log_scale =
-    nn.Parameter(torch.tensor(x).float())``) and where it stands (``at``); the attribute (``attr``)."""
+@dataclasses.dataclass(frozen=True)
+class Assigned:
+    """What a fix that registers the attribute ``attr`` as a Parameter needs from the user's source: the
+    assignment rewritten (``parameter_code``: ``self.log_scale = nn.Parameter(torch.tensor(x).float())``)
+    and where it stands (``at``), read when the finding is decided."""
+
+    attr: str
+    parameter_code: str | None = None
+    at: Span | None = None
+
+
+def parameter_args(module: Any, attr: str) -> Assigned:
+    """:class:`Assigned` of the attribute ``attr`` of ``module``, read from its class's source."""
     found = assignment(module, attr) if module is not None else None
     if found is None:
-        return {"attr": attr, "parameter_code": None, "at": None}
+        return Assigned(attr)
     me, value, scope, where = found
     stripped = ast.unparse(_strip_grad(ast.parse(value, mode="eval").body))
     snippet = f"{me}.{attr} = {_nn_name(scope)}.Parameter({stripped})"
-    return {"attr": attr, "parameter_code": snippet if is_code(snippet) else None, "at": where}
+    return Assigned(attr, snippet if is_code(snippet) else None, where)
 
 
-def parameter_fix(args: Mapping[str, Any]) -> tuple[str, Remedy]:
+def parameter_fix(assigned: Assigned) -> tuple[str, Remedy]:
     """Register a module attribute as a Parameter (:func:`parameter_args`), in the words the user
     wrote it with, in place of their assignment."""
-    snippet, at = args["parameter_code"], args["at"]
+    snippet, at = assigned.parameter_code, assigned.at
     if snippet is not None:
         return f"register it where it is assigned: `{snippet}`", code(snippet, _replace(at, snippet))
-    attr = args["attr"]
+    attr = assigned.attr
     snippet = f"self.{attr} = nn.Parameter(self.{attr}.detach())"
     if is_code(snippet):
         return (f"register it right after it is assigned: `{snippet}` (or wrap its right-hand side in "
@@ -549,27 +571,39 @@ def parameter_fix(args: Mapping[str, Any]) -> tuple[str, Remedy]:
     return "wrap the tensor in `nn.Parameter` where your module assigns it", ADVICE
 
 
-def _replace(at: Mapping[str, Any] | None, snippet: str) -> Edit | None:
+def _replace(at: Span | None, snippet: str) -> Edit | None:
     """The edit that puts ``snippet`` in place of the statement ``at`` (None when unknown)."""
-    return None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{snippet}\n")
+    return None if at is None else at.put(snippet, "replace")
 
 
-def container_args(module: Any, attr: str, kinds: Sequence[str]) -> dict[str, Any]:
-    """What a fix that registers the plain container ``attr`` needs from the user's source: its
-    assignment (``me``: self's name, ``value``: the right-hand side, ``nn``: how the module spells
-    ``torch.nn``, ``at``: where it stands), the container kinds (outer first) and the attribute."""
+@dataclasses.dataclass(frozen=True)
+class Container:
+    """What a fix that registers the plain container ``attr`` needs from the user's source: the container
+    kinds (outer first) and its assignment (``me``: self's name, ``value``: the right-hand side, ``nn``: how
+    the module spells ``torch.nn``, ``at``: where it stands), read when the finding is decided."""
+
+    attr: str
+    kinds: tuple[str, ...]
+    me: str | None = None
+    value: str | None = None
+    nn: str = "nn"
+    at: Span | None = None
+
+
+def container_args(module: Any, attr: str, kinds: Sequence[str]) -> Container:
+    """:class:`Container` of the attribute ``attr`` of ``module``, read from its class's source."""
     found = assignment(module, attr) if module is not None and len(kinds) == 1 else None
     if found is None:
-        return {"attr": attr, "kinds": list(kinds), "me": None, "value": None, "nn": "nn", "at": None}
+        return Container(attr, tuple(kinds))
     me, value, scope, where = found
-    return {"attr": attr, "kinds": list(kinds), "me": me, "value": value, "nn": _nn_name(scope), "at": where}
+    return Container(attr, tuple(kinds), me, value, _nn_name(scope), where)
 
 
-def container_fix(args: Mapping[str, Any], *, modules: bool) -> tuple[str, Remedy]:
+def container_fix(c: Container, *, modules: bool) -> tuple[str, Remedy]:
     """Register a plain container as the registered one (:func:`container_args`):
     ``self.blocks = nn.ModuleList([...])`` with the user's own right-hand side, else
     ``self.blocks = nn.ModuleList(self.blocks)``."""
-    kinds, attr = args["kinds"], args["attr"]
+    kinds, attr = c.kinds, c.attr
     if any(k in ("dataclass", "namedtuple") for k in kinds):
         what = "modules" if modules else "tensors as `nn.Parameter`s"
         return (f"register the {what}: assign them as module attributes, or keep them in "
@@ -583,15 +617,14 @@ def container_fix(args: Mapping[str, Any], *, modules: bool) -> tuple[str, Remed
         levels = [f"`nn.{registered(k, i == len(kinds) - 1)}`" for i, k in enumerate(kinds)]
         return (f"register every level of `{attr}`: " + " holding ".join(levels)
                 + f" (the outer one first), assigned where your module assigns `{attr}`"), ADVICE
-    cls, me, value, nn_ = registered(kinds[0], True), args["me"], args["value"], args["nn"]
+    cls, me, value, nn_ = registered(kinds[0], True), c.me, c.value, c.nn
     if me is not None:
         snippet = f"{me}.{attr} = {nn_}.{cls}({value})"
         if is_code(snippet) and len(snippet) <= 160:
-            return f"register the container where it is assigned: `{snippet}`", code(snippet, _replace(args["at"], snippet))
+            return f"register the container where it is assigned: `{snippet}`", code(snippet, _replace(c.at, snippet))
         snippet = f"{me}.{attr} = {nn_}.{cls}({me}.{attr})"
-        at = args["at"]
-        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after", f"{at['indent']}{snippet}\n")
-        return f"register the container right after it is assigned: `{snippet}`", code(snippet, edit)
+        return (f"register the container right after it is assigned: `{snippet}`",
+                code(snippet, None if c.at is None else c.at.put(snippet)))
     snippet = f"self.{attr} = nn.{cls}(self.{attr})"
     return f"register the container right after it is assigned: `{snippet}`", code(snippet)
 
@@ -612,17 +645,16 @@ def _statement_at(location: str) -> ast.stmt | None:
     return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
 
 
-def statement_span(location: str | None) -> dict[str, Any] | None:
-    """Where the statement at ``location`` (``file:line``) stands in its file, as a finding's
-    argument: ``{"path", "start", "end", "indent"}`` (the absolute path; its first and last line;
-    the indentation of its first line); None when the file cannot be read."""
+def statement_span(location: str | None) -> Span | None:
+    """Where the statement at ``location`` (``file:line``) stands in its file (:class:`Span`: the
+    absolute path, its first and last line, the indentation of its first line); None when the file
+    cannot be read."""
     node = _statement_at(location) if location else None
     if node is None:
         return None
     path = os.path.abspath(location.rpartition(":")[0])  # type: ignore[union-attr]
     first = linecache.getline(path, node.lineno)
-    return {"path": path, "start": node.lineno, "end": node.end_lineno or node.lineno,
-            "indent": first[:len(first) - len(first.lstrip())]}
+    return Span(path, node.lineno, node.end_lineno or node.lineno, first[:len(first) - len(first.lstrip())])
 
 
 def short_place(location: str) -> str:
@@ -631,7 +663,7 @@ def short_place(location: str) -> str:
     return f"{os.path.basename(path)}:{line}"
 
 
-def assigned_at(obj: Any, variable: str) -> dict[str, Any] | None:
+def assigned_at(obj: Any, variable: str) -> Span | None:
     """Where the user's code assigned ``obj`` to ``variable`` (``opt``, ``self.optimizer``): the last
     assignment to it before the running line, in the scope of the innermost user frame that holds
     it under that name (a function, the module, or for ``self.x`` the methods of ``self``'s class),
@@ -651,7 +683,7 @@ def assigned_at(obj: Any, variable: str) -> dict[str, Any] | None:
     return None
 
 
-def _script_assignment(variable: str) -> dict[str, Any] | None:
+def _script_assignment(variable: str) -> Span | None:
     """The script's last module-level assignment to ``variable`` (its frames are gone: a crash explained
     after the script ended), as :func:`statement_span` gives it; None when not found."""
     path = getattr(sys.modules.get("__main__"), "__file__", None)
@@ -665,7 +697,7 @@ def _script_assignment(variable: str) -> dict[str, Any] | None:
     return statement_span(f"{path}:{found[-1].lineno}") if found else None
 
 
-def _last_assignment(frame: Any, variable: str, scope: str) -> dict[str, Any] | None:
+def _last_assignment(frame: Any, variable: str, scope: str) -> Span | None:
     path = frame.f_code.co_filename
     try:
         tree = ast.parse("".join(linecache.getlines(path)))
@@ -718,18 +750,35 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     return snippet if is_code(snippet) else None
 
 
-def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None,
-                  target: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """What the fix of a non-leaf needs from the user's source: the statement that assigned it
-    rewritten to make a leaf (``leaf_code``, when ``location`` points at it, or, without one, the
-    user's last assignment of ``tensor`` to the variable ``name``) and where that statement stands
-    (``at``); ``target``: the optimizer the leaf goes to (:func:`optimizer_target`), for a tensor no
-    optimizer holds (a non-leaf never is: the fix makes it a leaf *and* hands it over)."""
+@dataclasses.dataclass(frozen=True)
+class LeafFix:
+    """What the fix of a non-leaf needs from the user's source, read when the finding is decided: the
+    statement that assigned it rewritten to make a leaf (``leaf_code``) and where it stands (``at``); the
+    optimizer the leaf goes to (``target``, for a tensor no optimizer holds: the fix makes it a leaf *and*
+    hands it over), and the one edit that does both where the two statements stand together (``together``)."""
+
+    leaf_code: str | None = None
+    at: Span | None = None
+    target: Target | None = None
+    together: Edit | None = None
+
+
+def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None, target: Target | None = None,
+                  origin: Any = None) -> LeafFix:
+    """:class:`LeafFix` of the non-leaf ``name``: the statement at ``location`` or, without one, the user's
+    last assignment of ``tensor`` to the variable ``name``; ``origin``: what made it (the leaf's code)."""
     at = statement_span(location)
     if at is None and tensor is not None and name.isidentifier():
         at = assigned_at(tensor, name)
-        location = f"{at['path']}:{at['start']}" if at is not None else None
-    return {"leaf_code": leaf_assignment(name, location), "at": at, "target": dict(target) if target else None}
+        location = f"{at.path}:{at.start}" if at is not None else None
+    fix = LeafFix(leaf_assignment(name, location), at, target)
+    if target is None or not name.isidentifier():
+        return fix
+    _, made = leaf_fix(name, origin, dataclasses.replace(fix, target=None))
+    add = add_words(f"[{name}]", target, what="the leaf")[1]
+    if made.edit is None or add.applicability != "code" or target.at is None:
+        return fix
+    return dataclasses.replace(fix, together=_both(made.edit, target.at, add.code))
 
 
 _NON_LEAF_WORDS = {
@@ -742,59 +791,59 @@ _NON_LEAF_WORDS = {
 }
 
 
-def leaf_fix(name: str, origin: Mapping[str, Any] | None, args: Mapping[str, Any]) -> tuple[str, Remedy]:
-    """The fix for a non-leaf tensor (``origin``: its :meth:`leafwatch.observe.graph.Origin.to_args`):
-    the statement that assigned it rewritten (``args["leaf_code"]``, placed at ``args["at"]``),
-    else a leaf made from it right after it is made, else words."""
-    kind = origin["kind"] if origin is not None else "other"
+def leaf_fix(name: str | None, origin: Any, fix: LeafFix) -> tuple[str, Remedy]:
+    """The fix for the non-leaf tensor ``name`` (None: the user holds it under no name; ``origin``: what made
+    it, a :class:`~leafwatch.detectors.leaves.Origin`): the statement that assigned it rewritten (``fix.leaf_code``, placed at ``fix.at``), else a leaf made
+    from it right after it is made, else words."""
+    kind = origin.kind if origin is not None else "other"
     hint = "device" if kind == "copy" else kind
     words = _NON_LEAF_WORDS.get(hint, _NON_LEAF_WORDS["other"]).format(
-        device=origin["device"] if origin else "cpu", dtype=origin["dtype"] if origin else "")
-    at, written = args.get("at"), args.get("leaf_code")
+        device=origin.device if origin else "cpu", dtype=origin.dtype if origin else "")
+    at, written = fix.at, fix.leaf_code
+    if name is None:
+        return (f"{words}, then hand the leaf to the optimizer: leafwatch has no name for this tensor (give it one "
+                "with `watch()`'s `name=` or a key of `tensors=`)"), ADVICE
     if written is not None:
-        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "replace", f"{at['indent']}{written}\n")
-        return _handed_over(name, f"{words}: `{written}`", written, edit, args.get("target"))
+        return _handed_over(name, f"{words}: `{written}`", written, None if at is None else at.put(written, "replace"), fix)
     if all(part.isidentifier() for part in name.split(".")):
         snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
-        edit = None if at is None else Edit(at["path"], at["start"], at["end"], "insert_after",
-                                            f"{at['indent']}{snippet}\n")
-        return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet, edit, args.get("target"))
+        return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet,
+                            None if at is None else at.put(snippet), fix)
     return (f"{words}. `{name}` is a name leafwatch made up: name your tensor with `watch()`'s `name=` "
             "or a key of `tensors=`"), ADVICE
 
 
-def _handed_over(name: str, fix: str, snippet: str, edit: Edit | None,
-                 target: Mapping[str, Any] | None) -> tuple[str, Remedy]:
-    """The leaf fix ``fix`` (``snippet``, placed by ``edit``) followed by handing the leaf ``name`` to the
-    optimizer ``target`` (none: the leaf fix alone): one edit places both where the leaf's statement and
-    the optimizer's stand at the same indentation (the lines between kept as they are), else no edit."""
-    if not target or not name.isidentifier():
-        return fix, code(snippet, edit)
-    add, remedy = add_words(f"[{name}]", target, what="the leaf")
+def _handed_over(name: str, words: str, snippet: str, edit: Edit | None, fix: LeafFix) -> tuple[str, Remedy]:
+    """The leaf fix ``words`` (``snippet``, placed by ``edit``) followed by handing the leaf ``name`` to the
+    optimizer ``fix.target`` (none: the leaf fix alone), placed by ``fix.together`` (else not placed)."""
+    if fix.target is None or not name.isidentifier():
+        return words, code(snippet, edit)
+    add, remedy = add_words(f"[{name}]", fix.target, what="the leaf")
     if remedy.applicability != "code":
-        return f"{fix}; then {add}", ADVICE
-    return f"{fix}; then {add}", code(f"{snippet}\n{remedy.code}", _both(edit, target.get("at"), remedy.code))
+        return f"{words}; then {add}", ADVICE
+    return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together)
 
 
-def _both(leaf: Edit | None, at: Mapping[str, Any] | None, call: str) -> Edit | None:
-    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``."""
-    if leaf is None or at is None or os.path.abspath(leaf.path) != at["path"]:
+def _both(leaf: Edit, at: Span, call: str) -> Edit | None:
+    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``:
+    read from the file when the finding is decided."""
+    if os.path.abspath(leaf.path) != at.path:
         return None
-    lines = linecache.getlines(at["path"])
+    lines = linecache.getlines(at.path)
     first = lines[leaf.start - 1] if 0 < leaf.start <= len(lines) else ""
     indent = first[:len(first) - len(first.lstrip())]
-    if indent != at["indent"]:
+    if indent != at.indent:
         return None  # a loop or a function between them: where the call goes is not plain
     made = leaf.text if leaf.action == "replace" else "".join(lines[leaf.start - 1:leaf.end]) + leaf.text
     added = f"{indent}{call}\n"
-    if leaf.start > at["end"]:  # made after the optimizer was built: handed over right after it is made
+    if leaf.start > at.end:  # made after the optimizer was built: handed over right after it is made
         return Edit(leaf.path, leaf.start, leaf.end, "replace", made + added)
-    if leaf.end < at["start"] and at["end"] - leaf.end <= 40:
-        between = "".join(lines[leaf.end:at["end"]])
-        return Edit(leaf.path, leaf.start, at["end"], "replace", made + between + added)
+    if leaf.end < at.start and at.end - leaf.end <= 40:
+        between = "".join(lines[leaf.end:at.end])
+        return Edit(leaf.path, leaf.start, at.end, "replace", made + between + added)
     return None
 
 
-__all__ = ["add_to_optimizer", "trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",
+__all__ = ["trainable_params_code", "assignment", "attribute_path", "code_spans", "container_fix",
            "framework", "is_code", "leaf_assignment", "leaf_fix", "model_tensor_code", "module_code", "module_to_call",
            "parameter_fix", "tensor_code", "variable_for"]

@@ -28,7 +28,7 @@ import torch
 from ..observe.sharding import UseTracker, declared_ddp, find_ddp, is_distributed, world
 from ..options import LeafwatchWarning, WarnOnce
 from ..report.events import CheckEvent
-from ..report.findings import Finding, Report, apply_ignore
+from ..report.findings import Report, apply_ignore
 from ..report.history import FindingHistory
 from .pipeline import Part, Pipeline
 from . import ranks
@@ -106,7 +106,8 @@ class Gatherer:
                 known = {f.key for f in findings}
                 findings += [f for f in apply_ignore(extra, self.history.ignore) if f.key not in known]
             idle = local.nothing_to_check  # nothing to check on every rank: the merged report says so too
-            digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, f.cause) for f in findings))))
+            digest = hash((idle, tuple(sorted((f.kind, f.name, f.status, f.severity, hash(f.reason.compared()))
+                                              for f in findings))))
             if self._group is None:
                 timeout = self.timeout_s if self.timeout_s is not None else DEFAULT_TIMEOUT_S
                 self._group = torch.distributed.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
@@ -122,8 +123,8 @@ class Gatherer:
             self.changed = self.report is None or bool(self._flag.item())
             if self.changed:
                 gathered: list[Any] = [None] * self.world_size
-                torch.distributed.all_gather_object(gathered, (idle, [f.to_dict() for f in findings]), group=group)
-                per_rank = [[Finding.from_dict(d) for d in (g[1] if g else [])] for g in gathered]
+                torch.distributed.all_gather_object(gathered, (idle, findings), group=group)  # (pickled: data only)
+                per_rank = [list(g[1]) if g else [] for g in gathered]
                 self.history.nothing_to_check = all(bool(g and g[0]) for g in gathered)
                 self.pipeline.run((step, per_rank, strategy), step)
                 self._sent = None if self.pipeline.failing else digest  # a failed merge is tried again

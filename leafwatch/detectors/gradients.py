@@ -11,7 +11,6 @@ Only the few tensors that miss are touched: a healthy step does no work here.
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -24,8 +23,9 @@ from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts, open_after
 from . import causes, fixes, held, loop as stepping, silenced
 from .causes import Explanation
-from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, missing_words, observed, transition
-from ..report.words import Members, Words, render, renders
+from .constructors import ALL_PARAMETERS, UNKNOWN_CAUSE, make, missing_words, transition
+from ..report.reasons import Reason, Transition, counter
+from ..report.words import Members, Words
 from .held import HeldState
 from .loop import LR_READ_EVERY, cleared_fix
 from ..observe.evidence import INVENTORY, LISTS, LOSS, SEEN, STEP, Evidence
@@ -244,7 +244,7 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
     cut = _observed_cut(state, pid, tracer)
-    if cut is not None and (explanation is None or explanation.reason not in ("grad_disabled", "checkpoint", "inside_function")):
+    if cut is not None and (explanation is None or explanation.reason.name not in ("grad_disabled", "checkpoint", "inside_function")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
         # whole stays a module-level cause: an EMA target is told from a mistake by it).
         explanation = causes.explain_cut(cut, pid, info.attribute if info is not None else "")
@@ -258,12 +258,12 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     pid = id(p)
     old = view.get(("missing_grad", name))
     explanation = _explain(state, clist, pid, name, info, tracer)
-    if (explanation is None or explanation.reason == "never_ran") and info is not None and not tracer.records \
+    if (explanation is None or explanation.reason.name == "never_ran") and info is not None and not tracer.records \
             and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
         explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place
-    if (explanation.reason if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
+    if (explanation.reason.name if explanation is not None else None) in silenced.EXPLAINS and (found := hand_set()):
         explanation = silenced.explain(found, explanation)  # backward stopped at a loss made to require grad by hand
-    reason = explanation.reason if explanation is not None else None
+    reason = explanation.reason.name if explanation is not None else None
     if held.judges(state.held, pid, reason):
         # Ran only under no_grad: an EMA / target network, or an encoder run under no_grad by
         # mistake. Whether it changes between checks tells them apart.
@@ -286,7 +286,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
     before = old  # (a miss held while its module was being traced: traced now)
     if old is not None and old.status == Status.PENDING:
         old = None  # a suspicion the evidence settled: reported afresh below
-    if old is not None and explanation is None and observed(old) not in _NO_CAUSE_YET:
+    if old is not None and explanation is None and old.reason.observed not in _NO_CAUSE_YET:
         # Explained before and nothing new: keep the cause, update the counts.
         kept = old.replace(step=step, last_step=step, status=old.status if old.status == Status.INTERMITTENT
                            else Status.OPEN, details={**old.details, "checks": checks_of_p, "steps_without_grad": misses})
@@ -296,7 +296,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         explanation = _without_hooks(state, info, None if reachable is None else "no_graph" if reachable is graph.NO_GRAPH
                                      else pid in reachable, before)
     f = missing_grad(name, p, step=step, explanation=explanation, info=info, checks=checks_of_p, misses=misses)
-    if f.reason == "pending" and misses >= checks_of_p:
+    if f.reason.name == "pending" and misses >= checks_of_p:
         # Its module's hooks had not seen a whole step: no cause to give yet, so no error to show
         # yet either (the next check, traced, decides).
         out.append(Verdict.hold(f.with_details(pending=Waiting.TRACE)))
@@ -305,8 +305,8 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
         f = intermittent(f, checks_of_p, misses, step)
     f = _stalled(f, streak, _stall_limit(state, pid), checks_of_p, misses)
     out.append(Verdict.open(f))
-    if f.status == Status.OPEN and misses >= checks_of_p and f.details.get("reason") not in _NO_CAUSE_YET \
-            and old is not None and (old.status, old.cause) == (f.status, f.cause):
+    if f.status == Status.OPEN and misses >= checks_of_p and f.reason.name not in _NO_CAUSE_YET \
+            and old is not None and old.status == f.status and old.reason.compared() == f.reason.compared():
         # The same finding twice in a row: from now on it is counted, not worked out again.
         state._steady[pid] = (name, clist, misses)
         state._steady_changes += 1
@@ -335,7 +335,7 @@ def _recovered(state: GradientState, view: FindingsView, clist: CheckList, pid: 
     old = view.get(("missing_grad", clist.name_of(pid)))
     if old is None:
         return []
-    came = old.status != Status.PENDING and observed(old) == "pending"
+    came = old.status != Status.PENDING and old.reason.observed == "pending"
     if came:  # the placeholder promised a cause at the next check: the gradient came instead
         old = _came_back(old, step).replace(
             status=old.status, first_step=old.first_step, last_step=old.last_step, steps_seen=old.steps_seen)
@@ -395,7 +395,7 @@ def _stalled(f: Finding, streak: int, limit: int, checks_of_p: int, misses: int)
     """An intermittent tensor without a gradient for ``limit`` checks or more: open again, as a warning."""
     if misses >= checks_of_p or streak < limit:
         return f
-    return transition(f, "stalled", {"limit": limit}, stalled_for=streak).replace(
+    return transition(f, Stalled, {"stalled_for": streak}, limit=limit).replace(
         status=Status.OPEN, severity=Severity.WARNING)
 
 
@@ -404,7 +404,7 @@ def no_gradient_at_all(evidence: Evidence, state: None, view: FindingsView, grad
     check where no checked tensor had a gradient (coverage 0) is one finding that says so (it
     ran before ``backward()`` or after ``zero_grad()``), not one per tensor."""
     missing = [f for f in view if f.kind == Kind.MISSING_GRAD and f.status == Status.OPEN]
-    if any(f.reason == "silenced_loss" for f in missing):
+    if any(f.reason.name == "silenced_loss" for f in missing):
         return None  # the loss whose requires_grad was set by hand is why: that finding says so
     if not grads.checked_now or len(grads.missing_now) != grads.checked_now or len(missing) < 2:
         return None
@@ -480,17 +480,17 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     """A trainable tensor without a gradient, for the reason ``explanation`` gives (what the hooks and
     the cut recorder saw, the loss's graph, or why nothing could be seen)."""
     details: dict[str, Any] = {}
-    if explanation.group is not None:
-        details["group"] = explanation.group  # every tensor cut at one place is one mistake
-    elif explanation.reason == "loss_without_graph":
-        details["group"] = "the loss given"  # one mistake: the loss, whichever tensors it misses
-    args = dict(explanation.args)
+    if explanation.group is not None:  # every tensor cut at one place is one mistake, said where it is
+        details.update(group=explanation.group, location=explanation.location or explanation.group)
+    elif explanation.reason.name == "loss_without_graph":  # one mistake: the loss, whichever tensors it misses
+        details.update(group="the loss given", location="from the loss given")
+    reason = explanation.reason
     if info is not None:
-        details["module"] = args["module"] = info.module
+        details["module"] = info.module
+        reason = causes.explained_with(explanation, module=info.module)
     if checks is not None:
         details.update(checks=checks, steps_without_grad=misses)
-    return make("missing_grad", name, "error", explanation.reason, args, tensor=t, step=step,
-                aliases=info.aliases if info else (), **details)
+    return make(reason, name, "error", tensor=t, step=step, aliases=info.aliases if info else (), **details)
 
 
 def _without_hooks(state: GradientState, info: inventory.ParamInfo | None, reachable: bool | str | None,
@@ -499,95 +499,118 @@ def _without_hooks(state: GradientState, info: inventory.ParamInfo | None, reach
     whether backward from it reaches the tensor, ``"no_graph"``: that loss has no autograd graph),
     else pending while the hooks trace a step, else unknown, saying why leafwatch could not see more."""
     if reachable == "no_graph":
-        return Explanation("loss_without_graph", {})
+        return Explanation(LossWithoutGraph())
     if reachable is not None:
-        return Explanation("unreachable" if reachable is False else "not_backpropagated", {})
-    traced_before = old is not None and observed(old) in _NO_CAUSE_YET[1:]
+        return Explanation(Unreachable() if reachable is False else NotBackpropagated())
+    traced_before = old is not None and old.reason.observed in _NO_CAUSE_YET[1:]
     if state.diagnose and info is not None and not traced_before:
-        return Explanation("pending", {"traced": info.module or "the model"})
+        return Explanation(Pending(traced=info.module or "the model"))
     if traced_before:  # traced for a whole step and still nothing to say: the placeholder goes, the truth stays
-        return Explanation("traced_nothing", {"traced": info.module if info else ""})
+        return Explanation(TracedNothing(traced=info.module if info else ""))
     if state.from_start and info is None:
-        return Explanation("unknown_not_a_parameter", {})
-    return Explanation("unknown_hooks_off" if state.from_start else "unknown", {})
+        return Explanation(UnknownNotAParameter())
+    return Explanation(UnknownHooksOff() if state.from_start else Unknown())
 
 
 def _use_it(m: Members) -> str:
     return f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
 
 
-@renders("missing_grad", "loss_without_graph", fixes="never")
-def _loss_without_graph(m: Members) -> Words:
-    return missing_words(
-        m, "the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
-        "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
-        "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)")
+class LossWithoutGraph(causes.Miss, name="loss_without_graph"):
+    """The loss given has no autograd graph."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(
+            m, "the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
+            "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)")
 
 
-@renders("missing_grad", "unreachable", fixes="never")
-def _unreachable(m: Members) -> Words:
-    return missing_words(
-        m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
-        "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-        f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
-        "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
-        "before the first forward names the line); if it does not, call it in the forward or freeze it with "
-        "`requires_grad_(False)`")
+class Unreachable(causes.Miss, name="unreachable"):
+    """Backward from the loss given does not reach the tensor."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(
+            m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
+            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+            f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
+            "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
+            "before the first forward names the line); if it does not, call it in the forward or freeze it with "
+            "`requires_grad_(False)`")
 
 
-@renders("missing_grad", "not_backpropagated", fixes="never")
-def _not_backpropagated(m: Members) -> Words:
-    return missing_words(
-        m, f"{m.who} is reachable from the loss but has no gradient: backward() was not called "
-        "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
-        "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()")
+class NotBackpropagated(causes.Miss, name="not_backpropagated"):
+    """The loss given reaches the tensor, and it has no gradient: the check ran before backward."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(
+            m, f"{m.who} is reachable from the loss but has no gradient: backward() was not called "
+            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
+            "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()")
 
 
-@renders("missing_grad", "unknown_not_a_parameter", fixes="never")
-def _unknown_not_a_parameter(m: Members) -> Words:
-    return missing_words(
-        m, f"unknown: {m.who} is no parameter of the model, so leafwatch's module hooks cannot see "
-        "how it is used. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+class UnknownNotAParameter(causes.Miss, name="unknown_not_a_parameter"):
+    """No hook can see a tensor that is no parameter of the model."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(
+            m, f"unknown: {m.who} is no parameter of the model, so leafwatch's module hooks cannot see "
+            "how it is used. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
 
 
-@renders("missing_grad", "unknown_hooks_off", fixes="never")
-def _unknown_hooks_off(m: Members) -> Words:
-    return missing_words(m, "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
-                         "walk the loss's graph.", _use_it(m))
+class UnknownHooksOff(causes.Miss, name="unknown_hooks_off"):
+    """The diagnostic hooks are off (``diagnose=False``)."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(m, "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                             "walk the loss's graph.", _use_it(m))
 
 
-@renders("missing_grad", "unknown", fixes="never")
-def _unknown(m: Members) -> Words:
-    return missing_words(m, UNKNOWN_CAUSE, _use_it(m))
+class Unknown(causes.Miss, name="unknown"):
+    """Only the end state was seen (no hook armed before the forward, no loss given)."""
+
+    def words(self, m: Members) -> Words:
+        return missing_words(m, UNKNOWN_CAUSE, _use_it(m))
 
 
-@renders("missing_grad", "pending", fixes="never")
-def _pending(m: Members) -> Words:
-    return missing_words(m, f"being traced: leafwatch armed forward hooks on `{m.shared('traced', m.first['traced'])}` "
-                         "and will say why at the next check.", _use_it(m))
+class Pending(causes.Miss, name="pending"):
+    """The forward hooks were armed on ``traced`` and say why at the next check."""
+
+    traced: str
+
+    def words(self, m: Members) -> Words:
+        return missing_words(m, f"being traced: leafwatch armed forward hooks on `{m.shared('traced', self.traced)}` "
+                             "and will say why at the next check.", _use_it(m))
 
 
-@renders("missing_grad", "traced_nothing", fixes="never")
-def _traced_nothing(m: Members) -> Words:
-    traced = m.shared("traced", m.first["traced"])
-    return missing_words(
-        m, f"unknown: the forward hooks on {f'`{traced}`' if traced else 'the model'} saw the whole step and found "
-        f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
-        "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
-        "cut it. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+class TracedNothing(causes.Miss, name="traced_nothing"):
+    """The forward hooks on ``traced`` saw a whole step and found no module-level cause."""
+
+    traced: str
+
+    def words(self, m: Members) -> Words:
+        traced = m.shared("traced", self.traced)
+        return missing_words(
+            m, f"unknown: the forward hooks on {f'`{traced}`' if traced else 'the model'} saw the whole step and found "
+            f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
+            "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
+            "cut it. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
 
 
 def _came_back(f: Finding, step: int) -> Finding:
     """``missing_grad``/``came_back``: the placeholder promised a cause at the next check; the gradient came instead."""
-    return transition(f, "came_back", {"step": step})
+    return transition(f, CameBack, step=step)
 
 
-@renders("missing_grad", "came_back", fixes="never")
-def _came_back_words(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before = render("missing_grad", reason, earlier)
-    return Words(before.message, f"{m.who} got no gradient at first and got one again at step {m.first['step']}: it "
-                 "is used at some steps only (routing, branches, alternating optimizers).", before.fix, before.remedy)
+class CameBack(Transition, kind="missing_grad", name="came_back", fixes="never"):
+    """A tensor that got no gradient at first got one again at ``step``: used at some steps only."""
+
+    step: int
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(before.message, f"{m.who} got no gradient at first and got one again at step {self.step}: it "
+                     "is used at some steps only (routing, branches, alternating optimizers).", before.fix, before.remedy)
 
 
 def no_grad_at_all(names: Sequence[str], *, step: int | None,
@@ -595,43 +618,52 @@ def no_grad_at_all(names: Sequence[str], *, step: int | None,
     """One finding for a check that found no gradient on any trainable tensor (every name an alias,
     so ``ignore=`` patterns on parameter names still apply)."""
     variable = fixes.variable_for(optimizers[0]) if len(optimizers) == 1 else None
-    return make("missing_grad", ALL_PARAMETERS, "error", "no_grad_at_all", {
-        "count": len(names), "optimizer_variable": variable}, step=step, aliases=tuple(names), count=len(names))
+    return make(NoGradAtAll(count=len(names), optimizer_variable=variable), ALL_PARAMETERS, "error", step=step,
+                aliases=tuple(names), count=len(names))
 
 
-@renders("missing_grad", "no_grad_at_all")
-def _no_grad_at_all(m: Members) -> Words:
-    clear, remedy = cleared_fix(m.first["optimizer_variable"])
-    return Words(
-        f"none of the {m.first['count']} trainable tensors has a gradient.",
-        "no gradient exists at all: the check ran before `loss.backward()` or after "
-        "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
-        "`step()` (then nothing trains).",
-        "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
-        + clear + ", never between `backward()` and `step()`", remedy)
+class NoGradAtAll(Reason, kind="missing_grad", name="no_grad_at_all"):
+    """None of the ``count`` trainable tensors has a gradient at the check."""
+
+    count: int
+    optimizer_variable: str | None = None
+
+    def words(self, m: Members) -> Words:
+        clear, remedy = cleared_fix(self.optimizer_variable)
+        return Words(
+            f"none of the {self.count} trainable tensors has a gradient.",
+            "no gradient exists at all: the check ran before `loss.backward()` or after "
+            "`optimizer.zero_grad()`, or the training loop clears the gradients between `backward()` and "
+            "`step()` (then nothing trains).",
+            "check after `loss.backward()` and before the optimizer's `step()`; if that is where it runs, "
+            + clear + ", never between `backward()` and `step()`", remedy)
 
 
 def intermittent(finding: Finding, checks: int, misses: int, step: int | None) -> Finding:
-    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (``args["earlier"]``)."""
-    details = {k: v for k, v in finding.details.items() if k != "pending"}  # it waits for nothing
-    return transition(finding.replace(details=details), "intermittent", {"checks": checks, "misses": misses},
-                       checks=checks, steps_without_grad=misses).replace(
-        severity="info", status="intermittent", last_step=step)
+    """``missing_grad``/``intermittent``: gradients at other steps; the cause and fix observed stay (its ``earlier``)."""
+    return transition(finding, Intermittent, {"checks": checks, "steps_without_grad": misses}, checks=checks,
+                      misses=misses).replace(severity="info", status="intermittent", last_step=step)
 
 
-@renders("missing_grad", "intermittent", fixes="never")
-def _intermittent(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before = render("missing_grad", reason, earlier)
-    a = m.first
-    return Words(f"{m.who} got no gradient in {a['misses']} of {a['checks']} checked steps "
-                 "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers and GANs).",
-                 before.cause, before.fix, before.remedy)
+class Intermittent(Transition, kind="missing_grad", name="intermittent", fixes="never"):
+    """A tensor that got no gradient in ``misses`` of ``checks`` checked steps (counters: the finding stays the same)."""
+
+    checks: int = counter()
+    misses: int = counter()
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(f"{m.who} got no gradient in {self.misses} of {self.checks} checked steps "
+                     "(routing, LayerDrop, branches or alternation: expected for mixture-of-experts, dropped layers "
+                     "and GANs).", before.cause, before.fix, before.remedy)
 
 
-@renders("missing_grad", "stalled", fixes="never")
-def _stalled_words(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before = render("missing_grad", reason, earlier)
-    return Words(f"{m.who} got gradients before, but none in {m.first['limit']} or more checks in a row: "
-                 "it stopped training.", before.cause, before.fix, before.remedy)
+class Stalled(Transition, kind="missing_grad", name="stalled", fixes="never"):
+    """An intermittent tensor without a gradient for ``limit`` checks or more in a row: it stopped training."""
+
+    limit: int
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(f"{m.who} got gradients before, but none in {self.limit} or more checks in a row: "
+                     "it stopped training.", before.cause, before.fix, before.remedy)

@@ -1,11 +1,11 @@
-"""``element 0 of tensors does not require grad`` where the script shows how the graph was lost, and the words
+"""``element 0 of tensors does not require grad`` where the script shows how the graph was lost, and the reasons
 (the observation: :mod:`leafwatch.observe.graphless`):
 
-- ``missing_grad`` / ``grad_off_function``: the loss computed through a function decorated with
-  ``@torch.no_grad()`` (an evaluation helper used in the training step): the function and its decorator's line,
-  never "a ``no_grad`` block"; the fix takes the decorator away;
-- ``missing_grad`` / ``detached_loss``: a LightningModule's ``training_step`` that returns its loss
-  ``.detach()``-ed: the ``.detach()`` and its line; the fix returns the loss itself.
+- ``missing_grad`` / ``grad_off_function`` (:class:`GradOffFunction`): the loss computed through a function
+  decorated with ``@torch.no_grad()`` (an evaluation helper used in the training step): the function and its
+  decorator's line, never "a ``no_grad`` block"; the fix takes the decorator away;
+- ``missing_grad`` / ``detached_loss`` (:class:`DetachedLoss`): a LightningModule's ``training_step`` that returns
+  its loss ``.detach()``-ed: the ``.detach()`` and its line; the fix returns the loss itself.
 
 Every parameter frozen stays ``all_frozen`` (``detectors/crashes.py``), which names the part the script meant to
 train. The edits are worked out here, when the finding is decided.
@@ -13,64 +13,102 @@ train. The edits are worked out here, when the finding is decided.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from collections.abc import Sequence
 
 from ..observe import graphless
 from ..report.findings import Finding
-from ..report.words import Edit, Members, Words, code, renders
+from ..report.reasons import Reason
+from ..report.words import Edit, Members, Words, code
 from . import fixes
 from .constructors import make
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A model of the user's frames as a crash names it: its code (``code``: a path the user can type) or its
+    class in words, how many parameter tensors it has and how many of them require grad."""
+
+    name: str
+    code: bool
+    parameters: int
+    trainable: int
 
 
 def _short(location: str) -> str:
     return fixes.short_place(location)
 
 
-def _trainable(models: list[dict[str, Any]]) -> str:
-    names = [f"`{m['name']}`" if m["code"] else str(m["name"]) for m in models]
+def _trainable(models: Sequence[Model]) -> str:
+    names = [f"`{m.name}`" if m.code else str(m.name) for m in models]
     if not names:
         return ""
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + f" and {names[-1]}"
     return f" while {listed} {'has' if len(names) == 1 else 'have'} parameters that require grad"
 
 
-def grad_off(place: str, loss: str | None, models: list[dict[str, Any]], f: graphless.GradOffFunction) -> Finding:
+def grad_off(place: str, loss: str | None, models: Sequence[Model], f: graphless.GradOffFunction) -> Finding:
     at = f.span
-    args = {"place": place, "loss": loss, "models": models, "function": f.function, "decorator": f.decorator,
-            "at": _short(f.at), "called_at": _short(f.called_at), "definition": f.definition,
-            "edit": Edit(at.path, at.start, at.end, "replace", f.kept).to_dict()}
-    return make("missing_grad", loss or "<the loss>", "error", "grad_off_function", args)
+    return make(GradOffFunction(place=place, loss=loss, models=tuple(models), function=f.function,
+                                decorator=f.decorator, at=_short(f.at), called_at=_short(f.called_at),
+                                definition=f.definition, edit=Edit(at.path, at.start, at.end, "replace", f.kept)),
+                loss or f"the tensor backward() was called on at {_short(place)}", "error",
+                **({} if loss else {"described": True}))
 
 
-@renders("missing_grad", "grad_off_function", fixes="always")
-def _grad_off_function(m: Members) -> Words:
-    a = m.first
-    loss = f"`{a['loss']}`" if a["loss"] else "the tensor backward() was called on"
-    message = (f"{loss} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the backward() at "
-               f"{_short(a['place'])} fails{_trainable(a['models'])}: it was computed through `{a['function']}` "
-               f"(called at {a['called_at']}), which `{a['decorator']}` at {a['at']} runs with grad mode off.")
-    cause = (f"`{a['decorator']}` turns autograd off for every call of `{a['function']}`: what it returns has no "
-             "graph, and neither has anything computed from it, so no parameter gets a gradient.")
-    fix = (f"remove `{a['decorator']}` from `{a['function']}` (at {a['at']}): it runs in the training step too; "
-           f"where you call it to evaluate, call it under `with torch.no_grad():`")
-    return Words(message, cause, fix, code(a["definition"], Edit.from_dict(a["edit"])))
+class GradOffFunction(Reason, kind="missing_grad", name="grad_off_function", fixes="always"):
+    """The loss (``loss``, backward at ``place``) computed through ``function`` (called at ``called_at``), which
+    ``decorator`` (at ``at``) runs with grad mode off; the fix: the definition (``definition``) without it."""
+
+    place: str
+    function: str
+    decorator: str
+    at: str
+    called_at: str
+    definition: str
+    edit: Edit
+    loss: str | None = None
+    models: tuple[Model, ...] = ()
+
+    def words(self, m: Members) -> Words:
+        loss = f"`{self.loss}`" if self.loss else "the tensor backward() was called on"
+        message = (f"{loss} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the backward() at "
+                   f"{_short(self.place)} fails{_trainable(self.models)}: it was computed through `{self.function}` "
+                   f"(called at {self.called_at}), which `{self.decorator}` at {self.at} runs with grad mode off.")
+        cause = (f"`{self.decorator}` turns autograd off for every call of `{self.function}`: what it returns has no "
+                 "graph, and neither has anything computed from it, so no parameter gets a gradient.")
+        fix = (f"remove `{self.decorator}` from `{self.function}` (at {self.at}): it runs in the training step too; "
+               f"where you call it to evaluate, call it under `with torch.no_grad():`")
+        return Words(message, cause, fix, code(self.definition, self.edit))
 
 
-def detached(place: str, loss: str | None, models: list[dict[str, Any]], d: graphless.DetachedReturn) -> Finding:
+def detached(place: str, loss: str | None, models: Sequence[Model], d: graphless.DetachedReturn) -> Finding:
     at = d.span
-    args = {"place": place, "models": models, "cls": d.cls, "method": d.method, "at": _short(d.at),
-            "call": d.call, "fixed": d.fixed.strip(), "edit": Edit(at.path, at.start, at.end, "replace", d.fixed).to_dict()}
-    return make("missing_grad", loss or "<the loss>", "error", "detached_loss", args)
+    return make(DetachedLoss(place=place, models=tuple(models), cls=d.cls, method=d.method, at=_short(d.at),
+                             call=d.call, fixed=d.fixed.strip(),
+                             edit=Edit(at.path, at.start, at.end, "replace", d.fixed)),
+                loss or f"the loss `{d.cls}.{d.method}` returns", "error", **({} if loss else {"described": True}))
 
 
-@renders("missing_grad", "detached_loss", fixes="always")
-def _detached_loss(m: Members) -> Words:
-    a = m.first
-    message = (f"`{a['cls']}.{a['method']}` returns its loss as `{a['call']}` at {a['at']}: the tensor Lightning "
-               f"calls backward() on (in the run started at {_short(a['place'])}) has no autograd graph, so that "
-               f"backward() fails{_trainable(a['models'])}.")
-    cause = (f"`.detach()` gives a tensor cut from the graph, and Lightning runs backward() on the loss "
-             f"`{a['method']}` returns: nothing trains. To log the loss, detach only the copy you log.")
-    shown = f": `{a['fixed']}`" if "\n" not in a["fixed"] else ""
-    fix = f"return the loss itself, not `{a['call']}`{shown}"
-    return Words(message, cause, fix, code(a["fixed"], Edit.from_dict(a["edit"])))
+class DetachedLoss(Reason, kind="missing_grad", name="detached_loss", fixes="always"):
+    """``cls.method`` returns its loss as ``call`` (``.detach()``-ed) at ``at``: the tensor Lightning calls backward()
+    on (in the run started at ``place``) has no graph; the fix: the statement as ``fixed``."""
+
+    place: str
+    cls: str
+    method: str
+    at: str
+    call: str
+    fixed: str
+    edit: Edit
+    models: tuple[Model, ...] = ()
+
+    def words(self, m: Members) -> Words:
+        message = (f"`{self.cls}.{self.method}` returns its loss as `{self.call}` at {self.at}: the tensor Lightning "
+                   f"calls backward() on (in the run started at {_short(self.place)}) has no autograd graph, so that "
+                   f"backward() fails{_trainable(self.models)}.")
+        cause = (f"`.detach()` gives a tensor cut from the graph, and Lightning runs backward() on the loss "
+                 f"`{self.method}` returns: nothing trains. To log the loss, detach only the copy you log.")
+        shown = f": `{self.fixed}`" if "\n" not in self.fixed else ""
+        fix = f"return the loss itself, not `{self.call}`{shown}"
+        return Words(message, cause, fix, code(self.fixed, self.edit))

@@ -23,7 +23,8 @@ import torch
 from ..observe import changes, follow
 from . import causes
 from .constructors import transition
-from ..report.words import Members, Words, render, renders
+from ..report.reasons import Transition
+from ..report.words import Members, Words
 from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.verdicts import Verdict, Verdicts
 
@@ -124,59 +125,72 @@ def decide(state: HeldState, f: Finding) -> Finding | None:
 
 
 def _judged(f: Finding, outcome: str, misses: int = 0) -> Finding:
-    """A held miss the evidence decided: ``outcome`` is its reason, whose renderer writes its words
-    around the cause and fix observed (the earlier reason's arguments)."""
+    """A held miss the evidence decided: ``outcome`` is its reason, which writes its words around the
+    cause and fix observed (the earlier reason's)."""
     chance = float(f.details.get("chance", 1.0))
-    held = f.replace(details={k: v for k, v in f.details.items() if k != "pending"})
     if outcome == "not_a_target":  # it did not change by other means either
-        return transition(held, outcome, {}, changed=False).replace(status=Status.OPEN)
+        return transition(f, NotATarget, {"changed": False}).replace(status=Status.OPEN)
     if outcome == "target_undecided":  # the run ended first
-        return transition(held, outcome, {}).replace(status=Status.OPEN, severity=Severity.WARNING)
+        return transition(f, TargetUndecided).replace(status=Status.OPEN, severity=Severity.WARNING)
     if outcome == "not_layerdrop":  # its siblings ran at every check it missed
-        return transition(held, outcome, {"container": f.details["container"], "misses": misses, "chance": chance})
+        return transition(f, NotLayerdrop, container=f.details["container"], misses=misses, chance=chance)
     if outcome == "untraced":
-        return transition(held, outcome, {}).replace(status=Status.OPEN)
+        return transition(f, Untraced).replace(status=Status.OPEN)
     # too short a run to tell
-    return transition(held, outcome, {"steps": f.details.get("steps_without_grad"), "chance": chance}).replace(
+    return transition(f, LayerdropUndecided, steps=f.details.get("steps_without_grad"), chance=chance).replace(
         status=Status.INTERMITTENT, severity=Severity.INFO)
 
 
-def _earlier_words(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    return render("missing_grad", reason, earlier)
+class NotATarget(Transition, kind="missing_grad", name="not_a_target", fixes="never"):
+    """A miss of a module run under ``no_grad`` whose value did not change between checks either."""
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(before.message, f"{before.cause} It did not change between checks either (no EMA or target "
+                     "update): nothing trains it.", before.fix, before.remedy)
 
 
-@renders("missing_grad", "not_a_target", fixes="never")
-def _not_a_target(m: Members) -> Words:
-    before = _earlier_words(m)
-    return Words(before.message, before.cause + " It did not change between checks either (no EMA or target update): "
-                 "nothing trains it.", before.fix, before.remedy)
+class TargetUndecided(Transition, kind="missing_grad", name="target_undecided", fixes="never"):
+    """A miss of a module run under ``no_grad``: the run ended before its value could be seen to change."""
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(f"{m.who} got no gradient, and the run ended before leafwatch could tell whether "
+                     "something else updates it (an EMA target).", before.cause, before.fix, before.remedy)
 
 
-@renders("missing_grad", "target_undecided", fixes="never")
-def _target_undecided(m: Members) -> Words:
-    before = _earlier_words(m)
-    return Words(f"{m.who} got no gradient, and the run ended before leafwatch could tell whether "
-                 "something else updates it (an EMA target).", before.cause, before.fix, before.remedy)
+class NotLayerdrop(Transition, kind="missing_grad", name="not_layerdrop", fixes="never"):
+    """A layer of ``container`` skipped at every one of ``misses`` checks while its siblings ran: no random drop
+    (``chance``: of that under random drops)."""
+
+    container: str
+    misses: int
+    chance: float
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(before.message, f"{before.cause} Its siblings in `{self.container}` ran: skipped at all "
+                     f"{self.misses} checks, it is no layer dropped at random (chance {self.chance:.1e}).",
+                     before.fix, before.remedy)
 
 
-@renders("missing_grad", "not_layerdrop", fixes="never")
-def _not_layerdrop(m: Members) -> Words:
-    before, a = _earlier_words(m), m.first
-    return Words(before.message, before.cause + f" Its siblings in `{a['container']}` ran: skipped at all {a['misses']} "
-                 f"checks, it is no layer dropped at random (chance {a['chance']:.1e}).", before.fix, before.remedy)
+class Untraced(Transition, kind="missing_grad", name="untraced", fixes="never"):
+    """A miss whose module's hooks had not seen a whole step when the run ended."""
+
+    def words(self, m: Members) -> Words:
+        before, traced = self.before(m), getattr(self.earlier, "traced", None) or "its module"
+        return Words(before.message, f"unknown: the run ended before leafwatch's forward hooks saw a whole step of "
+                     f"`{traced}`, so it cannot say where the gradient was lost.", before.fix, before.remedy)
 
 
-@renders("missing_grad", "untraced", fixes="never")
-def _untraced(m: Members) -> Words:
-    before, traced = _earlier_words(m), m.first["earlier"]["args"].get("traced", "its module")
-    return Words(before.message, f"unknown: the run ended before leafwatch's forward hooks saw a whole step of "
-                 f"`{traced}`, so it cannot say where the gradient was lost.", before.fix, before.remedy)
+class LayerdropUndecided(Transition, kind="missing_grad", name="layerdrop_undecided", fixes="never"):
+    """A layer never run in ``steps`` checked steps, which random drops explain with ``chance``: too short a run."""
 
+    steps: int | None
+    chance: float
 
-@renders("missing_grad", "layerdrop_undecided", fixes="never")
-def _layerdrop_undecided(m: Members) -> Words:
-    before, a = _earlier_words(m), m.first
-    return Words(f"{m.who} never ran in the {a['steps']} checked steps, which a random layer drop explains with "
-                 f"chance {a['chance']:.1e}: too short a run to tell LayerDrop from a layer that is never called.",
-                 before.cause, before.fix, before.remedy)
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        return Words(f"{m.who} never ran in the {self.steps} checked steps, which a random layer drop explains with "
+                     f"chance {self.chance:.1e}: too short a run to tell LayerDrop from a layer that is never called.",
+                     before.cause, before.fix, before.remedy)

@@ -8,6 +8,7 @@ its gradient instead are read once (:func:`leafwatch.observe.graph.origin`) and 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,8 +18,34 @@ from . import fixes
 from ..observe import graph
 from ..observe.inventory import Inventory
 from ..report.findings import Finding
-from ..report.words import Members, Words, renders
+from ..report.reasons import Reason
+from ..report.words import Members, Words
 from .constructors import make
+
+
+@dataclasses.dataclass(frozen=True)
+class Leaf:
+    """The leaf that gets a non-leaf's gradient: its shape, dtype, device, whether it is an ``nn.Parameter``,
+    and the user's name for it (None: unknown)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    is_parameter: bool
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Origin:
+    """Why a tensor is a non-leaf: the autograd op that made it, what the user wrote to make it (``kind``:
+    ``device``, ``dtype``, ``copy``, ``clone``, ``arithmetic``, ``view`` or ``other``), its device and dtype,
+    and the leaf that gets its gradient."""
+
+    op: str
+    kind: str
+    device: str
+    dtype: str
+    leaf: Leaf | None = None
 
 
 def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Inventory | None = None,
@@ -34,14 +61,19 @@ def non_leaf(name: str, t: torch.Tensor, *, step: int | None, inventory: Invento
             known.setdefault(id(leaf), entry.name)
     target = (fixes.inventory_target(inventory) if hand_over and inventory is not None and inventory.optimizers
               else None)
-    return make("non_leaf", name, "error", "not_a_leaf", {
-        "origin": origin_args(found, known), "where": where, **fixes.leaf_fix_args(name, location, tensor=t, target=target)},
-        tensor=t, step=step, op=found.op if found else None)
+    origin = origin_of(found, known)
+    return make(NotALeaf(origin=origin, where=where, fix=fixes.leaf_fix_args(name, location, tensor=t, target=target,
+                                                                             origin=origin)),
+                name, "error", tensor=t, step=step, op=found.op if found else None)
 
 
-def origin_args(found: graph.Origin | None, known: Mapping[int, str]) -> dict[str, Any] | None:
-    """A non-leaf's origin as a finding's argument, its leaf named as the user names it when known."""
-    return None if found is None else found.to_args(known.get(found.leaf.tensor_id) if found.leaf else None)
+def origin_of(found: graph.Origin | None, known: Mapping[int, str]) -> Origin | None:
+    """A non-leaf's origin as a reason's field, its leaf named as the user names it when known."""
+    if found is None:
+        return None
+    leaf = found.leaf
+    return Origin(found.op, found.kind, found.device, found.dtype, None if leaf is None else Leaf(
+        tuple(leaf.shape), leaf.dtype, leaf.device, leaf.is_parameter, known.get(leaf.tensor_id)))
 
 
 _MADE_BY = {
@@ -55,30 +87,39 @@ _MADE_BY = {
 }
 
 
-def origin_cause(name: str, origin: Mapping[str, Any] | None) -> str:
-    """Why ``name`` is not a leaf: the op that made it and the leaf that gets its gradient instead."""
+def origin_cause(name: str | None, origin: Origin | None, described: str = "the tensor") -> str:
+    """Why the tensor ``name`` is not a leaf: the op that made it and the leaf that gets its gradient
+    instead; a tensor the user has no name for (``name`` None) is ``described`` in words."""
+    who = f"`{name}`" if name else described
     if origin is None:
-        return f"`{name}` is not a leaf."
-    device = str(origin["device"])
-    what = _MADE_BY.get(origin["kind"], _MADE_BY["other"]).format(
-        device=device, device_type=device.split(":")[0], dtype=origin["dtype"])
-    text = f"`{name}` is the result of {what} (autograd op `{origin['op']}`), so it is not a leaf"
-    leaf = origin["leaf"]
+        return f"{who} is not a leaf."
+    device = str(origin.device)
+    what = _MADE_BY.get(origin.kind, _MADE_BY["other"]).format(
+        device=device, device_type=device.split(":")[0], dtype=origin.dtype)
+    text = f"{who} is the result of {what} (autograd op `{origin.op}`), so it is not a leaf"
+    leaf = origin.leaf
     if leaf is None:
         return text + "."
-    if leaf["name"]:
-        who = f"`{leaf['name']}`"
-    elif origin["kind"] == "view":
-        who = "the leaf it is a view of"  # usually a tensor the caller still holds
+    if leaf.name:
+        gets = f"`{leaf.name}`"
+    elif origin.kind == "view":
+        gets = "the leaf it is a view of"  # usually a tensor the caller still holds
     else:
-        who = "an unnamed temporary leaf that nothing in your code holds"
-    return (f"{text}: backward() puts the gradient into {who} (shape {tuple(leaf['shape'])}, "
-            f"{leaf['dtype']}, {leaf['device']}), and `{name}.grad` stays None.")
+        gets = "an unnamed temporary leaf that nothing in your code holds"
+    grad = f"`{name}.grad`" if name else "its .grad"
+    return (f"{text}: backward() puts the gradient into {gets} (shape {tuple(leaf.shape)}, "
+            f"{leaf.dtype}, {leaf.device}), and {grad} stays None.")
 
 
-@renders("non_leaf", "not_a_leaf")
-def _not_a_leaf(m: Members) -> Words:
-    a = m.first
-    fix, remedy = fixes.leaf_fix(m.name, a["origin"], a)
-    return Words(f"{m.who} is not a leaf tensor{a['where']}: its .grad will stay None and it will never train.",
-                 origin_cause(m.name, a["origin"]), fix, remedy)
+class NotALeaf(Reason, kind="non_leaf", name="not_a_leaf"):
+    """A watched tensor, or one an optimizer holds, that is no leaf (``where``: how it was met)."""
+
+    origin: Origin | None
+    fix: fixes.LeafFix
+    where: str = ""
+
+    def words(self, m: Members) -> Words:
+        name = None if m.described else m.name
+        fix, remedy = fixes.leaf_fix(name, self.origin, self.fix)
+        return Words(f"{m.who} is not a leaf tensor{self.where}: its .grad will stay None and it will never train.",
+                     origin_cause(name, self.origin, m.name), fix, remedy)

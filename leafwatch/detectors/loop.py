@@ -34,8 +34,9 @@ from ..observe.loop import SKIPPED_AFTER, ArrivalHooks, Skipping, StepSentinels
 from ..observe.structure import CheckList
 from ..report.verdicts import Verdict, Verdicts
 from . import fixes
-from .constructors import make, observed
-from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
+from .constructors import make, transition
+from ..report.reasons import Reason, Transition
+from ..report.words import ADVICE, Members, Remedy, Words, code
 
 #: A param group's ``lr`` is read every this many checks of its optimizer (and at its first).
 LR_READ_EVERY = 10
@@ -330,107 +331,129 @@ def _listed(names: list[str], limit: int = 3) -> str:
 def grad_cleared_all(where: str, names: list[str], *, step: int | None, optimizer: Any = None) -> Finding:
     """Every gradient of the optimizer about to step arrived in backward and was cleared."""
     variable = fixes.variable_for(optimizer) if optimizer is not None else None
-    return make("grad_cleared", where, "error", "cleared", {"tensors": list(names), "optimizer_variable": variable},
-                step=step, aliases=names, tensors=len(names))
+    return make(Cleared(tensors=tuple(names), optimizer_variable=variable), where, "error", step=step, aliases=names,
+                tensors=len(names))
 
 
-@renders("grad_cleared", "cleared")
-def _cleared(m: Members) -> Words:
-    names = m.first["tensors"]
-    n = len(names)
-    fix, remedy = cleared_fix(m.first["optimizer_variable"])
-    return Words(
-        f"`{m.name}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
-        f"({_listed(names)}) arrived in backward() and were gone at the step, so nothing trains.",
-        _CLEARED_CAUSE + ".", fix, remedy)
+class Cleared(Reason, kind="grad_cleared", name="cleared"):
+    """Every gradient of the optimizer about to step arrived in backward and was gone at the step."""
+
+    tensors: tuple[str, ...]
+    optimizer_variable: str | None = None
+
+    def words(self, m: Members) -> Words:
+        names = self.tensors
+        n = len(names)
+        fix, remedy = cleared_fix(self.optimizer_variable)
+        return Words(
+            f"`{m.name}` steps with no gradient: the gradients of its {n} tensor{'s' if n != 1 else ''} "
+            f"({_listed(list(names))}) arrived in backward() and were gone at the step, so nothing trains.",
+            _CLEARED_CAUSE + ".", fix, remedy)
 
 
 def grad_cleared(name: str, t: torch.Tensor, *, where: str, step: int | None,
                  aliases: Iterable[str] = ()) -> Finding:
     """Some gradients of the optimizer about to step were cleared after backward (a schedule)."""
-    return make("grad_cleared", name, "info", "cleared_on_purpose", {"optimizer": where}, tensor=t, step=step,
-                aliases=aliases, optimizer=where)
+    return make(ClearedOnPurpose(optimizer=where), name, "info", tensor=t, step=step, aliases=aliases, optimizer=where)
 
 
-@renders("grad_cleared", "cleared_on_purpose", fixes="never")
-def _cleared_on_purpose(m: Members) -> Words:
-    where = m.shared("optimizer") or "its optimizer"
-    return Words(
-        f"{m.who} got its gradient in backward(), but it was cleared before `{where}` stepped: "
-        "it does not train at this step.",
-        f"backward reached {m.who}; the training loop cleared its gradient (`.grad = None` or "
-        f"`zero_()`) before the step while the other tensors of `{where}` kept theirs: a schedule "
-        "that withholds gradients on purpose (a layer frozen for the first epoch, a head held back "
-        "during warm-up), which resumes later.",
-        "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop clearing "
-        + (f"`{m.name}.grad`" if m.single else f"the `.grad` of {m.who}") + " between backward() and step()")
+class ClearedOnPurpose(Reason, kind="grad_cleared", name="cleared_on_purpose", fixes="never"):
+    """Some gradients of the optimizer ``optimizer`` were cleared before its step while the others were kept."""
+
+    optimizer: str
+
+    def words(self, m: Members) -> Words:
+        where = m.shared("optimizer") or "its optimizer"
+        return Words(
+            f"{m.who} got its gradient in backward(), but it was cleared before `{where}` stepped: "
+            "it does not train at this step.",
+            f"backward reached {m.who}; the training loop cleared its gradient (`.grad = None` or "
+            f"`zero_()`) before the step while the other tensors of `{where}` kept theirs: a schedule "
+            "that withholds gradients on purpose (a layer frozen for the first epoch, a head held back "
+            "during warm-up), which resumes later.",
+            "nothing if it is a schedule: it trains once the loop stops clearing it; otherwise stop clearing "
+            + (f"`{m.name}.grad`" if m.single else f"the `.grad` of {m.who}") + " between backward() and step()")
 
 
 def clearing_ended(old: Finding, step: int, trained: bool) -> Finding:
     """``grad_cleared``/``clearing_ended``: a tensor cleared before is not now (``trained``: it kept its gradient)."""
-    ended = make("grad_cleared", old.name, old.severity, "clearing_ended", {
-        "earlier": {"reason": old.reason, "args": dict(old.args)}, "from_step": old.first_step,
-        "to_step": old.last_step, "trained": trained}, step=old.step, aliases=old.aliases,
-        **{k: v for k, v in old.details.items() if k not in ("reason", "observed", "applicability")},
-        observed=observed(old))
-    return ended.replace(status=Status.RESOLVED, first_step=old.first_step, last_step=step, steps_seen=old.steps_seen,
-                         shape=old.shape, dtype=old.dtype, device=old.device)
+    ended = transition(old, ClearingEnded, from_step=old.first_step, to_step=old.last_step, trained=trained)
+    return ended.replace(status=Status.RESOLVED, last_step=step)
 
 
-@renders("grad_cleared", "clearing_ended")
-def _clearing_ended(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before = render("grad_cleared", reason, earlier)
-    since = "it has trained since" if m.first["trained"] else "backward has not reached it since"
-    return Words(
-        f"{m.who}'s gradient was cleared before the optimizer step from step {m.first['from_step']} to step "
-        f"{m.first['to_step']}; {since}.", before.cause, before.fix, before.remedy)
+class ClearingEnded(Transition, kind="grad_cleared", name="clearing_ended"):
+    """A tensor whose gradient was cleared before the step from ``from_step`` to ``to_step`` is not any more."""
+
+    from_step: int | None
+    to_step: int | None
+    trained: bool
+
+    def words(self, m: Members) -> Words:
+        before = self.before(m)
+        since = "it has trained since" if self.trained else "backward has not reached it since"
+        return Words(
+            f"{m.who}'s gradient was cleared before the optimizer step from step {self.from_step} to step "
+            f"{self.to_step}; {since}.", before.cause, before.fix, before.remedy)
 
 
 def zero_lr(where: str, names: list[str], *, configured: float, since: int | None, steps: int,
             step: int | None, scheduler: str | None, managed: bool) -> Finding:
     """A param group stepped with a learning rate of 0 for many checks while it gets gradients."""
-    return make("no_update", where, "warning", "zero_lr", {
-        "tensors": list(names), "configured": configured, "since": since, "steps": steps, "scheduler": scheduler,
-        "managed": managed}, step=step, aliases=names, configured_lr=configured, zero_since_step=since, scheduler=scheduler)
+    return make(ZeroLr(tensors=tuple(names), configured=configured, since=since, steps=steps, scheduler=scheduler,
+                       managed=managed), where, "warning", step=step, aliases=names, configured_lr=configured,
+                zero_since_step=since, scheduler=scheduler)
 
 
-@renders("no_update", "zero_lr", fixes="never")
-def _zero_lr(m: Members) -> Words:
-    a = m.first
-    scheduler, configured = a["scheduler"], a["configured"]
-    if scheduler is not None:
-        cause = (f"its learning rate scheduler `{scheduler}` sets lr to 0 (its `initial_lr` is "
-                 f"{configured:g}): the schedule returns 0 at every step.")
-        fix = (f"check `{scheduler}`'s schedule: it should give a non-zero factor after warm-up "
-               "(e.g. `LambdaLR` multiplies `initial_lr` by what its function returns)")
-    elif a["managed"]:
-        cause = (f"a learning rate scheduler sets lr to 0 (the group's `initial_lr` is {configured:g}): "
-                 "the schedule returns 0 at every step.")
-        fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
-    else:
-        cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
-        fix = "find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if that is intended"
-    return Words(
-        f"`{m.name}` ({_listed(a['tensors'])}) has stepped with lr 0 for {a['steps']} steps or more (0 at every "
-        f"reading since step {a['since']}): its tensors get gradients and never change.", cause, fix)
+class ZeroLr(Reason, kind="no_update", name="zero_lr", fixes="never"):
+    """A param group that stepped with lr 0 for ``steps`` steps (0 at every reading since ``since``)."""
+
+    tensors: tuple[str, ...]
+    configured: float
+    since: int | None
+    steps: int
+    scheduler: str | None = None
+    managed: bool = False
+
+    def words(self, m: Members) -> Words:
+        scheduler, configured = self.scheduler, self.configured
+        if scheduler is not None:
+            cause = (f"its learning rate scheduler `{scheduler}` sets lr to 0 (its `initial_lr` is "
+                     f"{configured:g}): the schedule returns 0 at every step.")
+            fix = (f"check `{scheduler}`'s schedule: it should give a non-zero factor after warm-up "
+                   "(e.g. `LambdaLR` multiplies `initial_lr` by what its function returns)")
+        elif self.managed:
+            cause = (f"a learning rate scheduler sets lr to 0 (the group's `initial_lr` is {configured:g}): "
+                     "the schedule returns 0 at every step.")
+            fix = "check the scheduler's schedule: it should give a non-zero learning rate after warm-up"
+        else:
+            cause = f"the group's lr was {configured:g} when leafwatch first saw it and was set to 0 since."
+            fix = ("find what sets the group's `\"lr\"` to 0, or freeze these tensors with `requires_grad_(False)` if "
+                   "that is intended")
+        return Words(
+            f"`{m.name}` ({_listed(list(self.tensors))}) has stepped with lr 0 for {self.steps} steps or more (0 at "
+            f"every reading since step {self.since}): its tensors get gradients and never change.", cause, fix)
 
 
 def steps_skipped(where: str, names: Iterable[str], *, skipped: int, since: int, step: int | None) -> Finding:
     """An optimizer whose step was skipped many times in a row (a GradScaler and NaN/Inf)."""
-    return make("no_update", where, "warning", "skipped_steps", {"skipped": skipped, "since": since}, step=step,
-                aliases=tuple(names), skipped=skipped, since_step=since)
+    return make(SkippedSteps(skipped=skipped, since=since), where, "warning", step=step, aliases=tuple(names),
+                skipped=skipped, since_step=since)
 
 
-@renders("no_update", "skipped_steps", fixes="never")
-def _skipped_steps(m: Members) -> Words:
-    seen = " (see the `nonfinite_grad` findings)"
-    return Words(
-        f"`{m.name}` has not stepped for {m.first['skipped']} steps: backward ran, but `optimizer.step()` "
-        "was not called, so its tensors do not change.",
-        "an AMP `GradScaler` skips `optimizer.step()` whenever the gradients hold NaN or Inf and "
-        f"halves its scale: the gradients have been non-finite at every step since step {m.first['since']}{seen}, "
-        "so the scale collapses and nothing trains.",
-        "find the first op that gives NaN/Inf (`torch.autograd.detect_anomaly()` for one step): "
-        "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after "
-        "`scaler.unscale_()`)")
+class SkippedSteps(Reason, kind="no_update", name="skipped_steps", fixes="never"):
+    """An optimizer whose step a GradScaler skipped ``skipped`` times in a row since ``since``."""
+
+    skipped: int
+    since: int
+
+    def words(self, m: Members) -> Words:
+        seen = " (see the `nonfinite_grad` findings)"
+        return Words(
+            f"`{m.name}` has not stepped for {self.skipped} steps: backward ran, but `optimizer.step()` "
+            "was not called, so its tensors do not change.",
+            "an AMP `GradScaler` skips `optimizer.step()` whenever the gradients hold NaN or Inf and "
+            f"halves its scale: the gradients have been non-finite at every step since step {self.since}{seen}, "
+            "so the scale collapses and nothing trains.",
+            "find the first op that gives NaN/Inf (`torch.autograd.detect_anomaly()` for one step): "
+            "a too-high learning rate, a `log`/division of 0, an fp16 overflow (use bf16, or clip gradients after "
+            "`scaler.unscale_()`)")

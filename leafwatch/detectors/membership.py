@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -24,12 +24,13 @@ import torch
 from . import fixes
 from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 from ..observe.changes import HandUpdates
-from ..report.findings import WAITING_KINDS, Finding, Severity, Status, Waiting
+from ..report.findings import Finding, Severity, Status, Waiting
 from ..report.history import FindingsView
 from ..observe.inventory import Inventory, ParamInfo
 from ..observe.tracing import Tracer
 from .constructors import make, silence
-from ..report.words import ADVICE, Members, Remedy, Words, code, render, renders
+from ..report.reasons import Reason, Span, Transition
+from ..report.words import ADVICE, Members, Remedy, Words, code
 from ..report.verdicts import Verdict, Verdicts
 
 
@@ -78,28 +79,34 @@ def _interrupted(state: MembershipState, hand: HandUpdates, view: FindingsView, 
 
 def _undecided(f: Finding, holder: tuple[str, str] | None, step: int, checks: int) -> Finding:
     """``not_in_optimizer``/``undecided`` (info): the run raised before the checks that decide ``f``."""
-    return make("not_in_optimizer", f.name, Severity.INFO, "undecided", {"holder": list(holder) if holder else None,
-                "step": step, "checks": checks}, step=f.step, aliases=f.aliases, shape=f.shape, dtype=f.dtype,
-                device=f.device, **_bookkeeping(f)).replace(status=Status.OPEN, first_step=f.first_step or step,
-                                                           last_step=step, steps_seen=f.steps_seen)
+    return f.replace(reason=Undecided(holder=tuple(holder) if holder else None, step=step, checks=checks),  # type: ignore[arg-type]
+                     severity=Severity.INFO,
+                     status=Status.OPEN, first_step=f.first_step or step, last_step=step,
+                     details=_bookkeeping(f))
 
 
-@renders("not_in_optimizer", "undecided", fixes="never")
-def _undecided_words(m: Members) -> Words:
-    a = m.first
-    if a["holder"]:
-        (variable, cls) = a["holder"]
-        article = "an" if cls[:1] in "AEIOU" else "a"
-        held = (f"`{variable}` ({article} `{cls}`)" if variable else f"the `{cls}` that holds it") + \
-            " holds it and had not stepped yet: it may step later in the iteration"
-    else:
-        held = "an optimizer that steps later in the iteration may hold it"
-    return Words(
-        f"{m.who} requires grad and no optimizer that stepped holds it, but the run raised an exception at step "
-        f"{a['step']}, before the checks that decide whether it trains: left undecided.",
-        f"leafwatch decides a tensor in no optimizer that steps at the checks after the one that first sees it: "
-        f"{held}, or its value may change by hand; those checks never came.",
-        "nothing to change for it yet: fix the exception; a run that goes on decides it")
+class Undecided(Reason, kind="not_in_optimizer", name="undecided", fixes="never"):
+    """The run raised at ``step`` before the checks that decide whether a tensor in no optimizer that stepped
+    trains (``holder``: the variable and class of an optimizer that holds it and had not stepped)."""
+
+    step: int
+    checks: int
+    holder: tuple[str, str] | None = None
+
+    def words(self, m: Members) -> Words:
+        if self.holder:
+            variable, cls = self.holder
+            article = "an" if cls[:1] in "AEIOU" else "a"
+            held = (f"`{variable}` ({article} `{cls}`)" if variable else f"the `{cls}` that holds it") + \
+                " holds it and had not stepped yet: it may step later in the iteration"
+        else:
+            held = "an optimizer that steps later in the iteration may hold it"
+        return Words(
+            f"{m.who} requires grad and no optimizer that stepped holds it, but the run raised an exception at step "
+            f"{self.step}, before the checks that decide whether it trains: left undecided.",
+            f"leafwatch decides a tensor in no optimizer that steps at the checks after the one that first sees it: "
+            f"{held}, or its value may change by hand; those checks never came.",
+            "nothing to change for it yet: fix the exception; a run that goes on decides it")
 
 
 def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, step: int, checks: int, *,
@@ -213,7 +220,7 @@ def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inven
     if rule == "quiet":
         state.quiet.add(id(t))
         return Verdict.drop(f.key)
-    if rule == "wait" or checks <= state.grace and f.reason != "created_after_optimizer":
+    if rule == "wait" or checks <= state.grace and f.reason.name != "created_after_optimizer":
         if f.name not in state.holders and (holder := _waiting_holder(state, t)) is not None:
             state.holders[f.name] = _holder_of(holder, inv)
         return None  # the value evidence, or an optimizer that steps late, may still come (not for a
@@ -264,10 +271,10 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
     if outside is not None:
         decided = _outside_root_finding(info, t, step, outside, inv)
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
-    if state.grace and checks and f.reason != "created_after_optimizer":  # late (no check ran: the structure's words)
+    if state.grace and checks and f.reason.name != "created_after_optimizer":  # late (no check ran: the structure's words)
         decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
                                                           inventory=inv, switched=switched), inv, final, checks)
-    elif f.reason == "unfrozen_after":  # the structure's words for it, kept whole
+    elif f.reason.name == "unfrozen_after":  # the structure's words for it, kept whole
         decided = f
     else:
         decided = not_in_optimizer(info, t, step=step, got_grad=t.grad is not None, inventory=inv, switched=switched)
@@ -314,24 +321,24 @@ def _late(name: str, holder: tuple[str, str] | None, base: Finding, inv: Invento
     severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
     if holder is not None:
         return _never_stepped(name, holder, checks, base, severity)
-    return make("not_in_optimizer", name, severity, "no_optimizer_stepped", {
-        "earlier": {"reason": base.reason, "args": dict(base.args)}, "checks": checks}, step=base.step,
-        aliases=base.aliases, shape=base.shape, dtype=base.dtype, device=base.device,
-        **_bookkeeping(base), late_optimizer=True, observed=base.reason)
+    return base.replace(reason=NoOptimizerStepped(earlier=base.reason, checks=checks), severity=severity,
+                        details={**_bookkeeping(base), "late_optimizer": True})
 
 
-@renders("not_in_optimizer", "no_optimizer_stepped")
-def _no_optimizer_stepped(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    why = render("not_in_optimizer", reason, earlier)  # why it is out
-    return Words(f"{m.who} requires grad but no optimizer that stepped in {m.first['checks']} checks holds it: "
-                 "it never changes.", why.cause, why.fix, why.remedy)
+class NoOptimizerStepped(Transition, kind="not_in_optimizer", name="no_optimizer_stepped"):
+    """No optimizer that stepped in ``checks`` checks holds the tensor; why it is out: the earlier reason."""
+
+    checks: int
+
+    def words(self, m: Members) -> Words:
+        why = self.before(m)  # why it is out
+        return Words(f"{m.who} requires grad but no optimizer that stepped in {self.checks} checks holds it: "
+                     "it never changes.", why.cause, why.fix, why.remedy)
 
 
 def _bookkeeping(f: Finding) -> dict[str, Any]:
-    """A finding's details that are no words and no mirror of them: what a decision made of it keeps."""
-    return {k: v for k, v in f.details.items()
-            if k not in ("reason", "applicability", "observed", "pending", "late_optimizer", "holder")}
+    """A finding's details that a decision made of it keeps (not what it waited for, nor the late optimizer's)."""
+    return {k: v for k, v in f.details.items() if k not in ("pending", "late_optimizer", "holder")}
 
 
 def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
@@ -356,8 +363,8 @@ def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
     for f in view:
         if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
             decided = f.replace(severity=Severity.ERROR, last_step=step)
-            if f.reason == "never_stepped":
-                decided = _never_stepped(f.name, tuple(f.args["holder"]), checks, decided, Severity.ERROR).replace(
+            if isinstance(f.reason, NeverStepped):
+                decided = _never_stepped(f.name, f.reason.holder, checks, decided, Severity.ERROR).replace(
                     first_step=f.first_step, last_step=step, steps_seen=f.steps_seen)
             out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
     return out
@@ -374,23 +381,20 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
     if seen is not None and inventory is not None and inventory.optimizers and not _held_by_existing(p, inventory):
         where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
-        args.update(created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
-                    created=fixes.outside_module(info.name, inventory) or name,
-                    lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning",
-                    built=None if built is None else {"at": fixes.short_place(built[1]), "variable": built[2]})
-        return make("not_in_optimizer", name, "error", "created_after_optimizer", args, tensor=p, step=step,
-                    aliases=info.aliases, **saw)
-    library = _built_by_library(info, p, args["target"], inventory)
-    if library is not None:
-        return make("not_in_optimizer", name, "error", "library_optimizers", {**args, **library}, tensor=p, step=step,
-                    aliases=info.aliases, **saw)
-    if info.buffer and switched is not None:
-        return make("not_in_optimizer", name, "error", "buffer_switched_on", {
-            **args, "attribute": info.attribute, "switched_at": switched}, tensor=p, step=step, aliases=info.aliases, **saw)
-    if info.buffer:
-        return make("not_in_optimizer", name, "error", "buffer_requires_grad", {**args, "attribute": info.attribute},
-                    tensor=p, step=step, aliases=info.aliases, **saw)
-    return make("not_in_optimizer", name, "error", "left_out", args, tensor=p, step=step, aliases=info.aliases, **saw)
+        reason: InNoOptimizer = CreatedAfterOptimizer(
+            **args, created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
+            created=fixes.outside_module(info.name, inventory) or name,
+            lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning",
+            built_at=None if built is None else fixes.short_place(built[1]), built_variable=None if built is None else built[2])
+    elif (library := _built_by_library(info, p, args["target"], inventory)) is not None:
+        reason = LibraryOptimizers(**args, **library)
+    elif info.buffer and switched is not None:
+        reason = BufferSwitchedOn(**args, attribute=info.attribute, switched_at=switched)
+    elif info.buffer:
+        reason = BufferRequiresGrad(**args, attribute=info.attribute)
+    else:
+        reason = LeftOut(**args)
+    return make(reason, name, "error", tensor=p, step=step, aliases=info.aliases, **saw)
 
 
 def _held_by_existing(p: torch.Tensor, inv: Inventory) -> bool:
@@ -399,12 +403,12 @@ def _held_by_existing(p: torch.Tensor, inv: Inventory) -> bool:
     return any(q is p for opt in inv.existing() for g in opt.param_groups for q in g["params"])
 
 
-def _built_by_library(info: ParamInfo, p: torch.Tensor, target: Mapping[str, Any],
+def _built_by_library(info: ParamInfo, p: torch.Tensor, target: fixes.Target,
                       inv: Inventory | None) -> dict[str, Any] | None:
     """When a library's code built every optimizer (none by the user's, none held by a user variable):
     which library, where, and from which of the user's lines; Pyro's name for the tensor when Pyro's
     param store holds it. None otherwise: the user holds an optimizer, and the fix names it."""
-    if inv is None or not inv.optimizers or target.get("variable") is not None or target.get("framework"):
+    if inv is None or not inv.optimizers or target.variable is not None or target.framework:
         return None
     builders = [inv.built_by(o) for o in inv.optimizers]
     if any(b is None for b in builders) or len({b[0] for b in builders}) != 1:  # type: ignore[index]
@@ -426,39 +430,63 @@ def _pyro_name(p: torch.Tensor) -> str | None:
         return None
 
 
-@renders("not_in_optimizer", "library_optimizers", fixes="never")
-def _library_optimizers(m: Members) -> Words:
+class InNoOptimizer(Reason, kind="not_in_optimizer"):
+    """A trainable tensor of the model no optimizer holds: what the check saw of its gradient (``got_grad``;
+    None: no check yet), the module it sits in, and what the fix that gives it to an optimizer needs (the
+    optimizer, ``target``; the module's tensors, ``module_params``, when all of the module is left out; else
+    the tensor's code, ``param_code``)."""
+
+    got_grad: bool | None = None
+    target: fixes.Target = fixes.Target()
+    module_params: str | None = None
+    param_code: str | None = None
+    module: str | None = None
+
+    def message(self, m: Members) -> str:
+        """The message of a tensor in no optimizer, by what the check saw of its gradient."""
+        got_grad = m.shared("got_grad", self.got_grad)
+        if got_grad is None:
+            return f"{m.who} requires grad but is in no optimizer: nothing steps it."
+        if got_grad:
+            return f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes."
+        return (f"{m.who} requires grad but is in no optimizer, and no gradient reached it at this "
+                "step either: it never trains.")
+
+    def add(self, m: Members, target: fixes.Target | None = None) -> tuple[str, Remedy]:
+        """:func:`~leafwatch.detectors.fixes.add_words` for the tensors of ``m``, to ``target`` (default: its own)."""
+        params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
+        return fixes.add_words(params, target or self.target, "it")
+
+
+class LibraryOptimizers(InNoOptimizer, name="library_optimizers", fixes="never"):
     """Every optimizer that steps was built inside a library (Pyro's ``PyroOptim``: one torch optimizer per
     parameter, inside ``svi.step``): the user holds none, so the fix names none; it says how the library
     collects what it trains."""
-    a = m.first
-    what = f"`{a['module_code']}`" if a["module_code"] else m.who
-    inside = f", inside your call at {a['called_at']}" if a["called_at"] else ""
-    built = (f"the optimizers that step are built by `{a['library']}` at {a['built_at']}{inside}, and none of them is "
-             "yours")
-    if a["library"] == "pyro":
-        name = m.shared("pyro_name")
-        registered = (f"{what} is in Pyro's param store (`pyro.module(\"{name}\", ...)`), but registered outside the "
-                      "model and the guide" if name else f"{what} is not registered with Pyro inside the model or the guide")
-        call = f'pyro.module("{name or "<name>"}", ...)'
-        return Words(_in_no_optimizer(m), f"{registered}: SVI steps only the parameters whose `pyro.param` sites run "
-                     f"inside the model or the guide during `svi.step`, one torch optimizer each ({built}).",
-                     f"call `{call}` on {what} inside the model (the function passed to SVI) or the guide that uses "
-                     "it, at each call, as Pyro's examples do")
-    return Words(_in_no_optimizer(m), f"{m.who} is in no optimizer: {built}; it gives them only the tensors it "
-                 "collects itself.", f"hand {what} to `{a['library']}` the way it collects the tensors it trains, or "
-                 "freeze it with `requires_grad_(False)`")
 
+    library: str = ""
+    built_at: str = ""
+    called_at: str | None = None
+    module_code: str | None = None
+    pyro_name: str | None = None
 
-def _in_no_optimizer(m: Members) -> str:
-    """The message of a tensor in no optimizer, by what the check saw of its gradient."""
-    got_grad = m.shared("got_grad", m.first.get("got_grad"))
-    if got_grad is None:
-        return f"{m.who} requires grad but is in no optimizer: nothing steps it."
-    if got_grad:
-        return f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes."
-    return (f"{m.who} requires grad but is in no optimizer, and no gradient reached it at this "
-            "step either: it never trains.")
+    def words(self, m: Members) -> Words:
+        what = f"`{self.module_code}`" if self.module_code else m.who
+        inside = f", inside your call at {self.called_at}" if self.called_at else ""
+        built = (f"the optimizers that step are built by `{self.library}` at {self.built_at}{inside}, and none of them "
+                 "is yours")
+        if self.library == "pyro":
+            name = m.shared("pyro_name")
+            registered = (f"{what} is in Pyro's param store (`pyro.module(\"{name}\", ...)`), but registered outside "
+                          "the model and the guide" if name else
+                          f"{what} is not registered with Pyro inside the model or the guide")
+            call = f'pyro.module("{name or "<name>"}", ...)'
+            return Words(self.message(m), f"{registered}: SVI steps only the parameters whose `pyro.param` sites run "
+                         f"inside the model or the guide during `svi.step`, one torch optimizer each ({built}).",
+                         f"call `{call}` on {what} inside the model (the function passed to SVI) or the guide that "
+                         "uses it, at each call, as Pyro's examples do")
+        return Words(self.message(m), f"{m.who} is in no optimizer: {built}; it gives them only the tensors it "
+                     f"collects itself.", f"hand {what} to `{self.library}` the way it collects the tensors it trains, "
+                     "or freeze it with `requires_grad_(False)`")
 
 
 def _add_args(name: str, inv: Inventory | None) -> dict[str, Any]:
@@ -466,7 +494,7 @@ def _add_args(name: str, inv: Inventory | None) -> dict[str, Any]:
     optimizer (``target``), the module the user assigned when all of it is left out
     (``module_params``: ``model.aux_head.parameters()``), else the tensor's code (``param_code``)."""
     if inv is None:
-        return {"target": {}, "module_params": None, "param_code": None}
+        return {}
     module = fixes.outside_module(name, inv)
     code_ = fixes.model_tensor_code(module, inv) if module else None
     return {"target": fixes.inventory_target(inv),
@@ -474,95 +502,110 @@ def _add_args(name: str, inv: Inventory | None) -> dict[str, Any]:
             "param_code": fixes.model_tensor_code(name, inv)}
 
 
-def _add(m: Members, what: str = "it", after: Mapping[str, Any] | None = None) -> tuple[str, Remedy]:
-    """:func:`~leafwatch.detectors.fixes.add_words` for the tensors of ``m`` (:func:`_add_args`); the
-    code goes after the statement ``after`` when given, else after the optimizer's."""
-    params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
-    target = m.first["target"] if after is None else {**m.first["target"], "at": after}
-    return fixes.add_words(params, target, what)
+class LeftOut(InNoOptimizer, name="left_out"):
+    """Left out when the optimizer's parameter list was built."""
+
+    def words(self, m: Members) -> Words:
+        add, remedy = self.add(m)
+        hint = silence(m)
+        return Words(self.message(m), f"{m.who} was left out when the optimizer's parameter list was built.",
+                     f"{add}; or freeze it with `requires_grad_(False)`" + (f"; {hint}" if hint else ""), remedy)
 
 
-@renders("not_in_optimizer", "left_out")
-def _left_out(m: Members) -> Words:
-    add, remedy = _add(m)
-    hint = silence(m)
-    return Words(_in_no_optimizer(m), f"{m.who} was left out when the optimizer's parameter list was built.",
-                 f"{add}; or freeze it with `requires_grad_(False)`" + (f"; {hint}" if hint else ""), remedy)
+class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
+    """The registration hooks saw the user's code create it (``created``: the module) at ``created_at`` in
+    ``function``, after its optimizer was built (at ``built_at``, as ``built_variable``)."""
+
+    created_at: str = ""
+    function: str = ""
+    created: str = ""
+    created_span: Span | None = None
+    lightning: bool = False
+    built_at: str | None = None
+    built_variable: str | None = None
+
+    def words(self, m: Members) -> Words:
+        module, function = self.created, self.function
+        optimizer = "the optimizer" if not self.built_at else f"`{self.built_variable or 'the optimizer'}`"
+        after = f"after {optimizer} was built" + (f" at {self.built_at}" if self.built_at else "")
+        where = self.created_at + ("" if function.startswith("<") else f" in `{function}`")
+        cause = f"`{module}` was created at {where}, {after}: the optimizer's parameter list was made before it existed."
+        if self.lightning:
+            return Words(self.message(m), cause,
+                         f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
+                         f"`{function}` runs after the optimizers are built")
+        # (the tensors exist only from their creation on: the call goes right after it, not after the optimizer's)
+        add, remedy = self.add(m, dataclasses.replace(self.target, at=self.created_span))
+        return Words(self.message(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 
-@renders("not_in_optimizer", "created_after_optimizer")
-def _created_after(m: Members) -> Words:
-    """The registration hooks saw the user's code create it while leafwatch was watching, after its
-    optimizer was built."""
-    a = m.first
-    module, function, built = a["created"], a["function"], a.get("built")
-    optimizer = "the optimizer" if not built else f"`{built['variable'] or 'the optimizer'}`"
-    after = f"after {optimizer} was built" + (f" at {built['at']}" if built else "")
-    where = a["created_at"] + ("" if function.startswith("<") else f" in `{function}`")
-    cause = f"`{module}` was created at {where}, {after}: the optimizer's parameter list was made before it existed."
-    if a["lightning"]:
-        return Words(_in_no_optimizer(m), cause,
-                     f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
-                     f"`{function}` runs after the optimizers are built")
-    # (the tensors exist only from their creation on: the call goes right after it, not after the optimizer's)
-    add, remedy = _add(m, after=a["created_span"])
-    return Words(_in_no_optimizer(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
-
-
-@renders("not_in_optimizer", "buffer_requires_grad", fixes="never")
-def _buffer_requires_grad(m: Members) -> Words:
+class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad", fixes="never"):
     """A buffer meant as a parameter: register it as one where it is registered now (words: the
     tensor it registers is the user's expression, which leafwatch does not see)."""
-    return Words(
-        _in_no_optimizer(m),
-        f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
-        "so the optimizer was built without it.",
-        f"make `{m.first['attribute']}` a parameter where the module registers it: pass the same tensor, wrapped in "
-        "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-        "is built, so that `parameters()` (and the optimizer) holds it")
+
+    attribute: str = ""
+
+    def words(self, m: Members) -> Words:
+        return Words(
+            self.message(m),
+            f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
+            "so the optimizer was built without it.",
+            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it")
 
 
-@renders("not_in_optimizer", "buffer_switched_on", fixes="never")
-def _buffer_switched_on(m: Members) -> Words:
-    """A buffer the user's own forward switches to requires grad, meant as a parameter."""
-    attribute, at = m.first["attribute"], m.first["switched_at"]
-    return Words(
-        _in_no_optimizer(m),
-        f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at {at}): "
-        "`parameters()` does not list buffers, so the optimizer was built without it.",
-        f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-        "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-        f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
+class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on", fixes="never"):
+    """A buffer the user's own forward switches to requires grad (at ``switched_at``), meant as a parameter."""
+
+    attribute: str = ""
+    switched_at: str = ""
+
+    def words(self, m: Members) -> Words:
+        attribute, at = self.attribute, self.switched_at
+        return Words(
+            self.message(m),
+            f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at "
+            f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.",
+            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
     """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
     ``step()`` is never called; the fix is that call, on the user's variable for the optimizer.
-    ``holder``: that variable ("" when none) and the optimizer's class, kept in the arguments for
-    the end of the run (the optimizer may be gone with the script)."""
-    return make("not_in_optimizer", name, severity, "never_stepped", {
-        "holder": list(holder), "checks": checks, "final": severity == Severity.ERROR}, step=base.step,
-        aliases=base.aliases, shape=base.shape, dtype=base.dtype, device=base.device, **_bookkeeping(base),
-        late_optimizer=True, holder=list(holder))
+    ``holder``: that variable ("" when none) and the optimizer's class, kept for the end of the run
+    (the optimizer may be gone with the script)."""
+    return base.replace(reason=NeverStepped(holder=tuple(holder), checks=checks, final=severity == Severity.ERROR),  # type: ignore[arg-type]
+                        severity=severity, details={**_bookkeeping(base), "late_optimizer": True})
 
 
-@renders("not_in_optimizer", "never_stepped")
-def _never_stepped_words(m: Members) -> Words:
-    (variable, cls), a = m.first["holder"], m.first
-    if variable:
-        article = "an" if cls[:1] in "AEIOU" else "a"
-        holder = f"`{variable}` ({article} `{cls}`)"
-        fix = f"call `{variable}.step()` after the backward pass that computes its gradients, as for the optimizers that step"
-        remedy = code(f"{variable}.step()")
-    else:
-        holder = f"the `{cls}` that holds it"
-        fix = f"call `step()` on the `{cls}` that holds it after the backward pass that computes its gradients"
-        remedy = ADVICE
-    return Words(
-        f"{m.who} is held only by an optimizer that {'never stepped' if a['final'] else 'has not stepped'} in "
-        f"{a['checks']} checks: it never changes.",
-        f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
-        fix, remedy)
+class NeverStepped(Reason, kind="not_in_optimizer", name="never_stepped"):
+    """The only optimizer that holds the tensor (``holder``: the user's variable for it, or "", and its
+    class) has not stepped in ``checks`` checks (``final``: at the end of the run)."""
+
+    holder: tuple[str, str]
+    checks: int
+    final: bool
+
+    def words(self, m: Members) -> Words:
+        variable, cls = self.holder
+        if variable:
+            article = "an" if cls[:1] in "AEIOU" else "a"
+            holder = f"`{variable}` ({article} `{cls}`)"
+            fix = (f"call `{variable}.step()` after the backward pass that computes its gradients, as for the "
+                   "optimizers that step")
+            remedy = code(f"{variable}.step()")
+        else:
+            holder = f"the `{cls}` that holds it"
+            fix = f"call `step()` on the `{cls}` that holds it after the backward pass that computes its gradients"
+            remedy = ADVICE
+        return Words(
+            f"{m.who} is held only by an optimizer that {'never stepped' if self.final else 'has not stepped'} in "
+            f"{self.checks} checks: it never changes.",
+            f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
+            fix, remedy)
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
@@ -578,37 +621,51 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     module = inv.roots.get(root) if inv is not None else None
     code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
-    args = {"root": root, "code": code_, "module_params": fixes.trainable_params_code(code_, module) if code_ else None,
-            "target": fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else {}}
-    return make("not_in_optimizer", info.name, "error" if chosen else "warning",
-                "chosen_outside" if chosen else "root_outside", args, tensor=t, step=step, aliases=info.aliases,
+    target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
+    reason = (ChosenOutside if chosen else RootOutside)(
+        root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None, target=target)
+    return make(reason, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
                 got_grad=True, root=root, optimizer=optimizer)
 
 
-def _outside_root_words(m: Members) -> tuple[str, str, tuple[str, Remedy]]:
-    a = m.first
-    owner = f"`{a['root']}`" if a["root"] else "its module"
-    if a["code"]:
-        add = fixes.add_words(a["module_params"], a["target"], "it")
-    else:
-        add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)", ADVICE
-    message = f"{m.who} gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
-    return owner, message, add
+class OutsideRoot(Reason, kind="not_in_optimizer"):
+    """A tensor of a root module (``root``: its name in the script; ``code``: the user's code for it) no
+    optimizer holds any tensor of, that gets gradients and never changes."""
+
+    root: str
+    code: str | None = None
+    module_params: str | None = None
+    target: fixes.Target = fixes.Target()
+
+    def parts(self, m: Members) -> tuple[str, str, tuple[str, Remedy]]:
+        owner = f"`{self.root}`" if self.root else "its module"
+        if self.code:
+            add = fixes.add_words(self.module_params, self.target, "it")
+        else:
+            add = "add its parameters to an optimizer (a new one, or yours with `add_param_group`)", ADVICE
+        message = f"{m.who} gets gradients but no optimizer holds it, nor any tensor of {owner}: it never changes."
+        return owner, message, add
 
 
-@renders("not_in_optimizer", "chosen_outside")
-def _chosen_outside(m: Members) -> Words:
-    owner, message, (add, remedy) = _outside_root_words(m)
-    return Words(message, f"no optimizer holds {owner} (none of its tensors), and only some of its tensors require "
-                 "grad: the ones chosen to train (adapters on a frozen base) were left out of the optimizer.", add, remedy)
+class ChosenOutside(OutsideRoot, name="chosen_outside"):
+    """Only some of the root's tensors require grad: the ones chosen to train were left out."""
+
+    def words(self, m: Members) -> Words:
+        owner, message, (add, remedy) = self.parts(m)
+        return Words(message, f"no optimizer holds {owner} (none of its tensors), and only some of its tensors "
+                     "require grad: the ones chosen to train (adapters on a frozen base) were left out of the "
+                     "optimizer.", add, remedy)
 
 
-@renders("not_in_optimizer", "root_outside")
-def _root_outside(m: Members) -> Words:
-    owner, message, (add, remedy) = _outside_root_words(m)
-    frozen = f"`{m.first['code']}.requires_grad_(False)`" if m.first["code"] else "`requires_grad_(False)` on it"
-    return Words(message, f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it is a "
-                 "fixed network that still requires grad.", f"{add}; or, if it should stay fixed, {frozen}", remedy)
+class RootOutside(OutsideRoot, name="root_outside"):
+    """All of the root requires grad: its optimizer was forgotten, or it is a fixed network that still requires grad."""
+
+    def words(self, m: Members) -> Words:
+        owner, message, (add, remedy) = self.parts(m)
+        frozen = f"`{self.code}.requires_grad_(False)`" if self.code else "`requires_grad_(False)` on it"
+        return Words(message, f"no optimizer holds {owner} (none of its tensors): its optimizer was forgotten, or it "
+                     "is a fixed network that still requires grad.", f"{add}; or, if it should stay fixed, {frozen}",
+                     remedy)
 
 
 def _without_pending(f: Finding) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
 from ..watching import WatchEntry
 from .constructors import make
-from ..report.words import Members, Words, renders
+from ..report.reasons import Reason
+from ..report.words import Members, Words
 from ..report.verdicts import Verdict, Verdicts
 from ..observe.evidence import INVENTORY, LOSS, SEEN, STEP, Evidence
 from ..report.history import FindingsView
@@ -80,8 +81,8 @@ def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, 
         if t.grad is None and entry.grads_seen == 0:
             continue  # no gradient: that is missing_grad's business
         if not in_optimizer(entry):
-            out.append(outside_optimizer(entry.name, t, step, {"watched_at": entry.location}, inventory=inventory,
-                                         source="watch", watched_at=entry.location))
+            out.append(outside_optimizer(entry.name, t, step, watched_at=entry.location, inventory=inventory,
+                                         source="watch"))
     return out
 
 
@@ -197,8 +198,10 @@ def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tenso
         if verdict == "wait":
             suspects[k] = (hand.follow(t), op)
         elif verdict == "unchanged":
-            name = caller_name(t) or f"{shape_text(t)} used by {op}"
-            out.append(outside_optimizer(name, t, step, {"op": op}, inventory=inventory, op=op, persistent=True))
+            known = caller_name(t)
+            name = known or f"{shape_text(t)} used by {op}"
+            out.append(outside_optimizer(name, t, step, op=op, inventory=inventory, persistent=True,
+                                         **({} if known else {"described": True})))
     state._suspects = suspects
     hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
     return out
@@ -214,49 +217,64 @@ def undecided(state: LossLeavesState, step: int | None, inventory: Inventory | N
             continue
         known = caller_name(t)
         name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
-        out.append(make("not_in_optimizer", name, "info", "loss_leaf", {"code": known, "target": _target(inventory)},
-                        tensor=t, step=step, source="outside_model", outside=True, op=op, persistent=None))
+        out.append(make(LossLeaf(code=known, target=_target(inventory)), name, "info", tensor=t, step=step,
+                        source="outside_model", outside=True, op=op, persistent=None,
+                        **({} if known else {"described": True})))
     return out
 
 
-def _target(inventory: Inventory | None) -> dict[str, Any]:
-    return fixes.inventory_target(inventory) if inventory is not None else {}
+def _target(inventory: Inventory | None) -> fixes.Target:
+    return fixes.inventory_target(inventory) if inventory is not None else fixes.Target()
 
 
 # -- its words ---------------------------------------------------------------------------------
-@renders("not_in_optimizer", "loss_leaf")
-def _loss_leaf(m: Members) -> Words:
-    known = m.first["code"]
-    add, remedy = fixes.add_words(f"[{known}]" if known else None, m.first["target"])
-    return Words(
-        f"{m.name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
-        "one check cannot tell its two readings apart: if the same tensor is used at every step "
-        "(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
-        "fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
-        "A Monitor, which sees the next step, decides.",
-        f"if it should train, {add}; if it is fixed, create it without `requires_grad=True`; if it is made fresh "
-        "each step, nothing", remedy)
+class LossLeaf(Reason, kind="not_in_optimizer", name="loss_leaf"):
+    """A leaf of the loss's graph that requires grad and is in no optimizer, seen once (``code``: the user's
+    name for it): a persistent tensor or a fresh input, one check cannot tell."""
+
+    code: str | None = None
+    target: fixes.Target = fixes.Target()
+
+    def words(self, m: Members) -> Words:
+        known = self.code
+        add, remedy = fixes.add_words(f"[{known}]" if known else None, self.target)
+        return Words(
+            f"{m.name} is a leaf of the loss's graph that requires grad and is in no optimizer.",
+            "one check cannot tell its two readings apart: if the same tensor is used at every step "
+            "(a temperature, a loss weight), no optimizer steps it and it never trains; if it is made "
+            "fresh each step (an adversarial input, WGAN-GP's interpolates), nothing is wrong. "
+            "A Monitor, which sees the next step, decides.",
+            f"if it should train, {add}; if it is fixed, create it without `requires_grad=True`; if it is made fresh "
+            "each step, nothing", remedy)
 
 
-def outside_optimizer(name: str, t: torch.Tensor, step: int | None, seen: dict[str, Any], *,
-                      inventory: Inventory | None = None, **details: Any) -> Finding:
-    """A trainable tensor outside the model that gets gradients and is in no optimizer; ``seen``: how
-    leafwatch saw it (``watched_at``: the ``watch()`` call; ``op``: the op of the loss's graph that uses it)."""
+def outside_optimizer(name: str, t: torch.Tensor, step: int | None, *, watched_at: str | None = None,
+                      op: str | None = None, inventory: Inventory | None = None, **details: Any) -> Finding:
+    """A trainable tensor outside the model that gets gradients and is in no optimizer: how leafwatch saw it
+    (``watched_at``: the ``watch()`` call; ``op``: the op of the loss's graph that uses it)."""
     code_ = fixes.tensor_code(name) if graph.code_name(name) else None
-    return make("not_in_optimizer", name, "error", "outside_model", {**seen, "code": code_, "target": _target(inventory)},
-                tensor=t, step=step, **{"source": "outside_model", "outside": True, **details})
+    seen = {"watched_at": watched_at} if watched_at is not None else {"op": op} if op is not None else {}
+    return make(OutsideModel(watched_at=watched_at, op=op, code=code_, target=_target(inventory)), name, "error",
+                tensor=t, step=step, **{"source": "outside_model", "outside": True, **seen, **details})
 
 
-@renders("not_in_optimizer", "outside_model")
-def _outside_model(m: Members) -> Words:
-    a = m.first
-    code_ = a["code"] if m.single else None
-    add, remedy = fixes.add_words(f"[{code_}]" if code_ else fixes.params_of(m.each("code")), a["target"])
-    frozen = f"`{code_}.requires_grad_(False)`" if code_ else "call `requires_grad_(False)` on your tensor"
-    how = (f"gets gradients (watched at {a['watched_at']})" if "watched_at" in a else
-           f"is a leaf of the loss's graph at every step (used by `{a['op']}`) and does not change between checks")
-    return Words(
-        f"{m.who} gets gradients but is in no optimizer: it never changes.",
-        f"{m.who} {how}, and it was not passed to any optimizer (left out when the optimizer "
-        "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
-        f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}", remedy)
+class OutsideModel(Reason, kind="not_in_optimizer", name="outside_model"):
+    """A trainable tensor outside the model that gets gradients and is in no optimizer (``watched_at``: its
+    ``watch()`` call; else ``op``: the op of the loss's graph that uses it at every step)."""
+
+    watched_at: str | None = None
+    op: str | None = None
+    code: str | None = None
+    target: fixes.Target = fixes.Target()
+
+    def words(self, m: Members) -> Words:
+        code_ = self.code if m.single else None
+        add, remedy = fixes.add_words(f"[{code_}]" if code_ else fixes.params_of(m.each("code")), self.target)
+        frozen = f"`{code_}.requires_grad_(False)`" if code_ else "call `requires_grad_(False)` on your tensor"
+        how = (f"gets gradients (watched at {self.watched_at})" if self.watched_at is not None else
+               f"is a leaf of the loss's graph at every step (used by `{self.op}`) and does not change between checks")
+        return Words(
+            f"{m.who} gets gradients but is in no optimizer: it never changes.",
+            f"{m.who} {how}, and it was not passed to any optimizer (left out when the optimizer "
+            "was built). If it is meant to stay fixed (a temperature, a teacher), it should not require grad.",
+            f"{add} (better: make it an `nn.Parameter` of the model); or, if it is fixed, {frozen}", remedy)

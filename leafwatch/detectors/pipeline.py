@@ -24,7 +24,8 @@ from ..report.findings import Finding, Kind, Severity
 from ..report.history import FindingHistory
 from ..options import WarnOnce
 from ..report.verdicts import Verdict, Verdicts
-from ..report.words import Members, Words, renders
+from ..report.reasons import Reason
+from ..report.words import Members, Words
 
 State = TypeVar("State")  #: what the parts judge (a check's evidence)
 
@@ -56,16 +57,20 @@ def one_line(error: BaseException, limit: int = 200) -> str:
 
 def incomplete(part: str, error: BaseException, step: int | None) -> Finding:
     """The finding that says ``part`` of the check did not run at ``step``."""
-    return Finding.rendered(Kind.INCOMPLETE, part, Severity.WARNING, "part_failed", {"error": one_line(error)},
-                            step=step, part=part, error=one_line(error))
+    return Finding(Kind.INCOMPLETE, part, Severity.WARNING, PartFailed(error=one_line(error)), step=step,
+                   first_step=step, last_step=step, details={"part": part, "error": one_line(error)})
 
 
-@renders(Kind.INCOMPLETE, "part_failed", fixes="never")
-def _part_failed(m: Members) -> Words:
-    return Words(f"Part of leafwatch's check did not run: {m.name} failed, so its findings may be missing.",
-                 f"an internal failure of leafwatch ({m.first['error']}); every other part of the check ran.",
-                 "nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
-                 "the finding clears at the next check where this part runs through")
+class PartFailed(Reason, kind=Kind.INCOMPLETE, name="part_failed", fixes="never"):
+    """A part of the check raised (``error``: the exception on one line); the others ran."""
+
+    error: str
+
+    def words(self, m: Members) -> Words:
+        return Words(f"Part of leafwatch's check did not run: {m.name} failed, so its findings may be missing.",
+                     f"an internal failure of leafwatch ({self.error}); every other part of the check ran.",
+                     "nothing to change in your code: please report it with the LeafwatchInternalWarning's text; "
+                     "the finding clears at the next check where this part runs through")
 
 
 class Pipeline(Generic[State]):

@@ -12,8 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 
@@ -22,7 +21,8 @@ from ..report.findings import Finding
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
 from .constructors import make, transition
-from ..report.words import ADVICE, Members, Words, has_renderer, render, renders
+from ..report.reasons import Reason, Transition, Written
+from ..report.words import ADVICE, Members, Words
 
 _ACTIVE_STATUSES = ("open", "intermittent")
 
@@ -88,30 +88,36 @@ def sharded_finding(view: GradientView, step: int | None) -> Finding | None:
     words = _SHARDED.get(view.strategy)
     if words is None or not view.skip:
         return None
-    return make("missing_grad", words.name, "info", "sharded_gradients", {
-        "strategy": view.strategy, "parameters": len(view.skip)}, step=step, strategy=words.label,
-        parameters=len(view.skip), ignored_because=words.because or f"gradients are sharded by {words.label}",
-    ).replace(status="ignored")
+    return make(ShardedGradients(strategy=view.strategy, parameters=len(view.skip)), words.name, "info", step=step,
+                strategy=words.label, parameters=len(view.skip),
+                ignored_because=words.because or f"gradients are sharded by {words.label}").replace(status="ignored")
 
 
-@renders("missing_grad", "sharded_gradients", fixes="never")
-def _sharded_gradients(m: Members) -> Words:
-    words = _SHARDED[m.first["strategy"]]
-    return Words(f"{words.label}: the gradient check is skipped for {m.first['parameters']} parameter(s): their .grad "
-                 "cannot tell a missing gradient from a zero one.", words.cause, words.fix)
+class ShardedGradients(Reason, kind="missing_grad", name="sharded_gradients", fixes="never"):
+    """The ``parameters`` whose gradients ``strategy`` keeps where ``.grad`` cannot tell a missing one."""
+
+    strategy: str
+    parameters: int
+
+    def words(self, m: Members) -> Words:
+        words = _SHARDED[self.strategy]
+        return Words(f"{words.label}: the gradient check is skipped for {self.parameters} parameter(s): their .grad "
+                     "cannot tell a missing gradient from a zero one.", words.cause, words.fix)
 
 
 def unused_on_rank(p: torch.Tensor, name: str, step: int) -> Finding:
     """A parameter this rank did not use although DDP (``find_unused_parameters=True``) gave it a gradient."""
-    return make("missing_grad", name, "error", "unused_on_rank", {}, tensor=p, step=step, source="ddp_use")
+    return make(UnusedOnRank(), name, "error", tensor=p, step=step, source="ddp_use")
 
 
-@renders("missing_grad", "unused_on_rank", fixes="never")
-def _unused_on_rank(m: Members) -> Words:
-    return Words(f"{m.who} requires grad but got no gradient on this rank.",
-                 "its gradient was not computed on this rank in this step (its module did not "
-                 "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
-                 "filled its .grad with the average from the ranks that used it.", "")
+class UnusedOnRank(Reason, kind="missing_grad", name="unused_on_rank", fixes="never"):
+    """A parameter this rank did not use, whose ``.grad`` DDP filled with the other ranks' average."""
+
+    def words(self, m: Members) -> Words:
+        return Words(f"{m.who} requires grad but got no gradient on this rank.",
+                     "its gradient was not computed on this rank in this step (its module did not "
+                     "run, or its output did not reach the loss); DDP (find_unused_parameters=True) "
+                     "filled its .grad with the average from the ranks that used it.", "")
 
 
 def _ranks_words(ranks: Sequence[int]) -> str:
@@ -174,67 +180,82 @@ def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: 
                     first_without: Finding, plain: bool = True) -> Finding:
     """A missing gradient merged across ranks: on every rank (a dead parameter), or on some only (per-rank
     branching); ``first_without``: the finding of the first rank without the gradient."""
-    if f.reason == "sharded_gradients":
+    if f.reason.name == "sharded_gradients":
         return f
     details = {**f.details, "ranks_without_grad": list(active), "world_size": world_size}
-    if len(active) == world_size and f.status != "open" or not has_renderer(f.kind, f.reason):
+    if len(active) == world_size and f.status != "open" or isinstance(f.reason, Written):
         return f.replace(details=details)  # intermittent on every rank (or made by hand): its own words stand
     if len(active) == world_size:
         ddp = None if not plain else "unused_false" if ddp_unused is False else "unknown" if ddp_unused is None else None
-        return transition(f.replace(details=details), "no_grad_on_any_rank", {"ddp": ddp})
-    others = [r for r in range(world_size) if r not in active]
-    args = {"active": list(active), "others": others,
-            "on_first": {"reason": first_without.reason, "args": dict(first_without.args)}}
+        return transition(f.replace(details=details), NoGradOnAnyRank, ddp=ddp)
+    others = tuple(r for r in range(world_size) if r not in active)
+    fields = {"active": tuple(active), "others": others, "on_first": first_without.reason}
     details["per_rank_branching"] = True
     if ddp_unused is False:
-        return transition(f.replace(details=details), "rank_branching_hangs", args).replace(severity="error", status="open")
-    return transition(f.replace(details=details), "rank_branching", args).replace(severity="info", status="intermittent")
+        return transition(f.replace(details=details), RankBranchingHangs, **fields).replace(severity="error",
+                                                                                           status="open")
+    return transition(f.replace(details=details), RankBranching, **fields).replace(severity="info",
+                                                                                  status="intermittent")
 
 
-@renders("missing_grad", "no_grad_on_any_rank")
-def _no_grad_on_any_rank(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before, ddp = render("missing_grad", reason, earlier), m.first["ddp"]
-    note, fix, remedy = "", before.fix, before.remedy
-    if ddp == "unused_false":
-        note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
-                f"with \"{DDP_NEXT_STEP_ERROR}\".")
-        fix, remedy = DDP_FIX, ADVICE
-    elif ddp == "unknown":
-        note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
-                f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
-        fix = (f"{before.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
-               "(or `static_graph=True`) to DistributedDataParallel")
-    return Words(before.message.rstrip(".") + " (no gradient on any rank).",
-                 f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {before.cause}{note}",
-                 fix, remedy)
+class NoGradOnAnyRank(Transition, kind="missing_grad", name="no_grad_on_any_rank"):
+    """No rank got a gradient for the tensor: a dead parameter, not a per-rank branch (``ddp``: what DDP does
+    next, ``"unused_false"`` or ``"unknown"``; None: no DDP advice)."""
+
+    ddp: str | None = None
+
+    def words(self, m: Members) -> Words:
+        before, ddp = self.before(m), self.ddp
+        note, fix, remedy = "", before.fix, before.remedy
+        if ddp == "unused_false":
+            note = (f" Under DDP (find_unused_parameters=False) it stops training at the next step "
+                    f"with \"{DDP_NEXT_STEP_ERROR}\".")
+            fix, remedy = DDP_FIX, ADVICE
+        elif ddp == "unknown":
+            note = (" If the model is wrapped in DDP without find_unused_parameters=True (the "
+                    f"default), the next step fails with \"{DDP_NEXT_STEP_ERROR}\".")
+            fix = (f"{before.fix}; under DDP, if it is unused on purpose, pass `find_unused_parameters=True` "
+                   "(or `static_graph=True`) to DistributedDataParallel")
+        return Words(f"{m.who} requires grad but got no gradient on any rank: it does not train.",
+                     f"no gradient on any rank, so it is a dead parameter, not a per-rank branch: {before.cause}{note}",
+                     fix, remedy)
 
 
-def _branching(m: Members) -> tuple[str, str, str]:
-    """The message and cause of a gradient missing on some ranks only, and the ranks' words."""
-    a = m.first
-    where = _ranks_words(a["active"])
-    on_first = a["on_first"]
-    cause = render("missing_grad", on_first["reason"], Members(m.names, [on_first["args"]] * len(m.names))).cause
-    return (f"{m.who} got no gradient on {where} only (it got one on {_ranks_words(a['others'])}): "
-            "per-rank branching, a different bug from a dead layer.",
-            f"the forward pass takes a rank-dependent path: on {where} {m.who} is not used "
-            "(a branch on the rank, or data-dependent routing that differs between ranks). "
-            f"On {where}: {cause}", where)
+class Branching(Transition, kind="missing_grad"):
+    """A gradient missing on the ranks ``active`` only (it came on ``others``); ``on_first``: the reason the
+    first of them saw."""
+
+    active: tuple[int, ...]
+    others: tuple[int, ...]
+    on_first: Reason
+
+    def parts(self, m: Members) -> tuple[str, str]:
+        """The message and cause of a gradient missing on some ranks only."""
+        where = _ranks_words(self.active)
+        cause = self.on_first.words(Members(m.names, [self.on_first] * len(m.names))).cause
+        return (f"{m.who} got no gradient on {where} only (it got one on {_ranks_words(self.others)}): "
+                "per-rank branching, a different bug from a dead layer.",
+                f"the forward pass takes a rank-dependent path: on {where} {m.who} is not used "
+                "(a branch on the rank, or data-dependent routing that differs between ranks). "
+                f"On {where}: {cause}")
 
 
-@renders("missing_grad", "rank_branching_hangs", fixes="never")
-def _rank_branching_hangs(m: Members) -> Words:
-    message, cause, _ = _branching(m)
-    return Words(message, cause + " DDP with find_unused_parameters=False waits for this gradient on the "
-                 "other ranks: it hangs or fails.",
-                 "make every rank run the same modules, or pass `find_unused_parameters=True` to "
-                 "DistributedDataParallel if the branching is intended")
+class RankBranchingHangs(Branching, name="rank_branching_hangs", fixes="never"):
+    """Per-rank branching under DDP with ``find_unused_parameters=False``: it hangs or fails."""
+
+    def words(self, m: Members) -> Words:
+        message, cause = self.parts(m)
+        return Words(message, cause + " DDP with find_unused_parameters=False waits for this gradient on the "
+                     "other ranks: it hangs or fails.",
+                     "make every rank run the same modules, or pass `find_unused_parameters=True` to "
+                     "DistributedDataParallel if the branching is intended")
 
 
-@renders("missing_grad", "rank_branching", fixes="never")
-def _rank_branching(m: Members) -> Words:
-    message, cause, _ = _branching(m)
-    return Words(message, cause, "nothing, if the branching is intended (DDP needs find_unused_parameters=True for "
-                 "it, and the parameter trains from the ranks that use it); otherwise make every rank run "
-                 "the same modules")
+class RankBranching(Branching, name="rank_branching", fixes="never"):
+    """Per-rank branching where DDP lets it be: info, if intended."""
+
+    def words(self, m: Members) -> Words:
+        message, cause = self.parts(m)
+        return Words(message, cause, "nothing, if the branching is intended (DDP needs find_unused_parameters=True "
+                     "for it, and the parameter trains from the ranks that use it); otherwise make every rank run "
+                     "the same modules")

@@ -8,22 +8,22 @@ per :class:`~leafwatch.detectors.checker.Checker` by ``state(config)``), the fin
 them), the stage it runs at and what it waits on. The Checker builds its pipeline from this list
 and no other, so adding a detector is its module, one entry here, and its tests.
 
-One voice per finding: an entry also names the ``(kind, reason)`` pairs its detector decides
-(``decides``); each has one renderer of its words, registered with
-:func:`leafwatch.report.words.renders` in the detector's module. ``tests/core/test_voices.py``
-fails on a reason rendered twice or decided by two entries, on a reason made without a renderer
-or missing here, and on words edited after rendering.
+One voice per finding: an entry also lists the reason classes its detector decides (``decides``);
+each class (:class:`~leafwatch.report.reasons.Reason`, in the detector's module) is the one writer of
+its words and declares its ``(kind, reason)``. ``tests/core/test_voices.py`` fails on a reason with
+two classes or decided by two entries, on a class missing here, and on words edited after rendering.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import crashes, gradients, membership, outside, ranks, structure, unchecked, values, watched, zeroed
-from . import pipeline  # noqa: F401 (the renderer of the incomplete finding a failing part leaves)
+from . import (causes, crashes, dead, freed, gradients, graphless, held, leaves, loop, membership, outside, pipeline,
+               plain_flag, ranks, silenced, stepped, structure, unchecked, values, watched, zeroed)
 from ..observe.evidence import LOSS, REBUILT
+from ..report.reasons import Reason
 from ..report.verdicts import Verdicts
 
 #: Before any gradient exists (the structure scan at the first sight of a model).
@@ -59,8 +59,9 @@ class Detector:
     across checks (None: nothing); ``needs``: the names of the earlier detectors whose states it
     reads, handed to it in that order; ``when(state, seen, *needed)`` (``seen``: the check's
     :class:`~leafwatch.observe.evidence.Observation`) gives the ``(owner, attribute)`` pairs
-    it waits on (see :class:`~leafwatch.detectors.pipeline.Part`); ``decides``: the reasons it
-    decides, by kind (each rendered by the one renderer its module registers).
+    it waits on (see :class:`~leafwatch.detectors.pipeline.Part`); ``decides``: the reason classes it
+    decides (each in the module that decides it, with its words; their ``(kind, reason)`` pairs are
+    derived from them, never listed again).
     """
 
     name: str
@@ -69,7 +70,7 @@ class Detector:
     state: Callable[[Config], Any] | None = None
     needs: tuple[str, ...] = ()
     when: Callable[..., tuple[tuple[object, str | int], ...]] | None = None
-    decides: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    decides: tuple[type[Reason], ...] = ()
 
 
 def ordered(detectors: Sequence[Detector]) -> list[Detector]:
@@ -103,37 +104,39 @@ UNCHECKED = "the check that the run's steps were seen"
 
 DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
-    Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides={
-        "not_in_optimizer": ("left_out", "buffer_requires_grad", "unfrozen_after", "created_after_optimizer",
-                             "library_optimizers", "buffer_switched_on"),
-        "frozen_in_optimizer": ("plain_tensor", "frozen", "buffer"),
-        "stale_param": ("replaced", "module_replaced", "old_tensors", "leftovers"),
-        "orphan_tensor": ("module_in_container", "tensor_in_container", "non_leaf_attribute", "plain_attribute"),
-        "device_mismatch": ("device",), "missing_grad": ("sharded_gradients",)}),
-    Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides={
+    Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides=(
+        membership.LeftOut, membership.BufferRequiresGrad, structure.UnfrozenAfter, membership.CreatedAfterOptimizer,
+        membership.LibraryOptimizers, membership.BufferSwitchedOn, structure.PlainTensor, structure.Frozen,
+        structure.Buffer, structure.ReplacedTensor, structure.ModuleReplaced, structure.OldTensors,
+        structure.Leftovers, structure.ModuleInContainer, structure.TensorInContainer, structure.NonLeafAttribute,
+        structure.PlainAttribute, structure.Device, ranks.ShardedGradients)),
+    Detector("the check of a module's plain requires_grad", plain_flag.judge,
+             when=lambda state, *needed: ((None, REBUILT),), decides=(plain_flag.PlainRequiresGrad,)),
+    Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides=(
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
-        "missing_grad": ("never_ran", "no_forward_of_its_own", "grad_disabled", "checkpoint", "inside_function", "copied_weights", "integer_cut", "detached", "rewrapped",
-                         "unused_output", "data_access", "unused", "called_directly", "substituted_weights",
-                         "loss_without_graph", "unreachable", "silenced_loss",
-                         "not_backpropagated", "unknown_not_a_parameter", "unknown_hooks_off", "unknown", "pending",
-                         "traced_nothing", "came_back", "intermittent", "stalled", "not_a_target", "target_undecided",
-                         "not_layerdrop", "layerdrop_undecided", "untraced"),
+        causes.NeverRan, causes.NoForwardOfItsOwn, causes.GradDisabled, causes.Checkpoint, causes.InsideFunction,
+        causes.CopiedWeights, causes.IntegerCut, causes.Detached, causes.Rewrapped, causes.UnusedOutput,
+        causes.DataAccess, causes.Unused, causes.CalledDirectly, causes.SubstitutedWeights, gradients.LossWithoutGraph,
+        gradients.Unreachable, silenced.SilencedLoss, gradients.NotBackpropagated, gradients.UnknownNotAParameter,
+        gradients.UnknownHooksOff, gradients.Unknown, gradients.Pending, gradients.TracedNothing, gradients.CameBack,
+        gradients.Intermittent, gradients.Stalled, held.NotATarget, held.TargetUndecided, held.NotLayerdrop,
+        held.LayerdropUndecided, held.Untraced,
         # the loop watch
-        "grad_cleared": ("cleared", "cleared_on_purpose", "clearing_ended"), "no_update": ("zero_lr", "skipped_steps")}),
+        loop.Cleared, loop.ClearedOnPurpose, loop.ClearingEnded, loop.ZeroLr, loop.SkippedSteps)),
     Detector("the check of watched tensors", watched.judge, state=lambda c: watched.WatchedState(),
-             when=watched.waits_on, decides={"non_leaf": ("not_a_leaf",), "not_in_optimizer": ("outside_model",),
-                                             "missing_grad": ("requires_grad_false", "watched_unused")}),
+             when=watched.waits_on, decides=(leaves.NotALeaf, outside.OutsideModel, watched.RequiresGradFalse,
+                                             watched.WatchedUnused)),
     Detector("the loss-graph check", outside.judge_loss, state=lambda c: outside.LossLeavesState(), needs=(GRADIENTS,),
              when=lambda state, *needed: ((None, LOSS),)),
     Detector("the optimizer-membership check", membership.judge, state=lambda c: membership.MembershipState(),
-             when=lambda state, *needed: ((state, "waiting"), (None, REBUILT)), decides={
-                 "not_in_optimizer": ("never_stepped", "no_optimizer_stepped", "root_outside", "chosen_outside",
-                                      "undecided")}),
+             when=lambda state, *needed: ((state, "waiting"), (None, REBUILT)), decides=(
+                 membership.NeverStepped, membership.NoOptimizerStepped, membership.RootOutside,
+                 membership.ChosenOutside, membership.Undecided)),
     Detector("the NaN/Inf gradient check", values.judge, state=lambda c: values.ValuesState(c.check_values_every_n_steps),
-             needs=(GRADIENTS,), when=lambda state, *needed: ((state, "every"),), decides={
-                 "nonfinite_grad": ("nan_or_inf", "nan_or_inf_value"), "dead_grad": ("zero_streak",)}),
+             needs=(GRADIENTS,), when=lambda state, *needed: ((state, "every"),), decides=(
+                 values.NanOrInf, values.NanOrInfValue, dead.ZeroStreak)),
     Detector("the zero-gradient-op check", zeroed.judge, needs=("the NaN/Inf gradient check",), when=zeroed.waits_on,
-             decides={"dead_grad": ("zero_gradient_op",)}),
+             decides=(zeroed.ZeroGradientOp,)),
     Detector("the last NaN/Inf gradient check", values.judge_last, CLOSE, needs=("the NaN/Inf gradient check",)),
     Detector("the end-of-run decisions of missing gradients", gradients.decide_held, CLOSE, needs=(GRADIENTS,)),
     Detector("the end-of-run decisions of watched tensors", watched.decide_pending, CLOSE,
@@ -141,25 +144,24 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the end-of-run decisions of optimizer membership", membership.decide_pending, CLOSE,
              needs=("the optimizer-membership check",)),
     Detector("the end-of-run decision on the loss's leaves", outside.judge_undecided, CLOSE,
-             needs=("the loss-graph check",), decides={"not_in_optimizer": ("loss_leaf",)}),
+             needs=("the loss-graph check",), decides=(outside.LossLeaf,)),
     Detector(UNCHECKED, unchecked.judge, CLOSE, state=lambda c: unchecked.UncheckedState(),
-             decides={"incomplete": ("unchecked_optimizer",)}),
+             decides=(unchecked.UncheckedOptimizer,)),
     Detector("the no-gradient-at-all check", gradients.no_gradient_at_all, ONE_LOOK, needs=(GRADIENTS,),
-             decides={"missing_grad": ("no_grad_at_all",)}),
-    Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides={
-        "missing_grad": ("unused_on_rank", "no_grad_on_any_rank", "rank_branching_hangs", "rank_branching")}),
-    Detector("the crash explanation", crashes.judge, CRASH, decides={
-        "non_leaf": ("optimized_non_leaf", "persistent_non_leaf", "in_place_on_leaf", "carried_state", "computed_once",
-                     "freed_by_earlier_backward"),
-        "missing_grad": ("all_frozen", "backward_of_no_graph", "grad_off_function", "detached_loss",
-                         "stepped_before_backward"),
-        "not_in_optimizer": ("exhausted_iterator",)}),
+             decides=(gradients.NoGradAtAll,)),
+    Detector("the merge of the ranks' findings", ranks.judge, RANKS, decides=(
+        ranks.UnusedOnRank, ranks.NoGradOnAnyRank, ranks.RankBranchingHangs, ranks.RankBranching)),
+    Detector("the crash explanation", crashes.judge, CRASH, decides=(
+        crashes.OptimizedNonLeaf, crashes.PersistentNonLeaf, crashes.InPlaceOnLeaf, freed.CarriedState,
+        freed.ComputedOnce, freed.FreedByEarlier, crashes.AllFrozen, crashes.BackwardOfNoGraph,
+        graphless.GradOffFunction, graphless.DetachedLoss, stepped.SteppedBeforeBackward, crashes.ExhaustedIterator)),
 )
 
 #: What no detector decides: a part that failed (the pipeline's own finding).
-BEYOND_THE_CHECK: Mapping[str, tuple[str, ...]] = {"incomplete": ("part_failed",)}
+BEYOND_THE_CHECK: tuple[type[Reason], ...] = (pipeline.PartFailed,)
 
 #: ``(kind, reason)`` -> the name of the registry's entry that decides it (the pipeline for ``incomplete``).
 DECIDED_BY: dict[tuple[str, str], str] = {
-    (kind, reason): name for name, decides in (*((d.name, d.decides) for d in DETECTORS), ("the pipeline", BEYOND_THE_CHECK))
-    for kind, reasons in decides.items() for reason in reasons}
+    (cls.kind, cls.name): name
+    for name, decides in (*((d.name, d.decides) for d in DETECTORS), ("the pipeline", BEYOND_THE_CHECK))
+    for cls in decides}

@@ -10,9 +10,9 @@ this one does not is resolved.
 
 from __future__ import annotations
 
-
+import dataclasses
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -25,7 +25,8 @@ from ..observe.inventory import Inventory, Orphan, is_uninitialized, shape_of, s
 from ..report.verdicts import Verdict, Verdicts
 from ..observe import replaced
 from .constructors import make
-from ..report.words import ADVICE, Members, Remedy, Words, code, renders
+from ..report.reasons import Reason, Span
+from ..report.words import ADVICE, Members, Remedy, Words, code
 from .leaves import non_leaf
 from .watched import watched_findings
 from ..observe.evidence import INVENTORY, REBUILT, SEEN, STEP, Evidence
@@ -104,8 +105,10 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
     for i, params in enumerate(inv.optimizer_params):
         for j, p in enumerate(params):
             if not p.is_leaf:
-                name = inv.name(p) or f"optimizers[{i}] param {j}"
-                out.append(non_leaf(name, p, step=step, inventory=inv, where=" (held by an optimizer)"))
+                name = inv.name(p)
+                found = non_leaf(name or f"the {shape_text(p)} at index {j} of optimizer {i}", p, step=step,
+                                 inventory=inv, where=" (held by an optimizer)")
+                out.append(found if name else found.with_details(described=True))
     excluded = {k: (info, inv.tensors[k]) for k, info in inv.params.items()
                 if k not in inv.in_optimizer and inv.tensors[k].requires_grad}
     found = stale if stale is not None else replaced.pair(inv, previous_names)
@@ -118,9 +121,9 @@ def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapp
         out.append(stale_group(i, old, step, inv, harmless=not found.unstepped))
     for k, (info, p) in excluded.items():
         if k in seen_frozen:
-            out.append(make("not_in_optimizer", info.name, "error", "unfrozen_after", {
-                "target": fixes.inventory_target(inv), "param_code": fixes.model_tensor_code(info.name, inv)},
-                tensor=p, step=step, aliases=info.aliases))
+            out.append(make(UnfrozenAfter(target=fixes.inventory_target(inv),
+                                          param_code=fixes.model_tensor_code(info.name, inv)),
+                            info.name, "error", tensor=p, step=step, aliases=info.aliases))
             continue
         out.append(membership.not_in_optimizer(info, p, step=step, inventory=inv))
     out.extend(_frozen_in_optimizer(inv, step))
@@ -134,7 +137,7 @@ def _frozen_in_optimizer(inv: Inventory, step: int | None) -> list[Finding]:
     out: list[Finding] = []
     for i, params in enumerate(inv.optimizer_params):
         holder: str | None = None
-        for p in params:
+        for j, p in enumerate(params):
             if p.requires_grad:
                 continue
             buffer, name = inv.buffer_names.get(id(p)), inv.name(p)
@@ -144,58 +147,73 @@ def _frozen_in_optimizer(inv: Inventory, step: int | None) -> list[Finding]:
             if not plain and holder is None:
                 holder = fixes.variable_for(inv.optimizers[i], inv.variables, inv.fix_names) or f"optimizers[{i}]"
             if buffer is not None:
-                out.append(make("frozen_in_optimizer", buffer, "info", "buffer", {"optimizer": i}, tensor=p,
-                                step=step, optimizer=i, group=holder))
+                out.append(make(Buffer(optimizer=i), buffer, "info", tensor=p, step=step, optimizer=i, group=holder))
                 continue
-            name = name or f"optimizers[{i}] {shape_text(p)}"
-            out.append(make("frozen_in_optimizer", name, "error" if plain else "info",
-                            "plain_tensor" if plain else "frozen", {"optimizer": i}, tensor=p, step=step,
-                            optimizer=i, **({} if plain else {"group": holder})))
+            named = {} if name else {"described": True}
+            name = name or f"the {shape_text(p)} at index {j}"
+            out.append(make(PlainTensor(optimizer=i) if plain else Frozen(optimizer=i), name, "error" if plain else "info",
+                            tensor=p, step=step, optimizer=i, **named, **({} if plain else {"group": holder})))
     return out
 
 
-@renders("frozen_in_optimizer", "buffer", fixes="never")
-def _buffer(m: Members) -> Words:
-    i = m.first["optimizer"]
-    if m.single:
-        message = (f"optimizer {i} holds the buffer {m.who}, which is not a parameter: it gets no gradient, "
-                   "so the optimizer skips it.")
-    else:
-        message = (f"optimizer {i} holds the buffers `{m.name}`, which are not parameters: they get no gradient, "
-                   "so the optimizer skips them.")
-    return Words(message,
-                 f"{m.who} is a registered buffer, handed to the optimizer with the parameters (an optimizer "
-                 "built from a state dict's or a TensorDict's values rather than from `parameters()`).",
-                 "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`")
+class Buffer(Reason, kind="frozen_in_optimizer", name="buffer", fixes="never"):
+    """Optimizer ``optimizer`` holds a registered buffer: harmless, it gets no gradient."""
+
+    optimizer: int
+
+    def words(self, m: Members) -> Words:
+        i = self.optimizer
+        if m.single:
+            message = (f"optimizer {i} holds the buffer {m.who}, which is not a parameter: it gets no gradient, "
+                       "so the optimizer skips it.")
+        else:
+            message = (f"optimizer {i} holds the buffers `{m.name}`, which are not parameters: they get no gradient, "
+                       "so the optimizer skips them.")
+        return Words(message,
+                     f"{m.who} is a registered buffer, handed to the optimizer with the parameters (an optimizer "
+                     "built from a state dict's or a TensorDict's values rather than from `parameters()`).",
+                     "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`")
 
 
-@renders("frozen_in_optimizer", "plain_tensor", fixes="never")
-def _plain_tensor(m: Members) -> Words:
-    return Words(f"optimizer {m.first['optimizer']} holds {m.who}, which does not require grad: it will not train.",
-                 "a plain tensor created without `requires_grad=True` was passed to the optimizer",
-                 "create it with `requires_grad=True`")
+class PlainTensor(Reason, kind="frozen_in_optimizer", name="plain_tensor", fixes="never"):
+    """Optimizer ``optimizer`` holds a plain tensor created without ``requires_grad=True``."""
+
+    optimizer: int
+
+    def words(self, m: Members) -> Words:
+        return Words(f"optimizer {self.optimizer} holds {m.who}, which does not require grad: it will not train.",
+                     "a plain tensor created without `requires_grad=True` was passed to the optimizer",
+                     "create it with `requires_grad=True`")
 
 
-@renders("frozen_in_optimizer", "frozen", fixes="never")
-def _frozen(m: Members) -> Words:
-    return Words(f"optimizer {m.first['optimizer']} holds {m.who}, which is frozen (requires_grad=False): "
-                 "the optimizer skips it.",
-                 f"{m.who} is frozen (requires_grad=False) but still listed in the optimizer.",
-                 "nothing, if freezing is intended; to train it call `requires_grad_(True)`")
+class Frozen(Reason, kind="frozen_in_optimizer", name="frozen", fixes="never"):
+    """Optimizer ``optimizer`` holds a frozen parameter: it skips it."""
+
+    optimizer: int
+
+    def words(self, m: Members) -> Words:
+        return Words(f"optimizer {self.optimizer} holds {m.who}, which is frozen (requires_grad=False): "
+                     "the optimizer skips it.",
+                     f"{m.who} is frozen (requires_grad=False) but still listed in the optimizer.",
+                     "nothing, if freezing is intended; to train it call `requires_grad_(True)`")
 
 
-@renders("not_in_optimizer", "unfrozen_after")
-def _unfrozen_after(m: Members) -> Words:
-    target = m.first["target"]
-    if target["framework"] == "lightning":
-        fix, remedy = ("when unfreezing, add it to the optimizer too: Lightning's "
-                       "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze"), ADVICE
-    else:
-        add, remedy = fixes.add_words(fixes.params_of(m.each("param_code")), target)
-        fix = "when unfreezing, " + add
-    return Words(f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes.",
-                 f"{m.who} was frozen when the optimizer was built and unfrozen after it "
-                 "(`requires_grad_(True)`), without being added to the optimizer.", fix, remedy)
+class UnfrozenAfter(Reason, kind="not_in_optimizer", name="unfrozen_after"):
+    """Frozen when the optimizer was built and unfrozen after it, without being added to it."""
+
+    target: fixes.Target
+    param_code: str | None = None
+
+    def words(self, m: Members) -> Words:
+        if self.target.framework == "lightning":
+            fix, remedy = ("when unfreezing, add it to the optimizer too: Lightning's "
+                           "`BaseFinetuning.unfreeze_and_add_param_group` does both, for the modules you unfreeze"), ADVICE
+        else:
+            add, remedy = fixes.add_words(fixes.params_of(m.each("param_code")), self.target)
+            fix = "when unfreezing, " + add
+        return Words(f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes.",
+                     f"{m.who} was frozen when the optimizer was built and unfrozen after it "
+                     "(`requires_grad_(True)`), without being added to the optimizer.", fix, remedy)
 
 
 _LIGHTNING_REBUILD = ("build the optimizer in `configure_optimizers` after the model is changed (in `setup` or "
@@ -207,44 +225,52 @@ def _chosen(inv: Inventory, optimizer: int | None) -> list[Any]:
     return [optimizers[optimizer]] if optimizer is not None and 0 <= optimizer < len(optimizers) else list(optimizers)
 
 
-def _replaced_at(new: torch.Tensor, inv: Inventory, target: Mapping[str, Any]) -> dict[str, Any]:
+def _replaced_at(new: torch.Tensor, inv: Inventory, target: fixes.Target) -> Span | None:
     """Where the user's statement that made the new tensor stands, when the registration hooks saw it
     made: of the user's frames that ran the registration (innermost first:
     ``Hetero.__init__``'s ``setattr``, then ``model = Hetero(model)``), the first statement that stands
-    after the optimizer's, in its file and at its indentation (``replaced_span``). A fix that adds the
-    new tensors goes there, not after the optimizer's statement, where the name still holds the old
-    module; none found: ``None`` (the fix is not placed)."""
-    seen, at = inv.appeared(new, 0), target.get("at")
-    if at is None:
-        return {}
-    if seen is None:  # not seen made: after the optimizer's statement the fix would name tensors not made yet
-        return {"replaced_span": None}
+    after the optimizer's, in its file and at its indentation. A fix that adds the new tensors goes there,
+    not after the optimizer's statement, where the name still holds the old module; none found (or not
+    seen made: after the optimizer's statement the fix would name tensors not made yet): None, the fix
+    is not placed."""
+    seen, at = inv.appeared(new, 0), target.at
+    if at is None or seen is None:
+        return None
     for where in seen[2]:
         span = fixes.statement_span(where)
-        if span and at and span["path"] == at["path"] and span["indent"] == at["indent"] and span["start"] > at["end"]:
-            return {"replaced_span": span}
-    return {"replaced_span": None}
+        if span and span.path == at.path and span.indent == at.indent and span.start > at.end:
+            return span
+    return None
 
 
-def _rebuild_fix(m: Members) -> tuple[str, Remedy]:
-    """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
-    target = m.first["target"]
-    if target["framework"] == "lightning":
-        return _LIGHTNING_REBUILD.format(which="new"), ADVICE
-    spans = [a["replaced_span"] for a in m.args if "replaced_span" in a]
-    if spans:  # after the last statement that made a new one (none found: the fix is not placed)
-        target = {**target, "at": max(spans, key=lambda s: s["end"]) if all(spans) else None}
-    which = f"`{target['variable']}`" if target["variable"] else "your optimizer"
-    params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
-    add, remedy = fixes.add_words(params, target, what="the new parameters")
-    return add + f"; or rebuild {which} after the last change to the model, with the same class and groups", remedy
+class Replaced(Reason, kind="stale_param"):
+    """What a tensor that replaced an old one an optimizer still holds shares: the optimizer (its index, and
+    ``target``: the user's), the code of the new tensors and where the last of them was made."""
+
+    optimizer: int
+    target: fixes.Target
+    param_code: str | None = None
+    module_params: str | None = None
+    replaced_span: Span | None = None
+
+    def rebuild(self, m: Members) -> tuple[str, Remedy]:
+        """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+        target = self.target
+        if target.framework == "lightning":
+            return _LIGHTNING_REBUILD.format(which="new"), ADVICE
+        spans = m.each("replaced_span")  # after the last statement that made a new one (none found: not placed)
+        target = dataclasses.replace(target, at=max(spans, key=lambda s: s.end) if all(spans) else None)
+        which = f"`{target.variable}`" if target.variable else "your optimizer"
+        params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
+        add, remedy = fixes.add_words(params, target, what="the new parameters")
+        return add + f"; or rebuild {which} after the last change to the model, with the same class and groups", remedy
 
 
-def _regroup_fix(target: Mapping[str, Any]) -> str:
+def _regroup_fix(target: fixes.Target) -> str:
     """Old tensors no current parameter replaced: rebuild the optimizer that holds them."""
-    if target["framework"] == "lightning":
+    if target.framework == "lightning":
         return _LIGHTNING_REBUILD.format(which="current")
-    which = f"`{target['variable']}` (your `{target['cls']}`)" if target["variable"] else "your optimizer"
+    which = f"`{target.variable}` (your `{target.cls}`)" if target.variable else "your optimizer"
     return (f"rebuild {which} after the last change to the model, with the same class, groups and settings, "
             "so that it holds the current parameters")
 
@@ -252,33 +278,38 @@ def _regroup_fix(target: Mapping[str, Any]) -> str:
 def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Finding:
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     old_shape, new_shape = shape_of(pair.old), shape_of(pair.new)
-    return make("stale_param", pair.name, "error", "replaced", {
-        "optimizer": pair.optimizer, "old_shape": list(old_shape) if old_shape is not None else None,
-        "new_shape": list(new_shape) if new_shape is not None else None,
-        "target": (target := fixes.inventory_target(inv, _chosen(inv, pair.optimizer))),
-        "param_code": fixes.model_tensor_code(pair.name, inv), **_replaced_at(pair.new, inv, target)},
-        tensor=pair.new, step=step, optimizer=pair.optimizer,
-        old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
-        group=stale_group_key(pair.optimizer))
+    target = fixes.inventory_target(inv, _chosen(inv, pair.optimizer))
+    reason = ReplacedTensor(optimizer=pair.optimizer, target=target, param_code=fixes.model_tensor_code(pair.name, inv),
+                            replaced_span=_replaced_at(pair.new, inv, target),
+                            old_shape=tuple(old_shape) if old_shape is not None else None,
+                            new_shape=tuple(new_shape) if new_shape is not None else None)
+    return make(reason, pair.name, "error", tensor=pair.new, step=step, optimizer=pair.optimizer,
+                old_shape=list(old_shape) if old_shape is not None else None, paired_by=pair.how,
+                group=stale_group_key(pair.optimizer))
 
 
-@renders("stale_param", "replaced")
-def _replaced(m: Members) -> Words:
-    if any(a["old_shape"] is None for a in m.args):
-        cause = (f"the optimizer was built before the lazy module's first forward and the model was then "
-                 f"copied or rebuilt: the optimizer holds the uninitialized original of {m.who}, which never "
-                 "materializes and gets no gradient.")
-    else:
-        resized = [(a["old_shape"], a["new_shape"]) for a in m.args if a["new_shape"] not in (None, a["old_shape"])]
-        shown = "" if not resized else (f", resized from {tuple(resized[0][0])} to {tuple(resized[0][1])}"
-                                        if m.single or len(resized) == len(m.args) and len(set(map(str, resized))) == 1
-                                        else ", resized")
-        cause = (f"{m.who} was replaced after the optimizer was built{shown} (a new layer, a resize, a swapped "
-                 "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
-                 "model no longer uses and which gets no gradient.")
-    fix, remedy = _rebuild_fix(m)
-    return Words(f"{m.who} is in no optimizer and never changes: optimizer {m.first['optimizer']} still holds the "
-                 "tensor it replaced.", cause, fix, remedy)
+class ReplacedTensor(Replaced, name="replaced"):
+    """The tensor replaced one the optimizer still holds (``old_shape``: None for an uninitialized lazy one)."""
+
+    old_shape: tuple[int, ...] | None = None
+    new_shape: tuple[int, ...] | None = None
+
+    def words(self, m: Members) -> Words:
+        if any(r.old_shape is None for r in m.reasons):
+            cause = (f"the optimizer was built before the lazy module's first forward and the model was then "
+                     f"copied or rebuilt: the optimizer holds the uninitialized original of {m.who}, which never "
+                     "materializes and gets no gradient.")
+        else:
+            resized = [(r.old_shape, r.new_shape) for r in m.reasons if r.new_shape not in (None, r.old_shape)]
+            shown = "" if not resized else (
+                f", resized from {tuple(resized[0][0])} to {tuple(resized[0][1])}"
+                if m.single or len(resized) == len(m.reasons) and len(set(map(str, resized))) == 1 else ", resized")
+            cause = (f"{m.who} was replaced after the optimizer was built{shown} (a new layer, a resize, a swapped "
+                     "module, or `model.to()` making new Parameters); the optimizer updates the old tensor, which the "
+                     "model no longer uses and which gets no gradient.")
+        fix, remedy = self.rebuild(m)
+        return Words(f"{m.who} is in no optimizer and never changes: optimizer {self.optimizer} still holds the "
+                     "tensor it replaced.", cause, fix, remedy)
 
 
 def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: Inventory) -> Finding:
@@ -287,23 +318,29 @@ def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: In
     (module, i), info = swapped, inv.params[k]
     code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
-    return make("stale_param", info.name, "error", "module_replaced", {
-        "optimizer": i, "owner": code_ or module, "target": (target := fixes.inventory_target(inv, _chosen(inv, i))),
-        "module_params": code_ and fixes.trainable_params_code(code_, inv.modules[module]),
-        "param_code": fixes.model_tensor_code(info.name, inv), **_replaced_at(inv.tensors[k], inv, target)},
-        tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases, group=stale_group_key(i))
+    target = fixes.inventory_target(inv, _chosen(inv, i))
+    reason = ModuleReplaced(optimizer=i, owner=code_ or module, target=target,
+                            module_params=code_ and fixes.trainable_params_code(code_, inv.modules[module]),
+                            param_code=fixes.model_tensor_code(info.name, inv),
+                            replaced_span=_replaced_at(inv.tensors[k], inv, target))
+    return make(reason, info.name, "error", tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases,
+                group=stale_group_key(i))
 
 
-@renders("stale_param", "module_replaced")
-def _module_replaced_words(m: Members) -> Words:
-    owner, i = m.first["owner"], m.first["optimizer"]
-    owner = f"`{owner}`" if owner else "the model"
-    fix, remedy = _rebuild_fix(m)
-    return Words(
-        f"{m.who} is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
-        f"{owner} was replaced after the optimizer was built by a module with other tensors (a conversion such as "
-        f"`to_hetero`, a new layer, a copy): optimizer {i} updates the old tensors, which get no gradient, and no "
-        "optimizer holds any of the new ones.", fix, remedy)
+class ModuleReplaced(Replaced, name="module_replaced"):
+    """The module ``owner`` was replaced by one with other tensors; the optimizer holds only the old ones."""
+
+    owner: str = ""
+
+    def words(self, m: Members) -> Words:
+        owner, i = self.owner, self.optimizer
+        owner = f"`{owner}`" if owner else "the model"
+        fix, remedy = self.rebuild(m)
+        return Words(
+            f"{m.who} is in no optimizer and never changes: optimizer {i} still holds the old tensors of {owner}.",
+            f"{owner} was replaced after the optimizer was built by a module with other tensors (a conversion such as "
+            f"`to_hetero`, a new layer, a copy): optimizer {i} updates the old tensors, which get no gradient, and no "
+            "optimizer holds any of the new ones.", fix, remedy)
 
 
 def stale_group_key(optimizer: int) -> str:
@@ -322,49 +359,63 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
     lazy = sum(1 for t, _ in old if is_uninitialized(t))
     details = dict(step=step, optimizer=optimizer, count=n, old_names=names, uninitialized=lazy,
                    group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)])
-    args = {"optimizer": optimizer, "count": n, "old_names": names, "lazy": lazy,
-            "target": fixes.inventory_target(inv, _chosen(inv, optimizer))}
+    reason = (Leftovers if harmless else OldTensors)(optimizer=optimizer, count=n, old_names=tuple(names), lazy=lazy,
+                                                      target=fixes.inventory_target(inv, _chosen(inv, optimizer)))
     if harmless:
-        return make("stale_param", stale_group_key(optimizer), "info", "leftovers", args, **details, leftovers=True)
-    return make("stale_param", f"optimizers[{optimizer}]", "error", "old_tensors", args, **details)
+        return make(reason, stale_group_key(optimizer), "info", **details, leftovers=True)
+    return make(reason, f"optimizers[{optimizer}]", "error", **details)
 
 
 def _formerly(names: list[str]) -> str:
     return f" (formerly {', '.join(f'`{x}`' for x in names[:5])}{', ...' if len(names) > 5 else ''})" if names else ""
 
 
-@renders("stale_param", "old_tensors", fixes="never")
-def _old_tensors(m: Members) -> Words:
-    a = m.first
-    n, lazy = a["count"], a["lazy"]
-    uninitialized = "" if not lazy else (
-        f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
-        "before the lazy modules' first forward and the model was then copied or rebuilt, so "
-        f"{'they' if lazy != 1 else 'it'} will never materialize.")
-    cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
-             f"optimizer still holds the old tensors, which nothing uses.{uninitialized}")
-    return Words(
-        f"optimizer {a['optimizer']} holds {n} tensor{'s' if n != 1 else ''} that "
-        f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
-        f"and get{'s' if n == 1 else ''} no gradient{_formerly(a['old_names'])}.", cause, _regroup_fix(a["target"]))
+class Stale(Reason, kind="stale_param"):
+    """Old tensors of optimizer ``optimizer`` that no current parameter replaced (``lazy`` of them never
+    materialized), formerly named ``old_names``."""
+
+    optimizer: int
+    count: int
+    old_names: tuple[str, ...]
+    lazy: int
+    target: fixes.Target
 
 
-@renders("stale_param", "leftovers", fixes="never")
-def _leftovers(m: Members) -> Words:
+class OldTensors(Stale, name="old_tensors", fixes="never"):
+    """The model changed after the optimizer was built, and nothing it uses now is stepped in place of them."""
+
+    def words(self, m: Members) -> Words:
+        n, lazy = self.count, self.lazy
+        uninitialized = "" if not lazy else (
+            f" {lazy} of them {'are' if lazy != 1 else 'is'} still uninitialized: the optimizer was built "
+            "before the lazy modules' first forward and the model was then copied or rebuilt, so "
+            f"{'they' if lazy != 1 else 'it'} will never materialize.")
+        cause = ("the model changed after the optimizer was built (layers removed, replaced or swapped); the "
+                 f"optimizer still holds the old tensors, which nothing uses.{uninitialized}")
+        return Words(
+            f"optimizer {self.optimizer} holds {n} tensor{'s' if n != 1 else ''} that "
+            f"{'are' if n != 1 else 'is'} no longer {'parameters' if n != 1 else 'a parameter'} of the model "
+            f"and get{'s' if n == 1 else ''} no gradient{_formerly(list(self.old_names))}.", cause,
+            _regroup_fix(self.target))
+
+
+class Leftovers(Stale, name="leftovers", fixes="never"):
     """Old tensors an optimizer still holds once every live parameter is stepped: harmless, costs memory."""
-    a = m.first
-    n, lazy, i = a["count"], a["lazy"], a["optimizer"]
-    them = "them" if n != 1 else "it"
-    uninitialized = "" if not lazy else (
-        f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer materialize.")
-    cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
-             f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {i}, which "
-             f"skips {them} (no gradient). Harmless, but {them} and {'their' if n != 1 else 'its'} optimizer "
-             f"state cost memory.{uninitialized}")
-    return Words(
-        f"optimizer {i} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
-        f"uses{_formerly(a['old_names'])}: harmless, costs memory.",
-        cause, "nothing needed; to free the memory, " + _regroup_fix(a["target"]))
+
+    def words(self, m: Members) -> Words:
+        n, lazy, i = self.count, self.lazy, self.optimizer
+        them = "them" if n != 1 else "it"
+        uninitialized = "" if not lazy else (
+            f" {lazy} of them {'are' if lazy != 1 else 'is'} uninitialized lazy parameters that can no longer "
+            "materialize.")
+        cause = (f"the model changed after the optimizer was built and every parameter it uses now is stepped; the "
+                 f"old tensor{'s' if n != 1 else ''} stay{'' if n != 1 else 's'} in optimizer {i}, which "
+                 f"skips {them} (no gradient). Harmless, but {them} and {'their' if n != 1 else 'its'} optimizer "
+                 f"state cost memory.{uninitialized}")
+        return Words(
+            f"optimizer {i} still holds {n} old tensor{'s' if n != 1 else ''} the model no longer "
+            f"uses{_formerly(list(self.old_names))}: harmless, costs memory.",
+            cause, "nothing needed; to free the memory, " + _regroup_fix(self.target))
 
 
 def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding:
@@ -374,60 +425,78 @@ def _orphan_finding(orphan: Orphan, inv: Inventory, step: int | None) -> Finding
     attr = name.split("[")[0].split(".")[-1]
     severity = "warning" if trains else "error"
     if kinds:
-        reason = "module_in_container" if orphan.module_in_container else "tensor_in_container"
-        return make("orphan_tensor", name, severity, reason, {
-            "trains": trains, "containers": list(kinds), "fix": fixes.container_args(_owner(inv, name), attr, kinds)},
-            tensor=t, step=step, container=orphan.container, containers=list(kinds))
-    fix_args = fixes.parameter_args(_owner(inv, name), name.split(".")[-1])
+        fix = fixes.container_args(_owner(inv, name), attr, kinds)
+        reason: Orphaned = (ModuleInContainer if orphan.module_in_container else TensorInContainer)(trains=trains, fix=fix)
+        return make(reason, name, severity, tensor=t, step=step, container=orphan.container, containers=list(kinds))
+    assigned = fixes.parameter_args(_owner(inv, name), name.split(".")[-1])
     if not t.is_leaf:
         found = graph.origin(t)
-        return make("orphan_tensor", name, severity, "non_leaf_attribute", {
-            "trains": trains, "origin": leaves.origin_args(found, inv.known_names()), "fix": fix_args},
-            tensor=t, step=step, container="attribute", op=found.op if found else None)
-    return make("orphan_tensor", name, severity, "plain_attribute", {"trains": trains, "fix": fix_args},
-                tensor=t, step=step, container="attribute")
+        return make(NonLeafAttribute(trains=trains, origin=leaves.origin_of(found, inv.known_names()), fix=assigned),
+                    name, severity, tensor=t, step=step, container="attribute", op=found.op if found else None)
+    return make(PlainAttribute(trains=trains, fix=assigned), name, severity, tensor=t, step=step, container="attribute")
 
 
-def _effect(m: Members) -> str:
-    return ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
-            if m.first["trains"] else "no optimizer built from `model.parameters()` sees it, so it never trains")
+class Orphaned(Reason, kind="orphan_tensor"):
+    """A tensor that requires grad held where the model does not register it (``trains``: an optimizer holds it)."""
+
+    trains: bool
+
+    def effect(self) -> str:
+        return ("it trains, but `state_dict()` does not save it and `.to()` does not move it"
+                if self.trains else "no optimizer built from `model.parameters()` sees it, so it never trains")
 
 
-@renders("orphan_tensor", "module_in_container")
-def _module_in_container(m: Members) -> Words:
-    where = _describe_containers(tuple(m.first["containers"]))
-    fix, remedy = fixes.container_fix(m.first["fix"], modules=True)
-    return Words(f"{m.who} belongs to a module kept in {where}: it is not registered, {_effect(m)}.",
-                 f"the module is stored in {where}, which `nn.Module` does not look into.", fix, remedy)
+class ModuleInContainer(Orphaned, name="module_in_container"):
+    """A module kept in a plain container (``fix``: the container and its assignment)."""
+
+    fix: fixes.Container
+
+    def words(self, m: Members) -> Words:
+        where = _describe_containers(self.fix.kinds)
+        fix, remedy = fixes.container_fix(self.fix, modules=True)
+        return Words(f"{m.who} belongs to a module kept in {where}: it is not registered, {self.effect()}.",
+                     f"the module is stored in {where}, which `nn.Module` does not look into.", fix, remedy)
 
 
-@renders("orphan_tensor", "tensor_in_container")
-def _tensor_in_container(m: Members) -> Words:
-    where = _describe_containers(tuple(m.first["containers"]))
-    fix, remedy = fixes.container_fix(m.first["fix"], modules=False)
-    return Words(f"{m.who} requires grad but sits in {where}: it is not registered, {_effect(m)}.",
-                 f"tensors in {where} are not parameters of the module.", fix, remedy)
+class TensorInContainer(Orphaned, name="tensor_in_container"):
+    """A tensor kept in a plain container (``fix``: the container and its assignment)."""
+
+    fix: fixes.Container
+
+    def words(self, m: Members) -> Words:
+        where = _describe_containers(self.fix.kinds)
+        fix, remedy = fixes.container_fix(self.fix, modules=False)
+        return Words(f"{m.who} requires grad but sits in {where}: it is not registered, {self.effect()}.",
+                     f"tensors in {where} are not parameters of the module.", fix, remedy)
 
 
-@renders("orphan_tensor", "non_leaf_attribute")
-def _non_leaf_attribute(m: Members) -> Words:
-    origin = m.first["origin"]
-    leaf = origin["leaf"] if origin is not None else None
-    of_a_parameter = leaf is not None and leaf["is_parameter"] and origin["kind"] in ("device", "dtype", "copy")
-    note = (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf tensor, not a "
-            "Parameter.") if of_a_parameter else ""
-    cause = leaves.origin_cause(m.name, origin) + note
-    fix, remedy = fixes.parameter_fix(m.first["fix"])
-    return Words(f"module attribute {m.who} is a non-leaf tensor, not a Parameter: {_effect(m)}, and it has no .grad.",
-                 cause, fix, remedy)
+class NonLeafAttribute(Orphaned, name="non_leaf_attribute"):
+    """A module attribute that is a non-leaf tensor (``origin``: what made it; ``fix``: its assignment)."""
+
+    origin: leaves.Origin | None
+    fix: fixes.Assigned
+
+    def words(self, m: Members) -> Words:
+        origin = self.origin
+        leaf = origin.leaf if origin is not None else None
+        of_a_parameter = leaf is not None and leaf.is_parameter and origin.kind in ("device", "dtype", "copy")  # type: ignore[union-attr]
+        note = (" Calling `.to()`/`.cuda()`/`.double()` on an `nn.Parameter` returns a plain non-leaf tensor, not a "
+                "Parameter.") if of_a_parameter else ""
+        fix, remedy = fixes.parameter_fix(self.fix)
+        return Words(f"module attribute {m.who} is a non-leaf tensor, not a Parameter: {self.effect()}, and it has no "
+                     ".grad.", leaves.origin_cause(m.name, origin) + note, fix, remedy)
 
 
-@renders("orphan_tensor", "plain_attribute")
-def _plain_attribute(m: Members) -> Words:
-    fix, remedy = fixes.parameter_fix(m.first["fix"])
-    return Words(f"module attribute {m.who} requires grad but is a plain tensor, not an `nn.Parameter`: {_effect(m)}.",
-                 "a tensor assigned as a module attribute is not registered, even with `requires_grad=True`.",
-                 fix, remedy)
+class PlainAttribute(Orphaned, name="plain_attribute"):
+    """A module attribute that requires grad but is a plain tensor (``fix``: its assignment)."""
+
+    fix: fixes.Assigned
+
+    def words(self, m: Members) -> Words:
+        fix, remedy = fixes.parameter_fix(self.fix)
+        return Words(f"module attribute {m.who} requires grad but is a plain tensor, not an `nn.Parameter`: "
+                     f"{self.effect()}.", "a tensor assigned as a module attribute is not registered, even with "
+                     "`requires_grad=True`.", fix, remedy)
 
 
 _CONTAINER_WORDS = {"list": "a plain Python list", "dict": "a plain Python dict",
@@ -474,35 +543,43 @@ def _devices(inv: Inventory, step: int | None) -> list[Finding]:
         else:
             continue
         model = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
-        out.append(make("device_mismatch", info.name, "warning", "device", {**moved, "model": model},
-                        tensor=p, step=step, aliases=info.aliases))
+        out.append(make(Device(**moved, model=model), info.name, "warning", tensor=p, step=step, aliases=info.aliases))
     return out
 
 
-@renders("device_mismatch", "device")
-def _device(m: Members) -> Words:
-    a = m.first
-    if "device" in a:
-        what = f"on {a['device']} while the other trainable parameters are on {a['main_device']}"
-        cause = ("it was created or moved separately from the rest of its module: a tensor on "
-                 "another device than the module it belongs to is no placement plan (device_map "
-                 "and pipeline stages place whole modules), and a 0-dim one is silently moved "
-                 "at every use.")
-        to, remedy = _model_to(a["model"], repr(a["main_device"]))
-        fix = "move it with the model: register it as a Parameter/buffer of the module and " + to
-    else:
-        short, main_short = a["dtype"].replace("torch.", ""), a["main_dtype"].replace("torch.", "")
-        what = f"{short} while the other trainable parameters are {main_short}"
-        if a["dtype"] == "torch.float64":
-            cause = ("it was created separately from the rest of the model (a NumPy array is "
-                     "float64): it promotes whatever it touches to float64.")
+class Device(Reason, kind="device_mismatch", name="device"):
+    """A trainable tensor on another ``device`` (or ``dtype``) than the rest of the model (``main_device``,
+    ``main_dtype``); ``model``: the user's variable for the model."""
+
+    device: str | None = None
+    main_device: str | None = None
+    dtype: str | None = None
+    main_dtype: str | None = None
+    model: str | None = None
+
+    def words(self, m: Members) -> Words:
+        if self.device is not None:
+            what = f"on {self.device} while the other trainable parameters are on {self.main_device}"
+            cause = ("it was created or moved separately from the rest of its module: a tensor on "
+                     "another device than the module it belongs to is no placement plan (device_map "
+                     "and pipeline stages place whole modules), and a 0-dim one is silently moved "
+                     "at every use.")
+            to, remedy = _model_to(self.model, repr(self.main_device))
+            fix = "move it with the model: register it as a Parameter/buffer of the module and " + to
         else:
-            cause = (f"it was created or converted separately from the rest of the model: its updates "
-                     f"are rounded to {short}, so steps smaller than its resolution are lost "
-                     "without an error.")
-        to, remedy = _model_to(a["model"], a["main_dtype"])
-        fix = f"create it with `dtype={a['main_dtype']}`, or convert the model as a whole: " + to
-    return Words(f"{m.who} is {what}.", cause, fix, remedy)
+            dtype, main = str(self.dtype), str(self.main_dtype)
+            short, main_short = dtype.replace("torch.", ""), main.replace("torch.", "")
+            what = f"{short} while the other trainable parameters are {main_short}"
+            if dtype == "torch.float64":
+                cause = ("it was created separately from the rest of the model (a NumPy array is "
+                         "float64): it promotes whatever it touches to float64.")
+            else:
+                cause = (f"it was created or converted separately from the rest of the model: its updates "
+                         f"are rounded to {short}, so steps smaller than its resolution are lost "
+                         "without an error.")
+            to, remedy = _model_to(self.model, main)
+            fix = f"create it with `dtype={main}`, or convert the model as a whole: " + to
+        return Words(f"{m.who} is {what}.", cause, fix, remedy)
 
 
 def _model_to(model: str | None, where: str) -> tuple[str, Remedy]:

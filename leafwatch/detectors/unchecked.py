@@ -29,7 +29,8 @@ from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 from ..report.findings import Kind, Severity
 from ..report.history import FindingsView
 from ..report.verdicts import Verdict, Verdicts
-from ..report.words import ADVICE, Members, Words, code, renders
+from ..report.reasons import Reason
+from ..report.words import ADVICE, Members, Words, code
 from . import fixes
 from .constructors import make
 
@@ -106,33 +107,40 @@ def unchecked(optimizer: Any, step: int, stepping: list[torch.optim.Optimizer], 
     variable = fixes.variable_for(optimizer, inv.variables, inv.fix_names)
     model = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
     cls = type(optimizer).__name__
-    return make(Kind.INCOMPLETE, variable or cls, Severity.WARNING, "unchecked_optimizer", {
-        "variable": variable, "class": cls, "hooked": _hooked(optimizer), "model": model,
-        "inner": _inner_stepping(optimizer, stepping) if variable else None}, step=step)
+    return make(UncheckedOptimizer(variable=variable, cls=cls, hooked=_hooked(optimizer), model=model,
+                                   inner=_inner_stepping(optimizer, stepping) if variable else None),
+                variable or cls, Severity.WARNING, step=step)
 
 
-@renders(Kind.INCOMPLETE, "unchecked_optimizer")
-def _unchecked_optimizer(m: Members) -> Words:
-    a = m.first
-    shown = f"`{a['variable']}` (a `{a['class']}`)" if a["variable"] else f"the `{a['class']}` optimizer"
-    if not a["hooked"]:
-        why = (f"torch's optimizer step hooks, where leafwatch checks before each step, never fire for {shown}: "
-               "its class never ran `Optimizer.__init__`, which hooks `step`")
-    else:
-        why = f"{shown} never stepped through a `step()` that torch's optimizer step hooks see, where leafwatch checks"
-    cause = (f"the model's forward and backward ran, its tensors got gradients and were updated, but no check ran: "
-             f"{why}. Nothing was judged, so no other finding here means nothing was looked at, not that nothing is "
-             "wrong.")
-    message = f"No check ran: {shown} trained the model where leafwatch could not see its steps."
-    inner, model = a["inner"], a["model"] or "model"
-    if inner:
-        target = f"{a['variable']}.{inner}"
-        snippet = f"leafwatch.Monitor({model}, {target}).attach()"
-        fix = (f"attach the Monitor to `{target}`, the torch optimizer that `{a['variable']}.step()` steps, which "
-               f"torch's hooks see: `{snippet}`")
-        return Words(message, cause, fix, code(snippet) if a["model"] else ADVICE)
-    holder = a["variable"] or "optimizer"
-    fix = (f"call `monitor.check()` yourself after `loss.backward()` and before `{holder}.step()`, with "
-           f"`monitor = leafwatch.Monitor({model}, {holder})`; or attach the Monitor to the torch optimizer that "
-           f"`{holder}` steps (leafwatch unwraps a wrapper that holds it as `.optimizer` or `.original_optimizer`)")
-    return Words(message, cause, fix)
+class UncheckedOptimizer(Reason, kind=Kind.INCOMPLETE, name="unchecked_optimizer"):
+    """The model trained with an optimizer whose steps torch's hooks never saw: no check ran."""
+
+    cls: str
+    hooked: bool
+    variable: str | None = None
+    model: str | None = None
+    inner: str | None = None
+
+    def words(self, m: Members) -> Words:
+        shown = f"`{self.variable}` (a `{self.cls}`)" if self.variable else f"the `{self.cls}` optimizer"
+        if not self.hooked:
+            why = (f"torch's optimizer step hooks, where leafwatch checks before each step, never fire for {shown}: "
+                   "its class never ran `Optimizer.__init__`, which hooks `step`")
+        else:
+            why = f"{shown} never stepped through a `step()` that torch's optimizer step hooks see, where leafwatch checks"
+        cause = (f"the model's forward and backward ran, its tensors got gradients and were updated, but no check ran: "
+                 f"{why}. Nothing was judged, so no other finding here means nothing was looked at, not that nothing "
+                 "is wrong.")
+        message = f"No check ran: {shown} trained the model where leafwatch could not see its steps."
+        inner, model = self.inner, self.model or "model"
+        if inner:
+            target = f"{self.variable}.{inner}"
+            snippet = f"leafwatch.Monitor({model}, {target}).attach()"
+            fix = (f"attach the Monitor to `{target}`, the torch optimizer that `{self.variable}.step()` steps, which "
+                   f"torch's hooks see: `{snippet}`")
+            return Words(message, cause, fix, code(snippet) if self.model else ADVICE)
+        holder = self.variable or "optimizer"
+        fix = (f"call `monitor.check()` yourself after `loss.backward()` and before `{holder}.step()`, with "
+               f"`monitor = leafwatch.Monitor({model}, {holder})`; or attach the Monitor to the torch optimizer that "
+               f"`{holder}` steps (leafwatch unwraps a wrapper that holds it as `.optimizer` or `.original_optimizer`)")
+        return Words(message, cause, fix)

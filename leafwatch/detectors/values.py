@@ -22,7 +22,8 @@ from ..report.history import FindingsView
 from ..observe.values import NamedValueCheck, nonfinite
 from ..report.verdicts import Verdict, Verdicts, open_after
 from .constructors import make
-from ..report.words import Members, Words, renders
+from ..report.reasons import Reason
+from ..report.words import Members, Words
 from . import dead
 
 if TYPE_CHECKING:
@@ -121,13 +122,12 @@ _FIND_THE_OP = ("find the first op producing NaN/Inf (`torch.autograd.detect_ano
 
 
 def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
-    return make("nonfinite_grad", name, "error", "nan_or_inf", {"step": step}, tensor=t, step=step, aliases=aliases)
+    return make(NanOrInf(step=step), name, "error", tensor=t, step=step, aliases=aliases)
 
 
 def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
     """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
-    return make("nonfinite_grad", name, "error", "nan_or_inf_value", {"step": step}, tensor=t, step=step,
-                aliases=aliases, where="parameter")
+    return make(NanOrInfValue(step=step), name, "error", tensor=t, step=step, aliases=aliases, where="parameter")
 
 
 def _at(m: Members) -> str:
@@ -136,18 +136,26 @@ def _at(m: Members) -> str:
     return f"step {step}" if step is not None else "steps " + ", ".join(map(str, sorted(set(m.each("step")))))
 
 
-@renders("nonfinite_grad", "nan_or_inf", fixes="never")
-def _nan_or_inf(m: Members) -> Words:
-    return Words(
-        f"{m.who}.grad holds NaN or Inf at {_at(m)}." if m.single else f"{m.who} has NaN or Inf in its .grad at {_at(m)}.",
-        "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
-        _FIND_THE_OP)
+class NanOrInf(Reason, kind="nonfinite_grad", name="nan_or_inf", fixes="never"):
+    """A gradient holding NaN or Inf at the value check of ``step``."""
+
+    step: int
+
+    def words(self, m: Members) -> Words:
+        return Words(
+            f"{m.who}.grad holds NaN or Inf at {_at(m)}." if m.single else f"{m.who} has NaN or Inf in its .grad at {_at(m)}.",
+            "the loss or an op in the forward pass overflowed or divided by zero (or the learning rate is too high).",
+            _FIND_THE_OP)
 
 
-@renders("nonfinite_grad", "nan_or_inf_value", fixes="never")
-def _nan_or_inf_value(m: Members) -> Words:
-    return Words(
-        f"{m.who} holds NaN or Inf at the end of the run ({_at(m)}): a non-finite gradient was applied to it.",
-        "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
-        "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
-        f"{_FIND_THE_OP}; to catch it at the step it happens, lower `check_values_every_n_steps`")
+class NanOrInfValue(Reason, kind="nonfinite_grad", name="nan_or_inf_value", fixes="never"):
+    """A parameter holding NaN or Inf at the end of the run, read at ``step``."""
+
+    step: int
+
+    def words(self, m: Members) -> Words:
+        return Words(
+            f"{m.who} holds NaN or Inf at the end of the run ({_at(m)}): a non-finite gradient was applied to it.",
+            "a gradient turned NaN or Inf between two value checks (the loss or an op in the forward pass "
+            "overflowed or divided by zero, or the learning rate is too high) and the optimizer applied it.",
+            f"{_FIND_THE_OP}; to catch it at the step it happens, lower `check_values_every_n_steps`")

@@ -23,7 +23,8 @@ from ..report.verdicts import Verdict, Verdicts
 from ..watching import WatchEntry
 from . import fixes, leaves, outside
 from .constructors import make
-from ..report.words import ADVICE, Members, Words, code, renders
+from ..report.reasons import Reason
+from ..report.words import ADVICE, Members, Words, code
 from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 
 
@@ -170,22 +171,25 @@ def _cached(state: WatchedState, in_optimizer: Callable[[WatchEntry], bool]) -> 
 def not_requiring_grad(name: str, t: torch.Tensor, step: int | None, **details: Any) -> Finding:
     """``missing_grad``/``requires_grad_false``: a tensor handed or watched to train that does not
     require grad."""
-    return make("missing_grad", name, "error", "requires_grad_false", {"variable": fixes.variable_for(t)},
-                tensor=t, step=step, **details)
+    return make(RequiresGradFalse(variable=fixes.variable_for(t)), name, "error", tensor=t, step=step, **details)
 
 
-@renders("missing_grad", "requires_grad_false")
-def _requires_grad_false(m: Members) -> Words:
-    variable = m.first["variable"] if m.single else None
-    call = f"call `{variable}.requires_grad_()`" if variable else "call `requires_grad_()` on your tensor"
-    return Words(
-        f"{m.who} does not require grad: it will never get a gradient.",
-        f"{m.who} does not require grad: it was created without `requires_grad=True`, frozen with "
-        "`requires_grad_(False)`, or it is the result of `.detach()` (or of an op under `torch.no_grad()`), "
-        "which returns a new leaf that does not require grad.",
-        f"create it with `requires_grad=True`, or {call} "
-        "(drop the `.detach()` if it is meant to share the original's gradient)",
-        code(f"{variable}.requires_grad_()") if variable else ADVICE)
+class RequiresGradFalse(Reason, kind="missing_grad", name="requires_grad_false"):
+    """A tensor handed or watched to train that does not require grad (``variable``: the user's name for it)."""
+
+    variable: str | None = None
+
+    def words(self, m: Members) -> Words:
+        variable = self.variable if m.single else None
+        call = f"call `{variable}.requires_grad_()`" if variable else "call `requires_grad_()` on your tensor"
+        return Words(
+            f"{m.who} does not require grad: it will never get a gradient.",
+            f"{m.who} does not require grad: it was created without `requires_grad=True`, frozen with "
+            "`requires_grad_(False)`, or it is the result of `.detach()` (or of an op under `torch.no_grad()`), "
+            "which returns a new leaf that does not require grad.",
+            f"create it with `requires_grad=True`, or {call} "
+            "(drop the `.detach()` if it is meant to share the original's gradient)",
+            code(f"{variable}.requires_grad_()") if variable else ADVICE)
 
 
 def watched_findings(entries: Iterable[WatchEntry], step: int | None,
@@ -207,16 +211,19 @@ def watched_findings(entries: Iterable[WatchEntry], step: int | None,
         if not t.requires_grad:
             out.append(not_requiring_grad(entry.name, t, step, source="watch"))
         elif not got_grad.get(entry.name, False):
-            out.append(make("missing_grad", entry.name, "error", "watched_unused", {"leaf": entry.is_leaf},
-                            tensor=t, step=step, source="watch"))
+            out.append(make(WatchedUnused(leaf=entry.is_leaf), entry.name, "error", tensor=t, step=step, source="watch"))
     return out
 
 
-@renders("missing_grad", "watched_unused", fixes="never")
-def _watched_unused(m: Members) -> Words:
-    what = "no gradient reached it" if m.first["leaf"] else "no gradient flowed through it"
-    return Words(
-        f"watched tensor{'' if m.single else 's'} `{m.name}`: {what} in this step.",
-        "it is not used in the computation of the loss, or it is cut off from it "
-        "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-        f"use {m.who} in the loss through torch ops only")
+class WatchedUnused(Reason, kind="missing_grad", name="watched_unused", fixes="never"):
+    """A watched tensor that got no gradient (``leaf``), or none flowed through it, in this step."""
+
+    leaf: bool
+
+    def words(self, m: Members) -> Words:
+        what = "no gradient reached it" if self.leaf else "no gradient flowed through it"
+        return Words(
+            f"watched tensor{'' if m.single else 's'} `{m.name}`: {what} in this step.",
+            "it is not used in the computation of the loss, or it is cut off from it "
+            "(`.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
+            f"use {m.who} in the loss through torch ops only")

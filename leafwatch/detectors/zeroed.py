@@ -20,9 +20,10 @@ from typing import Any
 from ..observe.evidence import INVENTORY, SEEN, Evidence
 from ..report.findings import Status
 from ..report.history import FindingsView
+from ..report.reasons import Place, Transition
 from ..report.verdicts import Verdict, Verdicts
-from ..report.words import Members, Words, render, renders
-from .causes import at_in, place_args, short_at
+from ..report.words import Members, Words
+from .causes import place_of
 from .constructors import transition
 from .values import ValuesState
 
@@ -36,31 +37,37 @@ def judge(evidence: Evidence, state: None, view: FindingsView, values: ValuesSta
     ids = {name: pid for pid, name in inv.known_names().items()}
     out: Verdicts = []
     for f in view:
-        if f.kind != "dead_grad" or f.status != Status.OPEN or f.reason != "zero_streak" or f.name not in ids:
+        if f.kind != "dead_grad" or f.status != Status.OPEN or f.reason.name != "zero_streak" or f.name not in ids:
             continue
         pid = ids[f.name]
         site = min((s for s in sites.values() if pid in s.leaves), key=lambda s: s.order, default=None)
         if site is not None:
-            op, place, called_from = site.site.op, place_args(site.site.place), place_args(site.site.called_from)
-            out.append(Verdict.set(transition(f, "zero_gradient_op", {
-                "op": op, "place": place, "called_from": called_from},  # every tensor behind one op is one mistake
-                group=f"{op.strip('`')} at {short_at(called_from or place)}")))
+            op, place, called_from = site.site.op, site.site.place, site.site.called_from
+            at = called_from or place
+            out.append(Verdict.set(transition(  # every tensor behind one op is one mistake, said where it is
+                f, ZeroGradientOp, {"group": f"{op.strip('`')} at {at}", "location": f"through {op} at {at}"},
+                op=op, place=place_of(place), called_from=place_of(called_from))))
     return out
 
 
-@renders("dead_grad", "zero_gradient_op", fixes="never")
-def _zero_gradient_op(m: Members) -> Words:
-    reason, earlier = m.earlier()
-    before, a = render("dead_grad", reason, earlier), m.first
-    op, place, called_from = a["op"], a["place"], a["called_from"]
-    at = f"{at_in(place)}" + (f", called from {at_in(called_from)}" if called_from is not None else "")
-    return Words(
-        before.message,
-        f"every path from the loss to {m.who} passes through {op} at {at}, whose gradient is zero wherever it is "
-        "defined, so the gradient that reaches it is exactly zero (leafwatch saw the op run on it).",
-        f"to train through {op} at {short_at(called_from or place)}, pass the gradient straight through: "
-        "`x + (q - x).detach()` (with `q` the op's result) keeps the forward's values and gives `x` the gradient "
-        "of an identity; or use a smooth surrogate (`torch.sigmoid(k * x)` for a step)")
+class ZeroGradientOp(Transition, kind="dead_grad", name="zero_gradient_op", fixes="never"):
+    """The gradient is exactly zero because every path to the loss passes through an op of zero gradient
+    (the op and its line, as the cut recorder saw it run)."""
+
+    op: str
+    place: Place
+    called_from: Place | None = None
+
+    def words(self, m: Members) -> Words:
+        before, place, called_from = self.before(m), self.place, self.called_from
+        at = place.within + (f", called from {called_from.within}" if called_from is not None else "")
+        return Words(
+            before.message,
+            f"every path from the loss to {m.who} passes through {self.op} at {at}, whose gradient is zero wherever it "
+            "is defined, so the gradient that reaches it is exactly zero (leafwatch saw the op run on it).",
+            f"to train through {self.op} at {(called_from or place).short}, pass the gradient straight through: "
+            "`x + (q - x).detach()` (with `q` the op's result) keeps the forward's values and gives `x` the gradient "
+            "of an identity; or use a smooth surrogate (`torch.sigmoid(k * x)` for a step)")
 
 
 def waits_on(state: Any, seen: Any, values: ValuesState) -> tuple[tuple[object, str], ...]:

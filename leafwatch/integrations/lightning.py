@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
-from ..monitor import explain_crash
+from ..detectors import crashes
 from ..observe.crashes import Context
 from ..report import records
+from ..sinks import notes
 from ..sinks.notes import print_notes
 from .environment import install_command
 from ..report.events import CheckEvent
@@ -175,10 +176,11 @@ class _LeafWatchMixin(CallbackBase):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         # Lightning raises this very exception again: where torch raised it for a leaf mistake, it carries
-        # leafwatch's note (printed here where it cannot, Python 3.10: the traceback comes later).
-        later = explain_crash(exception, [Context((pl_module,), {id(pl_module): "self"})],
-                              monitors=[self.monitor] if self.monitor is not None else [])
-        print_notes(later)
+        # leafwatch's note (printed here where it cannot, Python 3.10: the traceback comes later), and the
+        # Monitor's history, so the record its close writes, holds the crash finding.
+        context = Context((pl_module,), {id(pl_module): "self"})
+        print_notes(self.monitor.crashed(exception, [context]) if self.monitor is not None
+                    else notes.add(exception, crashes.explain(exception, [context])))
         self._close(print_table=False, interrupted=True)
 
     @override

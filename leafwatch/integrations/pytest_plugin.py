@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from ..report.findings import Finding, Report, Status, apply_ignore
-from ..report.format import fix_mark, tensor_count
+from ..report.format import fix_mark, located, shown, tensor_count
 from ..options import WarnOnce, parse_ignore, validate_ignore, validate_int
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def failure_message(failing: list[Finding], steps: int) -> str:
     lines = [f"leafwatch: the training in this test left {len(failing)} error finding(s) open "
              f"after {steps} optimizer step{'s' if steps != 1 else ''}:"]
     for f in failing:
-        lines.append(f"  {f.kind} `{f.name}`{tensor_count(f)}: {f.message}")
+        lines.append(f"  {f.kind} {shown(f)}{tensor_count(f)}{located(f)}: {f.message}")
         if f.fix:
             lines.append(f"      fix{fix_mark(f)}: {f.fix}")
     lines.append("(the whole table is in the `leafwatch` section below; opt a test out with "

@@ -6,12 +6,14 @@ Python's excepthook is process-wide, so leafwatch installs one hook for everyone
 gone puts that hook back (unless something installed a hook of its own in front since, which calls
 leafwatch's, as ``torch.distributed.init_process_group`` does: then leafwatch's stays where it is,
 passing everything on, and a later first subscriber finds it there instead of chaining it twice). A subscriber hands two things: what it knows beyond the
-traceback (a callable giving a :class:`~leafwatch.observe.crashes.Context`, held weakly when it is a
-bound method, so that a Monitor never closed is no subscriber once it is gone), and the door that explains
-(``door(error, contexts)``: the crash detector and the note sink, injected by the front-end, as the
-Monitor injects ``request_check``; it returns the lines to print after the traceback where the exception
-cannot carry a note, Python 3.10). Nothing runs unless an exception reaches the hook, and the hook always
-calls the one before it with the same arguments, whatever happens inside it.
+traceback (a callable giving a :class:`~leafwatch.observe.crashes.Context`), and the door that explains
+(``door(error, contexts)``: the crash detector, the history and the note sink of a Monitor, injected by the
+front-end, as the Monitor injects ``request_check``; it returns the lines to print after the traceback where
+the exception cannot carry a note, Python 3.10). Both are held weakly when they are bound methods, so that a
+Monitor never closed is no subscriber once it is gone. Every subscriber's door is called, each with every
+subscriber's context (the first one's note is the exception's: the others find it noted). Nothing runs unless
+an exception reaches the hook, and the hook always calls the one before it with the same arguments, whatever
+happens inside it.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class ExceptHook:
     """``sys.excepthook`` and IPython's custom exception handler, installed while subscribers hold them."""
 
     def __init__(self) -> None:
-        self._subscribers: dict[int, tuple[Callable[[], Any], Door]] = {}
+        self._subscribers: dict[int, tuple[Callable[[], Any], Callable[[], Door | None]]] = {}
         self._keys = itertools.count()
         self._previous: Callable[..., Any] | None = None
         self._ipython: tuple[Any, Any, Any] | None = None
@@ -65,19 +67,21 @@ class ExceptHook:
         return self._previous is not None
 
     def subscribe(self, context: Callable[[], Context | None], door: Door) -> Subscription:
-        """Explain an uncaught exception with ``door`` while this subscription lasts; ``context``
-        (held weakly when it is a bound method) says what the subscriber knows then."""
+        """Explain an uncaught exception with ``door`` while this subscription lasts; ``context`` says what the
+        subscriber knows then (each held weakly when it is a bound method)."""
         key = next(self._keys)
-        held: Callable[[], Any] = context
-        if isinstance(context, MethodType):
-            held = weakref.WeakMethod(context)
-            weakref.finalize(context.__self__, self.unsubscribe, key)
-        else:
-            held = lambda context=context: context  # noqa: E731 (the same call shape as a weak method)
-        self._subscribers[key] = (held, door)
+        self._subscribers[key] = (self._held(context, key), self._held(door, key))
         if len(self._subscribers) == 1:
             self._install()
         return Subscription(self, key)
+
+    def _held(self, function: Callable[..., Any], key: int) -> Callable[[], Any]:
+        """``function`` as a callable that gives it back: weakly for a bound method (its owner gone, the
+        subscription ends)."""
+        if isinstance(function, MethodType):
+            weakref.finalize(function.__self__, self.unsubscribe, key)
+            return weakref.WeakMethod(function)
+        return lambda: function
 
     def unsubscribe(self, key: int) -> None:
         if self._subscribers.pop(key, None) is not None and not self._subscribers:
@@ -110,17 +114,21 @@ class ExceptHook:
 
     # -- an exception arrives ----------------------------------------------------------------------
     def explain(self, error: BaseException) -> Sequence[str]:
-        """What the subscribers' door says of ``error`` (notes added to it; the lines to print after its
-        traceback returned); nothing when no subscriber is left or the door fails (it warns itself)."""
+        """What the subscribers' doors say of ``error`` (notes added to it; the lines to print after its
+        traceback returned); nothing when no subscriber is left or the doors fail (each warns itself)."""
         live = list(self._subscribers.values())
         if not live or not isinstance(error, Exception):
             return ()
+        later: list[str] = []
         try:
             contexts = [c for c in (getter() for getter in (held() for held, _ in live) if getter is not None)
                         if c is not None]
-            return live[-1][1](error, contexts)
-        except Exception:  # the door guards itself: this is the last line that keeps the hook safe
-            return ()
+            for door in (held() for _, held in live):
+                said = door(error, contexts) if door is not None else ()
+                later = later or list(said)
+        except Exception:  # each door guards itself: this is the last line that keeps the hook safe
+            pass
+        return later
 
     def _excepthook(self, kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
         if self._running:  # hooks that call each other in a loop: Python's own prints it, once

@@ -69,6 +69,16 @@ class Sinks:
             except Exception as error:
                 self._warn(f"the {type(sink).__name__} sink", error)
 
+    def flush(self) -> None:
+        """Each sink's ``flush()``, where it has one (what it wrote reaches its files: the run may end now)."""
+        for sink in self.sinks:
+            flush = getattr(sink, "flush", None)
+            if flush is not None:
+                try:
+                    flush()
+                except Exception as error:
+                    self._warn(f"flushing {type(sink).__name__}", error)
+
     def close(self, report: Report) -> None:
         """The end of the run: each sink's ``close(report)``, where it has one."""
         for sink in self.sinks:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import operator
 from collections.abc import Iterable, Iterator, Mapping
@@ -17,7 +18,8 @@ from .format import report_markdown, report_text
 from ..options import LeafwatchError, matching_pattern
 from ..observe.names import ancestors, parent
 from .names import compress_names, container, natural_key
-from .words import Members, Remedy, Words, has_renderer, render
+from .reasons import Reason, Written, from_args
+from .words import Members, Remedy, Words
 
 
 class _WordEnum(str, enum.Enum):
@@ -102,38 +104,28 @@ class KindSpec:
             holds them), ``"container"`` (the plain-Python container on their attribute path:
             ``blocks`` of ``blocks[0].weight``), ``"all"`` (every tensor of the kind at once: one NaN loss, one
             ``zero_grad`` call) or ``"tensor"`` (each tensor is its own mistake).
-        plural: The message of a mistake of several tensors, after their count and names.
     """
 
     severity: Severity
     structural: bool
     waits: bool
     grouped_by: str = "tensor"
-    plural: str = ""
 
 
 #: One spec per kind. ``tests/core`` checks that every :class:`Kind` has one.
 KIND_SPECS: Mapping[Kind, KindSpec] = {
-    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "tensor",
-                            "are not leaves: their gradients go to hidden leaves"),
-    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "module",
-                                "require grad but got no gradient: they do not train"),
-    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "module",
-                                "had their gradients cleared before the optimizer step"),
-    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "module", "get gradients but no optimizer steps them"),
-    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "all",
-                                       "are in an optimizer but do not require grad"),
-    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "tensor",
-                               "are in no optimizer, while one steps the old tensors they replaced"),
-    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "container",
-                                 "are held where the model does not register them"),
-    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "all", "have NaN or Inf in their gradients"),
-    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "module",
-                             "get gradients that are exactly zero check after check"),
-    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "tensor", "are stepped but never change"),
-    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "module",
-                                   "are on another device or dtype than the rest of the model"),
-    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "tensor", "are parts of the check that did not run"),
+    Kind.NON_LEAF: KindSpec(Severity.ERROR, True, False, "tensor"),
+    Kind.MISSING_GRAD: KindSpec(Severity.ERROR, False, False, "module"),
+    Kind.GRAD_CLEARED: KindSpec(Severity.ERROR, False, False, "module"),
+    Kind.NOT_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, True, "module"),
+    Kind.FROZEN_IN_OPTIMIZER: KindSpec(Severity.ERROR, True, False, "all"),
+    Kind.STALE_PARAM: KindSpec(Severity.ERROR, True, False, "tensor"),
+    Kind.ORPHAN_TENSOR: KindSpec(Severity.ERROR, True, True, "container"),
+    Kind.NONFINITE_GRAD: KindSpec(Severity.ERROR, False, False, "all"),
+    Kind.DEAD_GRAD: KindSpec(Severity.WARNING, False, False, "module"),
+    Kind.NO_UPDATE: KindSpec(Severity.WARNING, False, False, "tensor"),
+    Kind.DEVICE_MISMATCH: KindSpec(Severity.WARNING, True, False, "module"),
+    Kind.INCOMPLETE: KindSpec(Severity.WARNING, False, False, "tensor"),
 }
 
 #: Kinds read off the structure: a rebuild replaces them all.
@@ -186,7 +178,11 @@ class Finding:
     A :class:`Report` holds mistakes; each lists its tensors in ``members``, one finding per
     tensor (the per-tensor view: :meth:`Report.tensors`). A per-tensor finding has no members.
     A mistake of one tensor carries that tensor's name; a mistake of several the name of what
-    they share (the module, the cut point, the optimizer: ``details["group"]``).
+    they share (the module, the optimizer).
+
+    A finding is data: its words (:attr:`message`, :attr:`cause`, :attr:`fix`, :attr:`remedy`) are
+    rendered when they are read, by its reason, from the reason's fields (for a mistake, from its
+    tensors' reasons together).
 
     Attributes:
         kind: One of :data:`KINDS`.
@@ -194,9 +190,9 @@ class Finding:
             attribute path (``blocks[0].weight``).
         severity: ``"error"`` (it will not train), ``"warning"`` (it probably is a bug) or
             ``"info"``.
-        message: One line: what is wrong.
-        cause: Why it is so, in the user's terms.
-        fix: The one-line fix.
+        reason: Why (:class:`~leafwatch.report.reasons.Reason`): its word (``reason.name``:
+            ``never_ran``, ``left_out``), its fields, and the one renderer of the words. A string
+            given here is a message written by hand (:class:`~leafwatch.report.reasons.Written`).
         step: The step of the check that produced it.
         status: ``"open"``, ``"intermittent"``, ``"resolved"`` or ``"ignored"``.
         first_step, last_step: When a :class:`~leafwatch.Monitor` first and last saw it.
@@ -204,21 +200,15 @@ class Finding:
         shape, dtype, device: Of the tensor concerned.
         aliases: Other names of the same tensor (tied weights).
         ranks: Distributed ranks where it was seen (empty when not distributed).
-        details: Extra plain data (strings, numbers, lists).
+        details: The history's bookkeeping: plain data (strings, numbers, lists).
         members: The per-tensor findings of a mistake, in natural order (``experts.2`` before
             ``experts.10``); empty for a per-tensor finding.
-        reason: Why, as a word of the detector that decided it (``never_ran``, ``left_out``): with
-            ``kind``, it names the one renderer of the words (:mod:`leafwatch.report.words`).
-        args: What the renderer wrote the words from: plain, JSON-able data.
-        remedy: The fix as data: code to paste and where it goes in the user's file, or words.
     """
 
     kind: Kind
     name: str
     severity: Severity
-    message: str
-    cause: str = ""
-    fix: str = ""
+    reason: Reason
     step: int | None = None
     status: Status = Status.OPEN
     first_step: int | None = None
@@ -231,40 +221,46 @@ class Finding:
     ranks: tuple[int, ...] = ()
     details: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     members: tuple[Finding, ...] = ()
-    reason: str = ""
-    args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    remedy: Remedy | None = None
-
-    @classmethod
-    def rendered(cls, kind: str, name: str, severity: str, reason: str, args: Mapping[str, Any], *,
-                 step: int | None = None, aliases: Iterable[str] = (), shape: tuple[int, ...] | None = None,
-                 dtype: str | None = None, device: str | None = None, **details: Any) -> Finding:
-        """A finding first seen at ``step``, its words rendered from ``args`` by the renderer of
-        ``(kind, reason)``: the one constructor of every detector's findings
-        (:func:`leafwatch.detectors.constructors.make` fills the tensor's shape, dtype and device)."""
-        words = render(kind, reason, Members.one(name, args))
-        return cls(kind=kind, name=name, severity=severity, message=words.message, cause=words.cause,  # type: ignore[arg-type]
-                   fix=words.fix, step=step, first_step=step, last_step=step, aliases=tuple(aliases), shape=shape,
-                   dtype=dtype, device=device, details={**details, "reason": reason}, reason=reason, args=args,
-                   remedy=words.remedy)
-
-    @classmethod
-    def new(cls, kind: str, name: str, severity: str, message: str, cause: str, fix: str, *,
-            step: int | None = None, aliases: Iterable[str] = (), shape: tuple[int, ...] | None = None,
-            dtype: str | None = None, device: str | None = None, **details: Any) -> Finding:
-        """A finding first seen at ``step`` (its first and last step too), with ``details``: the
-        one constructor of every detector's findings (:func:`leafwatch.detectors.constructors.make`
-        fills the tensor's shape, dtype and device)."""
-        return cls(kind=kind, name=name, severity=severity, message=message, cause=cause, fix=fix,  # type: ignore[arg-type]
-                   step=step, first_step=step, last_step=step, aliases=tuple(aliases), shape=shape, dtype=dtype,
-                   device=device, details=details)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", _word(Kind, self.kind))
         object.__setattr__(self, "severity", _word(Severity, self.severity))
         object.__setattr__(self, "status", _word(Status, self.status))
-        object.__setattr__(self, "details", _marked(self.details, self.fix, self.remedy))
+        if isinstance(self.reason, str):
+            object.__setattr__(self, "reason", Written(message=self.reason))
 
+    # -- the words, rendered when read ----------------------------------------------------------
+    @functools.cached_property
+    def words(self) -> Words:
+        """Message, cause, fix and remedy: rendered by the reason from its fields (:func:`render`)."""
+        return render(self)
+
+    @property
+    def message(self) -> str:
+        """One line: what is wrong."""
+        return self.words.message
+
+    @property
+    def cause(self) -> str:
+        """Why it is so, in the user's terms."""
+        return self.words.cause
+
+    @property
+    def fix(self) -> str:
+        """The one-line fix."""
+        return self.words.fix
+
+    @property
+    def remedy(self) -> Remedy | None:
+        """The fix as data: code to paste and where it goes in the user's file, or words; None without a fix."""
+        return self.words.remedy
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """The reason's fields as plain JSON data (a record's ``args``)."""
+        return self.reason.to_args()
+
+    # -- identity -------------------------------------------------------------------------------
     @property
     def key(self) -> tuple[str, str]:
         """What identifies a finding across steps: ``(kind, group)`` for a mistake, ``(kind, name)`` for one tensor."""
@@ -292,55 +288,66 @@ class Finding:
         ``leafwatch/open/<kind>`` scalars, the console summary and ``leafwatch report``'s exit code."""
         return self.status == Status.OPEN and self.severity != Severity.INFO
 
+    def same(self, other: Finding) -> bool:
+        """Whether ``other`` says what this finding says: the same status, severity and reason, compared as
+        data (its counters left out: :func:`~leafwatch.report.reasons.counter`)."""
+        return (self.status, self.severity) == (other.status, other.severity) \
+            and self.reason.compared() == other.reason.compared()
+
     def replace(self, **changes: Any) -> Finding:
         """A copy with ``changes`` (as :func:`dataclasses.replace`, without re-running the checks of
         the fields left as they are: a report rebuilt at each check copies every finding).
 
         Raises:
-            TypeError: a field it does not have, or a change of the words of a finding its renderer
-                wrote (``message``, ``cause``, ``fix``, ``remedy``, ``reason``, ``args``): they are
-                rendered once, from the reason and its arguments (:mod:`leafwatch.report.words`).
+            TypeError: a field it does not have.
         """
         unknown = changes.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Finding has no field {sorted(unknown)[0]!r}")
-        if self.reason and not changes.keys().isdisjoint(_WORDS):
-            raise TypeError(f"the words of a {self.kind}/{self.reason} finding are rendered once, from its reason and "
-                            f"arguments: make a new finding instead of changing {sorted(changes.keys() & _WORDS)}")
         new = object.__new__(Finding)
         new.__dict__.update(self.__dict__)
+        new.__dict__.pop("words", None)  # (rendered again when read)
         new.__dict__.update(changes)
         for name, words in (("kind", Kind), ("severity", Severity), ("status", Status)):
             if name in changes:
                 new.__dict__[name] = _word(words, changes[name])
-        if "fix" in changes or "details" in changes or "remedy" in changes:
-            new.__dict__["details"] = _marked(new.details, new.fix, new.remedy)
         return new
 
     def with_details(self, **details: Any) -> Finding:
-        """A copy with ``details`` added (the history's bookkeeping: never the words)."""
+        """A copy with ``details`` added (the history's bookkeeping)."""
         return self.replace(details={**self.details, **details})
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "words"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- plain data -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        data = {f: getattr(self, f) for f in _FIELD_ORDER}
-        data["kind"], data["severity"], data["status"] = str(self.kind), str(self.severity), str(self.status)
-        data.update(shape=list(self.shape) if self.shape is not None else None, aliases=list(self.aliases),
-                    ranks=list(self.ranks), details=dict(self.details), members=[m.to_dict() for m in self.members],
-                    args=dict(self.args), remedy=self.remedy.to_dict() if self.remedy is not None else None)
-        return data
+        """The finding as JSON data: its fields, its words (``message``, ``cause``, ``fix``, ``remedy``),
+        its reason's word and ``args``."""
+        words = self.words
+        return {"kind": str(self.kind), "name": self.name, "severity": str(self.severity), "message": words.message,
+                "cause": words.cause, "fix": words.fix, "step": self.step, "status": str(self.status),
+                "first_step": self.first_step, "last_step": self.last_step, "steps_seen": self.steps_seen,
+                "shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
+                "device": self.device, "aliases": list(self.aliases), "ranks": list(self.ranks),
+                "details": dict(self.details), "members": [m.to_dict() for m in self.members],
+                "reason": self.reason.name, "args": self.args,
+                "remedy": words.remedy.to_dict() if words.remedy is not None else None}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        """A finding from :meth:`to_dict`'s data; a record written before findings carried their reason (or
+        whose reason this version does not read) keeps the words it was written with."""
         values = {k: v for k, v in data.items() if k in _FIELDS}
         if values.get("shape") is not None:
             values["shape"] = tuple(values["shape"])
         values["aliases"] = tuple(values.get("aliases", ()))
         values["ranks"] = tuple(values.get("ranks", ()))
         values["members"] = tuple(cls.from_dict(m) for m in values.get("members", ()))
-        if isinstance(values.get("remedy"), Mapping):
-            values["remedy"] = Remedy.from_dict(values["remedy"])
-        if "reason" not in values and isinstance(values.get("details"), Mapping):  # written before findings carried it
-            values["reason"] = str(values["details"].get("reason", ""))
+        values["reason"] = _reason_of(data)
         return cls(**values)
 
     def sort_key(self) -> tuple[Any, ...]:
@@ -350,21 +357,23 @@ class Finding:
         return order_key(self.status, self.severity, self.kind, self.name)
 
 
-def _marked(details: Mapping[str, Any], fix: str, remedy: Remedy | None) -> Mapping[str, Any]:
-    """``details["applicability"]``: the remedy's, as its renderer declared it (a finding made by hand
-    with a fix and no remedy: words), so that readers of older records find it where they did."""
-    mark = remedy.applicability if remedy is not None else "words" if fix else None
-    if details.get("applicability") == mark:
-        return details
-    rest = {k: v for k, v in details.items() if k != "applicability"}
-    return {**rest, "applicability": mark} if mark else rest
+def _reason_of(data: Mapping[str, Any]) -> Reason:
+    """The reason of a finding's JSON data: read from its ``reason`` and ``args``, else the words it carries."""
+    args = data.get("args")
+    if isinstance(args, Mapping) and data.get("reason"):
+        try:
+            return from_args(str(data.get("kind", "")), str(data["reason"]), args)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            pass  # arguments of another version: the words they were written with
+    remedy = data.get("remedy")
+    return Written(message=str(data.get("message") or ""), cause=str(data.get("cause") or ""),
+                   fix=str(data.get("fix") or ""), remedy=Remedy.from_dict(remedy) if isinstance(remedy, Mapping) else None,
+                   name=str(data.get("reason") or ""), arguments=json.dumps(args) if isinstance(args, Mapping) and args
+                   else "")
 
 
-#: The names of the fields of a :class:`Finding`, in order.
-_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(Finding))
-_FIELDS = frozenset(_FIELD_ORDER)
-#: What a renderer writes, or renders from: never changed on a rendered finding.
-_WORDS = frozenset({"message", "cause", "fix", "remedy", "reason", "args"})
+#: The names of the fields of a :class:`Finding`.
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Finding))
 
 
 def order_key(status: str, severity: str, kind: str, name: str) -> tuple[Any, ...]:
@@ -412,49 +421,40 @@ def group_of(f: Finding) -> str:
     return f.name
 
 
+def render(f: Finding) -> Words:
+    """The one render of a finding's words, at the sink: by its reason, from the reason's fields; a mistake's
+    from the reasons of its tensors that share its status and reason, together (their names, the mistake's
+    group, each one's cover); a mistake of one tensor as that tensor, and words written as they were (a record no
+    reason class reads: the mistake's own)."""
+    if len(f.members) <= 1 or isinstance(f.reason, Written):
+        return f.reason.words(Members.one(f.name, f.reason, described=bool(f.details.get("described"))))
+    alike = [m for m in f.members if m.status == f.status and type(m.reason) is type(f.reason)
+             and m.reason.name == f.reason.name] or [f.members[0]]
+    return alike[0].reason.words(Members([m.name for m in alike], [m.reason for m in alike], f.name,
+                                         [m.details.get("cover") for m in alike]))
+
+
 def _mistake(group: str, members: list[Finding]) -> Finding:
     """One finding for the tensors of one mistake: the most urgent status and severity among
-    them, the cause and the fix they share (else those of the first, saying whose)."""
+    them, and the reason of the first (its words are rendered from its tensors' reasons together)."""
     members.sort(key=Finding.sort_key)
     first = members[0]
     if len(members) == 1:
         return first.replace(details={**first.details, "group": group}, members=(first,))
-    same = [m for m in members if m.status == first.status]
     names = [m.name for m in members]
-    spec = KIND_SPECS.get(first.kind)  # type: ignore[call-overload]
-    # Every tensor of the kind at once: named by the module that holds them all when one does.
-    label = (_holder(names) or compress_names(names, limit=3)) if group.startswith("*") else group
-    words = _rendered_together(first, same, label)
-    if words is None:  # made by hand, not by a detector (no renderer): the words they share, else the first's
-        messages = {m.message for m in same}
-        words = Words(messages.pop() if len(messages) == 1
-                      else f"{len(members)} tensors ({compress_names(names)}) {spec.plural if spec else 'have this finding'}.",
-                      first.cause, first.fix, first.remedy or Remedy("words"))
-    mistake = Finding(
-        kind=first.kind, name=label, severity=first.severity, message=words.message, cause=words.cause, fix=words.fix,
+    # Every tensor of the kind at once, or of one place (a cut, a Function: said as a location, never as a name):
+    # named by the module that holds them all when one does.
+    located = group.startswith("*") or "location" in first.details
+    label = (_holder(names) or compress_names(names, limit=3)) if located else group
+    return Finding(
+        kind=first.kind, name=label, severity=first.severity, reason=first.reason,
         step=max((m.step for m in members if m.step is not None), default=None), status=first.status,
         first_step=min((m.first_step for m in members if m.first_step is not None), default=None),
         last_step=max((m.last_step for m in members if m.last_step is not None), default=None),
         steps_seen=max(m.steps_seen for m in members),
         ranks=tuple(sorted({r for m in members for r in m.ranks})),
         details={**first.details, "group": group, "tensors": len(members)},
-        members=tuple(sorted(members, key=lambda m: natural_key(m.name))),
-        reason=first.reason, args=first.args, remedy=words.remedy)
-    return mistake
-
-
-def _rendered_together(first: Finding, same: list[Finding], group: str) -> Words | None:
-    """The words of a mistake's tensors that share the first one's status and reason, rendered by
-    that reason's renderer from their arguments together; None for findings without one (made by
-    hand, or read from a record written before findings carried their arguments)."""
-    if not first.reason or not has_renderer(first.kind, first.reason):
-        return None
-    alike = sorted((m for m in same if m.reason == first.reason), key=lambda m: natural_key(m.name))
-    try:
-        return render(first.kind, first.reason, Members([m.name for m in alike], [m.args for m in alike], group,
-                                                        [m.details.get("cover") for m in alike]))
-    except (KeyError, TypeError, ValueError):  # arguments of another version: the words they were written with
-        return None
+        members=tuple(sorted(members, key=lambda m: natural_key(m.name))))
 
 
 def _holder(names: list[str]) -> str | None:

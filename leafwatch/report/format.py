@@ -48,6 +48,8 @@ class FindingText(Protocol):
     @property
     def fix(self) -> str: ...
     @property
+    def remedy(self) -> Any: ...
+    @property
     def first_step(self) -> int | None: ...
     @property
     def ranks(self) -> tuple[int, ...]: ...
@@ -107,6 +109,18 @@ def _tensors(f: FindingText) -> tuple[Any, ...]:
     return members if len(members) > 1 else ()
 
 
+def shown(f: FindingText) -> str:
+    """A finding's name as code (`` `encoder.weight` ``), or as the words it is when no variable names the
+    tensor ("the float64 copy passed to `Adam` at train.py:3": ``details["described"]``)."""
+    return f.name if f.details.get("described") else f"`{f.name}`"
+
+
+def located(f: FindingText) -> str:
+    """``, cut by `.detach()` at deep.py:13``: where a mistake of one place is (its ``details["location"]``)."""
+    location = f.details.get("location")
+    return f", {location}" if location else ""
+
+
 def tensor_count(f: FindingText) -> str:
     """`` (492 tensors: experts.{2..6,8..499})`` for a mistake of several tensors."""
     members = _tensors(f)
@@ -129,13 +143,14 @@ def _ranks(f: FindingText) -> str:
     return f" on rank(s) {', '.join(map(str, f.ranks))}" if f.ranks else ""
 
 
-#: How a fix's ``details["applicability"]`` reads: code to paste, or advice in words.
+#: How a fix's remedy reads (its ``applicability``): code to paste, or advice in words.
 FIX_MARKS = {"code": "code", "words": "advice"}
 
 
 def fix_mark(f: FindingText) -> str:
-    """`` (code)`` or `` (advice)``: what the fix is (empty when not marked)."""
-    mark = FIX_MARKS.get(str(f.details.get("applicability")))
+    """`` (code)`` or `` (advice)``: what the fix is (empty without a fix)."""
+    remedy = f.remedy  # (a fix written by hand without one: advice)
+    mark = FIX_MARKS.get(str(remedy.applicability if remedy is not None else "words")) if f.fix else None
     return f" ({mark})" if mark else ""
 
 
@@ -146,16 +161,17 @@ def finding_line(f: FindingText) -> str:
     Example::
 
         >>> from leafwatch import Finding
-        >>> print(finding_line(Finding("missing_grad", "head.weight", "error", "no gradient",
-        ...                            cause="never ran", fix="call `head` in forward()", first_step=0)))
+        >>> from leafwatch.report.reasons import Written
+        >>> print(finding_line(Finding("missing_grad", "head.weight", "error", Written(
+        ...     message="no gradient", cause="never ran", fix="call `head` in forward()"), first_step=0)))
         leafwatch: ERROR missing_grad `head.weight` at start. Fix (advice): call `head` in forward()
     """
     if f.status == IGNORED:
-        return f"leafwatch: ignored {f.kind} `{f.name}`: {ignored_because(f)}"
-    head = f"leafwatch: {f.severity.upper()} {f.kind} `{f.name}`{tensor_count(f)}"
+        return f"leafwatch: ignored {f.kind} {shown(f)}: {ignored_because(f)}"
+    head = f"leafwatch: {f.severity.upper()} {f.kind} {shown(f)}{tensor_count(f)}{located(f)}"
     step = seen_when(f)
     if step:
-        head += f" {step}"
+        head += f"{',' if located(f) else ''} {step}"
     if f.status != OPEN:
         head += f" ({f.status})"
     head += _ranks(f)
@@ -169,10 +185,11 @@ def note_text(f: FindingText) -> str:
     Example::
 
         >>> from leafwatch import Finding
+        >>> from leafwatch.report.reasons import Written
         >>> from leafwatch.report.words import code
-        >>> print(note_text(Finding("non_leaf", "w", "error", "`w` is not a leaf tensor.", cause="a dtype conversion",
-        ...                         fix="convert first: `w = w0.double().requires_grad_()`",
-        ...                         remedy=code("w = w0.double().requires_grad_()"))))
+        >>> print(note_text(Finding("non_leaf", "w", "error", Written(message="`w` is not a leaf tensor.",
+        ...     cause="a dtype conversion", fix="convert first: `w = w0.double().requires_grad_()`",
+        ...     remedy=code("w = w0.double().requires_grad_()")))))
         leafwatch: `w` is not a leaf tensor.
         leafwatch: cause: a dtype conversion
         leafwatch: fix (code): convert first: `w = w0.double().requires_grad_()`
@@ -183,6 +200,13 @@ def note_text(f: FindingText) -> str:
     if f.fix:
         lines.append(f"leafwatch: fix{fix_mark(f)}: {f.fix}")
     return "\n".join(lines)
+
+
+def warning_text(f: FindingText) -> str:
+    """A finding said the moment it is made, as one warning (``watch()`` on a non-leaf): its message, cause
+    and fix on one line, the fix marked as code or advice."""
+    fix = f" Fix{fix_mark(f)}: {f.fix}" if f.fix else ""
+    return f"leafwatch: {f.message} {f.cause}{fix}"
 
 
 def _head(text: str, step: int | None) -> str:
@@ -219,7 +243,8 @@ def report_text(findings: Sequence[FindingText], step: int | None = None, *, not
         decided = decided_step(f)
         if seen and decided is not None:
             seen = f"{seen[:-1]}, decided at step {decided})"
-        lines += [f"  {label:7} {f.kind:19} {f.name}{status}{' ' + seen if seen else ''}{_ranks(f)}", f"      {f.message}"]
+        lines += [f"  {label:7} {f.kind:19} {f.name}{located(f)}{status}{' ' + seen if seen else ''}{_ranks(f)}",
+                  f"      {f.message}"]
         if ignored:
             lines.append(f"      ignored: {ignored_because(f)}")
             continue
@@ -249,7 +274,7 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
         seen = "" if f.first_step is None else ("start" if f.first_step == 0 else f"step {f.first_step}")
         if seen and decided_step(f) is not None:
             seen += f" (decided at step {decided_step(f)})"
-        cells = [str(f.severity), str(f.kind), f"`{f.name}`{tensor_count(f)}", str(f.status),
+        cells = [str(f.severity), str(f.kind), f"{shown(f)}{tensor_count(f)}{located(f)}", str(f.status),
                  f"ignored: {ignored_because(f)}" if ignored else (f.cause or f.message),
                  "" if ignored else f"{fix_mark(f)} {f.fix}".lstrip(), seen]
         rows.append("| " + " | ".join(escape_markdown(c) for c in cells) + " |")
@@ -257,4 +282,5 @@ def report_markdown(findings: Sequence[FindingText], step: int | None = None, *,
 
 
 __all__ = ["NOTHING_TO_CHECK", "FindingText", "decided_step", "escape_markdown", "finding_line", "fix_mark",
-           "ignored_because", "note_text", "report_markdown", "report_text", "seen_when", "since", "tensor_count", "when"]
+           "ignored_because", "located", "note_text", "report_markdown", "report_text", "seen_when", "shown", "since",
+           "tensor_count", "warning_text", "when"]

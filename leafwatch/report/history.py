@@ -151,11 +151,9 @@ class FindingHistory(FindingsView):
                             steps_seen=old.steps_seen + 1)
         self._records[f.key] = updated
         self.revision += 1
-        # An intermittent finding's message counts the steps: that count alone is no change worth
+        # Compared as data: a count alone (the steps an intermittent tensor missed) is no change worth
         # logging again (it would rewrite the whole report every other step of a routed model).
-        counted = old.status == updated.status == Status.INTERMITTENT
-        if (old.status, old.cause, old.severity) != (updated.status, updated.cause, updated.severity) \
-                or (old.message != updated.message and not counted):
+        if not old.same(updated):
             self.version += 1
 
     def _put(self, f: Finding) -> None:

@@ -356,7 +356,7 @@ def judge(report: Report, patched: set[tuple[str, str]], rerun: Report | None,
         same = [g for g in later_findings if g.kind == f.kind and _names(g) & _names(f)]
         if any(_holds(g) for g in same):
             outcome = STILL_OPEN
-        elif rerun is None or decided > reached or any(g.reason == "undecided" for g in same):
+        elif rerun is None or decided > reached or any(g.reason.name == "undecided" for g in same):
             outcome = UNDECIDED
         else:
             outcome = FIXED if key in patched else GONE

@@ -1,30 +1,19 @@
-"""A finding's words, rendered once from its data by the one renderer of its ``(kind, reason)``.
+"""What a finding's reason writes: :class:`Words` (message, cause, fix) and the fix as data,
+:class:`Remedy` (code to paste, and :class:`Edit`, where it goes in the user's file; or words); and
+:class:`Members`, the tensors of one finding as its reason renders them.
 
-A detector decides a reason and hands over its arguments: plain, JSON-able data (names, ops, the
-user's ``file:line``, the optimizer's variable and class, counts, the earlier reason a transition
-comes from). The renderer of that ``(kind, reason)``, which lives in the detector module that
-decides it and registers itself with :func:`renders`, writes the message, the cause, the fix and
-the fix's :class:`Remedy` (code to paste, and where it goes in the user's file; or words) from
-those arguments alone, for one tensor or for the tensors of one mistake (:class:`Members`).
-Nothing edits the words afterwards: a transition (intermittent, stalled, resolved, merged across
-ranks) is a reason of its own, whose renderer is handed the earlier reason's arguments and calls
-:func:`render` on them, never on their strings. As in ruff, where a rule's violation is a struct
-with ``message()``, ``fix_title()`` and a declared fix availability.
-
-Torch-free: ``leafwatch report`` and the tab read the words a run wrote, and never render.
+The words are rendered at the sink (:attr:`leafwatch.Finding.message`, ``.cause``, ``.fix``), by the
+one :class:`~leafwatch.report.reasons.Reason` class of the finding's ``(kind, reason)``, from its
+fields alone. Torch-free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from .names import compress_names
-
-#: What a renderer declares of its fixes: code every time, code when the user's objects were
-#: found (else words), or words only (advice).
-Availability = Literal["always", "sometimes", "never"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,31 +77,34 @@ class Words:
 
 
 class Members:
-    """The tensors of one finding as its renderer sees them: each one's name and arguments, in
-    natural order, and what makes them one mistake (``group``; the tensor's own name for one).
+    """The tensors of one finding as its reason sees them: each one's name and reason, in natural
+    order, and what makes them one mistake (``group``; the tensor's own name for one).
 
     Args:
         names: The tensors' names.
-        args: Each tensor's arguments, in the same order.
+        reasons: Each tensor's reason (:class:`~leafwatch.report.reasons.Reason`), in the same order.
         group: What they share (the module, the cut point, the optimizer); "" for one tensor.
         covers: For each tensor, the largest module whose trainable tensors all share its
             finding (what one ``ignore`` pattern names; None where there is none).
+        described: The one name is a description in words (a tensor the user holds under no name:
+            "the float64 copy passed to `Adam` at train.py:3"), never printed as code.
     """
 
-    __slots__ = ("names", "args", "group", "covers")
+    __slots__ = ("names", "reasons", "group", "covers", "described")
 
-    def __init__(self, names: Sequence[str], args: Sequence[Mapping[str, Any]], group: str = "",
-                 covers: Sequence[str | None] | None = None) -> None:
-        if len(names) != len(args) or not names:
-            raise ValueError(f"`names` and `args` must be as long and not empty, got {len(names)} and {len(args)}")
+    def __init__(self, names: Sequence[str], reasons: Sequence[Any], group: str = "",
+                 covers: Sequence[str | None] | None = None, *, described: bool = False) -> None:
+        if len(names) != len(reasons) or not names:
+            raise ValueError(f"`names` and `reasons` must be as long and not empty, got {len(names)} and {len(reasons)}")
         self.names = tuple(names)
-        self.args = tuple(args)
+        self.reasons = tuple(reasons)
         self.group = group
         self.covers = tuple(covers) if covers is not None else (None,) * len(self.names)
+        self.described = described and len(self.names) == 1
 
     @classmethod
-    def one(cls, name: str, args: Mapping[str, Any]) -> Members:
-        return cls((name,), (args,))
+    def one(cls, name: str, reason: Any, *, described: bool = False) -> Members:
+        return cls((name,), (reason,), described=described)
 
     @property
     def single(self) -> bool:
@@ -125,74 +117,26 @@ class Members:
 
     @property
     def who(self) -> str:
-        """The subject of a sentence: `` `w` `` for one tensor, ``each of `aux.{bias,weight}` `` for several."""
+        """The subject of a sentence: `` `w` `` for one tensor (or its description), ``each of `aux.{bias,weight}` ``
+        for several."""
+        if self.described:
+            return self.names[0]
         return f"`{self.names[0]}`" if self.single else f"each of `{compress_names(self.names)}`"
 
     @property
-    def first(self) -> Mapping[str, Any]:
-        """The first tensor's arguments."""
-        return self.args[0]
+    def first(self) -> Any:
+        """The first tensor's reason."""
+        return self.reasons[0]
 
-    def shared(self, key: str, default: Any = None) -> Any:
-        """The value of ``key`` that every tensor has; ``default`` when they differ or lack it."""
-        values = [a.get(key, default) for a in self.args]
+    def shared(self, field: str, default: Any = None) -> Any:
+        """The value of ``field`` that every tensor's reason has; ``default`` when they differ or lack it."""
+        values = [getattr(r, field, default) for r in self.reasons]
         return values[0] if all(v == values[0] for v in values) else default
 
-    def each(self, key: str) -> list[Any]:
-        """Each tensor's value of ``key`` (None where it has none)."""
-        return [a.get(key) for a in self.args]
+    def each(self, field: str) -> list[Any]:
+        """Each tensor's value of ``field`` (None where it has none)."""
+        return [getattr(r, field, None) for r in self.reasons]
 
-    def earlier(self) -> tuple[str, Members]:
-        """A transition's earlier reason and the tensors with the earlier arguments (``args["earlier"]``)."""
-        reason = self.first["earlier"]["reason"]
-        return reason, Members(self.names, [a["earlier"]["args"] for a in self.args], self.group, self.covers)
-
-
-@dataclasses.dataclass(frozen=True)
-class Renderer:
-    """The one renderer of a ``(kind, reason)``: ``render(members) -> Words``; ``fixes``: the
-    availability of code in its fixes, checked by the tests against what it renders."""
-
-    kind: str
-    reason: str
-    render: Callable[[Members], Words]
-    fixes: Availability
-
-    @property
-    def where(self) -> str:
-        """``module.function`` of the renderer under ``leafwatch``."""
-        module = self.render.__module__.removeprefix("leafwatch.")
-        return f"{module}.{self.render.__qualname__}"
-
-
-#: ``(kind, reason)`` -> its one renderer; filled by the detector modules as they are imported.
-RENDERERS: dict[tuple[str, str], Renderer] = {}
-
-
-def renders(kind: str, *reasons: str, fixes: Availability = "sometimes") -> Callable[[Callable[[Members], Words]], Callable[[Members], Words]]:
-    """Register the decorated function as the renderer of ``(kind, reason)`` for each reason.
-
-    Raises:
-        ValueError: a ``(kind, reason)`` that has a renderer already (one voice per reason).
-    """
-    def register(function: Callable[[Members], Words]) -> Callable[[Members], Words]:
-        for reason in reasons:
-            known = RENDERERS.get((str(kind), reason))
-            if known is not None and known.render is not function:
-                raise ValueError(f"({str(kind)!r}, {reason!r}) has a renderer already: {known.where}")
-            RENDERERS[(str(kind), reason)] = Renderer(str(kind), reason, function, fixes)
-        return function
-    return register
-
-
-def render(kind: str, reason: str, members: Members) -> Words:
-    """The words of ``members`` for ``(kind, reason)``.
-
-    Raises:
-        KeyError: no renderer is registered for it (the detectors are not imported).
-    """
-    return RENDERERS[(str(kind), reason)].render(members)
-
-
-def has_renderer(kind: str, reason: str) -> bool:
-    return (str(kind), reason) in RENDERERS
+    def earlier(self) -> Members:
+        """The tensors with the reasons their transitions come from (each reason's ``earlier``)."""
+        return Members(self.names, [r.earlier for r in self.reasons], self.group, self.covers, described=self.described)

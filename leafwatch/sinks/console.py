@@ -51,8 +51,8 @@ class NewFindingWarnings:
     def report(self, report: Report) -> None:
         shown = [f for f in report if f.status not in ("resolved", "ignored")] if self._every_status else report.open
         for f in shown:
-            if f.key in self.warned or f.details.get("observed", f.details.get("reason")) == "pending":
-                continue  # a finding whose cause is being traced is warned once it is known
+            if f.key in self.warned or f.reason.observed == "pending" or f.details.get("crash"):
+                continue  # a finding whose cause is being traced is warned once it is known; a crash's note says it
             self.warned.add(f.key)
             if self._warn is not None:
                 self._warn(finding_line(f))

@@ -147,6 +147,11 @@ class TensorBoardSink:
         if event.changed or step % self.refresh_every_n_steps == 0:
             self._flush_chunk()
 
+    def flush(self) -> None:
+        """Write what waits (the coverage of this chunk) and flush the writer (the run may end now: a crash)."""
+        self._flush_chunk()
+        self.writer.flush()
+
     def ended(self, *, exit_code: int | None, stopped_by: str | None, step: int) -> None:
         """How the run ended, for the records written from now on (the last one at :meth:`close`):
         the script's exit code (None when leafwatch stopped it: ``stopped_by`` names the option)."""
@@ -157,8 +162,7 @@ class TensorBoardSink:
     def close(self, report: Report | None = None) -> None:
         if report is not None:
             self._write_report(report, self._last_step)
-        self._flush_chunk()
-        self.writer.flush()
+        self.flush()
 
     # -- records -----------------------------------------------------------------------------
     def _write_report(self, report: Report, step: int) -> None:

@@ -119,10 +119,12 @@ def test_the_core_check_finds_an_import_of_integrations_inside_a_function() -> N
 
 
 #: The modules outside ``detectors/`` that import it, and why: everything else sits below the
-#: detectors (a finding is built with ``Finding.new``, not with a detector's constructors).
+#: detectors (a finding is data: ``Finding(kind, name, severity, reason)``, no detector's constructors needed).
 DETECTOR_USERS = {
     "leafwatch.monitor": "builds the Checker (detectors/checker.py) and the rank Gatherer; its crash door "
-                         "(explain_crash) runs the crash explanation on an exception torch raised",
+                         "(Monitor.crashed) warns with the crash explanation's words when explaining fails",
+    "leafwatch.integrations.lightning": "on_exception without a Monitor (before fit starts one): the crash "
+                                        "explanation gives the note alone",
     "leafwatch.watching": "the watch-time warning of a non-leaf carries the fix of a non_leaf finding; while a "
                           "tensor is watched, the excepthook's door runs the crash explanation",
     "leafwatch.integrations.runner.session": "a run that ended before its first check: the misses of its "
@@ -141,7 +143,7 @@ def test_only_the_modules_that_run_a_check_import_the_detectors() -> None:
 
 def _builds_findings(tree: ast.Module) -> list[str]:
     """The calls a front-end makes that build findings itself (a name from ``report/findings.py``
-    other than ``Report``, a ``Report`` of findings other than another report's ``.tensors()``) or
+    other than ``Report``, a ``Report`` of findings other than other reports' ``.tensors()``) or
     run a detector (a name from ``detectors/``; a ``Part`` of the pipeline is handed, not run)."""
     detectors, findings, found = set(), set(), []
     for node in ast.walk(tree):
@@ -157,7 +159,9 @@ def _builds_findings(tree: ast.Module) -> list[str]:
             while isinstance(root, ast.Attribute):
                 root = root.value
             name = getattr(root, "id", "")
-            repackaged = all(isinstance(a, ast.Call) and getattr(a.func, "attr", "") == "tensors" for a in node.args)
+            given = [e.value if isinstance(e, ast.Starred) else e for a in node.args
+                     for e in (a.elts if isinstance(a, (ast.List, ast.Tuple)) else [a])]  # (several reports' tensors)
+            repackaged = all(isinstance(a, ast.Call) and getattr(a.func, "attr", "") == "tensors" for a in given)
             if name in detectors or name in findings and (name != "Report" or not repackaged):
                 found.append(ast.unparse(node.func))
     return found
@@ -329,7 +333,7 @@ def test_detectors_return_verdicts_and_never_hold_the_history() -> None:
 
 
 #: The classes of ``detectors/`` with methods: the runners, and an AST rewriter of fixes.py (a
-#: visitor of the user's code, not a detector's state).
+#: visitor of the user's code, not a detector's state); besides them, the reason classes (their words).
 CLASSES_WITH_METHODS = {"Checker": "leafwatch.detectors.checker", "Gatherer": "leafwatch.detectors.gatherer",
                         "Pipeline": "leafwatch.detectors.pipeline", "Strip": "leafwatch.detectors.fixes"}
 
@@ -339,11 +343,21 @@ def _classes_with_methods(trees: dict[str, ast.Module]) -> dict[str, str]:
             if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) for f in node.body)}
 
 
-def test_a_detectors_state_is_plain_data_and_only_the_runners_have_methods() -> None:
+def _is_reason(module: str, name: str) -> bool:
+    import importlib
+
+    from leafwatch.report.reasons import Reason
+    found = getattr(importlib.import_module(module), name, None)
+    return isinstance(found, type) and issubclass(found, Reason)
+
+
+def test_a_detectors_state_is_plain_data_and_only_the_runners_and_the_reasons_have_methods() -> None:
     trees = {_module_name(p): ast.parse(p.read_text()) for p in (PACKAGE / "detectors").glob("*.py")}
     assert {"GradientState", "MembershipState", "LoopState", "WatchedState"} <= {
         n.name for t in trees.values() for n in ast.walk(t) if isinstance(n, ast.ClassDef)}
-    assert _classes_with_methods(trees) == CLASSES_WITH_METHODS
+    found = _classes_with_methods(trees)
+    assert {n: m for n, m in found.items() if not _is_reason(m, n)} == CLASSES_WITH_METHODS
+    assert {"NeverRan", "LeftOut", "Intermittent"} <= {n for n, m in found.items() if _is_reason(m, n)}
     tracker = ast.parse("class Tracker:\n    x: int = 0\n    def update(self):\n        pass\n")
     assert _classes_with_methods({"leafwatch.detectors.new": tracker}) == {"Tracker": "leafwatch.detectors.new"}
 
@@ -556,8 +570,17 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
     from leafwatch.detectors import registry
     from leafwatch.detectors.constructors import make
     from leafwatch.observe.evidence import LISTS, STEP
-    from leafwatch.report import words
+    from leafwatch.report import reasons
     from leafwatch.report.verdicts import Verdict
+    from leafwatch.report.words import Members, Words
+
+    monkeypatch.setattr(reasons, "REASONS", dict(reasons.REASONS))
+
+    class Huge(reasons.Reason, kind="nonfinite_grad", name="huge", fixes="never"):  # the reason and its words
+        norm: float
+
+        def words(self, m: Members) -> Words:
+            return Words(f"{m.who}'s gradient is huge.", "a learning rate too high", "lower the learning rate")
 
     @dataclasses.dataclass
     class Seen:
@@ -565,18 +588,11 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
 
     def huge(evidence, state, view):  # the detector: evidence, its own state, the findings so far -> verdicts
         state.checks += 1
-        return [Verdict.open(make("nonfinite_grad", name, "warning", "huge", {"norm": float(p.grad.norm())},
-                                  step=evidence[STEP]))
+        return [Verdict.open(make(Huge(norm=float(p.grad.norm())), name, "warning", step=evidence[STEP]))
                 for _, clist, _ in evidence[LISTS] for name, p in zip(clist.names, clist.params)
                 if p.grad is not None and p.grad.abs().max() > 1e3]
 
-    def render(m: words.Members) -> words.Words:
-        return words.Words(f"{m.who}'s gradient is huge.", "a learning rate too high", "lower the learning rate")
-
-    monkeypatch.setitem(words.RENDERERS, ("nonfinite_grad", "huge"),
-                        words.Renderer("nonfinite_grad", "huge", render, "never"))
-
-    added = registry.Detector("the gradient-norm check", huge, state=lambda config: Seen())
+    added = registry.Detector("the gradient-norm check", huge, state=lambda config: Seen(), decides=(Huge,))
     monkeypatch.setattr(registry, "DETECTORS", (*registry.DETECTORS, added))
     model = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -586,7 +602,7 @@ def test_a_detector_added_to_the_registry_runs_at_each_check_with_its_own_state(
         (model(torch.ones(1, 2)) * scale).sum().backward()
         report = monitor.check(optimizer)
     assert monitor._checker.states["the gradient-norm check"].checks == 2
-    assert [(f.kind, f.name, f.cause, f.details["reason"]) for f in report.findings] == [
+    assert [(f.kind, f.name, f.cause, f.reason.name) for f in report.findings] == [
         ("nonfinite_grad", "{bias,weight}", "a learning rate too high", "huge")]  # one mistake, its tensors
     assert {f.name for f in report.tensors()} == {"weight", "bias"}
     monitor.close()

@@ -58,7 +58,7 @@ def test_cuda_copy_is_explained_as_a_device_copy_with_the_leaf_on_cpu():
 
 
 def test_watch_warns_about_the_cuda_copy_at_the_callers_line():
-    with pytest.warns(LeafwatchWarning, match=r"'h' is not a leaf.*device copy.*ToCopyBackward0") as record:
+    with pytest.warns(LeafwatchWarning, match=r"`h` is not a leaf.*device copy.*ToCopyBackward0") as record:
         line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.tensor([1.0], requires_grad=True).cuda(), name="h")
     assert (record[0].filename, record[0].lineno) == (__file__, line)

@@ -14,6 +14,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch import Finding, Report
+from leafwatch.report.reasons import Written
 from leafwatch.sinks.console import NewFindingWarnings
 from leafwatch.report.names import compress_names, natural_key
 from leafwatch.report.records import decode, encode_report
@@ -118,8 +119,8 @@ def test_names_sort_naturally_in_reports_and_in_compressed_names():
 
 
 def test_a_report_of_mistakes_round_trips_and_a_version_1_record_is_grouped_when_read():
-    per_tensor = [Finding("missing_grad", f"unused.{w}", "error", f"`unused.{w}` got no gradient.",
-                          cause=f"`unused.{w}` never ran.", fix="call it") for w in ("weight", "bias")]
+    per_tensor = [Finding("missing_grad", f"unused.{w}", "error", Written(
+        message=f"`unused.{w}` got no gradient.", cause=f"`unused.{w}` never ran.", fix="call it")) for w in ("weight", "bias")]
     report = Report(per_tensor, step=4)
     again = Report.from_dict(decode(encode_report(report.to_dict())))
     assert [(f.kind, f.name, f.names) for f in again] == [("missing_grad", "unused", ("unused.bias", "unused.weight"))]
@@ -129,9 +130,8 @@ def test_a_report_of_mistakes_round_trips_and_a_version_1_record_is_grouped_when
         del f["members"]
     old = Report.from_dict(decode(__import__("json").dumps(version_1)))
     assert [(f.name, f.names) for f in old] == [("unused", ("unused.bias", "unused.weight"))]
-    # Made by hand (no reason, so no renderer): the words are the first tensor's, as they were written.
-    assert (old.findings[0].message, old.findings[0].cause) == ("2 tensors (unused.{bias,weight}) require grad but got "
-                                                                "no gradient: they do not train.", "`unused.bias` never ran.")
+    # Made by hand (no reason class): the words are the first tensor's, as they were written.
+    assert (old.findings[0].message, old.findings[0].cause) == ("`unused.bias` got no gradient.", "`unused.bias` never ran.")
 
 
 def test_one_mistake_is_one_console_warning_however_many_tensors_it_lists():
@@ -187,7 +187,7 @@ def test_the_console_of_every_status_waits_for_the_cause_of_an_intermittent_miss
             model.use_branch = step < 3  # intermittent from step 3: its cause is traced at step 3, known at step 4
             opt.zero_grad()
             model(torch.randn(3, 2)).sum().backward()
-            observed.append({f.details.get("observed") for f in monitor.check().tensors("missing_grad")})
+            observed.append({f.reason.observed for f in monitor.check().tensors("missing_grad")})
             opt.step()
             counts.append(len(lines))
     assert observed == [set(), set(), {"pending"}, {"never_ran"}] and counts == [0, 0, 0, 1]
@@ -239,7 +239,8 @@ def test_one_cut_in_a_12_block_model_is_one_live_line_naming_the_line_of_the_cut
                      capture_output=True, text=True, timeout=300)
     live = [text for text in done.stderr.split("leafwatch: summary")[0].splitlines() if text.startswith("leafwatch:")]
     assert len(live) <= 2, done.stderr
-    assert live[0].startswith(f"leafwatch: ERROR missing_grad `.detach() at deep.py:{line}` (18 tensors: "
-                              "blocks.{0..3}.{fc1,fc2}.{bias,weight}, embed.{bias,weight}) at step "), live
+    # Named by its tensors (no module holds them all but the model), the cut said as where it is (#52 item 5).
+    assert live[0].startswith("leafwatch: ERROR missing_grad `blocks.{0..3}.{fc1,fc2}.{bias,weight}, embed.{bias,weight}` "
+                              f"(18 tensors), cut by `.detach()` at deep.py:{line}, at step "), live
     assert f"remove the `.detach()` at deep.py:{line}" in live[0]
     assert 'ignore=["blocks.0.*", "blocks.1.*", "blocks.2.*", "blocks.3.*", "embed.*"]' in live[0]

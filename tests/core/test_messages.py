@@ -99,7 +99,7 @@ def test_the_watch_warning_and_the_report_give_the_same_valid_fix(make, hint) ->
     finally:
         leafwatch.unwatch("temperature")
     assert hint in finding.fix
-    assert warned.endswith(f"Fix (code): {finding.fix}") and finding.details["applicability"] == "code"
+    assert warned.endswith(f"Fix (code): {finding.fix}") and finding.remedy.applicability == "code"
     _assert_valid_code(finding.fix)
     assert "nn.Parameter" not in finding.fix  # the source was a plain tensor: nothing to register
 
@@ -202,7 +202,8 @@ def test_audit_with_a_loss_that_has_no_graph_says_so() -> None:
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     (finding,) = leafwatch.audit(model, opt, loss=torch.tensor(1.0))
-    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "the loss given", "loss_without_graph")
+    assert (finding.kind, finding.name, finding.reason.name) == ("missing_grad", "{bias,weight}", "loss_without_graph")
+    assert finding.details["location"] == "from the loss given"  # one mistake, said where, never as a name
     assert finding.names == ("bias", "weight")
     assert "`loss=` has no autograd graph" in finding.cause
     assert "diagnose" not in finding.cause and "pass `loss=`" not in finding.cause

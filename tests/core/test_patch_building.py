@@ -13,6 +13,7 @@ import pytest
 
 from leafwatch import Finding
 from leafwatch.report import patch
+from leafwatch.report.reasons import Written
 from leafwatch.report.words import Edit, Remedy
 
 SOURCE = "".join(f"line{i}\n" for i in range(1, 21))
@@ -20,7 +21,7 @@ SOURCE = "".join(f"line{i}\n" for i in range(1, 21))
 
 def _finding(name: str, *edits: Edit | None, kind: str = "not_in_optimizer", applicability: str = "code") -> Finding:
     remedy = Remedy(applicability, "x()" if applicability == "code" else "", edits[0] if edits else None)  # type: ignore[arg-type]
-    return Finding(kind=kind, name=name, severity="error", message="m", fix="f", remedy=remedy)  # type: ignore[arg-type]
+    return Finding(kind=kind, name=name, severity="error", reason=Written(message="m", fix="f", remedy=remedy))
 
 
 def _file(tmp_path: Path, name: str = "train.py", text: str = SOURCE) -> str:

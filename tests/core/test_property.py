@@ -316,7 +316,7 @@ def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Ca
         if finding.cause.startswith("cut by `.detach()` at test_property.py:"):
             # The recorder saw the detach in RandomNet.forward: only a block that runs and detaches
             # can cut, and only what runs before it (a block never called is never upstream).
-            assert finding.details["reason"] == "detached", finding.cause
+            assert finding.reason.name == "detached", finding.cause
             assert any(b.used and b.detach for b in case.model.blocks), finding.cause
             if finding.name not in ("table.weight", "phase", "gain"):
                 # A tied weight is named by its first owner, but runs wherever it is held.
@@ -339,9 +339,9 @@ def test_monitor_created_before_the_first_forward_names_the_right_cause(case: Ca
             # reached (its own detach or a later one) is "detached".
             expected = {"detached"} if block.used else {"never_ran"}
         event(f"reason {sorted(expected)}")
-        observed = finding.details.get("observed", finding.details["reason"])  # a layer no LayerDrop explains: not_layerdrop
+        observed = finding.reason.observed  # a layer no LayerDrop explains: not_layerdrop
         assert observed in expected, f"{finding.name}: {finding.cause}"
-        assert finding.details["reason"] in {observed, "not_layerdrop" if observed == "never_ran" else observed}
+        assert finding.reason.name in {observed, "not_layerdrop" if observed == "never_ran" else observed}
         assert ("never ran" in finding.cause) == (expected == {"never_ran"}), finding.cause
         assert ("backward never reached" in finding.cause) == ("detached" in expected), finding.cause
         assert (f"does not use `{finding.name}` itself" in finding.cause) == (expected == {"unused"}), finding.cause
@@ -359,7 +359,7 @@ def test_audit_names_exactly_the_tensors_autograd_and_the_optimizer_leave_out(ca
         report = leafwatch.audit(case.given, case.optimizer, loss=loss if with_loss else None)
     _assert_matches_truth(report, truth, case.model)
     expected_reason = "unreachable" if with_loss else "unknown"
-    assert {f.details["reason"] for f in report.by_kind("missing_grad")} <= {expected_reason}, str(report)
+    assert {f.reason.name for f in report.by_kind("missing_grad")} <= {expected_reason}, str(report)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -358,7 +358,7 @@ def test_watch_of_a_tensor_that_refuses_hooks_warns_and_still_watches_it() -> No
     # The watch still reports: a step that leaves it out names it, a step that uses it does not.
     (torch.ones(2) * 3).sum()
     (finding,) = leafwatch.audit().findings
-    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "scale", "watched_unused")
+    assert (finding.kind, finding.name, finding.reason.name) == ("missing_grad", "scale", "watched_unused")
     (scale * 2).sum().backward()
     assert leafwatch.audit().findings == []
 
@@ -389,7 +389,7 @@ def test_a_freed_watched_non_leaf_and_its_graph_are_gone() -> None:
     leaf = torch.zeros(3, requires_grad=True)
     saved = torch.ones(3)  # saved by the multiplication for backward: alive while the graph is
     saved_ref = weakref.ref(saved)
-    with pytest.warns(leafwatch.LeafwatchWarning, match=r"'scaled' is not a leaf"):
+    with pytest.warns(leafwatch.LeafwatchWarning, match=r"`scaled` is not a leaf"):
         scaled = leafwatch.watch(leaf * saved, name="scaled")
     del saved
     gc.collect()
@@ -468,7 +468,7 @@ def test_a_missing_gradient_under_diagnosis_keeps_no_graph_alive() -> None:
         del x
     gc.collect()
     assert report.names("missing_grad") == {"early.weight", "early.bias"}
-    assert report.by_kind("missing_grad")[0].details["reason"] == "detached"
+    assert report.by_kind("missing_grad")[0].reason.name == "detached"
     assert [r() for r in refs] == [None, None, None]
     monitor.close()
 
@@ -647,14 +647,14 @@ def test_two_monitors_on_one_model_both_work_and_both_clean_up() -> None:
     model(torch.ones(3, 2)).sum().backward()
     report_first, report_second = first.check(), second.check()
     assert report_first.names("missing_grad") == {"spare.weight", "spare.bias"}
-    assert report_first.by_kind("missing_grad")[0].details["reason"] == "never_ran"
+    assert report_first.by_kind("missing_grad")[0].reason.name == "never_ran"
     assert report_second.names("missing_grad") == set()  # patience 2: not yet
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     first.close()
     report_second = _train_step(model, optimizer, second)
     assert report_second.names("missing_grad") == {"spare.weight", "spare.bias"}
-    assert report_second.by_kind("missing_grad")[0].details["reason"] == "never_ran"
+    assert report_second.by_kind("missing_grad")[0].reason.name == "never_ran"
     second.close()
     assert _hook_snapshot(model, [optimizer], list(model.parameters())) == before
 
@@ -700,7 +700,7 @@ def test_layers_added_mid_run_are_named_not_in_optimizer() -> None:
     assert report.names("not_in_optimizer") == {"2.weight", "2.bias"}
     (f,) = report.by_kind("not_in_optimizer")
     # Observed by the registration hooks, not guessed: when and where the layer appeared.
-    assert f.details["reason"] == "created_after_optimizer"
+    assert f.reason.name == "created_after_optimizer"
     assert f.cause == (f"`2` was created at test_reliability.py:{line} in "
                        "`test_layers_added_mid_run_are_named_not_in_optimizer`, after the optimizer was built: "
                        "the optimizer's parameter list was made before it existed.")
@@ -781,7 +781,7 @@ def test_a_branch_that_stops_running_mid_run_gets_its_cause_at_the_next_check() 
     late = reports[3].tensors("missing_grad")
     assert {f.name for f in late} == {"branch.weight", "branch.bias"}
     assert [f.name for f in reports[3].by_kind("missing_grad")] == ["branch"]
-    assert {(f.details["reason"], f.details["observed"]) for f in late} == {("intermittent", "never_ran")}
+    assert {(f.reason.name, f.reason.observed) for f in late} == {("intermittent", "never_ran")}
     assert "module `branch` never ran in this step's forward" in late[0].cause
     monitor.close()
 
@@ -843,7 +843,7 @@ def test_lazy_modules_created_before_the_first_forward_work() -> None:
         report = monitor.check()
     # The lazy layer that never ran stays uninitialized: it is named, without a shape.
     assert report.names("missing_grad") == {"2.weight", "2.bias"}
-    assert {f.details["reason"] for f in report} == {"never_ran"}
+    assert {f.reason.name for f in report} == {"never_ran"}
     assert {f.shape for f in report} == {None}
     monitor.close()
 
@@ -1045,7 +1045,7 @@ def test_checking_only_one_of_two_optimizers_keeps_the_diagnostic_records_bounde
         assert stats["diagnostic_records"] <= 3, step
         assert stats["diagnostic_inputs_kept"] <= 2 * 7 and stats["diagnostic_max_calls"] <= 2, step
     assert report.names("missing_grad") == {"generator.0.weight", "generator.0.bias"}
-    assert {f.details["reason"] for f in report.by_kind("missing_grad")} == {"detached"}
+    assert {f.reason.name for f in report.by_kind("missing_grad")} == {"detached"}
     monitor.close()
 
 

@@ -11,15 +11,17 @@ from torch import nn
 
 import leafwatch
 from leafwatch import KINDS, Finding, LeafwatchError, Report
+from leafwatch.report.reasons import Written
 from leafwatch.report.words import Remedy
 
 
 def _finding(kind: str = "missing_grad", name: str = "a.weight", severity: str = "error", **changes) -> Finding:
+    """A finding made by hand: its words written as they are (:class:`Written`), its fields as given."""
+    words = {"message": f"`{name}` got no gradient.", "cause": "it is cut by `a | b`", "fix": "use it"}
+    words.update({k: changes.pop(k) for k in ("message", "cause", "fix", "remedy") if k in changes})
     values = dict(
-        kind=kind, name=name, severity=severity, message=f"`{name}` got no gradient.",
-        cause="it is cut by `a | b`", fix="use it", step=3, first_step=1, last_step=3,
-        shape=(3, 2), dtype="float32", device="cpu", aliases=("tied.weight",),
-        details={"reason": "detached", "checks": 3},
+        kind=kind, name=name, severity=severity, reason=Written(**words), step=3, first_step=1, last_step=3,
+        shape=(3, 2), dtype="float32", device="cpu", aliases=("tied.weight",), details={"checks": 3},
     )
     values.update(changes)
     return Finding(**values)
@@ -203,12 +205,13 @@ def test_finding_line_is_short_severity_kind_name_when_and_fix():
     ("", None, None),
 ])
 def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(fix, remedy, mark):
-    """The mark is the remedy its renderer declared (:mod:`leafwatch.report.words`), never read off the
+    """The mark is the remedy its reason declared (:mod:`leafwatch.report.reasons`), never read off the
     fix's prose; a finding made by hand with a fix and no remedy is advice."""
     from leafwatch.report.format import finding_line
 
     f = _finding(fix=fix, remedy=remedy)
-    assert f.details.get("applicability") == mark and f.details["reason"] == "detached"
+    assert ((f.remedy.applicability if f.remedy else "words") if f.fix else None) == mark  # (no remedy: advice)
+    assert "applicability" not in f.details
     again = Finding.from_dict(json.loads(json.dumps(f.to_dict())))  # the record carries it
     assert (again.details, again.remedy) == (f.details, f.remedy)
     shown = {"code": "code", "words": "advice"}.get(mark)
@@ -220,13 +223,13 @@ def test_a_fix_is_marked_code_or_advice_in_the_line_the_table_and_the_markdown(f
     assert f"| ({shown}) " in Report([f]).to_markdown()
 
 
-def test_the_words_of_a_rendered_finding_are_never_changed_after_rendering():
+def test_a_finding_holds_no_words_so_none_can_be_changed():
     from leafwatch.detectors.loop import grad_cleared_all
 
     f = grad_cleared_all("optimizers[0]", ["w"], step=3)
-    assert (f.reason, f.remedy.applicability) == ("cleared", "words")
-    for change in ({"fix": "use it"}, {"message": "m"}, {"cause": "c"}, {"reason": "other"}, {"args": {}}):
-        with pytest.raises(TypeError, match="rendered once"):
+    assert (f.reason.name, f.remedy.applicability) == ("cleared", "words")
+    for change in ({"fix": "use it"}, {"message": "m"}, {"cause": "c"}, {"remedy": None}, {"args": {}}):
+        with pytest.raises(TypeError, match="has no field"):
             f.replace(**change)
     assert f.replace(step=4).fix == f.fix  # bookkeeping changes freely
 

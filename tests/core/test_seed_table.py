@@ -74,10 +74,10 @@ def test_audit_tensors_agrees_with_torch(name, requires_grad, ops, is_leaf, gets
     if t.is_leaf and not gets_grad:
         (finding,) = report.findings
         assert finding.kind == "missing_grad"
-        assert finding.details["reason"] == "requires_grad_false"
+        assert finding.reason.name == "requires_grad_false"
         assert "requires_grad" in finding.cause
         # The call is on the variable that holds the tensor (`t`), found by identity, not on its name.
-        assert "call `t.requires_grad_()`" in finding.fix and finding.details["applicability"] == "code"
+        assert "call `t.requires_grad_()`" in finding.fix and finding.remedy.applicability == "code"
 
 
 @pytest.mark.parametrize(("name", "requires_grad", "ops", "is_leaf", "gets_grad"), SEED_TABLE)
@@ -130,14 +130,14 @@ def test_copy_is_explained_as_a_dtype_conversion_naming_the_temporary_leaf():
 
 
 def test_watch_warning_explains_the_clone_at_the_callers_line():
-    with pytest.warns(LeafwatchWarning, match=r"'f' is not a leaf.*clone.*CloneBackward0") as record:
+    with pytest.warns(LeafwatchWarning, match=r"`f` is not a leaf.*clone.*CloneBackward0") as record:
         line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.tensor([1.0], requires_grad=True).clone(), name="f")
     assert (record[0].filename, record[0].lineno) == (__file__, line)
 
 
 def test_watch_warning_explains_the_copy_and_names_the_temporary_leaf():
-    with pytest.warns(LeafwatchWarning, match=r"'h' is not a leaf.*ToCopyBackward0.*unnamed temporary leaf.*\(shape \(1,\), float32, cpu\)") as record:
+    with pytest.warns(LeafwatchWarning, match=r"`h` is not a leaf.*ToCopyBackward0.*unnamed temporary leaf.*\(shape \(1,\), float32, cpu\)") as record:
         line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(_copy(torch.tensor([1.0], requires_grad=True)), name="h")
     assert (record[0].filename, record[0].lineno) == (__file__, line)

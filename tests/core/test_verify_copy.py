@@ -14,6 +14,7 @@ import pytest
 from leafwatch import Finding, Report
 from leafwatch.report import verify
 from leafwatch.report.patch import FilePatch, Patch
+from leafwatch.report.reasons import Written
 
 OLD = 1_000_000_000  # a modification time long before the run
 BIG = verify.LINK_OVER + 1
@@ -119,10 +120,10 @@ def test_pythonpath_folders_of_the_run_point_into_the_copy(source: Path, tmp_pat
 def _mistake(kind: str, name: str, *members: str, severity: str = "error", reason: str = "r", first: int = 1,
              decided: int | None = None) -> Finding:
     details = {"decided_step": decided} if decided is not None else {}
-    tensors = tuple(Finding(kind=kind, name=m, severity=severity, message="m", first_step=first, details=details)  # type: ignore[arg-type]
-                    for m in members)
-    return Finding(kind=kind, name=name, severity=severity, message="m", first_step=first, members=tensors,  # type: ignore[arg-type]
-                   reason=reason, details=details)
+    tensors = tuple(Finding(kind=kind, name=m, severity=severity, reason=Written(message="m", name=reason),  # type: ignore[arg-type]
+                            first_step=first, details=details) for m in members)
+    return Finding(kind=kind, name=name, severity=severity, reason=Written(message="m", name=reason),  # type: ignore[arg-type]
+                   first_step=first, members=tensors, details=details)
 
 
 def test_a_mistake_is_matched_by_its_tensors_when_its_name_changes_with_its_members() -> None:

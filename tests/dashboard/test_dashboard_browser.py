@@ -204,7 +204,7 @@ _INTERACT = """(async () => {
   const choose = (id, value) => { const s = document.getElementById(id); s.value = value; s.dispatchEvent(new Event("change")); };
   await until(() => document.querySelector('.row[data-name="unused.weight"]'));
   const out = { findings: findings() };
-  const members = document.querySelector('tr.finding[data-name^=".detach() at"] details.members');
+  const members = document.querySelector('tr.finding[data-name="encoder"] details.members');
   out.collapsed = !members.open && !members.querySelector("ul").checkVisibility();
   members.querySelector("summary").click();
   await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
@@ -478,7 +478,7 @@ def test_the_tab_lists_findings_in_the_clis_order_with_at_start_and_ignore_reaso
     assert out["steps"]["unused"] == "1\u20133"
     assert out["causes"]["kept"].startswith("ignored: kept for later")
     # Each fix shows what it is, as the console says it ("fix (code):" / "fix (advice):").
-    marks = {f.name: {"code": "code", "words": "advice"}[f.details["applicability"]] for f in cli.report if f.fix}
+    marks = {f.name: {"code": "code", "words": "advice"}[f.remedy.applicability] for f in cli.report if f.fix}
     assert out["marks"] == {name: marks.get(name) for name in out["marks"]}
     assert set(marks.values()) == {"code", "advice"}
 

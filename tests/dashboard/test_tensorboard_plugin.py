@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from _tensorboard_runs import (
     BUGGY_CUT,
+    BUGGY_CUT_AT,
     REPO_ROOT,
     get_json,
     tensorboard_server,
@@ -208,7 +209,8 @@ def test_findings_route_returns_the_latest_report_open_errors_first(server: str)
     assert {n for n, f in tensors.items() if f["status"] == "intermittent"} == ROUTED
     assert {m["name"] for m in by_name["unused"]["members"]} == UNUSED
     assert "never ran" in by_name["unused"]["cause"]
-    assert by_name[BUGGY_CUT]["cause"].startswith(f"cut by `.detach()` at {BUGGY_CUT.split(' at ')[1]}")
+    assert by_name[BUGGY_CUT]["cause"].startswith(f"cut by `.detach()` at {BUGGY_CUT_AT}")
+    assert by_name[BUGGY_CUT]["details"]["location"] == f"cut by `.detach()` at {BUGGY_CUT_AT}"  # shown beside the name
     assert by_name["unused"]["fix"].startswith("call `unused` in forward()")
     assert (by_name["unused"]["first_step"], by_name["unused"]["last_step"]) == (1, 12)
     statuses = [f["status"] for f in findings]

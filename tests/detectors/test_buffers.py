@@ -50,7 +50,7 @@ def test_buffers_handed_to_the_optimizer_with_the_parameters_are_information_nam
     assert (f.kind, f.name, f.severity) == ("frozen_in_optimizer", "opt", "info")  # named by what holds them
     assert report.names("frozen_in_optimizer") == {"actor.action_low", "actor.action_high"}
     for member in f.members:
-        assert member.details["reason"] == "buffer"
+        assert member.reason.name == "buffer"
         assert "is a registered buffer, handed to the optimizer with the parameters" in member.cause
         assert "requires_grad" not in member.fix  # the bounds must not become trainable
 
@@ -73,7 +73,7 @@ def test_a_buffer_that_requires_grad_in_no_optimizer_is_an_error_whose_fix_regis
     report = _train(model, opt, lambda x: model(x).sum())
     (f,) = report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "log_temperature", "error")
-    assert (f.details["reason"], f.details["applicability"]) == ("buffer_requires_grad", "words")
+    assert (f.reason.name, f.remedy.applicability) == ("buffer_requires_grad", "words")
     assert "is a buffer registered with `requires_grad=True`" in f.cause
     assert f.fix.startswith("make `log_temperature` a parameter where the module registers it: pass the same "
                             "tensor, wrapped in `nn.Parameter`, to `self.register_parameter` in place of "
@@ -122,7 +122,7 @@ def test_a_buffer_the_users_forward_switches_on_and_uses_as_a_scale_stays_an_err
     model = LossStart(as_scale=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     (f,) = _train(model, opt, model, steps=4).findings
-    assert (f.kind, f.name, f.severity, f.details["reason"]) == ("not_in_optimizer", "zero", "error", "buffer_switched_on")
+    assert (f.kind, f.name, f.severity, f.reason.name) == ("not_in_optimizer", "zero", "error", "buffer_switched_on")
     line = LossStart.forward.__code__.co_firstlineno + 3
     assert f.cause.startswith(f"`zero` is a registered buffer that your forward switches to `requires_grad` "
                               f"(`requires_grad_()` at test_buffers.py:{line} (in `LossStart.forward`))")

@@ -86,7 +86,7 @@ def test_monitor_reports_a_non_leaf_from_tensors_with_its_cause():
     model = nn.Linear(3, 1)
     scale = (torch.randn(1, requires_grad=True) * 0.01)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.warns(LeafwatchWarning, match="'scale' is not a leaf") as record:
+    with pytest.warns(LeafwatchWarning, match="`scale` is not a leaf") as record:
         monitor = leafwatch.Monitor(model, opt, tensors={"scale": scale})
     assert record[0].filename == __file__
     (model(torch.randn(4, 3)) * scale).sum().backward()
@@ -156,7 +156,7 @@ def test_monitor_explains_a_missing_gradient(model_cls, names, reason, words):
     for f in missing:
         assert f.severity == "error"
         # what was observed; a no_grad miss that did not change between checks is then confirmed: no target
-        assert (f.details["reason"], f.details.get("observed", reason)) == (
+        assert (f.reason.name, f.reason.observed) == (
             "not_a_target" if reason == "grad_disabled" else reason, reason)
         assert words in f.cause
         assert f.fix
@@ -203,7 +203,7 @@ def test_monitor_explains_a_parameter_used_through_data():
     report = _monitor_step(DataModel())
     (finding,) = _only(report, "missing_grad")
     assert finding.name == "scale.weight"
-    assert finding.details["reason"] == "data_access"
+    assert finding.reason.name == "data_access"
     assert "`.data`" in finding.cause
     assert "not `weight.data`" in finding.fix
 
@@ -217,7 +217,7 @@ def test_audit_with_loss_tells_unreachable_parameters():
     report = leafwatch.audit(model, opt, loss=loss)
     assert report.names("missing_grad") == {"a.weight", "a.bias"}
     for f in report.by_kind("missing_grad"):
-        assert f.details["reason"] == "unreachable"
+        assert f.reason.name == "unreachable"
         assert "not reachable from the loss" in f.cause
 
 
@@ -229,7 +229,7 @@ def test_audit_with_loss_never_advises_deleting_a_tensor_the_forward_may_use():
     loss = model(torch.randn(4, 3)).sum()
     loss.backward()
     (finding,) = leafwatch.audit(model, opt, loss=loss).by_kind("missing_grad")
-    assert (finding.name, finding.details["reason"]) == ("a", "unreachable")
+    assert (finding.name, finding.reason.name) == ("a", "unreachable")
     assert "delete" not in finding.fix
     assert "if the forward uses each of `a.{bias,weight}`, keep its output in the graph: no `.detach()`" in finding.fix
 
@@ -252,7 +252,7 @@ def test_audit_with_loss_before_backward_says_not_backpropagated():
     loss = model(torch.randn(4, 3)).sum()
     report = leafwatch.audit(model, opt, loss=loss)
     assert report.names("missing_grad") == {"a.weight", "a.bias", "b.weight", "b.bias"}
-    assert {f.details["reason"] for f in report} == {"not_backpropagated"}
+    assert {f.reason.name for f in report} == {"not_backpropagated"}
 
 
 def test_audit_without_loss_says_the_cause_is_unknown_and_how_to_learn_it():
@@ -262,7 +262,7 @@ def test_audit_without_loss_says_the_cause_is_unknown_and_how_to_learn_it():
     report = leafwatch.audit(model, opt)
     assert report.names("missing_grad") == {"extra.weight", "extra.bias"}
     for f in report.by_kind("missing_grad"):
-        assert f.details["reason"] == "unknown"
+        assert f.reason.name == "unknown"
         assert f.cause == UNKNOWN_CAUSE
         assert "leafwatch.Monitor(model, optimizer)" in f.cause and "loss=" in f.cause
 
@@ -471,7 +471,8 @@ def test_plain_tensor_without_requires_grad_in_the_optimizer_is_an_error():
     (model(torch.randn(4, 3)) + bias).sum().backward()
     (finding,) = leafwatch.audit(model, opt).findings
     assert (finding.kind, finding.severity) == ("frozen_in_optimizer", "error")
-    assert finding.name == "optimizers[0] tensor of shape (1,)"
+    assert finding.name == "the tensor of shape (1,) at index 4"  # no variable: described in words, not as code
+    assert finding.message.startswith("optimizer 0 holds the tensor of shape (1,) at index 4, which does not require")
     assert "without `requires_grad=True`" in finding.cause
 
 
@@ -586,7 +587,7 @@ def test_float64_parameter_in_a_float32_model_is_a_mismatch():
 
 # -- watch() -----------------------------------------------------------------------------------------------
 def test_watch_warns_at_once_at_the_callers_line():
-    with pytest.warns(LeafwatchWarning, match="'w' is not a leaf") as record:
+    with pytest.warns(LeafwatchWarning, match="`w` is not a leaf") as record:
         line = inspect.currentframe().f_lineno + 1
         leafwatch.watch(torch.randn(3, requires_grad=True) * 0.01, name="w")
     assert (record[0].filename, record[0].lineno) == (__file__, line)
@@ -598,7 +599,7 @@ def test_watch_reports_a_leaf_that_got_no_gradient():
     (used * 2).sum().backward()
     (finding,) = leafwatch.audit().findings
     assert (finding.kind, finding.name) == ("missing_grad", "unused")
-    assert finding.details["reason"] == "watched_unused"
+    assert finding.reason.name == "watched_unused"
     assert "not used in the computation of the loss" in finding.cause
     del unused
 
@@ -732,7 +733,7 @@ def test_tied_weight_missing_a_gradient_is_one_monitor_finding_with_its_alias():
     report = _monitor_step(model, x=torch.tensor([0, 1]))
     (finding,) = _only(report, "missing_grad")
     assert (finding.name, finding.aliases) == ("embed.weight", ("decoder.weight",))
-    assert finding.details["reason"] == "detached"
+    assert finding.reason.name == "detached"
 
 
 def test_ignore_matches_a_tied_weight_by_its_alias():
@@ -766,7 +767,7 @@ def test_monitor_explains_a_gradient_lost_after_the_first_step():
         for _ in range(4):
             opt.zero_grad(set_to_none=True)
             model(torch.randn(4, 3)).sum().backward()
-            reasons.append({(f.details["reason"], f.details["observed"]) for f in monitor.check().by_kind("missing_grad")})
+            reasons.append({(f.reason.name, f.reason.observed) for f in monitor.check().by_kind("missing_grad")})
     # Hooks are armed on `a` when it first misses; the next step says why (it got gradients before: intermittent).
     assert reasons == [set(), set(), {("intermittent", "pending")}, {("intermittent", "detached")}]
     finding = monitor.history[("missing_grad", "a.weight")]
@@ -786,7 +787,7 @@ def test_monitor_created_after_the_forward_does_not_guess_the_cause():
     # The first check saw no forward: the missing gradient is held, not worded, until a traced step says why.
     assert first.by_kind("missing_grad") == [] and first.findings == []
     assert "never ran" not in str(first)
-    assert {f.details["reason"] for f in second.by_kind("missing_grad")} == {"detached"}
+    assert {f.reason.name for f in second.by_kind("missing_grad")} == {"detached"}
     assert second.names("missing_grad") == {"a.weight", "a.bias"}
 
 
@@ -850,7 +851,7 @@ def test_intermittent_parameter_that_stops_getting_gradients_is_reported_again()
     assert statuses[-1] == ("open", "warning")
     finding = monitor.report.by_kind("missing_grad")[0]
     assert f"none in {STALLED_AFTER} or more checks in a row: it stopped training" in finding.message
-    assert (finding.details["reason"], finding.details["observed"]) == ("stalled", "detached")
+    assert (finding.reason.name, finding.reason.observed) == ("stalled", "detached")
     assert "cut by `.detach()`" in finding.cause
 
 
@@ -910,7 +911,7 @@ def test_module_returning_a_dataclass_is_traced_into():
     report = _monitor_step(WrappedOutput(EncoderOutput))
     (finding,) = report.by_kind("missing_grad")
     assert finding.name == "encoder.weight"
-    assert finding.details["reason"] == "detached"
+    assert finding.reason.name == "detached"
     assert f"cut by `.detach()` at test_bug_classes.py:{WrappedOutput.forward.__code__.co_firstlineno + 1}" \
         in finding.cause
 
@@ -920,7 +921,7 @@ def test_module_returning_an_opaque_object_is_not_blamed_for_data_access():
     (finding,) = report.by_kind("missing_grad")
     assert finding.name == "encoder.weight"
     # The module hooks cannot look into the output, but the recorder saw the `.detach()` after it.
-    assert finding.details["reason"] == "detached"
+    assert finding.reason.name == "detached"
     assert f"cut by `.detach()` at test_bug_classes.py:{WrappedOutput.forward.__code__.co_firstlineno + 1}" \
         in finding.cause
     assert ".data" not in finding.cause
@@ -955,7 +956,7 @@ def test_module_returning_its_own_parameter_gets_no_lasting_hook():
             report = monitor.check()
     (finding,) = report.by_kind("missing_grad")
     assert finding.name == "positions.weight"
-    assert finding.details["reason"] == "detached"
+    assert finding.reason.name == "detached"
     assert not model.positions.weight._backward_hooks, "no hook left on the parameter"
 
 

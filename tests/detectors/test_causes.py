@@ -40,7 +40,7 @@ def test_an_output_nothing_uses_is_told_from_a_cut() -> None:
     assert report.names() == {"pooler.weight", "pooler.bias"}
     assert [f.name for f in report] == ["pooler"]  # one module computed and ignored: one mistake
     for f in report.tensors():
-        assert (f.kind, f.details["reason"]) == ("missing_grad", "unused_output")
+        assert (f.kind, f.reason.name) == ("missing_grad", "unused_output")
         # The recorder watched the forward and saw no cut: said as seen, with no guess stated as fact.
         assert "No op that cuts a graph" in f.cause and "Most likely" not in f.cause
         assert "nothing in the loss uses it" in f.cause and "between `pooler` and `head`" in f.cause
@@ -71,7 +71,7 @@ def test_a_rewrap_of_an_output_is_named_at_its_line() -> None:
     assert report.names() == {"a.weight", "a.bias"}
     at = _line_of(ListRewrap.forward, ".tolist()")
     for f in report:
-        assert f.details["reason"] == "rewrapped"
+        assert f.reason.name == "rewrapped"
         assert f"cut by `.tolist()` at {at} (in `ListRewrap.forward`)" in f.cause
         assert f.details["group"] == f".tolist() at {at}"
         assert f"keep the values a tensor at {at}" in f.fix
@@ -91,7 +91,7 @@ def test_a_parameter_used_through_a_rewrap_names_the_rewrap() -> None:
     model = nn.Sequential(nn.Linear(3, 3), Scaler(), nn.Linear(3, 1))
     report = _monitor_step(model)
     (finding,) = report
-    assert (finding.kind, finding.name, finding.details["reason"]) == ("missing_grad", "1.scale", "rewrapped")
+    assert (finding.kind, finding.name, finding.reason.name) == ("missing_grad", "1.scale", "rewrapped")
     at = _line_of(Scaler.forward, ".tolist()")
     assert f"cut by `.tolist()` at {at} (in `Scaler.forward`)" in finding.cause
     assert finding.details["group"] == f".tolist() at {at}"
@@ -113,13 +113,13 @@ def test_a_parameter_unfrozen_after_the_optimizer_was_built_is_told_from_one_lef
     assert report.names("not_in_optimizer") == {"0.weight", "0.bias"}
     assert [f.name for f in report.by_kind("not_in_optimizer")] == ["0"]  # one layer unfrozen: one mistake
     for f in report.tensors("not_in_optimizer"):
-        assert f.details["reason"] == "unfrozen_after"
+        assert f.reason.name == "unfrozen_after"
         assert "unfrozen after it" in f.cause
         # the user's optimizer and the user's tensor, valid code (no Lightning helper outside Lightning)
         assert f'`opt.add_param_group({{"params": [model[0].{f.name.split(".")[-1]}]}})`' in f.fix
         assert "your `SGD`" in f.fix
     left_out = leafwatch.audit(model, opt).by_kind("not_in_optimizer")[0]
-    assert left_out.details["reason"] == "left_out"
+    assert left_out.reason.name == "left_out"
     assert "left out when the optimizer's parameter list was built" in left_out.cause
 
 
@@ -197,7 +197,7 @@ def test_a_module_run_inside_a_custom_function_not_given_its_parameters_names_th
     report = _monitor_step(InsideFunction())
     (f,) = report.findings  # `weight`, given to `_Linear.apply`, trains: no finding
     assert report.names() == {"inner.weight", "inner.bias"}
-    assert (f.kind, f.details["reason"]) == ("missing_grad", "inside_function")
+    assert (f.kind, f.reason.name) == ("missing_grad", "inside_function")
     at = _line_of(InsideFunction.forward, "# applied here")
     assert f.cause == (f"`inner` ran only inside the forward of the custom autograd.Function `_StraightThrough` "
                        f"(applied at {at}). torch runs a Function's forward without autograd and sends gradients "
@@ -238,8 +238,8 @@ class InsideGradOnFunction(nn.Module):
 
 
 def _assert_inside_grad_on_function(f, at: str) -> None:
-    assert (f.kind, f.details["reason"]) == ("missing_grad", "inside_function")
-    assert f.name == f"inside `_RecomputedGrad` at {at}"
+    assert (f.kind, f.reason.name) == ("missing_grad", "inside_function")
+    assert (f.name, f.details["location"]) == ("inner", f"inside `_RecomputedGrad` at {at}")
     assert f.cause == (f"`inner` ran only inside the forward of the custom autograd.Function `_RecomputedGrad` "
                        f"(applied at {at}). It ran there under `torch.enable_grad()`, but the graph it built ends "
                        "inside that forward: what `_RecomputedGrad` returns carries only its own backward node, and "

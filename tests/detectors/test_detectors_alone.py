@@ -12,13 +12,14 @@ import torch
 from torch import nn
 
 from leafwatch.detectors import dead, loop, structure, watched
-from leafwatch.detectors.causes import Explanation
+from leafwatch.detectors.causes import Explanation, GradDisabled
 from leafwatch.report.findings import Finding
 from leafwatch.detectors.dead import dead_grad
 from leafwatch.detectors import gradients, held
 from leafwatch.report.findings import Kind, Status, Waiting
 from leafwatch.observe.changes import HandUpdates
 from leafwatch.report.history import FindingHistory, FindingsView
+from leafwatch.report.reasons import Written
 from leafwatch.observe.inventory import Inventory, ParamInfo
 from leafwatch.options import WarnOnce
 from leafwatch.detectors.pipeline import Part, Pipeline
@@ -28,14 +29,17 @@ from leafwatch.report.verdicts import Action, Verdict
 from leafwatch.watching import WatchSet, add_watch
 
 
-def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, **details) -> Finding:
-    """A finding made by hand (no renderer): these tests are about verdicts, not words."""
-    return Finding.new(kind, name, severity, message, cause, fix, **details)
+def make(kind: str, name: str, severity: str, message: str, cause: str, fix: str, *, step: int | None = None,
+         reason: str = "", **details) -> Finding:
+    """A finding made by hand (its words written as they are, under the word ``reason``): these tests are about
+    verdicts, not words."""
+    return Finding(kind, name, severity, Written(message=message, cause=cause, fix=fix, name=reason), step=step,
+                   first_step=step, last_step=step, details=details)
 
 
 def _ran_under_no_grad(name: str):
     """How the gradient detector makes the miss of a module run under no_grad (its words rendered)."""
-    return lambda: gradients.missing_grad(name, torch.ones(1), step=1, explanation=Explanation("grad_disabled", {}))
+    return lambda: gradients.missing_grad(name, torch.ones(1), step=1, explanation=Explanation(GradDisabled()))
 
 
 def _actions(verdicts: list[Verdict]) -> list[tuple[str, str, str]]:
@@ -278,7 +282,7 @@ def test_a_no_grad_miss_that_never_changes_is_confirmed_saying_so() -> None:
     held.target(state, frozen, "enc.weight", None, None, 1, made)
     verdicts = held.target(state, frozen, "enc.weight", None, None, 2, made)
     assert _actions(verdicts) == [("hold", "missing_grad", "enc.weight"), ("confirm", "missing_grad", "enc.weight")]
-    assert verdicts[1].finding.reason == "not_a_target" and "ran with gradients disabled" in verdicts[1].finding.cause
+    assert verdicts[1].finding.reason.name == "not_a_target" and "ran with gradients disabled" in verdicts[1].finding.cause
     assert "did not change between checks" in verdicts[1].finding.cause
 
 

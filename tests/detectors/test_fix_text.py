@@ -71,7 +71,7 @@ def test_sgd_with_hand_built_groups_gets_add_param_group_on_its_own_variable_nev
         assert "your `SGD`, its groups as they are" in finding.fix
         assert "takes `opt`'s defaults (lr, weight decay, ...)" in finding.fix
         assert "AdamW" not in finding.fix and "model.parameters()" not in finding.fix
-        assert finding.details["applicability"] == "code"  # pasted as it is
+        assert finding.remedy.applicability == "code"  # pasted as it is
         assert_valid_snippets(finding.fix)
 
 
@@ -93,7 +93,7 @@ def test_an_optimizer_no_variable_holds_is_your_optimizer_in_words() -> None:
     (finding,) = report.by_kind("not_in_optimizer")
     assert "add it to your optimizer: call its `add_param_group` with `{\"params\": [model.scale]}`" in finding.fix
     assert "the optimizer's defaults" in finding.fix
-    assert finding.details["applicability"] == "words"  # whose `add_param_group` is for the user to say
+    assert finding.remedy.applicability == "words"  # whose `add_param_group` is for the user to say
     assert_valid_snippets(finding.fix)
 
 
@@ -109,7 +109,7 @@ def test_a_model_no_variable_holds_is_your_tensor_in_words_and_no_code_is_made_u
     (finding,) = report.by_kind("not_in_optimizer")
     assert "add your tensor to your optimizer" in finding.fix
     assert "[scale]" not in finding.fix and "pair" not in finding.fix  # `scale` is no variable of the user's
-    assert finding.details["applicability"] == "words"
+    assert finding.remedy.applicability == "words"
     for s in snippets(finding.fix):
         compile(s, "<fix>", "exec")
 
@@ -142,7 +142,7 @@ def test_a_module_that_never_ran_is_named_as_the_user_assigned_it() -> None:
     mistakes = {f.name: f for f in report.by_kind("missing_grad")}  # one per module the user assigned
     assert set(mistakes) == {"encoder", "layers.2"}
     assert mistakes["encoder"].fix.startswith("call `encoder` in forward()")
-    assert mistakes["encoder"].details["applicability"] == "words"  # where in forward() is the user's to say
+    assert mistakes["encoder"].remedy.applicability == "words"  # where in forward() is the user's to say
     for name in ("encoder.0.weight", "encoder.2.bias"):
         # `self.encoder` is what forward() must call, not its first layer
         assert by_name[name].fix.startswith("call `encoder` in forward()"), by_name[name].fix
@@ -202,7 +202,7 @@ def test_a_watched_non_leaf_gets_its_own_assignment_back_with_grad_asked_for_las
     assert ("`temperature = leafwatch.watch(torch.ones(1).to(torch.float64).requires_grad_(), "
             "name='temperature')`") in finding.fix
     assert "`dtype=torch.float64`" in finding.fix
-    assert finding.details["applicability"] == "code"
+    assert finding.remedy.applicability == "code"
     assert_valid_snippets(finding.fix)
 
 
@@ -221,7 +221,7 @@ def test_a_plain_list_is_registered_with_the_right_hand_side_the_class_wrote() -
     (finding, *_) = leafwatch.audit(Blocks()).by_kind("orphan_tensor")
     assert finding.fix == ("register the container where it is assigned: "
                            "`self.blocks = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])`")
-    assert finding.details["applicability"] == "code"
+    assert finding.remedy.applicability == "code"
     assert_valid_snippets(finding.fix)
 
 
@@ -279,7 +279,7 @@ def test_gradients_cleared_before_the_step_name_the_users_optimizer() -> None:
         opt.step()
     (finding,) = monitor.close().by_kind("grad_cleared")
     assert finding.fix == "call `opt.zero_grad()` before the forward pass (or right after `opt.step()`)"
-    assert finding.details["applicability"] == "code"
+    assert finding.remedy.applicability == "code"
     assert_valid_snippets(finding.fix)
 
 

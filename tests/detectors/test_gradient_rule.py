@@ -135,7 +135,7 @@ def test_a_whole_root_module_outside_every_optimizer_is_a_warning_naming_both_fi
     # Both fixes, in the user's names: the optimizer it was forgotten from, or freezing it.
     add = 'opt.add_param_group({"params": critic.parameters()})'
     assert f"`{add}`" in finding.fix and "`critic.requires_grad_(False)`" in finding.fix
-    assert finding.details["applicability"] == "code"
+    assert finding.remedy.applicability == "code"
     exec(add, {"opt": opt, "critic": critic})  # pasted: the critic trains from the next step on
     with leafwatch.Monitor(roots={"net": net, "critic": critic}, optimizers=opt, verbose=False) as monitor:
         for _ in range(2):

@@ -225,7 +225,7 @@ def test_last_layer_gradients_cancelled_during_the_first_epoch_are_information(s
     assert "resumes later" in finding.cause
     (resolved,) = report.by_kind("grad_cleared")
     assert resolved.status == "resolved" and "has trained since" in resolved.message
-    assert (resolved.details["reason"], resolved.details["observed"]) == ("clearing_ended", "cleared_on_purpose")
+    assert (resolved.reason.name, resolved.reason.observed) == ("clearing_ended", "cleared_on_purpose")
     assert not report.by_kind("missing_grad")
 
 

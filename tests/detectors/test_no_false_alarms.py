@@ -439,7 +439,7 @@ def test_lazy_modules_before_and_after_their_first_forward():
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = leafwatch.audit(model, opt)  # before any backward: one finding says so
     (nothing,) = before.by_kind("missing_grad")
-    assert nothing.name == "<every trainable parameter>" and nothing.details["reason"] == "no_grad_at_all"
+    assert nothing.name == "<every trainable parameter>" and nothing.reason.name == "no_grad_at_all"
     assert set(nothing.aliases) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert {f.shape for f in before} == {None}
     model.extra = nn.LazyLinear(2)  # never materialized, not in the optimizer, no gradient: no finding

@@ -148,11 +148,12 @@ def test_a_cut_seen_in_the_forward_is_named_at_its_line(model_cls, op, marker, r
     at = _at(marker)
     missing = report.tensors("missing_grad")
     assert {f.name for f in missing} == {"a.weight", "a.bias"}
-    # One cut, one mistake named by it, its two tensors listed.
-    assert [(f.name, f.names) for f in report] == [(f"{op.strip('`')} at {at}", ("a.bias", "a.weight"))]
+    # One cut, one mistake, named by the module that holds its two tensors, the cut said as its location.
+    assert [(f.name, f.details["location"], f.names) for f in report] == [("a", f"cut by {op} at {at}",
+                                                                          ("a.bias", "a.weight"))]
     for f in missing:
         assert f.cause.startswith(f"cut by {op} at {at} (in `{model_cls.__name__}.middle`)"), f.cause
-        assert f.details["reason"] == reason
+        assert f.reason.name == reason
         assert f.details["group"] == f"{op.strip('`')} at {at}"
         assert fix.format(at=at) in f.fix, f.fix
 
@@ -194,7 +195,7 @@ class ScaledByItsData(nn.Module):
 def test_a_parameter_cut_itself_gets_the_fix_on_its_attribute() -> None:
     (finding,) = _one_step(ScaledByItsData()).tensors("missing_grad")
     at = _at("param_data")
-    assert (finding.name, finding.details["reason"]) == ("scale", "data_access")
+    assert (finding.name, finding.reason.name) == ("scale", "data_access")
     assert finding.cause.startswith(f"cut by `.data` at {at} (in `ScaledByItsData.forward`)")
     assert f"use `scale` itself, not `scale.data`, at {at}" in finding.fix
 
@@ -370,7 +371,9 @@ def test_a_detach_between_a_gpt2_and_its_head_is_one_mistake_at_the_users_line()
         assert f.cause.startswith(f"cut by `.detach()` at {at} (in `DetachedLMHead.forward`)"), f.cause
     # One mistake, one finding, at the user's line; its fix names that line.
     (mistake,) = report.open
-    assert (mistake.kind, mistake.name, len(mistake.members)) == ("missing_grad", f".detach() at {at}", len(missing))
+    assert (mistake.kind, mistake.details["location"], len(mistake.members)) == (
+        "missing_grad", f"cut by `.detach()` at {at}", len(missing))
+    assert mistake.name == "gpt.transformer"  # the module that holds them all: a path, never the place of the cut
     assert f"`.detach()` at {at}" in mistake.fix
 
 
@@ -447,7 +450,7 @@ def test_integer_indices_are_a_cut_that_says_no_op_carries_a_gradient_through_in
     by_name = {f.name: f for f in report.findings}
     assert set(by_name) == {"offset", "shift"}
     offset, shift = by_name["offset"], by_name["shift"]
-    assert (offset.kind, offset.details["reason"]) == ("missing_grad", "integer_cut")
+    assert (offset.kind, offset.reason.name) == ("missing_grad", "integer_cut")
     assert offset.cause == (
         f"cut by `.long()` at {_at('long')} (in `IntegerIndices.forward`): the values computed from it (rounded on "
         "the way: `round()`, whose gradient is zero) become integers (`torch.int64`) there, such as pixel indices or "
@@ -456,7 +459,7 @@ def test_integer_indices_are_a_cut_that_says_no_op_carries_a_gradient_through_in
     assert offset.fix.startswith("no torch op carries a gradient through integers: to learn `offset`, let it act "
                                  "through float values, by a differentiable resampling")
     # a float rewrap keeps its words: torch ops on the tensor itself would keep the graph
-    assert (shift.kind, shift.details["reason"]) == ("missing_grad", "rewrapped")
+    assert (shift.kind, shift.reason.name) == ("missing_grad", "rewrapped")
     assert shift.cause.startswith(f"cut by `.tolist()` at {_at('float rewrap')}")
     assert "use torch ops on the tensor itself" in shift.fix
 

@@ -259,7 +259,7 @@ def test_attach_names_a_free_module_the_loss_uses_and_its_fix_pastes() -> None:
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "head", "warning")
     assert report.names("not_in_optimizer") == {"head.weight", "head.bias"}
     assert f.cause.startswith("no optimizer holds `head` (none of its tensors)")
-    assert (f.details["reason"], f.details["applicability"]) == ("root_outside", "code")
+    assert (f.reason.name, f.remedy.applicability) == ("root_outside", "code")
     code = 'opt.add_param_group({"params": head.parameters()})'
     assert f"`{code}`" in f.fix and "`head.requires_grad_(False)`" in f.fix
     exec(code, {"opt": opt, "head": head})  # pasted in the training loop's scope
@@ -325,4 +325,4 @@ def test_a_gradient_declaration_applies_to_the_declared_modules_own_parameters_o
         sharding.declare_gradients(m1, None)
     assert report.names("missing_grad") == {"m2.head.weight", "m2.head.bias"}
     (sharded,) = [f for f in report.tensors("missing_grad") if f.status == "ignored"]
-    assert (sharded.reason, sharded.details["parameters"]) == ("sharded_gradients", 2)
+    assert (sharded.reason.name, sharded.details["parameters"]) == ("sharded_gradients", 2)

@@ -103,7 +103,7 @@ def test_a_head_replaced_by_a_bigger_one_is_one_stale_optimizer_whose_fix_gives_
     monitor = leafwatch.Monitor(model, opt, verbose=False)
     (f,) = _step(model, opt, monitor).open
     assert (f.kind, f.name, f.severity) == ("stale_param", "optimizers[0]", "error")
-    assert {(m.name, m.details["reason"]) for m in f.members} == {
+    assert {(m.name, m.reason.name) for m in f.members} == {
         (f"fc.{i}.{w}", "module_replaced") for i in (0, 2) for w in ("weight", "bias")}
     assert f.cause.startswith("`model.fc` was replaced after the optimizer was built by a module with other tensors")
     (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
@@ -278,14 +278,14 @@ def test_a_model_converted_after_its_optimizer_was_built_is_one_stale_optimizer_
     assert (stale.kind, stale.name, stale.severity) == ("stale_param", "optimizers[0]", "error")
     new = {f"conv{i}.{t}.{w}" for i in (1, 2) for t in EDGE_TYPES for w in ("weight", "bias")}
     assert {m.name for m in stale.members} == new
-    assert {(m.severity, m.details["reason"]) for m in stale.members} == {("error", "module_replaced")}
+    assert {(m.severity, m.reason.name) for m in stale.members} == {("error", "module_replaced")}
     assert stale.message.endswith(" is in no optimizer and never changes: optimizer 0 still holds the old tensors "
                                   "of `model`.")
     assert stale.cause.startswith("`model` was replaced after the optimizer was built by a module with other tensors "
                                   "(a conversion such as `to_hetero`")
     assert stale.fix.startswith("add the new parameters to `opt` (your `Adam`, its groups as they are): ")
     assert stale.fix.endswith("; or rebuild `opt` after the last change to the model, with the same class and groups")
-    assert (fixed.kind, fixed.name, fixed.severity, fixed.details["reason"]) == (
+    assert (fixed.kind, fixed.name, fixed.severity, fixed.reason.name) == (
         "not_in_optimizer", "perceptual", "warning", "root_outside")
     assert "`perceptual.requires_grad_(False)`" in fixed.fix
     (code,) = [c for c in fixes.code_spans(stale.fix) if "add_param_group" in c]

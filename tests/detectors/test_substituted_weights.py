@@ -26,7 +26,7 @@ def test_a_module_called_with_other_weights_says_they_were_swapped_in_not_that_t
     assert report.names("missing_grad") == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert all(w.grad is not None for w in weights.values())  # the swapped-in copies got them
     for f in report.tensors("missing_grad"):
-        assert (f.details["reason"], f.details["applicability"]) == ("substituted_weights", "words"), f
+        assert (f.reason.name, f.remedy.applicability) == ("substituted_weights", "words"), f
         assert "forward ran with other tensors in place of its registered parameters" in f.cause
         assert "`torch.func.functional_call`" in f.cause
         assert "in forward()" not in f.fix and "nothing in the forward" in f.fix

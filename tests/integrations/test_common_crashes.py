@@ -23,7 +23,7 @@ from torch import nn
 
 import leafwatch
 from leafwatch.observe import excepthook
-from leafwatch.report.words import Members, render
+from leafwatch.report.findings import Finding
 
 pytestmark = pytest.mark.xdist_group("common_crashes")  # the runs are shared by the tests of this module
 
@@ -128,7 +128,7 @@ PATTERNS = {
             "`@torch.no_grad()`"), ("model",)),
     "two non-leaves": Pattern(
         "crash_two_non_leaves.py", "ValueError: can't optimize a non-leaf Tensor",
-        ("non_leaf", "SGD at crash_two_non_leaves.py:12", "optimized_non_leaf"), (
+        ("non_leaf", "{W1,W2}", "optimized_non_leaf"), (
             "leafwatch: `W1` (assigned at crash_two_non_leaves.py:8) and `W2` (assigned at crash_two_non_leaves.py:10) "
             "are not leaf tensors, so `SGD` at crash_two_non_leaves.py:12 cannot optimize them",
             "leafwatch: fix (code): make each a leaf where it is made: `W1 = (torch.randn(784, 128) * 0.01)"
@@ -136,7 +136,7 @@ PATTERNS = {
     "every parameter frozen": Pattern("crash_all_frozen.py", NO_GRAPH, ("missing_grad", "model", "all_frozen"), (
         "leafwatch: fix (code): unfreeze what should train before the forward pass: `model.requires_grad_(True)`",),
         ("model",)),
-    "detached training_step": Pattern("crash_lightning_detach.py", NO_GRAPH, ("missing_grad", "<the loss>", "detached_loss"), (
+    "detached training_step": Pattern("crash_lightning_detach.py", NO_GRAPH, ("missing_grad", "the loss `Regressor.training_step` returns", "detached_loss"), (
         "leafwatch: `Regressor.training_step` returns its loss as `loss.detach()` at crash_lightning_detach.py:22",
         "leafwatch: fix (code): return the loss itself, not `loss.detach()`: `return {\"loss\": loss, \"log\": "
         "{\"train_loss\": loss.detach()}}`"), ("model.layer",)),
@@ -208,9 +208,9 @@ def test_each_crash_finding_renders_from_its_json_arguments_alone(runs: dict[str
     """The words and the placed fix come from the finding's plain arguments (read back from JSON), as a record would
     hold them: no file is read and no object is needed to say them again."""
     for f in runs["before"][_key(PATTERNS[name])]["crash"]:
-        members = f["members"] or [f]
-        words = render(f["kind"], f["reason"], Members([m["name"] for m in members], [m["args"] for m in members],
-                                                       f["details"].get("group", "")))
+        read = Finding.from_dict(f)  # its reason (and each member's) from its `reason` and `args` alone
+        assert f["args"] and type(read.reason).__name__ != "Written", f
+        words = read.words
         assert (words.message, words.cause, words.fix, words.remedy.to_dict()) == (
             f["message"], f["cause"], f["fix"], f["remedy"])
 

@@ -123,8 +123,11 @@ def test_a_run_that_crashed_before_any_optimizer_step_summarises_the_structure_o
     assert "nothing was checked" not in run.stderr
     summary = run.stderr[run.stderr.index("leafwatch: the script raised"):]
     assert summary.startswith("leafwatch: the script raised before any optimizer stepped: no gradient was checked, "
-                              "only the structure of the modules that ran\nleafwatch: 1 open of 1 finding(s) at start\n")
+                              "only the structure of the modules that ran\nleafwatch: 2 open of 2 finding(s) at start\n")
     assert "ERROR   orphan_tensor       scale (since start)" in summary
+    # The crash finding goes through the same flow: the closing table lists it too, in the words of its note.
+    assert "ERROR   non_leaf            model.scale (since start)" in summary
+    assert "`model.scale` (made at crash_second_backward.py:13) is a non-leaf tensor kept from one step" in summary
     assert "module attribute `scale` is a non-leaf tensor" in summary
 
 

@@ -255,7 +255,7 @@ def test_ddp_branching_seen_once_stays_in_the_merged_report_once_every_rank_runs
         assert results[rank]["error"] is None
         for report in results[rank]["reports"]:
             f = _findings(report, "missing_grad")["branch.weight"]
-            assert (f["status"], f["ranks"], f["details"]["reason"]) == ("intermittent", [1], "rank_branching")
+            assert (f["status"], f["ranks"], f["reason"]) == ("intermittent", [1], "rank_branching")
             assert f["last_step"] == 1
     assert results[0]["rounds"] == results[1]["rounds"] == 2  # step 1, and the change of step 2
 
@@ -367,7 +367,7 @@ def test_fsdp_skips_the_gradient_check_with_one_info_finding(torchrun: Results, 
             f = report["findings"][0]
             assert (f["kind"], f["name"], f["severity"], f["status"]) == ("missing_grad", name, "info", "ignored")
             assert words in f["message"] and "fully_shard" in f["fix"]
-            assert f["details"]["reason"] == "sharded_gradients"
+            assert f["reason"] == "sharded_gradients"
 
 
 # -- Lightning DDP (CPU, gloo, 2 processes) -------------------------------------------------------
@@ -419,9 +419,10 @@ def test_lightning_ddp_clean_model_reports_nothing(lightning: Results) -> None:
 def _missing(name: str, status: str = "open") -> Finding:
     """A rank's finding as its gradient detector makes it: module `x` never ran (intermittent: at some steps)."""
     from leafwatch.detectors import gradients
+    from leafwatch.detectors.causes import NeverRan
     from leafwatch.detectors.constructors import make
 
-    f = make("missing_grad", name, "error", "never_ran", {"module": "x", "parent": None, "call": "x"}, step=1)
+    f = make(NeverRan(module="x", call="x"), name, "error", step=1)
     if status == "intermittent":
         return gradients.intermittent(f, 4, 2, 1)
     return f.replace(status=status, severity="error" if status == "open" else "info")
@@ -435,7 +436,7 @@ def test_merge_missing_on_every_rank_is_a_dead_parameter() -> None:
     assert "no gradient on any rank" in f.cause and "never ran" in f.cause
     assert "Expected to have finished reduction" in f.cause
     assert f.fix == distributed.DDP_FIX
-    assert (f.details["reason"], f.details["observed"]) == ("no_grad_on_any_rank", "never_ran")
+    assert (f.reason.name, f.reason.observed) == ("no_grad_on_any_rank", "never_ran")
 
 
 def test_merge_intermittent_on_every_rank_keeps_its_words() -> None:
@@ -444,7 +445,7 @@ def test_merge_intermittent_on_every_rank_keeps_its_words() -> None:
     assert (f.name, f.status, f.ranks, f.message, f.cause, f.fix) == ("x.weight", "intermittent", (0, 1), seen.message,
                                                                      seen.cause, seen.fix)
     assert "never ran" in f.cause
-    assert (f.details["reason"], f.details["ranks_without_grad"]) == ("intermittent", [0, 1])
+    assert (f.reason.name, f.details["ranks_without_grad"]) == ("intermittent", [0, 1])
 
 
 def test_merge_missing_on_one_rank_is_per_rank_branching() -> None:
@@ -495,7 +496,7 @@ def test_a_rank_merge_that_raises_leaves_an_incomplete_finding_in_the_merged_rep
         gatherer = distributed.Gatherer(nn.Linear(2, 1), detectors=[detector], warn=WarnOnce(), pipelined=False)
         with pytest.warns(leafwatch.LeafwatchInternalWarning, match="the merge of the ranks' findings"):
             first = gatherer.gather(Report([_missing("x.weight")], step=1), 1)
-        assert first is not None and [(f.kind, f.name, f.status, f.details["reason"]) for f in first.findings] == [
+        assert first is not None and [(f.kind, f.name, f.status, f.reason.name) for f in first.findings] == [
             ("incomplete", "the merge of the ranks' findings", "open", "part_failed")]
         # The same findings again: the failed merge is tried again all the same, and runs through.
         second = gatherer.gather(Report([_missing("x.weight")], step=2), 2)
@@ -503,7 +504,7 @@ def test_a_rank_merge_that_raises_leaves_an_incomplete_finding_in_the_merged_rep
         found = {(f.kind, f.name): f for f in second.tensors()}
         assert found[("incomplete", "the merge of the ranks' findings")].status == "resolved"
         f = found[("missing_grad", "x.weight")]
-        assert (f.status, f.ranks, f.details["reason"]) == ("open", (0,), "no_grad_on_any_rank")
+        assert (f.status, f.ranks, f.reason.name) == ("open", (0,), "no_grad_on_any_rank")
         gatherer.gather(Report([_missing("x.weight")], step=3), 3)
         assert calls == [1, 2] and gatherer.rounds == 2  # nothing changed and nothing failed: no exchange
         gatherer.close()

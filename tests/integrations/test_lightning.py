@@ -129,9 +129,9 @@ def assert_seeded_bugs(report: leafwatch.Report) -> None:
     assert (edit.path, edit.start, edit.end, edit.action, edit.text) == (
         __file__, statement, statement, "replace", f"        {given}\n")
     # Each fix says what it is: the line to paste, or advice.
-    assert {f.name: f.details["applicability"] for f in report} == {
+    assert {f.name: f.remedy.applicability for f in report} == {
         "head": "words", "loss_weight": "code", "temperature": "code"}
-    assert all(f.details["applicability"] in ("code", "words") for f in report.tensors() if f.fix)
+    assert all(f.remedy.applicability in ("code", "words") for f in report.tensors() if f.fix)
 
 
 def assert_no_hooks(model: nn.Module) -> None:
@@ -173,7 +173,7 @@ def test_seeded_bugs_are_named_and_written_to_tensorboard(tmp_path):
     record = json.loads(acc.Tensors("leafwatch/report")[-1].tensor_proto.string_val[0])
     assert record["counts"]["missing_grad"] == 1 and record["version"] == 3
     # The tab's record carries the mark with the fix.
-    assert {f["name"]: f["details"]["applicability"] for f in record["findings"]} == {
+    assert {f["name"]: f["remedy"]["applicability"] for f in record["findings"]} == {
         "head": "words", "loss_weight": "code", "temperature": "code"}
     # ... and what the patch needs: the folder, each edited file's hash, each code fix's hunk (#47).
     assert record["patch"]["root"] == os.getcwd() and list(record["patch"]["files"]) == [__file__]
@@ -262,7 +262,7 @@ def test_a_layer_created_in_on_fit_start_says_when_and_where_and_the_fix_moves_i
     trainer(tmp_path, callback).fit(LateLayer(), loader())
     (f,) = callback.report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "proj", "error")
-    assert f.details["reason"] == "created_after_optimizer"
+    assert f.reason.name == "created_after_optimizer"
     line = inspect.getsourcelines(LateLayer.on_fit_start)[1] + 1
     assert f.cause.startswith(f"`proj` was created at test_lightning.py:{line} in `LateLayer.on_fit_start`, "
                               "after the optimizer was built")

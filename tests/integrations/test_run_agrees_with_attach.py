@@ -107,7 +107,7 @@ def test_an_attached_monitor_names_the_tensors_of_an_optimizer_that_never_steppe
     assert not monitor.report  # it may still step: nothing is said before the end
     report = monitor.close()
     (f,) = report.open
-    assert (f.kind, f.reason, f.severity) == ("not_in_optimizer", "never_stepped", "error")
+    assert (f.kind, f.reason.name, f.severity) == ("not_in_optimizer", "never_stepped", "error")
     assert {m.name for m in f.tensors} == {"generator.weight", "generator.bias"}
     assert f.cause == "`opt_g` (an `Adam`) was created with it, but its `step()` is never called, so its gradients are never applied."
     assert f.fix.startswith("call `opt_g.step()` after the backward pass")

@@ -419,7 +419,7 @@ def test_a_run_of_one_step_is_decided_by_the_pipeline_as_a_longer_one(steps):
     (scale,) = report.tensors("not_in_optimizer")
     assert scale.severity == "error" and "never changes" in scale.message
     # Every run is checked from its first step: decided at the end by the late decision, which keeps why.
-    assert (scale.details["reason"], scale.details.get("observed")) == ("no_optimizer_stepped", "left_out")
+    assert (scale.reason.name, scale.reason.observed) == ("no_optimizer_stepped", "left_out")
     if steps == 1:
         (aux, _) = report.tensors("missing_grad")
         assert aux.cause == "module `aux` never ran in this step's forward (the root module ran, but did not call it)."
@@ -516,7 +516,7 @@ def test_strict_stops_the_script_when_the_grace_period_decides_an_error(tmp_path
     (f,) = run.report.findings
     assert (f.kind, f.name, f.severity, f.first_step, f.details["decided_step"]) == (
         "not_in_optimizer", "scale", "error", 1, decided)
-    assert (f.details["reason"], f.details["observed"]) == ("no_optimizer_stepped", "left_out")
+    assert (f.reason.name, f.reason.observed) == ("no_optimizer_stepped", "left_out")
     assert "left out when the optimizer's parameter list was built" in f.cause
 
 
@@ -640,7 +640,7 @@ def test_an_optimizer_that_never_steps_is_named_at_the_end_when_its_network_is_a
     (run,) = read_reports(str(tmp_path))
     assert run.report.names("not_in_optimizer") == names
     assert {(f.kind, f.severity) for f in run.report.open} == {("not_in_optimizer", "error"), ("dead_grad", "warning")}
-    assert {(f.details["reason"], f.details["applicability"]) for f in run.report.open if f.kind == "not_in_optimizer"} \
+    assert {(f.reason.name, f.remedy.applicability) for f in run.report.open if f.kind == "not_in_optimizer"} \
         == {("never_stepped", "code")}
 
 
@@ -731,7 +731,7 @@ def test_a_model_converted_after_its_optimizer_was_built_is_an_error_for_every_n
     assert (f.kind, f.name, f.severity) == ("stale_param", "optimizers[0]", "error")
     assert run.report.names("stale_param") == {f"conv{i}.{t}.{w}" for i in (1, 2) for w in ("weight", "bias")
                                                for t in ("paper__cites__paper", "author__writes__paper")}
-    assert {(m.severity, m.details["reason"]) for m in f.members} == {("error", "module_replaced")}
+    assert {(m.severity, m.reason.name) for m in f.members} == {("error", "module_replaced")}
     assert "no optimizer holds any of the new ones" in f.cause and "WARNING" not in result.stderr
     import runpy
 
@@ -835,7 +835,7 @@ def test_a_lora_text_encoder_left_out_of_every_optimizer_is_an_error_its_intent_
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "text_encoder", "error")
     assert run.report.names("not_in_optimizer") == {
         f"text_encoder.{i}.lora_{ab}.weight" for i in (0, 2) for ab in ("A", "B")}
-    assert (f.details["reason"], f.details["applicability"]) == ("chosen_outside", "code")
+    assert (f.reason.name, f.remedy.applicability) == ("chosen_outside", "code")
     assert "only some of its tensors require grad" in f.cause
     assert f.fix.startswith('add it to `optimizer` (your `AdamW`, its groups as they are): '
                             '`optimizer.add_param_group({"params": [p for p in text_encoder.parameters() '

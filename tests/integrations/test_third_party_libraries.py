@@ -77,7 +77,7 @@ def test_vector_quantize_pytorch_readme_config_trains_under_leafwatch_run_with_n
 def _assert_scale_buffer_found(report_or_text) -> None:
     (f,) = report_or_text.findings
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
-    assert f.details["reason"] == "buffer_requires_grad"
+    assert f.reason.name == "buffer_requires_grad"
     assert "`scale` is a buffer registered with `requires_grad=True`" in f.cause
     assert "`nn.Parameter`" in f.fix
 
@@ -99,7 +99,7 @@ def test_a_users_buffer_switched_on_in_the_users_forward_is_found_with_that_line
     require_module("vector_quantize_pytorch")
     (f,) = _attached("vq_autoencoder.py", "--switched-on").findings
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "scale", "error")
-    assert f.details["reason"] == "buffer_switched_on"
+    assert f.reason.name == "buffer_switched_on"
     assert f.cause == ("`scale` is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` "
                        "at vq_autoencoder.py:32 (in `VQAutoEncoder.forward`)): `parameters()` does not list buffers, "
                        "so the optimizer was built without it.")
@@ -113,7 +113,7 @@ def test_a_network_not_registered_in_the_module_odeint_adjoint_integrates_is_nam
     (f,) = report.findings
     assert (f.kind, f.severity) == ("missing_grad", "error")
     assert {m.name for m in f.members} == {"net.0.weight", "net.0.bias", "net.2.weight", "net.2.bias"}
-    assert f.details["reason"] == "inside_function"
+    assert f.reason.name == "inside_function"
     assert f.cause.startswith("`net` ran only inside the forward of the custom autograd.Function "
                               "`OdeintAdjointMethod` (applied at adjoint.py:")
     assert ", reached from your call at ode_adjoint.py:48)" in f.cause
@@ -126,7 +126,8 @@ def test_a_network_not_registered_in_the_module_odeint_adjoint_integrates_is_nam
 def test_leafwatch_run_names_odeint_adjoints_function_as_the_cause() -> None:
     require_module("torchdiffeq")
     result = _leafwatch_run("ode_adjoint.py")
-    assert "ERROR   missing_grad        inside `OdeintAdjointMethod` at ode_adjoint.py:48" in result.stderr, result.stderr
+    assert "ERROR   missing_grad        net, inside `OdeintAdjointMethod` at ode_adjoint.py:48" in result.stderr, \
+        result.stderr
     assert "each of `net.{0,2}.{bias,weight}` requires grad but got no gradient" in result.stderr
     assert "cause: `net` ran only inside the forward of the custom autograd.Function `OdeintAdjointMethod`" \
         in result.stderr
@@ -184,8 +185,10 @@ def test_kornia_learnable_crop_ranges_are_cut_by_integer_indices() -> None:
     _require_kornia()
     report = _attached("kornia_crop.py")
     (f,) = report.findings
-    assert (f.kind, f.severity, f.details["reason"]) == ("missing_grad", "error", "integer_cut")
-    assert f.name == "torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23"
+    assert (f.kind, f.severity, f.reason.name) == ("missing_grad", "error", "integer_cut")
+    # Named by the module that holds its tensors, its place said as a location (#52 item 5: names are names).
+    assert (f.name, f.details["location"]) == (
+        "aug._param_generator", "cut by `torch.as_tensor(..., dtype=torch.int64)` at kornia_crop.py:23")
     assert {m.name for m in f.members} == {"aug._param_generator.scale", "aug._param_generator.ratio"}
     _assert_integer_cut(f.cause, f.fix)
 
@@ -193,7 +196,8 @@ def test_kornia_learnable_crop_ranges_are_cut_by_integer_indices() -> None:
 def test_leafwatch_run_says_kornias_crop_ranges_become_integers() -> None:
     _require_kornia()
     result = _leafwatch_run("kornia_crop.py")
-    assert "ERROR   missing_grad        torch.as_tensor(..., dtype=torch.int64) at kornia_crop.py:23" in result.stderr
+    assert ("ERROR   missing_grad        aug._param_generator, cut by `torch.as_tensor(..., dtype=torch.int64)` at "
+            "kornia_crop.py:23") in result.stderr
     cause = result.stderr.split("cause: ")[1].split("\n")[0]
     fix = result.stderr.split("fix (advice): ")[1].split("\n")[0]
     _assert_integer_cut(cause, fix)
@@ -288,8 +292,8 @@ def test_the_fast_weights_higher_keeps_in_a_plain_list_are_no_orphan_and_a_users
 def test_higher_maml_with_its_default_copy_initial_weights_is_named_with_that_cause_and_fix() -> None:
     require_module("higher")
     (f,) = _attached("higher_maml.py", "--copy").findings
-    assert (f.kind, f.severity, f.details["reason"]) == ("missing_grad", "error", "copied_weights")
-    assert f.name == "weights copied into `fnet`"
+    assert (f.kind, f.severity, f.reason.name) == ("missing_grad", "error", "copied_weights")
+    assert (f.name, f.details["location"]) == ("{0,2}.{bias,weight}", "weights copied into `fnet`")
     assert {m.name for m in f.members} == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert (f.cause, f.fix) == (_COPIED_CAUSE, _COPIED_FIX)
 
@@ -300,9 +304,10 @@ def test_the_users_own_monitor_variable_is_never_walked_into() -> None:
     require_module("higher")
     assert _attached("higher_maml.py", "--own-monitor").findings == []
     (f,) = _attached("higher_maml.py", "--copy", "--own-monitor").findings
-    assert f.name == "weights copied into `fnet`" and "monitor" not in f.cause + f.fix
+    assert f.details["location"] == "weights copied into `fnet`" and "monitor" not in f.cause + f.fix
     result = _leafwatch_run("higher_maml.py", "--copy", "--own-monitor")
-    assert "ERROR   missing_grad        weights copied into `fnet` (since step 1)" in result.stderr, result.stderr
+    assert "ERROR   missing_grad        {0,2}.{bias,weight}, weights copied into `fnet` (since step 1)" \
+        in result.stderr, result.stderr
     assert "monitor" not in result.stderr and "orphan" not in result.stderr and "_fast_params" not in result.stderr
 
 

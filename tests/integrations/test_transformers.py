@@ -270,7 +270,7 @@ def test_a_head_the_trainer_subclass_owns_outside_every_optimizer_is_a_warning_n
     trainer.train()
     (f,) = callback.report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "trainer.head", "warning")
-    assert (f.details["reason"], f.details["applicability"]) == ("root_outside", "code")
+    assert (f.reason.name, f.remedy.applicability) == ("root_outside", "code")
     assert f.cause.startswith("no optimizer holds `trainer.head` (none of its tensors): its optimizer was forgotten")
     add, freeze = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c or "requires_grad_" in c]
     assert (add, freeze) == ('opt.add_param_group({"params": trainer.head.parameters()})',

@@ -56,7 +56,7 @@ def test_an_attached_monitor_whose_optimizer_is_never_hooked_says_no_check_ran()
     assert monitor.step == 0  # no check ran: torch never hooked SkipInitWrapper.step
     assert any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))  # and it trained
     (f,) = report.findings
-    assert (f.kind, f.name, f.severity, f.details["reason"]) == ("incomplete", "opt", "warning", "unchecked_optimizer")
+    assert (f.kind, f.name, f.severity, f.reason.name) == ("incomplete", "opt", "warning", "unchecked_optimizer")
     assert f.message == "No check ran: `opt` (a `SkipInitWrapper`) trained the model where leafwatch could not see its steps."
     assert f.cause.startswith("the model's forward and backward ran, its tensors got gradients and were updated, but "
                               "no check ran: "
@@ -73,10 +73,10 @@ def test_a_wrapper_that_steps_a_torch_optimizer_it_holds_names_that_optimizer_to
     monitor = leafwatch.Monitor(model, opt, verbose=False).attach()
     _train(monitor, model, opt)
     (f,) = monitor.close().findings
-    assert (f.kind, f.name, f.details["reason"]) == ("incomplete", "opt", "unchecked_optimizer")
+    assert (f.kind, f.name, f.reason.name) == ("incomplete", "opt", "unchecked_optimizer")
     assert f.fix == ("attach the Monitor to `opt.base`, the torch optimizer that `opt.step()` steps, which torch's "
                      "hooks see: `leafwatch.Monitor(model, opt.base).attach()`")
-    assert f.details["applicability"] == "code"
+    assert f.remedy.applicability == "code"
     # The fix, applied: every step is checked, and nothing is wrong.
     applied = leafwatch.Monitor(model, opt.base, verbose=False).attach()
     _train(applied, model, opt)

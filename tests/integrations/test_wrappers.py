@@ -147,7 +147,7 @@ def test_fabric_names_a_layer_that_never_runs_with_the_users_names() -> None:
     assert {(f.kind, f.name) for f in report.tensors()} == {("missing_grad", "aux.weight"),
                                                  ("missing_grad", "aux.bias")}, str(report)
     for finding in report:
-        assert finding.details["reason"] == "never_ran"
+        assert finding.reason.name == "never_ran"
         assert "module `aux` never ran" in finding.cause
         assert "_forward_module" not in finding.name + finding.message + finding.cause + finding.fix
 

@@ -19,12 +19,13 @@ from typing import Any
 
 from torch import nn
 
-from ...monitor import Monitor, explain_crash
+from ...monitor import Monitor
 from ...observe import frames, inventory
 from ...observe.crashes import Context
 from ...report import patch
 from ...report import verify as verification
 from ...report.findings import Report
+from ...report.format import shown
 from ...report.reader import latest_record
 from ...options import LeafwatchWarning, WarnOnce, folder_problem, non_negative_int, parse_ignore, positive_int
 from ...sinks.notes import print_notes
@@ -154,7 +155,7 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
     def explain(error: BaseException) -> Sequence[str]:
         crashed.append(session.found.top_modules())
         with _script_as_main(error):
-            return explain_crash(error, [Context(tuple(crashed[0]))], monitors=[session.monitor] if session.monitor else [])
+            return session.crashed(error, [Context(tuple(crashed[0]))])
 
     ended: dict[str, Any] = {}  # the script's variables once it ended, until the run is closed
     code = 1  # (an exception of leafwatch's own that leaves run_target)
@@ -220,7 +221,7 @@ def _say_stopped(session: Session, stopped: StrictStop | MaxStepsStop | None) ->
     if isinstance(stopped, StrictStop):
         first = stopped.report.at_least("error")[0]
         session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
-                      f"{first.severity.upper()} {first.kind} `{first.name}`.")
+                      f"{first.severity.upper()} {first.kind} {shown(first)}.")
     elif stopped is not None:
         session.write(f"leafwatch: --max-steps {stopped.step} stopped the script when it called optimizer step "
                       f"{stopped.step + 1} (neither checked nor made): what waits for a later step is left undecided.")
@@ -238,12 +239,12 @@ def _close(session: Session, ended: dict[str, Any], *, crashed: bool) -> Report:
 def _final_code(session: Session, report: Report, code: int, *, strict: bool, stopped: bool) -> int:
     """:func:`exit_code`, said when ``--strict`` decides it."""
     failed = session.failed_parts
-    unseen = [f"no step of `{f.name}` was seen" for f in report.findings if f.reason == "unchecked_optimizer"]
+    unseen = [f"no step of `{f.name}` was seen" for f in report.findings if f.reason.name == "unchecked_optimizer"]
     final = exit_code(code, report, strict=strict, incomplete=bool(failed or unseen))
     if strict and not stopped and code == 0 and final == STRICT_EXIT_CODE:
         errors = report.at_least("error")
         session.write(f"leafwatch: --strict: the run ended with {len(errors)} open error(s) "
-                       f"(first: {errors[0].kind} `{errors[0].name}`): exit {STRICT_EXIT_CODE}.")
+                       f"(first: {errors[0].kind} {shown(errors[0])}): exit {STRICT_EXIT_CODE}.")
     elif final == INCOMPLETE_EXIT_CODE:
         why = ", ".join([*unseen, *([f"{', '.join(failed)} failed"] if failed else [])])
         session.write(f"leafwatch: --strict: the check is incomplete ({why}): exit {INCOMPLETE_EXIT_CODE}.")
@@ -304,8 +305,9 @@ class _StructureScan(Monitor):
 
 
 def _structure_scan(modules: list[nn.Module], session: Session, report: Report) -> Report:
-    """What the structure of ``modules`` shows (no gradient exists to check): orphans, non-leaf attributes;
-    ``report`` when there is nothing to scan or the scan fails (warned)."""
+    """What the structure of ``modules`` shows (no gradient exists to check: orphans, non-leaf attributes), with
+    the findings of the crash itself (``report``'s); ``report`` when there is nothing to scan or the scan fails
+    (warned)."""
     if not modules:
         return report
     try:
@@ -315,7 +317,8 @@ def _structure_scan(modules: list[nn.Module], session: Session, report: Report) 
             scan = _StructureScan(roots=roots, ignore=session.ignore or None, diagnose=False, verbose=False,
                                   distributed=False, check_values_every_n_steps=0)
             scan.scan()
-            return scan.close()
+            found = scan.close()
+        return Report([*report.tensors(), *found.tensors()], step=found.step, nothing_to_check=found.nothing_to_check)
     except Exception as failure:
         WarnOnce("the summary says what the run saw without it.")("the structure scan of a run that raised", failure)
         return report

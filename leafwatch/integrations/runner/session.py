@@ -14,6 +14,7 @@ optimizer step is checked from the first. Optimizer membership stays pending for
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from contextlib import suppress
 from typing import Any, TextIO
 
@@ -28,6 +29,7 @@ from ...monitor import Monitor
 from ...observe import hooks
 from ...observe.observer import Observer
 from ...options import WarnOnce
+from ...observe.crashes import Context
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
 from ...observe.sharding import is_distributed
 
@@ -199,7 +201,7 @@ class Session:
         miss findings. Writing TensorBoard records is not a part of the check."""
         own = [where for where in self._warn.seen if "TensorBoard" not in where]
         failed = [f.name for f in self.monitor.history.values()
-                  if f.kind == Kind.INCOMPLETE and f.reason == "part_failed"] if self.monitor else []
+                  if f.kind == Kind.INCOMPLETE and f.reason.name == "part_failed"] if self.monitor else []
         return sorted({*own, *failed})
 
     def _unhooked_modules(self) -> str:
@@ -239,6 +241,18 @@ class Session:
             names.add(f"`{base}.{path}`" if base and path else f"`{base or path}`")
         ordered = sorted(names, key=natural_key)
         return ", ".join(ordered[:6]) + (f" and {len(ordered) - 6} more" if len(ordered) > 6 else "")
+
+    def crashed(self, error: BaseException, contexts: Sequence[Context]) -> Sequence[str]:
+        """The script raised ``error``: the run's Monitor explains it (:meth:`leafwatch.Monitor.crashed`), made now
+        where no module ran before it, so that its record holds the crash finding; the notes to print after the
+        traceback."""
+        if self.monitor is None and not self._closed:
+            try:
+                self.monitor = self._make_monitor()
+            except Exception as error_:  # leafwatch's own failure never changes the script's end
+                self._warn("explaining the exception", error_)
+                return ()
+        return self.monitor.crashed(error, contexts) if self.monitor is not None else ()
 
     # -- output ------------------------------------------------------------------------------
     @property

@@ -47,8 +47,13 @@ function clear(node) {
   return node;
 }
 
-// What a fix is (details.applicability), in the words of the console's "fix (code):" / "fix (advice):".
+// What a fix is (its remedy's applicability; details.applicability in records before it), in the words of
+// the console's "fix (code):" / "fix (advice):".
 const FIX_MARKS = { code: "code", words: "advice" };
+
+function fixMark(f) {
+  return (f.remedy || {}).applicability || (f.details || {}).applicability;
+}
 
 // Text with `code` spans (the causes and fixes quote code that way) as DOM nodes.
 function richText(text) {
@@ -416,15 +421,17 @@ function renderTable() {
       el("td", {}, el("span", { class: `badge sev-${f.severity}` }, f.severity)),
       el("td", {}, el("span", { class: `status-${f.status}` }, f.status)),
       el("td", { class: "kind" }, f.kind),
-      el("td", { class: "name", title: f.message || "" }, el("code", {}, f.name), membersCell(f),
+      el("td", { class: "name", title: f.message || "" },
+        (f.details || {}).described ? f.name : el("code", {}, f.name), membersCell(f),
+        (f.details || {}).location ? el("div", { class: "location" }, richText(f.details.location)) : null,
         f.aliases && f.aliases.length ? el("div", { class: "aliases" }, `also ${f.aliases.join(", ")}`) : null,
         f.shape ? el("div", { class: "meta" }, `[${f.shape.join(", ")}] ${f.dtype || ""} ${f.device || ""}`) : null),
       el("td", { class: "cause" },
         f.status === "ignored" && f.details && f.details.ignored_because
           ? el("div", { class: "ignored-because" }, `ignored: ${f.details.ignored_because}`) : null,
         richText(f.cause || f.message)),
-      el("td", { class: "fix" }, f.fix && FIX_MARKS[(f.details || {}).applicability]
-        ? el("span", { class: `badge fix-mark fix-${f.details.applicability}` }, FIX_MARKS[f.details.applicability]) : null,
+      el("td", { class: "fix" }, f.fix && FIX_MARKS[fixMark(f)]
+        ? el("span", { class: `badge fix-mark fix-${fixMark(f)}` }, FIX_MARKS[fixMark(f)]) : null,
       richText(f.fix), fixSnippet(f)),
       el("td", { class: "steps", title: `seen in ${f.steps_seen ?? "?"} check(s)` }, seen)));
   }

@@ -535,6 +535,34 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span |
     return None
 
 
+def registration_args(module: Any, attr: str) -> Assigned:
+    """The buffer ``attr`` of ``module`` registered as a parameter in place of its registration
+    (``self.register_buffer("scale", torch.ones(1, requires_grad=True))`` ->
+    ``self.register_parameter("scale", nn.Parameter(torch.ones(1)))``), read from its class's source
+    (:class:`Assigned`; no code when the registration is not one statement of the class)."""
+    for cls in type(module).__mro__ if module is not None else ():
+        if cls.__module__.startswith(("torch", "builtins")):
+            continue
+        try:
+            lines, first = inspect.getsourcelines(cls)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            path = inspect.getsourcefile(cls)
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        for node in ast.walk(tree):
+            call = node.value if isinstance(node, ast.Expr) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "register_buffer" and isinstance(call.func.value, ast.Name)
+                    and len(call.args) >= 2 and isinstance(call.args[0], ast.Constant) and call.args[0].value == attr):
+                continue
+            scope = vars(sys.modules.get(cls.__module__, object()))
+            value = ast.unparse(_strip_grad(call.args[1]))
+            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {_nn_name(scope)}.Parameter({value}))"
+            where = statement_span(f"{path}:{first + node.lineno - 1}") if path else None
+            return Assigned(attr, snippet if is_code(snippet) else None, where)
+    return Assigned(attr)
+
+
 @dataclasses.dataclass(frozen=True)
 class Assigned:
     """What a fix that registers the attribute ``attr`` as a Parameter needs from the user's source: the

@@ -388,10 +388,11 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
             built_at=None if built is None else fixes.short_place(built[1]), built_variable=None if built is None else built[2])
     elif (library := _built_by_library(info, p, args["target"], inventory)) is not None:
         reason = LibraryOptimizers(**args, **library)
-    elif info.buffer and switched is not None:
-        reason = BufferSwitchedOn(**args, attribute=info.attribute, switched_at=switched)
     elif info.buffer:
-        reason = BufferRequiresGrad(**args, attribute=info.attribute)
+        registered = fixes.registration_args(inventory.modules.get(info.module) if inventory is not None else None,
+                                             info.attribute)
+        reason = (BufferRequiresGrad(**args, attribute=info.attribute, registered=registered) if switched is None
+                  else BufferSwitchedOn(**args, attribute=info.attribute, switched_at=switched, registered=registered))
     else:
         reason = LeftOut(**args)
     return make(reason, name, "error", tensor=p, step=step, aliases=info.aliases, **saw)
@@ -539,37 +540,52 @@ class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
         return Words(self.message(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 
-class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad", fixes="never"):
-    """A buffer meant as a parameter: register it as one where it is registered now (words: the
-    tensor it registers is the user's expression, which leafwatch does not see)."""
+def _registered(registered: fixes.Assigned | None, words: str, tail: str = "") -> tuple[str, Remedy]:
+    """``words`` then ``tail``, with the registration of the buffer as a parameter in place of the user's
+    between them (code, where the registration was read from the class's source)."""
+    snippet = registered.parameter_code if registered is not None else None
+    if snippet is None:
+        return words + tail, ADVICE
+    at = registered.at  # type: ignore[union-attr]
+    return f"{words}: `{snippet}`{tail}", code(snippet, None if at is None else at.put(snippet, "replace"))
+
+
+class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad"):
+    """A buffer meant as a parameter: register it as one where it is registered now (``registered``: that
+    registration rewritten, read from the class's source when the finding is decided)."""
 
     attribute: str = ""
+    registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
+        fix, remedy = _registered(self.registered, (
+            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it"))
         return Words(
             self.message(m),
             f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
-            "so the optimizer was built without it.",
-            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built, so that `parameters()` (and the optimizer) holds it")
+            "so the optimizer was built without it.", fix, remedy)
 
 
-class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on", fixes="never"):
-    """A buffer the user's own forward switches to requires grad (at ``switched_at``), meant as a parameter."""
+class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on"):
+    """A buffer the user's own forward switches to requires grad (at ``switched_at``), meant as a parameter
+    (``registered``: as for :class:`BufferRequiresGrad`; the ``requires_grad_()`` left is harmless then)."""
 
     attribute: str = ""
     switched_at: str = ""
+    registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
         attribute, at = self.attribute, self.switched_at
+        fix, remedy = _registered(self.registered, (
+            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built"), f", and remove the `requires_grad_()` at {at.split(' ')[0]}")
         return Words(
             self.message(m),
             f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at "
-            f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.",
-            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
+            f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.", fix, remedy)
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:

@@ -1,0 +1,118 @@
+"""Each code fix of #54 leaves as a patch that trains the tensor: a script re-created from a public report is
+run under ``leafwatch run --diff``, the patch is applied with ``git apply`` in a copy of its folder, the
+patched script runs again under ``leafwatch run``, and the tensor the finding named trains there: an optimizer
+that stepped holds it, it gets a gradient, and its value changes (torch's global optimizer step hooks, as a
+user's would be: ``_fix_runs``). The patched runs share one process (``_fix_runs.runs_of``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import _warm
+import pytest
+from _fix_runs import SCRIPTS, runs_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.xdist_group("fixes_train")  # the patched runs are shared by the tests of this module
+
+
+class Case:
+    """A script (``folder``/``script``, a folder of ``tests/scripts/`` or the script alone), the findings its
+    patch fixes (``(kind, name)``), the expressions whose tensors must train once it is applied, what stays
+    open after it (findings no code fix mends), and the lines the patch must hold."""
+
+    def __init__(self, script: str, fixed: set[tuple[str, str]], trains: list[str], *, folder: str | None = None,
+                 known: set[tuple[str, str]] | None = None, lines: tuple[str, ...] = ()) -> None:
+        self.script, self.fixed, self.trains, self.folder = script, fixed, trains, folder
+        self.known, self.lines = known or set(), lines
+
+
+CASES = {
+    # item 5: a plain tensor given to the optimizer (Kendall's learned loss weights written as `torch.zeros(1)`)
+    "plain_log_vars": Case("plain_log_vars.py", {("frozen_in_optimizer", "the tensor of shape (1,) at index 4")},
+                           ["log_var_seg"], lines=("+log_var_seg = torch.zeros(1).requires_grad_()",),
+                           known={("frozen_in_optimizer", "optimizer")}),  # the stem frozen on purpose: an info
+    # item 2: a buffer registered with requires_grad=True
+    "vq_scale_buffer": Case("vq_scale_buffer.py", {("not_in_optimizer", "codebook.scale")}, ["codebook.scale"],
+                            lines=('+        self.register_parameter("scale", nn.Parameter(torch.ones(1)))',)),
+    # item 2: a buffer the user's forward switches on, in a module of a subfolder
+    "calibrated": Case("train.py", {("not_in_optimizer", "2.temperature")}, ["model[2].temperature"],
+                       folder="calibrated",
+                       lines=("--- a/nets/heads.py",
+                              '+        self.register_parameter("temperature", nn.Parameter(torch.ones(1) * 1.5))')),
+}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=60)
+
+
+def _project(case: Case, into: Path) -> Path:
+    """The case's folder (or its script alone) copied into ``into`` as a committed git work tree."""
+    if case.folder is not None:
+        shutil.copytree(SCRIPTS / case.folder, into, ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        into.mkdir(parents=True)
+        shutil.copy(SCRIPTS / case.script, into / case.script)
+    assert _git(into, "init", "-q", ".").returncode == 0
+    assert _git(into, "add", "-A").returncode == 0 and _git(into, "commit", "-qm", "start").returncode == 0
+    return into
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """For each case: the run's stderr and exit code, the patch, ``git apply``'s exit code, and the patched
+    script's run (``runs_of``: its open findings and whether each tensor trained)."""
+    out: dict[str, dict[str, Any]] = {}
+    spec = []
+    for key, case in CASES.items():
+        folder = _project(case, tmp_path_factory.mktemp(key) / "project")
+        first = _warm.run([sys.executable, "-m", "leafwatch", "run", "--diff", "fix.diff", case.script],
+                          capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)
+        diff = (folder / "fix.diff").read_text()
+        applied = _git(folder, "apply", "fix.diff")
+        out[key] = {"first": first, "diff": diff, "applied": applied, "script": str(folder / case.script)}
+        spec.append({"script": str(folder / case.script), "trains": case.trains})
+    after = runs_of(spec, tmp_path_factory.mktemp("after") / "runs.json")
+    for key in CASES:
+        out[key]["after"] = after[out[key]["script"]]
+    return out
+
+
+@pytest.mark.parametrize("key", sorted(CASES))
+def test_each_patch_applies_and_the_tensor_it_names_trains(patched: dict[str, dict[str, Any]], key: str) -> None:
+    case, found = CASES[key], patched[key]
+    first = found["first"]
+    assert first.returncode == 0 and "LeafwatchInternalWarning" not in first.stderr, first.stderr
+    assert "not in the patch" not in first.stderr, first.stderr  # each fixed finding's code is in it
+    diff = found["diff"]
+    assert all(line in diff.splitlines() for line in case.lines), diff
+    assert found["applied"].returncode == 0, (diff, found["applied"].stderr)
+    after = found["after"]
+    assert after["code"] == 0 and "Traceback" not in after["stderr"], after["stderr"]
+    assert {(f["kind"], f["name"]) for f in after["open"]} == case.known, after["open"]
+    for expr in case.trains:
+        assert after["trains"][expr] == {"stepped": True, "grad": True, "changed": True}, (expr, after["trains"])
+
+
+def test_parameters_frozen_on_purpose_stay_an_info_with_advice_only(patched: dict[str, dict[str, Any]]) -> None:
+    stderr = patched["plain_log_vars"]["first"].stderr
+    assert ("leafwatch: INFO frozen_in_optimizer `optimizer` (2 tensors: 0.{bias,weight}) at step 1. Fix (advice): "
+            "nothing, if freezing is intended") in stderr, stderr
+    assert ("ERROR frozen_in_optimizer the tensor of shape (1,) at index 4 at step 1. Fix (code): create it with "
+            "`requires_grad=True`: `log_var_seg = torch.zeros(1).requires_grad_()`") in stderr, stderr
+    assert "requires_grad_(False)" in Path(patched["plain_log_vars"]["script"]).read_text()  # the patch leaves it

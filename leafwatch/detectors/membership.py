@@ -30,7 +30,7 @@ from ..observe.inventory import Inventory, ParamInfo
 from ..observe.tracing import Tracer
 from .constructors import make, silence
 from ..report.reasons import Reason, Span, Transition
-from ..report.words import ADVICE, Members, Remedy, Words, code
+from ..report.words import ADVICE, Edit, Members, Remedy, Words, code
 from ..report.verdicts import Verdict, Verdicts
 
 
@@ -388,6 +388,8 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
             built_at=None if built is None else fixes.short_place(built[1]), built_variable=None if built is None else built[2])
     elif (library := _built_by_library(info, p, args["target"], inventory)) is not None:
         reason = LibraryOptimizers(**args, **library)
+    elif inventory is not None and (twice := _listed_twice(fixes.outside_module(name, inventory), inventory)):
+        reason = twice
     elif info.buffer:
         registered = fixes.registration_args(inventory.modules.get(info.module) if inventory is not None else None,
                                              info.attribute)
@@ -637,11 +639,83 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     module = inv.roots.get(root) if inv is not None else None
     code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
+    twice = _listed_twice(root, inv) if inv is not None and module is not None else None
+    if twice is not None:
+        return make(twice, info.name, "error", tensor=t, step=step, aliases=info.aliases, got_grad=True, root=root,
+                    optimizer=optimizer)
     target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
     reason = (ChosenOutside if chosen else RootOutside)(
         root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None, target=target)
     return make(reason, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
                 got_grad=True, root=root, optimizer=optimizer)
+
+
+def _module_code(name: str, inv: Inventory) -> str | None:
+    """The user's code for the module ``name``: a root's variable, else its path under the model's."""
+    root = inv.roots.get(name)
+    if root is not None and name:
+        return fixes.variable_for(root, inv.variables, inv.fix_names)
+    return fixes.model_tensor_code(name, inv)
+
+
+def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
+    """The module ``left_out`` (no optimizer holds any of its tensors) where an optimizer holds every tensor of
+    a sibling of it twice, listed side by side in the user's statement (``list(d1.parameters()) +
+    list(d1.parameters())``, ``d2`` left out): that typo, corrected. A sibling of another type counts only when
+    ``left_out`` is the one module of that parent left out. None otherwise."""
+    module = inv.modules.get(left_out) if left_out is not None else None
+    if module is None or not left_out:
+        return None
+    parent = left_out.rpartition(".")[0]
+    for optimizer, params in zip(inv.optimizers, inv.optimizer_params):
+        counts: dict[int, int] = {}
+        for p in params:
+            counts[id(p)] = counts.get(id(p), 0) + 1
+        if max(counts.values(), default=1) < 2:
+            continue
+        for name, sibling in inv.modules.items():
+            own = list(sibling.parameters())
+            if (name == left_out or name.rpartition(".")[0] != parent or not own
+                    or any(counts.get(id(p), 0) < 2 for p in own) or not _meant(sibling, module, name, inv)):
+                continue
+            twice, meant, built = _module_code(name, inv), _module_code(left_out, inv), inv.built(optimizer)
+            corrected = fixes.corrected_operand(built[1], twice, meant) if twice and meant and built else None
+            if corrected is not None:
+                return ListedTwice(module=left_out, twice=twice, meant=meant, corrected=corrected[0],  # type: ignore[arg-type]
+                                   edit=corrected[1], listed_at=corrected[2])
+    return None
+
+
+def _meant(sibling: Any, module: Any, name: str, inv: Inventory) -> bool:
+    """Whether ``module`` (left out) is the one the duplicate of ``sibling`` was meant to be: of its type, or
+    the only module beside it that no optimizer holds any tensor of."""
+    if type(sibling) is type(module):
+        return True
+    parent = name.rpartition(".")[0]
+    left = [m for n, m in inv.modules.items() if n.rpartition(".")[0] == parent and list(m.parameters())
+            and all(id(p) not in inv.in_optimizer for p in m.parameters())]
+    return len(left) == 1 and left[0] is module
+
+
+class ListedTwice(Reason, kind="not_in_optimizer", name="listed_twice"):
+    """A module (``module``, the user's code ``meant``) no optimizer holds any tensor of, while an optimizer holds
+    a sibling's tensors twice: its statement lists ``twice`` twice side by side (at ``listed_at``), the second
+    meant to be ``meant``; ``corrected``: that statement corrected, placed by ``edit``."""
+
+    module: str
+    twice: str
+    meant: str
+    corrected: str
+    listed_at: str
+    edit: Edit | None = None
+
+    def words(self, m: Members) -> Words:
+        twice, meant = self.twice, self.meant
+        return Words(f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes.",
+                     f"`{twice}` is listed twice in an optimizer's parameters at {self.listed_at}, and `{meant}` in none: "
+                     f"the second `{twice}` was meant to be `{meant}` (torch keeps the duplicate tensors, and only warns "
+                     "of them).", f"list `{meant}` in place of the second `{twice}`: `{self.corrected}`",
+                     code(self.corrected, self.edit))
 
 
 class OutsideRoot(Reason, kind="not_in_optimizer"):

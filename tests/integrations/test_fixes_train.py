@@ -17,6 +17,8 @@ import _warm
 import pytest
 from _fix_runs import SCRIPTS, runs_of
 
+from leafwatch.report.reader import read_reports
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.xdist_group("fixes_train")  # the patched runs are shared by the tests of this module
@@ -46,6 +48,14 @@ CASES = {
                        folder="calibrated",
                        lines=("--- a/nets/heads.py",
                               '+        self.register_parameter("temperature", nn.Parameter(torch.ones(1) * 1.5))')),
+    # item 4: one module listed twice, a sibling of its type left out (line/open-universe#5's typo, in a GAN)
+    "gan_two_discriminators": Case("gan_two_discriminators.py", {("not_in_optimizer", "d2")}, ["d2"], lines=(
+        "-opt_d = torch.optim.Adam(list(d1.parameters()) + list(d1.parameters()), lr=2e-4, betas=(0.5, 0.999))",
+        "+opt_d = torch.optim.Adam(list(d1.parameters()) + list(d2.parameters()), lr=2e-4, betas=(0.5, 0.999))")),
+    # item 4, in a LightningModule's configure_optimizers (the statement that builds the list, over three lines)
+    "universe_gan_lightning": Case("universe_gan_lightning.py", {("not_in_optimizer", "loss_mpd")}, ["model.loss_mpd"],
+                                   lines=("-            self.loss_mrd.parameters()",
+                                          "+            self.loss_mpd.parameters()")),
 }
 
 
@@ -81,11 +91,13 @@ def patched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     spec = []
     for key, case in CASES.items():
         folder = _project(case, tmp_path_factory.mktemp(key) / "project")
-        first = _warm.run([sys.executable, "-m", "leafwatch", "run", "--diff", "fix.diff", case.script],
+        first = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", "logs", "--diff", "fix.diff", case.script],
                           capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)
         diff = (folder / "fix.diff").read_text()
         applied = _git(folder, "apply", "fix.diff")
-        out[key] = {"first": first, "diff": diff, "applied": applied, "script": str(folder / case.script)}
+        (run,) = read_reports(str(folder / "logs"))
+        coded = {(str(f.kind), f.name) for f in run.report.open if f.remedy.applicability == "code" and f.remedy.edit}
+        out[key] = {"first": first, "diff": diff, "applied": applied, "script": str(folder / case.script), "coded": coded}
         spec.append({"script": str(folder / case.script), "trains": case.trains})
     after = runs_of(spec, tmp_path_factory.mktemp("after") / "runs.json")
     for key in CASES:
@@ -99,6 +111,7 @@ def test_each_patch_applies_and_the_tensor_it_names_trains(patched: dict[str, di
     first = found["first"]
     assert first.returncode == 0 and "LeafwatchInternalWarning" not in first.stderr, first.stderr
     assert "not in the patch" not in first.stderr, first.stderr  # each fixed finding's code is in it
+    assert found["coded"] == case.fixed, found["coded"]  # the findings of the case, each with a placed code fix
     diff = found["diff"]
     assert all(line in diff.splitlines() for line in case.lines), diff
     assert found["applied"].returncode == 0, (diff, found["applied"].stderr)

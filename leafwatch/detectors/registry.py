@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import (causes, crashes, dead, freed, gradients, graphless, held, leaves, loop, membership, outside, pipeline,
-               ranks, silenced, stepped, structure, unchecked, values, watched, zeroed)
+               plain_flag, ranks, silenced, stepped, structure, unchecked, values, watched, zeroed)
 from ..observe.evidence import LOSS, REBUILT
 from ..report.reasons import Reason
 from ..report.verdicts import Verdicts
@@ -110,6 +110,8 @@ DETECTORS: tuple[Detector, ...] = (
         structure.Frozen, structure.Buffer, structure.ReplacedTensor, structure.ModuleReplaced, structure.OldTensors,
         structure.Leftovers, structure.ModuleInContainer, structure.TensorInContainer, structure.NonLeafAttribute,
         structure.PlainAttribute, structure.Device, ranks.ShardedGradients)),
+    Detector("the check of a module's plain requires_grad", plain_flag.judge,
+             when=lambda state, *needed: ((None, REBUILT),), decides=(plain_flag.PlainRequiresGrad,)),
     Detector(GRADIENTS, gradients.read, state=lambda c: gradients.GradientState(c.patience, c.diagnose), decides=(
         # what the hooks and the cut recorder saw (causes.py), or why nothing can be said, and the transitions
         causes.NeverRan, causes.NoForwardOfItsOwn, causes.GradDisabled, causes.Checkpoint, causes.InsideFunction,

@@ -56,6 +56,21 @@ CASES = {
     "universe_gan_lightning": Case("universe_gan_lightning.py", {("not_in_optimizer", "loss_mpd")}, ["model.loss_mpd"],
                                    lines=("-            self.loss_mrd.parameters()",
                                           "+            self.loss_mpd.parameters()")),
+    # item 1: a `with torch.no_grad():` block in a forward (pranoyr/cnn-lstm#6's CNN-LSTM)
+    "cnn_lstm_no_grad": Case("cnn_lstm_no_grad.py", {("missing_grad", "cnn")}, ["model.cnn"],
+                             lines=("-            with torch.no_grad():", "-                x = self.cnn(x_3d[:, t, :, :, :])",
+                                    "+            x = self.cnn(x_3d[:, t, :, :, :])")),
+    # item 1: a `@torch.no_grad()` method the forward calls
+    "encode_no_grad_method": Case("encode_no_grad_method.py", {("missing_grad", "proj")}, ["model.proj"],
+                                  lines=("-    @torch.no_grad()",)),
+    # item 1: a `.detach()` in a forward, and a `.data` in a custom layer's forward
+    "detach_in_forward": Case("detach_in_forward.py", {("missing_grad", "encoder"), ("missing_grad", "head.weight")},
+                              ["model.encoder", "model.head.weight"],
+                              lines=("+        features = torch.tanh(self.encoder(x))",
+                                     "+        return x @ self.weight + self.bias")),
+    # item 1: a NumPy round trip with a torch twin (kevinzakka/recurrent-visual-attention#4's glimpse location)
+    "numpy_clip_forward": Case("numpy_clip_forward.py", {("missing_grad", "loc")}, ["model.loc"],
+                               lines=("+        l_t = torch.clamp(l_t, -1.0, 1.0)",)),
 }
 
 
@@ -129,3 +144,18 @@ def test_parameters_frozen_on_purpose_stay_an_info_with_advice_only(patched: dic
     assert ("ERROR frozen_in_optimizer the tensor of shape (1,) at index 4 at step 1. Fix (code): create it with "
             "`requires_grad=True`: `log_var_seg = torch.zeros(1).requires_grad_()`") in stderr, stderr
     assert "requires_grad_(False)" in Path(patched["plain_log_vars"]["script"]).read_text()  # the patch leaves it
+
+
+def test_a_detach_that_feeds_numpy_gets_advice_naming_the_numpy_op_and_no_patch(tmp_path: Path) -> None:
+    """`np.interp` has no torch twin: the fix names it, never says to remove the `.detach()` (`.numpy()` would
+    raise), and the patch is empty."""
+    folder = _project(Case("numpy_interp_forward.py", set(), []), tmp_path / "project")
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", "--diff", "fix.diff", "numpy_interp_forward.py"],
+                       capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert ("ERROR missing_grad `score` (2 tensors: score.{bias,weight}), cut by `.detach()` at "
+            "numpy_interp_forward.py:20, at step 1. Fix (advice): keep the values a tensor at numpy_interp_forward.py:20: "
+            "torch has no op leafwatch knows for `np.interp`") in result.stderr, result.stderr
+    assert "remove the `.detach()`" not in result.stderr
+    assert "not in the patch: missing_grad score: its fix is advice, not code" in result.stderr
+    assert (folder / "fix.diff").read_text() == ""

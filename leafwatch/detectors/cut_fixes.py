@@ -1,0 +1,252 @@
+"""Cuts at a known line, as code: the user's statement without the op that cut the graph, read when the
+finding is decided (never on a healthy step).
+
+- a ``.detach()`` or ``.data`` the cut recorder located: the statement without it (``h = relu(fc(x)).detach()``
+  -> ``h = relu(fc(x))``), unless what follows needs NumPy (``.detach().cpu().numpy()``: without the
+  ``.detach()``, ``.numpy()`` would raise);
+- a NumPy round trip (``torch.from_numpy(np.clip(h.detach().cpu().numpy(), 0, 6))``): the torch op that
+  is the NumPy one, on the tensor itself (``torch.clamp(h, 0, 6)``, :data:`NUMPY_TWINS`); where torch has
+  none, the NumPy op is named and the fix stays advice;
+- a module run with grad off: the ``with torch.no_grad():`` block of its parent's class that calls it, its
+  body moved out of the block, or the ``@torch.no_grad()`` decorator of the method that calls it, dropped.
+
+Only a statement of one line edited at one place is rewritten; anything else is left to the words.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import linecache
+import os
+import textwrap
+from typing import Any
+
+from ..report.words import Edit
+from .fixes import is_code
+
+#: NumPy ops and the torch op that computes the same from the same arguments (``np.clip(a, lo, hi)`` is
+#: ``torch.clamp(t, lo, hi)``); the keywords NumPy spells differently are renamed (``a_min`` -> ``min``).
+NUMPY_TWINS = {"clip": "clamp", "exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1", "tanh": "tanh",
+               "abs": "abs", "absolute": "abs", "sqrt": "sqrt", "square": "square", "sin": "sin", "cos": "cos",
+               "power": "pow", "negative": "neg", "reciprocal": "reciprocal"}
+_KEYWORDS = {"a_min": "min", "a_max": "max"}
+#: What makes a NumPy array of a tensor, or a number: a ``.detach()`` followed by one of them feeds NumPy.
+_TO_NUMPY = ("numpy", "tolist", "item")
+_TO_TORCH = ("from_numpy", "tensor", "as_tensor", "Tensor", "FloatTensor")
+_GRAD_OFF = ("no_grad", "inference_mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class CutFix:
+    """A cut's fix read from the user's line: the statement rewritten (``corrected``, placed by ``edit``);
+    ``numpy``: the op feeds a NumPy round trip; ``twin``: the NumPy op and the torch op that replaced it;
+    ``missing``: the NumPy op torch has no twin for (the fix stays words)."""
+
+    corrected: str | None = None
+    edit: Edit | None = None
+    numpy: bool = False
+    twin: tuple[str, str] | None = None
+    missing: str | None = None
+
+
+def _parsed(path: str) -> tuple[ast.Module, list[str]] | None:
+    lines = linecache.getlines(path)
+    try:
+        return ast.parse("".join(lines)), lines
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _statement(tree: ast.Module, line: int) -> ast.stmt | None:
+    around = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr))
+              and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
+
+
+def _parents(node: ast.AST) -> dict[ast.AST, ast.AST]:
+    return {child: parent for parent in ast.walk(node) for child in ast.iter_child_nodes(parent)}
+
+
+def _rewritten(path: str, lines: list[str], statement: ast.stmt, node: ast.AST, text: str) -> CutFix | None:
+    """``statement`` with ``node`` (on one line) spelled ``text``: its edit and its code."""
+    first, last = statement.lineno, statement.end_lineno or statement.lineno
+    end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+    if end_line != node.lineno or end_col is None or not lines[node.lineno - 1].isascii():  # type: ignore[attr-defined]
+        return None
+    own = lines[first - 1:last]
+    row = node.lineno - first  # type: ignore[attr-defined]
+    own[row] = own[row][:node.col_offset] + text + own[row][end_col:]  # type: ignore[attr-defined]
+    new = "".join(own)
+    snippet = textwrap.dedent(new).strip()
+    if not _in_function(snippet):
+        return None
+    if "\n" in snippet:
+        snippet = ast.unparse(ast.parse(snippet)) if is_code(snippet) else snippet
+    return CutFix(snippet, Edit(os.path.abspath(path), first, last, "replace", new))
+
+
+def _in_function(snippet: str) -> bool:
+    """Whether ``snippet`` is code in a function's body (a forward's ``return ...`` included)."""
+    return is_code(snippet) or is_code("def _():\n" + textwrap.indent(snippet, "    "))
+
+
+def cut_fix(op: str, path: str, line: int) -> CutFix | None:
+    """The fix of the cut ``op`` (``"`.detach()`"``, ``"`.data`"``) at ``path:line``; None when the line holds
+    no single such op."""
+    parsed = _parsed(path)
+    statement = _statement(parsed[0], line) if parsed is not None else None
+    if statement is None:
+        return None
+    lines = parsed[1]  # type: ignore[index]
+    if op == "`.detach()`":
+        found = [n for n in ast.walk(statement) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr == "detach" and not n.args and not n.keywords]
+    elif op == "`.data`":
+        found = [n for n in ast.walk(statement) if isinstance(n, ast.Attribute) and n.attr == "data"
+                 and isinstance(n.ctx, ast.Load)]
+    else:
+        return None
+    if len(found) != 1:
+        return None
+    node = found[0]
+    receiver = node.func.value if isinstance(node, ast.Call) else node.value  # type: ignore[attr-defined]
+    base = ast.get_source_segment("".join(lines), receiver)
+    parents = _parents(statement)
+    top = node
+    while isinstance(parents.get(top), (ast.Attribute, ast.Call)) and not _is_numpy_call(parents[top], top):
+        top = parents[top]
+        if isinstance(top, ast.Attribute) and top.attr in _TO_NUMPY:
+            return _round_trip(path, lines, statement, top, base, parents)
+    if _is_numpy_call(parents.get(top), top):
+        return _round_trip(path, lines, statement, top, base, parents)
+    return _rewritten(path, lines, statement, node, base) if base else None
+
+
+def _is_numpy_call(parent: ast.AST | None, child: ast.AST) -> bool:
+    """Whether ``parent`` is a NumPy call (``np.clip(...)``, ``numpy.asarray(...)``) taking ``child`` as an argument."""
+    return (isinstance(parent, ast.Call) and child in parent.args and isinstance(parent.func, ast.Attribute)
+            and isinstance(parent.func.value, ast.Name) and parent.func.value.id in ("np", "numpy"))
+
+
+def _round_trip(path: str, lines: list[str], statement: ast.stmt, node: ast.AST, base: str | None,
+                parents: dict[ast.AST, ast.AST]) -> CutFix:
+    """A cut that feeds NumPy: the round trip ``torch.from_numpy(np.op(<tensor>...numpy(), ...))`` replaced by
+    the torch op on the tensor itself, where torch has one and the statement holds the whole trip."""
+    while node in parents and not _is_numpy_call(parents[node], node):
+        node = parents[node]
+        if not isinstance(node, (ast.Attribute, ast.Call)):
+            return CutFix(numpy=True)
+    call = parents.get(node)
+    if not isinstance(call, ast.Call) or not _is_numpy_call(call, node) or call.args[0] is not node:
+        return CutFix(numpy=True)
+    name = call.func.attr  # type: ignore[union-attr]
+    twin = NUMPY_TWINS.get(name)
+    wrapper = parents.get(call)
+    if twin is None:
+        return CutFix(numpy=True, missing=name if name not in ("asarray", "array") else None)
+    if not (isinstance(wrapper, ast.Call) and wrapper.args and wrapper.args[0] is call and ast.unparse(wrapper.func) in
+            {f"torch.{t}" for t in _TO_TORCH}) or base is None or any(k.arg not in (*_KEYWORDS, None) for k in call.keywords):
+        return CutFix(numpy=True, missing=None, twin=(name, twin))
+    text = "".join(lines)
+    rest = [ast.get_source_segment(text, a) or "" for a in call.args[1:]]
+    rest += [f"{_KEYWORDS.get(k.arg, k.arg)}={ast.get_source_segment(text, k.value)}" for k in call.keywords]
+    found = _rewritten(path, lines, statement, wrapper, f"torch.{twin}({', '.join([base, *rest])})")
+    return dataclasses.replace(found or CutFix(), numpy=True, twin=(name, twin))
+
+
+# -- a module run with grad off ------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class GradOff:
+    """Where the user's code switches grad off around a module's call: ``how`` (``"block"``: a ``with
+    torch.no_grad():``, ``"decorator"``: ``@torch.no_grad()`` on the method that calls it), its ``file:line``,
+    and the code without it (``corrected``, placed by ``edit``)."""
+
+    how: str
+    place: str
+    corrected: str
+    edit: Edit
+    function: str = ""
+
+
+def grad_off(module_name: str, modules: dict[str, Any]) -> GradOff | None:
+    """The one place of the class of the module above ``module_name`` (or above one of its ancestors) that calls
+    it with grad off; None when there is none, or more than one."""
+    parts = module_name.split(".") if module_name else []
+    for depth in range(len(parts), 0, -1):
+        parent, attr = ".".join(parts[:depth - 1]), parts[depth - 1]
+        owner = modules.get(parent)
+        if owner is None or not attr.isidentifier():
+            continue
+        found = _grad_off_calls(type(owner), attr)
+        if found is not None:
+            return found
+    return None
+
+
+def _grad_off_calls(cls: type, attr: str) -> GradOff | None:
+    try:
+        path = inspect.getsourcefile(cls)
+        _, first = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return None
+    parsed = _parsed(path) if path else None
+    if parsed is None or cls.__module__.startswith("torch"):
+        return None
+    tree, lines = parsed
+    node = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__ and c.lineno >= first),
+                None)
+    places = []
+    for func in (f for f in ast.walk(node) if isinstance(f, ast.FunctionDef)) if node is not None else ():
+        if not any(_calls(n, attr) for n in ast.walk(func)):
+            continue
+        decorators = [d for d in func.decorator_list if _grad_off(d)]
+        if decorators:
+            places.append(("decorator", func, decorators[0]))
+        places += [("block", w, None) for w in ast.walk(func) if isinstance(w, ast.With)
+                   and any(_grad_off(i.context_expr) for i in w.items) and any(_calls(n, attr) for n in ast.walk(w))]
+    if len(places) != 1:
+        return None
+    how, owner, decorator = places[0]
+    return _without_block(path, lines, owner) if how == "block" else _without_decorator(path, lines, owner, decorator)  # type: ignore[arg-type]
+
+
+def _calls(node: ast.AST, attr: str) -> bool:
+    """``self.<attr>(...)``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == attr
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "self")
+
+
+def _grad_off(node: ast.expr) -> bool:
+    """``torch.no_grad()`` / ``torch.inference_mode()`` (called or not)."""
+    target = node.func if isinstance(node, ast.Call) else node
+    return ast.unparse(target) in {f"torch.{n}" for n in _GRAD_OFF}
+
+
+def _without_block(path: str, lines: list[str], block: ast.With) -> GradOff | None:
+    """The ``with`` block's body in its place, one level out."""
+    if len(block.items) != 1 or block.items[0].optional_vars is not None or not block.body:
+        return None
+    head = lines[block.lineno - 1]
+    indent = head[:len(head) - len(head.lstrip())]
+    body = "".join(lines[block.body[0].lineno - 1:block.end_lineno])
+    moved = textwrap.indent(textwrap.dedent(body), indent)
+    snippet = textwrap.dedent(moved).strip()
+    if not is_code(snippet):
+        return None
+    edit = Edit(os.path.abspath(path), block.lineno, block.end_lineno or block.lineno, "replace", moved)
+    return GradOff("block", f"{os.path.basename(path)}:{block.lineno}", snippet, edit)
+
+
+def _without_decorator(path: str, lines: list[str], func: ast.FunctionDef, decorator: ast.expr) -> GradOff | None:
+    """The method's lines from the decorator to its ``def`` line, the decorator left out."""
+    start = decorator.lineno
+    if decorator.end_lineno != start or func.lineno <= start:
+        return None
+    kept = "".join(lines[start:func.lineno])
+    copy = ast.parse(ast.unparse(func)).body[0]  # the method as code, without the decorator
+    copy.decorator_list = [d for d in copy.decorator_list if not _grad_off(d)]  # type: ignore[attr-defined]
+    snippet = ast.unparse(copy)
+    edit = Edit(os.path.abspath(path), start, func.lineno, "replace", kept)
+    return GradOff("decorator", f"{os.path.basename(path)}:{start}", snippet, edit, func.name)

@@ -1,0 +1,71 @@
+"""A cut at a known line, read as code when its finding is decided (#54 item 1): what is rewritten, and
+what is left to the words (no code where the line is not plain, never "remove the `.detach()`" where the
+next op needs NumPy)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from leafwatch.detectors import causes
+from leafwatch.detectors.cut_fixes import CutFix, cut_fix, grad_off
+from leafwatch.report.reasons import Place
+from leafwatch.report.words import Members
+
+
+def _file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "model.py"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_a_detach_is_removed_and_two_on_one_line_are_left_to_the_words(tmp_path: Path) -> None:
+    path = _file(tmp_path, """\
+        def forward(self, x):
+            h = self.fc(x).detach()
+            return self.a(h.detach()) + self.b(h.detach())
+        """)
+    fixed = cut_fix("`.detach()`", path, 2)
+    assert fixed is not None and fixed.corrected == "h = self.fc(x)" and not fixed.numpy
+    assert (fixed.edit.start, fixed.edit.end, fixed.edit.text) == (2, 2, "    h = self.fc(x)\n")
+    assert cut_fix("`.detach()`", path, 3) is None  # which one? the words say where
+
+
+def test_a_detach_that_feeds_numpy_is_never_removed_alone(tmp_path: Path) -> None:
+    path = _file(tmp_path, """\
+        def forward(self, x):
+            h = torch.tensor(self.fc(x).detach().cpu().numpy())
+            g = torch.from_numpy(np.clip(h.detach().numpy(), a_min=0, a_max=1))
+            k = torch.from_numpy(np.interp(h.detach().numpy(), xs, ys))
+        """)
+    plain = cut_fix("`.detach()`", path, 2)
+    assert plain == CutFix(numpy=True)  # a round trip with no NumPy op: no code
+    clipped = cut_fix("`.detach()`", path, 3)
+    assert clipped.corrected == "g = torch.clamp(h, min=0, max=1)" and clipped.twin == ("clip", "clamp")
+    assert cut_fix("`.detach()`", path, 4) == CutFix(numpy=True, missing="interp")
+    m = Members(["fc.weight"], [causes.Detached(op="`.detach()`", place=Place(path, 2, "forward"), module="fc",
+                                                fixed=plain)], "")
+    words = causes.Detached(op="`.detach()`", place=Place(path, 2, "forward"), module="fc", fixed=plain).words(m)
+    assert "remove the `.detach()` at" not in words.fix and words.remedy.applicability == "words"
+    assert words.fix.startswith("keep the values a tensor at model.py:2: use torch ops on the tensor itself")
+
+
+class _Blocks(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(2, 2)
+
+    def forward(self, x):
+        with torch.no_grad():
+            a = self.enc(x)
+        with torch.no_grad():
+            b = self.enc(x)
+        return a + b
+
+
+def test_a_module_called_under_two_no_grad_blocks_is_left_to_the_words() -> None:
+    model = _Blocks()
+    assert grad_off("enc", {"": model, "enc": model.enc}) is None

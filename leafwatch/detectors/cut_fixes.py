@@ -94,7 +94,14 @@ def _in_function(snippet: str) -> bool:
 
 def cut_fix(op: str, path: str, line: int) -> CutFix | None:
     """The fix of the cut ``op`` (``"`.detach()`"``, ``"`.data`"``) at ``path:line``; None when the line holds
-    no single such op."""
+    no single such op (or cannot be read: the fix is left to the words)."""
+    try:
+        return _cut_fix(op, path, line)
+    except Exception:  # a source leafwatch cannot read as it expects
+        return None
+
+
+def _cut_fix(op: str, path: str, line: int) -> CutFix | None:
     parsed = _parsed(path)
     statement = _statement(parsed[0], line) if parsed is not None else None
     if statement is None:
@@ -172,7 +179,14 @@ class GradOff:
 
 def grad_off(module_name: str, modules: dict[str, Any]) -> GradOff | None:
     """The one place of the class of the module above ``module_name`` (or above one of its ancestors) that calls
-    it with grad off; None when there is none, or more than one."""
+    it with grad off; None when there is none, or more than one (or a source cannot be read)."""
+    try:
+        return _grad_off_place(module_name, modules)
+    except Exception:  # a source leafwatch cannot read as it expects: the fix is left to the words
+        return None
+
+
+def _grad_off_place(module_name: str, modules: dict[str, Any]) -> GradOff | None:
     parts = module_name.split(".") if module_name else []
     for depth in range(len(parts), 0, -1):
         parent, attr = ".".join(parts[:depth - 1]), parts[depth - 1]

@@ -667,16 +667,13 @@ def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
     if module is None or not left_out:
         return None
     parent = left_out.rpartition(".")[0]
-    for optimizer, params in zip(inv.optimizers, inv.optimizer_params):
-        counts: dict[int, int] = {}
-        for p in params:
-            counts[id(p)] = counts.get(id(p), 0) + 1
-        if max(counts.values(), default=1) < 2:
+    for optimizer, twice_held in zip(inv.optimizers, _held_twice(inv)):
+        if not twice_held:
             continue
         for name, sibling in inv.modules.items():
             own = list(sibling.parameters())
             if (name == left_out or name.rpartition(".")[0] != parent or not own
-                    or any(counts.get(id(p), 0) < 2 for p in own) or not _meant(sibling, module, name, inv)):
+                    or any(id(p) not in twice_held for p in own) or not _meant(sibling, module, name, inv)):
                 continue
             twice, meant, built = _module_code(name, inv), _module_code(left_out, inv), inv.built(optimizer)
             corrected = fixes.corrected_operand(built[1], twice, meant) if twice and meant and built else None
@@ -684,6 +681,18 @@ def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
                 return ListedTwice(module=left_out, twice=twice, meant=meant, corrected=corrected[0],  # type: ignore[arg-type]
                                    edit=corrected[1], listed_at=corrected[2])
     return None
+
+
+def _held_twice(inv: Inventory) -> list[set[int]]:
+    """For each optimizer, the ids of the tensors it holds more than once (worked out once per inventory)."""
+    cache = inv.fix_names if isinstance(getattr(inv, "fix_names", None), dict) else {}
+    if "held twice" not in cache:
+        out = []
+        for params in inv.optimizer_params:
+            seen: set[int] = set()
+            out.append({id(p) for p in params if id(p) in seen or seen.add(id(p))})  # type: ignore[func-returns-value]
+        cache["held twice"] = out
+    return cache["held twice"]
 
 
 def _meant(sibling: Any, module: Any, name: str, inv: Inventory) -> bool:

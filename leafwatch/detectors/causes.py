@@ -154,6 +154,11 @@ def _placed(fix: str, at: str, fixed: CutFix | None) -> tuple[str, Remedy]:
         return _KEEP_TENSOR.format(at=at, how=how), ADVICE
     if fixed.corrected is None:
         return fix, ADVICE
+    if fixed.how == "decorator":
+        return (f"drop the `torch.no_grad()` decorator of `{fixed.function}`, which the line at {at} calls",
+                code(fixed.corrected, fixed.edit))
+    if "\n" in fixed.corrected:
+        return fix, code(fixed.corrected, fixed.edit)
     return f"{fix}: `{fixed.corrected}`", code(fixed.corrected, fixed.edit)
 
 

@@ -49,6 +49,9 @@ class CutFix:
     numpy: bool = False
     twin: tuple[str, str] | None = None
     missing: str | None = None
+    #: A cut by grad mode off: ``"block"`` (the ``with`` block undone) or ``"decorator"`` (dropped from ``function``).
+    how: str = ""
+    function: str = ""
 
 
 def _parsed(path: str) -> tuple[ast.Module, list[str]] | None:
@@ -103,6 +106,9 @@ def cut_fix(op: str, path: str, line: int) -> CutFix | None:
 
 def _cut_fix(op: str, path: str, line: int) -> CutFix | None:
     parsed = _parsed(path)
+    if parsed is not None and op in ("`torch.no_grad()`", "`torch.inference_mode()`"):
+        off = _grad_off_at(path, *parsed, line)
+        return None if off is None else CutFix(off.corrected, off.edit, how=off.how, function=off.function)
     statement = _statement(parsed[0], line) if parsed is not None else None
     if statement is None:
         return None
@@ -224,6 +230,21 @@ def _grad_off_calls(cls: type, attr: str) -> GradOff | None:
         return None
     how, owner, decorator = places[0]
     return _without_block(path, lines, owner) if how == "block" else _without_decorator(path, lines, owner, decorator)  # type: ignore[arg-type]
+
+
+def _grad_off_at(path: str, tree: ast.Module, lines: list[str], line: int) -> GradOff | None:
+    """Grad mode off at ``line``: the innermost ``with torch.no_grad():`` block holding it, undone; else the one
+    function of the file decorated with ``@torch.no_grad()`` that the statement at ``line`` calls, undecorated."""
+    blocks = [w for w in ast.walk(tree) if isinstance(w, ast.With) and any(_grad_off(i.context_expr) for i in w.items)
+              and w.lineno <= line <= (w.end_lineno or w.lineno)]
+    if blocks:
+        return _without_block(path, lines, max(blocks, key=lambda w: w.lineno))
+    statement = _statement(tree, line)
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+              for n in ast.walk(statement) if isinstance(n, ast.Call)} if statement is not None else set()
+    decorated = [(f, d) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in called
+                 for d in f.decorator_list if _grad_off(d)]
+    return _without_decorator(path, lines, *decorated[0]) if len(decorated) == 1 else None
 
 
 def _calls(node: ast.AST, attr: str) -> bool:

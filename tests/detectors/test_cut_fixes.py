@@ -69,3 +69,29 @@ class _Blocks(nn.Module):
 def test_a_module_called_under_two_no_grad_blocks_is_left_to_the_words() -> None:
     model = _Blocks()
     assert grad_off("enc", {"": model, "enc": model.enc}) is None
+
+
+def test_a_cut_by_grad_mode_off_undoes_its_block_or_drops_the_decorator_of_the_method_called(tmp_path: Path) -> None:
+    path = _file(tmp_path, """\
+        class Net(nn.Module):
+            def forward(self, x):
+                h = torch.relu(self.fc1(x))
+                with torch.no_grad():
+                    h = h / h.norm(dim=-1, keepdim=True)
+                return self.fc2(self.norm(h))
+
+            @torch.no_grad()
+            def norm(self, h):
+                return h / h.norm()
+        """)
+    block = cut_fix("`torch.no_grad()`", path, 4)
+    assert (block.how, block.corrected) == ("block", "h = h / h.norm(dim=-1, keepdim=True)")
+    assert (block.edit.start, block.edit.end, block.edit.text) == (4, 5, "        h = h / h.norm(dim=-1, keepdim=True)\n")
+    decorator = cut_fix("`torch.no_grad()`", path, 6)
+    assert (decorator.how, decorator.function) == ("decorator", "norm")
+    assert (decorator.edit.start, decorator.edit.end, decorator.edit.text) == (8, 9, "    def norm(self, h):\n")
+    m = Members(["fc1.weight"], [causes.Detached(op="`torch.no_grad()`", place=Place(path, 6, "forward"),
+                                                 module="fc1", fixed=decorator)], "")
+    words = m.first.words(m)
+    assert words.fix.startswith("drop the `torch.no_grad()` decorator of `norm`, which the line at model.py:6 calls")
+    assert words.remedy.code == "def norm(self, h):\n    return h / h.norm()"

@@ -180,6 +180,8 @@ def _plain_tensor(p: torch.Tensor, i: int, inv: Inventory) -> PlainTensor:
     """:class:`PlainTensor` of ``p``, held by optimizer ``i``: with the user's statement that made it rewritten to
     make a tensor that requires grad (``log_var = torch.zeros(1).requires_grad_()``), where the user's variable
     for it and its assignment are found."""
+    if not (p.is_floating_point() or p.is_complex()):
+        return PlainTensor(optimizer=i)  # an integer tensor cannot require grad: no code asks it to
     variable = fixes.variable_for(p, inv.variables, inv.fix_names)
     if variable is None or not all(part.isidentifier() for part in variable.split(".")):
         return PlainTensor(optimizer=i)

@@ -159,3 +159,37 @@ def test_a_detach_that_feeds_numpy_gets_advice_naming_the_numpy_op_and_no_patch(
     assert "remove the `.detach()`" not in result.stderr
     assert "not in the patch: missing_grad score: its fix is advice, not code" in result.stderr
     assert (folder / "fix.diff").read_text() == ""
+
+
+TWO_LEFT_OUT = '''import warnings
+
+import torch
+from torch import nn
+
+warnings.simplefilter("ignore", UserWarning)
+torch.manual_seed(0)
+d1, d2, critic = nn.Linear(4, 1), nn.Linear(4, 1), nn.Bilinear(4, 4, 1)
+frozen = nn.Linear(4, 1).requires_grad_(False)  # frozen on purpose, and in no optimizer
+opt = torch.optim.SGD(list(d1.parameters()) + list(d1.parameters()), lr=0.1)
+for step in range(4):
+    x = torch.randn(8, 4)
+    loss = (d1(x) + d2(x) + critic(x, x) + frozen(x)).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print("done")
+'''
+
+
+def test_only_the_left_out_sibling_of_the_duplicates_type_is_said_to_be_meant(tmp_path: Path) -> None:
+    """`d1` listed twice, `d2` (its type) and `critic` (another) left out: the correction names `d2`; `critic` keeps
+    its advice and its `add_param_group`; the module frozen on purpose is no finding."""
+    (tmp_path / "train.py").write_text(TWO_LEFT_OUT)
+    result = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", "logs", "train.py"], capture_output=True,
+                       text=True, env=_env(), cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (run,) = read_reports(str(tmp_path / "logs"))
+    reasons = {(f.name.split(".")[0], f.reason.name, f.remedy.code) for f in run.report.open}
+    assert reasons == {
+        ("d2", "listed_twice", "opt = torch.optim.SGD(list(d1.parameters()) + list(d2.parameters()), lr=0.1)"),
+        ("critic", "root_outside", 'opt.add_param_group({"params": critic.parameters()})')}, reasons

@@ -160,7 +160,7 @@ def _round_trip(path: str, lines: list[str], statement: ast.stmt, node: ast.AST,
     if twin is None:
         return CutFix(numpy=True, missing=name if name not in ("asarray", "array") else None)
     if not (isinstance(wrapper, ast.Call) and wrapper.args and wrapper.args[0] is call and ast.unparse(wrapper.func) in
-            {f"torch.{t}" for t in _TO_TORCH}) or base is None or any(k.arg not in (*_KEYWORDS, None) for k in call.keywords):
+            {f"torch.{t}" for t in _TO_TORCH}) or base is None or any(k.arg not in _KEYWORDS for k in call.keywords):
         return CutFix(numpy=True, missing=None, twin=(name, twin))
     text = "".join(lines)
     rest = [ast.get_source_segment(text, a) or "" for a in call.args[1:]]

@@ -229,7 +229,9 @@ def _grad_off_calls(cls: type, attr: str) -> GradOff | None:
     if len(places) != 1:
         return None
     how, owner, decorator = places[0]
-    return _without_block(path, lines, owner) if how == "block" else _without_decorator(path, lines, owner, decorator)  # type: ignore[arg-type]
+    if how == "block":
+        return _without_block(path, lines, owner, attr)  # type: ignore[arg-type]
+    return _without_decorator(path, lines, owner, decorator)  # type: ignore[arg-type]
 
 
 def _grad_off_at(path: str, tree: ast.Module, lines: list[str], line: int) -> GradOff | None:
@@ -259,17 +261,25 @@ def _grad_off(node: ast.expr) -> bool:
     return ast.unparse(target) in {f"torch.{n}" for n in _GRAD_OFF}
 
 
-def _without_block(path: str, lines: list[str], block: ast.With) -> GradOff | None:
-    """The ``with`` block's body in its place, one level out."""
+def _without_block(path: str, lines: list[str], block: ast.With, attr: str | None = None) -> GradOff | None:
+    """The ``with`` block's body in its place, one level out; where ``attr`` is given and one statement of a longer
+    body calls ``self.<attr>``, that statement alone, the statements before and after it kept in the block (each
+    part in a block of its own, in their order)."""
     if len(block.items) != 1 or block.items[0].optional_vars is not None or not block.body:
         return None
     head = lines[block.lineno - 1]
     indent = head[:len(head) - len(head.lstrip())]
-    body = "".join(lines[block.body[0].lineno - 1:block.end_lineno])
+    ends = [b.lineno - 1 for b in block.body[1:]] + [block.end_lineno or block.lineno]
+    parts = ["".join(lines[b.lineno - 1:end]) for b, end in zip(block.body, ends)]
+    calling = [i for i, b in enumerate(block.body) if any(_calls(n, attr) for n in ast.walk(b))] if attr else []
+    k = calling[0] if len(calling) == 1 and len(parts) > 1 else None
+    body = "".join(parts) if k is None else parts[k]
     moved = textwrap.indent(textwrap.dedent(body), indent)
     snippet = textwrap.dedent(moved).strip()
-    if not is_code(snippet):
+    if not _in_function(snippet):
         return None
+    if k is not None:
+        moved = (head + "".join(parts[:k]) if k else "") + moved + (head + "".join(parts[k + 1:]) if parts[k + 1:] else "")
     edit = Edit(os.path.abspath(path), block.lineno, block.end_lineno or block.lineno, "replace", moved)
     return GradOff("block", f"{os.path.basename(path)}:{block.lineno}", snippet, edit)
 

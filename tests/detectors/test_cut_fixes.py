@@ -95,3 +95,28 @@ def test_a_cut_by_grad_mode_off_undoes_its_block_or_drops_the_decorator_of_the_m
     words = m.first.words(m)
     assert words.fix.startswith("drop the `torch.no_grad()` decorator of `norm`, which the line at model.py:6 calls")
     assert words.remedy.code == "def norm(self, h):\n    return h / h.norm()"
+
+
+class _Distilled(nn.Module):
+    """A teacher run under no_grad on purpose, and the student's encoder in the same block by mistake."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.teacher, self.encoder, self.head = nn.Linear(2, 2).requires_grad_(False), nn.Linear(2, 2), nn.Linear(2, 1)
+
+    def forward(self, x):
+        with torch.no_grad():
+            target = self.teacher(x)
+            h = self.encoder(x)
+            target = target.softmax(-1)
+        return self.head(h), target
+
+
+def test_only_the_statement_that_calls_the_module_leaves_a_block_that_holds_more() -> None:
+    model = _Distilled()
+    off = grad_off("encoder", {"": model, "encoder": model.encoder})
+    line = _Distilled.forward.__code__.co_firstlineno + 1
+    assert (off.how, off.corrected, off.edit.start, off.edit.end) == ("block", "h = self.encoder(x)", line, line + 3)
+    assert off.edit.text == ("        with torch.no_grad():\n            target = self.teacher(x)\n"
+                             "        h = self.encoder(x)\n"
+                             "        with torch.no_grad():\n            target = target.softmax(-1)\n")

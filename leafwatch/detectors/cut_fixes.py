@@ -131,9 +131,9 @@ def _cut_fix(op: str, path: str, line: int) -> CutFix | None:
     while isinstance(parents.get(top), (ast.Attribute, ast.Call)) and not _is_numpy_call(parents[top], top):
         top = parents[top]
         if isinstance(top, ast.Attribute) and top.attr in _TO_NUMPY:
-            return _round_trip(path, lines, statement, top, base, parents)
+            return _round_trip(path, lines, statement, top, base, parents, parsed[0])  # type: ignore[index]
     if _is_numpy_call(parents.get(top), top):
-        return _round_trip(path, lines, statement, top, base, parents)
+        return _round_trip(path, lines, statement, top, base, parents, parsed[0])  # type: ignore[index]
     return _rewritten(path, lines, statement, node, base) if base else None
 
 
@@ -144,11 +144,13 @@ def _is_numpy_call(parent: ast.AST | None, child: ast.AST) -> bool:
 
 
 def _round_trip(path: str, lines: list[str], statement: ast.stmt, node: ast.AST, base: str | None,
-                parents: dict[ast.AST, ast.AST]) -> CutFix:
+                parents: dict[ast.AST, ast.AST], tree: ast.Module) -> CutFix:
     """A cut that feeds NumPy: the round trip ``torch.from_numpy(np.op(<tensor>...numpy(), ...))`` replaced by
     the torch op on the tensor itself, where torch has one and the statement holds the whole trip."""
     while node in parents and not _is_numpy_call(parents[node], node):
         node = parents[node]
+        if node is statement:
+            return _spread_trip(path, lines, tree, statement, base) or CutFix(numpy=True)
         if not isinstance(node, (ast.Attribute, ast.Call)):
             return CutFix(numpy=True)
     call = parents.get(node)
@@ -167,6 +169,53 @@ def _round_trip(path: str, lines: list[str], statement: ast.stmt, node: ast.AST,
     rest += [f"{_KEYWORDS.get(k.arg, k.arg)}={ast.get_source_segment(text, k.value)}" for k in call.keywords]
     found = _rewritten(path, lines, statement, wrapper, f"torch.{twin}({', '.join([base, *rest])})")
     return dataclasses.replace(found or CutFix(), numpy=True, twin=(name, twin))
+
+
+def _spread_trip(path: str, lines: list[str], tree: ast.Module, statement: ast.stmt, base: str | None) -> CutFix | None:
+    """A round trip over three statements of one block, as it is often written: ``a = t.detach().cpu().numpy()``,
+    ``a = np.clip(a, lo, hi)``, ``t = torch.from_numpy(a)`` (names free, the arrays used nowhere else): the three
+    replaced by ``t = torch.clamp(t, lo, hi)``. None when the statements are not those."""
+    if base is None:
+        return None
+    holder = next((n for n in ast.walk(tree) for field in ("body", "orelse") if statement in getattr(n, field, [])), None)
+    body = next(b for b in (getattr(holder, "body", []), getattr(holder, "orelse", [])) if statement in b) if holder else []
+    i = body.index(statement) if statement in body else -1
+    trip = body[i:i + 3] if i >= 0 else []
+    names = [_assigned_name(s) for s in trip]
+    if len(trip) != 3 or None in names:
+        return None
+    op, made = trip[1].value, trip[2].value  # type: ignore[attr-defined]
+    if not (isinstance(op, ast.Call) and _is_numpy_call(op, op.args[0] if op.args else None)  # type: ignore[arg-type]
+            and isinstance(op.args[0], ast.Name) and op.args[0].id == names[0] and op.func.attr in NUMPY_TWINS  # type: ignore[attr-defined]
+            and not any(k.arg not in _KEYWORDS for k in op.keywords)):
+        return None
+    made_call = made.func.value if isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) \
+        and not made.args and isinstance(made.func.value, ast.Call) else made  # `torch.from_numpy(a).float()`
+    if not (isinstance(made_call, ast.Call) and ast.unparse(made_call.func) in {f"torch.{t}" for t in _TO_TORCH}
+            and len(made_call.args) == 1 and isinstance(made_call.args[0], ast.Name) and made_call.args[0].id == names[1]):
+        return None
+    later = [n.id for rest in body[i + 3:] for n in ast.walk(rest) if isinstance(n, ast.Name)]
+    if any(name in later for name in names[:2] if name != names[2]):
+        return None  # an array used further on: the trip stays, in words
+    text = "".join(lines)
+    name, twin = op.func.attr, NUMPY_TWINS[op.func.attr]  # type: ignore[attr-defined]
+    rest = [ast.get_source_segment(text, a) or "" for a in op.args[1:]]
+    rest += [f"{_KEYWORDS[k.arg]}={ast.get_source_segment(text, k.value)}" for k in op.keywords]  # type: ignore[index]
+    tail = ast.get_source_segment(text, made)[len(ast.get_source_segment(text, made_call) or ""):]  # type: ignore[index]
+    head = lines[statement.lineno - 1]
+    snippet = f"{names[2]} = torch.{twin}({', '.join([base, *rest])}){tail}"
+    if not is_code(snippet):
+        return None
+    new = head[:len(head) - len(head.lstrip())] + snippet + "\n"
+    edit = Edit(os.path.abspath(path), statement.lineno, trip[2].end_lineno or trip[2].lineno, "replace", new)
+    return CutFix(snippet, edit, numpy=True, twin=(name, twin))
+
+
+def _assigned_name(statement: ast.stmt) -> str | None:
+    """``a`` of ``a = ...`` (one target, a name)."""
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        return statement.targets[0].id
+    return None
 
 
 # -- a module run with grad off ------------------------------------------------------------------

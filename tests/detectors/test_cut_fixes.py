@@ -120,3 +120,25 @@ def test_only_the_statement_that_calls_the_module_leaves_a_block_that_holds_more
     assert off.edit.text == ("        with torch.no_grad():\n            target = self.teacher(x)\n"
                              "        h = self.encoder(x)\n"
                              "        with torch.no_grad():\n            target = target.softmax(-1)\n")
+
+
+def test_a_round_trip_over_three_statements_becomes_the_torch_op_unless_an_array_is_used_further_on(
+        tmp_path: Path) -> None:
+    path = _file(tmp_path, """\
+        def forward(self, x):
+            x = self.fc(x)
+            x = x.detach().cpu().numpy()
+            x = np.clip(x, a_min=0, a_max=6)
+            x = torch.from_numpy(x).float()
+            return self.head(x)
+
+        def other(self, h):
+            a = h.detach().numpy()
+            b = np.tanh(a)
+            h = torch.from_numpy(b)
+            return self.head(h), a.mean()
+        """)
+    fixed = cut_fix("`.detach()`", path, 3)
+    assert (fixed.corrected, fixed.twin) == ("x = torch.clamp(x, min=0, max=6).float()", ("clip", "clamp"))
+    assert (fixed.edit.start, fixed.edit.end, fixed.edit.text) == (3, 5, "    x = torch.clamp(x, min=0, max=6).float()\n")
+    assert cut_fix("`.detach()`", path, 9) == CutFix(numpy=True)  # `a` is read further on: words only

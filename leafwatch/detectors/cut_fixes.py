@@ -186,8 +186,11 @@ def _spread_trip(path: str, lines: list[str], tree: ast.Module, statement: ast.s
         return None
     op, made = trip[1].value, trip[2].value  # type: ignore[attr-defined]
     if not (isinstance(op, ast.Call) and _is_numpy_call(op, op.args[0] if op.args else None)  # type: ignore[arg-type]
-            and isinstance(op.args[0], ast.Name) and op.args[0].id == names[0] and op.func.attr in NUMPY_TWINS  # type: ignore[attr-defined]
-            and not any(k.arg not in _KEYWORDS for k in op.keywords)):
+            and isinstance(op.args[0], ast.Name) and op.args[0].id == names[0]):
+        return None
+    if op.func.attr not in NUMPY_TWINS:  # type: ignore[attr-defined]
+        return CutFix(numpy=True, missing=op.func.attr)  # type: ignore[attr-defined]
+    if any(k.arg not in _KEYWORDS for k in op.keywords):
         return None
     made_call = made.func.value if isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) \
         and not made.args and isinstance(made.func.value, ast.Call) else made  # `torch.from_numpy(a).float()`

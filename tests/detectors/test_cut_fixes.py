@@ -137,8 +137,15 @@ def test_a_round_trip_over_three_statements_becomes_the_torch_op_unless_an_array
             b = np.tanh(a)
             h = torch.from_numpy(b)
             return self.head(h), a.mean()
+
+        def third(self, h):
+            a = h.detach().numpy()
+            a = np.interp(a, xs, ys)
+            h = torch.from_numpy(a)
+            return self.head(h)
         """)
     fixed = cut_fix("`.detach()`", path, 3)
     assert (fixed.corrected, fixed.twin) == ("x = torch.clamp(x, min=0, max=6).float()", ("clip", "clamp"))
     assert (fixed.edit.start, fixed.edit.end, fixed.edit.text) == (3, 5, "    x = torch.clamp(x, min=0, max=6).float()\n")
     assert cut_fix("`.detach()`", path, 9) == CutFix(numpy=True)  # `a` is read further on: words only
+    assert cut_fix("`.detach()`", path, 15) == CutFix(numpy=True, missing="interp")  # named in the words

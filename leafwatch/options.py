@@ -136,6 +136,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An argparse type: an int >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
+    return value
+
+
 def folder_problem(path: str, argument: str, *, create: bool = False) -> str | None:
     """What is wrong with ``path`` as the folder ``argument`` names, in one clause that names
     both, or None: ``leafwatch demo``, ``run`` (``--logdir``) and ``report`` (``LOGDIR``) say it

@@ -52,6 +52,9 @@ def _child(request: dict[str, Any]) -> NoReturn:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    import tempfile
+
+    tempfile.tempdir = None  # (the warm imports may have cached it: worked out again from this TMPDIR, as a cold start does)
     for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
                             (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
         opened = os.open(path, flags, 0o644)

@@ -7,7 +7,9 @@ Lightning writes each run of an experiment beside the earlier ones (``version_0`
 one line with their open errors (``--all`` judges every run). An event file that cannot be read
 (cut off, overwritten) is named on one line and its run is not judged; the others still are.
 The exit code says whether a finding at or above ``--fail-on`` is open in a judged run, so that
-CI can gate on a training run. Only TensorBoard's event file reader is used: no torch needed here.
+CI can gate on a training run. ``--diff`` prints the open findings' code fixes as one patch
+(:mod:`.patch`), ``--verify`` proves it first by running the run's command again on a patched copy
+(:mod:`.verify`). Only TensorBoard's event file reader is used: no torch needed here.
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, TextIO
 
 from .findings import Report
-from .patch import patch_main
+from .patch import Patch, PatchRefused, exit_code, nothing_to_give, of_records, patch_main
+from .verify import VERIFY_STEPS, Refused, of_record, verify
 from .records import REPORT_TAG, decode
-from ..options import folder_problem
+from ..options import folder_problem, positive_int
 
 FAIL_ON = ("error", "warning", "never")
 #: Exit codes: findings at or above --fail-on open; no run could be read (or LOGDIR is no folder).
@@ -225,6 +228,17 @@ def read_reports(logdir: str, argument: str = "logdir") -> list[RunReport]:
     return read_logdir(logdir, argument, every=True).judged
 
 
+def latest_record(logdir: str) -> tuple[dict[str, Any], str] | None:
+    """The newest report record under ``logdir`` (by wall time) and the folder it is in; None when there is
+    none (or ``logdir`` is no folder): what ``--verify`` reads of its rerun."""
+    try:
+        runs = read_reports(logdir)
+    except ValueError:
+        return None
+    newest = max(runs, key=lambda r: r.wall_time, default=None)
+    return None if newest is None else (newest.data, newest.path)
+
+
 def failing(reports: Sequence[RunReport], fail_on: str) -> bool:
     """Whether a finding at least as severe as ``fail_on`` is open in any run."""
     if fail_on not in FAIL_ON:
@@ -264,6 +278,13 @@ def configure_report_parser(parser: argparse.ArgumentParser) -> argparse.Argumen
     patching.add_argument("--fix", action="store_true", help="apply that patch to the files in place and say what "
                           "changed (same exit codes)")
     parser.add_argument("--backup", action="store_true", help="with --fix: keep each changed file as FILE.orig")
+    parser.add_argument("--verify", action="store_true",
+                        help="with --diff: apply the patch to a scratch copy of the run's folder, run its `leafwatch "
+                        "run` command there again, and say per finding whether it is fixed, still open or undecided, "
+                        "and any new one; exit 0 when every patched finding is fixed and nothing new appeared, else 1")
+    parser.add_argument("--verify-steps", type=positive_int, default=None, metavar="N",
+                        help=f"with --verify: the rerun makes as many optimizer steps as the run, at most N "
+                        f"(default {VERIFY_STEPS})")
     return parser
 
 
@@ -276,6 +297,10 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
                 "every code fix")
     if args.backup and not args.fix:
         return "--backup goes with --fix"
+    if getattr(args, "verify", False) and not args.diff:
+        return "--verify goes with --diff (it proves the patch --diff prints)"
+    if getattr(args, "verify_steps", None) is not None and not getattr(args, "verify", False):
+        return "--verify-steps goes with --verify"
     return None
 
 
@@ -296,11 +321,43 @@ def report_main(args: argparse.Namespace) -> int:
         return EXIT_NO_DATA
     if args.diff or args.fix:
         sys.stderr.write(notes)
+        if getattr(args, "verify", False):
+            return verify_main([(r.data, r.path, r.run) for r in reading.judged],
+                               steps=args.verify_steps or VERIFY_STEPS)
         return patch_main([r.data for r in reading.judged], fix=args.fix, backup=args.backup)
     sys.stdout.write((format_json(args.logdir, reading) if args.json else format_text(reading.judged)) + "\n")
     sys.stdout.flush()
     sys.stderr.write(notes)
     return EXIT_FINDINGS if failing(reading.judged, args.fail_on or "error") else 0
+
+
+def verify_main(runs: Sequence[tuple[Mapping[str, Any], str, str]], *, steps: int = VERIFY_STEPS,
+                out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """``leafwatch report DIR --diff --verify``: the patch of the one run ``runs`` holds (its record, its
+    folder, its name) on ``out``, what it leaves out on ``err``, then its verification (:func:`verify`)
+    on ``err``; the exit code (2, on one line, when it is not one run made by ``leafwatch run``, or the
+    patch is refused)."""
+    out, err = out or sys.stdout, err or sys.stderr
+    if len(runs) != 1:
+        err.write(f"leafwatch report: --verify runs one run again, and {len(runs)} were read "
+                  f"({', '.join(label for _, _, label in runs)}): give the log folder of one run\n")
+        return 2
+    (data, folder, label), = runs
+    try:
+        original = of_record(data, Patch((), ()), folder, label)
+        made = of_records([data])
+    except (PatchRefused, Refused) as refused:
+        err.write(f"leafwatch report: {'no patch' if isinstance(refused, PatchRefused) else '--verify'}: {refused}\n")
+        return 2
+    original = dataclasses.replace(original, patch=made)
+    out.write(made.diff)
+    out.flush()
+    err.write("".join(f"{o}\n" for o in made.left_out))
+    empty = nothing_to_give(made)
+    if empty is not None:
+        err.write(f"leafwatch report: {empty}\n")
+    said = verify(original, steps=steps, say=lambda line: err.write(f"leafwatch report: {line}\n"), read=latest_record)
+    return max(exit_code(made), said)
 
 
 def _nothing_read(logdir: str, reading: Reading) -> str:

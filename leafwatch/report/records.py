@@ -39,6 +39,11 @@ GRAD_COVERAGE_TAG = "leafwatch/grad_coverage"
 #: The sub-run (folder under the log directory) holding the custom-scalars layout, so that the
 #: user's own layout is never replaced.
 LAYOUT_RUN = "leafwatch-layout"
+#: The outcome of ``--verify`` (:mod:`leafwatch.report.verify`): written by the verify command, never
+#: by a run, beside the verified run's records (in a file of its own) and beside its rerun's.
+VERIFY_TAG = "leafwatch/verify"
+#: The end of the name of the event file that holds a verification record.
+VERIFY_SUFFIX = ".leafwatch-verify"
 
 #: The records, each one document in a string tensor.
 RECORD_FORMAT = """
@@ -58,6 +63,27 @@ leafwatch/report          latest wins; written when the findings change and at c
     in records written before it (their patch is refused: run again).
     "nothing_to_check": true is added when no tensor required grad and nothing was watched
     (absent otherwise, and in records written before it: read as false).
+    "command": what `leafwatch run` ran, so that `--verify` can run it again (absent from the records
+    of a Monitor, a callback, and of records written before it):
+        {"by": "leafwatch run", "python": the interpreter it ran in, "cwd": the working folder it
+         started in, "script": the path as given (null with -m), "module": null or the -m module,
+         "args": [the script's arguments],
+         "options": {"logdir": as given, "strict": bool, "patience": int, "ignore": {pattern:
+         reason}, "max_steps": null or int}, "started": its wall time when it started,
+         "ended": null while it runs, then {"exit_code": the script's own (null when leafwatch
+         stopped it), "stopped_by": null | "--strict" | "--max-steps" (leafwatch stopped the
+         script: it did not crash), "step": the optimizer steps it made}}
+leafwatch/verify          the outcome of `--verify`, written once by the verify command into the
+    verified run's folder and into its rerun's (an event file of its own, "*.leafwatch-verify"):
+    {"version": 3, "step": the optimizer steps the verified run made, "steps": those the rerun
+     made, "limit": --verify-steps, "rerun": {"folder": the scratch copy, "logdir", "command":
+     [argv], "exit_code", "stopped": bool, "log": the file holding its output},
+     "hunks": [{"kind", "name", "diff": the hunk as the run recorded it, "outcome": "fixed" |
+        "still_open" | "undecided", "decided_step": when the verified run decided it}],
+     "left_out": [{"kind", "name", "outcome"}]: the open findings the patch does not fix,
+     "new": [{"kind", "name", "severity", "message"}]: open in the rerun, not in the run,
+     "problems": [one line each: what else failed (the rerun crashed, wrote to a linked file)],
+     "exit_code": 0 | 1}
 leafwatch/coverage/NNNNNN one tag per chunk of `chunk_steps` steps (so TensorBoard's per-tag
     sampling never drops history); the latest sample of a tag is the whole chunk so far,
     zlib-compressed JSON (rewritten a few times per chunk and when the findings change):
@@ -95,10 +121,25 @@ def layout() -> dict[str, Any]:
                           "grad coverage": ["Multiline", [GRAD_COVERAGE_TAG]]}}
 
 
-def encode_report(report: Mapping[str, Any], patch: Mapping[str, Any] | None = None) -> str:
-    """The ``leafwatch/report`` record of a report's ``to_dict()``: JSON with the version, and
-    what its patch needs (:func:`leafwatch.report.patch.record`) when given."""
-    return json.dumps({"version": RECORD_VERSION, **report, **({"patch": dict(patch)} if patch is not None else {})})
+def encode_report(report: Mapping[str, Any], patch: Mapping[str, Any] | None = None,
+                  command: Mapping[str, Any] | None = None) -> str:
+    """The ``leafwatch/report`` record of a report's ``to_dict()``: JSON with the version, what its
+    patch needs (:func:`leafwatch.report.patch.record`) and what ``leafwatch run`` ran (``command``), each
+    when given."""
+    return json.dumps({"version": RECORD_VERSION, **report, **({"patch": dict(patch)} if patch is not None else {}),
+                       **({"command": dict(command)} if command is not None else {})})
+
+
+def tensor_summary(tag: str, payload: str | bytes) -> Any:
+    """A ``Summary`` proto holding one string (UTF-8 JSON, or zlib-compressed JSON), tagged for
+    the Leafwatch plugin (TensorBoard's protos, imported here: no torch)."""
+    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=PLUGIN_CONTENT)
+    metadata = summary_pb2.SummaryMetadata(plugin_data=plugin, data_class=summary_pb2.DATA_CLASS_TENSOR)
+    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
+                                    string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload])
+    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
 
 
 def encode_coverage(chunk: int, groups: Mapping[str, Any],
@@ -138,5 +179,5 @@ def decode(payload: str | bytes) -> dict[str, Any] | None:
 
 
 __all__ = ["COVERAGE_PREFIX", "FINDINGS_TEXT_TAG", "GRAD_COVERAGE_TAG", "LAYOUT_RUN", "OPEN_PREFIX", "PLUGIN_CONTENT",
-           "PLUGIN_NAME", "RECORD_FORMAT", "RECORD_VERSION", "REPORT_TAG", "coverage_tag", "decode", "encode_coverage",
-           "encode_report", "is_coverage_tag", "layout", "open_tag"]
+           "PLUGIN_NAME", "RECORD_FORMAT", "RECORD_VERSION", "REPORT_TAG", "VERIFY_SUFFIX", "VERIFY_TAG", "coverage_tag",
+           "decode", "encode_coverage", "encode_report", "is_coverage_tag", "layout", "open_tag", "tensor_summary"]

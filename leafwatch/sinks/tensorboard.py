@@ -25,7 +25,7 @@ from ..options import WarnOnce
 from ..report import patch, records
 from ..report.events import CheckEvent
 from ..report.findings import KINDS, Report
-from ..report.records import LAYOUT_RUN, PLUGIN_NAME, REPORT_TAG, layout
+from ..report.records import LAYOUT_RUN, REPORT_TAG, layout, tensor_summary
 
 
 def _ranges_append(ranges: list[list[int]], value: int) -> None:
@@ -68,18 +68,6 @@ class _InNoOptimizer:
         return {"names": list(self.names), "steps": self.steps}
 
 
-def tensor_summary(tag: str, payload: str | bytes) -> Any:
-    """A ``Summary`` proto holding one string (UTF-8 JSON, or zlib-compressed JSON), tagged for
-    the Leafwatch plugin."""
-    from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-
-    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name=PLUGIN_NAME, content=records.PLUGIN_CONTENT)
-    metadata = summary_pb2.SummaryMetadata(plugin_data=plugin, data_class=summary_pb2.DATA_CLASS_TENSOR)
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, tensor_shape=tensor_shape_pb2.TensorShapeProto(),
-                                    string_val=[payload.encode("utf-8") if isinstance(payload, str) else payload])
-    return summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, metadata=metadata, tensor=tensor)])
-
-
 _WARN_PATCH = WarnOnce("`leafwatch report --diff` has no patch for this run.")
 
 
@@ -93,6 +81,9 @@ class TensorBoardSink:
         write_layout: Write the custom-scalars layout to the ``leafwatch-layout`` sub-run.
         root: The folder the run was started in (default: the working folder when the sink is
             made): the paths of the patch its report record carries are relative to it.
+        command: What ``leafwatch run`` ran (its command and working folder), carried by each report
+            record as its ``"command"`` (:data:`leafwatch.report.records.RECORD_FORMAT`); :meth:`ended`
+            adds how it ended.
 
     Example::
 
@@ -106,7 +97,7 @@ class TensorBoardSink:
     """
 
     def __init__(self, writer: Any, *, log_every_n_steps: int = 50, chunk_steps: int = 1000,
-                 write_layout: bool = True, root: str | None = None) -> None:
+                 write_layout: bool = True, root: str | None = None, command: dict[str, Any] | None = None) -> None:
         for attr in ("add_scalar", "add_text"):
             if not callable(getattr(writer, attr, None)):
                 raise TypeError(f"`writer` must be a SummaryWriter (with `{attr}`), got {type(writer).__name__}")
@@ -115,6 +106,7 @@ class TensorBoardSink:
                 raise ValueError(f"`{argument}` must be an int >= 1, got {value!r}")
         self.writer = writer
         self.root = os.path.abspath(root if root is not None else os.getcwd())
+        self._command = None if command is None else {**command, "ended": None}
         self.log_every_n_steps = log_every_n_steps
         self.chunk_steps = chunk_steps
         # A live run's grid is refreshed a few times per chunk: every rewrite repeats the chunk so far.
@@ -160,6 +152,13 @@ class TensorBoardSink:
         self._flush_chunk()
         self.writer.flush()
 
+    def ended(self, *, exit_code: int | None, stopped_by: str | None, step: int) -> None:
+        """How the run ended, for the records written from now on (the last one at :meth:`close`):
+        the script's exit code (None when leafwatch stopped it: ``stopped_by`` names the option)."""
+        if self._command is not None:
+            self._command["ended"] = {"exit_code": exit_code, "stopped_by": stopped_by, "step": step}
+            self._written = None  # (the record at close carries it, even for a report written at that step)
+
     def close(self, report: Report | None = None) -> None:
         if report is not None:
             self._write_report(report, self._last_step)
@@ -173,7 +172,8 @@ class TensorBoardSink:
             return
         self._written = (id(report), step)
         self.writer.add_text(records.FINDINGS_TEXT_TAG, report.to_markdown(), step)
-        self._add_record(REPORT_TAG, records.encode_report(report.to_dict(), patch=self._patch(report)), step)
+        self._add_record(REPORT_TAG, records.encode_report(report.to_dict(), patch=self._patch(report), command=self._command),
+                         step)
 
     def _patch(self, report: Report) -> dict[str, Any] | None:
         """What ``leafwatch report --diff`` needs (:func:`leafwatch.report.patch.record`), written with the

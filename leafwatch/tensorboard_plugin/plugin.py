@@ -5,7 +5,8 @@ Routes, under ``/data/plugin/leafwatch``:
 - ``/index.js``, ``/style.css``: the page (plain JS and CSS, no build step, nothing external);
 - ``/runs``: the runs with Leafwatch records, each with when it last wrote one (``wall_time``) and the
   open errors and warnings of its latest report (the tab's run overview, newest first);
-- ``/findings?run=R``: the latest ``leafwatch/report`` of run R (every run without ``run``);
+- ``/findings?run=R``: the latest ``leafwatch/report`` of run R (every run without ``run``), each
+  hunk that ``--verify`` ran marked with its outcome (``"verified"``);
 - ``/coverage?run=R&bins=N&first=A&last=B``: the coverage grid of run R (every run without
   ``run``, on one step axis, each row naming its run), steps binned into at most N columns (200
   by default), optionally only the steps from A to B.
@@ -38,7 +39,7 @@ from werkzeug import wrappers
 
 from ..report.findings import Finding, group_findings, sort_key_of
 from ..report.format import NOTHING_TO_CHECK
-from ..report.records import PLUGIN_NAME, REPORT_TAG, decode, is_coverage_tag
+from ..report.records import PLUGIN_NAME, REPORT_TAG, VERIFY_TAG, decode, is_coverage_tag
 
 #: Columns of the coverage grid unless the request asks otherwise, and the most it may ask.
 DEFAULT_BINS = 200
@@ -116,6 +117,33 @@ def with_hunks(findings: Any, patch: Any) -> list[Any]:
     return [{**f, "hunk": diffs[f.get("kind"), f.get("name")]}
             if isinstance(f, dict) and not f.get("hunk") and (f.get("kind"), f.get("name")) in diffs else f
             for f in findings]
+
+
+def with_verification(findings: list[Any], verification: Any) -> list[Any]:
+    """The findings of a report record, each whose hunk a ``--verify`` ran (its run's latest
+    ``leafwatch/verify`` record, :mod:`leafwatch.report.verify`) marked with the outcome, as
+    ``"verified"``: ``{"outcome": "fixed" | "still_open" | "undecided", "decided_step", "steps": the
+    rerun's, "of": the run's, "new": the findings new in the rerun}``. A mark is given only to the very
+    hunk that was verified (its kind, name and diff): a run recorded again with another patch has none.
+
+    Example::
+
+        >>> with_verification([{"kind": "orphan_tensor", "name": "blocks", "hunk": "--- a/t.py"}],
+        ...                   {"step": 4, "steps": 4, "new": [], "hunks": [{"kind": "orphan_tensor", "name": "blocks",
+        ...                    "diff": "--- a/t.py", "outcome": "fixed", "decided_step": 1}]})[0]["verified"]
+        {'outcome': 'fixed', 'decided_step': 1, 'steps': 4, 'of': 4, 'new': 0}
+    """
+    hunks = verification.get("hunks") if isinstance(verification, dict) else None
+    if not isinstance(hunks, list):
+        return findings
+    marks = {(h.get("kind"), h.get("name"), h.get("diff")): h for h in hunks if isinstance(h, dict) and h.get("diff")}
+    out = []
+    for f in findings:
+        mark = marks.get((f.get("kind"), f.get("name"), f.get("hunk"))) if isinstance(f, dict) and f.get("hunk") else None
+        out.append(f if mark is None else {**f, "verified": {
+            "outcome": mark.get("outcome"), "decided_step": mark.get("decided_step"), "steps": verification.get("steps"),
+            "of": verification.get("step"), "new": len(verification.get("new") or ())}})
+    return out
 
 
 def open_counts(findings: Iterable[Any]) -> dict[str, int]:
@@ -404,12 +432,13 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     def _reports(self, ctx: Any, experiment: str, runs: list[str]) -> dict[str, dict[str, Any]]:
         """The latest report of each run that has one, findings sorted open errors first."""
         out = {}
-        for run, records in self._latest(ctx, experiment, runs, [REPORT_TAG]).items():
+        for run, records in self._latest(ctx, experiment, runs, [REPORT_TAG, VERIFY_TAG]).items():
             report = records.get(REPORT_TAG)
             if report is None:
                 continue
+            findings = sorted_findings(with_hunks(report.get("findings", []), report.get("patch")))
             out[run] = {"run": run, "step": report.get("step"), "counts": report.get("counts", {}),
-                        "findings": sorted_findings(with_hunks(report.get("findings", []), report.get("patch"))),
+                        "findings": with_verification(findings, records.get(VERIFY_TAG)),
                         # Why there is nothing to check (the console's words), None when there is.
                         "nothing_to_check": NOTHING_TO_CHECK if report.get("nothing_to_check") is True else None}
         return out

@@ -309,3 +309,23 @@ def test_is_active_only_when_a_run_holds_leafwatch_records(tmp_path: Path, with_
     provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path))
     plugin = LeafwatchPlugin(base_plugin.TBContext(data_provider=provider, logdir=str(tmp_path)))
     assert plugin.is_active() is expected
+
+
+def test_only_the_very_hunk_a_verification_ran_is_marked_with_its_outcome() -> None:
+    """`leafwatch report --diff --verify`'s record marks a finding whose kind, name and hunk it verified; a
+    finding recorded since with another hunk (the file changed), or with no hunk, keeps no mark."""
+    from leafwatch.tensorboard_plugin.plugin import with_verification
+
+    findings = [{"kind": "not_in_optimizer", "name": "scale", "hunk": "--- a/t.py\n+optimizer.add_param_group"},
+                {"kind": "orphan_tensor", "name": "blocks", "hunk": "--- a/t.py\n+nn.ModuleList, placed again"},
+                {"kind": "missing_grad", "name": "aux_head", "hunk": None}]
+    verification = {"step": 40, "steps": 10, "new": [{"kind": "device_mismatch", "name": "scale"}], "hunks": [
+        {"kind": "not_in_optimizer", "name": "scale", "diff": "--- a/t.py\n+optimizer.add_param_group",
+         "outcome": "undecided", "decided_step": 26},
+        {"kind": "orphan_tensor", "name": "blocks", "diff": "--- a/t.py\n+nn.ModuleList", "outcome": "fixed",
+         "decided_step": 1}]}
+    marked = with_verification(findings, verification)
+    assert marked[0] == {**findings[0], "verified": {"outcome": "undecided", "decided_step": 26, "steps": 10, "of": 40,
+                                                     "new": 1}}
+    assert marked[1:] == findings[1:]
+    assert with_verification(findings, None) == findings

@@ -23,11 +23,13 @@ from ...monitor import Monitor
 from ...observe import frames, inventory
 from ...observe.crashes import Context
 from ...report import patch
+from ...report import verify as verification
 from ...report.findings import Report
 from ...report.format import shown
-from ...options import LeafwatchWarning, WarnOnce, folder_problem, parse_ignore, positive_int
+from ...report.reader import latest_record
+from ...options import LeafwatchWarning, WarnOnce, folder_problem, non_negative_int, parse_ignore, positive_int
 from ...sinks.notes import print_notes
-from .session import Session, StrictStop
+from .session import MaxStepsStop, Session, StrictStop
 
 #: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or
 #: ended with it).
@@ -59,7 +61,7 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str],
     Exceptions raised by the script are printed with their traceback and give 1 (130 for
     KeyboardInterrupt), as the interpreter does; ``explain`` is handed the exception first (it may add
     notes to it, which the traceback shows) and returns what to print right after the traceback.
-    :class:`StrictStop` is let through. ``ended``: filled with the script's module-level variables when
+    :class:`StrictStop` and :class:`MaxStepsStop` are let through. ``ended``: filled with the script's module-level variables when
     it ends (the caller reads them for its summary, then clears them).
     """
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
@@ -77,7 +79,7 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str],
         return 0
     except SystemExit as stop:
         return _system_exit_code(stop.code)
-    except StrictStop:
+    except (StrictStop, MaxStepsStop):
         raise
     except KeyboardInterrupt:
         traceback.print_exc()
@@ -114,7 +116,8 @@ def _print_script_traceback() -> None:
 
 def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = None,
         logdir: str | None = None, strict: bool = False, patience: int = 1,
-        ignore: dict[str, str] | None = None, diff: str | None = None) -> int:
+        ignore: dict[str, str] | None = None, diff: str | None = None, max_steps: int | None = None,
+        verify: bool = False, verify_steps: int = verification.VERIFY_STEPS) -> int:
     """Run a script (or ``module``) under leafwatch; returns the exit code.
 
     Args:
@@ -127,22 +130,26 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
         ignore: Name pattern -> reason; matching findings are reported as ignored.
         diff: Write the patch of the open findings' code fixes to this file (paths relative to
             the working folder when the run starts; see :mod:`leafwatch.report.patch`).
+        max_steps: Stop the script when it calls the optimizer step after this many (all optimizers
+            together); what waits for a later step is left undecided.
+        verify, verify_steps: With ``diff``: run the patched script again (at most ``verify_steps``
+            optimizer steps) in a scratch copy of the working folder (:mod:`leafwatch.report.verify`).
 
     Returns:
         The script's exit code, or 1 when ``strict`` stopped it; with ``diff`` (and the script's
-        code 0), 2 when the patch is refused and 1 when it misses an open code fix.
+        code 0), 2 when the patch is refused and 1 when it misses an open code fix, or, with
+        ``verify``, when a patched finding is not proven fixed or a new one appeared.
 
     Raises:
-        ValueError: neither or both of ``script`` and ``module``; ``patience`` below 1.
+        ValueError: an argument out of its range (:func:`_check_arguments`).
     """
-    if (script is None) == (module is None):
-        raise ValueError(f"give exactly one of `script` and `module`, got script={script!r}, module={module!r}")
-    if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
-        raise ValueError(f"`patience` must be an int >= 1, got {patience!r}")
-    root = os.getcwd()
-    session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore)
+    _check_arguments(script, module, patience, max_steps, verify, diff, verify_steps)
+    command = verification.command(script, module, argv, cwd=os.getcwd(), logdir=logdir, strict=strict,
+                                   patience=patience, ignore=ignore, max_steps=max_steps)
+    session = Session(logdir=logdir, strict=strict, patience=patience, ignore=ignore, max_steps=max_steps,
+                      command=command)
     session.install()
-    stopped: StrictStop | None = None
+    stopped: StrictStop | MaxStepsStop | None = None
     crashed: list[list[nn.Module]] = []  # the modules that ran when the script raised (for the structure scan)
 
     def explain(error: BaseException) -> Sequence[str]:
@@ -151,26 +158,73 @@ def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = No
             return session.crashed(error, [Context(tuple(crashed[0]))])
 
     ended: dict[str, Any] = {}  # the script's variables once it ended, until the run is closed
+    code = 1  # (an exception of leafwatch's own that leaves run_target)
     try:
         code = run_target(script, module, argv, explain, ended)
-    except StrictStop as stop:
+    except (StrictStop, MaxStepsStop) as stop:
         stopped = stop
         code = 0  # the script did not end: its own code is unknown
     finally:
-        report = _close(session, ended, crashed=bool(crashed))
+        command["ended"] = _ending(session, None if stopped is not None else code, stopped)
+        report = _close(session, ended, crashed=bool(crashed) or isinstance(stopped, MaxStepsStop))
     if crashed and not session.found.optimizers:  # no check ran: what the structure alone shows
         report = _structure_scan(crashed[0], session, report)
-    if stopped is not None:
-        first = stopped.report.at_least("error")[0]
-        session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
-                       f"{first.severity.upper()} {first.kind} {shown(first)}.")
+    _say_stopped(session, stopped)
     session.write(session.summary(report, crashed=bool(crashed)))
     crashed.clear()
-    final = _final_code(session, report, code, strict=strict, stopped=stopped is not None)
-    if diff is not None:
-        patched = _write_patch(diff, report, root)
-        final = final or patched
-    return final
+    final = _final_code(session, report, code, strict=strict, stopped=isinstance(stopped, StrictStop))
+    return final if diff is None else _patched(final, diff, report, command, logdir, verify_steps if verify else None)
+
+
+def _patched(final: int, diff: str, report: Report, command: dict[str, Any], logdir: str | None,
+             verify_steps: int | None) -> int:
+    """``--diff FILE`` written, whatever the run's exit code ``final`` (a crash's fixes too), and, with
+    ``verify_steps``, proven by ``--verify``: ``final``, or when it is 0 the patch's exit code."""
+    made = _write_patch(diff, report, command["cwd"])
+    if made is None:
+        return final or USAGE_EXIT_CODE
+    if verify_steps is None:
+        return final or patch.exit_code(made)
+    folder = None if logdir is None else os.path.join(command["cwd"], logdir)  # (the script may have changed folder)
+    said = verification.verify(verification.Original(command, report, made, folder), steps=verify_steps,
+                               say=lambda line: sys.stderr.write(f"leafwatch run: {line}\n"), read=latest_record)
+    return final or max(patch.exit_code(made), said)
+
+
+def _check_arguments(script: str | None, module: str | None, patience: int, max_steps: int | None, verify: bool,
+                     diff: str | None, verify_steps: int) -> None:
+    """:func:`run`'s arguments, checked.
+
+    Raises:
+        ValueError: neither or both of ``script`` and ``module``; ``patience`` or ``verify_steps`` below 1,
+            ``max_steps`` below 0; ``verify`` without ``diff``.
+    """
+    if (script is None) == (module is None):
+        raise ValueError(f"give exactly one of `script` and `module`, got script={script!r}, module={module!r}")
+    for name, value, least in (("patience", patience, 1), ("max_steps", max_steps, 0), ("verify_steps", verify_steps, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            raise ValueError(f"`{name}` must be an int >= {least}, got {value!r}")
+    if verify and diff is None:
+        raise ValueError("`verify` proves the patch `diff` writes: give `diff` too")
+
+
+def _ending(session: Session, code: int | None, stopped: StrictStop | MaxStepsStop | None) -> dict[str, Any]:
+    """How the script ended (its exit code, or the option with which leafwatch stopped it), told to the
+    session for its last record; the same, for ``--verify``."""
+    stopped_by = None if stopped is None else "--strict" if isinstance(stopped, StrictStop) else "--max-steps"
+    session.ended(exit_code=code, stopped_by=stopped_by)
+    return {"exit_code": code, "stopped_by": stopped_by, "step": session.steps}
+
+
+def _say_stopped(session: Session, stopped: StrictStop | MaxStepsStop | None) -> None:
+    """The line that says leafwatch stopped the script, and why."""
+    if isinstance(stopped, StrictStop):
+        first = stopped.report.at_least("error")[0]
+        session.write(f"leafwatch: --strict stopped the script at optimizer step {stopped.step}: "
+                      f"{first.severity.upper()} {first.kind} {shown(first)}.")
+    elif stopped is not None:
+        session.write(f"leafwatch: --max-steps {stopped.step} stopped the script when it called optimizer step "
+                      f"{stopped.step + 1} (neither checked nor made): what waits for a later step is left undecided.")
 
 
 def _close(session: Session, ended: dict[str, Any], *, crashed: bool) -> Report:
@@ -197,22 +251,23 @@ def _final_code(session: Session, report: Report, code: int, *, strict: bool, st
     return final
 
 
-def _write_patch(path: str, report: Report, root: str) -> int:
+def _write_patch(path: str, report: Report, root: str) -> patch.Patch | None:
     """Write the patch of ``report`` to ``path`` (the files as the run read them; empty when it holds no
-    file, which one more line says, never silently); what is left out goes to stderr, one line each; 0
-    when it holds every code fix, 1 when not, 2 when refused."""
+    file, which one more line says, never silently); what is left out goes to stderr, one line each. The
+    patch (its :func:`~leafwatch.report.patch.exit_code`: 0 when it holds every code fix, 1 when not), or
+    None when it is refused (said on one line)."""
     try:
         made = patch.build(report.findings, root, patch.run_lines)
         with open(path, "w", encoding="utf-8") as out:
             out.write(made.diff)
     except (patch.PatchRefused, OSError) as refused:
         sys.stderr.write(f"leafwatch run: no patch: {refused}\n")
-        return USAGE_EXIT_CODE
+        return None
     sys.stderr.write("".join(f"leafwatch run: {o}\n" for o in made.left_out))
     empty = patch.nothing_to_give(made)
     if empty is not None:
         sys.stderr.write(f"leafwatch run: {empty} ({path} is empty)\n")
-    return patch.exit_code(made)
+    return made
 
 
 @contextlib.contextmanager
@@ -311,8 +366,10 @@ EXIT_CODES_HELP = f"""exit codes, first match wins:
       or at the end of the run
   {INCOMPLETE_EXIT_CODE}  --strict and a part of the check failed inside leafwatch (the report may miss findings), or
       the model trained with an optimizer whose steps leafwatch could not see (nothing was checked)
-  {USAGE_EXIT_CODE}   --diff FILE and the patch is refused (two fixes on the same lines, or FILE can't be written)
-  1   --diff FILE and an open code fix could not be placed in the patch
+  {USAGE_EXIT_CODE}   --diff FILE and the patch is refused (two fixes on the same lines, or FILE can't be written), or
+      --verify refused (the script lies outside this folder, the copy failed)
+  1   --diff FILE and an open code fix could not be placed in the patch, or --verify and a patched
+      finding is still open or undecided, a new one appeared, or the rerun failed
   0   otherwise (without --strict or --diff, findings never change the exit code)"""
 
 
@@ -331,6 +388,16 @@ def configure_run_parser(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--diff", metavar="FILE",
                         help="write the open findings' code fixes to FILE as one unified diff (for `git apply` in "
                         "this folder); the script's own output stays apart")
+    parser.add_argument("--verify", action="store_true",
+                        help="with --diff: apply the patch to a scratch copy of this folder, run the script there "
+                        "again under leafwatch, and say per finding whether it is fixed, still open or undecided, "
+                        "and any new one (docs/patch.md)")
+    parser.add_argument("--verify-steps", type=positive_int, default=None, metavar="N",
+                        help=f"with --verify: the rerun makes as many optimizer steps as this run, at most N "
+                        f"(default {verification.VERIFY_STEPS})")
+    parser.add_argument("--max-steps", type=non_negative_int, default=None, metavar="N",
+                        help="stop the script when it calls the optimizer step after N (all optimizers together): "
+                        "the run ends there, what waits for a later step is left undecided")
     parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
                         help="run a library module as a script (the rest of the line is its arguments)")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
@@ -362,11 +429,16 @@ def run_main(args: argparse.Namespace) -> int:
         if os.path.isdir(script) and not os.path.isfile(os.path.join(script, "__main__.py")):
             return _usage_error(f"can't find '__main__.py' in {script!r}: give a script of that folder, or add a "
                                 "__main__.py to run the folder")
+    if args.verify and args.diff is None:
+        return _usage_error("--verify proves the patch that --diff FILE writes: give --diff FILE too")
+    if args.verify_steps is not None and not args.verify:
+        return _usage_error("--verify-steps goes with --verify")
     problem = None if args.logdir is None else folder_problem(args.logdir, "--logdir", create=True)
     if problem is not None:
         return _usage_error(problem)
-    return run(script, argv, module=module, logdir=args.logdir, strict=args.strict,
-               patience=args.patience, ignore=ignore, diff=args.diff)
+    return run(script, argv, module=module, logdir=args.logdir, strict=args.strict, patience=args.patience,
+               ignore=ignore, diff=args.diff, max_steps=args.max_steps, verify=args.verify,
+               verify_steps=args.verify_steps or verification.VERIFY_STEPS)
 
 
 def _package_without_main(module: str) -> bool:

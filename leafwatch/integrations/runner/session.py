@@ -22,9 +22,11 @@ import torch
 from torch import nn
 
 from ...sinks.console import NewFindingWarnings
+from ...sinks.tensorboard import TensorBoardSink
 from ...report.findings import Kind, Report
 from ...report.names import natural_key
 from ...monitor import Monitor
+from ...observe import hooks
 from ...observe.observer import Observer
 from ...options import WarnOnce
 from ...observe.crashes import Context
@@ -46,6 +48,15 @@ class StrictStop(BaseException):
         self.step = step
 
 
+class MaxStepsStop(BaseException):
+    """Raised from the optimizer step after the last one ``--max-steps`` lets run, before it is checked
+    or made (a step given a closure too: LBFGS, Lightning); a BaseException so scripts don't swallow it."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"leafwatch --max-steps {step}: the script was stopped after optimizer step {step}")
+        self.step = step
+
+
 class Session:
     """The hooks and the Monitor of one ``leafwatch run``.
 
@@ -55,12 +66,21 @@ class Session:
         patience: Passed to the :class:`~leafwatch.Monitor`.
         ignore: Pattern -> reason, passed to the :class:`~leafwatch.Monitor`.
         stream: Where findings and the summary go (``sys.stderr`` when None, read at each write).
+        max_steps: Stop the script when it calls the optimizer step after this many
+            (:class:`MaxStepsStop`); None lets it run.
+        command: What ``leafwatch run`` runs, for the records (their ``"command"``: its ``cwd`` is the
+            folder the patch's paths are relative to).
     """
 
     def __init__(self, *, logdir: str | None = None, strict: bool = False, patience: int = 1,
-                 ignore: dict[str, str] | None = None, stream: TextIO | None = None) -> None:
+                 ignore: dict[str, str] | None = None, stream: TextIO | None = None, max_steps: int | None = None,
+                 command: dict[str, Any] | None = None) -> None:
         self.logdir = logdir
         self.strict = strict
+        self.max_steps = max_steps
+        self.command = command
+        self._sink: TensorBoardSink | None = None
+        self._limit: Any = None  # (with max_steps: the pre-step subscription that stops the script)
         self.patience = patience
         self.ignore = dict(ignore or {})
         self._stream = stream
@@ -97,10 +117,21 @@ class Session:
         self.observer.unhooked = self.found.unhooked  # (a module its hook watched never run: a cause, at a miss)
         self.observer.install_global()
         self.found.arm()
+        if self.max_steps is not None:  # (before a step given a closure too, which is checked after it)
+            self._limit = hooks.OPTIMIZER_STEP_PRE.subscribe(self._stop_at_limit)
+
+    def _stop_at_limit(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # A step given a closure is checked (and counted) after it is made: stopped here, before it. Any other
+        # step is stopped by its check (:meth:`_checked_step`), which may come before this call in the same step.
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if closure is not None and not self._closed and self.max_steps is not None and self.found.steps >= self.max_steps:
+            raise MaxStepsStop(self.found.steps)
 
     def _checked_step(self, optimizer: torch.optim.Optimizer) -> None:
         if self._checking or self._closed:
             return
+        if self.max_steps is not None and self.found.steps >= self.max_steps:
+            raise MaxStepsStop(self.found.steps)  # (a step past the limit is neither checked nor made)
         self._checking = True
         try:
             self._step(optimizer)
@@ -146,16 +177,17 @@ class Session:
             self.monitor.set_roots(roots)  # rebuilt at the next check
 
     def _make_monitor(self, roots: dict[str, nn.Module] | None = None) -> Monitor:
-        if self.logdir is not None:
+        if self.logdir is not None and self._sink is None:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = self._writer or SummaryWriter(self.logdir)
+                self._writer = SummaryWriter(self.logdir)
+                self._sink = TensorBoardSink(self._writer, root=(self.command or {}).get("cwd"), command=self.command)
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
-        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=[self._lines],
-                              roots=self.found.roots if roots is None else roots, writer=self._writer,
-                              observer=self.observer)
+        sinks = [self._lines] if self._sink is None else [self._lines, self._sink]
+        monitor = Monitor(None, patience=self.patience, ignore=self.ignore, sinks=sinks,
+                              roots=self.found.roots if roots is None else roots, observer=self.observer)
         # The first steps check gradient values at every check (a NaN is named at the step it
         # appears, and --strict stops there); then at the Monitor's cadence.
         monitor.wait_for_optimizers(LATE_OPTIMIZER_CHECKS, self.found.waiting_optimizers,
@@ -234,9 +266,15 @@ class Session:
             self.stream.flush()
 
     # -- the end -----------------------------------------------------------------------------
+    def ended(self, *, exit_code: int | None, stopped_by: str | None) -> None:
+        """How the script ended, for the last record (written at :meth:`close`): its exit code, or the option
+        with which leafwatch stopped it (``--strict``, ``--max-steps``: it did not crash)."""
+        if self._sink is not None:
+            self._sink.ended(exit_code=exit_code, stopped_by=stopped_by, step=self.steps)
+
     def close(self, *, crashed: bool = False) -> Report:
         """Remove every hook, flush the Monitor and TensorBoard, and return the final report (``crashed``: the
-        script raised, and what waits for a later step is left undecided)."""
+        script raised or was stopped by ``--max-steps``, and what waits for a later step is left undecided)."""
         if self._closed:
             return self.report or Report(step=self.steps)
         self._closed = True
@@ -253,6 +291,8 @@ class Session:
             self._warn("closing the run", error)
             report = self.report or Report(step=self.steps)
         finally:
+            if self._limit is not None:
+                self._limit.remove()
             self.observer.close()  # (after the Monitor's end-of-run decisions, which read the optimizers seen stepping)
             if self._writer is not None:
                 try:

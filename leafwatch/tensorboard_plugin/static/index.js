@@ -344,8 +344,25 @@ function fixSnippet(f) {
   return el("div", { class: `fix-snippet${f.hunk ? " hunk" : ""}` },
     el("div", { class: "snippet-head" },
       el("span", { class: "place", title: edit ? edit.path : null }, f.hunk ? "patch" : edit ? placeText(edit) : "paste"),
-      button),
+      verifiedMark(f.verified), button),
     el("pre", {}, el("code", {}, code)));
+}
+
+// What `leafwatch report --diff --verify` found of this hunk: the patched copy run again.
+const VERIFIED = {
+  fixed: (v) => ["verified: fixed", `the patched script, run again for ${v.steps} of the run's ${v.of} optimizer steps, no longer has this finding`],
+  still_open: (v) => ["verified: still open", `the patched script, run again for ${v.steps} of the run's ${v.of} optimizer steps, still has this finding`],
+  undecided: (v) => ["verify: undecided", v.decided_step > v.steps
+    ? `the rerun stopped after step ${v.steps}, before step ${v.decided_step}, at which the run decided this finding`
+    : "the rerun left this finding undecided: it ended before the checks that decide it"],
+};
+
+function verifiedMark(v) {
+  const said = v && VERIFIED[v.outcome];
+  if (!said) return null;
+  const [label, title] = said(v);
+  const extra = v.new ? ` (the rerun also had ${v.new} new finding${v.new === 1 ? "" : "s"})` : "";
+  return el("span", { class: `verified ${v.outcome}`, title: `${title}${extra}`, "data-outcome": v.outcome }, label);
 }
 
 async function copyText(text, button) {

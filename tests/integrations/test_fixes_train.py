@@ -72,6 +72,47 @@ CASES = {
     "numpy_clip_forward": Case("numpy_clip_forward.py", {("missing_grad", "loc")}, ["model.loc"],
                                lines=("+        l_t = torch.clamp(l_t, -1.0, 1.0)",)),
 }
+#: Item 6: the crashes of tests/scripts/ (#53's, each re-created from a public report its docstring names) whose
+#: finding has a placed code fix. Each crashes under ``leafwatch run --logdir logs``, ``leafwatch report logs --diff``
+#: patches the crash finding its record holds (the one flow), and the patched script runs past the crash.
+CRASHES = {
+    "hidden_state": Case("crash_hidden_state.py", {("non_leaf", "h_state")}, ["rnn"],
+                         lines=("+    h_state = None if h_state is None else h_state.detach()",)),
+    "lstm_hidden_tuple": Case("crash_lstm_hidden_tuple.py", {("non_leaf", "hidden")}, ["model"],
+                              lines=("+    hidden = repackage_hidden(hidden)",)),
+    "rnn_hidden_state": Case("crash_rnn_hidden_state.py", {("non_leaf", "hidden")}, ["rnn", "head"],
+                             lines=("+    hidden = hidden.detach()",)),
+    "lstm_hidden_attribute": Case("crash_lstm_hidden_attribute.py", {("non_leaf", "model.hidden")}, ["model"],
+                                  lines=("+    model.hidden = tuple(t.detach() for t in model.hidden)",)),
+    "std_before_loop": Case("crash_std_before_loop.py", {("non_leaf", "std")}, ["log_std", "policy"],
+                            lines=("+    std = log_std.exp()",)),
+    "scale_beside_a_detached_state": Case("crash_scale_beside_a_detached_state.py", {("non_leaf", "scale")},
+                                          ["log_scale", "rnn", "head"], lines=("+    scale = log_scale.exp()",)),
+    # the cached prototypes of a cosine classifier, in a module of a subfolder
+    "prototypes": Case("train.py", {("non_leaf", "model.prototypes")}, ["model.emb.weight", "model.encoder"],
+                       folder="prototypes", lines=("--- a/models/classifier.py", "+    @property",
+                                                   "+        return F.normalize(self.emb.weight, dim=1)")),
+    "fake_in_two_losses": Case("crash_gan_fake_reused.py", {("non_leaf", "fake")}, ["netG", "netD"],
+                               lines=("+    output = netD(fake.detach()).view(-1)",)),
+    "step_before_backward": Case("gan_crash.py", {("missing_grad", "G_loss")}, ["G", "D"],
+                                 lines=("+    G_loss = bce(D_fake, torch.ones_like(D_fake))",)),
+    "used_up_iterator": Case("crash_empty_parameter_list.py", {("not_in_optimizer", "params")}, ["model[2]"],
+                             lines=("+params = list(filter(lambda p: p.requires_grad, model.parameters()))",)),
+    "frozen_head": Case("crash_frozen_head.py", {("missing_grad", "model")}, ["model.fc"],
+                        lines=("+model.fc.requires_grad_(True)",)),
+    "all_frozen": Case("crash_all_frozen.py", {("missing_grad", "model")}, ["model"],
+                       lines=("+model.requires_grad_(True)",)),
+    "no_grad_helper": Case("crash_no_grad_helper.py", {("missing_grad", "loss")}, ["model"], lines=("-@torch.no_grad()",)),
+    "init_routine": Case("crash_init_routine.py", {("non_leaf", "m.weight")}, ["model"], lines=("+@torch.no_grad()",)),
+    "two_non_leaves": Case("crash_two_non_leaves.py", {("non_leaf", "{W1,W2}")}, ["W1", "W2", "b1", "b2"],
+                           lines=("+W1 = (torch.randn(784, 128) * 0.01).requires_grad_()",
+                                  "+W2 = (torch.randn(128, 10) * 0.01).requires_grad_()")),
+    "scale_in_init": Case("crash_second_backward.py", {("non_leaf", "model.scale")}, ["model.scale", "model.body"],
+                          lines=("+        self.scale = nn.Parameter(torch.randn(4) * 0.02)",)),
+    # a LightningModule whose training_step returns its loss detached
+    "lightning_detach": Case("crash_lightning_detach.py", {("missing_grad", "the loss `Regressor.training_step` returns")},
+                             ["model.layer"], lines=('+        return {"loss": loss, "log": {"train_loss": loss.detach()}}',)),
+}
 
 
 def _env() -> dict[str, str]:
@@ -79,6 +120,11 @@ def _env() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
     env["PYTHONHASHSEED"] = "0"
     return env
+
+
+def _leafwatch(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return _warm.run([sys.executable, "-m", "leafwatch", *args], capture_output=True, text=True, env=_env(), cwd=cwd,
+                     timeout=300)
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -104,18 +150,22 @@ def patched(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
     script's run (``runs_of``: its open findings and whether each tensor trained)."""
     out: dict[str, dict[str, Any]] = {}
     spec = []
-    for key, case in CASES.items():
+    for key, case in [*CASES.items(), *CRASHES.items()]:
         folder = _project(case, tmp_path_factory.mktemp(key) / "project")
-        first = _warm.run([sys.executable, "-m", "leafwatch", "run", "--logdir", "logs", "--diff", "fix.diff", case.script],
-                          capture_output=True, text=True, env=_env(), cwd=folder, timeout=300)
+        if key in CASES:
+            out[key] = {"first": _leafwatch(folder, "run", "--logdir", "logs", "--diff", "fix.diff", case.script)}
+        else:  # a crashed run, then the patch of its record
+            out[key] = {"first": _leafwatch(folder, "run", "--logdir", "logs", case.script),
+                        "report": _leafwatch(folder, "report", "logs", "--diff")}
+            (folder / "fix.diff").write_text(out[key]["report"].stdout)
         diff = (folder / "fix.diff").read_text()
         applied = _git(folder, "apply", "fix.diff")
         (run,) = read_reports(str(folder / "logs"))
         coded = {(str(f.kind), f.name) for f in run.report.open if f.remedy.applicability == "code" and f.remedy.edit}
-        out[key] = {"first": first, "diff": diff, "applied": applied, "script": str(folder / case.script), "coded": coded}
+        out[key].update({"diff": diff, "applied": applied, "script": str(folder / case.script), "coded": coded})
         spec.append({"script": str(folder / case.script), "trains": case.trains})
     after = runs_of(spec, tmp_path_factory.mktemp("after") / "runs.json")
-    for key in CASES:
+    for key in out:
         out[key]["after"] = after[out[key]["script"]]
     return out
 
@@ -133,6 +183,27 @@ def test_each_patch_applies_and_the_tensor_it_names_trains(patched: dict[str, di
     after = found["after"]
     assert after["code"] == 0 and "Traceback" not in after["stderr"], after["stderr"]
     assert {(f["kind"], f["name"]) for f in after["open"]} == case.known, after["open"]
+    for expr in case.trains:
+        assert after["trains"][expr] == {"stepped": True, "grad": True, "changed": True}, (expr, after["trains"])
+
+
+@pytest.mark.parametrize("key", sorted(CRASHES))
+def test_a_crash_findings_patch_from_the_record_runs_past_the_crash_and_trains_the_tensor(
+        patched: dict[str, dict[str, Any]], key: str) -> None:
+    """Item 6: ``leafwatch run --logdir logs`` crashes, ``leafwatch report logs --diff`` patches the crash finding its
+    record holds, ``git apply`` applies it, and the patched script runs to its end with the tensor training."""
+    case, found = CRASHES[key], patched[key]
+    first, report = found["first"], found["report"]
+    assert first.returncode == 1 and "Traceback (most recent call last):" in first.stderr, first.stderr
+    assert "LeafwatchInternalWarning" not in first.stderr + report.stderr, first.stderr + report.stderr
+    assert report.returncode == 0 and report.stderr == "", report.stderr  # every open finding's code is in the patch
+    assert found["coded"] == case.fixed, found["coded"]  # the crash finding, in the record, with a placed code fix
+    diff = found["diff"]
+    assert diff.startswith("--- a/") and all(line in diff.splitlines() for line in case.lines), diff
+    assert found["applied"].returncode == 0, (diff, found["applied"].stderr)
+    after = found["after"]
+    assert after["code"] == 0 and "Traceback" not in after["stderr"], after["stderr"]
+    assert after["crash"] == [] and after["open"] == [], (after["crash"], after["open"])
     for expr in case.trains:
         assert after["trains"][expr] == {"stepped": True, "grad": True, "changed": True}, (expr, after["trains"])
 

@@ -17,8 +17,9 @@ from torch import nn
 from ..observe import copies, cuts, functions, unhooked
 from ..observe.tracing import RunRecord
 from ..report.reasons import Place, Reason
-from ..report.words import Members, Words
-from . import fixes
+from ..report.words import ADVICE, Members, Remedy, Words, code
+from . import cut_fixes, fixes
+from .cut_fixes import CutFix, GradOff
 from .constructors import missing_words
 
 
@@ -106,6 +107,7 @@ class Cut(Miss):
     rank: int = 0
     direct: bool = False
     attribute: str = ""
+    fixed: CutFix | None = None
 
     def cut_words(self, m: Members) -> Words:
         op, place, called_from = self.op, self.place, self.called_from
@@ -114,6 +116,7 @@ class Cut(Miss):
         attribute = self.attribute if m.single else m.shared("attribute")
         if self.direct and attribute and op in ("`.data`", "`.detach()`") and m.shared("direct"):
             fix = f"use `{attribute}` itself, not `{attribute}{op.strip('`')}`, at {at}"  # type: ignore[union-attr]
+        fix, remedy = _placed(fix, at, self.fixed) if called_from is None else (fix, ADVICE)
         if called_from is not None:
             fix = (f"{fix}: it runs inside a library, reached from your call at {called_from.short}; change that "
                    "call (its arguments or where you call it) so its output keeps the graph")
@@ -123,7 +126,40 @@ class Cut(Miss):
             how = "what comes out of that op carries no autograd graph back to it"
         described = f"{op} at {place.within}" + (f", called from {called_from.within}" if called_from else "")  # type: ignore[union-attr]
         return missing_words(m, f"cut by {described}: {m.who} is used before that point of the forward, and {how}, "
-                             "so backward never reaches it (leafwatch saw the op run).", fix, silenced=True)
+                             "so backward never reaches it (leafwatch saw the op run).", fix, remedy, silenced=True)
+
+
+_KEEP_TENSOR = ("keep the values a tensor at {at}: {how} (a NumPy array has no autograd graph, and removing the "
+                "`.detach()` alone would make `.numpy()` raise)")
+
+
+def _placed(fix: str, at: str, fixed: CutFix | None) -> tuple[str, Remedy]:
+    """A cut's fix with the user's line rewritten (:func:`~leafwatch.detectors.cut_fixes.cut_fix`): the op
+    removed, or a NumPy round trip replaced by the torch op; a round trip torch has no op for stays words,
+    naming the NumPy op, and never says to remove the ``.detach()`` that feeds it."""
+    if fixed is None:
+        return fix, ADVICE
+    if fixed.numpy:
+        if fixed.twin is not None and fixed.corrected is not None:
+            numpy_op, torch_op = fixed.twin
+            return (f"replace the NumPy round trip at {at} by the torch op on the tensor itself (`np.{numpy_op}` is "
+                    f"`torch.{torch_op}`, which keeps the graph): `{fixed.corrected}`"), code(fixed.corrected, fixed.edit)
+        if fixed.twin is not None:
+            how = f"`np.{fixed.twin[0]}` is `torch.{fixed.twin[1]}`, on the tensor itself, with no NumPy round trip"
+        elif fixed.missing is not None:
+            how = (f"torch has no op leafwatch knows for `np.{fixed.missing}`: compute it with torch ops on the tensor "
+                   "itself, with no NumPy round trip")
+        else:
+            how = "use torch ops on the tensor itself, not a NumPy round trip"
+        return _KEEP_TENSOR.format(at=at, how=how), ADVICE
+    if fixed.corrected is None:
+        return fix, ADVICE
+    if fixed.how == "decorator":
+        return (f"drop the `torch.no_grad()` decorator of `{fixed.function}`, which the line at {at} calls",
+                code(fixed.corrected, fixed.edit))
+    if "\n" in fixed.corrected:
+        return fix, code(fixed.corrected, fixed.edit)
+    return f"{fix}: `{fixed.corrected}`", code(fixed.corrected, fixed.edit)
 
 
 class IntegerCut(Miss, name="integer_cut"):
@@ -161,8 +197,10 @@ def explain_cut(cut: cuts.Cut, tensor_id: int, attribute: str = "") -> Explanati
         return Explanation(IntegerCut(op=site.op, place=place_of(site.place), dtype=cut.integer,  # type: ignore[arg-type]
                                       called_from=place_of(site.called_from), steps=tuple(cut.steps)), group, location)
     reason = _CUT_REASONS.get(site.op, Rewrapped)
+    fixed = cut_fixes.cut_fix(site.op, site.place.file, site.place.line) if site.called_from is None else None
     return Explanation(reason(op=site.op, place=place_of(site.place), called_from=place_of(site.called_from),
-                              rank=site.rank, direct=tensor_id in cut.direct, attribute=attribute), group, location)
+                              rank=site.rank, direct=tensor_id in cut.direct, attribute=attribute, fixed=fixed),
+                       group, location)
 
 
 # -- what the module hooks saw ---------------------------------------------------------------------
@@ -208,7 +246,9 @@ def explain_missing(module_name: str, attribute: str, records: dict[str, RunReco
     if record.in_function is not None and not record.function_inputs:
         return inside_function(record.in_function, grad_on=record.grad_enabled)
     if not record.grad_enabled:
-        return Explanation(Checkpoint() if record.in_checkpoint else GradDisabled())
+        if record.in_checkpoint:
+            return Explanation(Checkpoint())
+        return Explanation(GradDisabled(off=cut_fixes.grad_off(module_name, modules) if modules else None))
     if record.substituted:
         return Explanation(SubstitutedWeights())
     if not record.output_requires_grad:
@@ -397,13 +437,23 @@ class Checkpoint(Miss, name="checkpoint"):
             "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad")
 
 
-class GradDisabled(Miss, name="grad_disabled"):
-    """The module ran with gradients disabled."""
+class GradDisabled(Miss, name="grad_disabled", fixes="sometimes"):
+    """The module ran with gradients disabled; ``off``: the one place of the class above it that calls it with
+    grad off (a ``with torch.no_grad():`` block, a ``@torch.no_grad()`` method), read when the finding is decided."""
+
+    off: GradOff | None = None
 
     def words(self, m: Members) -> Words:
-        module = shown(module_of(m))
-        return missing_words(m, f"{module} ran with gradients disabled (inside `torch.no_grad()` or "
-                             "`torch.inference_mode()`).", f"call {module} outside `torch.no_grad()` during training")
+        module, off = shown(module_of(m)), self.off
+        cause = f"{module} ran with gradients disabled (inside `torch.no_grad()` or `torch.inference_mode()`)."
+        if off is None:
+            return missing_words(m, cause, f"call {module} outside `torch.no_grad()` during training")
+        one_line = "" if "\n" in off.corrected else f": `{off.corrected}`"
+        if off.how == "block":
+            fix = f"move the computation that feeds the loss out of the `torch.no_grad()` block at {off.place}{one_line}"
+        else:
+            fix = f"drop the `torch.no_grad()` decorator of `{off.function}` at {off.place}: it calls {module}"
+        return missing_words(m, cause, fix, code(off.corrected, off.edit))
 
 
 def _not_reached(record: RunRecord, records: dict[str, RunRecord], ops_traced: bool) -> Explanation:

@@ -535,6 +535,34 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span |
     return None
 
 
+def registration_args(module: Any, attr: str) -> Assigned:
+    """The buffer ``attr`` of ``module`` registered as a parameter in place of its registration
+    (``self.register_buffer("scale", torch.ones(1, requires_grad=True))`` ->
+    ``self.register_parameter("scale", nn.Parameter(torch.ones(1)))``), read from its class's source
+    (:class:`Assigned`; no code when the registration is not one statement of the class)."""
+    for cls in type(module).__mro__ if module is not None else ():
+        if cls.__module__.startswith(("torch", "builtins")):
+            continue
+        try:
+            lines, first = inspect.getsourcelines(cls)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+            path = inspect.getsourcefile(cls)
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            continue
+        for node in ast.walk(tree):
+            call = node.value if isinstance(node, ast.Expr) else None
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and call.func.attr == "register_buffer" and isinstance(call.func.value, ast.Name)
+                    and len(call.args) >= 2 and isinstance(call.args[0], ast.Constant) and call.args[0].value == attr):
+                continue
+            scope = vars(sys.modules.get(cls.__module__, object()))
+            value = ast.unparse(_strip_grad(call.args[1]))
+            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {_nn_name(scope)}.Parameter({value}))"
+            where = statement_span(f"{path}:{first + node.lineno - 1}") if path else None
+            return Assigned(attr, snippet if is_code(snippet) else None, where)
+    return Assigned(attr)
+
+
 @dataclasses.dataclass(frozen=True)
 class Assigned:
     """What a fix that registers the attribute ``attr`` as a Parameter needs from the user's source: the
@@ -748,6 +776,79 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     else:
         snippet = f"{target} = {ast.unparse(leaf)}"
     return snippet if is_code(snippet) else None
+
+
+def _operand_groups(node: ast.AST) -> Iterable[list[ast.expr]]:
+    """The operands that stand side by side under ``node``: a call's arguments, a list's or tuple's items, the
+    terms of a ``+`` chain (``list(a.parameters()) + list(b.parameters())``)."""
+    for child in ast.walk(node):
+        if isinstance(child, ast.Call):
+            yield [a.value if isinstance(a, ast.Starred) else a for a in child.args]
+        elif isinstance(child, (ast.List, ast.Tuple, ast.Set)):
+            yield [e.value if isinstance(e, ast.Starred) else e for e in child.elts]
+        elif isinstance(child, ast.BinOp) and isinstance(child.op, ast.Add):
+            terms: list[ast.expr] = []
+            stack: list[ast.expr] = [child]
+            while stack:
+                term = stack.pop()
+                if isinstance(term, ast.BinOp) and isinstance(term.op, ast.Add):
+                    stack.extend((term.right, term.left))
+                else:
+                    terms.append(term)
+            yield terms
+
+
+def _receiver(operand: ast.expr, module: str) -> ast.expr | None:
+    """The node that spells ``module`` in ``operand`` when the operand is ``module``'s parameters
+    (``module.parameters()``, ``list(module.parameters())``, ``module.named_parameters()``...)."""
+    for node in ast.walk(operand):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("parameters", "named_parameters") and ast.unparse(node.func.value) == module):
+            return node.func.value
+    return None
+
+
+def corrected_operand(location: str, twice: str, meant: str) -> tuple[str, Edit, str] | None:
+    """The statement that lists the parameters of the module ``twice`` (its code) twice side by side, with
+    ``meant`` in place of the second: the optimizer's statement at ``location`` (``file:line``), or a statement
+    of the same scope up to 30 lines above it that builds its parameter list (``params = list(d1.parameters())
+    + list(d1.parameters())``). ``(the corrected statement, its edit, where it stands)``; None when not found."""
+    path, _, line = location.rpartition(":")
+    try:
+        tree = ast.parse("".join(linecache.getlines(path)))
+    except (SyntaxError, ValueError):
+        return None
+    lineno = int(line) if line.isdigit() else 0
+    statements = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return))
+                         and lineno - 30 <= n.lineno <= lineno <= (n.end_lineno or n.lineno) + 30
+                         and n.lineno <= lineno), key=lambda n: -n.lineno)
+    for statement in statements:
+        for group in _operand_groups(statement):
+            found = [r for r in (_receiver(o, twice) for o in group) if r is not None]
+            if len(found) < 2 or any(_receiver(o, meant) is not None for o in group):
+                continue
+            return _replaced(path, statement, found[1], meant)
+    return None
+
+
+def _replaced(path: str, statement: ast.stmt, node: ast.expr, text: str) -> tuple[str, Edit, str] | None:
+    """``statement`` of the file ``path`` with ``node`` spelled ``text``: the new statement, its edit, and where."""
+    lines = linecache.getlines(path)
+    first, last = statement.lineno, statement.end_lineno or statement.lineno
+    if node.end_lineno is None or node.end_col_offset is None or not lines[first - 1:last]:
+        return None
+    own = [*lines[first - 1:last]]
+    row, end_row = node.lineno - first, node.end_lineno - first
+    if row != end_row or not own[row].isascii():
+        return None
+    own[row] = own[row][:node.col_offset] + text + own[row][node.end_col_offset:]
+    new = "".join(own)
+    snippet = textwrap.dedent(new).strip()
+    if not is_code(snippet):
+        return None
+    if "\n" in snippet:  # the fix's words give it on one line; the edit keeps the user's lines
+        snippet = ast.unparse(ast.parse(snippet))
+    return snippet, Edit(os.path.abspath(path), first, last, "replace", new), f"{os.path.basename(path)}:{first}"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from ..observe.inventory import Inventory, ParamInfo
 from ..observe.tracing import Tracer
 from .constructors import make, silence
 from ..report.reasons import Reason, Span, Transition
-from ..report.words import ADVICE, Members, Remedy, Words, code
+from ..report.words import ADVICE, Edit, Members, Remedy, Words, code
 from ..report.verdicts import Verdict, Verdicts
 
 
@@ -388,10 +388,13 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
             built_at=None if built is None else fixes.short_place(built[1]), built_variable=None if built is None else built[2])
     elif (library := _built_by_library(info, p, args["target"], inventory)) is not None:
         reason = LibraryOptimizers(**args, **library)
-    elif info.buffer and switched is not None:
-        reason = BufferSwitchedOn(**args, attribute=info.attribute, switched_at=switched)
+    elif inventory is not None and (twice := _listed_twice(fixes.outside_module(name, inventory), inventory)):
+        reason = twice
     elif info.buffer:
-        reason = BufferRequiresGrad(**args, attribute=info.attribute)
+        registered = fixes.registration_args(inventory.modules.get(info.module) if inventory is not None else None,
+                                             info.attribute)
+        reason = (BufferRequiresGrad(**args, attribute=info.attribute, registered=registered) if switched is None
+                  else BufferSwitchedOn(**args, attribute=info.attribute, switched_at=switched, registered=registered))
     else:
         reason = LeftOut(**args)
     return make(reason, name, "error", tensor=p, step=step, aliases=info.aliases, **saw)
@@ -539,37 +542,52 @@ class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
         return Words(self.message(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 
-class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad", fixes="never"):
-    """A buffer meant as a parameter: register it as one where it is registered now (words: the
-    tensor it registers is the user's expression, which leafwatch does not see)."""
+def _registered(registered: fixes.Assigned | None, words: str, tail: str = "") -> tuple[str, Remedy]:
+    """``words`` then ``tail``, with the registration of the buffer as a parameter in place of the user's
+    between them (code, where the registration was read from the class's source)."""
+    snippet = registered.parameter_code if registered is not None else None
+    if snippet is None:
+        return words + tail, ADVICE
+    at = registered.at  # type: ignore[union-attr]
+    return f"{words}: `{snippet}`{tail}", code(snippet, None if at is None else at.put(snippet, "replace"))
+
+
+class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad"):
+    """A buffer meant as a parameter: register it as one where it is registered now (``registered``: that
+    registration rewritten, read from the class's source when the finding is decided)."""
 
     attribute: str = ""
+    registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
+        fix, remedy = _registered(self.registered, (
+            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built, so that `parameters()` (and the optimizer) holds it"))
         return Words(
             self.message(m),
             f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
-            "so the optimizer was built without it.",
-            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built, so that `parameters()` (and the optimizer) holds it")
+            "so the optimizer was built without it.", fix, remedy)
 
 
-class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on", fixes="never"):
-    """A buffer the user's own forward switches to requires grad (at ``switched_at``), meant as a parameter."""
+class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on"):
+    """A buffer the user's own forward switches to requires grad (at ``switched_at``), meant as a parameter
+    (``registered``: as for :class:`BufferRequiresGrad`; the ``requires_grad_()`` left is harmless then)."""
 
     attribute: str = ""
     switched_at: str = ""
+    registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
         attribute, at = self.attribute, self.switched_at
+        fix, remedy = _registered(self.registered, (
+            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
+            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
+            "is built"), f", and remove the `requires_grad_()` at {at.split(' ')[0]}")
         return Words(
             self.message(m),
             f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at "
-            f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.",
-            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            f"is built, and remove the `requires_grad_()` at {at.split(' ')[0]}")
+            f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.", fix, remedy)
 
 
 def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
@@ -621,11 +639,92 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     module = inv.roots.get(root) if inv is not None else None
     code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
+    twice = _listed_twice(root, inv) if inv is not None and module is not None else None
+    if twice is not None:
+        return make(twice, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
+                    got_grad=True, root=root, optimizer=optimizer)
     target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
     reason = (ChosenOutside if chosen else RootOutside)(
         root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None, target=target)
     return make(reason, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
                 got_grad=True, root=root, optimizer=optimizer)
+
+
+def _module_code(name: str, inv: Inventory) -> str | None:
+    """The user's code for the module ``name``: a root's variable, else its path under the model's."""
+    root = inv.roots.get(name)
+    if root is not None and name:
+        return fixes.variable_for(root, inv.variables, inv.fix_names)
+    return fixes.model_tensor_code(name, inv)
+
+
+def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
+    """The module ``left_out`` (no optimizer holds any of its tensors) where an optimizer holds every tensor of
+    a sibling of it twice, listed side by side in the user's statement (``list(d1.parameters()) +
+    list(d1.parameters())``, ``d2`` left out): that typo, corrected. A sibling of another type counts only when
+    ``left_out`` is the one module of that parent left out. None otherwise."""
+    module = inv.modules.get(left_out) if left_out is not None else None
+    if module is None or not left_out:
+        return None
+    parent = left_out.rpartition(".")[0]
+    for optimizer, twice_held in zip(inv.optimizers, _held_twice(inv)):
+        if not twice_held:
+            continue
+        for name, sibling in inv.modules.items():
+            own = list(sibling.parameters())
+            if (name == left_out or name.rpartition(".")[0] != parent or not own
+                    or any(id(p) not in twice_held for p in own) or not _meant(sibling, module, name, inv)):
+                continue
+            twice, meant, built = _module_code(name, inv), _module_code(left_out, inv), inv.built(optimizer)
+            corrected = fixes.corrected_operand(built[1], twice, meant) if twice and meant and built else None
+            if corrected is not None:
+                return ListedTwice(module=left_out, twice=twice, meant=meant, corrected=corrected[0],  # type: ignore[arg-type]
+                                   edit=corrected[1], listed_at=corrected[2])
+    return None
+
+
+def _held_twice(inv: Inventory) -> list[set[int]]:
+    """For each optimizer, the ids of the tensors it holds more than once (worked out once per inventory)."""
+    cache = inv.fix_names if isinstance(getattr(inv, "fix_names", None), dict) else {}
+    if "held twice" not in cache:
+        out = []
+        for params in inv.optimizer_params:
+            seen: set[int] = set()
+            out.append({id(p) for p in params if id(p) in seen or seen.add(id(p))})  # type: ignore[func-returns-value]
+        cache["held twice"] = out
+    return cache["held twice"]
+
+
+def _meant(sibling: Any, module: Any, name: str, inv: Inventory) -> bool:
+    """Whether ``module`` (left out) is the one the duplicate of ``sibling`` was meant to be: of its type, or
+    the only module beside it that no optimizer holds any tensor of."""
+    if type(sibling) is type(module):
+        return True
+    parent = name.rpartition(".")[0]
+    left = [m for n, m in inv.modules.items() if n.rpartition(".")[0] == parent and list(m.parameters())
+            and all(id(p) not in inv.in_optimizer for p in m.parameters())]
+    return len(left) == 1 and left[0] is module
+
+
+class ListedTwice(Reason, kind="not_in_optimizer", name="listed_twice"):
+    """A module (``module``, the user's code ``meant``) no optimizer holds any tensor of, while an optimizer holds
+    a sibling's tensors twice: its statement lists ``twice`` twice side by side (at ``listed_at``), the second
+    meant to be ``meant``; ``corrected``: that statement corrected, placed by ``edit``."""
+
+    module: str
+    twice: str
+    meant: str
+    corrected: str
+    listed_at: str
+    edit: Edit | None = None
+
+    def words(self, m: Members) -> Words:
+        twice, meant = self.twice, self.meant
+        return Words(f"{m.who} requires grad but is in no optimizer: it gets gradients and never changes.",
+                     f"`{twice}` is listed twice in an optimizer's parameters at {self.listed_at}, and `{meant}` in none: "
+                     f"the second `{twice}` was meant to be `{meant}` (torch keeps the duplicate tensors, and only warns "
+                     "of them).", f"list `{meant}` in place of the second `{twice}`: `{self.corrected}`",
+                     code(self.corrected, self.edit))
 
 
 class OutsideRoot(Reason, kind="not_in_optimizer"):

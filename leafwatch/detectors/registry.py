@@ -106,8 +106,8 @@ DETECTORS: tuple[Detector, ...] = (
     Detector("the structure scan", structure.scan, SCAN),
     Detector("the structure check", structure.judge, when=lambda state, *needed: ((None, REBUILT),), decides=(
         membership.LeftOut, membership.BufferRequiresGrad, structure.UnfrozenAfter, membership.CreatedAfterOptimizer,
-        membership.LibraryOptimizers, membership.BufferSwitchedOn, structure.PlainTensor, structure.Frozen,
-        structure.Buffer, structure.ReplacedTensor, structure.ModuleReplaced, structure.OldTensors,
+        membership.LibraryOptimizers, membership.BufferSwitchedOn, membership.ListedTwice, structure.PlainTensor,
+        structure.Frozen, structure.Buffer, structure.ReplacedTensor, structure.ModuleReplaced, structure.OldTensors,
         structure.Leftovers, structure.ModuleInContainer, structure.TensorInContainer, structure.NonLeafAttribute,
         structure.PlainAttribute, structure.Device, ranks.ShardedGradients)),
     Detector("the check of a module's plain requires_grad", plain_flag.judge,

@@ -150,8 +150,9 @@ def _frozen_in_optimizer(inv: Inventory, step: int | None) -> list[Finding]:
                 out.append(make(Buffer(optimizer=i), buffer, "info", tensor=p, step=step, optimizer=i, group=holder))
                 continue
             named = {} if name else {"described": True}
+            reason = _plain_tensor(p, i, inv) if plain else Frozen(optimizer=i)
             name = name or f"the {shape_text(p)} at index {j}"
-            out.append(make(PlainTensor(optimizer=i) if plain else Frozen(optimizer=i), name, "error" if plain else "info",
+            out.append(make(reason, name, "error" if plain else "info",
                             tensor=p, step=step, optimizer=i, **named, **({} if plain else {"group": holder})))
     return out
 
@@ -175,15 +176,35 @@ class Buffer(Reason, kind="frozen_in_optimizer", name="buffer", fixes="never"):
                      "nothing, it is harmless; to keep the optimizer to what trains, build it from `parameters()`")
 
 
-class PlainTensor(Reason, kind="frozen_in_optimizer", name="plain_tensor", fixes="never"):
-    """Optimizer ``optimizer`` holds a plain tensor created without ``requires_grad=True``."""
+def _plain_tensor(p: torch.Tensor, i: int, inv: Inventory) -> PlainTensor:
+    """:class:`PlainTensor` of ``p``, held by optimizer ``i``: with the user's statement that made it rewritten to
+    make a tensor that requires grad (``log_var = torch.zeros(1).requires_grad_()``), where the user's variable
+    for it and its assignment are found."""
+    if not (p.is_floating_point() or p.is_complex()):
+        return PlainTensor(optimizer=i)  # an integer tensor cannot require grad: no code asks it to
+    variable = fixes.variable_for(p, inv.variables, inv.fix_names)
+    if variable is None or not all(part.isidentifier() for part in variable.split(".")):
+        return PlainTensor(optimizer=i)
+    leaf = fixes.leaf_fix_args(variable, None, tensor=p)
+    return PlainTensor(optimizer=i, variable=variable, leaf_code=leaf.leaf_code, at=leaf.at)
+
+
+class PlainTensor(Reason, kind="frozen_in_optimizer", name="plain_tensor", fixes="sometimes"):
+    """Optimizer ``optimizer`` holds a plain tensor created without ``requires_grad=True``: the user's
+    ``variable`` for it, and its assignment rewritten to ask for grad (``leaf_code``, standing ``at``)."""
 
     optimizer: int
+    variable: str | None = None
+    leaf_code: str | None = None
+    at: Span | None = None
 
     def words(self, m: Members) -> Words:
+        snippet, at = self.leaf_code, self.at
+        fix, remedy = "create it with `requires_grad=True`", ADVICE
+        if snippet is not None and m.single:
+            fix, remedy = f"{fix}: `{snippet}`", code(snippet, None if at is None else at.put(snippet, "replace"))
         return Words(f"optimizer {self.optimizer} holds {m.who}, which does not require grad: it will not train.",
-                     "a plain tensor created without `requires_grad=True` was passed to the optimizer",
-                     "create it with `requires_grad=True`")
+                     "a plain tensor created without `requires_grad=True` was passed to the optimizer", fix, remedy)
 
 
 class Frozen(Reason, kind="frozen_in_optimizer", name="frozen", fixes="never"):

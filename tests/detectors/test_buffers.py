@@ -73,7 +73,12 @@ def test_a_buffer_that_requires_grad_in_no_optimizer_is_an_error_whose_fix_regis
     report = _train(model, opt, lambda x: model(x).sum())
     (f,) = report.open
     assert (f.kind, f.name, f.severity) == ("not_in_optimizer", "log_temperature", "error")
-    assert (f.reason.name, f.remedy.applicability) == ("buffer_requires_grad", "words")
+    assert (f.reason.name, f.remedy.applicability) == ("buffer_requires_grad", "code")
+    snippet = 'self.register_parameter("log_temperature", nn.Parameter(torch.zeros(1)))'
+    line = Alpha.__init__.__code__.co_firstlineno + 3
+    assert f.remedy.code == snippet and f.fix.endswith(f"holds it: `{snippet}`")
+    assert (f.remedy.edit.start, f.remedy.edit.end, f.remedy.edit.action) == (line, line, "replace")
+    assert f.remedy.edit.text == f"        {snippet}\n"
     assert "is a buffer registered with `requires_grad=True`" in f.cause
     assert f.fix.startswith("make `log_temperature` a parameter where the module registers it: pass the same "
                             "tensor, wrapped in `nn.Parameter`, to `self.register_parameter` in place of "

@@ -311,7 +311,11 @@ def _assert_accidental_no_grad(report: leafwatch.Report) -> None:
         assert (f.severity, f.status) == ("error", "open")
         assert "ran with gradients disabled" in f.cause
         assert "did not change between checks either" in f.cause
-        assert "outside `torch.no_grad()`" in f.fix
+        line = AccidentalNoGrad.forward.__code__.co_firstlineno + 1  # the block, moved out of (#54 item 1)
+        assert f.fix == ("move the computation that feeds the loss out of the `torch.no_grad()` block at "
+                         f"test_false_alarm_patterns.py:{line}: `h = self.encoder(x)`")
+        assert (f.remedy.applicability, f.remedy.code) == ("code", "h = self.encoder(x)")
+        assert (f.remedy.edit.start, f.remedy.edit.end, f.remedy.edit.action) == (line, line + 1, "replace")
 
 
 def test_encoder_run_under_no_grad_by_mistake_is_an_error_at_the_second_check():

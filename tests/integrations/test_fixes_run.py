@@ -15,9 +15,9 @@ from _fix_runs import SCRIPTS, apply_edits, code_edits, findings_of, fixed_copy
 
 from leafwatch.report.words import Edit
 
-#: The scripts whose findings carry a placed code fix and that raise (a crash's findings are written to
-#: no record, so `leafwatch report --diff` has no patch for them), and the (kind, name) of each finding
-#: those fix. The scripts that run to their end are patched with the real patch and rerun in
+#: The scripts whose findings carry a placed code fix and that raise before their loop trains (the crashes
+#: patched from their record, `leafwatch report --diff`, and rerun: test_fixes_train.py's CRASHES), and the
+#: (kind, name) of each finding those fix. The scripts that run to their end are patched with the real patch and rerun in
 #: test_patch.py (PATCHED), with the same assertion: no open finding but the known ones.
 FIXED = {
     "crash_inplace_parameter.py": {("non_leaf", "w")},

@@ -21,7 +21,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 #: Each script of tests/scripts/ whose open findings get a code fix with a place: the findings the
 #: patch fixes, and the exit code of ``leafwatch report --diff`` (1: an open code fix had no place).
-#: (A script that raises has no record, so no patch: its fixes are run in test_fixes_run.py.)
+#: (A script that raises is patched from its record in test_fixes_train.py, CRASHES, and test_crash_records.py.)
 PATCHED = {
     "buggy.py": ({("orphan_tensor", "blocks"), ("orphan_tensor", "scale")}, 0),
     "left_out.py": ({("not_in_optimizer", "scale")}, 0),

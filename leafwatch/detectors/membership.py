@@ -382,7 +382,7 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
         where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
         at = args["target"].at
-        span = rebuild.after_change(at, seen[2]) if at is not None else fixes.statement_span(where)
+        span = rebuild.after_change(at, seen[2])  # in the optimizer's scope, never inside a function it calls
         reason: InNoOptimizer = CreatedAfterOptimizer(
             **args, created_at=fixes.short_place(where), function=function, created_span=span,
             rebuilt=rebuild.rebuilt(at, span, args["target"].variable),

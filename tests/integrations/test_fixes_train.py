@@ -100,7 +100,7 @@ CASES = {
                                              "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n")),
     # item 3: load_state_dict(assign=True) after the optimizer
     "assign_after_optimizer": Case("assign_after_optimizer.py", {("stale_param", "optimizers[0]")}, ["model"],
-                                   order=('model.load_state_dict(torch.load("pretrained.pt"), assign=True)\n',
+                                   order=("model.load_state_dict(torch.load(pretrained), assign=True)\n",
                                           "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n")),
     # item 3: a deep copy per fold (no registration seen: the model's variable assigned again), one optimizer before
     "fold_copies": Case("fold_copies.py", {("stale_param", "optimizers[0]")}, ["model"],

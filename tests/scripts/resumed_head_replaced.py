@@ -2,6 +2,8 @@
 replaced for new classes. The optimizer's state must be kept (its momentum buffers): the new head is added with
 ``add_param_group`` rather than the optimizer rebuilt."""
 
+import io
+
 import torch
 from torch import nn
 
@@ -16,11 +18,13 @@ previous = net()  # the run this one resumes: one step, saved
 trained = torch.optim.SGD(previous.parameters(), lr=0.01, momentum=0.9)
 previous(torch.randn(4, 8)).sum().backward()
 trained.step()
-torch.save({"model": previous.state_dict(), "optimizer": trained.state_dict()}, "checkpoint.pt")
+saved = io.BytesIO()  # the checkpoint file, kept in memory
+torch.save({"model": previous.state_dict(), "optimizer": trained.state_dict()}, saved)
+saved.seek(0)
 
 model = net()
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-checkpoint = torch.load("checkpoint.pt")
+checkpoint = torch.load(saved)
 model.load_state_dict(checkpoint["model"])
 optimizer.load_state_dict(checkpoint["optimizer"])
 model[2] = nn.Linear(16, 2)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import fixes
+from . import fixes, rebuild
 from ..observe.evidence import INVENTORY, SEEN, STEP, Evidence
 from ..observe.changes import HandUpdates
 from ..report.findings import Finding, Severity, Status, Waiting
@@ -381,8 +381,11 @@ def not_in_optimizer(info: ParamInfo, p: torch.Tensor, *, step: int | None, got_
     if seen is not None and inventory is not None and inventory.optimizers and not _held_by_existing(p, inventory):
         where, function = seen[:2]
         built = max((b for b in map(inventory.built, inventory.optimizers) if b is not None), default=None)
+        at = args["target"].at
+        span = rebuild.after_change(at, seen[2])  # in the optimizer's scope, never inside a function it calls
         reason: InNoOptimizer = CreatedAfterOptimizer(
-            **args, created_at=fixes.short_place(where), function=function, created_span=fixes.statement_span(where),
+            **args, created_at=fixes.short_place(where), function=function, created_span=span,
+            rebuilt=rebuild.rebuilt(at, span, args["target"].variable),
             created=fixes.outside_module(info.name, inventory) or name,
             lightning=fixes.framework(inventory.model, inventory.fix_names) == "lightning",
             built_at=None if built is None else fixes.short_place(built[1]), built_variable=None if built is None else built[2])
@@ -526,6 +529,7 @@ class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
     lightning: bool = False
     built_at: str | None = None
     built_variable: str | None = None
+    rebuilt: rebuild.Rebuilt | None = None
 
     def words(self, m: Members) -> Words:
         module, function = self.created, self.function
@@ -537,6 +541,10 @@ class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
             return Words(self.message(m), cause,
                          f"create `{module}` in `__init__` (or `setup`), before Lightning calls `configure_optimizers`: "
                          f"`{function}` runs after the optimizers are built")
+        built = rebuild.after_last(m.each("created_span"), m.each("rebuilt"))
+        if built is not None:
+            return Words(self.message(m), cause, rebuild.words(built, self.target.variable),
+                         code(built.code, built.edit))
         # (the tensors exist only from their creation on: the call goes right after it, not after the optimizer's)
         add, remedy = self.add(m, dataclasses.replace(self.target, at=self.created_span))
         return Words(self.message(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import fixes, leaves, membership, ranks
+from . import fixes, leaves, membership, ranks, rebuild
 from ..observe import graph
 from ..report.findings import STRUCTURAL_KINDS, WAITING_KINDS, Finding, Waiting
 from ..report.history import FindingsView
@@ -250,18 +250,18 @@ def _replaced_at(new: torch.Tensor, inv: Inventory, target: fixes.Target) -> Spa
     """Where the user's statement that made the new tensor stands, when the registration hooks saw it
     made: of the user's frames that ran the registration (innermost first:
     ``Hetero.__init__``'s ``setattr``, then ``model = Hetero(model)``), the first statement that stands
-    after the optimizer's, in its file and at its indentation. A fix that adds the new tensors goes there,
+    after the optimizer's in its scope (:func:`~leafwatch.detectors.rebuild.after_change`). A fix that adds the new tensors goes there,
     not after the optimizer's statement, where the name still holds the old module; none found (or not
     seen made: after the optimizer's statement the fix would name tensors not made yet): None, the fix
     is not placed."""
-    seen, at = inv.appeared(new, 0), target.at
-    if at is None or seen is None:
-        return None
-    for where in seen[2]:
-        span = fixes.statement_span(where)
-        if span and span.path == at.path and span.indent == at.indent and span.start > at.end:
-            return span
-    return None
+    seen = inv.appeared(new, 0)
+    if seen is not None:
+        return rebuild.after_change(target.at, seen[2])
+    # not seen made (a deep copy registers nothing): the user's last assignment of the model's variable
+    model = inv.model
+    variable = fixes.variable_for(model, inv.variables, inv.fix_names) if isinstance(model, torch.nn.Module) else None
+    span = fixes.assigned_at(model, variable) if variable else None
+    return None if span is None else rebuild.after_change(target.at, [f"{span.path}:{span.start}"])
 
 
 class Replaced(Reason, kind="stale_param"):
@@ -273,13 +273,18 @@ class Replaced(Reason, kind="stale_param"):
     param_code: str | None = None
     module_params: str | None = None
     replaced_span: Span | None = None
+    rebuilt: rebuild.Rebuilt | None = None
 
     def rebuild(self, m: Members) -> tuple[str, Remedy]:
-        """Give the new tensors to the optimizer that holds the old ones, or rebuild it (same class and groups)."""
+        """Build the optimizer after the last change to the model (same class, groups and settings), else give the
+        new tensors to the optimizer that holds the old ones."""
         target = self.target
         if target.framework == "lightning":
             return _LIGHTNING_REBUILD.format(which="new"), ADVICE
         spans = m.each("replaced_span")  # after the last statement that made a new one (none found: not placed)
+        built = rebuild.after_last(spans, m.each("rebuilt"))
+        if built is not None:
+            return rebuild.words(built, target.variable), code(built.code, built.edit)
         target = dataclasses.replace(target, at=max(spans, key=lambda s: s.end) if all(spans) else None)
         which = f"`{target.variable}`" if target.variable else "your optimizer"
         params = m.shared("module_params") or fixes.params_of(m.each("param_code"))
@@ -300,8 +305,9 @@ def stale_param(pair: replaced.Pair, step: int | None, inv: Inventory) -> Findin
     """The optimizer steps the old tensor of ``pair.name``; the model's current one is in no optimizer."""
     old_shape, new_shape = shape_of(pair.old), shape_of(pair.new)
     target = fixes.inventory_target(inv, _chosen(inv, pair.optimizer))
+    at = _replaced_at(pair.new, inv, target)
     reason = ReplacedTensor(optimizer=pair.optimizer, target=target, param_code=fixes.model_tensor_code(pair.name, inv),
-                            replaced_span=_replaced_at(pair.new, inv, target),
+                            replaced_span=at, rebuilt=rebuild.rebuilt(target.at, at, target.variable),
                             old_shape=tuple(old_shape) if old_shape is not None else None,
                             new_shape=tuple(new_shape) if new_shape is not None else None)
     return make(reason, pair.name, "error", tensor=pair.new, step=step, optimizer=pair.optimizer,
@@ -340,10 +346,11 @@ def _module_replaced(k: int, swapped: tuple[str, int], step: int | None, inv: In
     code_ = fixes.variable_for(inv.roots[module], inv.variables, inv.fix_names) if module in inv.roots \
         else fixes.model_tensor_code(module, inv)
     target = fixes.inventory_target(inv, _chosen(inv, i))
+    at = _replaced_at(inv.tensors[k], inv, target)
     reason = ModuleReplaced(optimizer=i, owner=code_ or module, target=target,
                             module_params=code_ and fixes.trainable_params_code(code_, inv.modules[module]),
-                            param_code=fixes.model_tensor_code(info.name, inv),
-                            replaced_span=_replaced_at(inv.tensors[k], inv, target))
+                            param_code=fixes.model_tensor_code(info.name, inv), replaced_span=at,
+                            rebuilt=rebuild.rebuilt(target.at, at, target.variable))
     return make(reason, info.name, "error", tensor=inv.tensors[k], step=step, optimizer=i, aliases=info.aliases,
                 group=stale_group_key(i))
 

@@ -27,12 +27,14 @@ pytestmark = pytest.mark.xdist_group("fixes_train")  # the patched runs are shar
 class Case:
     """A script (``folder``/``script``, a folder of ``tests/scripts/`` or the script alone), the findings its
     patch fixes (``(kind, name)``), the expressions whose tensors must train once it is applied, what stays
-    open after it (findings no code fix mends), and the lines the patch must hold."""
+    open after it (findings no code fix mends), the lines the patch must hold, and the statements the patched
+    script holds once each, in this order (``order``)."""
 
     def __init__(self, script: str, fixed: set[tuple[str, str]], trains: list[str], *, folder: str | None = None,
-                 known: set[tuple[str, str]] | None = None, lines: tuple[str, ...] = ()) -> None:
+                 known: set[tuple[str, str]] | None = None, lines: tuple[str, ...] = (),
+                 order: tuple[str, ...] = ()) -> None:
         self.script, self.fixed, self.trains, self.folder = script, fixed, trains, folder
-        self.known, self.lines = known or set(), lines
+        self.known, self.lines, self.order = known or set(), lines, order
 
 
 CASES = {
@@ -71,6 +73,43 @@ CASES = {
     # item 1: a NumPy round trip with a torch twin (kevinzakka/recurrent-visual-attention#4's glimpse location)
     "numpy_clip_forward": Case("numpy_clip_forward.py", {("missing_grad", "loc")}, ["model.loc"],
                                lines=("+        l_t = torch.clamp(l_t, -1.0, 1.0)",)),
+    # item 3: the head replaced after the optimizer and its scheduler (the transfer-learning tutorial's lines, reordered
+    # as reports show them): both statements move below the change, once each; no old tensor stays in the optimizer
+    "head_replaced": Case("head_replaced_after_optimizer.py", {("stale_param", "optimizers[0]")},
+                          ["model.fc", "model.features"], order=(
+                              "model.fc = nn.Linear(num_ftrs, 2)\n",
+                              "optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)\n",
+                              "scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.1)\n")),
+    # item 3: the head replaced inside the stage loop: the optimizer and its scheduler built again right after it, in
+    # its block (as often as the change runs)
+    "head_grown_per_stage": Case("head_grown_per_stage.py", {("stale_param", "optimizers[0]")}, ["model[2]", "model[0]"],
+                                 lines=("+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)",
+                                        "+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, "
+                                        "T_max=10)")),
+    # item 3: LoRA adapters wrapped around layers the optimizer holds, in a loop: the optimizer's statement moves below
+    # the loop (never into the adapter's __init__, nor into the loop), so it holds each base layer once and the adapters
+    "lora_after_optimizer": Case("lora_after_optimizer.py", {("not_in_optimizer", "0"), ("not_in_optimizer", "2")},
+                                 ["model[0].lora_A", "model[0].lora_B", "model[0].base", "model[2]"],
+                                 order=("    model[i] = LoRALinear(model[i])\n",
+                                        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)\n")),
+    # item 3: the head replaced by a helper function called after the optimizer: the optimizer moves below the call,
+    # never into the helper
+    "head_replaced_by_a_helper": Case("head_replaced_by_a_helper.py", {("stale_param", "optimizers[0]")},
+                                      ["model.fc", "model.body"],
+                                      order=("    net.fc = nn.Linear(net.fc.in_features, classes)\n", "reshape_head(model, 3)\n",
+                                             "optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)\n")),
+    # item 3: load_state_dict(assign=True) after the optimizer
+    "assign_after_optimizer": Case("assign_after_optimizer.py", {("stale_param", "optimizers[0]")}, ["model"],
+                                   order=("model.load_state_dict(torch.load(pretrained), assign=True)\n",
+                                          "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)\n")),
+    # item 3: a deep copy per fold (no registration seen: the model's variable assigned again), one optimizer before
+    "fold_copies": Case("fold_copies.py", {("stale_param", "optimizers[0]")}, ["model"],
+                        lines=("+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)",)),
+    # item 3: a resumed run (the optimizer's state loaded before the change): the state is kept, the new head only is
+    # added; the old head stays in it as an info, never open
+    "resumed_head_replaced": Case("resumed_head_replaced.py", {("stale_param", "optimizers[1]")}, ["model[2]", "model[0]"],
+                                  lines=('+optimizer.add_param_group({"params": [model[2].bias, model[2].weight]})',),
+                                  known={("stale_param", "optimizers[1]")}),  # the old head left in it: an info
 }
 #: Item 6: the crashes of tests/scripts/ (#53's, each re-created from a public report its docstring names) whose
 #: finding has a placed code fix. Each crashes under ``leafwatch run --logdir logs``, ``leafwatch report logs --diff``
@@ -180,6 +219,9 @@ def test_each_patch_applies_and_the_tensor_it_names_trains(patched: dict[str, di
     diff = found["diff"]
     assert all(line in diff.splitlines() for line in case.lines), diff
     assert found["applied"].returncode == 0, (diff, found["applied"].stderr)
+    text = Path(found["script"]).read_text()
+    assert [text.count(statement) for statement in case.order] == [1] * len(case.order), text
+    assert [text.index(statement) for statement in case.order] == sorted(text.index(st) for st in case.order), text
     after = found["after"]
     assert after["code"] == 0 and "Traceback" not in after["stderr"], after["stderr"]
     assert {(f["kind"], f["name"]) for f in after["open"]} == case.known, after["open"]
@@ -206,6 +248,28 @@ def test_a_crash_findings_patch_from_the_record_runs_past_the_crash_and_trains_t
     assert after["crash"] == [] and after["open"] == [], (after["crash"], after["open"])
     for expr in case.trains:
         assert after["trains"][expr] == {"stepped": True, "grad": True, "changed": True}, (expr, after["trains"])
+
+
+def test_the_optimizer_built_after_the_change_is_said_in_words_with_its_scheduler(
+        patched: dict[str, dict[str, Any]]) -> None:
+    """Item 3's words: the statement moved (with the scheduler built on it) or built again in the change's block."""
+    moved = patched["head_replaced"]["first"].stderr
+    assert ("ERROR stale_param `optimizers[0]` (2 tensors: fc.{bias,weight}) at step 1. Fix (code): build `optimizer` "
+            "after the last change to the model, so that it holds the new parameters and none of the old ones: move its "
+            "statement and the statement of the LR scheduler built on it (`scheduler`) right below the change at "
+            "head_replaced_after_optimizer.py:26: `optimizer = torch.optim.SGD(model.parameters(), lr=0.01, "
+            "momentum=0.9); scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.1)` (the same "
+            "class, groups and settings)") in moved, moved
+    again = patched["head_grown_per_stage"]["first"].stderr
+    assert ("build it and the LR scheduler built on it (`scheduler`) again right after the change at "
+            "head_grown_per_stage.py:14, in that block: `optimizer = torch.optim.Adam(model.parameters(), lr=1e-3); "
+            "scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)`") in again, again
+    for key in ("head_replaced", "head_grown_per_stage", "lora_after_optimizer", "assign_after_optimizer", "fold_copies",
+                "head_replaced_by_a_helper"):
+        assert "add_param_group" not in patched[key]["diff"], patched[key]["diff"]  # a rebuild, no old tensor kept
+    lora = patched["lora_after_optimizer"]["diff"]
+    added = [line for line in lora.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added == ["+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)"], lora  # not in __init__ nor the loop
 
 
 def test_parameters_frozen_on_purpose_stay_an_info_with_advice_only(patched: dict[str, dict[str, Any]]) -> None:

@@ -708,12 +708,12 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
     result = _leafwatch("run", "--strict", "--logdir", str(tmp_path), str(SCRIPTS / "recreated_network.py"))
     assert result.returncode == 1, result.stderr
     names = {"0.weight", "0.bias", "2.weight", "2.bias"}
-    # One stale optimizer, one mistake: the script's own `optimizer` and `model`, the new tensors as
-    # code in one `add_param_group` (`model[0].weight`, ...).
-    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 1. Fix (code): add the "
-            "new parameters to `optimizer` (your `SGD`, its groups as they are): `optimizer.add_param_group("
-            '{"params": [model[0].bias, model[0].weight, model[2].bias, model[2].weight]})`') in result.stderr
-    assert "or rebuild `optimizer` after the last change to the model" in result.stderr
+    # One stale optimizer, one mistake: the script's own `optimizer`, its statement moved below the line that
+    # rebuilt the network (#54 item 3: no old tensor stays in it).
+    assert ("leafwatch: ERROR stale_param `optimizers[0]` (4 tensors: {0,2}.{bias,weight}) at step 1. Fix (code): build "
+            "`optimizer` after the last change to the model, so that it holds the new parameters and none of the old "
+            "ones: move its statement right below the change at recreated_network.py:9: `optimizer = "
+            "torch.optim.SGD(model.parameters(), lr=0.1)` (the same class, groups and settings)") in result.stderr
     assert "each of `{0,2}.{bias,weight}` was replaced after the optimizer was built" in result.stderr
     assert "tensor of shape" not in result.stderr and "missing_grad" not in result.stderr
     (run,) = read_reports(str(tmp_path))
@@ -723,7 +723,8 @@ def test_a_network_recreated_after_its_optimizer_was_built_is_found_as_the_live_
 def test_a_model_converted_after_its_optimizer_was_built_is_an_error_for_every_new_tensor(tmp_path):
     """`model = to_hetero(model, metadata)` after the optimizer: the optimizer holds the old tensors of this
     very model, so every new tensor is an error of the stale optimizer (never the warning of a module no
-    optimizer ever held), and the fix, pasted in the script's scope, gives the optimizer the new model."""
+    optimizer ever held), and the fix, run in the script's scope after the conversion, gives the optimizer the new
+    model (its statement, moved there: #54 item 3)."""
     result = _leafwatch("run", "--logdir", str(tmp_path), str(SCRIPTS / "to_hetero_after_optimizer.py"))
     assert result.returncode == 0 and result.stdout == "trained\n", result.stderr
     (run,) = read_reports(str(tmp_path))
@@ -736,11 +737,12 @@ def test_a_model_converted_after_its_optimizer_was_built_is_an_error_for_every_n
     import runpy
 
     scope = runpy.run_path(str(SCRIPTS / "to_hetero_after_optimizer.py"))
-    (code,) = [c for c in fixes.code_spans(f.fix) if "add_param_group" in c]
-    assert code == 'optimizer.add_param_group({"params": model.parameters()})'
+    (code,) = [c for c in fixes.code_spans(f.fix) if c.startswith("optimizer = ")]
+    assert code == "optimizer = torch.optim.Adam(model.parameters(), lr=0.01)"
+    assert "move its statement right below the change at to_hetero_after_optimizer.py:37" in f.fix
     exec(code, scope)
-    held = {id(p) for g in scope["optimizer"].param_groups for p in g["params"]}
-    assert {id(p) for p in scope["model"].parameters()} <= held
+    held = [id(p) for g in scope["optimizer"].param_groups for p in g["params"]]
+    assert sorted(held) == sorted(id(p) for p in scope["model"].parameters())  # the new model's, and only those
 
 
 # -- fixes that name the user's own objects --------------------------------------------------------

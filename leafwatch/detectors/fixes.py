@@ -503,11 +503,9 @@ def _nn_name(scope: dict[str, Any]) -> str:
 _REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
-def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span | None] | None:
-    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
-    module globals, where the statement stands)`` read from the source of the class (and its bases
-    outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
-    registers already (``nn.Parameter(...)`` in another branch) is passed over."""
+def _class_sources(module: Any) -> Iterable[tuple[type, ast.Module, int, str | None]]:
+    """``(class, its parsed source, its first line, its file)`` for each class of ``module``'s MRO outside
+    torch whose source can be read."""
     for cls in type(module).__mro__:
         if cls.__module__.startswith(("torch", "builtins")):
             continue
@@ -517,6 +515,15 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span |
             path = inspect.getsourcefile(cls)
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
+        yield cls, tree, first, path
+
+
+def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span | None] | None:
+    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
+    module globals, where the statement stands)`` read from the source of the class (and its bases
+    outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
+    registers already (``nn.Parameter(...)`` in another branch) is passed over."""
+    for cls, tree, first, path in _class_sources(module):
         scope = vars(sys.modules.get(cls.__module__, object()))
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.args.args:
@@ -540,15 +547,7 @@ def registration_args(module: Any, attr: str) -> Assigned:
     (``self.register_buffer("scale", torch.ones(1, requires_grad=True))`` ->
     ``self.register_parameter("scale", nn.Parameter(torch.ones(1)))``), read from its class's source
     (:class:`Assigned`; no code when the registration is not one statement of the class)."""
-    for cls in type(module).__mro__ if module is not None else ():
-        if cls.__module__.startswith(("torch", "builtins")):
-            continue
-        try:
-            lines, first = inspect.getsourcelines(cls)
-            tree = ast.parse(textwrap.dedent("".join(lines)))
-            path = inspect.getsourcefile(cls)
-        except (OSError, TypeError, SyntaxError, IndentationError):
-            continue
+    for cls, tree, first, path in _class_sources(module) if module is not None else ():
         for node in ast.walk(tree):
             call = node.value if isinstance(node, ast.Expr) else None
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)

@@ -871,14 +871,13 @@ def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None, target
     if at is None and tensor is not None and name.isidentifier():
         at = assigned_at(tensor, name)
         location = f"{at.path}:{at.start}" if at is not None else None
-    fix = LeafFix(leaf_assignment(name, location), at, target)
+    code = leaf_assignment(name, location)
     if target is None or not name.isidentifier():
-        return fix
-    _, made = leaf_fix(name, origin, dataclasses.replace(fix, target=None))
+        return LeafFix(code, at, target)
+    _, made = leaf_fix(name, origin, LeafFix(code, at))
     add = add_words(f"[{name}]", target, what="the leaf")[1]
-    if made.edit is None or add.applicability != "code" or target.at is None:
-        return fix
-    return dataclasses.replace(fix, together=_both(made.edit, target.at, add.code))
+    both = made.edit is not None and add.applicability == "code" and target.at is not None
+    return LeafFix(code, at, target, _both(made.edit, target.at, add.code) if both else None)
 
 
 _NON_LEAF_WORDS = {

@@ -276,7 +276,8 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
             found = [Verdict.drop(("missing_grad", name))]
         out += found
         return
-    if pid not in state.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p:
+    if pid not in state.held.decided and layer is not None and reason == "never_ran" and misses >= checks_of_p \
+            and (old is None or old.status != Status.OPEN):  # (a shown error is no suspect: its hold would not count it)
         found = held.layerdrop(state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
                                                              checks=checks_of_p, misses=misses),
                                layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))

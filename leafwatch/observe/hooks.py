@@ -86,6 +86,7 @@ class Dispatcher:
                 return found(*args) if found is not None else None
 
             finalizer = weakref.finalize(owner, self.unsubscribe, callback)
+            finalizer.atexit = False  # (nothing to undo when the interpreter exits)
             del owner
         with _LOCK:
             self._subscribers = (*self._subscribers, callback)

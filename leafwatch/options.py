@@ -125,26 +125,24 @@ def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on
     return out
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an int >= 1."""
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be an int >= {low}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an int >= 1."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """An argparse type: an int >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {value}")
-    return value
+    return _int_at_least(text, 0)
 
 
 def folder_problem(path: str, argument: str, *, create: bool = False) -> str | None:

@@ -164,11 +164,6 @@ def open_counts(findings: Iterable[Any]) -> dict[str, int]:
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
     """Maps ranges of positions in a group's list of checks onto ranges of steps."""
-    positions = list(positions)
-    if len(steps) == 1:  # the usual case: the group was checked at every step of the chunk
-        first, last = steps[0]
-        top = last - first
-        return [[first + max(i, 0), first + min(j, top)] for i, j in positions if i <= top and j >= 0 and i <= j]
     starts, total = [], 0  # position of the first check of each step range
     for first, last in steps:
         starts.append(total)
@@ -257,17 +252,24 @@ def _grid_rows(groups: list[_Group], origin: int, width: int, ncols: int, *,
                with_run: bool) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """The grid's profiles (checks per column, shared by the rows checked in the same groups) and
     its rows, in first-seen order (each naming its run when ``with_run``)."""
+    # Each tensor by (run, in no optimizer, name), in first-seen order: the groups it is checked in
+    # and its missed step ranges.
+    by_name: dict[tuple[Any, bool, str], tuple[list[int], list[list[int]]]] = {}
+    for g, group in enumerate(groups):
+        for index, name in enumerate(group.names):
+            checked_in, missed = by_name.setdefault((group.run, group.in_no_optimizer, name), ([], []))
+            checked_in.append(g)
+            missed.extend(group.missed.get(index, ()))
     group_checks = [_binned(g.steps, origin, width, ncols) for g in groups]
     profiles: list[list[int]] = []
     profile_index: dict[tuple[int, ...], int] = {}
     rows = []
-    for (run, unheld, name), row in _rows_by_name(groups).items():
-        key = tuple(row["groups"])
+    for (run, unheld, name), (checked_in, missed) in by_name.items():
+        key = tuple(checked_in)
         if key not in profile_index:
             profile_index[key] = len(profiles)
             profiles.append([sum(column) for column in zip(*(group_checks[g] for g in key))])
-        out = _row(name, profile_index[key], profiles[profile_index[key]], row["missed_steps"],
-                   sort=len(key) > 1, origin=origin, width=width, ncols=ncols)
+        out = _row(name, profile_index[key], profiles[profile_index[key]], missed, origin, width, ncols)
         out["in_no_optimizer"] = unheld
         if with_run:
             out["run"] = run
@@ -327,23 +329,10 @@ def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) ->
     return counts
 
 
-def _rows_by_name(groups: list[_Group]) -> dict[tuple[Any, bool, str], dict[str, Any]]:
-    """Each tensor by (run, in no optimizer, name), in first-seen order: the groups it is checked
-    in and its missed step ranges."""
-    order: dict[tuple[Any, bool, str], dict[str, Any]] = {}
-    for g, group in enumerate(groups):
-        for index, name in enumerate(group.names):
-            row = order.setdefault((group.run, group.in_no_optimizer, name), {"groups": [], "missed_steps": []})
-            row["groups"].append(g)
-            row["missed_steps"].extend(group.missed.get(index, ()))
-    return order
-
-
-def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[int]], *, sort: bool,
+def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[int]],
          origin: int, width: int, ncols: int) -> dict[str, Any]:
     """One tensor's row: its missed steps binned per column, and merged into at most MAX_MISSED_RANGES ranges."""
-    if sort:  # ranges from several groups (chunks) may interleave
-        missed_ranges.sort()
+    missed_ranges.sort()  # ranges from several groups (chunks) may interleave
     missed_counts = _binned(missed_ranges, origin, width, ncols)
     merged: list[list[int]] = []
     for a, b in missed_ranges:
@@ -360,6 +349,11 @@ def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[in
         "missed_steps": merged[:MAX_MISSED_RANGES],
         "missed_steps_truncated": len(merged) > MAX_MISSED_RANGES,
     }
+
+
+def _where(request: wrappers.Request) -> tuple[Any, str]:
+    """The request's TensorBoard context and experiment."""
+    return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
 
 
 def _int_arg(request: wrappers.Request, name: str, default: int | None) -> int | None:
@@ -446,18 +440,14 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     # -- routes ------------------------------------------------------------------------------
     @wrappers.Request.application
     def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
-        route = request.path[request.path.rfind("/"):]
-        mimetype = _STATIC_FILES.get(route)
-        if mimetype is None:
-            return http_util.Respond(request, "not found", "text/plain", code=404)
+        route = request.path[request.path.rfind("/"):]  # one of _STATIC_FILES: the only routes it serves
         with open(os.path.join(_STATIC_DIR, route.lstrip("/")), "rb") as handle:
             body = handle.read()
-        return http_util.Respond(request, body, mimetype)
+        return http_util.Respond(request, body, _STATIC_FILES[route])
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
+        ctx, experiment = _where(request)
         listing = self._list(experiment, ctx)
         reports = self._reports(ctx, experiment, sorted(r for r, tags in listing.items() if REPORT_TAG in tags))
         runs = []
@@ -473,8 +463,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_findings(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
+        ctx, experiment = _where(request)
         listing = self._list(experiment, ctx)
         run = request.args.get("run")
         if run:
@@ -487,8 +476,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_coverage(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
+        ctx, experiment = _where(request)
         run = request.args.get("run")
         try:
             bins = _int_arg(request, "bins", DEFAULT_BINS)
@@ -522,7 +510,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         with self._lock:
             known = {t: self._records.get((experiment, run, t)) for t in stamps}
         stale = [t for t, stamp in stamps.items() if known[t] is None or known[t][0] != stamp]
-        fresh = self._latest(ctx, experiment, [run], stale).get(run, {}) if stale else {}
+        fresh = self._latest(ctx, experiment, [run], stale).get(run, {})
         with self._lock:
             for tag in stale:
                 if tag in fresh:

@@ -320,9 +320,6 @@ class Finding:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "words"}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     # -- plain data -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The finding as JSON data: its fields, its words (``message``, ``cause``, ``fix``, ``remedy``),

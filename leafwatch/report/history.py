@@ -217,7 +217,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
 
     ``memo`` (a dict kept by the caller) holds the findings lifted by the last call: a finding
     given again with the same cover comes back as the same object (so the mistakes made of
-    unchanged findings are not regrouped, see :class:`~leafwatch.report.findings.MistakeMemo`);
+    unchanged findings are not regrouped, see :data:`~leafwatch.report.findings.MistakeMemo`);
     ``counts`` (kept by the caller too) the modules' tensor counts of the last names given.
 
     Example::

@@ -162,8 +162,6 @@ _hints = functools.cache(typing.get_type_hints)
 def _to_json(value: Any) -> Any:
     if isinstance(value, Reason):
         return {"reason": value.name, "args": value.to_args()}
-    if isinstance(value, Remedy):
-        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (tuple, list)):

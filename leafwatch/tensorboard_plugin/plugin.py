@@ -351,11 +351,6 @@ def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[in
     }
 
 
-def _where(request: wrappers.Request) -> tuple[Any, str]:
-    """The request's TensorBoard context and experiment."""
-    return plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
-
-
 def _int_arg(request: wrappers.Request, name: str, default: int | None) -> int | None:
     value = request.args.get(name)
     if value is None or value == "":
@@ -405,6 +400,11 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     def _list(self, experiment: str, ctx: Any = None) -> Mapping[str, Mapping[str, Any]]:
         return self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME)
 
+    def _listing(self, request: wrappers.Request) -> tuple[Any, str, Mapping[str, Mapping[str, Any]]]:
+        """The request's TensorBoard context, its experiment, and the experiment's runs with their Leafwatch tags."""
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return ctx, experiment, self._list(experiment, ctx)
+
     def _latest(self, ctx: Any, experiment: str, runs: list[str], tags: list[str]) -> dict[str, dict[str, Any]]:
         """The latest JSON document of each (run, tag)."""
         if not runs or not tags:
@@ -447,8 +447,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        ctx, experiment = _where(request)
-        listing = self._list(experiment, ctx)
+        ctx, experiment, listing = self._listing(request)
         reports = self._reports(ctx, experiment, sorted(r for r, tags in listing.items() if REPORT_TAG in tags))
         runs = []
         for run, tags in sorted(listing.items()):
@@ -463,8 +462,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_findings(self, request: wrappers.Request) -> wrappers.Response:
-        ctx, experiment = _where(request)
-        listing = self._list(experiment, ctx)
+        ctx, experiment, listing = self._listing(request)
         run = request.args.get("run")
         if run:
             if run not in listing:
@@ -476,7 +474,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_coverage(self, request: wrappers.Request) -> wrappers.Response:
-        ctx, experiment = _where(request)
+        ctx, experiment, listing = self._listing(request)
         run = request.args.get("run")
         try:
             bins = _int_arg(request, "bins", DEFAULT_BINS)
@@ -486,7 +484,6 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
                 raise ValueError(f"`bins` must be between 1 and {MAX_BINS}, got {bins!r}")
         except ValueError as error:
             return _json_response(request, {"error": str(error)}, 400)
-        listing = self._list(experiment, ctx)
         if run and run not in listing:
             return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
         runs = [run] if run else sorted(listing)  # without `run`: every run, on one step axis

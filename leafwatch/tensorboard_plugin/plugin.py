@@ -94,7 +94,7 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
     for f in out:
         if not f.get("hunk") and (f.get("kind"), f.get("name")) in hunks:
             f["hunk"] = hunks[f.get("kind"), f.get("name")]
-    out.sort(key=lambda f: tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in f["sort_key"]))
+    out.sort(key=sort_key_of)  # (findings this version cannot read come unsorted)
     return out
 
 
@@ -176,11 +176,7 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
             first, last = steps[k]
             offset = i - starts[k]
             length = min(j - i, last - first - offset)
-            a, b = first + offset, first + offset + length
-            if out and out[-1][1] == a - 1:
-                out[-1][1] = b
-            else:
-                out.append([a, b])
+            out.append([first + offset, first + offset + length])  # (a row merges its ranges: _row)
             i += length + 1
             k += 1
     return out

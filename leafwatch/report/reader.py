@@ -146,8 +146,6 @@ def _latest_record(files: Sequence[str], damaged: list[tuple[str, str]]) -> tupl
 
 def _record_of(event: Any) -> dict[str, Any] | None:
     """The ``leafwatch/report`` record an event holds (None when none this version reads)."""
-    if not event.HasField("summary"):
-        return None
     for value in event.summary.value:
         if value.tag == REPORT_TAG and value.HasField("tensor") and value.tensor.string_val:
             data = decode(value.tensor.string_val[0])

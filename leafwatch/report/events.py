@@ -71,20 +71,18 @@ class Sinks:
 
     def flush(self) -> None:
         """Each sink's ``flush()``, where it has one (what it wrote reaches its files: the run may end now)."""
-        for sink in self.sinks:
-            flush = getattr(sink, "flush", None)
-            if flush is not None:
-                try:
-                    flush()
-                except Exception as error:
-                    self._warn(f"flushing {type(sink).__name__}", error)
+        self._each("flush", "flushing")
 
     def close(self, report: Report) -> None:
         """The end of the run: each sink's ``close(report)``, where it has one."""
+        self._each("close", "closing", report)
+
+    def _each(self, method: str, doing: str, *args: Any) -> None:
+        """Call each sink's ``method`` with ``args`` where it has one; one that raises is warned (``doing`` it)."""
         for sink in self.sinks:
-            close = getattr(sink, "close", None)
-            if close is not None:
+            call = getattr(sink, method, None)
+            if call is not None:
                 try:
-                    close(report)
+                    call(*args)
                 except Exception as error:
-                    self._warn(f"closing {type(sink).__name__}", error)
+                    self._warn(f"{doing} {type(sink).__name__}", error)

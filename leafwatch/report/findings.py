@@ -28,9 +28,6 @@ class _WordEnum(str, enum.Enum):
     def __str__(self) -> str:
         return self.value
 
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
-
     def __repr__(self) -> str:
         return repr(self.value)
 
@@ -320,9 +317,6 @@ class Finding:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "words"}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
     # -- plain data -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The finding as JSON data: its fields, its words (``message``, ``cause``, ``fix``, ``remedy``),
@@ -470,9 +464,10 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
 
     Args:
         findings: Per-tensor findings, or mistakes.
-        memo: The mistakes of the last grouping with this memo: a mistake whose tensors are the
-            very same finding objects as then is taken from it, not worked out again (a report
-            rebuilt after one tensor of hundreds of open mistakes changed regroups that one).
+        memo: The mistakes of the last grouping with this memo (kept by the caller, and only those:
+            bounded by one report): a mistake whose tensors are the very same finding objects as then
+            is taken from it, not worked out again (a report rebuilt after one tensor of hundreds of
+            open mistakes changed regroups that one).
 
     Example::
 
@@ -481,39 +476,29 @@ def group_findings(findings: Iterable[Finding], memo: MistakeMemo | None = None)
         [('experts', ('experts.2', 'experts.3', 'experts.10'))]
     """
     buckets: dict[tuple[str, str], list[Finding]] = {}
-    written: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
+    known = dict(memo or {})
     for f in findings:
         keys = {(member.kind, group_of(member)) for member in f.tensors}
         for member in f.tensors:
             buckets.setdefault((member.kind, group_of(member)), []).append(member)
         if f.members and len(keys) == 1:  # a mistake as it was written (a record read back): kept whole
-            written[keys.pop()] = (f.members, f)
-    return sorted((memo or MistakeMemo()).mistakes(buckets, written), key=Finding.sort_key)
+            known[keys.pop()] = (f.members, f)
+    kept: MistakeMemo = {}
+    for key, members in buckets.items():
+        last = known.get(key)
+        if last is None or len(last[0]) != len(members) or not all(map(operator.is_, last[0], members)):
+            given = tuple(members)  # before _mistake sorts them in place
+            last = (given, _mistake(key[1], members))
+        kept[key] = last
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
+    return sorted((mistake for _, mistake in kept.values()), key=Finding.sort_key)
 
 
-class MistakeMemo:
-    """The mistakes of the last :func:`group_findings` call given this memo (only those: bounded by
-    one report), by ``(kind, group)`` with the finding objects they were made of (frozen: the same
-    objects make the same mistake)."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]] = {}
-
-    def mistakes(self, buckets: Mapping[tuple[str, str], list[Finding]],
-                 written: Mapping[tuple[str, str], tuple[tuple[Finding, ...], Finding]] | None = None) -> list[Finding]:
-        """One mistake per bucket, in the buckets' order (``_mistake`` for the changed ones); ``written``:
-        the mistakes given whole, taken as they are when a bucket holds exactly their members."""
-        known, kept = {**self._known, **(written or {})}, {}
-        out = []
-        for key, members in buckets.items():
-            last = known.get(key)
-            if last is None or len(last[0]) != len(members) or not all(map(operator.is_, last[0], members)):
-                given = tuple(members)  # before _mistake sorts them in place
-                last = (given, _mistake(key[1], members))
-            kept[key] = last
-            out.append(last[1])
-        self._known = kept
-        return out
+#: The mistakes of the last :func:`group_findings` call given this memo, by ``(kind, group)`` with the
+#: finding objects they were made of (frozen: the same objects make the same mistake).
+MistakeMemo = dict[tuple[str, str], tuple[tuple[Finding, ...], Finding]]
 
 
 class Report:

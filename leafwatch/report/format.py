@@ -24,7 +24,7 @@ from .names import compress_names
 
 #: How a finding's status and severity words are compared here (the ``Status`` and ``Severity``
 #: members of :mod:`leafwatch.report.findings` are these strings).
-OPEN, IGNORED, INFO = "open", "ignored", "info"
+OPEN, IGNORED = "open", "ignored"
 #: Why a report without findings says "nothing to check" rather than "no findings" (its
 #: ``nothing_to_check``), and the warning that says so once.
 NOTHING_TO_CHECK = "no tensor requires grad and nothing is watched"

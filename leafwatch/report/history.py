@@ -217,7 +217,7 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
 
     ``memo`` (a dict kept by the caller) holds the findings lifted by the last call: a finding
     given again with the same cover comes back as the same object (so the mistakes made of
-    unchanged findings are not regrouped, see :class:`~leafwatch.report.findings.MistakeMemo`);
+    unchanged findings are not regrouped, see :data:`~leafwatch.report.findings.MistakeMemo`);
     ``counts`` (kept by the caller too) the modules' tensor counts of the last names given.
 
     Example::
@@ -241,27 +241,22 @@ def lift_to_modules(findings: list[Finding], tensor_names: Iterable[str],
         modules = ancestors(f.name)
         lifted.append((f, alike, modules))
         having.update((alike, module) for module in modules)
-    covers: dict[int, str] = {}
+    kept: dict[int, tuple[Finding, str, Finding]] = {}
     for f, alike, modules in lifted:
+        cover = None
         for module in modules:
             if having.get((alike, module)) != under.get(module):
                 break
-            covers[id(f)] = module
-    out = []
-    kept: dict[int, tuple[Finding, str, Finding]] = {}
-    for f in findings:
-        cover = covers.get(id(f))
+            cover = module
         if cover is not None:
-            last = memo.get(id(f)) if memo is not None else None
+            last = (memo or {}).get(id(f))
             if last is None or last[0] is not f or last[1] != cover:
                 last = (f, cover, f.replace(details={**f.details, "cover": cover}))
             kept[id(f)] = last
-            f = last[2]
-        out.append(f)
     if memo is not None:
         memo.clear()
         memo.update(kept)  # the last call's only (each entry holds its finding: no id is reused)
-    return out
+    return [kept[id(f)][2] if id(f) in kept else f for f in findings]
 
 
 class ModuleCounts:

@@ -21,7 +21,7 @@ import os
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any
 
 from .findings import Report
 from .patch import Patch, PatchRefused, exit_code, nothing_to_give, of_records, patch_main
@@ -128,8 +128,7 @@ def _events(path: str) -> Iterator[Any]:
                        "was killed) or overwritten")
 
 
-def _latest_record(files: Sequence[str], damaged: list[tuple[str, str]] | None = None
-                   ) -> tuple[float, dict[str, Any]] | None:
+def _latest_record(files: Sequence[str], damaged: list[tuple[str, str]]) -> tuple[float, dict[str, Any]] | None:
     """The latest leafwatch report record in ``files`` (by wall time); each file that cannot be read
     to its end is added to ``damaged`` with why."""
     best: tuple[tuple[float, int, int], dict[str, Any]] | None = None
@@ -141,15 +140,12 @@ def _latest_record(files: Sequence[str], damaged: list[tuple[str, str]] | None =
                 if found is not None and (best is None or key >= best[0]):
                     best = (key, found)
         except (_Damaged, OSError) as error:
-            if damaged is not None:
-                damaged.append((path, str(error) if isinstance(error, _Damaged) else error.strerror or str(error)))
+            damaged.append((path, str(error) if isinstance(error, _Damaged) else error.strerror or str(error)))
     return None if best is None else (best[0][0], best[1])
 
 
 def _record_of(event: Any) -> dict[str, Any] | None:
     """The ``leafwatch/report`` record an event holds (None when none this version reads)."""
-    if not event.HasField("summary"):
-        return None
     for value in event.summary.value:
         if value.tag == REPORT_TAG and value.HasField("tensor") and value.tensor.string_val:
             data = decode(value.tensor.string_val[0])
@@ -297,9 +293,9 @@ def _usage_problem(args: argparse.Namespace) -> str | None:
                 "every code fix")
     if args.backup and not args.fix:
         return "--backup goes with --fix"
-    if getattr(args, "verify", False) and not args.diff:
+    if args.verify and not args.diff:
         return "--verify goes with --diff (it proves the patch --diff prints)"
-    if getattr(args, "verify_steps", None) is not None and not getattr(args, "verify", False):
+    if args.verify_steps is not None and not args.verify:
         return "--verify-steps goes with --verify"
     return None
 
@@ -311,7 +307,7 @@ def report_main(args: argparse.Namespace) -> int:
         sys.stderr.write(f"leafwatch report: {problem}\n")
         return EXIT_NO_DATA
     try:
-        reading = read_logdir(args.logdir, "LOGDIR", every=getattr(args, "every", False))
+        reading = read_logdir(args.logdir, "LOGDIR", every=args.every)
     except ValueError as error:
         sys.stderr.write(f"leafwatch report: {error}\n")
         return EXIT_NO_DATA
@@ -321,7 +317,7 @@ def report_main(args: argparse.Namespace) -> int:
         return EXIT_NO_DATA
     if args.diff or args.fix:
         sys.stderr.write(notes)
-        if getattr(args, "verify", False):
+        if args.verify:
             return verify_main([(r.data, r.path, r.run) for r in reading.judged],
                                steps=args.verify_steps or VERIFY_STEPS)
         return patch_main([r.data for r in reading.judged], fix=args.fix, backup=args.backup)
@@ -331,13 +327,12 @@ def report_main(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if failing(reading.judged, args.fail_on or "error") else 0
 
 
-def verify_main(runs: Sequence[tuple[Mapping[str, Any], str, str]], *, steps: int = VERIFY_STEPS,
-                out: TextIO | None = None, err: TextIO | None = None) -> int:
+def verify_main(runs: Sequence[tuple[Mapping[str, Any], str, str]], *, steps: int) -> int:
     """``leafwatch report DIR --diff --verify``: the patch of the one run ``runs`` holds (its record, its
-    folder, its name) on ``out``, what it leaves out on ``err``, then its verification (:func:`verify`)
-    on ``err``; the exit code (2, on one line, when it is not one run made by ``leafwatch run``, or the
+    folder, its name) on stdout, what it leaves out on stderr, then its verification (:func:`verify`)
+    on stderr; the exit code (2, on one line, when it is not one run made by ``leafwatch run``, or the
     patch is refused)."""
-    out, err = out or sys.stdout, err or sys.stderr
+    out, err = sys.stdout, sys.stderr
     if len(runs) != 1:
         err.write(f"leafwatch report: --verify runs one run again, and {len(runs)} were read "
                   f"({', '.join(label for _, _, label in runs)}): give the log folder of one run\n")

@@ -76,7 +76,8 @@ class Reason:
         if name is not None:
             known = REASONS.get((cls.kind, cls.name))
             if known is not None and known.__qualname__ != cls.__qualname__:
-                raise ValueError(f"({cls.kind!r}, {cls.name!r}) has a class already: {where(known)}")
+                raise ValueError(f"({cls.kind!r}, {cls.name!r}) has a class already: "
+                                 f"{known.__module__.removeprefix('leafwatch.')}.{known.__qualname__}")
             REASONS[(cls.kind, cls.name)] = cls
 
     def words(self, m: Members) -> Words:
@@ -136,11 +137,6 @@ class Written(Reason):
         return Words(self.message, self.cause, self.fix, self.remedy)  # type: ignore[arg-type]
 
 
-def where(cls: type) -> str:
-    """``module.Class`` of a reason class under ``leafwatch``."""
-    return f"{cls.__module__.removeprefix('leafwatch.')}.{cls.__qualname__}"
-
-
 def from_args(kind: str, reason: str, args: Mapping[str, Any]) -> Reason:
     """The reason of ``(kind, reason)`` from its ``args`` (as :meth:`Reason.to_args` wrote them).
 
@@ -159,16 +155,13 @@ def from_args(kind: str, reason: str, args: Mapping[str, Any]) -> Reason:
     return cls(**values)
 
 
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+#: The type hints of a class, read once.
+_hints = functools.cache(typing.get_type_hints)
 
 
 def _to_json(value: Any) -> Any:
     if isinstance(value, Reason):
         return {"reason": value.name, "args": value.to_args()}
-    if isinstance(value, Remedy):
-        return value.to_dict()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (tuple, list)):

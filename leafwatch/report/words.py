@@ -46,8 +46,7 @@ class Remedy:
     edit: Edit | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"applicability": self.applicability, "code": self.code,
-                "edit": self.edit.to_dict() if self.edit is not None else None}
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Remedy:

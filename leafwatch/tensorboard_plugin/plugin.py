@@ -94,7 +94,7 @@ def sorted_findings(findings: Iterable[Any]) -> list[dict[str, Any]]:
     for f in out:
         if not f.get("hunk") and (f.get("kind"), f.get("name")) in hunks:
             f["hunk"] = hunks[f.get("kind"), f.get("name")]
-    out.sort(key=lambda f: tuple((0, x) if isinstance(x, (int, float)) else (1, str(x)) for x in f["sort_key"]))
+    out.sort(key=sort_key_of)  # (findings this version cannot read come unsorted)
     return out
 
 
@@ -164,11 +164,6 @@ def open_counts(findings: Iterable[Any]) -> dict[str, int]:
 
 def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> list[list[int]]:
     """Maps ranges of positions in a group's list of checks onto ranges of steps."""
-    positions = list(positions)
-    if len(steps) == 1:  # the usual case: the group was checked at every step of the chunk
-        first, last = steps[0]
-        top = last - first
-        return [[first + max(i, 0), first + min(j, top)] for i, j in positions if i <= top and j >= 0 and i <= j]
     starts, total = [], 0  # position of the first check of each step range
     for first, last in steps:
         starts.append(total)
@@ -181,11 +176,7 @@ def _ranges_to_steps(steps: list[list[int]], positions: Iterable[list[int]]) -> 
             first, last = steps[k]
             offset = i - starts[k]
             length = min(j - i, last - first - offset)
-            a, b = first + offset, first + offset + length
-            if out and out[-1][1] == a - 1:
-                out[-1][1] = b
-            else:
-                out.append([a, b])
+            out.append([first + offset, first + offset + length])  # (a row merges its ranges: _row)
             i += length + 1
             k += 1
     return out
@@ -257,17 +248,24 @@ def _grid_rows(groups: list[_Group], origin: int, width: int, ncols: int, *,
                with_run: bool) -> tuple[list[list[int]], list[dict[str, Any]]]:
     """The grid's profiles (checks per column, shared by the rows checked in the same groups) and
     its rows, in first-seen order (each naming its run when ``with_run``)."""
+    # Each tensor by (run, in no optimizer, name), in first-seen order: the groups it is checked in
+    # and its missed step ranges.
+    by_name: dict[tuple[Any, bool, str], tuple[list[int], list[list[int]]]] = {}
+    for g, group in enumerate(groups):
+        for index, name in enumerate(group.names):
+            checked_in, missed = by_name.setdefault((group.run, group.in_no_optimizer, name), ([], []))
+            checked_in.append(g)
+            missed.extend(group.missed.get(index, ()))
     group_checks = [_binned(g.steps, origin, width, ncols) for g in groups]
     profiles: list[list[int]] = []
     profile_index: dict[tuple[int, ...], int] = {}
     rows = []
-    for (run, unheld, name), row in _rows_by_name(groups).items():
-        key = tuple(row["groups"])
+    for (run, unheld, name), (checked_in, missed) in by_name.items():
+        key = tuple(checked_in)
         if key not in profile_index:
             profile_index[key] = len(profiles)
             profiles.append([sum(column) for column in zip(*(group_checks[g] for g in key))])
-        out = _row(name, profile_index[key], profiles[profile_index[key]], row["missed_steps"],
-                   sort=len(key) > 1, origin=origin, width=width, ncols=ncols)
+        out = _row(name, profile_index[key], profiles[profile_index[key]], missed, origin, width, ncols)
         out["in_no_optimizer"] = unheld
         if with_run:
             out["run"] = run
@@ -327,23 +325,10 @@ def _binned(ranges: Iterable[list[int]], origin: int, width: int, ncols: int) ->
     return counts
 
 
-def _rows_by_name(groups: list[_Group]) -> dict[tuple[Any, bool, str], dict[str, Any]]:
-    """Each tensor by (run, in no optimizer, name), in first-seen order: the groups it is checked
-    in and its missed step ranges."""
-    order: dict[tuple[Any, bool, str], dict[str, Any]] = {}
-    for g, group in enumerate(groups):
-        for index, name in enumerate(group.names):
-            row = order.setdefault((group.run, group.in_no_optimizer, name), {"groups": [], "missed_steps": []})
-            row["groups"].append(g)
-            row["missed_steps"].extend(group.missed.get(index, ()))
-    return order
-
-
-def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[int]], *, sort: bool,
+def _row(name: str, profile: int, checks: list[int], missed_ranges: list[list[int]],
          origin: int, width: int, ncols: int) -> dict[str, Any]:
     """One tensor's row: its missed steps binned per column, and merged into at most MAX_MISSED_RANGES ranges."""
-    if sort:  # ranges from several groups (chunks) may interleave
-        missed_ranges.sort()
+    missed_ranges.sort()  # ranges from several groups (chunks) may interleave
     missed_counts = _binned(missed_ranges, origin, width, ncols)
     merged: list[list[int]] = []
     for a, b in missed_ranges:
@@ -411,6 +396,11 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     def _list(self, experiment: str, ctx: Any = None) -> Mapping[str, Mapping[str, Any]]:
         return self._data_provider.list_tensors(ctx, experiment_id=experiment, plugin_name=PLUGIN_NAME)
 
+    def _listing(self, request: wrappers.Request) -> tuple[Any, str, Mapping[str, Mapping[str, Any]]]:
+        """The request's TensorBoard context, its experiment, and the experiment's runs with their Leafwatch tags."""
+        ctx, experiment = plugin_util.context(request.environ), plugin_util.experiment_id(request.environ)
+        return ctx, experiment, self._list(experiment, ctx)
+
     def _latest(self, ctx: Any, experiment: str, runs: list[str], tags: list[str]) -> dict[str, dict[str, Any]]:
         """The latest JSON document of each (run, tag)."""
         if not runs or not tags:
@@ -446,19 +436,14 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
     # -- routes ------------------------------------------------------------------------------
     @wrappers.Request.application
     def _serve_static(self, request: wrappers.Request) -> wrappers.Response:
-        route = request.path[request.path.rfind("/"):]
-        mimetype = _STATIC_FILES.get(route)
-        if mimetype is None:
-            return http_util.Respond(request, "not found", "text/plain", code=404)
+        route = request.path[request.path.rfind("/"):]  # one of _STATIC_FILES: the only routes it serves
         with open(os.path.join(_STATIC_DIR, route.lstrip("/")), "rb") as handle:
             body = handle.read()
-        return http_util.Respond(request, body, mimetype)
+        return http_util.Respond(request, body, _STATIC_FILES[route])
 
     @wrappers.Request.application
     def _serve_runs(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        listing = self._list(experiment, ctx)
+        ctx, experiment, listing = self._listing(request)
         reports = self._reports(ctx, experiment, sorted(r for r, tags in listing.items() if REPORT_TAG in tags))
         runs = []
         for run, tags in sorted(listing.items()):
@@ -473,9 +458,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_findings(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
-        listing = self._list(experiment, ctx)
+        ctx, experiment, listing = self._listing(request)
         run = request.args.get("run")
         if run:
             if run not in listing:
@@ -487,8 +470,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_coverage(self, request: wrappers.Request) -> wrappers.Response:
-        ctx = plugin_util.context(request.environ)
-        experiment = plugin_util.experiment_id(request.environ)
+        ctx, experiment, listing = self._listing(request)
         run = request.args.get("run")
         try:
             bins = _int_arg(request, "bins", DEFAULT_BINS)
@@ -498,7 +480,6 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
                 raise ValueError(f"`bins` must be between 1 and {MAX_BINS}, got {bins!r}")
         except ValueError as error:
             return _json_response(request, {"error": str(error)}, 400)
-        listing = self._list(experiment, ctx)
         if run and run not in listing:
             return _json_response(request, {"error": f"`run` must name a run with Leafwatch records, got {run!r}"}, 404)
         runs = [run] if run else sorted(listing)  # without `run`: every run, on one step axis
@@ -522,7 +503,7 @@ class LeafwatchPlugin(base_plugin.TBPlugin):
         with self._lock:
             known = {t: self._records.get((experiment, run, t)) for t in stamps}
         stale = [t for t, stamp in stamps.items() if known[t] is None or known[t][0] != stamp]
-        fresh = self._latest(ctx, experiment, [run], stale).get(run, {}) if stale else {}
+        fresh = self._latest(ctx, experiment, [run], stale).get(run, {})
         with self._lock:
             for tag in stale:
                 if tag in fresh:

@@ -92,7 +92,7 @@ class FreedByEarlier:
     retain: tuple[Span, str] | None
 
 
-def trainable_leaves(scopes: Any, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> dict[int, str]:
+def trainable_leaves(scopes: Any, modules: Iterable[tuple[str | None, nn.Module]]) -> dict[int, str]:
     """Tensor id -> the user's name of every tensor meant to train: the parameters of the user's modules
     (``model.emb.weight``), the leaves the user's variables hold that require grad, what an optimizer holds."""
     named: dict[int, str] = {}
@@ -102,10 +102,8 @@ def trainable_leaves(scopes: Any, modules: Iterable[nn.Module], optimizers: Iter
     for owner, module in modules:
         for path, p in itertools.islice(module.named_parameters(), 100_000):
             named.setdefault(id(p), code_path(owner, path) if owner else path)
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            for p in group["params"][:100_000]:
-                named.setdefault(id(p), "")
+    for held in scopes.holders():
+        named.setdefault(held, "")
     return named
 
 
@@ -222,13 +220,10 @@ def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str]
 
 
 # -- a value computed once from a parameter -----------------------------------------------------------------
-def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, source: Source,
-                           trainable: Mapping[int, str], made_at: str | None, where_line: int | None) -> ComputedOnce | None:
-    """``name`` of ``frame``, made once from trainable leaves, with the loop of the frame's current line that
-    runs the steps (its value is computed at the top of it); None when it is not made from one."""
-    names = sources(value, trainable)
-    if not names:
-        return None
+def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, source: Source, names: tuple[str, ...],
+                           made_at: str | None, where_line: int | None) -> ComputedOnce:
+    """``name`` of ``frame``, made once from the trainable leaves ``names``, with the loop of the frame's current
+    line that runs the steps (its value is computed at the top of it)."""
     path = frame.f_code.co_filename
     scope = source.scope(frame)
     line = int(made_at.rpartition(":")[2]) if made_at else None
@@ -240,15 +235,15 @@ def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, sou
                         source.text(path, statement) if statement is not None else "", graph.origin(value), top)
 
 
-def computed_once_attributes(modules: Iterable[tuple[str | None, nn.Module]], reached: Mapping[int, Any],
-                             persistent: Any, trainable: Mapping[int, str], source: Source) -> list[ComputedOnce]:
+def computed_once_attributes(modules: Iterable[tuple[str | None, nn.Module]], persistent: Any,
+                             trainable: Mapping[int, str], source: Source) -> list[ComputedOnce]:
     """The module attributes (not registered) that hold a non-leaf made in ``__init__`` from trainable leaves and
     that the failing backward went through after an earlier one freed them."""
     out = []
     for owner, root in modules:
         for prefix, module in itertools.islice(root.named_modules(), 10_000):
             for attr, value in list(vars(module).items())[:200]:
-                if attr.startswith("_") or not persistent(value, reached):
+                if attr.startswith("_") or not persistent(value):
                     continue
                 names = sources(value, trainable)
                 if names:

@@ -128,13 +128,10 @@ def _optimized(crash: crashes.OptimizedNonLeaf) -> list[Finding]:
     made = []
     for t in crash.tensors:
         origin = _origin(t)
-        if not t.path:  # no variable holds it: said in words, never as a name
-            made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, origin=origin),
-                         described(origin, crash.optimizer, crash.place)))
-            continue
-        fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin)
-        made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=True, origin=origin,
-                                      made_at=short(t.assigned_at), fix=fix), t.path))
+        fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin) if t.path else fixes.LeafFix()
+        made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=bool(t.path), origin=origin,
+                                      made_at=short(t.assigned_at), fix=fix),
+                     t.path or described(origin, crash.optimizer, crash.place)))  # no variable: in words, never a name
     if len(made) == 1:
         reason, name = made[0]
         return [make(reason, name, "error", **({} if reason.named else {"described": True}))]
@@ -363,9 +360,9 @@ def _no_graph(crash: crashes.NoGraph) -> Finding:
         return graphless.detached(crash.place, crash.loss, trainable, crash.detached)
     grad_off = tuple(fixes.attribute_path(name, owner) or name if owner else name or "the model"
                      for owner, name in crash.grad_off)
-    reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference,
-                               models=tuple(m for m in models if m.trainable), grad_off=grad_off,
-                               cuts=tuple(Seen(s.op, place_of(s.place), place_of(s.called_from)) for s in crash.cuts))
+    reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference, models=trainable,
+                               grad_off=grad_off, cuts=tuple(Seen(s.op, place_of(s.place), place_of(s.called_from))
+                                                             for s in crash.cuts))
     if crash.loss:
         return make(reason, crash.loss, "error")
     return make(reason, f"the tensor backward() was called on at {short(crash.place)}", "error", described=True)

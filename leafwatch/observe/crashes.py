@@ -230,13 +230,17 @@ class Scopes:
         """The user's variable for ``obj`` (``w``, ``self.scale``) and the frame that holds it."""
         return next(((name, frame) for frame, name, value in self.values() if value is obj), None)
 
+    def _named(self, kind: type) -> dict[int, tuple[str | None, Any]]:
+        """Object id -> the innermost variable for it and the object, for each ``kind`` the user's variables hold."""
+        found: dict[int, tuple[str | None, Any]] = {}
+        for _, name, value in self.values():
+            if isinstance(value, kind):
+                found.setdefault(id(value), (name, value))
+        return found
+
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
         """The optimizers the user's variables hold, each with the innermost variable for it."""
-        found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
-        for _, name, value in self.values():
-            if isinstance(value, torch.optim.Optimizer):
-                found.setdefault(id(value), (name, value))
-        return list(found.values())
+        return list(self._named(torch.optim.Optimizer).values())  # type: ignore[arg-type]
 
     def holders(self) -> dict[int, tuple[str, torch.optim.Optimizer]]:
         """Tensor id -> the optimizer of :meth:`optimizers` that holds it (the first), with its variable."""
@@ -250,10 +254,7 @@ class Scopes:
     def modules(self, contexts: Iterable[Context] = ()) -> list[tuple[str | None, nn.Module]]:
         """The top modules of the user's frames and of the doors' contexts (none held by another one),
         each with the user's name for it (None where none is known)."""
-        named: dict[int, tuple[str | None, nn.Module]] = {}
-        for _, name, value in self.values():
-            if isinstance(value, nn.Module):
-                named.setdefault(id(value), (name, value))
+        named = self._named(nn.Module)
         for context in contexts:
             for module in context.modules:
                 if isinstance(module, nn.Module) and named.get(id(module), (None,))[0] is None:

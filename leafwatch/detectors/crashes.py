@@ -92,16 +92,10 @@ def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any)
                  *(freed.freed_by_earlier(crash.place, e) for e in crash.earlier),
                  *(freed.computed_once(crash.place, c) for c in crash.once),
                  *(_persistent(crash.place, t) for t in crash.tensors)]
-    elif isinstance(crash, crashes.NoGraph):
-        found = [_no_graph(crash)]
-    elif isinstance(crash, crashes.InPlaceOnLeaf):
-        found = [_in_place(crash)]
-    elif isinstance(crash, stepped_crash.SteppedBeforeBackward):
-        found = [stepped.judge(crash)]
-    elif isinstance(crash, exhausted.ExhaustedIterator):
-        found = [_exhausted(crash)]
-    else:
-        found = []
+    else:  # one finding, or none for no observation
+        one: Any = {crashes.NoGraph: _no_graph, crashes.InPlaceOnLeaf: _in_place, exhausted.ExhaustedIterator: _exhausted,
+                    stepped_crash.SteppedBeforeBackward: stepped.judge}.get(type(crash))
+        found = [one(crash)] if one is not None else []
     return [Verdict.open(f.replace(step=step, first_step=step, last_step=step, details={**f.details, "crash": True}))
             for f in found]
 

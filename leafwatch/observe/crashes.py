@@ -395,14 +395,16 @@ def _assigned(node: ast.AST, matches: Any) -> bool:
     return False
 
 
+def _assigned_in_a_loop(node: ast.AST, matches: Any) -> bool:
+    """Whether a loop under ``node`` assigns a target that ``matches``."""
+    return any(_assigned(loop, matches) for loop in ast.walk(node) if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
+
+
 def assigned_in_a_loop(path: str, variable: str, read_source: source.Source) -> bool:
     """Whether the file assigns ``variable`` inside a loop anywhere (a value made again at each step,
     such as a hidden state carried over: ``h = rnn(x, h)``), or cannot be read."""
     tree = read_source.tree(path)
-    if tree is None:
-        return True
-    return any(_assigned(loop, lambda t: isinstance(t, ast.Name) and t.id == variable)
-               for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
+    return tree is None or _assigned_in_a_loop(tree, lambda t: isinstance(t, ast.Name) and t.id == variable)
 
 
 def assigned_once(cls: type, attr: str) -> bool:
@@ -419,8 +421,7 @@ def assigned_once(cls: type, attr: str) -> bool:
         matches = lambda t: isinstance(t, ast.Attribute) and t.attr == attr  # noqa: E731
         for function in ast.walk(tree):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _assigned(function, matches):
-                if function.name != "__init__" or any(_assigned(loop, matches) for loop in ast.walk(function)
-                                                       if isinstance(loop, (ast.For, ast.AsyncFor, ast.While))):
+                if function.name != "__init__" or _assigned_in_a_loop(function, matches):
                     return False
                 found = True
     return found

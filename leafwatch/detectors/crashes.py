@@ -93,8 +93,8 @@ def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any)
                  *(freed.computed_once(crash.place, c) for c in crash.once),
                  *(_persistent(crash.place, t) for t in crash.tensors)]
     else:  # one finding, or none for no observation
-        one: Any = {crashes.NoGraph: _no_graph, crashes.InPlaceOnLeaf: _in_place, exhausted.ExhaustedIterator: _exhausted,
-                    stepped_crash.SteppedBeforeBackward: stepped.judge}.get(type(crash))
+        one: Any = {crashes.NoGraph: _no_graph, crashes.InPlaceOnLeaf: _in_place,
+                    exhausted.ExhaustedIterator: _exhausted, stepped_crash.SteppedBeforeBackward: stepped.judge}.get(type(crash))
         found = [one(crash)] if one is not None else []
     return [Verdict.open(f.replace(step=step, first_step=step, last_step=step, details={**f.details, "crash": True}))
             for f in found]

@@ -1,7 +1,7 @@
 """What a crash shows of a leaf mistake: the exception torch raised, read from its traceback.
 
-Most users meet leafwatch's bug class as an exception. :func:`read` recognises four of torch's by their
-type and message (:func:`recognise`) and reads, from the frames the exception passed through and the
+Most users meet leafwatch's bug class as an exception. :func:`read` recognises six of torch's by their
+type and message (:func:`recognise`: the table ``_ERRORS`` at the end, each with its reader) and reads, from the frames the exception passed through and the
 objects they hold, the plain facts that explain it: the tensor and the user's name for it, the op that
 made it a non-leaf, the statement that assigned it, the modules of the user's frames and what their
 parameters require, what an open Monitor's tracer saw of the last forward. No words: the crash detector
@@ -55,7 +55,7 @@ class Context:
 
 
 @dataclasses.dataclass(frozen=True)
-class Read:
+class Traceback:
     """What every reader of a recognised error starts from: its message and the match, the frames of its
     traceback (outermost first), the user's frames among them (innermost first), their variables, the doors'
     contexts, the user's line (``path:line``) and the source read once."""
@@ -172,7 +172,7 @@ Crash = (OptimizedNonLeaf | FreedGraph | NoGraph | InPlaceOnLeaf | stepped.Stepp
          | exhausted.ExhaustedIterator)
 
 
-def recognise(error: BaseException) -> tuple[Callable[[Read], Crash | None], re.Match[str]] | None:
+def recognise(error: BaseException) -> tuple[Callable[[Traceback], Crash | None], re.Match[str]] | None:
     """Which of the recognised torch errors ``error`` is: its reader (below) and its message's match, else None."""
     text = str(error) if isinstance(error, (ValueError, RuntimeError)) else ""
     for kind, pattern, reader in _ERRORS:
@@ -195,8 +195,8 @@ def read(error: BaseException, contexts: Iterable[Context] = ()) -> Crash | None
     first = (user or above or [None])[0]
     place = f"{first[0].f_code.co_filename}:{first[1]}" if first is not None else None
     reader, found = recognised
-    return reader(Read(str(error), found, where, user, Scopes([f for f, _ in (*user, *above)]), list(contexts), place,
-                       source.Source()))
+    return reader(Traceback(str(error), found, where, user, Scopes([f for f, _ in (*user, *above)]), list(contexts),
+                            place, source.Source()))
 
 
 # -- the user's variables -------------------------------------------------------------------------------
@@ -308,11 +308,11 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def backward_roots(r: Read) -> list[torch.Tensor]:
+def backward_roots(tb: Traceback) -> list[torch.Tensor]:
     """The tensors the failing ``backward()`` / ``torch.autograd.grad`` was called on, read from torch's
     innermost frame that holds them (the engine's ``t_outputs``, ``backward``'s ``tensors``, ``Tensor.backward``'s
     ``self``)."""
-    for frame in r.torch_frames():
+    for frame in tb.torch_frames():
         local = frame.f_locals
         for key in ("t_outputs", "tensors", "outputs"):
             found = _tensors(local.get(key))
@@ -329,28 +329,28 @@ def _leaf_name(t: torch.Tensor, scopes: Scopes) -> str | None:
     return found[0] if found is not None else None
 
 
-def _optimized(r: Read) -> OptimizedNonLeaf | None:
-    frame = next(r.torch_frames("add_param_group"), None)
+def _optimized(tb: Traceback) -> OptimizedNonLeaf | None:
+    frame = next(tb.torch_frames("add_param_group"), None)
     local = frame.f_locals if frame is not None else {}
     group = local.get("param_group")
     candidates = [local.get("param"), *(_tensors(group.get("params")) if isinstance(group, dict) else [])]
     tensors = list({id(t): t for t in candidates if isinstance(t, torch.Tensor) and not t.is_leaf
                     and not t.retains_grad}.values())
-    if not tensors or r.place is None:
+    if not tensors or tb.place is None:
         return None
     owner = local.get("self")
-    return OptimizedNonLeaf(r.place, type(owner).__name__ if owner is not None else "the optimizer",
-                            tuple(_non_leaf(t, r) for t in tensors))
+    return OptimizedNonLeaf(tb.place, type(owner).__name__ if owner is not None else "the optimizer",
+                            tuple(_non_leaf(t, tb) for t in tensors))
 
 
-def _non_leaf(tensor: torch.Tensor, r: Read) -> NonLeaf:
+def _non_leaf(tensor: torch.Tensor, tb: Traceback) -> NonLeaf:
     """A non-leaf handed to an optimizer: the user's variable for it and the statement that assigned it."""
-    found = r.scopes.name_of(tensor)
+    found = tb.scopes.name_of(tensor)
     name, holder = found if found is not None else (None, None)
-    line = next((line for f, line in r.user if f is holder), None)
-    at = assigned_at(holder, line, name, r.source) if holder is not None and name is not None and name.isidentifier() \
+    line = next((line for f, line in tb.user if f is holder), None)
+    at = assigned_at(holder, line, name, tb.source) if holder is not None and name is not None and name.isidentifier() \
         else None
-    return NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, r.scopes), at)
+    return NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, tb.scopes), at)
 
 
 # -- a graph freed by an earlier backward -----------------------------------------------------------------
@@ -397,7 +397,8 @@ def _assigned(node: ast.AST, matches: Any) -> bool:
 
 def _assigned_in_a_loop(node: ast.AST, matches: Any) -> bool:
     """Whether a loop under ``node`` assigns a target that ``matches``."""
-    return any(_assigned(loop, matches) for loop in ast.walk(node) if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
+    return any(_assigned(loop, matches) for loop in ast.walk(node)
+               if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
 
 
 def assigned_in_a_loop(path: str, variable: str, read_source: source.Source) -> bool:
@@ -457,71 +458,71 @@ def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], persisten
     return found
 
 
-def _freed(r: Read) -> FreedGraph | None:
-    roots = backward_roots(r)
-    if not roots or r.place is None:
+def _freed(tb: Traceback) -> FreedGraph | None:
+    roots = backward_roots(tb)
+    if not roots or tb.place is None:
         return None
-    reached, scopes, user = _reached(roots), r.scopes, r.user
+    reached, scopes, user = _reached(roots), tb.scopes, tb.user
 
     def persistent(t: Any) -> bool:
         return (isinstance(t, torch.Tensor) and not t.is_leaf and t.requires_grad and id(t.grad_fn) in reached
                 and not any(t is root for root in roots) and made_before_a_backward(t))
 
-    modules = scopes.modules(r.contexts)
+    modules = scopes.modules(tb.contexts)
     trainable = freed.trainable_leaves(scopes, modules)
-    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], r.source, reached,
+    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], tb.source, reached,
                                                           made_before_a_backward, scopes.holders()) if user else [])}
     found = _made_once_attributes(modules, persistent, scopes)
-    once = freed.computed_once_attributes(modules, persistent, trainable, r.source)
+    once = freed.computed_once_attributes(modules, persistent, trainable, tb.source)
     for frame, name, value in scopes.values():
         if id(value) in found or "." in name or name in earlier or not persistent(value) \
-                or assigned_in_a_loop(frame.f_code.co_filename, name, r.source) or any(c.name == name for c in once):
+                or assigned_in_a_loop(frame.f_code.co_filename, name, tb.source) or any(c.name == name for c in once):
             continue
         names = freed.sources(value, trainable)
         if names is None:
             continue
-        line = next((line for f, line in r.where if f is frame), None)
-        made_at = assigned_at(frame, line, name, r.source)
+        line = next((line for f, line in tb.where if f is frame), None)
+        made_at = assigned_at(frame, line, name, tb.source)
         if names:  # made from a parameter the user trains: computed once, freed by the first backward
-            once.append(freed.computed_once_variable(frame, name, value, r.source, names, made_at, line))
+            once.append(freed.computed_once_variable(frame, name, value, tb.source, names, made_at, line))
         else:
             found[id(value)] = NonLeaf(name, None, graph.origin(value), _leaf_name(value, scopes), made_at)
-    carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, r.source, reached)}
-    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, r.source,
+    carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, tb.source, reached)}
+    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, tb.source,
                                                                  reached))
     if not (found or carried or once or earlier):
         return None
-    return FreedGraph(r.place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))
+    return FreedGraph(tb.place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))
 
 
 # -- an optimizer step between a forward and its backward ----------------------------------------------------
-def _stepped(r: Read) -> stepped.SteppedBeforeBackward | None:
-    roots = backward_roots(r)
-    if len(roots) != 1 or roots[0].grad_fn is None or not r.user:
+def _stepped(tb: Traceback) -> stepped.SteppedBeforeBackward | None:
+    roots = backward_roots(tb)
+    if len(roots) != 1 or roots[0].grad_fn is None or not tb.user:
         return None
     leaves, _ = graph.leaves_of(roots[0].grad_fn, limit=graph.MAX_NODES)
-    changed = stepped.modified(r.message, roots, leaves)
+    changed = stepped.modified(tb.message, roots, leaves)
     if not changed:
         return None
 
     def module_of(tensors: list[torch.Tensor]) -> str | None:
         ids = {id(t) for t in tensors}
-        return next((name for name, m in r.scopes.modules() if name and ids & {id(p) for p in m.parameters()}), None)
+        return next((name for name, m in tb.scopes.modules() if name and ids & {id(p) for p in m.parameters()}), None)
 
-    frame, line = r.user[0]
-    return stepped.read(frame, line, roots[0], changed, r.source, r.scopes.holders(), module_of)
+    frame, line = tb.user[0]
+    return stepped.read(frame, line, roots[0], changed, tb.source, tb.scopes.holders(), module_of)
 
 
 # -- an optimizer handed an iterator used up already ---------------------------------------------------------
-def _emptied(r: Read) -> exhausted.ExhaustedIterator | None:
-    frame = next((f for f in r.torch_frames("__init__") if isinstance(f.f_locals.get("self"), torch.optim.Optimizer)),
+def _emptied(tb: Traceback) -> exhausted.ExhaustedIterator | None:
+    frame = next((f for f in tb.torch_frames("__init__") if isinstance(f.f_locals.get("self"), torch.optim.Optimizer)),
                  None)
     handed = frame.f_locals.get("params") if frame is not None else None
-    found = r.scopes.name_of(handed) if exhausted.is_iterator(handed) else None
-    line = next((line for f, line in r.user if found is not None and f is found[1]), None)
+    found = tb.scopes.name_of(handed) if exhausted.is_iterator(handed) else None
+    line = next((line for f, line in tb.user if found is not None and f is found[1]), None)
     if frame is None or found is None or line is None or not found[0].isidentifier():
         return None
-    return exhausted.read(frame.f_locals["self"], handed, found[1], line, found[0], r.source)
+    return exhausted.read(frame.f_locals["self"], handed, found[1], line, found[0], tb.source)
 
 
 # -- a backward of a tensor without a graph ----------------------------------------------------------------
@@ -552,24 +553,24 @@ def _what_the_tracer_saw(contexts: list[Context], names: Mapping[int, str | None
     return tuple(off), tuple(dict.fromkeys(sites))
 
 
-def _no_graph(r: Read) -> NoGraph | None:
-    roots, index = backward_roots(r), int(r.found.group(1))
-    if index >= len(roots) or r.place is None:
+def _no_graph(tb: Traceback) -> NoGraph | None:
+    roots, index = backward_roots(tb), int(tb.found.group(1))
+    if index >= len(roots) or tb.place is None:
         return None
     root = roots[index]
     if root.grad_fn is not None or root.requires_grad:
         return None
-    found = r.scopes.name_of(root)
-    modules = r.scopes.modules(r.contexts)
-    off, sites = _what_the_tracer_saw(r.contexts, {id(m): name for name, m in modules})
+    found = tb.scopes.name_of(root)
+    modules = tb.scopes.modules(tb.contexts)
+    off, sites = _what_the_tracer_saw(tb.contexts, {id(m): name for name, m in modules})
     models = _models(modules)
-    frame, line = r.user[0] if r.user else (None, None)
+    frame, line = tb.user[0] if tb.user else (None, None)
     frozen = graphless.frozen_part([(n, m) for n, m in modules if any(True for _ in m.parameters())],
-                                   r.scopes.optimizers(), r.scopes.frames, frame, line, r.source, _resolve) \
+                                   tb.scopes.optimizers(), tb.scopes.frames, frame, line, tb.source, _resolve) \
         if models and not any(m.trainable for m in models) else None
-    function = graphless.grad_off_function(frame, line, root, r.source, _resolve) if frame is not None else None
-    detached = graphless.detached_return([m for _, m in modules], r.source) if function is None else None
-    return NoGraph(r.place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
+    function = graphless.grad_off_function(frame, line, root, tb.source, _resolve) if frame is not None else None
+    detached = graphless.detached_return([m for _, m in modules], tb.source) if function is None else None
+    return NoGraph(tb.place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
                    function, detached)
 
 
@@ -639,10 +640,10 @@ def _changes_a_leaf(statement: ast.stmt, frame: FrameType) -> tuple[ast.expr, as
     return None
 
 
-def _in_place(r: Read) -> InPlaceOnLeaf | None:
-    if not r.user:
+def _in_place(tb: Traceback) -> InPlaceOnLeaf | None:
+    if not tb.user:
         return None
-    (frame, line), read_source = r.user[0], r.source
+    (frame, line), read_source = tb.user[0], tb.source
     path = frame.f_code.co_filename
     statement = _statement_at(path, line, read_source)
     found = _changes_a_leaf(statement, frame) if statement is not None else None
@@ -695,7 +696,8 @@ def _routine(frame: FrameType, failing: ast.stmt, torch_name: str | None, read_s
 _ERRORS = (
     (ValueError, re.compile(r"can't optimize a non-leaf Tensor"), _optimized),
     (RuntimeError, re.compile(r"Trying to backward through the graph a second time"), _freed),
-    (RuntimeError, re.compile(r"element (\d+) of tensors does not require grad and does not have a grad_fn"), _no_graph),
+    (RuntimeError, re.compile(r"element (\d+) of tensors does not require grad and does not have a grad_fn"),
+     _no_graph),
     (RuntimeError, re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"), _in_place),
     (RuntimeError, re.compile(r"one of the variables needed for gradient computation has been modified by an inplace "
                               r"operation"), _stepped),

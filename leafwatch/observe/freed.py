@@ -211,8 +211,9 @@ def _class_def(cls: type, source: Source) -> tuple[str, ast.ClassDef | None]:
     except (OSError, TypeError):
         return "", None
     tree = source.tree(path) if path else None
-    return path or "", next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__
-                             and min([c.lineno, *(d.lineno for d in c.decorator_list)]) == first), None) if tree else None
+    klass = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__
+                  and min([c.lineno, *(d.lineno for d in c.decorator_list)]) == first), None) if tree else None
+    return path or "", klass
 
 
 def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str] | None:

@@ -56,11 +56,10 @@ class Context:
 
 @dataclasses.dataclass(frozen=True)
 class Traceback:
-    """What every reader of a recognised error starts from: its message and the match, the frames of its
+    """What every reader of a recognised error starts from: its message's match, the frames of its
     traceback (outermost first), the user's frames among them (innermost first), their variables, the doors'
     contexts, the user's line (``path:line``) and the source read once."""
 
-    message: str
     found: re.Match[str]
     where: list[tuple[FrameType, int]]
     user: list[tuple[FrameType, int]]
@@ -195,7 +194,7 @@ def read(error: BaseException, contexts: Iterable[Context] = ()) -> Crash | None
     first = (user or above or [None])[0]
     place = f"{first[0].f_code.co_filename}:{first[1]}" if first is not None else None
     reader, found = recognised
-    return reader(Traceback(str(error), found, where, user, Scopes([f for f, _ in (*user, *above)]), list(contexts),
+    return reader(Traceback(found, where, user, Scopes([f for f, _ in (*user, *above)]), list(contexts),
                             place, source.Source()))
 
 
@@ -501,7 +500,7 @@ def _stepped(tb: Traceback) -> stepped.SteppedBeforeBackward | None:
     if len(roots) != 1 or roots[0].grad_fn is None or not tb.user:
         return None
     leaves, _ = graph.leaves_of(roots[0].grad_fn, limit=graph.MAX_NODES)
-    changed = stepped.modified(tb.message, roots, leaves)
+    changed = stepped.modified(tb.found.string, roots, leaves)
     if not changed:
         return None
 

@@ -204,14 +204,9 @@ class Scopes:
     ``self``, its module's globals (the readable values, bounded), read once."""
 
     def __init__(self, user_frames: Iterable[FrameType]) -> None:
-        self.frames: list[FrameType] = []
+        self.frames: list[FrameType] = list(dict.fromkeys(user_frames))  # (a frame both raised and caught: once)
         self.scopes: list[tuple[FrameType, str, dict[str, Any]]] = []
-        seen: set[int] = set()
-        for frame in user_frames:
-            if id(frame) in seen:
-                continue
-            seen.add(id(frame))
-            self.frames.append(frame)
+        for frame in self.frames:
             local = frame.f_locals
             self.scopes.append((frame, "", _readable(local)))
             owner = local.get("self")

@@ -274,8 +274,3 @@ def watched() -> dict[str, torch.Tensor]:
 def any_watched() -> bool:
     """Whether anything is watched with :func:`watch` (dead entries included): lock-free."""
     return bool(DEFAULT)
-
-
-def entries() -> list[WatchEntry]:
-    """The live entries of the default set."""
-    return DEFAULT.entries()

@@ -52,6 +52,7 @@ from ..report.words import ADVICE, Edit, Members, Remedy, Words, code
 from . import fixes, freed, graphless, stepped
 from .causes import place_of
 from .constructors import make
+from .freed import edit_at, short
 from .graphless import Model
 from .leaves import Origin, origin_cause, origin_of
 
@@ -91,22 +92,12 @@ def judge(seen: tuple[int | None, crashes.Crash | None], state: None, view: Any)
                  *(freed.freed_by_earlier(crash.place, e) for e in crash.earlier),
                  *(freed.computed_once(crash.place, c) for c in crash.once),
                  *(_persistent(crash.place, t) for t in crash.tensors)]
-    elif isinstance(crash, crashes.NoGraph):
-        found = [_no_graph(crash)]
-    elif isinstance(crash, crashes.InPlaceOnLeaf):
-        found = [_in_place(crash)]
-    elif isinstance(crash, stepped_crash.SteppedBeforeBackward):
-        found = [stepped.judge(crash)]
-    elif isinstance(crash, exhausted.ExhaustedIterator):
-        found = [_exhausted(crash)]
-    else:
-        found = []
+    else:  # one finding, or none for no observation
+        one: Any = {crashes.NoGraph: _no_graph, crashes.InPlaceOnLeaf: _in_place,
+                    exhausted.ExhaustedIterator: _exhausted, stepped_crash.SteppedBeforeBackward: stepped.judge}.get(type(crash))
+        found = [one(crash)] if one is not None else []
     return [Verdict.open(f.replace(step=step, first_step=step, last_step=step, details={**f.details, "crash": True}))
             for f in found]
-
-
-def _short(location: str | None) -> str | None:
-    return fixes.short_place(location) if location else None
 
 
 def _origin(t: crashes.NonLeaf) -> Origin | None:
@@ -122,7 +113,7 @@ def described(origin: Origin | None, optimizer: str, place: str) -> str:
     """A tensor the user holds under no name, in words: ``the float64 copy passed to `Adam` at train.py:3``."""
     what = _COPIES.get(origin.kind, "the tensor") if origin is not None else "the tensor"
     dtype, device = (origin.dtype, origin.device) if origin is not None else ("", "")
-    return f"{what.format(dtype=dtype.removeprefix('torch.'), device=device)} passed to `{optimizer}` at {_short(place)}"
+    return f"{what.format(dtype=dtype.removeprefix('torch.'), device=device)} passed to `{optimizer}` at {short(place)}"
 
 
 def _optimized(crash: crashes.OptimizedNonLeaf) -> list[Finding]:
@@ -131,20 +122,17 @@ def _optimized(crash: crashes.OptimizedNonLeaf) -> list[Finding]:
     made = []
     for t in crash.tensors:
         origin = _origin(t)
-        if not t.path:  # no variable holds it: said in words, never as a name
-            made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, origin=origin),
-                         described(origin, crash.optimizer, crash.place)))
-            continue
-        fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin)
-        made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=True, origin=origin,
-                                      made_at=_short(t.assigned_at), fix=fix), t.path))
+        fix = fixes.leaf_fix_args(t.path, t.assigned_at, origin=origin) if t.path else fixes.LeafFix()
+        made.append((OptimizedNonLeaf(optimizer=crash.optimizer, place=crash.place, named=bool(t.path), origin=origin,
+                                      made_at=short(t.assigned_at), fix=fix),
+                     t.path or described(origin, crash.optimizer, crash.place)))  # no variable: in words, never a name
     if len(made) == 1:
         reason, name = made[0]
         return [make(reason, name, "error", **({} if reason.named else {"described": True}))]
     rewrite = _together([r.fix for r, _ in made])
-    where = f"`{crash.optimizer}` at {_short(crash.place)}"
+    where = f"`{crash.optimizer}` at {short(crash.place)}"
     return [make(dataclasses.replace(reason, together=rewrite), name, "error",
-                 group=f"{crash.optimizer} at {_short(crash.place)}", location=f"given to {where}")
+                 group=f"{crash.optimizer} at {short(crash.place)}", location=f"given to {where}")
             for reason, name in made]
 
 
@@ -182,7 +170,7 @@ class OptimizedNonLeaf(Reason, kind="non_leaf", name="optimized_non_leaf"):
         named = [(f"`{name}`" if r.named else name) + (f" (assigned at {r.made_at})" if r.made_at else "")
                  for name, r in zip(m.names, m.reasons)]
         listed = ", ".join(named[:-1]) + f" and {named[-1]}"
-        message = (f"{listed} are not leaf tensors, so `{self.optimizer}` at {_short(self.place)} cannot optimize "
+        message = (f"{listed} are not leaf tensors, so `{self.optimizer}` at {short(self.place)} cannot optimize "
                    "them: torch refuses the first it meets, and would refuse the next once that one is fixed; an "
                    "optimizer steps leaves only.")
         cause = " ".join(origin_cause(name if r.named else None, r.origin, name) for name, r in zip(m.names, m.reasons))
@@ -198,7 +186,7 @@ class OptimizedNonLeaf(Reason, kind="non_leaf", name="optimized_non_leaf"):
             return self._words_together(m)
         who = m.who if self.named else f"a tensor given to `{self.optimizer}`"
         made = f" (assigned at {self.made_at})" if self.made_at else ""
-        message = (f"{who}{made} is not a leaf tensor, so `{self.optimizer}` at {_short(self.place)} cannot optimize "
+        message = (f"{who}{made} is not a leaf tensor, so `{self.optimizer}` at {short(self.place)} cannot optimize "
                    "it: an optimizer steps leaves only, and a non-leaf's .grad stays None.")
         if not self.named:
             return Words(message, origin_cause(None, self.origin),
@@ -218,7 +206,7 @@ def _persistent(place: str, t: crashes.NonLeaf) -> Finding:
         return make(PersistentNonLeaf(place=place, origin=origin, made_at=made, attribute=own), name, "error")
     target = fixes.optimizer_target(optimizers) if (optimizers := fixes.user_optimizers()) else None
     fix = fixes.leaf_fix_args(name, t.assigned_at, target=target, origin=origin)
-    return make(PersistentNonLeaf(place=place, origin=origin, made_at=_short(t.assigned_at), fix=fix), name, "error")
+    return make(PersistentNonLeaf(place=place, origin=origin, made_at=short(t.assigned_at), fix=fix), name, "error")
 
 
 class PersistentNonLeaf(Reason, kind="non_leaf", name="persistent_non_leaf"):
@@ -235,7 +223,7 @@ class PersistentNonLeaf(Reason, kind="non_leaf", name="persistent_non_leaf"):
     def words(self, m: Members) -> Words:
         made = f" (made at {self.made_at})" if self.made_at else ""
         message = (f"{m.who}{made} is a non-leaf tensor kept from one step to the next: an earlier backward() freed "
-                   f"the graph that made it, and the backward() at {_short(self.place)} goes through that graph again.")
+                   f"the graph that made it, and the backward() at {short(self.place)} goes through that graph again.")
         cause = f"{origin_cause(m.name, self.origin)} Its graph is made once and freed by the first backward() through it"
         if self.attribute is not None:
             words, remedy = fixes.parameter_fix(self.attribute)
@@ -258,11 +246,10 @@ def _in_place(crash: crashes.InPlaceOnLeaf) -> Finding:
     also: dict[str, Any] = {}
     if crash.others:
         decorator, at, guarded = f"@{crash.torch_name}.no_grad()", crash.decorate, crash.guarded
-        also = {"others": tuple(Other(_short(place), statement) for place, statement in crash.others),  # type: ignore[arg-type]
+        also = {"others": tuple(Other(short(place), statement) for place, statement in crash.others),  # type: ignore[arg-type]
                 "routine": crash.routine, "decorator": decorator if at is not None else None,
-                "all": Edit(at.path, at.start - 1, at.start - 1, "insert_after", f"{at.indent}{decorator}\n")
-                if at is not None else Edit(guarded[0].path, guarded[0].start, guarded[0].end, "replace", guarded[1])
-                if guarded is not None else None,
+                "all": edit_at("insert_before", at, f"{at.indent}{decorator}\n") if at is not None
+                else edit_at("replace", guarded[0], guarded[1]) if guarded is not None else None,
                 "guarded": guarded[1] if guarded is not None and at is None else None}
     return make(InPlaceOnLeaf(place=crash.place, parameter=crash.is_parameter, method=crash.method,
                               arguments=tuple(crash.arguments), keywords=crash.keywords, statement=crash.statement,
@@ -332,7 +319,7 @@ class InPlaceOnLeaf(Reason, kind="non_leaf", name="in_place_on_leaf"):
                           for o in self.others)
         where = f"`{self.routine}`" if self.routine else "The same code"
         also = f" {where} changes a leaf in place again: {lines} would be refused next." if self.others else ""
-        message = (f"{m.who} is {what}, a leaf: torch refuses the in-place {op} at {_short(self.place)} with grad mode "
+        message = (f"{m.who} is {what}, a leaf: torch refuses the in-place {op} at {short(self.place)} with grad mode "
                    f"on, since autograd cannot record an in-place change of a leaf it accumulates gradients into.{also}")
         cause = (f"{op} changes {m.who} in place while autograd records: an initialisation or a hand-made update of a "
                  "parameter must run without autograd (under `torch.no_grad()`, as the functions of `torch.nn.init` do).")
@@ -367,12 +354,12 @@ def _no_graph(crash: crashes.NoGraph) -> Finding:
         return graphless.detached(crash.place, crash.loss, trainable, crash.detached)
     grad_off = tuple(fixes.attribute_path(name, owner) or name if owner else name or "the model"
                      for owner, name in crash.grad_off)
-    reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference,
-                               models=tuple(m for m in models if m.trainable), grad_off=grad_off,
-                               cuts=tuple(Seen(s.op, place_of(s.place), place_of(s.called_from)) for s in crash.cuts))
+    reason = BackwardOfNoGraph(place=crash.place, loss=crash.loss, inference=crash.inference, models=trainable,
+                               grad_off=grad_off, cuts=tuple(Seen(s.op, place_of(s.place), place_of(s.called_from))
+                                                             for s in crash.cuts))
     if crash.loss:
         return make(reason, crash.loss, "error")
-    return make(reason, f"the tensor backward() was called on at {_short(crash.place)}", "error", described=True)
+    return make(reason, f"the tensor backward() was called on at {short(crash.place)}", "error", described=True)
 
 
 def _loss(loss: str | None) -> str:
@@ -398,14 +385,13 @@ def _meant(frozen: Any) -> dict[str, Any]:
     unfreeze with a plain attribute (and where), the parts its optimizer was given, and the placed unfreeze."""
     if frozen is None:
         return {}
-    unfrozen = tuple(Unfrozen(u.module, _short(u.at), u.statement) for u in frozen.unfrozen)
+    unfrozen = tuple(Unfrozen(u.module, short(u.at), u.statement) for u in frozen.unfrozen)
     targets = [u.module for u in frozen.unfrozen] or list(frozen.parts)
     snippet = "\n".join(f"{t}.requires_grad_(True)" for t in targets) if targets else None
     edit = None
     spans = [u.span for u in frozen.unfrozen if u.span is not None]
     if snippet and frozen.unfrozen and len(spans) == len(frozen.unfrozen) == 1:
-        at = spans[0]
-        edit = Edit(at.path, at.start, at.end, "replace", f"{at.indent}{snippet}\n")
+        edit = edit_at("replace", spans[0], f"{spans[0].indent}{snippet}\n")
     elif snippet and not frozen.unfrozen and frozen.after is not None:
         at = frozen.after
         edit = Edit(at.path, at.end, at.end, "insert_after", "".join(f"{at.indent}{line}\n" for line in snippet.splitlines()))
@@ -441,7 +427,7 @@ class AllFrozen(Reason, kind="missing_grad", name="all_frozen"):
     def words(self, m: Members) -> Words:
         models, count = self.models, sum(model.parameters for model in self.models)
         message = (f"every parameter of {_listed(models)} is frozen, so {_loss(self.loss)} has no autograd graph and "
-                   f"the backward() at {_short(self.place)} has nothing to differentiate: nothing trains.")
+                   f"the backward() at {short(self.place)} has nothing to differentiate: nothing trains.")
         cause = (f"none of the {count} parameter tensors of {_listed(models)} requires grad (`requires_grad=False` on "
                  f"each), so nothing computed from them records a graph.{self._also()}")
         if not self.snippet:
@@ -467,10 +453,10 @@ class AllFrozen(Reason, kind="missing_grad", name="all_frozen"):
 def _exhausted(crash: exhausted.ExhaustedIterator) -> Finding:
     snippet = f"{crash.name} = list({crash.value})" if crash.value is not None else None
     at = crash.at
-    edit = Edit(at.path, at.start, at.end, "replace", f"{at.indent}{snippet}\n") \
-        if snippet is not None and at is not None and fixes.is_code(snippet) else None
+    edit = edit_at("replace", at, f"{at.indent}{snippet}\n") if snippet is not None and at is not None \
+        and fixes.is_code(snippet) else None
     return make(ExhaustedIterator(place=crash.place, optimizer=crash.optimizer, iterator=crash.kind,
-                                  made_at=_short(crash.made_at), used_at=_short(crash.used_at), used=crash.used,
+                                  made_at=short(crash.made_at), used_at=short(crash.used_at), used=crash.used,
                                   snippet=snippet if edit else None, edit=edit), crash.name, "error")
 
 
@@ -493,7 +479,7 @@ class ExhaustedIterator(Reason, kind="not_in_optimizer", name="exhausted_iterato
         used = (f"`{self.used}` at {self.used_at}" if self.used and "\n" not in self.used else
                 f"the statement at {self.used_at}" if self.used_at else "an earlier statement")
         message = (f"{m.who}{made} is a one-shot `{self.iterator}` iterator, used up by {used} before "
-                   f"`{self.optimizer}` at {_short(self.place)} got it: the optimizer got no parameter, and nothing "
+                   f"`{self.optimizer}` at {short(self.place)} got it: the optimizer got no parameter, and nothing "
                    "would train.")
         cause = (f"a `{self.iterator}` (like a generator, or `model.parameters()`) yields its items once: the first "
                  f"pass over {m.who} took them all, so nothing was left for the optimizer.")
@@ -542,6 +528,6 @@ class BackwardOfNoGraph(Reason, kind="missing_grad", name="backward_of_no_graph"
         having = (f" while {_listed(trainable)} {'has' if len(trainable) == 1 else 'have'} parameters that require "
                   "grad: it was not computed from them through autograd") if trainable else ""
         message = (f"{_loss(self.loss)} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the "
-                   f"backward() at {_short(self.place)} fails{having}.")
+                   f"backward() at {short(self.place)} fails{having}.")
         cause, fix = self._cause()
         return Words(message, cause, fix, ADVICE)

@@ -29,13 +29,14 @@ from .constructors import make
 from .leaves import Origin, origin_of
 
 
-def _short(location: str | None) -> str | None:
+def short(location: str | None) -> str | None:
+    """``train.py:12`` of ``/path/to/train.py:12`` (None for None)."""
     return fixes.short_place(location) if location else None
 
 
-def _edit(action: str, at: Any, text: str) -> Edit | None:
+def edit_at(action: str, at: Any, text: str) -> Edit | None:
     """An :class:`Edit`: ``insert_after`` the line before ``at`` starts, or ``replace`` its lines (``at``: an
-    :class:`~leafwatch.observe.source.Span`)."""
+    :class:`~leafwatch.observe.source.Span`; None for None)."""
     if at is None:
         return None
     if action == "insert_before":
@@ -55,8 +56,8 @@ def carried(place: str, c: freed.Carried) -> Finding:
     snippet = f"{name} = {value}"
     top = c.top
     return make(CarriedState(place=place, carried_at=c.carried_at, statement=c.statement, several=c.count is not None,
-                             snippet=snippet, top=_short(f"{top.path}:{top.start}") if top else None,
-                             edit=_edit("insert_before", top, f"{top.indent}{snippet}\n") if top else None),
+                             snippet=snippet, top=short(f"{top.path}:{top.start}") if top else None,
+                             edit=edit_at("insert_before", top, f"{top.indent}{snippet}\n") if top else None),
                 name, "error")
 
 
@@ -75,11 +76,11 @@ class CarriedState(Reason, kind="non_leaf", name="carried_state", fixes="always"
 
     def words(self, m: Members) -> Words:
         single = "\n" not in self.statement
-        statement = (f"`{self.statement}` at {_short(self.carried_at)}" if single
-                     else f"the statement at {_short(self.carried_at)}")
+        statement = (f"`{self.statement}` at {short(self.carried_at)}" if single
+                     else f"the statement at {short(self.carried_at)}")
         message = (f"{m.who} carries the autograd graph of the previous iteration into this one: {statement} makes it "
                    f"from its own value of the iteration before, never detached, so the backward() at "
-                   f"{_short(self.place)} goes back into the earlier iteration's graph, which that iteration's "
+                   f"{short(self.place)} goes back into the earlier iteration's graph, which that iteration's "
                    "backward() freed.")
         cause = (f"a value carried from one iteration to the next (a recurrent hidden state, a running sum) keeps the "
                  f"graph of every iteration that made it: each backward() frees the graph it went through, and the "
@@ -94,15 +95,15 @@ class CarriedState(Reason, kind="non_leaf", name="carried_state", fixes="always"
 def computed_once(place: str, c: freed.ComputedOnce) -> Finding:
     fields: dict[str, Any] = {}
     if c.attr is None and c.top is not None and c.statement and "\n" not in c.statement:
-        fields.update(snippet=c.statement, top=_short(f"{c.top.path}:{c.top.start}"),
-                      edit=_edit("insert_before", c.top, f"{c.top.indent}{c.statement}\n"))
+        fields.update(snippet=c.statement, top=short(f"{c.top.path}:{c.top.start}"),
+                      edit=edit_at("insert_before", c.top, f"{c.top.indent}{c.statement}\n"))
     elif c.attr is not None and c.value is not None and c.at is not None and "\n" not in c.value:
         indent = c.indent
         body = f"\n{indent}@property\n{indent}def {c.attr}({c.me}):\n{indent}    return {c.value}\n"
         fields.update(snippet=body.strip("\n"), value=c.value,
                       edit=Edit(c.at.path, c.at.start, c.at.start + len(c.rest.splitlines()) + (c.at.end - c.at.start),
                                 "replace", c.rest + body))
-    return make(ComputedOnce(place=place, sources=tuple(c.sources), made_at=_short(c.made_at), statement=c.statement,
+    return make(ComputedOnce(place=place, sources=tuple(c.sources), made_at=short(c.made_at), statement=c.statement,
                              origin=origin_of(c.origin, {}), attribute=c.attr is not None, owner=c.owner, attr=c.attr,
                              **fields), c.name, "error")
 
@@ -137,7 +138,7 @@ class ComputedOnce(Reason, kind="non_leaf", name="computed_once"):
         made = f" (made at {self.made_at} from {sources})" if self.made_at else f" (made from {sources})"
         when = "in `__init__`" if self.attribute else "before the loop"
         message = (f"{m.who}{made} is computed once, {when}, and used at every step: the first backward() freed the "
-                   f"graph that made it, and the backward() at {_short(self.place)} goes through it again.")
+                   f"graph that made it, and the backward() at {short(self.place)} goes through it again.")
         op = f" (autograd op `{self.origin.op}`)" if self.origin is not None else ""
         trains = "train" if len(self.sources) > 1 else "trains"
         cause = (f"its graph{op} is made once, from {sources}, which {trains}, and the first backward() through it "
@@ -168,12 +169,12 @@ def freed_by_earlier(place: str, f: freed.FreedByEarlier) -> Finding:
     detach = retain = None
     if f.detach is not None:
         at, text = f.detach
-        detach = Rewrite(text.strip() if "\n" not in text.strip() else text, _edit("replace", at, text))
+        detach = Rewrite(text.strip() if "\n" not in text.strip() else text, edit_at("replace", at, text))
     if f.retain is not None:
         at, text = f.retain
-        retain = Rewrite(text.strip(), _edit("replace", at, text))
-    return make(FreedByEarlier(place=place, made_at=_short(f.made_at), earlier=f.earlier, earlier_at=_short(f.earlier_at),
-                               used_at=tuple(_short(u) for u in f.used_at),  # type: ignore[misc]
+        retain = Rewrite(text.strip(), edit_at("replace", at, text))
+    return make(FreedByEarlier(place=place, made_at=short(f.made_at), earlier=f.earlier, earlier_at=short(f.earlier_at),
+                               used_at=tuple(short(u) for u in f.used_at),  # type: ignore[misc]
                                optimizers=tuple(f.optimizers) if f.optimizers else None, detach=detach, retain=retain),
                 f.name, "error")
 
@@ -195,7 +196,7 @@ class FreedByEarlier(Reason, kind="non_leaf", name="freed_by_earlier_backward"):
     def words(self, m: Members) -> Words:
         used = f" at {', '.join(self.used_at)}" if self.used_at else ""
         message = (f"{m.who} (made at {self.made_at}) is used by two losses: `{self.earlier}.backward()` at "
-                   f"{self.earlier_at} freed its graph, and the backward() at {_short(self.place)} goes through it "
+                   f"{self.earlier_at} freed its graph, and the backward() at {short(self.place)} goes through it "
                    "again.")
         cause = (f"{m.who} feeds `{self.earlier}`{used} and the loss of this backward(); a backward() frees the graph "
                  "it goes through, so the first one freed the part the two losses share.")

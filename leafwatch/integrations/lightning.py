@@ -19,7 +19,7 @@ from ..detectors import crashes
 from ..observe.crashes import Context
 from ..report import records
 from ..sinks import notes
-from ..sinks.notes import print_notes
+from ..observe.excepthook import print_notes
 from .environment import install_command
 from ..report.events import CheckEvent
 from ..report.findings import KINDS

@@ -1,7 +1,7 @@
 """What a crash shows of a leaf mistake: the exception torch raised, read from its traceback.
 
-Most users meet leafwatch's bug class as an exception. :func:`read` recognises four of torch's by their
-type and message (:func:`recognise`) and reads, from the frames the exception passed through and the
+Most users meet leafwatch's bug class as an exception. :func:`read` recognises six of torch's by their
+type and message (:func:`recognise`: the table ``_ERRORS`` at the end, each with its reader) and reads, from the frames the exception passed through and the
 objects they hold, the plain facts that explain it: the tensor and the user's name for it, the op that
 made it a non-leaf, the statement that assigned it, the modules of the user's frames and what their
 parameters require, what an open Monitor's tracer saw of the last forward. No words: the crash detector
@@ -20,11 +20,10 @@ import ast
 import dataclasses
 import inspect
 import itertools
-import linecache
 import os
 import re
 import textwrap
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -35,29 +34,6 @@ from . import exhausted, frames, freed, graph, graphless, source, stepped
 from .cuts import CutSite
 from .inventory import Inventory
 
-#: torch raised ``can't optimize a non-leaf Tensor`` (an optimizer was handed a non-leaf).
-OPTIMIZED_NON_LEAF = "optimized_non_leaf"
-#: torch raised ``Trying to backward through the graph a second time``.
-GRAPH_FREED = "graph_freed"
-#: torch raised ``element 0 of tensors does not require grad and does not have a grad_fn``.
-NO_GRAPH = "no_graph"
-#: torch raised ``a leaf Variable that requires grad is being used in an in-place operation``.
-LEAF_IN_PLACE = "leaf_in_place"
-#: torch raised ``one of the variables needed for gradient computation has been modified by an inplace operation``.
-MODIFIED_IN_PLACE = "modified_in_place"
-#: torch raised ``optimizer got an empty parameter list``.
-EMPTY_PARAMETERS = "empty_parameters"
-
-_ERRORS = (
-    (ValueError, re.compile(r"can't optimize a non-leaf Tensor"), OPTIMIZED_NON_LEAF),
-    (RuntimeError, re.compile(r"Trying to backward through the graph a second time"), GRAPH_FREED),
-    (RuntimeError, re.compile(r"element (\d+) of tensors does not require grad and does not have a grad_fn"), NO_GRAPH),
-    (RuntimeError, re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
-     LEAF_IN_PLACE),
-    (RuntimeError, re.compile(r"one of the variables needed for gradient computation has been modified by an inplace "
-                              r"operation"), MODIFIED_IN_PLACE),
-    (ValueError, re.compile(r"optimizer got an empty parameter list"), EMPTY_PARAMETERS),
-)
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _MAX_FRAMES = 30
 _MAX_VALUES = 1000
@@ -76,6 +52,26 @@ class Context:
     modules: tuple[nn.Module, ...] = ()
     names: Mapping[int, str] = dataclasses.field(default_factory=dict)
     tracer: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Traceback:
+    """What every reader of a recognised error starts from: its message's match, the frames of its
+    traceback (outermost first), the user's frames among them (innermost first), their variables, the doors'
+    contexts, the user's line (``path:line``) and the source read once."""
+
+    found: re.Match[str]
+    where: list[tuple[FrameType, int]]
+    user: list[tuple[FrameType, int]]
+    scopes: Scopes
+    contexts: list[Context]
+    place: str | None
+    source: source.Source
+
+    def torch_frames(self, function: str | None = None) -> Iterator[FrameType]:
+        """torch's frames of the traceback, innermost first (those that run ``function`` only, when given)."""
+        return (f for f, _ in reversed(self.where) if f.f_code.co_filename.startswith(_TORCH_DIR)
+                and function in (None, f.f_code.co_name))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +171,13 @@ Crash = (OptimizedNonLeaf | FreedGraph | NoGraph | InPlaceOnLeaf | stepped.Stepp
          | exhausted.ExhaustedIterator)
 
 
-def recognise(error: BaseException) -> tuple[str, re.Match[str]] | None:
-    """Which of the recognised torch errors ``error`` is (and its message's match), else None."""
+def recognise(error: BaseException) -> tuple[Callable[[Traceback], Crash | None], re.Match[str]] | None:
+    """Which of the recognised torch errors ``error`` is: its reader (below) and its message's match, else None."""
     text = str(error) if isinstance(error, (ValueError, RuntimeError)) else ""
-    for kind, pattern, name in _ERRORS:
+    for kind, pattern, reader in _ERRORS:
         found = pattern.search(text) if isinstance(error, kind) else None
         if found is not None:
-            return name, found
+            return reader, found
     return None
 
 
@@ -195,22 +191,11 @@ def read(error: BaseException, contexts: Iterable[Context] = ()) -> Crash | None
     user = [(f, line) for f, line in reversed(where) if frames.is_users(f)][:_MAX_FRAMES]
     # Where the exception was caught (a framework's loop), the user's frames above it: `trainer.fit(...)`.
     above = [(f, f.f_lineno) for f in itertools.islice(frames.user_frames(depth=2), _MAX_FRAMES)]
-    scopes = Scopes([f for f, _ in (*user, *above)])
     first = (user or above or [None])[0]
     place = f"{first[0].f_code.co_filename}:{first[1]}" if first is not None else None
-    name, found = recognised
-    contexts, read_source = list(contexts), source.Source()
-    if name == OPTIMIZED_NON_LEAF:
-        return _optimized(where, user, scopes, place)
-    if name == EMPTY_PARAMETERS:
-        return _emptied(where, user, scopes, read_source)
-    if name == GRAPH_FREED:
-        return _freed(where, user, scopes, contexts, place, read_source)
-    if name == NO_GRAPH:
-        return _no_graph(where, user, scopes, contexts, place, int(found.group(1)), read_source)
-    if name == MODIFIED_IN_PLACE:
-        return _stepped(str(error), where, user, scopes, read_source)
-    return _in_place(user, scopes, read_source) if user else None
+    reader, found = recognised
+    return reader(Traceback(found, where, user, Scopes([f for f, _ in (*user, *above)]), list(contexts),
+                            place, source.Source()))
 
 
 # -- the user's variables -------------------------------------------------------------------------------
@@ -219,14 +204,9 @@ class Scopes:
     ``self``, its module's globals (the readable values, bounded), read once."""
 
     def __init__(self, user_frames: Iterable[FrameType]) -> None:
-        self.frames: list[FrameType] = []
+        self.frames: list[FrameType] = list(dict.fromkeys(user_frames))  # (a frame both raised and caught: once)
         self.scopes: list[tuple[FrameType, str, dict[str, Any]]] = []
-        seen: set[int] = set()
-        for frame in user_frames:
-            if id(frame) in seen:
-                continue
-            seen.add(id(frame))
-            self.frames.append(frame)
+        for frame in self.frames:
             local = frame.f_locals
             self.scopes.append((frame, "", _readable(local)))
             owner = local.get("self")
@@ -244,13 +224,17 @@ class Scopes:
         """The user's variable for ``obj`` (``w``, ``self.scale``) and the frame that holds it."""
         return next(((name, frame) for frame, name, value in self.values() if value is obj), None)
 
+    def _named(self, kind: type) -> dict[int, tuple[str | None, Any]]:
+        """Object id -> the innermost variable for it and the object, for each ``kind`` the user's variables hold."""
+        found: dict[int, tuple[str | None, Any]] = {}
+        for _, name, value in self.values():
+            if isinstance(value, kind):
+                found.setdefault(id(value), (name, value))
+        return found
+
     def optimizers(self) -> list[tuple[str, torch.optim.Optimizer]]:
         """The optimizers the user's variables hold, each with the innermost variable for it."""
-        found: dict[int, tuple[str, torch.optim.Optimizer]] = {}
-        for _, name, value in self.values():
-            if isinstance(value, torch.optim.Optimizer):
-                found.setdefault(id(value), (name, value))
-        return list(found.values())
+        return list(self._named(torch.optim.Optimizer).values())  # type: ignore[arg-type]
 
     def holders(self) -> dict[int, tuple[str, torch.optim.Optimizer]]:
         """Tensor id -> the optimizer of :meth:`optimizers` that holds it (the first), with its variable."""
@@ -264,10 +248,7 @@ class Scopes:
     def modules(self, contexts: Iterable[Context] = ()) -> list[tuple[str | None, nn.Module]]:
         """The top modules of the user's frames and of the doors' contexts (none held by another one),
         each with the user's name for it (None where none is known)."""
-        named: dict[int, tuple[str | None, nn.Module]] = {}
-        for _, name, value in self.values():
-            if isinstance(value, nn.Module):
-                named.setdefault(id(value), (name, value))
+        named = self._named(nn.Module)
         for context in contexts:
             for module in context.modules:
                 if isinstance(module, nn.Module) and named.get(id(module), (None,))[0] is None:
@@ -292,34 +273,21 @@ def _statements(node: ast.AST) -> Iterator[ast.stmt]:
             yield from _statements(child)
 
 
-def _tree(path: str) -> ast.Module | None:
-    try:
-        return ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-
-
-def assigned_at(frame: FrameType, line: int | None, variable: str) -> str | None:
+def assigned_at(frame: FrameType, line: int | None, variable: str, read_source: source.Source) -> str | None:
     """``path:line`` of the last statement before ``line`` that assigned ``variable`` in the scope of
     ``frame`` (its function, or its module for a global; None for ``line``: any line), None when not found."""
-    path, code = frame.f_code.co_filename, frame.f_code
-    tree = _tree(path)
-    if tree is None:
-        return None
-    node: ast.AST | None = tree
-    if variable in frame.f_locals and code.co_name != "<module>":
-        node = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == code.co_firstlineno), None)
-    elif code.co_name != "<module>":
+    path = frame.f_code.co_filename
+    if variable not in frame.f_locals and frame.f_code.co_name != "<module>":
         line = None  # a global read inside a function: the module assigned it before the call
+    node = read_source.scope(frame) if variable in frame.f_locals else read_source.tree(path)
     found = [n for n in _statements(node) if isinstance(n, ast.Assign) and (line is None or n.lineno <= line)
              and any(isinstance(t, ast.Name) and t.id == variable for t in n.targets)] if node is not None else []
     return f"{path}:{found[-1].lineno}" if found else None
 
 
-def _statement_at(path: str, line: int) -> ast.stmt | None:
+def _statement_at(path: str, line: int, read_source: source.Source) -> ast.stmt | None:
     """The innermost statement of the file at ``line``."""
-    tree = _tree(path)
+    tree = read_source.tree(path)
     around = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)
               and n.lineno <= line <= (n.end_lineno or n.lineno)] if tree is not None else []
     return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
@@ -334,20 +302,17 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
-def backward_roots(where: list[tuple[FrameType, int]]) -> list[torch.Tensor]:
+def backward_roots(tb: Traceback) -> list[torch.Tensor]:
     """The tensors the failing ``backward()`` / ``torch.autograd.grad`` was called on, read from torch's
     innermost frame that holds them (the engine's ``t_outputs``, ``backward``'s ``tensors``, ``Tensor.backward``'s
     ``self``)."""
-    for frame, _ in reversed(where):
-        code = frame.f_code
-        if not code.co_filename.startswith(_TORCH_DIR):
-            continue
+    for frame in tb.torch_frames():
         local = frame.f_locals
         for key in ("t_outputs", "tensors", "outputs"):
             found = _tensors(local.get(key))
             if found:
                 return found
-        if code.co_name == "backward" and isinstance(local.get("self"), torch.Tensor):
+        if frame.f_code.co_name == "backward" and isinstance(local.get("self"), torch.Tensor):
             return [local["self"]]
     return []
 
@@ -358,31 +323,28 @@ def _leaf_name(t: torch.Tensor, scopes: Scopes) -> str | None:
     return found[0] if found is not None else None
 
 
-def _optimized(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
-               place: str | None) -> OptimizedNonLeaf | None:
-    for frame, _ in reversed(where):
-        if frame.f_code.co_name != "add_param_group" or not frame.f_code.co_filename.startswith(_TORCH_DIR):
-            continue
-        local = frame.f_locals
-        group = local.get("param_group")
-        candidates = [local.get("param"), *(_tensors(group.get("params")) if isinstance(group, dict) else [])]
-        tensors = list({id(t): t for t in candidates if isinstance(t, torch.Tensor) and not t.is_leaf
-                        and not t.retains_grad}.values())
-        if not tensors or place is None:
-            return None
-        owner = local.get("self")
-        return OptimizedNonLeaf(place, type(owner).__name__ if owner is not None else "the optimizer",
-                                tuple(_non_leaf(t, user, scopes) for t in tensors))
-    return None
+def _optimized(tb: Traceback) -> OptimizedNonLeaf | None:
+    frame = next(tb.torch_frames("add_param_group"), None)
+    local = frame.f_locals if frame is not None else {}
+    group = local.get("param_group")
+    candidates = [local.get("param"), *(_tensors(group.get("params")) if isinstance(group, dict) else [])]
+    tensors = list({id(t): t for t in candidates if isinstance(t, torch.Tensor) and not t.is_leaf
+                    and not t.retains_grad}.values())
+    if not tensors or tb.place is None:
+        return None
+    owner = local.get("self")
+    return OptimizedNonLeaf(tb.place, type(owner).__name__ if owner is not None else "the optimizer",
+                            tuple(_non_leaf(t, tb) for t in tensors))
 
 
-def _non_leaf(tensor: torch.Tensor, user: list[tuple[FrameType, int]], scopes: Scopes) -> NonLeaf:
+def _non_leaf(tensor: torch.Tensor, tb: Traceback) -> NonLeaf:
     """A non-leaf handed to an optimizer: the user's variable for it and the statement that assigned it."""
-    found = scopes.name_of(tensor)
+    found = tb.scopes.name_of(tensor)
     name, holder = found if found is not None else (None, None)
-    line = next((line for f, line in user if f is holder), None)
-    at = assigned_at(holder, line, name) if holder is not None and name is not None and name.isidentifier() else None
-    return NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, scopes), at)
+    line = next((line for f, line in tb.user if f is holder), None)
+    at = assigned_at(holder, line, name, tb.source) if holder is not None and name is not None and name.isidentifier() \
+        else None
+    return NonLeaf(name or "", None, graph.origin(tensor), _leaf_name(tensor, tb.scopes), at)
 
 
 # -- a graph freed by an earlier backward -----------------------------------------------------------------
@@ -417,11 +379,6 @@ def made_before_a_backward(t: torch.Tensor) -> bool:
     return freed
 
 
-def _persistent(t: Any, reached: Mapping[int, Any], roots: list[torch.Tensor]) -> bool:
-    return (isinstance(t, torch.Tensor) and not t.is_leaf and t.requires_grad and id(t.grad_fn) in reached
-            and not any(t is root for root in roots) and made_before_a_backward(t))
-
-
 def _assigned(node: ast.AST, matches: Any) -> bool:
     """Whether a statement under ``node`` assigns a target that ``matches``."""
     for n in ast.walk(node):
@@ -432,14 +389,17 @@ def _assigned(node: ast.AST, matches: Any) -> bool:
     return False
 
 
-def assigned_in_a_loop(path: str, variable: str) -> bool:
+def _assigned_in_a_loop(node: ast.AST, matches: Any) -> bool:
+    """Whether a loop under ``node`` assigns a target that ``matches``."""
+    return any(_assigned(loop, matches) for loop in ast.walk(node)
+               if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
+
+
+def assigned_in_a_loop(path: str, variable: str, read_source: source.Source) -> bool:
     """Whether the file assigns ``variable`` inside a loop anywhere (a value made again at each step,
     such as a hidden state carried over: ``h = rnn(x, h)``), or cannot be read."""
-    tree = _tree(path)
-    if tree is None:
-        return True
-    return any(_assigned(loop, lambda t: isinstance(t, ast.Name) and t.id == variable)
-               for loop in ast.walk(tree) if isinstance(loop, (ast.For, ast.AsyncFor, ast.While)))
+    tree = read_source.tree(path)
+    return tree is None or _assigned_in_a_loop(tree, lambda t: isinstance(t, ast.Name) and t.id == variable)
 
 
 def assigned_once(cls: type, attr: str) -> bool:
@@ -456,8 +416,7 @@ def assigned_once(cls: type, attr: str) -> bool:
         matches = lambda t: isinstance(t, ast.Attribute) and t.attr == attr  # noqa: E731
         for function in ast.walk(tree):
             if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) and _assigned(function, matches):
-                if function.name != "__init__" or any(_assigned(loop, matches) for loop in ast.walk(function)
-                                                       if isinstance(loop, (ast.For, ast.AsyncFor, ast.While))):
+                if function.name != "__init__" or _assigned_in_a_loop(function, matches):
                     return False
                 found = True
     return found
@@ -474,8 +433,8 @@ def _reached(roots: list[torch.Tensor]) -> dict[int, Any]:
     return reached
 
 
-def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], reached: Mapping[int, Any],
-                          roots: list[torch.Tensor], scopes: Scopes) -> dict[int, NonLeaf]:
+def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], persistent: Callable[[Any], bool],
+                          scopes: Scopes) -> dict[int, NonLeaf]:
     """The non-leaf module attributes made once in ``__init__`` (not from the model's parameters) that the
     failing backward went through after an earlier one freed them."""
     found: dict[int, NonLeaf] = {}
@@ -483,7 +442,7 @@ def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], reached: 
         inventory = Inventory(module)
         for orphan in inventory.orphans():
             t = orphan.tensor
-            if id(t) in found or orphan.container != "attribute" or not _persistent(t, reached, roots):
+            if id(t) in found or orphan.container != "attribute" or not persistent(t):
                 continue
             module_name, _, attr = orphan.name.rpartition(".")
             holder = inventory.modules.get(module_name)
@@ -493,75 +452,71 @@ def _made_once_attributes(modules: list[tuple[str | None, nn.Module]], reached: 
     return found
 
 
-def _freed(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
-           contexts: list[Context], place: str | None, read_source: source.Source) -> FreedGraph | None:
-    roots = backward_roots(where)
-    if not roots or place is None:
+def _freed(tb: Traceback) -> FreedGraph | None:
+    roots = backward_roots(tb)
+    if not roots or tb.place is None:
         return None
-    reached = _reached(roots)
-    modules = scopes.modules(contexts)
-    trainable = freed.trainable_leaves(scopes, modules, [o for _, o in scopes.optimizers()])
-    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], read_source, reached,
+    reached, scopes, user = _reached(roots), tb.scopes, tb.user
+
+    def persistent(t: Any) -> bool:
+        return (isinstance(t, torch.Tensor) and not t.is_leaf and t.requires_grad and id(t.grad_fn) in reached
+                and not any(t is root for root in roots) and made_before_a_backward(t))
+
+    modules = scopes.modules(tb.contexts)
+    trainable = freed.trainable_leaves(scopes, modules)
+    earlier = {e.name: e for e in (freed.freed_by_earlier(user[0][0], user[0][1], tb.source, reached,
                                                           made_before_a_backward, scopes.holders()) if user else [])}
-    found = _made_once_attributes(modules, reached, roots, scopes)
-    once = freed.computed_once_attributes(modules, reached, lambda t, r: _persistent(t, r, roots), trainable,
-                                          read_source)
+    found = _made_once_attributes(modules, persistent, scopes)
+    once = freed.computed_once_attributes(modules, persistent, trainable, tb.source)
     for frame, name, value in scopes.values():
-        if id(value) in found or "." in name or name in earlier or not _persistent(value, reached, roots) \
-                or assigned_in_a_loop(frame.f_code.co_filename, name) or any(c.name == name for c in once):
+        if id(value) in found or "." in name or name in earlier or not persistent(value) \
+                or assigned_in_a_loop(frame.f_code.co_filename, name, tb.source) or any(c.name == name for c in once):
             continue
         names = freed.sources(value, trainable)
         if names is None:
             continue
-        line = next((line for f, line in where if f is frame), None)
+        line = next((line for f, line in tb.where if f is frame), None)
+        made_at = assigned_at(frame, line, name, tb.source)
         if names:  # made from a parameter the user trains: computed once, freed by the first backward
-            once.append(freed.computed_once_variable(frame, name, value, read_source, trainable,  # type: ignore[arg-type]
-                                                     assigned_at(frame, line, name), line))
-            continue
-        found[id(value)] = NonLeaf(name, None, graph.origin(value), _leaf_name(value, scopes),
-                                   assigned_at(frame, line, name))
-    carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, read_source, reached)}
-    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, read_source,
+            once.append(freed.computed_once_variable(frame, name, value, tb.source, names, made_at, line))
+        else:
+            found[id(value)] = NonLeaf(name, None, graph.origin(value), _leaf_name(value, scopes), made_at)
+    carried = {c.name: c for f, _ in user[:4] for c in freed.carried(f, tb.source, reached)}
+    carried.update((c.name, c) for c in freed.carried_attributes(modules, user[0][0] if user else None, tb.source,
                                                                  reached))
     if not (found or carried or once or earlier):
         return None
-    return FreedGraph(place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))
+    return FreedGraph(tb.place, tuple(found.values()), tuple(carried.values()), tuple(once), tuple(earlier.values()))
 
 
 # -- an optimizer step between a forward and its backward ----------------------------------------------------
-def _stepped(message: str, where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
-             read_source: source.Source) -> stepped.SteppedBeforeBackward | None:
-    roots = backward_roots(where)
-    if len(roots) != 1 or roots[0].grad_fn is None or not user:
+def _stepped(tb: Traceback) -> stepped.SteppedBeforeBackward | None:
+    roots = backward_roots(tb)
+    if len(roots) != 1 or roots[0].grad_fn is None or not tb.user:
         return None
     leaves, _ = graph.leaves_of(roots[0].grad_fn, limit=graph.MAX_NODES)
-    changed = stepped.modified(message, roots, leaves)
+    changed = stepped.modified(tb.found.string, roots, leaves)
     if not changed:
         return None
 
     def module_of(tensors: list[torch.Tensor]) -> str | None:
         ids = {id(t) for t in tensors}
-        return next((name for name, m in scopes.modules() if name and ids & {id(p) for p in m.parameters()}), None)
+        return next((name for name, m in tb.scopes.modules() if name and ids & {id(p) for p in m.parameters()}), None)
 
-    frame, line = user[0]
-    return stepped.read(frame, line, roots[0], changed, read_source, scopes.holders(), module_of)
+    frame, line = tb.user[0]
+    return stepped.read(frame, line, roots[0], changed, tb.source, tb.scopes.holders(), module_of)
 
 
 # -- an optimizer handed an iterator used up already ---------------------------------------------------------
-def _emptied(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
-             read_source: source.Source) -> exhausted.ExhaustedIterator | None:
-    for frame, _ in reversed(where):
-        owner = frame.f_locals.get("self")
-        if frame.f_code.co_name != "__init__" or not frame.f_code.co_filename.startswith(_TORCH_DIR) \
-                or not isinstance(owner, torch.optim.Optimizer):
-            continue
-        handed = frame.f_locals.get("params")
-        found = scopes.name_of(handed) if exhausted.is_iterator(handed) else None
-        line = next((line for f, line in user if found is not None and f is found[1]), None)
-        if found is None or line is None or not found[0].isidentifier():
-            return None
-        return exhausted.read(owner, handed, found[1], line, found[0], read_source)
-    return None
+def _emptied(tb: Traceback) -> exhausted.ExhaustedIterator | None:
+    frame = next((f for f in tb.torch_frames("__init__") if isinstance(f.f_locals.get("self"), torch.optim.Optimizer)),
+                 None)
+    handed = frame.f_locals.get("params") if frame is not None else None
+    found = tb.scopes.name_of(handed) if exhausted.is_iterator(handed) else None
+    line = next((line for f, line in tb.user if found is not None and f is found[1]), None)
+    if frame is None or found is None or line is None or not found[0].isidentifier():
+        return None
+    return exhausted.read(frame.f_locals["self"], handed, found[1], line, found[0], tb.source)
 
 
 # -- a backward of a tensor without a graph ----------------------------------------------------------------
@@ -592,25 +547,24 @@ def _what_the_tracer_saw(contexts: list[Context], names: Mapping[int, str | None
     return tuple(off), tuple(dict.fromkeys(sites))
 
 
-def _no_graph(where: list[tuple[FrameType, int]], user: list[tuple[FrameType, int]], scopes: Scopes,
-              contexts: list[Context], place: str | None, index: int, read_source: source.Source) -> NoGraph | None:
-    roots = backward_roots(where)
-    if index >= len(roots) or place is None:
+def _no_graph(tb: Traceback) -> NoGraph | None:
+    roots, index = backward_roots(tb), int(tb.found.group(1))
+    if index >= len(roots) or tb.place is None:
         return None
     root = roots[index]
     if root.grad_fn is not None or root.requires_grad:
         return None
-    found = scopes.name_of(root)
-    modules = scopes.modules(contexts)
-    off, sites = _what_the_tracer_saw(contexts, {id(m): name for name, m in modules})
+    found = tb.scopes.name_of(root)
+    modules = tb.scopes.modules(tb.contexts)
+    off, sites = _what_the_tracer_saw(tb.contexts, {id(m): name for name, m in modules})
     models = _models(modules)
-    frame, line = user[0] if user else (None, None)
+    frame, line = tb.user[0] if tb.user else (None, None)
     frozen = graphless.frozen_part([(n, m) for n, m in modules if any(True for _ in m.parameters())],
-                                   scopes.optimizers(), scopes.frames, frame, line, read_source, _resolve) \
+                                   tb.scopes.optimizers(), tb.scopes.frames, frame, line, tb.source, _resolve) \
         if models and not any(m.trainable for m in models) else None
-    function = graphless.grad_off_function(frame, line, root, read_source, _resolve) if frame is not None else None
-    detached = graphless.detached_return([m for _, m in modules], read_source) if function is None else None
-    return NoGraph(place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
+    function = graphless.grad_off_function(frame, line, root, tb.source, _resolve) if frame is not None else None
+    detached = graphless.detached_return([m for _, m in modules], tb.source) if function is None else None
+    return NoGraph(tb.place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
                    function, detached)
 
 
@@ -680,10 +634,12 @@ def _changes_a_leaf(statement: ast.stmt, frame: FrameType) -> tuple[ast.expr, as
     return None
 
 
-def _in_place(user: list[tuple[FrameType, int]], scopes: Scopes, read_source: source.Source) -> InPlaceOnLeaf | None:
-    frame, line = user[0]
+def _in_place(tb: Traceback) -> InPlaceOnLeaf | None:
+    if not tb.user:
+        return None
+    (frame, line), read_source = tb.user[0], tb.source
     path = frame.f_code.co_filename
-    statement = _statement_at(path, line)
+    statement = _statement_at(path, line, read_source)
     found = _changes_a_leaf(statement, frame) if statement is not None else None
     if found is None:
         return None
@@ -728,3 +684,16 @@ def _routine(frame: FrameType, failing: ast.stmt, torch_name: str | None, read_s
         text = f"{at.indent}with {torch_name}.no_grad():\n" + "".join(f"    {line}" if line.strip() else line for line in lines)
         out["guarded"] = (source.Span(at.path, at.start, body[index[-1]].end_lineno or at.start, at.indent), text)
     return out
+
+
+#: The torch errors of the leaf class, recognised by their type and message, each with its reader.
+_ERRORS = (
+    (ValueError, re.compile(r"can't optimize a non-leaf Tensor"), _optimized),
+    (RuntimeError, re.compile(r"Trying to backward through the graph a second time"), _freed),
+    (RuntimeError, re.compile(r"element (\d+) of tensors does not require grad and does not have a grad_fn"),
+     _no_graph),
+    (RuntimeError, re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"), _in_place),
+    (RuntimeError, re.compile(r"one of the variables needed for gradient computation has been modified by an inplace "
+                              r"operation"), _stepped),
+    (ValueError, re.compile(r"optimizer got an empty parameter list"), _emptied),
+)

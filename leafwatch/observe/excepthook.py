@@ -141,7 +141,7 @@ class ExceptHook:
             (self._previous if self._previous is not None else sys.__excepthook__)(kind, error, tb)
         finally:
             self._running = False
-            _print(later)
+            print_notes(later)
 
     def _ipython_handler(self, shell: Any, kind: type[BaseException], error: BaseException, tb: Any,
                          tb_offset: int | None = None) -> Any:
@@ -149,10 +149,11 @@ class ExceptHook:
         try:
             shell.showtraceback((kind, error, tb), tb_offset=tb_offset)
         finally:
-            _print(later)
+            print_notes(later)
 
 
-def _print(lines: Sequence[str]) -> None:
+def print_notes(lines: Sequence[str]) -> None:
+    """Print, after an exception's traceback, the notes it could not carry (Python 3.10); a closed stream is ignored."""
     for line in lines:
         try:
             print(line, file=sys.stderr)

@@ -20,7 +20,7 @@ import ast
 import dataclasses
 import inspect
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -92,7 +92,7 @@ class FreedByEarlier:
     retain: tuple[Span, str] | None
 
 
-def trainable_leaves(scopes: Any, modules: Iterable[nn.Module], optimizers: Iterable[torch.optim.Optimizer]) -> dict[int, str]:
+def trainable_leaves(scopes: Any, modules: Iterable[tuple[str | None, nn.Module]]) -> dict[int, str]:
     """Tensor id -> the user's name of every tensor meant to train: the parameters of the user's modules
     (``model.emb.weight``), the leaves the user's variables hold that require grad, what an optimizer holds."""
     named: dict[int, str] = {}
@@ -102,10 +102,8 @@ def trainable_leaves(scopes: Any, modules: Iterable[nn.Module], optimizers: Iter
     for owner, module in modules:
         for path, p in itertools.islice(module.named_parameters(), 100_000):
             named.setdefault(id(p), code_path(owner, path) if owner else path)
-    for optimizer in optimizers:
-        for group in optimizer.param_groups:
-            for p in group["params"][:100_000]:
-                named.setdefault(id(p), "")
+    for held in scopes.holders():
+        named.setdefault(held, "")
     return named
 
 
@@ -158,11 +156,19 @@ def carried(frame: FrameType, source: Source, reached: Mapping[int, Any]) -> lis
         before = [s for body in blocks(scope) for s in body if s.lineno < loop.lineno and name in assigns(s)]
         maybe_none = bool(before) and isinstance(getattr(before[-1], "value", None), ast.Constant) \
             and before[-1].value.value is None  # type: ignore[attr-defined]
-        helper = next((key for key in ("repackage_hidden",) if callable(frame.f_globals.get(key))), None)
-        out.append(Carried(name, len(value) if isinstance(value, (tuple, list)) else None,
-                           f"{path}:{statement.lineno}", source.text(path, statement), maybe_none,
-                           helper if isinstance(value, (tuple, list)) else None, source.span(path, loop.body[0])))
+        out.append(_carried(name, value, frame, f"{path}:{statement.lineno}", source.text(path, statement), maybe_none,
+                            source.span(path, loop.body[0])))
     return out
+
+
+def _carried(name: str, value: Any, frame: FrameType | None, carried_at: str, statement: str, maybe_none: bool,
+             top: Span | None) -> Carried:
+    """``name`` carried with ``value``: a tensor, or a tuple of them (which the script's ``repackage_hidden``, when
+    ``frame``'s module has one, detaches)."""
+    several = isinstance(value, (tuple, list))
+    helper = several and frame is not None and callable(frame.f_globals.get("repackage_hidden"))
+    return Carried(name, len(value) if several else None, carried_at, statement, maybe_none,
+                   "repackage_hidden" if helper else None, top)
 
 
 def carried_attributes(modules: Iterable[tuple[str | None, nn.Module]], frame: FrameType | None, source: Source,
@@ -174,37 +180,46 @@ def carried_attributes(modules: Iterable[tuple[str | None, nn.Module]], frame: F
     loops = loops_around(scope, frame.f_lineno) if scope is not None else []  # type: ignore[union-attr]
     top = source.span(frame.f_code.co_filename, loops[-1].body[0]) if loops else None  # type: ignore[union-attr]
     out = []
-    for owner, root in modules:
-        for prefix, module in itertools.islice(root.named_modules(), 10_000) if owner else ():
-            for attr, value in list(vars(module).items())[:200]:
-                tensors = [t for t in _tensors(value) if t.grad_fn is not None]
-                if attr.startswith("_") or not tensors or not any(_meets(t, reached) for t in tensors):
-                    continue
-                found = _carrying_statement(type(module), attr, source)
-                if found is not None:
-                    name = ".".join(p for p in (owner, prefix, attr) if p)
-                    helper = next((k for k in ("repackage_hidden",) if frame is not None and callable(frame.f_globals.get(k))), None)
-                    out.append(Carried(name, len(value) if isinstance(value, (tuple, list)) else None, found[0], found[1],
-                                       False, helper if isinstance(value, (tuple, list)) else None, top))
+    for name, module, attr, value in _attributes((owner, root) for owner, root in modules if owner):
+        tensors = [t for t in _tensors(value) if t.grad_fn is not None]
+        found = _carrying_statement(type(module), attr, source) if any(_meets(t, reached) for t in tensors) else None
+        if found is not None:
+            out.append(_carried(name, value, frame, *found, False, top))
     return out
+
+
+def _attributes(modules: Iterable[tuple[str | None, nn.Module]]) -> Iterator[tuple[str, nn.Module, str, Any]]:
+    """The plain attributes (not ``_private``) of the modules and their submodules, bounded: each with the user's
+    name for it (``model.rnn.hidden``), its module and its value."""
+    for owner, root in modules:
+        for prefix, module in itertools.islice(root.named_modules(), 10_000):
+            for attr, value in list(vars(module).items())[:200]:
+                if not attr.startswith("_"):
+                    yield ".".join(p for p in (owner, prefix, attr) if p), module, attr, value
 
 
 def _meets(t: torch.Tensor, reached: Mapping[int, Any]) -> bool:
     return any(id(n) in reached for n in graph.iter_nodes(t.grad_fn, _MAX_NODES))
 
 
-def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str] | None:
-    """``path:line`` and text of the statement of ``cls``'s methods that assigns ``self.attr`` beside another
-    target and reads ``self.attr`` (a class of the user's code only)."""
+def _class_def(cls: type, source: Source) -> tuple[str, ast.ClassDef | None]:
+    """The file and the definition of ``cls`` (a class of the user's code only: a library's file is never edited)."""
     if frames.library_class(cls) is not None:
-        return None
+        return "", None
     try:
         path, first = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
     except (OSError, TypeError):
-        return None
+        return "", None
     tree = source.tree(path) if path else None
     klass = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__
                   and min([c.lineno, *(d.lineno for d in c.decorator_list)]) == first), None) if tree else None
+    return path or "", klass
+
+
+def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str] | None:
+    """``path:line`` and text of the statement of ``cls``'s methods that assigns ``self.attr`` beside another
+    target and reads ``self.attr`` (a class of the user's code only)."""
+    path, klass = _class_def(cls, source)
     for method in klass.body if klass is not None else ():
         if not isinstance(method, ast.FunctionDef) or method.name == "__init__" or not method.args.args:
             continue
@@ -222,13 +237,10 @@ def _carrying_statement(cls: type, attr: str, source: Source) -> tuple[str, str]
 
 
 # -- a value computed once from a parameter -----------------------------------------------------------------
-def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, source: Source,
-                           trainable: Mapping[int, str], made_at: str | None, where_line: int | None) -> ComputedOnce | None:
-    """``name`` of ``frame``, made once from trainable leaves, with the loop of the frame's current line that
-    runs the steps (its value is computed at the top of it); None when it is not made from one."""
-    names = sources(value, trainable)
-    if not names:
-        return None
+def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, source: Source, names: tuple[str, ...],
+                           made_at: str | None, where_line: int | None) -> ComputedOnce:
+    """``name`` of ``frame``, made once from the trainable leaves ``names``, with the loop of the frame's current
+    line that runs the steps (its value is computed at the top of it)."""
     path = frame.f_code.co_filename
     scope = source.scope(frame)
     line = int(made_at.rpartition(":")[2]) if made_at else None
@@ -240,20 +252,15 @@ def computed_once_variable(frame: FrameType, name: str, value: torch.Tensor, sou
                         source.text(path, statement) if statement is not None else "", graph.origin(value), top)
 
 
-def computed_once_attributes(modules: Iterable[tuple[str | None, nn.Module]], reached: Mapping[int, Any],
-                             persistent: Any, trainable: Mapping[int, str], source: Source) -> list[ComputedOnce]:
+def computed_once_attributes(modules: Iterable[tuple[str | None, nn.Module]], persistent: Any,
+                             trainable: Mapping[int, str], source: Source) -> list[ComputedOnce]:
     """The module attributes (not registered) that hold a non-leaf made in ``__init__`` from trainable leaves and
     that the failing backward went through after an earlier one freed them."""
     out = []
-    for owner, root in modules:
-        for prefix, module in itertools.islice(root.named_modules(), 10_000):
-            for attr, value in list(vars(module).items())[:200]:
-                if attr.startswith("_") or not persistent(value, reached):
-                    continue
-                names = sources(value, trainable)
-                if names:
-                    name = ".".join(p for p in (owner, prefix, attr) if p)
-                    out.append(_from_init(name, type(module), attr, tuple(n for n in names if n), value, source))
+    for name, module, attr, value in _attributes(modules):
+        names = sources(value, trainable) if persistent(value) else None
+        if names:
+            out.append(_from_init(name, type(module), attr, tuple(n for n in names if n), value, source))
     return out
 
 
@@ -262,15 +269,7 @@ def _from_init(name: str, cls: type, attr: str, sources: tuple[str, ...], value:
     """What a property computing ``cls``'s attribute needs: the assignment in ``__init__`` (when it is the only
     one, and reads nothing of ``__init__``'s own but ``self`` and the module's names)."""
     origin = graph.origin(value)
-    try:
-        path, first = inspect.getsourcefile(cls), inspect.getsourcelines(cls)[1]
-    except (OSError, TypeError):
-        return ComputedOnce(name, sources, None, "", origin, owner=cls.__name__, attr=attr)
-    if frames.library_class(cls) is not None:  # a library's class: no edit of its file
-        return ComputedOnce(name, sources, None, "", origin, owner=cls.__name__, attr=attr)
-    tree = source.tree(path) if path else None
-    klass = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name == cls.__name__
-                  and min([c.lineno, *(d.lineno for d in c.decorator_list)]) == first), None) if tree else None
+    path, klass = _class_def(cls, source)
     init = next((f for f in klass.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None) if klass else None
     if init is None or not init.args.args:
         return ComputedOnce(name, sources, None, "", origin, owner=cls.__name__, attr=attr)

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from . import frames
-from .crashes import _statements, _tree
+from .crashes import _statements
+from .source import Source
 
 #: How many user frames, and values in each, are read for the loss.
 _MAX_FRAMES = 8
@@ -126,7 +127,7 @@ def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silen
 
 
 def _scope(frame: FrameType, name: str) -> ast.AST | None:
-    tree = _tree(frame.f_code.co_filename)
+    tree = Source().tree(frame.f_code.co_filename)
     if tree is None or frame.f_code.co_name == "<module>":
         return tree
     return next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TextIO
 
 from ..report.format import FindingText, note_text
 
@@ -42,14 +41,3 @@ def add(error: BaseException, findings: Sequence[FindingText]) -> list[str]:
         except Exception:  # an exception class that refuses notes: they are printed instead
             return texts[i:]
     return []
-
-
-def print_notes(texts: Sequence[str], stream: TextIO | None = None) -> None:
-    """Print notes that could not be added (after the traceback): a closed stream is ignored."""
-    out = stream if stream is not None else sys.stderr
-    for text in texts:
-        try:
-            out.write(text + "\n")
-            out.flush()
-        except Exception:
-            return

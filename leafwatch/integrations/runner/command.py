@@ -28,7 +28,7 @@ from ...report.findings import Report
 from ...report.format import shown
 from ...report.reader import latest_record
 from ...options import LeafwatchWarning, WarnOnce, folder_problem, non_negative_int, parse_ignore, positive_int
-from ...sinks.notes import print_notes
+from ...observe.excepthook import print_notes
 from .session import MaxStepsStop, Session, StrictStop
 
 #: Exit code of a ``--strict`` run with an open error (stopped at the check that decided it, or

@@ -10,7 +10,7 @@ the one-line fix of the ``missing_grad`` finding they explain.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import nn
 
@@ -29,9 +29,16 @@ def _is_descendant(name: str, ancestor: str) -> bool:
 
 class Miss(Reason, kind="missing_grad", fixes="never"):
     """A cause of a missing gradient; ``module``: the module that holds the tensor (filled when the finding
-    is made)."""
+    is made). A cause whose words are fixed text says them in ``cause_text`` and ``fix_text`` (``{who}``: the
+    tensors, ``{module}``: their module, shown)."""
 
     module: str | None = None
+    cause_text: ClassVar[str] = ""
+    fix_text: ClassVar[str] = ""
+
+    def words(self, m: Members) -> Words:
+        said = {"who": m.who, "module": shown(module_of(m))}
+        return missing_words(m, self.cause_text.format(**said), self.fix_text.format(**said))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,14 +301,12 @@ class Unused(Miss, name="unused", fixes="sometimes"):
 class SubstitutedWeights(Miss, name="substituted_weights"):
     """The module's forward ran with weights swapped in for its registered parameters."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{shown(module_of(m))}'s forward ran with other tensors in place of its registered parameters "
-            "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
-            f"gradient went to those tensors, not to {m.who}.",
-            "nothing in the forward: give the optimizer the tensors the module is called with (those passed "
-            f"to `functional_call` or swapped in); if {m.who} itself is meant to train, call the module "
-            "with its own parameters")
+    cause_text = ("{module}'s forward ran with other tensors in place of its registered parameters "
+                  "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
+                  "gradient went to those tensors, not to {who}.")
+    fix_text = ("nothing in the forward: give the optimizer the tensors the module is called with (those passed "
+                "to `functional_call` or swapped in); if {who} itself is meant to train, call the module "
+                "with its own parameters")
 
 
 class NeverRan(Miss, name="never_ran"):
@@ -325,11 +330,9 @@ class NeverRan(Miss, name="never_ran"):
 class NoForwardOfItsOwn(Miss, name="no_forward_of_its_own"):
     """The module holding the tensor ran no forward of its own (its children did)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is never used in the computation of the loss "
-            f"({shown(module_of(m))} did not run a forward of its own that uses it).",
-            f"use {m.who} in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)")
+    cause_text = ("{who} is never used in the computation of the loss ({module} did not run a forward of its own "
+                  "that uses it).")
+    fix_text = "use {who} in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)"
 
 
 def never_called(module_name: str) -> Explanation:
@@ -430,11 +433,9 @@ def copied_weights(copy: copies.Copy) -> Explanation:
 class Checkpoint(Miss, name="checkpoint"):
     """The module ran inside a reentrant checkpoint whose inputs do not require grad."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{shown(module_of(m))} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
-            "require grad, so it ran without autograd and backward never recomputes it.",
-            "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad")
+    cause_text = ("{module} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not require grad, so it "
+                  "ran without autograd and backward never recomputes it.")
+    fix_text = "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad"
 
 
 class GradDisabled(Miss, name="grad_disabled", fixes="sometimes"):

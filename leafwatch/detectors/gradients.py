@@ -513,65 +513,58 @@ def _without_hooks(state: GradientState, info: inventory.ParamInfo | None, reach
     return Explanation(UnknownHooksOff() if state.from_start else Unknown())
 
 
-def _use_it(m: Members) -> str:
-    return f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+#: The fix of a miss whose cause is not known.
+_USE_IT = "use {who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
 
 
 class LossWithoutGraph(causes.Miss, name="loss_without_graph"):
     """The loss given has no autograd graph."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, "the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
-            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
-            "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)")
+    cause_text = ("the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+                  "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.")
+    fix_text = "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)"
 
 
 class Unreachable(causes.Miss, name="unreachable"):
     """Backward from the loss given does not reach the tensor."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
-            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-            f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
-            "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
-            "before the first forward names the line); if it does not, call it in the forward or freeze it with "
-            "`requires_grad_(False)`")
+    cause_text = ("{who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
+                  "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).")
+    fix_text = ("if the forward uses {who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
+                "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
+                "before the first forward names the line); if it does not, call it in the forward or freeze it with "
+                "`requires_grad_(False)`")
 
 
 class NotBackpropagated(causes.Miss, name="not_backpropagated"):
     """The loss given reaches the tensor, and it has no gradient: the check ran before backward."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is reachable from the loss but has no gradient: backward() was not called "
-            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
-            "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()")
+    cause_text = ("{who} is reachable from the loss but has no gradient: backward() was not called "
+                  "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
+    fix_text = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()"
 
 
 class UnknownNotAParameter(causes.Miss, name="unknown_not_a_parameter"):
     """No hook can see a tensor that is no parameter of the model."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"unknown: {m.who} is no parameter of the model, so leafwatch's module hooks cannot see "
-            "how it is used. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+    cause_text = ("unknown: {who} is no parameter of the model, so leafwatch's module hooks cannot see "
+                  "how it is used. Pass `loss=` to check() to walk the loss's graph.")
+    fix_text = _USE_IT
 
 
 class UnknownHooksOff(causes.Miss, name="unknown_hooks_off"):
     """The diagnostic hooks are off (``diagnose=False``)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(m, "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
-                             "walk the loss's graph.", _use_it(m))
+    cause_text = ("unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                  "walk the loss's graph.")
+    fix_text = _USE_IT
 
 
 class Unknown(causes.Miss, name="unknown"):
     """Only the end state was seen (no hook armed before the forward, no loss given)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(m, UNKNOWN_CAUSE, _use_it(m))
+    cause_text = UNKNOWN_CAUSE
+    fix_text = _USE_IT
 
 
 class Pending(causes.Miss, name="pending"):
@@ -581,7 +574,7 @@ class Pending(causes.Miss, name="pending"):
 
     def words(self, m: Members) -> Words:
         return missing_words(m, f"being traced: leafwatch armed forward hooks on `{m.shared('traced', self.traced)}` "
-                             "and will say why at the next check.", _use_it(m))
+                             "and will say why at the next check.", _USE_IT.format(who=m.who))
 
 
 class TracedNothing(causes.Miss, name="traced_nothing"):
@@ -595,7 +588,7 @@ class TracedNothing(causes.Miss, name="traced_nothing"):
             m, f"unknown: the forward hooks on {f'`{traced}`' if traced else 'the model'} saw the whole step and found "
             f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
             "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
-            "cut it. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+            "cut it. Pass `loss=` to check() to walk the loss's graph.", _USE_IT.format(who=m.who))
 
 
 def _came_back(f: Finding, step: int) -> Finding:

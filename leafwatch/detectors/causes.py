@@ -10,7 +10,7 @@ the one-line fix of the ``missing_grad`` finding they explain.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import nn
 
@@ -234,7 +234,7 @@ class CalledDirectly(Miss, name="called_directly"):
             "call the module itself, not its `.forward`, so that hooks see it")
 
 
-def called_directly(module_name: str, module: nn.Module | None = None) -> Explanation:
+def called_directly(module: nn.Module | None) -> Explanation:
     """:class:`CalledDirectly`, with the class's own ``__call__`` where it has one."""
     return Explanation(CalledDirectly(own_call=unhooked.own_call(module) if module is not None else None))
 
@@ -555,8 +555,3 @@ class UnusedOutput(Miss, name="unused_output"):
             f"use {module}'s output in the loss, or remove {module} (or ignore its parameters with "
             f"`ignore=[\"{record + '.*' if record else '*'}\"]`) if its output is not needed; if it should "
             f"feed the loss, look{between} for the cut")
-
-
-def explained_with(explanation: Explanation, **fields: Any) -> Miss:
-    """The reason of ``explanation`` with ``fields`` (the module the tensor sits in)."""
-    return dataclasses.replace(explanation.reason, **fields)

@@ -239,7 +239,7 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
     elif info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
             and _siblings_got_grads(clist, info):
         # The module never ran through its hooks, yet its other parameters got gradients.
-        explanation = causes.called_directly(info.module, state._modules.get(info.module))
+        explanation = causes.called_directly(state._modules.get(info.module))
     elif info is not None:
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
@@ -338,7 +338,7 @@ def _recovered(state: GradientState, view: FindingsView, clist: CheckList, pid: 
         return []
     came = old.status != Status.PENDING and old.reason.observed == "pending"
     if came:  # the placeholder promised a cause at the next check: the gradient came instead
-        old = _came_back(old, step).replace(
+        old = transition(old, CameBack, step=step).replace(
             status=old.status, first_step=old.first_step, last_step=old.last_step, steps_seen=old.steps_seen)
     if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
         state.held.suspects.pop(pid, None)
@@ -488,7 +488,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     reason = explanation.reason
     if info is not None:
         details["module"] = info.module
-        reason = causes.explained_with(explanation, module=info.module)
+        reason = dataclasses.replace(explanation.reason, module=info.module)
     if checks is not None:
         details.update(checks=checks, steps_without_grad=misses)
     return make(reason, name, "error", tensor=t, step=step, aliases=info.aliases if info else (), **details)
@@ -589,11 +589,6 @@ class TracedNothing(causes.Miss, name="traced_nothing"):
             f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
             "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
             "cut it. Pass `loss=` to check() to walk the loss's graph.", _USE_IT.format(who=m.who))
-
-
-def _came_back(f: Finding, step: int) -> Finding:
-    """``missing_grad``/``came_back``: the placeholder promised a cause at the next check; the gradient came instead."""
-    return transition(f, CameBack, step=step)
 
 
 class CameBack(Transition, kind="missing_grad", name="came_back", fixes="never"):

@@ -655,13 +655,12 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     module = inv.roots.get(root) if inv is not None else None
     code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
-    twice = _listed_twice(root, inv) if inv is not None and module is not None else None
-    if twice is not None:
-        return make(twice, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
-                    got_grad=True, root=root, optimizer=optimizer)
-    target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
-    reason = (ChosenOutside if chosen else RootOutside)(
-        root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None, target=target)
+    reason: Reason | None = _listed_twice(root, inv) if inv is not None and module is not None else None
+    if reason is None:
+        target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
+        reason = (ChosenOutside if chosen else RootOutside)(
+            root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None,
+            target=target)
     return make(reason, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
                 got_grad=True, root=root, optimizer=optimizer)
 

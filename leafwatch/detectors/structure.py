@@ -97,8 +97,7 @@ def structural(inventory: Inventory, *, step: int | None,
 
 
 def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
-                          stale: replaced.Replaced | None,
-                          seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
+                          stale: replaced.Replaced | None, seen_frozen: set[int] | frozenset[int]) -> list[Finding]:
     if not inv.optimizers:
         return []
     out: list[Finding] = []
@@ -389,9 +388,8 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
                    group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)])
     reason = (Leftovers if harmless else OldTensors)(optimizer=optimizer, count=n, old_names=tuple(names), lazy=lazy,
                                                       target=fixes.inventory_target(inv, _chosen(inv, optimizer)))
-    if harmless:
-        return make(reason, stale_group_key(optimizer), "info", **details, leftovers=True)
-    return make(reason, f"optimizers[{optimizer}]", "error", **details)
+    return make(reason, stale_group_key(optimizer), "info" if harmless else "error", **details,
+                **({"leftovers": True} if harmless else {}))
 
 
 def _formerly(names: list[str]) -> str:

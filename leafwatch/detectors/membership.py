@@ -700,7 +700,7 @@ def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
 
 def _held_twice(inv: Inventory) -> list[set[int]]:
     """For each optimizer, the ids of the tensors it holds more than once (worked out once per inventory)."""
-    cache = inv.fix_names if isinstance(getattr(inv, "fix_names", None), dict) else {}
+    cache = inv.fix_names
     if "held twice" not in cache:
         out = []
         for params in inv.optimizer_params:

@@ -30,15 +30,18 @@ def _is_descendant(name: str, ancestor: str) -> bool:
 class Miss(Reason, kind="missing_grad", fixes="never"):
     """A cause of a missing gradient; ``module``: the module that holds the tensor (filled when the finding
     is made). A cause whose words are fixed text says them in ``cause_text`` and ``fix_text`` (``{who}``: the
-    tensors, ``{module}``: their module, shown)."""
+    tensors, ``{module}``: their module, shown, and the first tensor's fields), ``silenced`` when the fix names
+    the ``ignore=`` pattern too."""
 
     module: str | None = None
     cause_text: ClassVar[str] = ""
     fix_text: ClassVar[str] = ""
+    silenced: ClassVar[bool] = False
 
     def words(self, m: Members) -> Words:
-        said = {"who": m.who, "module": shown(module_of(m))}
-        return missing_words(m, self.cause_text.format(**said), self.fix_text.format(**said))
+        said = {**vars(self), "who": m.who, "module": shown(module_of(m))}
+        return missing_words(m, self.cause_text.format(**said), self.fix_text.format(**said),
+                             silenced=self.silenced)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,31 +274,27 @@ class DataAccess(Cut, name="data_access", fixes="sometimes"):
     """The module ran with gradients on, but its output does not require grad: the tensor is used through
     ``.data``, ``.detach()`` or a rewrap (or the recorder saw the ``.data`` that cut it)."""
 
+    cause_text = ("{module} ran with gradients on, but its output does not require grad: {who} is used through "
+                  "`.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+                  "(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its "
+                  "forward.")
+    fix_text = ("use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
+                "`torch.tensor({attribute})`")
+
     def words(self, m: Members) -> Words:
-        if self.op is not None:
-            return self.cut_words(m)
-        attribute = self.attribute
-        return missing_words(
-            m, f"{shown(module_of(m))} ran with gradients on, but its output does not require grad: {m.who} "
-            "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
-            f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
-            f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
-            f"`torch.tensor({attribute})`")
+        return self.cut_words(m) if self.op is not None else super().words(m)
 
 
 class Unused(Miss, name="unused", fixes="sometimes"):
     """The module ran and backward reached its output, but its forward does not use the tensor itself."""
 
     attribute: str = ""
-
-    def words(self, m: Members) -> Words:
-        attribute, module = self.attribute, shown(module_of(m))
-        return missing_words(
-            m, f"{module} ran and backward reached its output, but its forward does not use `{attribute}` "
-            f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
-            f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
-            f"use `{attribute}` itself in {module}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), "
-            "or delete it", silenced=True)
+    cause_text = ("{module} ran and backward reached its output, but its forward does not use `{attribute}` itself: it "
+                  "is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+                  "(`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).")
+    fix_text = ("use `{attribute}` itself in {module}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), "
+                "or delete it")
+    silenced = True
 
 
 class SubstitutedWeights(Miss, name="substituted_weights"):

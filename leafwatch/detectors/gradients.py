@@ -190,8 +190,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
             continue
         if info is None and view.is_open(("stale_param", name)):
             continue  # the replaced tensor: its stale_param finding already says it will not train
-        _report_miss(state, view, clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                     layer, clist.checks, out, hand_set, copied)
+        _report_miss(state, view, clist, i, streak, misses, step, tracer, reachable, layer, out, hand_set, copied)
     steady_now = state._steady_changes
     _after_update(state, view, clist, now if len(now) != len(streaks) else None, step, out)
     # Every miss a steady one, and none left or entered the steady set since: the next check
@@ -230,9 +229,9 @@ def refresh(state: GradientState, view: FindingsView, step: int) -> Verdicts:
     return out
 
 
-def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
+def _explain(state: GradientState, clist: CheckList, pid: int, info: inventory.ParamInfo | None,
              tracer: tracing.Tracer) -> causes.Explanation | None:
-    """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
+    """Why the tensor ``pid`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
     explanation = None
     if info is not None and state.not_run and id(state._modules.get(info.module)) in state.not_run:
         explanation = causes.never_called(info.module)  # a global hook watched the step: it never ran
@@ -251,13 +250,13 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
     return explanation
 
 
-def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
-                 info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts,
-                 hand_set: Callable[[], Any], copied: Callable[[torch.Tensor], copies.Copy | None]) -> None:
-    pid = id(p)
+def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, i: int, streak: int, misses: int,
+                 step: int, tracer: tracing.Tracer, reachable: set[int] | None, layer: tuple[str, int] | None,
+                 out: Verdicts, hand_set: Callable[[], Any], copied: Callable[[torch.Tensor], copies.Copy | None]) -> None:
+    p, name, info = clist.params[i], clist.names[i], clist.infos[i]
+    pid, checks_of_p = id(p), clist.checks_of(id(p))
     old = view.get(("missing_grad", name))
-    explanation = _explain(state, clist, pid, name, info, tracer)
+    explanation = _explain(state, clist, pid, info, tracer)
     if (explanation is None or explanation.reason.name == "never_ran") and info is not None and not tracer.records \
             and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
         explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place
@@ -280,7 +279,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
             and (old is None or old.status != Status.OPEN):  # (a shown error is no suspect: its hold would not count it)
         found = held.layerdrop(state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
                                                              checks=checks_of_p, misses=misses),
-                               layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))
+                               layer, misses, clist.checks, step, lambda: _module_already_open(view, clist, info, out))
         if found is not None:
             out += found
             return

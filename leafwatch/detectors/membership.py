@@ -218,7 +218,7 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
 
 
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-               checks: int, tracer: Tracer | None = None) -> Verdict | None:
+               checks: int, tracer: Tracer | None) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
     found = _tensor(state, inv, f.name)
     if found is None or id(found[0]) in state.quiet:
@@ -270,7 +270,7 @@ def _switched_at(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> str
 
 
 def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
-            inv: Inventory | None = None, *, final: bool = False, switched: str | None = None) -> Finding:
+            inv: Inventory | None, *, final: bool = False, switched: str | None) -> Finding:
     """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run, where
     the optimizer seen holding it while it waited may be gone with the script)."""
     waiting = _waiting_holder(state, t)
@@ -292,7 +292,7 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
     return decided.replace(details=details)
 
 
-def _outside_root(state: MembershipState, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
+def _outside_root(state: MembershipState, t: torch.Tensor, inv: Inventory | None) -> tuple[str, str] | None:
     """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
     script and the variable of the optimizer to add it to ("" when unknown); else None.
     Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
@@ -643,7 +643,7 @@ def _holder_words(variable: str, cls: str) -> str:
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
-                          inv: Inventory | None = None) -> Finding:
+                          inv: Inventory | None) -> Finding:
     """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
     changes. Intent sets the severity: when only some of the module's tensors require grad
     (adapters on a frozen base: someone chose what trains) its optimizer was forgotten, an

@@ -179,9 +179,8 @@ def _plain_tensor(p: torch.Tensor, i: int, inv: Inventory) -> PlainTensor:
     """:class:`PlainTensor` of ``p``, held by optimizer ``i``: with the user's statement that made it rewritten to
     make a tensor that requires grad (``log_var = torch.zeros(1).requires_grad_()``), where the user's variable
     for it and its assignment are found."""
-    if not (p.is_floating_point() or p.is_complex()):
-        return PlainTensor(optimizer=i)  # an integer tensor cannot require grad: no code asks it to
-    variable = fixes.variable_for(p, inv.variables, inv.fix_names)
+    # an integer tensor cannot require grad: no code asks it to
+    variable = fixes.variable_for(p, inv.variables, inv.fix_names) if p.is_floating_point() or p.is_complex() else None
     if variable is None or not all(part.isidentifier() for part in variable.split(".")):
         return PlainTensor(optimizer=i)
     leaf = fixes.leaf_fix_args(variable, None, tensor=p)
@@ -376,7 +375,7 @@ def stale_group_key(optimizer: int) -> str:
 
 
 def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
-                inv: Inventory, harmless: bool = False) -> Finding:
+                inv: Inventory, harmless: bool) -> Finding:
     """The old tensors of one optimizer that no current parameter replaced: one finding for all.
 
     ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were

@@ -10,7 +10,7 @@ the one-line fix of the ``missing_grad`` finding they explain.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import ClassVar
 
 from torch import nn
 
@@ -29,9 +29,19 @@ def _is_descendant(name: str, ancestor: str) -> bool:
 
 class Miss(Reason, kind="missing_grad", fixes="never"):
     """A cause of a missing gradient; ``module``: the module that holds the tensor (filled when the finding
-    is made)."""
+    is made). A cause whose words are fixed text says them in ``cause_text`` and ``fix_text`` (``{who}``: the
+    tensors, ``{module}``: their module, shown, and the first tensor's fields), ``silenced`` when the fix names
+    the ``ignore=`` pattern too."""
 
     module: str | None = None
+    cause_text: ClassVar[str] = ""
+    fix_text: ClassVar[str] = ""
+    silenced: ClassVar[bool] = False
+
+    def words(self, m: Members) -> Words:
+        said = {**vars(self), "who": m.who, "module": shown(module_of(m))}
+        return missing_words(m, self.cause_text.format(**said), self.fix_text.format(**said),
+                             silenced=self.silenced)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +237,7 @@ class CalledDirectly(Miss, name="called_directly"):
             "call the module itself, not its `.forward`, so that hooks see it")
 
 
-def called_directly(module_name: str, module: nn.Module | None = None) -> Explanation:
+def called_directly(module: nn.Module | None) -> Explanation:
     """:class:`CalledDirectly`, with the class's own ``__call__`` where it has one."""
     return Explanation(CalledDirectly(own_call=unhooked.own_call(module) if module is not None else None))
 
@@ -264,44 +274,38 @@ class DataAccess(Cut, name="data_access", fixes="sometimes"):
     """The module ran with gradients on, but its output does not require grad: the tensor is used through
     ``.data``, ``.detach()`` or a rewrap (or the recorder saw the ``.data`` that cut it)."""
 
+    cause_text = ("{module} ran with gradients on, but its output does not require grad: {who} is used through "
+                  "`.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+                  "(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its "
+                  "forward.")
+    fix_text = ("use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
+                "`torch.tensor({attribute})`")
+
     def words(self, m: Members) -> Words:
-        if self.op is not None:
-            return self.cut_words(m)
-        attribute = self.attribute
-        return missing_words(
-            m, f"{shown(module_of(m))} ran with gradients on, but its output does not require grad: {m.who} "
-            "is used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
-            f"(`torch.tensor({attribute})`, `torch.tensor({attribute}.tolist())`, a NumPy round trip) inside its forward.",
-            f"use `{attribute}` itself in forward, not `{attribute}.data` / `{attribute}.detach()` / "
-            f"`torch.tensor({attribute})`")
+        return self.cut_words(m) if self.op is not None else super().words(m)
 
 
 class Unused(Miss, name="unused", fixes="sometimes"):
     """The module ran and backward reached its output, but its forward does not use the tensor itself."""
 
     attribute: str = ""
-
-    def words(self, m: Members) -> Words:
-        attribute, module = self.attribute, shown(module_of(m))
-        return missing_words(
-            m, f"{module} ran and backward reached its output, but its forward does not use `{attribute}` "
-            f"itself: it is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor "
-            f"from its values (`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).",
-            f"use `{attribute}` itself in {module}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), "
-            "or delete it", silenced=True)
+    cause_text = ("{module} ran and backward reached its output, but its forward does not use `{attribute}` itself: it "
+                  "is unused, or used through `.data`, `.detach()` or a rewrap that makes a new tensor from its values "
+                  "(`torch.tensor({attribute}.tolist())`, `torch.tensor({attribute})`, a NumPy round trip).")
+    fix_text = ("use `{attribute}` itself in {module}'s forward (no `.data`/`.detach()`/`torch.tensor({attribute})`), "
+                "or delete it")
+    silenced = True
 
 
 class SubstitutedWeights(Miss, name="substituted_weights"):
     """The module's forward ran with weights swapped in for its registered parameters."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{shown(module_of(m))}'s forward ran with other tensors in place of its registered parameters "
-            "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
-            f"gradient went to those tensors, not to {m.who}.",
-            "nothing in the forward: give the optimizer the tensors the module is called with (those passed "
-            f"to `functional_call` or swapped in); if {m.who} itself is meant to train, call the module "
-            "with its own parameters")
+    cause_text = ("{module}'s forward ran with other tensors in place of its registered parameters "
+                  "(`torch.func.functional_call`, a TensorDict's weights swapped in, a vmapped copy): the "
+                  "gradient went to those tensors, not to {who}.")
+    fix_text = ("nothing in the forward: give the optimizer the tensors the module is called with (those passed "
+                "to `functional_call` or swapped in); if {who} itself is meant to train, call the module "
+                "with its own parameters")
 
 
 class NeverRan(Miss, name="never_ran"):
@@ -325,11 +329,9 @@ class NeverRan(Miss, name="never_ran"):
 class NoForwardOfItsOwn(Miss, name="no_forward_of_its_own"):
     """The module holding the tensor ran no forward of its own (its children did)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is never used in the computation of the loss "
-            f"({shown(module_of(m))} did not run a forward of its own that uses it).",
-            f"use {m.who} in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)")
+    cause_text = ("{who} is never used in the computation of the loss ({module} did not run a forward of its own "
+                  "that uses it).")
+    fix_text = "use {who} in the forward pass, or delete it (or set requires_grad=False if it is frozen on purpose)"
 
 
 def never_called(module_name: str) -> Explanation:
@@ -430,11 +432,9 @@ def copied_weights(copy: copies.Copy) -> Explanation:
 class Checkpoint(Miss, name="checkpoint"):
     """The module ran inside a reentrant checkpoint whose inputs do not require grad."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{shown(module_of(m))} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not "
-            "require grad, so it ran without autograd and backward never recomputes it.",
-            "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad")
+    cause_text = ("{module} ran inside a reentrant `torch.utils.checkpoint` whose inputs do not require grad, so it "
+                  "ran without autograd and backward never recomputes it.")
+    fix_text = "pass `use_reentrant=False` to your `checkpoint` call, or make the checkpoint's input require grad"
 
 
 class GradDisabled(Miss, name="grad_disabled", fixes="sometimes"):
@@ -554,8 +554,3 @@ class UnusedOutput(Miss, name="unused_output"):
             f"use {module}'s output in the loss, or remove {module} (or ignore its parameters with "
             f"`ignore=[\"{record + '.*' if record else '*'}\"]`) if its output is not needed; if it should "
             f"feed the loss, look{between} for the cut")
-
-
-def explained_with(explanation: Explanation, **fields: Any) -> Miss:
-    """The reason of ``explanation`` with ``fields`` (the module the tensor sits in)."""
-    return dataclasses.replace(explanation.reason, **fields)

@@ -190,8 +190,7 @@ def update(state: GradientState, view: FindingsView, clist: CheckList, missing: 
             continue
         if info is None and view.is_open(("stale_param", name)):
             continue  # the replaced tensor: its stale_param finding already says it will not train
-        _report_miss(state, view, clist, p, name, info, clist.checks_of(pid), streak, misses, step, tracer, reachable,
-                     layer, clist.checks, out, hand_set, copied)
+        _report_miss(state, view, clist, i, streak, misses, step, tracer, reachable, layer, out, hand_set, copied)
     steady_now = state._steady_changes
     _after_update(state, view, clist, now if len(now) != len(streaks) else None, step, out)
     # Every miss a steady one, and none left or entered the steady set since: the next check
@@ -230,16 +229,16 @@ def refresh(state: GradientState, view: FindingsView, step: int) -> Verdicts:
     return out
 
 
-def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: inventory.ParamInfo | None,
+def _explain(state: GradientState, clist: CheckList, pid: int, info: inventory.ParamInfo | None,
              tracer: tracing.Tracer) -> causes.Explanation | None:
-    """Why ``name`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
+    """Why the tensor ``pid`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
     explanation = None
     if info is not None and state.not_run and id(state._modules.get(info.module)) in state.not_run:
         explanation = causes.never_called(info.module)  # a global hook watched the step: it never ran
     elif info is not None and info.module in tracer.armed_since_reset and info.module not in tracer.records \
             and _siblings_got_grads(clist, info):
         # The module never ran through its hooks, yet its other parameters got gradients.
-        explanation = causes.called_directly(info.module, state._modules.get(info.module))
+        explanation = causes.called_directly(state._modules.get(info.module))
     elif info is not None:
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
@@ -251,13 +250,13 @@ def _explain(state: GradientState, clist: CheckList, pid: int, name: str, info: 
     return explanation
 
 
-def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: torch.Tensor, name: str,
-                 info: inventory.ParamInfo | None, checks_of_p: int, streak: int, misses: int, step: int, tracer: tracing.Tracer,
-                 reachable: set[int] | None, layer: tuple[str, int] | None, list_checks: int, out: Verdicts,
-                 hand_set: Callable[[], Any], copied: Callable[[torch.Tensor], copies.Copy | None]) -> None:
-    pid = id(p)
+def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, i: int, streak: int, misses: int,
+                 step: int, tracer: tracing.Tracer, reachable: set[int] | None, layer: tuple[str, int] | None,
+                 out: Verdicts, hand_set: Callable[[], Any], copied: Callable[[torch.Tensor], copies.Copy | None]) -> None:
+    p, name, info = clist.params[i], clist.names[i], clist.infos[i]
+    pid, checks_of_p = id(p), clist.checks_of(id(p))
     old = view.get(("missing_grad", name))
-    explanation = _explain(state, clist, pid, name, info, tracer)
+    explanation = _explain(state, clist, pid, info, tracer)
     if (explanation is None or explanation.reason.name == "never_ran") and info is not None and not tracer.records \
             and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
         explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place
@@ -280,7 +279,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, p: 
             and (old is None or old.status != Status.OPEN):  # (a shown error is no suspect: its hold would not count it)
         found = held.layerdrop(state.held, pid, missing_grad(name, p, step=step, explanation=explanation, info=info,
                                                              checks=checks_of_p, misses=misses),
-                               layer, misses, list_checks, step, lambda: _module_already_open(view, clist, info, out))
+                               layer, misses, clist.checks, step, lambda: _module_already_open(view, clist, info, out))
         if found is not None:
             out += found
             return
@@ -338,7 +337,7 @@ def _recovered(state: GradientState, view: FindingsView, clist: CheckList, pid: 
         return []
     came = old.status != Status.PENDING and old.reason.observed == "pending"
     if came:  # the placeholder promised a cause at the next check: the gradient came instead
-        old = _came_back(old, step).replace(
+        old = transition(old, CameBack, step=step).replace(
             status=old.status, first_step=old.first_step, last_step=old.last_step, steps_seen=old.steps_seen)
     if old.status in (Status.OPEN, Status.PENDING) or came and old.status == Status.INTERMITTENT:
         state.held.suspects.pop(pid, None)
@@ -488,7 +487,7 @@ def missing_grad(name: str, t: torch.Tensor, *, step: int | None, explanation: E
     reason = explanation.reason
     if info is not None:
         details["module"] = info.module
-        reason = causes.explained_with(explanation, module=info.module)
+        reason = dataclasses.replace(explanation.reason, module=info.module)
     if checks is not None:
         details.update(checks=checks, steps_without_grad=misses)
     return make(reason, name, "error", tensor=t, step=step, aliases=info.aliases if info else (), **details)
@@ -513,65 +512,58 @@ def _without_hooks(state: GradientState, info: inventory.ParamInfo | None, reach
     return Explanation(UnknownHooksOff() if state.from_start else Unknown())
 
 
-def _use_it(m: Members) -> str:
-    return f"use {m.who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
+#: The fix of a miss whose cause is not known.
+_USE_IT = "use {who} in the loss, or freeze it with `requires_grad_(False)` if that is intended"
 
 
 class LossWithoutGraph(causes.Miss, name="loss_without_graph"):
     """The loss given has no autograd graph."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, "the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
-            "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.",
-            "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)")
+    cause_text = ("the loss passed as `loss=` has no autograd graph (it does not require grad: computed "
+                  "under `torch.no_grad()`, detached, or a constant), so no gradient can reach a tensor from it.")
+    fix_text = "pass the loss that `backward()` is called on, computed with gradients on (its `grad_fn` is not None)"
 
 
 class Unreachable(causes.Miss, name="unreachable"):
     """Backward from the loss given does not reach the tensor."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
-            "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).",
-            f"if the forward uses {m.who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
-            "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
-            "before the first forward names the line); if it does not, call it in the forward or freeze it with "
-            "`requires_grad_(False)`")
+    cause_text = ("{who} is not reachable from the loss: nothing in the loss depends on it (never used, or "
+                  "cut off by `.detach()`, `torch.no_grad()`, a NumPy round trip or a `torch.tensor(...)` rewrap).")
+    fix_text = ("if the forward uses {who}, keep its output in the graph: no `.detach()`, `torch.no_grad()`, "
+                "`.item()`/NumPy round trip or `torch.tensor(...)` rewrap between it and the loss (a `Monitor` created "
+                "before the first forward names the line); if it does not, call it in the forward or freeze it with "
+                "`requires_grad_(False)`")
 
 
 class NotBackpropagated(causes.Miss, name="not_backpropagated"):
     """The loss given reaches the tensor, and it has no gradient: the check ran before backward."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"{m.who} is reachable from the loss but has no gradient: backward() was not called "
-            "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.",
-            "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()")
+    cause_text = ("{who} is reachable from the loss but has no gradient: backward() was not called "
+                  "yet, was called with `inputs=` that leave it out, or the grad was cleared after it.")
+    fix_text = "call audit()/check() after loss.backward() and before optimizer.step()/zero_grad()"
 
 
 class UnknownNotAParameter(causes.Miss, name="unknown_not_a_parameter"):
     """No hook can see a tensor that is no parameter of the model."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(
-            m, f"unknown: {m.who} is no parameter of the model, so leafwatch's module hooks cannot see "
-            "how it is used. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
+    cause_text = ("unknown: {who} is no parameter of the model, so leafwatch's module hooks cannot see "
+                  "how it is used. Pass `loss=` to check() to walk the loss's graph.")
+    fix_text = _USE_IT
 
 
 class UnknownHooksOff(causes.Miss, name="unknown_hooks_off"):
     """The diagnostic hooks are off (``diagnose=False``)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(m, "unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
-                             "walk the loss's graph.", _use_it(m))
+    cause_text = ("unknown: the diagnostic hooks are off (`diagnose=False`). Pass `loss=` to check() to "
+                  "walk the loss's graph.")
+    fix_text = _USE_IT
 
 
 class Unknown(causes.Miss, name="unknown"):
     """Only the end state was seen (no hook armed before the forward, no loss given)."""
 
-    def words(self, m: Members) -> Words:
-        return missing_words(m, UNKNOWN_CAUSE, _use_it(m))
+    cause_text = UNKNOWN_CAUSE
+    fix_text = _USE_IT
 
 
 class Pending(causes.Miss, name="pending"):
@@ -581,7 +573,7 @@ class Pending(causes.Miss, name="pending"):
 
     def words(self, m: Members) -> Words:
         return missing_words(m, f"being traced: leafwatch armed forward hooks on `{m.shared('traced', self.traced)}` "
-                             "and will say why at the next check.", _use_it(m))
+                             "and will say why at the next check.", _USE_IT.format(who=m.who))
 
 
 class TracedNothing(causes.Miss, name="traced_nothing"):
@@ -595,12 +587,7 @@ class TracedNothing(causes.Miss, name="traced_nothing"):
             m, f"unknown: the forward hooks on {f'`{traced}`' if traced else 'the model'} saw the whole step and found "
             f"no module-level cause: {m.who} is probably used outside any module's forward (in a function or the "
             "training loop), where a `.detach()`, `torch.no_grad()` or a `torch.tensor(...)` rewrap "
-            "cut it. Pass `loss=` to check() to walk the loss's graph.", _use_it(m))
-
-
-def _came_back(f: Finding, step: int) -> Finding:
-    """``missing_grad``/``came_back``: the placeholder promised a cause at the next check; the gradient came instead."""
-    return transition(f, CameBack, step=step)
+            "cut it. Pass `loss=` to check() to walk the loss's graph.", _USE_IT.format(who=m.who))
 
 
 class CameBack(Transition, kind="missing_grad", name="came_back", fixes="never"):

@@ -35,10 +35,6 @@ class Model:
     trainable: int
 
 
-def _short(location: str) -> str:
-    return fixes.short_place(location)
-
-
 def _trainable(models: Sequence[Model]) -> str:
     names = [f"`{m.name}`" if m.code else str(m.name) for m in models]
     if not names:
@@ -50,9 +46,9 @@ def _trainable(models: Sequence[Model]) -> str:
 def grad_off(place: str, loss: str | None, models: Sequence[Model], f: graphless.GradOffFunction) -> Finding:
     at = f.span
     return make(GradOffFunction(place=place, loss=loss, models=tuple(models), function=f.function,
-                                decorator=f.decorator, at=_short(f.at), called_at=_short(f.called_at),
+                                decorator=f.decorator, at=fixes.short_place(f.at), called_at=fixes.short_place(f.called_at),
                                 definition=f.definition, edit=Edit(at.path, at.start, at.end, "replace", f.kept)),
-                loss or f"the tensor backward() was called on at {_short(place)}", "error",
+                loss or f"the tensor backward() was called on at {fixes.short_place(place)}", "error",
                 **({} if loss else {"described": True}))
 
 
@@ -73,7 +69,7 @@ class GradOffFunction(Reason, kind="missing_grad", name="grad_off_function", fix
     def words(self, m: Members) -> Words:
         loss = f"`{self.loss}`" if self.loss else "the tensor backward() was called on"
         message = (f"{loss} has no autograd graph (no `grad_fn`, `requires_grad=False`), so the backward() at "
-                   f"{_short(self.place)} fails{_trainable(self.models)}: it was computed through `{self.function}` "
+                   f"{fixes.short_place(self.place)} fails{_trainable(self.models)}: it was computed through `{self.function}` "
                    f"(called at {self.called_at}), which `{self.decorator}` at {self.at} runs with grad mode off.")
         cause = (f"`{self.decorator}` turns autograd off for every call of `{self.function}`: what it returns has no "
                  "graph, and neither has anything computed from it, so no parameter gets a gradient.")
@@ -84,7 +80,7 @@ class GradOffFunction(Reason, kind="missing_grad", name="grad_off_function", fix
 
 def detached(place: str, loss: str | None, models: Sequence[Model], d: graphless.DetachedReturn) -> Finding:
     at = d.span
-    return make(DetachedLoss(place=place, models=tuple(models), cls=d.cls, method=d.method, at=_short(d.at),
+    return make(DetachedLoss(place=place, models=tuple(models), cls=d.cls, method=d.method, at=fixes.short_place(d.at),
                              call=d.call, fixed=d.fixed.strip(),
                              edit=Edit(at.path, at.start, at.end, "replace", d.fixed)),
                 loss or f"the loss `{d.cls}.{d.method}` returns", "error", **({} if loss else {"described": True}))
@@ -105,7 +101,7 @@ class DetachedLoss(Reason, kind="missing_grad", name="detached_loss", fixes="alw
 
     def words(self, m: Members) -> Words:
         message = (f"`{self.cls}.{self.method}` returns its loss as `{self.call}` at {self.at}: the tensor Lightning "
-                   f"calls backward() on (in the run started at {_short(self.place)}) has no autograd graph, so that "
+                   f"calls backward() on (in the run started at {fixes.short_place(self.place)}) has no autograd graph, so that "
                    f"backward() fails{_trainable(self.models)}.")
         cause = (f"`.detach()` gives a tensor cut from the graph, and Lightning runs backward() on the loss "
                  f"`{self.method}` returns: nothing trains. To log the loss, detach only the copy you log.")

@@ -83,7 +83,7 @@ def target(state: HeldState, p: torch.Tensor, name: str, old: Finding | None, ex
         return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.TARGET}))]
     _settled(state, pid)
     state.decided.add(pid)
-    return [Verdict.hold(f), Verdict.confirm(f.key, _judged(f, "not_a_target"))]
+    return [Verdict.hold(f), Verdict.confirm(f.key, _not_a_target(f))]
 
 
 def layerdrop(state: HeldState, pid: int, f: Finding, layer: tuple[str, int], misses: int, list_checks: int, step: int,
@@ -100,7 +100,8 @@ def layerdrop(state: HeldState, pid: int, f: Finding, layer: tuple[str, int], mi
     if chance >= changes.LAYERDROP_FALSE_ALARM and not sibling_open():
         return [Verdict.hold(f.replace(details={**f.details, "pending": Waiting.LAYERDROP}))]
     state.decided.add(pid)
-    return [Verdict.hold(f), Verdict.confirm(f.key, _judged(f, "not_layerdrop", misses), step=step, last_step=step)]
+    decided = transition(f, NotLayerdrop, container=container, misses=misses, chance=chance)
+    return [Verdict.hold(f), Verdict.confirm(f.key, decided, step=step, last_step=step)]
 
 
 def _settled(state: HeldState, pid: int) -> None:
@@ -116,29 +117,22 @@ def decide(state: HeldState, f: Finding) -> Finding | None:
         verdict = state.evidence.verdict(t, final=True) if t is not None else "unknown"
         if verdict == "changed":
             return None
-        return _judged(f, "not_a_target" if verdict == "unchanged" else "target_undecided")
-    if waiting == Waiting.LAYERDROP and float(f.details.get("chance", 1.0)) >= changes.LAYERDROP_END_OF_RUN:
-        return _judged(f, "layerdrop_undecided")
+        if verdict == "unchanged":
+            return _not_a_target(f)
+        # the run ended first
+        return transition(f, TargetUndecided).replace(status=Status.OPEN, severity=Severity.WARNING)
+    chance = float(f.details.get("chance", 1.0))
+    if waiting == Waiting.LAYERDROP and chance >= changes.LAYERDROP_END_OF_RUN:  # too short a run to tell
+        return transition(f, LayerdropUndecided, steps=f.details.get("steps_without_grad"), chance=chance).replace(
+            status=Status.INTERMITTENT, severity=Severity.INFO)
     if waiting == Waiting.TRACE:  # the run ended before its module's hooks saw a whole step
-        return _judged(f, "untraced")
+        return transition(f, Untraced).replace(status=Status.OPEN)
     return f.replace(status=Status.OPEN, details={k: v for k, v in f.details.items() if k != "pending"})
 
 
-def _judged(f: Finding, outcome: str, misses: int = 0) -> Finding:
-    """A held miss the evidence decided: ``outcome`` is its reason, which writes its words around the
-    cause and fix observed (the earlier reason's)."""
-    chance = float(f.details.get("chance", 1.0))
-    if outcome == "not_a_target":  # it did not change by other means either
-        return transition(f, NotATarget, {"changed": False}).replace(status=Status.OPEN)
-    if outcome == "target_undecided":  # the run ended first
-        return transition(f, TargetUndecided).replace(status=Status.OPEN, severity=Severity.WARNING)
-    if outcome == "not_layerdrop":  # its siblings ran at every check it missed
-        return transition(f, NotLayerdrop, container=f.details["container"], misses=misses, chance=chance)
-    if outcome == "untraced":
-        return transition(f, Untraced).replace(status=Status.OPEN)
-    # too short a run to tell
-    return transition(f, LayerdropUndecided, steps=f.details.get("steps_without_grad"), chance=chance).replace(
-        status=Status.INTERMITTENT, severity=Severity.INFO)
+def _not_a_target(f: Finding) -> Finding:
+    """A held ``no_grad`` miss whose value did not change by other means either."""
+    return transition(f, NotATarget, {"changed": False}).replace(status=Status.OPEN)
 
 
 class NotATarget(Transition, kind="missing_grad", name="not_a_target", fixes="never"):

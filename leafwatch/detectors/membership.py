@@ -63,13 +63,11 @@ def _interrupted(state: MembershipState, hand: HandUpdates, view: FindingsView, 
             out.append(Verdict.drop(f.key) if decided is None else Verdict.set(decided))
             continue
         if f.details.get("source") != "watch":  # (a watched tensor's gradient rule is its detector's)
-            t = _tensor(state, inv, f.name)
-            info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-            if t is None or info is None or _library_constant(info, t, seen.tracer) \
-                    or _gradient_rule(state, hand, t, final=True) == "quiet":
+            found = _reported_at_end(state, hand, inv, f.name, seen.tracer)
+            if found is None:
                 out.append(Verdict.drop(f.key))
                 continue
-            waiting = _waiting_holder(state, t)
+            waiting = _waiting_holder(state, found[0])
             holder = _holder_of(waiting, inv) if waiting is not None else state.holders.get(f.name)
         else:
             holder = None
@@ -95,10 +93,7 @@ class Undecided(Reason, kind="not_in_optimizer", name="undecided", fixes="never"
 
     def words(self, m: Members) -> Words:
         if self.holder:
-            variable, cls = self.holder
-            article = "an" if cls[:1] in "AEIOU" else "a"
-            held = (f"`{variable}` ({article} `{cls}`)" if variable else f"the `{cls}` that holds it") + \
-                " holds it and had not stepped yet: it may step later in the iteration"
+            held = _holder_words(*self.holder) + " holds it and had not stepped yet: it may step later in the iteration"
         else:
             held = "an optimizer that steps later in the iteration may hold it"
         return Words(
@@ -136,7 +131,7 @@ def _held_by_unstepped(inv: Inventory | None, seen: Any, view: FindingsView, ste
             base = not_in_optimizer(info, p, step=step, inventory=inv)
             holder = (variable, type(opt).__name__)
             decided = _undecided(base, holder, step, checks) if interrupted else _never_stepped(
-                info.name, holder, checks, base, Severity.ERROR)
+                holder, checks, base, Severity.ERROR)
             out.append(Verdict.set(decided.replace(first_step=step, last_step=step)))
     return out
 
@@ -182,9 +177,22 @@ def _read(state: MembershipState, hand: HandUpdates, inv: Inventory | None) -> N
     state.read = weakref.ref(inv)
 
 
-def _tensor(state: MembershipState, inv: Inventory | None, name: str) -> torch.Tensor | None:
-    """The tensor named ``name`` in ``inv``, the reading :func:`_read` read last."""
-    return inv.tensors.get(state.by_name.get(name, -1)) if inv is not None else None
+def _tensor(state: MembershipState, inv: Inventory | None, name: str) -> tuple[torch.Tensor, ParamInfo] | None:
+    """The tensor named ``name`` in ``inv``, the reading :func:`_read` read last, and its info (None: gone)."""
+    t = inv.tensors.get(state.by_name.get(name, -1)) if inv is not None else None
+    info = inv.params.get(id(t)) if inv is not None and t is not None else None
+    return None if info is None else (t, info)  # type: ignore[return-value]
+
+
+def _reported_at_end(state: MembershipState, hand: HandUpdates, inv: Inventory | None, name: str,
+                     tracer: Tracer | None) -> tuple[torch.Tensor, ParamInfo] | None:
+    """The tensor named ``name`` and its info when the gradient rule reports it at the end of the run (None: gone,
+    a library's constant, or quiet)."""
+    found = _tensor(state, inv, name)
+    if found is None or _library_constant(found[1], found[0], tracer) \
+            or _gradient_rule(state, hand, found[0], final=True) == "quiet":
+        return None
+    return found
 
 
 def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Verdicts:
@@ -210,12 +218,12 @@ def judge(evidence: Evidence, state: MembershipState, view: FindingsView) -> Ver
 
 
 def _judge_one(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory | None, step: int,
-               checks: int, tracer: Tracer | None = None) -> Verdict | None:
+               checks: int, tracer: Tracer | None) -> Verdict | None:
     """Decide one held ``not_in_optimizer`` (None: it stays held); ``checks``: how many ran (the grace counts in it)."""
-    t = _tensor(state, inv, f.name)
-    info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-    if t is None or info is None or id(t) in state.quiet:
+    found = _tensor(state, inv, f.name)
+    if found is None or id(found[0]) in state.quiet:
         return Verdict.drop(f.key)
+    t, info = found
     rule = "quiet" if _library_constant(info, t, tracer) else _gradient_rule(state, hand, t)
     if rule == "quiet":
         state.quiet.add(id(t))
@@ -262,7 +270,7 @@ def _switched_at(info: ParamInfo, t: torch.Tensor, tracer: Tracer | None) -> str
 
 
 def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor, step: int, checks: int,
-            inv: Inventory | None = None, *, final: bool = False, switched: str | None = None) -> Finding:
+            inv: Inventory | None, *, final: bool = False, switched: str | None) -> Finding:
     """What a held finding becomes once the gradient rule reports it (``final``: at the end of the run, where
     the optimizer seen holding it while it waited may be gone with the script)."""
     waiting = _waiting_holder(state, t)
@@ -272,8 +280,8 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
         decided = _outside_root_finding(info, t, step, outside, inv)
         return decided.replace(details={**_without_pending(decided), "decided_step": step})
     if state.grace and checks and f.reason.name != "created_after_optimizer":  # late (no check ran: the structure's words)
-        decided = _late(f.name, holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
-                                                          inventory=inv, switched=switched), inv, final, checks)
+        decided = _late(holder, not_in_optimizer(info, t, step=step, got_grad=t.grad is not None,
+                                                          inventory=inv, switched=switched), final, checks)
     elif f.reason.name == "unfrozen_after":  # the structure's words for it, kept whole
         decided = f
     else:
@@ -284,7 +292,7 @@ def _decide(state: MembershipState, f: Finding, info: ParamInfo, t: torch.Tensor
     return decided.replace(details=details)
 
 
-def _outside_root(state: MembershipState, t: torch.Tensor, inv: Inventory | None = None) -> tuple[str, str] | None:
+def _outside_root(state: MembershipState, t: torch.Tensor, inv: Inventory | None) -> tuple[str, str] | None:
     """When no optimizer holds any tensor of ``t``'s root module: the root's name in the
     script and the variable of the optimizer to add it to ("" when unknown); else None.
     Without ``outside_roots`` (a Monitor's own roots), read off the inventory."""
@@ -315,12 +323,11 @@ def _holder_of(optimizer: torch.optim.Optimizer, inv: Inventory | None) -> tuple
     return variable or "", type(optimizer).__name__
 
 
-def _late(name: str, holder: tuple[str, str] | None, base: Finding, inv: Inventory | None, final: bool,
-          checks: int) -> Finding:
+def _late(holder: tuple[str, str] | None, base: Finding, final: bool, checks: int) -> Finding:
     # An optimizer that has not stepped yet may still step: a warning until the end of the run.
     severity = Severity.WARNING if holder is not None and not final else Severity.ERROR
     if holder is not None:
-        return _never_stepped(name, holder, checks, base, severity)
+        return _never_stepped(holder, checks, base, severity)
     return base.replace(reason=NoOptimizerStepped(earlier=base.reason, checks=checks), severity=severity,
                         details={**_bookkeeping(base), "late_optimizer": True})
 
@@ -346,11 +353,10 @@ def decide(state: MembershipState, hand: HandUpdates, f: Finding, inv: Inventory
     """At the end of the run: what a held (or late-optimizer) finding becomes."""
     if f.details.get("pending") == Waiting.STRUCTURE:
         return f.replace(status=Status.OPEN, details=_without_pending(f))
-    t = _tensor(state, inv, f.name)
-    info = inv.params.get(id(t)) if (inv is not None and t is not None) else None
-    if t is None or info is None or _library_constant(info, t, tracer) \
-            or _gradient_rule(state, hand, t, final=True) == "quiet":
+    found = _reported_at_end(state, hand, inv, f.name, tracer)
+    if found is None:
         return None
+    t, info = found
     decided = _decide(state, f, info, t, step, checks, inv, final=True, switched=_switched_at(info, t, tracer))
     return decided.replace(status=Status.OPEN, first_step=f.first_step, steps_seen=f.steps_seen)
 
@@ -364,7 +370,7 @@ def escalate_late(view: FindingsView, step: int, checks: int) -> Verdicts:
         if f.status == Status.OPEN and f.details.get("late_optimizer") and f.severity != Severity.ERROR:
             decided = f.replace(severity=Severity.ERROR, last_step=step)
             if isinstance(f.reason, NeverStepped):
-                decided = _never_stepped(f.name, f.reason.holder, checks, decided, Severity.ERROR).replace(
+                decided = _never_stepped(f.reason.holder, checks, decided, Severity.ERROR).replace(
                     first_step=f.first_step, last_step=step, steps_seen=f.steps_seen)
             out.append(Verdict.set(decided.replace(details={**decided.details, "decided_step": step})))
     return out
@@ -550,6 +556,11 @@ class CreatedAfterOptimizer(InNoOptimizer, name="created_after_optimizer"):
         return Words(self.message(m), cause, f"create `{module}` before the optimizer is built; or {add}", remedy)
 
 
+#: The fix of a buffer meant as a parameter.
+_AS_PARAMETER = ("make `{}` a parameter where the module registers it: pass the same tensor, wrapped in `nn.Parameter`, "
+                 "to `self.register_parameter` in place of `self.register_buffer`, before the optimizer is built")
+
+
 def _registered(registered: fixes.Assigned | None, words: str, tail: str = "") -> tuple[str, Remedy]:
     """``words`` then ``tail``, with the registration of the buffer as a parameter in place of the user's
     between them (code, where the registration was read from the class's source)."""
@@ -568,10 +579,8 @@ class BufferRequiresGrad(InNoOptimizer, name="buffer_requires_grad"):
     registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
-        fix, remedy = _registered(self.registered, (
-            f"make `{self.attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built, so that `parameters()` (and the optimizer) holds it"))
+        fix, remedy = _registered(self.registered, _AS_PARAMETER.format(self.attribute)
+                                  + ", so that `parameters()` (and the optimizer) holds it")
         return Words(
             self.message(m),
             f"{m.who} is a buffer registered with `requires_grad=True`: `parameters()` does not list buffers, "
@@ -587,18 +596,16 @@ class BufferSwitchedOn(InNoOptimizer, name="buffer_switched_on"):
     registered: fixes.Assigned | None = None
 
     def words(self, m: Members) -> Words:
-        attribute, at = self.attribute, self.switched_at
-        fix, remedy = _registered(self.registered, (
-            f"make `{attribute}` a parameter where the module registers it: pass the same tensor, wrapped in "
-            "`nn.Parameter`, to `self.register_parameter` in place of `self.register_buffer`, before the optimizer "
-            "is built"), f", and remove the `requires_grad_()` at {at.split(' ')[0]}")
+        at = self.switched_at
+        fix, remedy = _registered(self.registered, _AS_PARAMETER.format(self.attribute),
+                                  f", and remove the `requires_grad_()` at {at.split(' ')[0]}")
         return Words(
             self.message(m),
             f"{m.who} is a registered buffer that your forward switches to `requires_grad` (`requires_grad_()` at "
             f"{at}): `parameters()` does not list buffers, so the optimizer was built without it.", fix, remedy)
 
 
-def _never_stepped(name: str, holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
+def _never_stepped(holder: tuple[str, str], checks: int, base: Finding, severity: str) -> Finding:
     """``not_in_optimizer``/``never_stepped``: the tensor's optimizer exists and holds it, but its
     ``step()`` is never called; the fix is that call, on the user's variable for the optimizer.
     ``holder``: that variable ("" when none) and the optimizer's class, kept for the end of the run
@@ -618,24 +625,25 @@ class NeverStepped(Reason, kind="not_in_optimizer", name="never_stepped"):
     def words(self, m: Members) -> Words:
         variable, cls = self.holder
         if variable:
-            article = "an" if cls[:1] in "AEIOU" else "a"
-            holder = f"`{variable}` ({article} `{cls}`)"
             fix = (f"call `{variable}.step()` after the backward pass that computes its gradients, as for the "
                    "optimizers that step")
             remedy = code(f"{variable}.step()")
         else:
-            holder = f"the `{cls}` that holds it"
             fix = f"call `step()` on the `{cls}` that holds it after the backward pass that computes its gradients"
             remedy = ADVICE
         return Words(
             f"{m.who} is held only by an optimizer that {'never stepped' if self.final else 'has not stepped'} in "
-            f"{self.checks} checks: it never changes.",
-            f"{holder} was created with it, but its `step()` is never called, so its gradients are never applied.",
-            fix, remedy)
+            f"{self.checks} checks: it never changes.", f"{_holder_words(variable, cls)} was created with it, but its "
+            "`step()` is never called, so its gradients are never applied.", fix, remedy)
+
+
+def _holder_words(variable: str, cls: str) -> str:
+    """An optimizer that holds a tensor, in words: `` `opt` (an `Adam`) ``, or "the `Adam` that holds it"."""
+    return f"`{variable}` ({'an' if cls[:1] in 'AEIOU' else 'a'} `{cls}`)" if variable else f"the `{cls}` that holds it"
 
 
 def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tuple[str, str],
-                          inv: Inventory | None = None) -> Finding:
+                          inv: Inventory | None) -> Finding:
     """A tensor of a module no optimizer holds any tensor of, that gets gradients and never
     changes. Intent sets the severity: when only some of the module's tensors require grad
     (adapters on a frozen base: someone chose what trains) its optimizer was forgotten, an
@@ -647,13 +655,12 @@ def _outside_root_finding(info: ParamInfo, t: torch.Tensor, step: int, names: tu
     module = inv.roots.get(root) if inv is not None else None
     code_ = fixes.variable_for(module, inv.variables, inv.fix_names) if inv is not None and module is not None else None
     chosen = module is not None and any(not p.requires_grad for p in module.parameters())
-    twice = _listed_twice(root, inv) if inv is not None and module is not None else None
-    if twice is not None:
-        return make(twice, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
-                    got_grad=True, root=root, optimizer=optimizer)
-    target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
-    reason = (ChosenOutside if chosen else RootOutside)(
-        root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None, target=target)
+    reason: Reason | None = _listed_twice(root, inv) if inv is not None and module is not None else None
+    if reason is None:
+        target = fixes.inventory_target(inv, variable=optimizer or None) if inv is not None else fixes.Target()
+        reason = (ChosenOutside if chosen else RootOutside)(
+            root=root, code=code_, module_params=fixes.trainable_params_code(code_, module) if code_ else None,
+            target=target)
     return make(reason, info.name, "error" if chosen else "warning", tensor=t, step=step, aliases=info.aliases,
                 got_grad=True, root=root, optimizer=optimizer)
 
@@ -693,7 +700,7 @@ def _listed_twice(left_out: str | None, inv: Inventory) -> ListedTwice | None:
 
 def _held_twice(inv: Inventory) -> list[set[int]]:
     """For each optimizer, the ids of the tensors it holds more than once (worked out once per inventory)."""
-    cache = inv.fix_names if isinstance(getattr(inv, "fix_names", None), dict) else {}
+    cache = inv.fix_names
     if "held twice" not in cache:
         out = []
         for params in inv.optimizer_params:

@@ -177,7 +177,7 @@ def judge(gathered: tuple[int, Sequence[Sequence[Finding]], str], state: RankSta
 
 
 def _merged_missing(f: Finding, active: list[int], world_size: int, ddp_unused: bool | None,
-                    first_without: Finding, plain: bool = True) -> Finding:
+                    first_without: Finding, plain: bool) -> Finding:
     """A missing gradient merged across ranks: on every rank (a dead parameter), or on some only (per-rank
     branching); ``first_without``: the finding of the first rank without the gradient."""
     if f.reason.name == "sharded_gradients":

@@ -97,8 +97,7 @@ def structural(inventory: Inventory, *, step: int | None,
 
 
 def _optimizer_membership(inv: Inventory, step: int | None, previous_names: Mapping[int, str],
-                          stale: replaced.Replaced | None,
-                          seen_frozen: set[int] | frozenset[int] = frozenset()) -> list[Finding]:
+                          stale: replaced.Replaced | None, seen_frozen: set[int] | frozenset[int]) -> list[Finding]:
     if not inv.optimizers:
         return []
     out: list[Finding] = []
@@ -180,9 +179,8 @@ def _plain_tensor(p: torch.Tensor, i: int, inv: Inventory) -> PlainTensor:
     """:class:`PlainTensor` of ``p``, held by optimizer ``i``: with the user's statement that made it rewritten to
     make a tensor that requires grad (``log_var = torch.zeros(1).requires_grad_()``), where the user's variable
     for it and its assignment are found."""
-    if not (p.is_floating_point() or p.is_complex()):
-        return PlainTensor(optimizer=i)  # an integer tensor cannot require grad: no code asks it to
-    variable = fixes.variable_for(p, inv.variables, inv.fix_names)
+    # an integer tensor cannot require grad: no code asks it to
+    variable = fixes.variable_for(p, inv.variables, inv.fix_names) if p.is_floating_point() or p.is_complex() else None
     if variable is None or not all(part.isidentifier() for part in variable.split(".")):
         return PlainTensor(optimizer=i)
     leaf = fixes.leaf_fix_args(variable, None, tensor=p)
@@ -377,7 +375,7 @@ def stale_group_key(optimizer: int) -> str:
 
 
 def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step: int | None,
-                inv: Inventory, harmless: bool = False) -> Finding:
+                inv: Inventory, harmless: bool) -> Finding:
     """The old tensors of one optimizer that no current parameter replaced: one finding for all.
 
     ``harmless``: every live parameter of the model is stepped (the fix was applied, or layers were
@@ -389,9 +387,8 @@ def stale_group(optimizer: int, old: list[tuple[torch.Tensor, str | None]], step
                    group=stale_group_key(optimizer), old_shapes=[None if s is None else list(s) for s in (shape_of(t) for t, _ in old)])
     reason = (Leftovers if harmless else OldTensors)(optimizer=optimizer, count=n, old_names=tuple(names), lazy=lazy,
                                                       target=fixes.inventory_target(inv, _chosen(inv, optimizer)))
-    if harmless:
-        return make(reason, stale_group_key(optimizer), "info", **details, leftovers=True)
-    return make(reason, f"optimizers[{optimizer}]", "error", **details)
+    return make(reason, stale_group_key(optimizer), "info" if harmless else "error", **details,
+                **({"leftovers": True} if harmless else {}))
 
 
 def _formerly(names: list[str]) -> str:

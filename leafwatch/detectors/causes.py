@@ -16,7 +16,7 @@ from torch import nn
 
 from ..observe import copies, cuts, functions, unhooked
 from ..observe.tracing import RunRecord
-from ..report.reasons import Place, Reason
+from ..report.reasons import Place, Reason, Transition
 from ..report.words import ADVICE, Members, Remedy, Words, code
 from . import cut_fixes, fixes
 from .cut_fixes import CutFix, GradOff
@@ -349,6 +349,20 @@ def _did_not_run(module_name: str, records: dict[str, RunRecord], modules: dict[
     parent = max(parents, key=lambda r: len(r.name), default=None)
     call = fixes.module_code(fixes.module_to_call(module_name, records, modules)) if module_name else None
     return Explanation(NeverRan(parent=None if parent is None else parent.name, call=call))
+
+
+def call_kept(explanation: Explanation | None, earlier: Reason | None) -> Explanation | None:
+    """``explanation``, with the module to call that ``earlier`` (the tensor's reason at an earlier check, or
+    the reason a transition of it holds) worked out when it saw the same module not run: after its first check
+    leafwatch watches only the modules that own the missing tensors and their ancestors, so a later check
+    does not see the siblings that ran (``body.0`` of a ``body`` whose entries forward() calls one by one)."""
+    while isinstance(earlier, Transition):
+        earlier = earlier.earlier
+    reason = explanation.reason if explanation is not None else None
+    if not isinstance(reason, NeverRan) or not isinstance(earlier, NeverRan) or earlier.parent != reason.parent \
+            or earlier.call is None:
+        return explanation
+    return dataclasses.replace(explanation, reason=dataclasses.replace(reason, call=earlier.call))  # type: ignore[arg-type]
 
 
 class InsideFunction(Miss, name="inside_function"):

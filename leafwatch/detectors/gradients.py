@@ -230,8 +230,9 @@ def refresh(state: GradientState, view: FindingsView, step: int) -> Verdicts:
 
 
 def _explain(state: GradientState, clist: CheckList, pid: int, info: inventory.ParamInfo | None,
-             tracer: tracing.Tracer) -> causes.Explanation | None:
-    """Why the tensor ``pid`` got no gradient, as the diagnostic hooks and the cut recorder observed it."""
+             tracer: tracing.Tracer, old: Finding | None) -> causes.Explanation | None:
+    """Why the tensor ``pid`` got no gradient, as the diagnostic hooks and the cut recorder observed it
+    (``old``: its finding of an earlier check)."""
     explanation = None
     if info is not None and state.not_run and id(state._modules.get(info.module)) in state.not_run:
         explanation = causes.never_called(info.module)  # a global hook watched the step: it never ran
@@ -242,6 +243,7 @@ def _explain(state: GradientState, clist: CheckList, pid: int, info: inventory.P
     elif info is not None:
         explanation = causes.explain_missing(info.module, info.attribute, tracer.records, tracer.armed_since_reset,
                                              state._modules, ops_traced=tracer.ops_traced)
+        explanation = causes.call_kept(explanation, old.reason if old is not None else None)
     cut = _observed_cut(state, pid, tracer)
     if cut is not None and (explanation is None or explanation.reason.name not in ("grad_disabled", "checkpoint", "inside_function")):
         # Seen, not guessed: the op that cut it and its line (a module run under no_grad as a
@@ -256,7 +258,7 @@ def _report_miss(state: GradientState, view: FindingsView, clist: CheckList, i: 
     p, name, info = clist.params[i], clist.names[i], clist.infos[i]
     pid, checks_of_p = id(p), clist.checks_of(id(p))
     old = view.get(("missing_grad", name))
-    explanation = _explain(state, clist, pid, info, tracer)
+    explanation = _explain(state, clist, pid, info, tracer, old)
     if (explanation is None or explanation.reason.name == "never_ran") and info is not None and not tracer.records \
             and info.module in tracer.armed_since_reset and (copy := copied(p)) is not None:
         explanation = causes.copied_weights(copy)  # none of the model ran: a library's copy ran in its place

@@ -357,3 +357,37 @@ def test_a_path_to_an_object_goes_through_public_names_and_indexes_only() -> Non
     net._private = SimpleNamespace(only=nn.Linear(2, 2))
     found = paths_to([head, opt, hidden, net._private.only], {"net": net})
     assert found == {id(head): "net.module_[1]", id(opt): "net.optimizer_", id(hidden): "net.heads['a']"}
+
+
+class EntriesCalledDirectly(nn.Module):
+    """A Sequential whose entries forward() calls one by one (the Sequential itself never runs), the last
+    entry of its ModuleList never."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(4, 4), nn.ModuleList([nn.Linear(4, 4) for _ in range(3)]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.body[0](x)
+        for block in list(self.body[1])[:2]:
+            x = block(x)
+        return x
+
+
+def test_the_module_to_call_stays_the_same_at_every_check() -> None:
+    # After its first check leafwatch watches only the modules around the missing tensors, so a later
+    # check sees less of the forward: the call worked out when the whole step was watched stays.
+    model = EntriesCalledDirectly()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fixes = []
+    with leafwatch.Monitor(model, opt, verbose=False) as monitor:
+        for _ in range(4):
+            _step(model, opt)
+            report = monitor.check()
+            opt.step()
+            (finding,) = report.by_kind("missing_grad")
+            assert (finding.name, finding.reason.observed) == ("body.1.2", "never_ran")
+            fixes.append(finding.fix)
+    assert fixes[0].startswith("call `body[1][2]` in forward()"), fixes[0]
+    assert set(fixes) == {fixes[0]}, fixes
+    assert (finding.status, finding.steps_seen) == ("open", 4)

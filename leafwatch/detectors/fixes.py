@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from ..observe import frames
 from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
+from ..observe.source import Source
 from ..report.names import natural_key
 from ..report.reasons import Span
 from ..report.words import ADVICE, Edit, Remedy, code
@@ -234,18 +235,14 @@ def framework(model: Any = None, cache: dict[Any, Any] | None = None) -> str | N
 
 
 # -- giving tensors to an optimizer -----------------------------------------------------------
-def tensor_code(name: str, model: Any = None, *, owner: str | None = None, known: Any = None,
-                cache: dict[Any, Any] | None = None) -> str | None:
+def tensor_code(name: str, model: Any = None, *, known: Any = None, cache: dict[Any, Any] | None = None) -> str | None:
     """The code for the model's tensor ``name`` (``model.scale``; ``self.scale`` under
     Lightning), or, without a model, for a free tensor the user holds under that name; None
     when unknown."""
-    if owner is None and model is not None:
-        owner = "self" if framework(model, cache) == "lightning" else variable_for(model, known, cache)
-        if owner is None:
-            return None
-    if owner is not None:
-        return attribute_path(name, owner)
-    return name if name.isidentifier() else None
+    if model is None:
+        return name if name.isidentifier() else None
+    owner = "self" if framework(model, cache) == "lightning" else variable_for(model, known, cache)
+    return None if owner is None else attribute_path(name, owner)
 
 
 def model_tensor_code(name: str, inventory: Any) -> str | None:
@@ -659,11 +656,8 @@ def container_fix(c: Container, *, modules: bool) -> tuple[str, Remedy]:
 def _statement_at(location: str) -> ast.stmt | None:
     """The statement at ``file:line``, parsed from the file."""
     path, _, line = location.rpartition(":")
-    if not path or not line.isdigit():
-        return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except SyntaxError:
+    tree = Source().tree(path) if path and line.isdigit() else None
+    if tree is None:
         return None
     lineno = int(line)
     around = [node for node in ast.walk(tree)
@@ -677,11 +671,13 @@ def statement_span(location: str | None) -> Span | None:
     absolute path, its first and last line, the indentation of its first line); None when the file
     cannot be read."""
     node = _statement_at(location) if location else None
-    if node is None:
-        return None
-    path = os.path.abspath(location.rpartition(":")[0])  # type: ignore[union-attr]
-    first = linecache.getline(path, node.lineno)
-    return Span(path, node.lineno, node.end_lineno or node.lineno, first[:len(first) - len(first.lstrip())])
+    return None if node is None else span_of(location.rpartition(":")[0], node)  # type: ignore[union-attr]
+
+
+def span_of(path: str, node: ast.stmt) -> Span:
+    """Where ``node``, a statement of the file ``path``, stands (:class:`Span`)."""
+    found = Source().span(path, node)
+    return Span(found.path, found.start, found.end, found.indent)
 
 
 def short_place(location: str) -> str:
@@ -716,32 +712,24 @@ def _script_assignment(variable: str) -> Span | None:
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     if not variable.isidentifier() or not isinstance(path, str) or not path.endswith(".py"):
         return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-    found = [n for n in tree.body if isinstance(n, ast.Assign) and any(ast.unparse(t) == variable for t in n.targets)]
-    return statement_span(f"{path}:{found[-1].lineno}") if found else None
+    tree = Source().tree(path)
+    return _assigned_last(path, tree.body if tree is not None else [], variable)
 
 
 def _last_assignment(frame: Any, variable: str, scope: str) -> Span | None:
-    path = frame.f_code.co_filename
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-    first, line = frame.f_code.co_firstlineno, frame.f_lineno
-    if scope == "class":
-        node = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.lineno <= line <= (c.end_lineno or 0)
+    path, line, source = frame.f_code.co_filename, frame.f_lineno, Source()
+    node = source.tree(path) if scope != "function" else source.scope(frame)
+    if scope == "class" and node is not None:
+        node = next((c for c in ast.walk(node) if isinstance(c, ast.ClassDef) and c.lineno <= line <= (c.end_lineno or 0)
                      and any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in c.body)), None)
         line = 10**9  # the assignment may be in another method (`__init__`)
-    elif scope == "function" and frame.f_code.co_name != "<module>":
-        node = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == first), None)
-    else:
-        node = tree
-    found = [n for n in _statements(node) if isinstance(n, ast.Assign) and n.lineno <= line
-             and any(ast.unparse(t) == variable for t in n.targets)] if node is not None else []
+    return _assigned_last(path, _statements(node) if node is not None else [], variable, line)
+
+
+def _assigned_last(path: str, statements: Iterable[ast.stmt], variable: str, line: int = 10**9) -> Span | None:
+    """The last of ``statements`` before ``line`` that assigns ``variable``, as :func:`statement_span` gives it."""
+    found = [n for n in statements if isinstance(n, ast.Assign) and n.lineno <= line
+             and any(ast.unparse(t) == variable for t in n.targets)]
     return statement_span(f"{path}:{found[-1].lineno}") if found else None
 
 
@@ -813,9 +801,8 @@ def corrected_operand(location: str, twice: str, meant: str) -> tuple[str, Edit,
     of the same scope up to 30 lines above it that builds its parameter list (``params = list(d1.parameters())
     + list(d1.parameters())``). ``(the corrected statement, its edit, where it stands)``; None when not found."""
     path, _, line = location.rpartition(":")
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
+    tree = Source().tree(path)
+    if tree is None:
         return None
     lineno = int(line) if line.isdigit() else 0
     statements = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return))
@@ -826,28 +813,30 @@ def corrected_operand(location: str, twice: str, meant: str) -> tuple[str, Edit,
             found = [r for r in (_receiver(o, twice) for o in group) if r is not None]
             if len(found) < 2 or any(_receiver(o, meant) is not None for o in group):
                 continue
-            return _replaced(path, statement, found[1], meant)
+            made = rewritten(path, statement, found[1], meant)
+            return None if made is None else (*made, f"{os.path.basename(path)}:{statement.lineno}")
     return None
 
 
-def _replaced(path: str, statement: ast.stmt, node: ast.expr, text: str) -> tuple[str, Edit, str] | None:
-    """``statement`` of the file ``path`` with ``node`` spelled ``text``: the new statement, its edit, and where."""
+def rewritten(path: str, statement: ast.stmt, node: ast.expr, text: str,
+              valid: Callable[[str], bool] = is_code) -> tuple[str, Edit] | None:
+    """``statement`` of the file ``path`` with ``node`` (on one line) spelled ``text``: its code and its edit;
+    None when ``node`` spans lines or the new statement is not ``valid``."""
     lines = linecache.getlines(path)
     first, last = statement.lineno, statement.end_lineno or statement.lineno
-    if node.end_lineno is None or node.end_col_offset is None or not lines[first - 1:last]:
+    if node.end_lineno != node.lineno or node.end_col_offset is None or not lines[first - 1:last] \
+            or not lines[node.lineno - 1].isascii():
         return None
-    own = [*lines[first - 1:last]]
-    row, end_row = node.lineno - first, node.end_lineno - first
-    if row != end_row or not own[row].isascii():
-        return None
+    own = lines[first - 1:last]
+    row = node.lineno - first
     own[row] = own[row][:node.col_offset] + text + own[row][node.end_col_offset:]
     new = "".join(own)
     snippet = textwrap.dedent(new).strip()
-    if not is_code(snippet):
+    if not valid(snippet):
         return None
-    if "\n" in snippet:  # the fix's words give it on one line; the edit keeps the user's lines
+    if "\n" in snippet and is_code(snippet):  # the fix's words give it on one line; the edit keeps the user's lines
         snippet = ast.unparse(ast.parse(snippet))
-    return snippet, Edit(os.path.abspath(path), first, last, "replace", new), f"{os.path.basename(path)}:{first}"
+    return snippet, Edit(os.path.abspath(path), first, last, "replace", new)
 
 
 @dataclasses.dataclass(frozen=True)

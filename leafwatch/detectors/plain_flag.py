@@ -28,6 +28,8 @@ from torch import nn
 from ..observe import frames
 from ..observe.evidence import REBUILT, STEP, Evidence
 from ..observe.inventory import Inventory
+from ..observe.source import Source
+from ..observe.unhooked import _resolve
 from ..report.reasons import Reason
 from ..report.verdicts import Verdict, Verdicts
 from ..report.words import ADVICE, Edit, Members, Words, code
@@ -142,42 +144,7 @@ def _user_frames() -> Iterable[FrameType]:
 
 def _assignments(path: str) -> list[ast.Assign]:
     """The statements ``X.requires_grad = True`` of the file at ``path``."""
-    text = "".join(linecache.getlines(path))
-    if "requires_grad" not in text:
-        return []
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return []
+    tree = Source().tree(path) if "requires_grad" in "".join(linecache.getlines(path)) else None
     return [node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == "requires_grad"
-            and isinstance(node.value, ast.Constant) and node.value.value is True]
-
-
-_MISSING = object()
-
-
-def _resolve(node: ast.expr, frame: FrameType) -> Any:
-    """The object ``node`` names in ``frame``, read without running code of the user's (variables, registered
-    submodules, attributes in ``__dict__``, constant indexes of torch's containers); a sentinel where it cannot."""
-    if isinstance(node, ast.Name):
-        scope = frame.f_locals if node.id in frame.f_locals else frame.f_globals
-        return scope.get(node.id, _MISSING)
-    if isinstance(node, ast.Attribute):
-        owner = _resolve(node.value, frame)
-        if isinstance(owner, nn.Module):
-            found = owner._modules.get(node.attr, _MISSING)
-            if found is not _MISSING:
-                return found
-        return vars(owner).get(node.attr, _MISSING) if hasattr(owner, "__dict__") else _MISSING
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        owner = _resolve(node.value, frame)
-        if isinstance(owner, (nn.Sequential, nn.ModuleList)) and isinstance(node.slice.value, int):
-            try:
-                return owner[node.slice.value]
-            except IndexError:
-                return _MISSING
-        if isinstance(owner, nn.ModuleDict) and isinstance(node.slice.value, str):
-            return owner[node.slice.value] if node.slice.value in owner else _MISSING
-    return _MISSING
-
+            and isinstance(node.value, ast.Constant) and node.value.value is True] if tree is not None else []

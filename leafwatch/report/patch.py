@@ -111,16 +111,13 @@ def unified(before: str, after: str, relative: str) -> str:
 def edits_of(finding: Finding) -> tuple[list[Edit], str | None]:
     """The edits of an open finding's code fix (its own, else its tensors'), or why there are none."""
     remedy = finding.remedy
-    if remedy is not None and remedy.applicability == "code":
-        if remedy.edit is not None:
-            return [remedy.edit], None
-        return [], "its code has no place in a file (leafwatch could not find the statement it belongs to)"
     members = [m.remedy for m in finding.members if m.is_open and m.remedy is not None]
-    if members and all(r.applicability == "code" for r in members):
-        if all(r.edit is not None for r in members):
-            return [r.edit for r in members if r.edit is not None], None
+    remedies = [remedy] if remedy is not None and remedy.applicability == "code" else members
+    if not remedies or any(r.applicability != "code" for r in remedies):
+        return [], "its fix is advice, not code" if remedy is not None or finding.fix else "it has no fix"
+    if any(r.edit is None for r in remedies):
         return [], "its code has no place in a file (leafwatch could not find the statement it belongs to)"
-    return [], "its fix is advice, not code" if remedy is not None or finding.fix else "it has no fix"
+    return [r.edit for r in remedies if r.edit is not None], None
 
 
 def outside(path: str, root: str) -> str | None:
@@ -325,12 +322,11 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
     files: dict[str, str] = {}
     hunks = []
     for finding in findings:
-        edits, why = edits_of(finding) if finding.is_open else ([], "")
-        if why is not None or any(outside(e.path, root) for e in edits):
-            continue
         try:
             own = build([finding], root, read)
         except PatchRefused:
+            continue
+        if not own.files:  # not open, or its fix is not placed code in the user's files
             continue
         for f in own.files:
             files[f.path] = digest(f.before.splitlines(keepends=True))

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..observe.source import Source
 from ..report.words import Edit
-from .fixes import is_code, rewritten
+from .fixes import innermost, is_code, rewritten
 
 #: NumPy ops and the torch op that computes the same from the same arguments (``np.clip(a, lo, hi)`` is
 #: ``torch.clamp(t, lo, hi)``); the keywords NumPy spells differently are renamed (``a_min`` -> ``min``).
@@ -37,6 +37,8 @@ _KEYWORDS = {"a_min": "min", "a_max": "max"}
 _TO_NUMPY = ("numpy", "tolist", "item")
 _TO_TORCH = ("from_numpy", "tensor", "as_tensor", "Tensor", "FloatTensor")
 _GRAD_OFF = ("no_grad", "inference_mode")
+#: The statements a cut stands in.
+_SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,16 +57,6 @@ class CutFix:
     function: str = ""
 
 
-def _statement(tree: ast.Module, line: int) -> ast.stmt | None:
-    around = [n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr))
-              and n.lineno <= line <= (n.end_lineno or n.lineno)]
-    return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
-
-
-def _parents(node: ast.AST) -> dict[ast.AST, ast.AST]:
-    return {child: parent for parent in ast.walk(node) for child in ast.iter_child_nodes(parent)}
-
-
 def _rewritten(path: str, statement: ast.stmt, node: ast.expr, text: str) -> CutFix | None:
     """``statement`` with ``node`` (on one line) spelled ``text``: its code and its edit."""
     found = rewritten(path, statement, node, text, _in_function)
@@ -80,41 +72,36 @@ def cut_fix(op: str, path: str, line: int) -> CutFix | None:
     """The fix of the cut ``op`` (``"`.detach()`"``, ``"`.data`"``) at ``path:line``; None when the line holds
     no single such op (or cannot be read: the fix is left to the words)."""
     try:
-        return _cut_fix(op, path, line)
+        tree = Source().tree(path)
+        if tree is not None and op in ("`torch.no_grad()`", "`torch.inference_mode()`"):
+            off = _grad_off_at(path, tree, line)
+            return None if off is None else CutFix(off.corrected, off.edit, how=off.how, function=off.function)
+        statement = innermost(tree, line, _SIMPLE) if tree is not None else None
+        if statement is None:
+            return None
+        if op == "`.detach()`":
+            found = [n for n in ast.walk(statement) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                     and n.func.attr == "detach" and not n.args and not n.keywords]
+        elif op == "`.data`":
+            found = [n for n in ast.walk(statement) if isinstance(n, ast.Attribute) and n.attr == "data"
+                     and isinstance(n.ctx, ast.Load)]
+        else:
+            return None
+        if len(found) != 1:
+            return None
+        node = found[0]
+        receiver = node.func.value if isinstance(node, ast.Call) else node.value  # type: ignore[attr-defined]
+        base = ast.get_source_segment("".join(linecache.getlines(path)), receiver)
+        parents = {child: parent for parent in ast.walk(statement) for child in ast.iter_child_nodes(parent)}
+        top = node
+        while isinstance(parents.get(top), (ast.Attribute, ast.Call)) and not _is_numpy_call(parents[top], top) \
+                and not (isinstance(top, ast.Attribute) and top.attr in _TO_NUMPY):
+            top = parents[top]
+        if isinstance(top, ast.Attribute) and top.attr in _TO_NUMPY or _is_numpy_call(parents.get(top), top):
+            return _round_trip(path, statement, top, base, parents, tree)  # type: ignore[arg-type]
+        return _rewritten(path, statement, node, base) if base else None
     except Exception:  # a source leafwatch cannot read as it expects
         return None
-
-
-def _cut_fix(op: str, path: str, line: int) -> CutFix | None:
-    tree = Source().tree(path)
-    if tree is not None and op in ("`torch.no_grad()`", "`torch.inference_mode()`"):
-        off = _grad_off_at(path, tree, line)
-        return None if off is None else CutFix(off.corrected, off.edit, how=off.how, function=off.function)
-    statement = _statement(tree, line) if tree is not None else None
-    if statement is None:
-        return None
-    if op == "`.detach()`":
-        found = [n for n in ast.walk(statement) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                 and n.func.attr == "detach" and not n.args and not n.keywords]
-    elif op == "`.data`":
-        found = [n for n in ast.walk(statement) if isinstance(n, ast.Attribute) and n.attr == "data"
-                 and isinstance(n.ctx, ast.Load)]
-    else:
-        return None
-    if len(found) != 1:
-        return None
-    node = found[0]
-    receiver = node.func.value if isinstance(node, ast.Call) else node.value  # type: ignore[attr-defined]
-    base = ast.get_source_segment("".join(linecache.getlines(path)), receiver)
-    parents = _parents(statement)
-    top = node
-    while isinstance(parents.get(top), (ast.Attribute, ast.Call)) and not _is_numpy_call(parents[top], top):
-        top = parents[top]
-        if isinstance(top, ast.Attribute) and top.attr in _TO_NUMPY:
-            return _round_trip(path, statement, top, base, parents, tree)  # type: ignore[arg-type]
-    if _is_numpy_call(parents.get(top), top):
-        return _round_trip(path, statement, top, base, parents, tree)  # type: ignore[arg-type]
-    return _rewritten(path, statement, node, base) if base else None
 
 
 def _is_numpy_call(parent: ast.AST | None, child: ast.AST) -> bool:
@@ -223,22 +210,18 @@ def grad_off(module_name: str, modules: dict[str, Any]) -> GradOff | None:
     """The one place of the class of the module above ``module_name`` (or above one of its ancestors) that calls
     it with grad off; None when there is none, or more than one (or a source cannot be read)."""
     try:
-        return _grad_off_place(module_name, modules)
+        parts = module_name.split(".") if module_name else []
+        for depth in range(len(parts), 0, -1):
+            parent, attr = ".".join(parts[:depth - 1]), parts[depth - 1]
+            owner = modules.get(parent)
+            if owner is None or not attr.isidentifier():
+                continue
+            found = _grad_off_calls(type(owner), attr)
+            if found is not None:
+                return found
+        return None
     except Exception:  # a source leafwatch cannot read as it expects: the fix is left to the words
         return None
-
-
-def _grad_off_place(module_name: str, modules: dict[str, Any]) -> GradOff | None:
-    parts = module_name.split(".") if module_name else []
-    for depth in range(len(parts), 0, -1):
-        parent, attr = ".".join(parts[:depth - 1]), parts[depth - 1]
-        owner = modules.get(parent)
-        if owner is None or not attr.isidentifier():
-            continue
-        found = _grad_off_calls(type(owner), attr)
-        if found is not None:
-            return found
-    return None
 
 
 def _grad_off_calls(cls: type, attr: str) -> GradOff | None:
@@ -275,7 +258,7 @@ def _grad_off_at(path: str, tree: ast.Module, line: int) -> GradOff | None:
               and w.lineno <= line <= (w.end_lineno or w.lineno)]
     if blocks:
         return _without_block(path, max(blocks, key=lambda w: w.lineno))
-    statement = _statement(tree, line)
+    statement = innermost(tree, line, _SIMPLE)
     called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
               for n in ast.walk(statement) if isinstance(n, ast.Call)} if statement is not None else set()
     decorated = [(f, d) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name in called

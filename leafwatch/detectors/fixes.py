@@ -326,13 +326,12 @@ def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -
     if record is None:
         return None, None
     name = record[2]
-    value = _held_as(name)
-    if value is _MISSING:
-        return None, None
+    prefix, _, key = name.rpartition(".")  # what `opt` / `self.optimizer` holds now, in the innermost scope with it
+    value = next((scope[key] for held_in, scope in _scopes() if held_in == (prefix + "." if prefix else "") and key in scope),
+                 None)
     if value is not optimizer and _unwrapped(value) is not optimizer:
-        if not isinstance(value, (list, tuple)):
-            return None, None
-        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None)
+        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None) \
+            if isinstance(value, (list, tuple)) else None
         if index is None:
             return None, None
         name = f"{name}[{index}]"
@@ -340,19 +339,6 @@ def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -
     if cache is not None:
         cache[key] = found
     return found
-
-
-_MISSING = object()
-
-
-def _held_as(name: str) -> Any:
-    """What the user's variable ``name`` (``opt``, ``self.optimizer``) holds now, in the innermost user scope
-    that has it (``_MISSING`` when none does)."""
-    prefix, _, key = name.rpartition(".")
-    for scope_prefix, scope in _scopes():
-        if scope_prefix == (prefix + "." if prefix else "") and key in scope:
-            return scope[key]
-    return _MISSING
 
 
 def add_words(params: str | None, target: Target, what: str = "it") -> tuple[str, Remedy]:
@@ -657,12 +643,13 @@ def _statement_at(location: str) -> ast.stmt | None:
     """The statement at ``file:line``, parsed from the file."""
     path, _, line = location.rpartition(":")
     tree = Source().tree(path) if path and line.isdigit() else None
-    if tree is None:
-        return None
-    lineno = int(line)
-    around = [node for node in ast.walk(tree)
-              if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno)]
-    # the innermost statement (a `with` or a function holds the assignment)
+    return None if tree is None else innermost(tree, int(line))
+
+
+def innermost(tree: ast.AST, line: int, kinds: Any = ast.stmt) -> ast.stmt | None:
+    """The innermost statement of ``kinds`` under ``tree`` whose lines hold ``line`` (a ``with`` or a function
+    holds the assignment)."""
+    around = [n for n in ast.walk(tree) if isinstance(n, kinds) and n.lineno <= line <= (n.end_lineno or n.lineno)]
     return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
 
 

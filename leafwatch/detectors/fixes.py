@@ -472,23 +472,18 @@ def _strip_grad(node: ast.expr) -> ast.expr:
 
 def _nn_name(scope: dict[str, Any]) -> str:
     """How the user's module spells ``torch.nn`` (``nn``, ``torch.nn``)."""
-    nn_module = sys.modules.get("torch.nn")
-    for key, value in scope.items():
-        if value is nn_module:
-            return key
-    for key, value in scope.items():
-        if value is sys.modules.get("torch"):
-            return f"{key}.nn"
-    return "nn"
+    nn_name = next((key for key, value in scope.items() if value is sys.modules.get("torch.nn")), None)
+    torch_name = next((key for key, value in scope.items() if value is sys.modules.get("torch")), None)
+    return nn_name or (f"{torch_name}.nn" if torch_name else "nn")
 
 
 #: Right-hand sides that register already: an assignment with one of them is not the one to fix.
 _REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
-def _class_sources(module: Any) -> Iterable[tuple[type, ast.Module, int, str | None]]:
-    """``(class, its parsed source, its first line, its file)`` for each class of ``module``'s MRO outside
-    torch whose source can be read."""
+def _class_sources(module: Any) -> Iterable[tuple[ast.Module, str, Callable[[ast.stmt], Span | None]]]:
+    """For each class of ``module``'s MRO outside torch whose source can be read: its parsed source, how its
+    module spells ``torch.nn``, and where a statement of it stands (as :func:`statement_span` gives it)."""
     for cls in type(module).__mro__:
         if cls.__module__.startswith(("torch", "builtins")):
             continue
@@ -498,16 +493,17 @@ def _class_sources(module: Any) -> Iterable[tuple[type, ast.Module, int, str | N
             path = inspect.getsourcefile(cls)
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
-        yield cls, tree, first, path
+        nn_name = _nn_name(vars(sys.modules.get(cls.__module__, object())))
+        yield tree, nn_name, lambda node, path=path, first=first: (  # type: ignore[misc]
+            statement_span(f"{path}:{first + node.lineno - 1}") if path else None)
 
 
-def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span | None] | None:
-    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
-    module globals, where the statement stands)`` read from the source of the class (and its bases
+def assignment(module: Any, attr: str) -> tuple[str, str, str, Span | None] | None:
+    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, how the class's
+    module spells ``torch.nn``, where the statement stands)`` read from the source of the class (and its bases
     outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
     registers already (``nn.Parameter(...)`` in another branch) is passed over."""
-    for cls, tree, first, path in _class_sources(module):
-        scope = vars(sys.modules.get(cls.__module__, object()))
+    for tree, nn_name, place in _class_sources(module):
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.args.args:
                 continue
@@ -519,9 +515,7 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span |
                             and isinstance(target.value, ast.Name) and target.value.id == me
                             and not (isinstance(node.value, ast.Call)
                                      and ast.unparse(node.value.func).split(".")[-1] in _REGISTERING)):
-                        start = first + node.lineno - 1
-                        where = statement_span(f"{path}:{start}") if path else None
-                        return me, ast.unparse(node.value), dict(scope), where
+                        return me, ast.unparse(node.value), nn_name, place(node)
     return None
 
 
@@ -530,18 +524,16 @@ def registration_args(module: Any, attr: str) -> Assigned:
     (``self.register_buffer("scale", torch.ones(1, requires_grad=True))`` ->
     ``self.register_parameter("scale", nn.Parameter(torch.ones(1)))``), read from its class's source
     (:class:`Assigned`; no code when the registration is not one statement of the class)."""
-    for cls, tree, first, path in _class_sources(module) if module is not None else ():
+    for tree, nn_name, place in _class_sources(module):
         for node in ast.walk(tree):
             call = node.value if isinstance(node, ast.Expr) else None
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and call.func.attr == "register_buffer" and isinstance(call.func.value, ast.Name)
                     and len(call.args) >= 2 and isinstance(call.args[0], ast.Constant) and call.args[0].value == attr):
                 continue
-            scope = vars(sys.modules.get(cls.__module__, object()))
             value = ast.unparse(_strip_grad(call.args[1]))
-            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {_nn_name(scope)}.Parameter({value}))"
-            where = statement_span(f"{path}:{first + node.lineno - 1}") if path else None
-            return Assigned(attr, snippet if is_code(snippet) else None, where)
+            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {nn_name}.Parameter({value}))"
+            return Assigned(attr, snippet if is_code(snippet) else None, place(node))  # type: ignore[arg-type]
     return Assigned(attr)
 
 
@@ -558,12 +550,12 @@ class Assigned:
 
 def parameter_args(module: Any, attr: str) -> Assigned:
     """:class:`Assigned` of the attribute ``attr`` of ``module``, read from its class's source."""
-    found = assignment(module, attr) if module is not None else None
+    found = assignment(module, attr)
     if found is None:
         return Assigned(attr)
-    me, value, scope, where = found
+    me, value, nn_name, where = found
     stripped = ast.unparse(_strip_grad(ast.parse(value, mode="eval").body))
-    snippet = f"{me}.{attr} = {_nn_name(scope)}.Parameter({stripped})"
+    snippet = f"{me}.{attr} = {nn_name}.Parameter({stripped})"
     return Assigned(attr, snippet if is_code(snippet) else None, where)
 
 
@@ -602,11 +594,8 @@ class Container:
 
 def container_args(module: Any, attr: str, kinds: Sequence[str]) -> Container:
     """:class:`Container` of the attribute ``attr`` of ``module``, read from its class's source."""
-    found = assignment(module, attr) if module is not None and len(kinds) == 1 else None
-    if found is None:
-        return Container(attr, tuple(kinds))
-    me, value, scope, where = found
-    return Container(attr, tuple(kinds), me, value, _nn_name(scope), where)
+    found = assignment(module, attr) if len(kinds) == 1 else None
+    return Container(attr, tuple(kinds)) if found is None else Container(attr, tuple(kinds), *found)
 
 
 def container_fix(c: Container, *, modules: bool) -> tuple[str, Remedy]:

@@ -311,7 +311,7 @@ class Outcome:
     decided_step: int
 
     def line(self, reached: int) -> str:
-        said = {FIXED: "fixed", STILL_OPEN: "still open", UNDECIDED: "undecided", GONE: "gone"}[self.outcome]
+        said = self.outcome.replace("_", " ")  # `still_open`: still open
         why = f" (the run decided it at step {self.decided_step}; the rerun made {reached})" \
             if self.outcome == UNDECIDED and self.decided_step > reached else \
             " (the rerun left it undecided: it ended before the checks that decide it)" if self.outcome == UNDECIDED else ""
@@ -427,10 +427,9 @@ def verify(original: Original, *, steps: int = VERIFY_STEPS, say: Callable[[str]
     patched = _patched(original)
     fixes, others, new = judge(original.report, patched, Report.from_dict(data) if data else None, reached)
     problems = _problems(original, rerun, code, data)
-    said = _said(original, rerun, code, reached, fixes, others, new, problems)
-    for line in said:
-        say(line)
     exit_code = 0 if all(o.outcome == FIXED for o in fixes) and not new and not problems else 1
+    for line in _said(original, rerun, code, reached, fixes, others, new, problems, exit_code):
+        say(line)
     record = _record(original, rerun, code, data, steps, fixes, others, new, problems, exit_code)
     for folder in (original.folder, found[1] if found is not None else None):
         if folder is not None and os.path.isdir(folder):
@@ -472,7 +471,7 @@ def _last_line(log: str) -> str:
 
 
 def _said(original: Original, rerun: Rerun, code: int, reached: int, fixes: list[Outcome], others: list[Outcome],
-          new: list[Finding], problems: list[str]) -> list[str]:
+          new: list[Finding], problems: list[str], exit_code: int) -> list[str]:
     """The lines of a verification: where it ran, each finding's outcome, what is new, what failed, the verdict."""
     made = original.steps
     lines = [f"verify: copied {rerun.copy.source} to {rerun.copy.root} and applied the patch there"]
@@ -485,10 +484,9 @@ def _said(original: Original, rerun: Rerun, code: int, reached: int, fixes: list
     lines += [f"verify: new: {f.kind} {f.name}: {f.message}" for f in new]
     lines += [f"verify: not in the patch, {o.line(reached)}" for o in others]
     lines += [f"verify: {p}" for p in problems]
-    counts = {word: sum(o.outcome == outcome for o in fixes)
-              for outcome, word in ((FIXED, "fixed"), (STILL_OPEN, "still open"), (UNDECIDED, "undecided"))}
-    tally = ", ".join(f"{n} {word}" for word, n in counts.items() if n)
-    if all(o.outcome == FIXED for o in fixes) and not new and not problems:
+    counts = {outcome: sum(o.outcome == outcome for o in fixes) for outcome in (FIXED, STILL_OPEN, UNDECIDED)}
+    tally = ", ".join(f"{n} {outcome.replace('_', ' ')}" for outcome, n in counts.items() if n)
+    if exit_code == 0:
         lines.append(f"verify: the patch is proven: {tally}, nothing new")
     else:
         lines.append(f"verify: not proven: {tally}{f', {len(new)} new' if new else ', nothing new'}"

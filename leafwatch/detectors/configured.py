@@ -43,7 +43,8 @@ def configured_at(model: Any, cls: str | None) -> Span | None:
     method = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    and f.name == "configure_optimizers"
                    and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == code.co_firstlineno), None)
-    calls = [c for c in ast.walk(method) if isinstance(c, ast.Call) and _name(c.func) == cls] if method else []
+    calls = [c for c in ast.walk(method) if isinstance(c, ast.Call)  # `SGD(...)`, `torch.optim.SGD(...)`
+             and getattr(c.func, "attr", getattr(c.func, "id", None)) == cls] if method else []
     if len(calls) != 1:
         return None
     call = calls[0]
@@ -62,10 +63,6 @@ def configured_at(model: Any, cls: str | None) -> Span | None:
     indent = text[0][:len(text[0]) - len(text[0].lstrip())]
     own = sum(len(line) for line in text[:-1]) + _char(text[-1], statement.end_col_offset or 0)
     return Span(path, start, end, indent, "".join(text), (first, last), groups, (len(indent), own))
-
-
-def _name(func: ast.expr) -> str | None:
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def given_too(at: Span, params: str) -> tuple[str, str] | None:

@@ -18,6 +18,7 @@ snapshot (``Inventory.fix_names`` keeps the names, never an object).
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import dis
 import functools
@@ -155,12 +156,8 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = Non
         if key not in cache:
             cache[key] = variable_for(obj, known)
         return cache[key]
-    if known is not None:
-        try:
-            name = known().get(id(obj))
-        except Exception:
-            name = None
-        if name:
+    with contextlib.suppress(Exception):  # names a front-end cannot give are looked up here
+        if known is not None and (name := known().get(id(obj))):
             return name
     try:
         scopes = list(_scopes())
@@ -735,9 +732,7 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     leaf = ast.Call(ast.Attribute(_strip_grad(inner), "requires_grad_", ast.Load()), [], [])
     if inner is not value:
         value.args[0] = leaf
-        snippet = f"{target} = {ast.unparse(value)}"
-    else:
-        snippet = f"{target} = {ast.unparse(leaf)}"
+    snippet = f"{target} = {ast.unparse(value if inner is not value else leaf)}"
     return snippet if is_code(snippet) else None
 
 
@@ -842,7 +837,7 @@ def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None, target
     _, made = leaf_fix(name, origin, LeafFix(code, at))
     add = add_words(f"[{name}]", target, what="the leaf")[1]
     both = made.edit is not None and add.applicability == "code" and target.at is not None
-    return LeafFix(code, at, target, _both(made.edit, target.at, add.code) if both else None)
+    return LeafFix(code, at, target, _both(made.edit, at.indent, target.at, add.code) if both else None)  # type: ignore[union-attr]
 
 
 _NON_LEAF_WORDS = {
@@ -888,14 +883,12 @@ def _handed_over(name: str, words: str, snippet: str, edit: Edit | None, fix: Le
     return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together)
 
 
-def _both(leaf: Edit, at: Span, call: str) -> Edit | None:
-    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``:
-    read from the file when the finding is decided."""
+def _both(leaf: Edit, indent: str, at: Span, call: str) -> Edit | None:
+    """One edit that makes the leaf (``leaf``, of a statement indented by ``indent``) and then calls ``call`` after
+    the optimizer's statement ``at``: read from the file when the finding is decided."""
     if os.path.abspath(leaf.path) != at.path:
         return None
     lines = linecache.getlines(at.path)
-    first = lines[leaf.start - 1] if 0 < leaf.start <= len(lines) else ""
-    indent = first[:len(first) - len(first.lstrip())]
     if indent != at.indent:
         return None  # a loop or a function between them: where the call goes is not plain
     made = leaf.text if leaf.action == "replace" else "".join(lines[leaf.start - 1:leaf.end]) + leaf.text

@@ -19,8 +19,7 @@ from __future__ import annotations
 import ast
 import linecache
 import sys
-from collections.abc import Iterable, Iterator
-from types import FrameType
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -126,20 +125,17 @@ def _users_or_torchs(cls: type) -> bool:
 def _assignment(module: nn.Module) -> tuple[str, str] | None:
     """Where the user's code set ``X.requires_grad = True`` on ``module``: ``(path:line, the statement as written)``,
     read in the files of the user's frames, ``X`` resolved in the frame that runs that file."""
-    for frame in _user_frames():
+    try:
+        user = [frame for _, frame in zip(range(_FRAMES), frames.user_frames())]
+    except Exception:  # a stack that cannot be read: the line is not said
+        return None
+    for frame in user:
         path = frame.f_code.co_filename
         for node in _assignments(path):
             if _resolve(node.targets[0].value, frame) is module:  # type: ignore[attr-defined]
                 text = ast.get_source_segment("".join(linecache.getlines(path)), node) or ast.unparse(node)
                 return f"{path}:{node.lineno}", text
     return None
-
-
-def _user_frames() -> Iterable[FrameType]:
-    try:
-        return [frame for _, frame in zip(range(_FRAMES), frames.user_frames())]
-    except Exception:  # a stack that cannot be read: the line is not said
-        return []
 
 
 def _assignments(path: str) -> list[ast.Assign]:

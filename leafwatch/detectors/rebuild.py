@@ -164,16 +164,10 @@ def rebuilt(at: Span | None, change: Span | None, variable: str | None) -> Rebui
         made = body[later]  # a loop (or block) that only changes the model: the optimizer goes below it, built once
     between = body[i + 1:later]
     schedulers = [s for s in between if _scheduler(s, variable)]
-    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) \
-            or _loads_state(body[later], variable):
-        return None  # the optimizer is used before the change (its state loaded): keep it, add the new tensors
+    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) or any(
+            isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict" for n in ast.walk(body[later])):
+        return None  # the optimizer is used before the change (its state loaded: a resumed run): keep it, add the new tensors
     return _placed(at.path, built, schedulers, made, made is body[later])
-
-
-def _loads_state(statement: ast.stmt, variable: str) -> bool:
-    """Whether ``statement`` loads the optimizer's state (``optimizer.load_state_dict(...)``: a resumed run)."""
-    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict"
-               for n in ast.walk(statement))
 
 
 def _shown(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt]) -> str:

@@ -181,7 +181,8 @@ def _arguments(path: str, base: str, call: ast.Call) -> str:
     written, NumPy's keywords renamed (``a_min`` -> ``min``)."""
     text = "".join(linecache.getlines(path))
     rest = [ast.get_source_segment(text, a) or "" for a in call.args[1:]]
-    rest += [f"{_KEYWORDS.get(k.arg, k.arg)}={ast.get_source_segment(text, k.value)}" for k in call.keywords]  # type: ignore[arg-type]
+    rest += [f"{_KEYWORDS.get(k.arg, k.arg)}={ast.get_source_segment(text, k.value)}"  # type: ignore[arg-type]
+             for k in call.keywords]
     return ", ".join([base, *rest])
 
 

@@ -324,8 +324,8 @@ def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -
         return None, None
     name = record[2]
     prefix, _, key = name.rpartition(".")  # what `opt` / `self.optimizer` holds now, in the innermost scope with it
-    value = next((scope[key] for held_in, scope in _scopes() if held_in == (prefix + "." if prefix else "") and key in scope),
-                 None)
+    value = next((scope[key] for held_in, scope in _scopes()
+                  if held_in == (prefix + "." if prefix else "") and key in scope), None)
     if value is not optimizer and _unwrapped(value) is not optimizer:
         index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None) \
             if isinstance(value, (list, tuple)) else None
@@ -837,7 +837,8 @@ def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None, target
     _, made = leaf_fix(name, origin, LeafFix(code, at))
     add = add_words(f"[{name}]", target, what="the leaf")[1]
     both = made.edit is not None and add.applicability == "code" and target.at is not None
-    return LeafFix(code, at, target, _both(made.edit, at.indent, target.at, add.code) if both else None)  # type: ignore[union-attr]
+    together = _both(made.edit, at.indent, target.at, add.code) if both else None  # type: ignore[union-attr, arg-type]
+    return LeafFix(code, at, target, together)
 
 
 _NON_LEAF_WORDS = {

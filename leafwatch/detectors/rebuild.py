@@ -164,9 +164,10 @@ def rebuilt(at: Span | None, change: Span | None, variable: str | None) -> Rebui
         made = body[later]  # a loop (or block) that only changes the model: the optimizer goes below it, built once
     between = body[i + 1:later]
     schedulers = [s for s in between if _scheduler(s, variable)]
-    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) or any(
-            isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict" for n in ast.walk(body[later])):
-        return None  # the optimizer is used before the change (its state loaded: a resumed run): keep it, add the new tensors
+    loads = any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict"
+                for n in ast.walk(body[later]))  # a resumed run
+    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) or loads:
+        return None  # the optimizer is used before the change (its state loaded): keep it, add the new tensors
     return _placed(at.path, built, schedulers, made, made is body[later])
 
 
@@ -182,7 +183,8 @@ def _placed(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt], made: as
     statements, end = (built, *schedulers), made.end_lineno or made.lineno
     if moved:
         taken = {n for s in statements for n in range(s.lineno, (s.end_lineno or s.lineno) + 1)}
-        kept = [line for n, line in enumerate(linecache.getlines(path)[built.lineno - 1:end], built.lineno) if n not in taken]
+        lines = linecache.getlines(path)
+        kept = [lines[n - 1] for n in range(built.lineno, end + 1) if n not in taken]
         text = "".join(line for s in statements for line in _lines(path, s))
         edit = Edit(os.path.abspath(path), built.lineno, end, "replace", "".join(kept) + text)
     else:

@@ -63,7 +63,11 @@ class FilePatch:
     edits: int
 
     def diff(self) -> str:
-        return unified(self.before, self.after, self.relative)
+        """The unified diff of the file (3 lines of context), ``a/`` and ``b/`` before its path; a last
+        line without a newline is marked as ``diff`` marks it."""
+        lines = difflib.unified_diff(self.before.splitlines(keepends=True), self.after.splitlines(keepends=True),
+                                     f"a/{self.relative}", f"b/{self.relative}", n=3)
+        return "".join(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n" for line in lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,16 +100,6 @@ def run_lines(path: str) -> list[str]:
 
 def digest(lines: Sequence[str]) -> str:
     return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
-
-
-def unified(before: str, after: str, relative: str) -> str:
-    """The unified diff of one file (3 lines of context), ``a/`` and ``b/`` before its path; a last
-    line without a newline is marked as ``diff`` marks it."""
-    out = []
-    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                     f"a/{relative}", f"b/{relative}", n=3):
-        out.append(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n")
-    return "".join(out)
 
 
 def edits_of(finding: Finding) -> tuple[list[Edit], str | None]:
@@ -335,4 +329,4 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
 
 
 __all__ = ["FilePatch", "LeftOut", "Patch", "PatchRefused", "apply", "apply_edits", "build", "digest", "disk_lines",
-           "edits_of", "exit_code", "nothing_to_give", "of_records", "outside", "patch_main", "record", "run_lines", "unified"]
+           "edits_of", "exit_code", "nothing_to_give", "of_records", "outside", "patch_main", "record", "run_lines"]

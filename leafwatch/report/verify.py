@@ -80,12 +80,6 @@ class Original:
         made = ended.get("step") if isinstance(ended, Mapping) else None
         return made if isinstance(made, int) and not isinstance(made, bool) else self.report.step or 0
 
-    def recorded_hunks(self) -> list[Mapping[str, Any]]:
-        """Each patched finding's own hunk, as the run recorded it (worked out again when not given)."""
-        if self.hunks is not None:
-            return list(self.hunks)
-        return list(hunks_of(self.report.findings, str(self.run["cwd"]))["hunks"])
-
 
 def of_record(data: Mapping[str, Any], patch: Patch, folder: str, label: str) -> Original:
     """The run whose ``leafwatch/report`` record is ``data`` (read from ``folder``, named ``label``).
@@ -424,7 +418,8 @@ def verify(original: Original, *, steps: int = VERIFY_STEPS, say: Callable[[str]
     found = read(rerun.logdir)
     data = found[0] if found is not None else None
     reached = data.get("step") if data is not None and isinstance(data.get("step"), int) else 0
-    patched = _patched(original)
+    patched = {(str(f.kind), f.name) for f in original.report.findings if f.is_open} - {
+        (o.kind, o.name) for o in original.patch.left_out}  # the open findings whose fix the patch holds
     fixes, others, new = judge(original.report, patched, Report.from_dict(data) if data else None, reached)
     problems = _problems(original, rerun, code, data)
     exit_code = 0 if all(o.outcome == FIXED for o in fixes) and not new and not problems else 1
@@ -435,12 +430,6 @@ def verify(original: Original, *, steps: int = VERIFY_STEPS, say: Callable[[str]
         if folder is not None and os.path.isdir(folder):
             write_record(folder, record, original.report.step or 0)
     return exit_code
-
-
-def _patched(original: Original) -> set[tuple[str, str]]:
-    """The open findings whose fix the patch holds, by (kind, name)."""
-    left = {(o.kind, o.name) for o in original.patch.left_out}
-    return {(str(f.kind), f.name) for f in original.report.findings if f.is_open} - left
 
 
 def _problems(original: Original, rerun: Rerun, code: int, data: Mapping[str, Any] | None) -> list[str]:
@@ -498,7 +487,9 @@ def _record(original: Original, rerun: Rerun, code: int, data: Mapping[str, Any]
             fixes: list[Outcome], others: list[Outcome], new: list[Finding], problems: list[str],
             exit_code: int) -> dict[str, Any]:
     """The ``leafwatch/verify`` record (:data:`leafwatch.report.records.RECORD_FORMAT`)."""
-    diffs = {(h.get("kind"), h.get("name")): h.get("diff") for h in original.recorded_hunks() if isinstance(h, Mapping)}
+    hunks = original.hunks if original.hunks is not None else \
+        hunks_of(original.report.findings, str(original.run["cwd"]))["hunks"]  # (worked out again when not recorded)
+    diffs = {(h.get("kind"), h.get("name")): h.get("diff") for h in hunks if isinstance(h, Mapping)}
     ended = ((data or {}).get("command") or {}).get("ended") or {}
     return {"step": original.steps, "steps": (data or {}).get("step") or 0, "limit": steps,
             "rerun": {"folder": rerun.copy.root, "logdir": rerun.logdir, "command": rerun.line, "exit_code": code,

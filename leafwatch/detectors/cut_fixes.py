@@ -25,7 +25,7 @@ from typing import Any
 
 from ..observe.source import Source
 from ..report.words import Edit
-from .fixes import innermost, is_code, rewritten
+from .fixes import innermost, is_code, rewritten, span_of
 
 #: NumPy ops and the torch op that computes the same from the same arguments (``np.clip(a, lo, hi)`` is
 #: ``torch.clamp(t, lo, hi)``); the keywords NumPy spells differently are renamed (``a_min`` -> ``min``).
@@ -35,7 +35,7 @@ NUMPY_TWINS = {"clip": "clamp", "exp": "exp", "log": "log", "log1p": "log1p", "e
 _KEYWORDS = {"a_min": "min", "a_max": "max"}
 #: What makes a NumPy array of a tensor, or a number: a ``.detach()`` followed by one of them feeds NumPy.
 _TO_NUMPY = ("numpy", "tolist", "item")
-_TO_TORCH = ("from_numpy", "tensor", "as_tensor", "Tensor", "FloatTensor")
+_TO_TORCH = {f"torch.{t}" for t in ("from_numpy", "tensor", "as_tensor", "Tensor", "FloatTensor")}
 _GRAD_OFF = ("no_grad", "inference_mode")
 #: The statements a cut stands in.
 _SIMPLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.Expr)
@@ -129,7 +129,7 @@ def _round_trip(path: str, statement: ast.stmt, node: ast.AST, base: str | None,
     if twin is None:
         return CutFix(numpy=True, missing=name if name not in ("asarray", "array") else None)
     if not (isinstance(wrapper, ast.Call) and wrapper.args and wrapper.args[0] is call and ast.unparse(wrapper.func) in
-            {f"torch.{t}" for t in _TO_TORCH}) or base is None or any(k.arg not in _KEYWORDS for k in call.keywords):
+            _TO_TORCH) or base is None or any(k.arg not in _KEYWORDS for k in call.keywords):
         return CutFix(numpy=True, missing=None, twin=(name, twin))
     found = _rewritten(path, statement, wrapper, f"torch.{twin}({_arguments(path, base, call)})")
     return dataclasses.replace(found or CutFix(), numpy=True, twin=(name, twin))
@@ -141,8 +141,8 @@ def _spread_trip(path: str, tree: ast.Module, statement: ast.stmt, base: str | N
     replaced by ``t = torch.clamp(t, lo, hi)``. None when the statements are not those."""
     if base is None:
         return None
-    holder = next((n for n in ast.walk(tree) for field in ("body", "orelse") if statement in getattr(n, field, [])), None)
-    body = next(b for b in (getattr(holder, "body", []), getattr(holder, "orelse", [])) if statement in b) if holder else []
+    body = next((b for n in ast.walk(tree) for b in (getattr(n, "body", None), getattr(n, "orelse", None))
+                 if isinstance(b, list) and statement in b), [])
     i = body.index(statement) if statement in body else -1
     trip = body[i:i + 3] if i >= 0 else []
     names = [_assigned_name(s) for s in trip]
@@ -158,21 +158,20 @@ def _spread_trip(path: str, tree: ast.Module, statement: ast.stmt, base: str | N
         return None
     made_call = made.func.value if isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute) \
         and not made.args and isinstance(made.func.value, ast.Call) else made  # `torch.from_numpy(a).float()`
-    if not (isinstance(made_call, ast.Call) and ast.unparse(made_call.func) in {f"torch.{t}" for t in _TO_TORCH}
+    if not (isinstance(made_call, ast.Call) and ast.unparse(made_call.func) in _TO_TORCH
             and len(made_call.args) == 1 and isinstance(made_call.args[0], ast.Name) and made_call.args[0].id == names[1]):
         return None
     later = [n.id for rest in body[i + 3:] for n in ast.walk(rest) if isinstance(n, ast.Name)]
     if any(name in later for name in names[:2] if name != names[2]):
         return None  # an array used further on: the trip stays, in words
-    lines, name, twin = linecache.getlines(path), op.func.attr, NUMPY_TWINS[op.func.attr]  # type: ignore[attr-defined]
-    text = "".join(lines)
+    name, twin = op.func.attr, NUMPY_TWINS[op.func.attr]  # type: ignore[attr-defined]
+    text = "".join(linecache.getlines(path))
     tail = ast.get_source_segment(text, made)[len(ast.get_source_segment(text, made_call) or ""):]  # type: ignore[index]
-    head = lines[statement.lineno - 1]
     snippet = f"{names[2]} = torch.{twin}({_arguments(path, base, op)}){tail}"
     if not is_code(snippet):
         return None
-    new = head[:len(head) - len(head.lstrip())] + snippet + "\n"
-    edit = Edit(os.path.abspath(path), statement.lineno, trip[2].end_lineno or trip[2].lineno, "replace", new)
+    at = span_of(path, statement)
+    edit = Edit(at.path, at.start, trip[2].end_lineno or trip[2].lineno, "replace", f"{at.indent}{snippet}\n")
     return CutFix(snippet, edit, numpy=True, twin=(name, twin))
 
 

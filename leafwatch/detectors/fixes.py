@@ -285,7 +285,7 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
             if variable is not None:
                 held = o
                 break
-    if at is None and held is not None and variable is not None:
+    if at is None and held is not None:  # (a variable holds it)
         at = assigned_at(held, variable) or _script_assignment(variable)
     cls = type(optimizers[0]).__name__ if optimizers else None
     if where == "lightning" and model is not None:

@@ -251,10 +251,8 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
     roots = getattr(inventory, "roots", {})
     # The longest prefix first: a root named beside the model ("" with "trainer.loss") owns its names.
     for prefix in sorted(roots, key=len, reverse=True):
-        if prefix == "":
-            return tensor_code(name, roots[prefix], known=known, cache=cache)
-        if name.startswith(prefix + "."):
-            return tensor_code(name[len(prefix) + 1:], roots[prefix], known=known, cache=cache)
+        if prefix == "" or name.startswith(prefix + "."):
+            return tensor_code(name[len(prefix) + 1:] if prefix else name, roots[prefix], known=known, cache=cache)
     return None
 
 

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 
 from ..report.reasons import Span
 from ..report.words import Edit
-from ..observe.source import Source
+from ..observe.source import Source, holding
 from .fixes import short_place, span_of
 
 #: A call that builds an LR scheduler on an optimizer (torch's ``lr_scheduler.*``, ``OneCycleLR``, transformers'
@@ -53,10 +53,12 @@ class Rebuilt:
 
 
 def _bodies(node: ast.AST) -> Iterable[list[ast.stmt]]:
-    """Every list of statements under ``node`` (a module's, a function's, a loop's, an ``if``'s ...)."""
+    """Every list of statements under ``node`` (a module's, a function's, a loop's, an ``if``'s, a handler's ...)."""
     for child in ast.walk(node):
-        if isinstance(child, (ast.stmt, ast.Module)):
-            yield from _blocks(child)  # type: ignore[arg-type]
+        for field in ("body", "orelse", "finalbody"):
+            value = getattr(child, field, None)
+            if isinstance(value, list) and isinstance(child, (ast.stmt, ast.Module, ast.excepthandler)):
+                yield value
 
 
 def _holding(at: Span) -> tuple[list[ast.stmt], int] | None:
@@ -69,26 +71,13 @@ def _holding(at: Span) -> tuple[list[ast.stmt], int] | None:
     return None
 
 
-def _blocks(statement: ast.stmt) -> Iterable[list[ast.stmt]]:
-    """The blocks of a compound statement (its body, ``else``, ``finally``, its ``except`` handlers')."""
-    for field in ("body", "orelse", "finalbody"):
-        value = getattr(statement, field, None)
-        if isinstance(value, list):
-            yield value
-    for handler in getattr(statement, "handlers", ()):
-        yield handler.body
-
-
 def _innermost(statement: ast.stmt, line: int) -> ast.stmt | None:
     """The innermost statement of ``statement`` (itself included) that holds ``line``, in the same scope; None when
     the line is in a function or a class it defines (where the optimizer's name may not be bound)."""
-    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return None
-    for block in _blocks(statement):
-        for s in block:
-            if s.lineno <= line <= (s.end_lineno or s.lineno):
-                return _innermost(s, line)
-    return statement
+    held = holding(statement, line)  # (never in the functions and classes it defines)
+    found = statement if held is None else held[0][held[1]]
+    return None if any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for s in (statement, found)) \
+        else found
 
 
 def _root(node: ast.AST) -> str | None:

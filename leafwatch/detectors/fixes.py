@@ -775,8 +775,8 @@ def corrected_operand(location: str, twice: str, meant: str) -> tuple[str, Edit,
         return None
     lineno = int(line) if line.isdigit() else 0
     statements = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return))
-                         and lineno - 30 <= n.lineno <= lineno <= (n.end_lineno or n.lineno) + 30
-                         and n.lineno <= lineno), key=lambda n: -n.lineno)
+                         and lineno - 30 <= n.lineno <= lineno <= (n.end_lineno or n.lineno) + 30),
+                        key=lambda n: -n.lineno)
     for statement in statements:
         for group in _operand_groups(statement):
             found = [r for r in (_receiver(o, twice) for o in group) if r is not None]
@@ -862,7 +862,7 @@ def leaf_fix(name: str | None, origin: Any, fix: LeafFix) -> tuple[str, Remedy]:
         return (f"{words}, then hand the leaf to the optimizer: leafwatch has no name for this tensor (give it one "
                 "with `watch()`'s `name=` or a key of `tensors=`)"), ADVICE
     if written is not None:
-        return _handed_over(name, f"{words}: `{written}`", written, None if at is None else at.put(written, "replace"), fix)
+        return _handed_over(name, f"{words}: `{written}`", written, _replace(at, written), fix)
     if all(part.isidentifier() for part in name.split(".")):
         snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
         return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet,
@@ -877,9 +877,8 @@ def _handed_over(name: str, words: str, snippet: str, edit: Edit | None, fix: Le
     if fix.target is None or not name.isidentifier():
         return words, code(snippet, edit)
     add, remedy = add_words(f"[{name}]", fix.target, what="the leaf")
-    if remedy.applicability != "code":
-        return f"{words}; then {add}", ADVICE
-    return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together)
+    return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together) if remedy.applicability == "code" \
+        else ADVICE
 
 
 def _both(leaf: Edit, indent: str, at: Span, call: str) -> Edit | None:

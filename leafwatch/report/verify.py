@@ -392,7 +392,7 @@ def prepare(original: Original, steps: int) -> Rerun:
                        started=started if isinstance(started, (int, float)) else 0.0)
     apply_to(original.patch, copy)
     inside = logdir is not None and outside(logdir, cwd) is None
-    rerun_logdir = copy.inside(logdir) if inside and logdir else os.path.join(scratch, "logs")
+    rerun_logdir = copy.inside(logdir) if inside else os.path.join(scratch, "logs")  # type: ignore[arg-type]
     limit = max(1, min(original.steps, steps))  # (a run that crashed before its first step: the rerun checks one)
     return Rerun(scratch, copy, copy.inside(cwd), rerun_command(run, copy, rerun_logdir, limit), rerun_logdir,
                  os.path.join(scratch, "rerun.log"), limit)

@@ -16,6 +16,7 @@ import os
 import textwrap
 from typing import Any
 
+from ..observe.source import Source
 from ..report.reasons import Span
 
 
@@ -35,15 +36,13 @@ def configured_at(model: Any, cls: str | None) -> Span | None:
     if cls is None or code is None:
         return None
     path = os.path.abspath(inspect.getsourcefile(function) or code.co_filename)
-    lines = linecache.getlines(path)
-    try:
-        tree = ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return None
+    lines, tree = linecache.getlines(path), Source().tree(path)
     method = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
                    and f.name == "configure_optimizers"
-                   and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == code.co_firstlineno), None)
-    calls = [c for c in ast.walk(method) if isinstance(c, ast.Call) and _name(c.func) == cls] if method else []
+                   and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == code.co_firstlineno), None) \
+        if tree is not None else None
+    calls = [c for c in ast.walk(method) if isinstance(c, ast.Call)  # `SGD(...)`, `torch.optim.SGD(...)`
+             and getattr(c.func, "attr", getattr(c.func, "id", None)) == cls] if method else []
     if len(calls) != 1:
         return None
     call = calls[0]
@@ -55,17 +54,12 @@ def configured_at(model: Any, cls: str | None) -> Span | None:
         return None
     start, end = statement.lineno, statement.end_lineno or statement.lineno
     text = lines[start - 1:end]
-    before = sum(len(line) for line in text[:arg.lineno - start])
-    first = before + _char(lines[arg.lineno - 1], arg.col_offset)
+    first = sum(len(line) for line in text[:arg.lineno - start]) + _char(lines[arg.lineno - 1], arg.col_offset)
     last = sum(len(line) for line in text[:arg.end_lineno - start]) + _char(lines[arg.end_lineno - 1], arg.end_col_offset)
     groups = isinstance(arg, ast.List) and bool(arg.elts) and all(isinstance(e, ast.Dict) for e in arg.elts)
     indent = text[0][:len(text[0]) - len(text[0].lstrip())]
     own = sum(len(line) for line in text[:-1]) + _char(text[-1], statement.end_col_offset or 0)
     return Span(path, start, end, indent, "".join(text), (first, last), groups, (len(indent), own))
-
-
-def _name(func: ast.expr) -> str | None:
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
 
 
 def given_too(at: Span, params: str) -> tuple[str, str] | None:

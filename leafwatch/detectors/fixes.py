@@ -18,6 +18,7 @@ snapshot (``Inventory.fix_names`` keeps the names, never an object).
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import dis
 import functools
@@ -27,7 +28,7 @@ import os
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from ..observe import frames
 from ..observe.discovery import paths_to
 from ..observe.inventory import unwrap, unwrap_optimizer
 from ..observe.names import ancestors
+from ..observe.source import Source
 from ..report.names import natural_key
 from ..report.reasons import Span
 from ..report.words import ADVICE, Edit, Remedy, code
@@ -154,12 +156,8 @@ def variable_for(obj: Any, known: Any = None, cache: dict[Any, Any] | None = Non
         if key not in cache:
             cache[key] = variable_for(obj, known)
         return cache[key]
-    if known is not None:
-        try:
-            name = known().get(id(obj))
-        except Exception:
-            name = None
-        if name:
+    with contextlib.suppress(Exception):  # names a front-end cannot give are looked up here
+        if known is not None and (name := known().get(id(obj))):
             return name
     try:
         scopes = list(_scopes())
@@ -234,18 +232,14 @@ def framework(model: Any = None, cache: dict[Any, Any] | None = None) -> str | N
 
 
 # -- giving tensors to an optimizer -----------------------------------------------------------
-def tensor_code(name: str, model: Any = None, *, owner: str | None = None, known: Any = None,
-                cache: dict[Any, Any] | None = None) -> str | None:
+def tensor_code(name: str, model: Any = None, *, known: Any = None, cache: dict[Any, Any] | None = None) -> str | None:
     """The code for the model's tensor ``name`` (``model.scale``; ``self.scale`` under
     Lightning), or, without a model, for a free tensor the user holds under that name; None
     when unknown."""
-    if owner is None and model is not None:
-        owner = "self" if framework(model, cache) == "lightning" else variable_for(model, known, cache)
-        if owner is None:
-            return None
-    if owner is not None:
-        return attribute_path(name, owner)
-    return name if name.isidentifier() else None
+    if model is None:
+        return name if name.isidentifier() else None
+    owner = "self" if framework(model, cache) == "lightning" else variable_for(model, known, cache)
+    return None if owner is None else attribute_path(name, owner)
 
 
 def model_tensor_code(name: str, inventory: Any) -> str | None:
@@ -257,10 +251,8 @@ def model_tensor_code(name: str, inventory: Any) -> str | None:
     roots = getattr(inventory, "roots", {})
     # The longest prefix first: a root named beside the model ("" with "trainer.loss") owns its names.
     for prefix in sorted(roots, key=len, reverse=True):
-        if prefix == "":
-            return tensor_code(name, roots[prefix], known=known, cache=cache)
-        if name.startswith(prefix + "."):
-            return tensor_code(name[len(prefix) + 1:], roots[prefix], known=known, cache=cache)
+        if prefix == "" or name.startswith(prefix + "."):
+            return tensor_code(name[len(prefix) + 1:] if prefix else name, roots[prefix], known=known, cache=cache)
     return None
 
 
@@ -291,7 +283,7 @@ def optimizer_target(optimizers: Sequence[Any] = (), *, model: Any = None, varia
             if variable is not None:
                 held = o
                 break
-    if at is None and held is not None and variable is not None:
+    if at is None and held is not None:  # (a variable holds it)
         at = assigned_at(held, variable) or _script_assignment(variable)
     cls = type(optimizers[0]).__name__ if optimizers else None
     if where == "lightning" and model is not None:
@@ -329,13 +321,12 @@ def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -
     if record is None:
         return None, None
     name = record[2]
-    value = _held_as(name)
-    if value is _MISSING:
-        return None, None
+    prefix, _, key = name.rpartition(".")  # what `opt` / `self.optimizer` holds now, in the innermost scope with it
+    value = next((scope[key] for held_in, scope in _scopes()
+                  if held_in == (prefix + "." if prefix else "") and key in scope), None)
     if value is not optimizer and _unwrapped(value) is not optimizer:
-        if not isinstance(value, (list, tuple)):
-            return None, None
-        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None)
+        index = next((i for i, v in enumerate(value) if v is optimizer or _unwrapped(v) is optimizer), None) \
+            if isinstance(value, (list, tuple)) else None
         if index is None:
             return None, None
         name = f"{name}[{index}]"
@@ -343,19 +334,6 @@ def _built_as(optimizer: Any, built: Any, cache: dict[Any, Any] | None = None) -
     if cache is not None:
         cache[key] = found
     return found
-
-
-_MISSING = object()
-
-
-def _held_as(name: str) -> Any:
-    """What the user's variable ``name`` (``opt``, ``self.optimizer``) holds now, in the innermost user scope
-    that has it (``_MISSING`` when none does)."""
-    prefix, _, key = name.rpartition(".")
-    for scope_prefix, scope in _scopes():
-        if scope_prefix == (prefix + "." if prefix else "") and key in scope:
-            return scope[key]
-    return _MISSING
 
 
 def add_words(params: str | None, target: Target, what: str = "it") -> tuple[str, Remedy]:
@@ -489,23 +467,18 @@ def _strip_grad(node: ast.expr) -> ast.expr:
 
 def _nn_name(scope: dict[str, Any]) -> str:
     """How the user's module spells ``torch.nn`` (``nn``, ``torch.nn``)."""
-    nn_module = sys.modules.get("torch.nn")
-    for key, value in scope.items():
-        if value is nn_module:
-            return key
-    for key, value in scope.items():
-        if value is sys.modules.get("torch"):
-            return f"{key}.nn"
-    return "nn"
+    nn_name = next((key for key, value in scope.items() if value is sys.modules.get("torch.nn")), None)
+    torch_name = next((key for key, value in scope.items() if value is sys.modules.get("torch")), None)
+    return nn_name or (f"{torch_name}.nn" if torch_name else "nn")
 
 
 #: Right-hand sides that register already: an assignment with one of them is not the one to fix.
 _REGISTERING = ("Parameter", "ModuleList", "ModuleDict", "ParameterList", "ParameterDict")
 
 
-def _class_sources(module: Any) -> Iterable[tuple[type, ast.Module, int, str | None]]:
-    """``(class, its parsed source, its first line, its file)`` for each class of ``module``'s MRO outside
-    torch whose source can be read."""
+def _class_sources(module: Any) -> Iterable[tuple[ast.Module, str, Callable[[ast.stmt], Span | None]]]:
+    """For each class of ``module``'s MRO outside torch whose source can be read: its parsed source, how its
+    module spells ``torch.nn``, and where a statement of it stands (as :func:`statement_span` gives it)."""
     for cls in type(module).__mro__:
         if cls.__module__.startswith(("torch", "builtins")):
             continue
@@ -515,16 +488,17 @@ def _class_sources(module: Any) -> Iterable[tuple[type, ast.Module, int, str | N
             path = inspect.getsourcefile(cls)
         except (OSError, TypeError, SyntaxError, IndentationError):
             continue
-        yield cls, tree, first, path
+        nn_name = _nn_name(vars(sys.modules.get(cls.__module__, object())))
+        yield tree, nn_name, lambda node, path=path, first=first: (  # type: ignore[misc]
+            statement_span(f"{path}:{first + node.lineno - 1}") if path else None)
 
 
-def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span | None] | None:
-    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, the class's
-    module globals, where the statement stands)`` read from the source of the class (and its bases
+def assignment(module: Any, attr: str) -> tuple[str, str, str, Span | None] | None:
+    """Where the user's class assigns ``attr``: ``(self's name, the right-hand side, how the class's
+    module spells ``torch.nn``, where the statement stands)`` read from the source of the class (and its bases
     outside torch; where: as :func:`statement_span` gives it, None when unknown); an assignment that
     registers already (``nn.Parameter(...)`` in another branch) is passed over."""
-    for cls, tree, first, path in _class_sources(module):
-        scope = vars(sys.modules.get(cls.__module__, object()))
+    for tree, nn_name, place in _class_sources(module):
         for func in ast.walk(tree):
             if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) or not func.args.args:
                 continue
@@ -536,9 +510,7 @@ def assignment(module: Any, attr: str) -> tuple[str, str, dict[str, Any], Span |
                             and isinstance(target.value, ast.Name) and target.value.id == me
                             and not (isinstance(node.value, ast.Call)
                                      and ast.unparse(node.value.func).split(".")[-1] in _REGISTERING)):
-                        start = first + node.lineno - 1
-                        where = statement_span(f"{path}:{start}") if path else None
-                        return me, ast.unparse(node.value), dict(scope), where
+                        return me, ast.unparse(node.value), nn_name, place(node)
     return None
 
 
@@ -547,18 +519,16 @@ def registration_args(module: Any, attr: str) -> Assigned:
     (``self.register_buffer("scale", torch.ones(1, requires_grad=True))`` ->
     ``self.register_parameter("scale", nn.Parameter(torch.ones(1)))``), read from its class's source
     (:class:`Assigned`; no code when the registration is not one statement of the class)."""
-    for cls, tree, first, path in _class_sources(module) if module is not None else ():
+    for tree, nn_name, place in _class_sources(module):
         for node in ast.walk(tree):
             call = node.value if isinstance(node, ast.Expr) else None
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and call.func.attr == "register_buffer" and isinstance(call.func.value, ast.Name)
                     and len(call.args) >= 2 and isinstance(call.args[0], ast.Constant) and call.args[0].value == attr):
                 continue
-            scope = vars(sys.modules.get(cls.__module__, object()))
             value = ast.unparse(_strip_grad(call.args[1]))
-            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {_nn_name(scope)}.Parameter({value}))"
-            where = statement_span(f"{path}:{first + node.lineno - 1}") if path else None
-            return Assigned(attr, snippet if is_code(snippet) else None, where)
+            snippet = f"{call.func.value.id}.register_parameter(\"{attr}\", {nn_name}.Parameter({value}))"
+            return Assigned(attr, snippet if is_code(snippet) else None, place(node))  # type: ignore[arg-type]
     return Assigned(attr)
 
 
@@ -575,12 +545,12 @@ class Assigned:
 
 def parameter_args(module: Any, attr: str) -> Assigned:
     """:class:`Assigned` of the attribute ``attr`` of ``module``, read from its class's source."""
-    found = assignment(module, attr) if module is not None else None
+    found = assignment(module, attr)
     if found is None:
         return Assigned(attr)
-    me, value, scope, where = found
+    me, value, nn_name, where = found
     stripped = ast.unparse(_strip_grad(ast.parse(value, mode="eval").body))
-    snippet = f"{me}.{attr} = {_nn_name(scope)}.Parameter({stripped})"
+    snippet = f"{me}.{attr} = {nn_name}.Parameter({stripped})"
     return Assigned(attr, snippet if is_code(snippet) else None, where)
 
 
@@ -619,11 +589,8 @@ class Container:
 
 def container_args(module: Any, attr: str, kinds: Sequence[str]) -> Container:
     """:class:`Container` of the attribute ``attr`` of ``module``, read from its class's source."""
-    found = assignment(module, attr) if module is not None and len(kinds) == 1 else None
-    if found is None:
-        return Container(attr, tuple(kinds))
-    me, value, scope, where = found
-    return Container(attr, tuple(kinds), me, value, _nn_name(scope), where)
+    found = assignment(module, attr) if len(kinds) == 1 else None
+    return Container(attr, tuple(kinds)) if found is None else Container(attr, tuple(kinds), *found)
 
 
 def container_fix(c: Container, *, modules: bool) -> tuple[str, Remedy]:
@@ -659,16 +626,14 @@ def container_fix(c: Container, *, modules: bool) -> tuple[str, Remedy]:
 def _statement_at(location: str) -> ast.stmt | None:
     """The statement at ``file:line``, parsed from the file."""
     path, _, line = location.rpartition(":")
-    if not path or not line.isdigit():
-        return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except SyntaxError:
-        return None
-    lineno = int(line)
-    around = [node for node in ast.walk(tree)
-              if isinstance(node, ast.stmt) and node.lineno <= lineno <= (node.end_lineno or node.lineno)]
-    # the innermost statement (a `with` or a function holds the assignment)
+    tree = Source().tree(path) if path and line.isdigit() else None
+    return None if tree is None else innermost(tree, int(line))
+
+
+def innermost(tree: ast.AST, line: int, kinds: Any = ast.stmt) -> ast.stmt | None:
+    """The innermost statement of ``kinds`` under ``tree`` whose lines hold ``line`` (a ``with`` or a function
+    holds the assignment)."""
+    around = [n for n in ast.walk(tree) if isinstance(n, kinds) and n.lineno <= line <= (n.end_lineno or n.lineno)]
     return min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
 
 
@@ -677,11 +642,13 @@ def statement_span(location: str | None) -> Span | None:
     absolute path, its first and last line, the indentation of its first line); None when the file
     cannot be read."""
     node = _statement_at(location) if location else None
-    if node is None:
-        return None
-    path = os.path.abspath(location.rpartition(":")[0])  # type: ignore[union-attr]
-    first = linecache.getline(path, node.lineno)
-    return Span(path, node.lineno, node.end_lineno or node.lineno, first[:len(first) - len(first.lstrip())])
+    return None if node is None else span_of(location.rpartition(":")[0], node)  # type: ignore[union-attr]
+
+
+def span_of(path: str, node: ast.stmt) -> Span:
+    """Where ``node``, a statement of the file ``path``, stands (:class:`Span`)."""
+    found = Source().span(path, node)
+    return Span(found.path, found.start, found.end, found.indent)
 
 
 def short_place(location: str) -> str:
@@ -716,32 +683,24 @@ def _script_assignment(variable: str) -> Span | None:
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     if not variable.isidentifier() or not isinstance(path, str) or not path.endswith(".py"):
         return None
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-    found = [n for n in tree.body if isinstance(n, ast.Assign) and any(ast.unparse(t) == variable for t in n.targets)]
-    return statement_span(f"{path}:{found[-1].lineno}") if found else None
+    tree = Source().tree(path)
+    return _assigned_last(path, tree.body if tree is not None else [], variable)
 
 
 def _last_assignment(frame: Any, variable: str, scope: str) -> Span | None:
-    path = frame.f_code.co_filename
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-    first, line = frame.f_code.co_firstlineno, frame.f_lineno
-    if scope == "class":
-        node = next((c for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.lineno <= line <= (c.end_lineno or 0)
+    path, line, source = frame.f_code.co_filename, frame.f_lineno, Source()
+    node = source.tree(path) if scope != "function" else source.scope(frame)
+    if scope == "class" and node is not None:
+        node = next((c for c in ast.walk(node) if isinstance(c, ast.ClassDef) and c.lineno <= line <= (c.end_lineno or 0)
                      and any(isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)) for f in c.body)), None)
         line = 10**9  # the assignment may be in another method (`__init__`)
-    elif scope == "function" and frame.f_code.co_name != "<module>":
-        node = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                     and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == first), None)
-    else:
-        node = tree
-    found = [n for n in _statements(node) if isinstance(n, ast.Assign) and n.lineno <= line
-             and any(ast.unparse(t) == variable for t in n.targets)] if node is not None else []
+    return _assigned_last(path, _statements(node) if node is not None else [], variable, line)
+
+
+def _assigned_last(path: str, statements: Iterable[ast.stmt], variable: str, line: int = 10**9) -> Span | None:
+    """The last of ``statements`` before ``line`` that assigns ``variable``, as :func:`statement_span` gives it."""
+    found = [n for n in statements if isinstance(n, ast.Assign) and n.lineno <= line
+             and any(ast.unparse(t) == variable for t in n.targets)]
     return statement_span(f"{path}:{found[-1].lineno}") if found else None
 
 
@@ -771,9 +730,7 @@ def leaf_assignment(name: str, location: str | None) -> str | None:
     leaf = ast.Call(ast.Attribute(_strip_grad(inner), "requires_grad_", ast.Load()), [], [])
     if inner is not value:
         value.args[0] = leaf
-        snippet = f"{target} = {ast.unparse(value)}"
-    else:
-        snippet = f"{target} = {ast.unparse(leaf)}"
+    snippet = f"{target} = {ast.unparse(value if inner is not value else leaf)}"
     return snippet if is_code(snippet) else None
 
 
@@ -813,41 +770,42 @@ def corrected_operand(location: str, twice: str, meant: str) -> tuple[str, Edit,
     of the same scope up to 30 lines above it that builds its parameter list (``params = list(d1.parameters())
     + list(d1.parameters())``). ``(the corrected statement, its edit, where it stands)``; None when not found."""
     path, _, line = location.rpartition(":")
-    try:
-        tree = ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
+    tree = Source().tree(path)
+    if tree is None:
         return None
     lineno = int(line) if line.isdigit() else 0
     statements = sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return))
-                         and lineno - 30 <= n.lineno <= lineno <= (n.end_lineno or n.lineno) + 30
-                         and n.lineno <= lineno), key=lambda n: -n.lineno)
+                         and lineno - 30 <= n.lineno <= lineno <= (n.end_lineno or n.lineno) + 30),
+                        key=lambda n: -n.lineno)
     for statement in statements:
         for group in _operand_groups(statement):
             found = [r for r in (_receiver(o, twice) for o in group) if r is not None]
             if len(found) < 2 or any(_receiver(o, meant) is not None for o in group):
                 continue
-            return _replaced(path, statement, found[1], meant)
+            made = rewritten(path, statement, found[1], meant)
+            return None if made is None else (*made, f"{os.path.basename(path)}:{statement.lineno}")
     return None
 
 
-def _replaced(path: str, statement: ast.stmt, node: ast.expr, text: str) -> tuple[str, Edit, str] | None:
-    """``statement`` of the file ``path`` with ``node`` spelled ``text``: the new statement, its edit, and where."""
+def rewritten(path: str, statement: ast.stmt, node: ast.expr, text: str,
+              valid: Callable[[str], bool] = is_code) -> tuple[str, Edit] | None:
+    """``statement`` of the file ``path`` with ``node`` (on one line) spelled ``text``: its code and its edit;
+    None when ``node`` spans lines or the new statement is not ``valid``."""
     lines = linecache.getlines(path)
     first, last = statement.lineno, statement.end_lineno or statement.lineno
-    if node.end_lineno is None or node.end_col_offset is None or not lines[first - 1:last]:
+    if node.end_lineno != node.lineno or node.end_col_offset is None or not lines[first - 1:last] \
+            or not lines[node.lineno - 1].isascii():
         return None
-    own = [*lines[first - 1:last]]
-    row, end_row = node.lineno - first, node.end_lineno - first
-    if row != end_row or not own[row].isascii():
-        return None
+    own = lines[first - 1:last]
+    row = node.lineno - first
     own[row] = own[row][:node.col_offset] + text + own[row][node.end_col_offset:]
     new = "".join(own)
     snippet = textwrap.dedent(new).strip()
-    if not is_code(snippet):
+    if not valid(snippet):
         return None
-    if "\n" in snippet:  # the fix's words give it on one line; the edit keeps the user's lines
+    if "\n" in snippet and is_code(snippet):  # the fix's words give it on one line; the edit keeps the user's lines
         snippet = ast.unparse(ast.parse(snippet))
-    return snippet, Edit(os.path.abspath(path), first, last, "replace", new), f"{os.path.basename(path)}:{first}"
+    return snippet, Edit(os.path.abspath(path), first, last, "replace", new)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -877,7 +835,8 @@ def leaf_fix_args(name: str, location: str | None, *, tensor: Any = None, target
     _, made = leaf_fix(name, origin, LeafFix(code, at))
     add = add_words(f"[{name}]", target, what="the leaf")[1]
     both = made.edit is not None and add.applicability == "code" and target.at is not None
-    return LeafFix(code, at, target, _both(made.edit, target.at, add.code) if both else None)
+    together = _both(made.edit, at.indent, target.at, add.code) if both else None  # type: ignore[union-attr, arg-type]
+    return LeafFix(code, at, target, together)
 
 
 _NON_LEAF_WORDS = {
@@ -903,7 +862,7 @@ def leaf_fix(name: str | None, origin: Any, fix: LeafFix) -> tuple[str, Remedy]:
         return (f"{words}, then hand the leaf to the optimizer: leafwatch has no name for this tensor (give it one "
                 "with `watch()`'s `name=` or a key of `tensors=`)"), ADVICE
     if written is not None:
-        return _handed_over(name, f"{words}: `{written}`", written, None if at is None else at.put(written, "replace"), fix)
+        return _handed_over(name, f"{words}: `{written}`", written, _replace(at, written), fix)
     if all(part.isidentifier() for part in name.split(".")):
         snippet = f"{name} = {name}.detach(){'.clone()' if hint in ('view', 'clone') else ''}.requires_grad_()"
         return _handed_over(name, f"{words}: `{snippet}` right after it is made", snippet,
@@ -918,19 +877,16 @@ def _handed_over(name: str, words: str, snippet: str, edit: Edit | None, fix: Le
     if fix.target is None or not name.isidentifier():
         return words, code(snippet, edit)
     add, remedy = add_words(f"[{name}]", fix.target, what="the leaf")
-    if remedy.applicability != "code":
-        return f"{words}; then {add}", ADVICE
-    return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together)
+    return f"{words}; then {add}", code(f"{snippet}\n{remedy.code}", fix.together) if remedy.applicability == "code" \
+        else ADVICE
 
 
-def _both(leaf: Edit, at: Span, call: str) -> Edit | None:
-    """One edit that makes the leaf (``leaf``) and then calls ``call`` after the optimizer's statement ``at``:
-    read from the file when the finding is decided."""
+def _both(leaf: Edit, indent: str, at: Span, call: str) -> Edit | None:
+    """One edit that makes the leaf (``leaf``, of a statement indented by ``indent``) and then calls ``call`` after
+    the optimizer's statement ``at``: read from the file when the finding is decided."""
     if os.path.abspath(leaf.path) != at.path:
         return None
     lines = linecache.getlines(at.path)
-    first = lines[leaf.start - 1] if 0 < leaf.start <= len(lines) else ""
-    indent = first[:len(first) - len(first.lstrip())]
     if indent != at.indent:
         return None  # a loop or a function between them: where the call goes is not plain
     made = leaf.text if leaf.action == "replace" else "".join(lines[leaf.start - 1:leaf.end]) + leaf.text

@@ -19,8 +19,7 @@ from __future__ import annotations
 import ast
 import linecache
 import sys
-from collections.abc import Iterable, Iterator
-from types import FrameType
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -28,6 +27,8 @@ from torch import nn
 from ..observe import frames
 from ..observe.evidence import REBUILT, STEP, Evidence
 from ..observe.inventory import Inventory
+from ..observe.source import Source
+from ..observe.unhooked import _resolve
 from ..report.reasons import Reason
 from ..report.verdicts import Verdict, Verdicts
 from ..report.words import ADVICE, Edit, Members, Words, code
@@ -124,7 +125,11 @@ def _users_or_torchs(cls: type) -> bool:
 def _assignment(module: nn.Module) -> tuple[str, str] | None:
     """Where the user's code set ``X.requires_grad = True`` on ``module``: ``(path:line, the statement as written)``,
     read in the files of the user's frames, ``X`` resolved in the frame that runs that file."""
-    for frame in _user_frames():
+    try:
+        user = [frame for _, frame in zip(range(_FRAMES), frames.user_frames())]
+    except Exception:  # a stack that cannot be read: the line is not said
+        return None
+    for frame in user:
         path = frame.f_code.co_filename
         for node in _assignments(path):
             if _resolve(node.targets[0].value, frame) is module:  # type: ignore[attr-defined]
@@ -133,51 +138,9 @@ def _assignment(module: nn.Module) -> tuple[str, str] | None:
     return None
 
 
-def _user_frames() -> Iterable[FrameType]:
-    try:
-        return [frame for _, frame in zip(range(_FRAMES), frames.user_frames())]
-    except Exception:  # a stack that cannot be read: the line is not said
-        return []
-
-
 def _assignments(path: str) -> list[ast.Assign]:
     """The statements ``X.requires_grad = True`` of the file at ``path``."""
-    text = "".join(linecache.getlines(path))
-    if "requires_grad" not in text:
-        return []
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return []
+    tree = Source().tree(path) if "requires_grad" in "".join(linecache.getlines(path)) else None
     return [node for node in ast.walk(tree) if isinstance(node, ast.Assign) and len(node.targets) == 1
             and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == "requires_grad"
-            and isinstance(node.value, ast.Constant) and node.value.value is True]
-
-
-_MISSING = object()
-
-
-def _resolve(node: ast.expr, frame: FrameType) -> Any:
-    """The object ``node`` names in ``frame``, read without running code of the user's (variables, registered
-    submodules, attributes in ``__dict__``, constant indexes of torch's containers); a sentinel where it cannot."""
-    if isinstance(node, ast.Name):
-        scope = frame.f_locals if node.id in frame.f_locals else frame.f_globals
-        return scope.get(node.id, _MISSING)
-    if isinstance(node, ast.Attribute):
-        owner = _resolve(node.value, frame)
-        if isinstance(owner, nn.Module):
-            found = owner._modules.get(node.attr, _MISSING)
-            if found is not _MISSING:
-                return found
-        return vars(owner).get(node.attr, _MISSING) if hasattr(owner, "__dict__") else _MISSING
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        owner = _resolve(node.value, frame)
-        if isinstance(owner, (nn.Sequential, nn.ModuleList)) and isinstance(node.slice.value, int):
-            try:
-                return owner[node.slice.value]
-            except IndexError:
-                return _MISSING
-        if isinstance(owner, nn.ModuleDict) and isinstance(node.slice.value, str):
-            return owner[node.slice.value] if node.slice.value in owner else _MISSING
-    return _MISSING
-
+            and isinstance(node.value, ast.Constant) and node.value.value is True] if tree is not None else []

@@ -30,7 +30,8 @@ from collections.abc import Iterable, Sequence
 
 from ..report.reasons import Span
 from ..report.words import Edit
-from .fixes import short_place
+from ..observe.source import Source, holding
+from .fixes import short_place, span_of
 
 #: A call that builds an LR scheduler on an optimizer (torch's ``lr_scheduler.*``, ``OneCycleLR``, transformers'
 #: ``get_linear_schedule_with_warmup``): read from the callee's name.
@@ -51,49 +52,32 @@ class Rebuilt:
     edit: Edit
 
 
-def _tree(path: str) -> ast.Module | None:
-    try:
-        return ast.parse("".join(linecache.getlines(path)))
-    except (SyntaxError, ValueError):
-        return None
-
-
 def _bodies(node: ast.AST) -> Iterable[list[ast.stmt]]:
-    """Every list of statements under ``node`` (a module's, a function's, a loop's, an ``if``'s ...)."""
+    """Every list of statements under ``node`` (a module's, a function's, a loop's, an ``if``'s, a handler's ...)."""
     for child in ast.walk(node):
-        if isinstance(child, (ast.stmt, ast.Module)):
-            yield from _blocks(child)  # type: ignore[arg-type]
+        for field in ("body", "orelse", "finalbody"):
+            value = getattr(child, field, None)
+            if isinstance(value, list) and isinstance(child, (ast.stmt, ast.Module, ast.excepthandler)):
+                yield value
 
 
-def _holding(tree: ast.Module, line: int) -> tuple[list[ast.stmt], int] | None:
-    """The block holding the statement that starts at ``line``, and its index there."""
-    for body in _bodies(tree):
+def _holding(at: Span) -> tuple[list[ast.stmt], int] | None:
+    """The block holding the statement ``at`` (that starts at its first line), and its index there."""
+    tree = Source().tree(at.path)
+    for body in _bodies(tree) if tree is not None else ():
         for i, s in enumerate(body):
-            if s.lineno == line:
+            if s.lineno == at.start:
                 return body, i
     return None
-
-
-def _blocks(statement: ast.stmt) -> Iterable[list[ast.stmt]]:
-    """The blocks of a compound statement (its body, ``else``, ``finally``, its ``except`` handlers')."""
-    for field in ("body", "orelse", "finalbody"):
-        value = getattr(statement, field, None)
-        if isinstance(value, list):
-            yield value
-    for handler in getattr(statement, "handlers", ()):
-        yield handler.body
 
 
 def _innermost(statement: ast.stmt, line: int) -> ast.stmt | None:
     """The innermost statement of ``statement`` (itself included) that holds ``line``, in the same scope; None when
     the line is in a function or a class it defines (where the optimizer's name may not be bound)."""
-    if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return None
-    for block in _blocks(statement):
-        for s in block:
-            if s.lineno <= line <= (s.end_lineno or s.lineno):
-                return _innermost(s, line)
-    return statement
+    held = holding(statement, line)  # (never in the functions and classes it defines)
+    found = statement if held is None else held[0][held[1]]
+    return None if any(isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) for s in (statement, found)) \
+        else found
 
 
 def _root(node: ast.AST) -> str | None:
@@ -145,8 +129,7 @@ def rebuilt(at: Span | None, change: Span | None, variable: str | None) -> Rebui
     docstring); None where that cannot be done truly."""
     if at is None or change is None or not variable or at.path != change.path or change.start <= at.end:
         return None
-    tree = _tree(at.path)
-    held = _holding(tree, at.start) if tree is not None else None
+    held = _holding(at)
     if held is None:
         return None
     body, i = held
@@ -170,16 +153,11 @@ def rebuilt(at: Span | None, change: Span | None, variable: str | None) -> Rebui
         made = body[later]  # a loop (or block) that only changes the model: the optimizer goes below it, built once
     between = body[i + 1:later]
     schedulers = [s for s in between if _scheduler(s, variable)]
-    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) \
-            or _loads_state(body[later], variable):
+    loads = any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict"
+                for n in ast.walk(body[later]))  # a resumed run
+    if any(_reads(s, variable) for s in between if s not in schedulers) or _reads(made, variable) or loads:
         return None  # the optimizer is used before the change (its state loaded): keep it, add the new tensors
-    return _move(at.path, built, schedulers, made) if made is body[later] else _repeat(at.path, built, schedulers, made)
-
-
-def _loads_state(statement: ast.stmt, variable: str) -> bool:
-    """Whether ``statement`` loads the optimizer's state (``optimizer.load_state_dict(...)``: a resumed run)."""
-    return any(isinstance(n, ast.Call) and ast.unparse(n.func) == f"{variable}.load_state_dict"
-               for n in ast.walk(statement))
+    return _placed(at.path, built, schedulers, made, made is body[later])
 
 
 def _shown(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt]) -> str:
@@ -188,28 +166,23 @@ def _shown(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt]) -> str:
                      for s in (built, *schedulers))
 
 
-def _move(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt], made: ast.stmt) -> Rebuilt:
-    """The optimizer's statement and its schedulers' moved right below ``made``, in their block."""
-    lines = linecache.getlines(path)
-    taken = {n for s in (built, *schedulers) for n in range(s.lineno, (s.end_lineno or s.lineno) + 1)}
-    end = made.end_lineno or made.lineno
-    kept = [lines[n - 1] for n in range(built.lineno, end + 1) if n not in taken]
-    moving = [line for s in (built, *schedulers) for line in _lines(path, s)]
+def _placed(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt], made: ast.stmt, moved: bool) -> Rebuilt:
+    """The optimizer's statement and its schedulers' moved right below ``made``, in their block (``moved``), or
+    repeated right after it (at its indentation)."""
+    statements, end = (built, *schedulers), made.end_lineno or made.lineno
+    if moved:
+        taken = {n for s in statements for n in range(s.lineno, (s.end_lineno or s.lineno) + 1)}
+        lines = linecache.getlines(path)
+        kept = [lines[n - 1] for n in range(built.lineno, end + 1) if n not in taken]
+        text = "".join(line for s in statements for line in _lines(path, s))
+        edit = Edit(os.path.abspath(path), built.lineno, end, "replace", "".join(kept) + text)
+    else:
+        text = "".join(textwrap.dedent("".join(_lines(path, s))) for s in statements)
+        after = span_of(path, made)
+        edit = after.edit("insert_after", textwrap.indent(text, after.indent))
     names = tuple(ast.unparse(s.targets[0]) for s in schedulers)  # type: ignore[attr-defined]
-    return Rebuilt("".join(moving).strip("\n"), _shown(path, built, schedulers), f"{os.path.abspath(path)}:{made.lineno}",
-                   True, names,
-                   Edit(os.path.abspath(path), built.lineno, end, "replace", "".join(kept + moving)))
-
-
-def _repeat(path: str, built: ast.stmt, schedulers: Sequence[ast.stmt], made: ast.stmt) -> Rebuilt:
-    """The optimizer's statement and its schedulers' repeated right after ``made`` (at its indentation)."""
-    first = linecache.getline(path, made.lineno)
-    indent = first[:len(first) - len(first.lstrip())]
-    text = "".join(textwrap.dedent("".join(_lines(path, s))) for s in (built, *schedulers))
-    names = tuple(ast.unparse(s.targets[0]) for s in schedulers)  # type: ignore[attr-defined]
-    return Rebuilt(text.strip("\n"), _shown(path, built, schedulers), f"{os.path.abspath(path)}:{made.lineno}", False, names,
-                   Edit(os.path.abspath(path), made.lineno, made.end_lineno or made.lineno, "insert_after",
-                        textwrap.indent(text, indent)))
+    return Rebuilt(text.strip("\n"), _shown(path, built, schedulers), f"{os.path.abspath(path)}:{made.lineno}", moved,
+                   names, edit)
 
 
 def after_change(at: Span | None, places: Sequence[str]) -> Span | None:
@@ -217,10 +190,7 @@ def after_change(at: Span | None, places: Sequence[str]) -> Span | None:
     module's ``__init__``'s ``setattr``, then ``model = Hetero(model)``), the first that stands after the
     optimizer's statement ``at`` in its scope: in its block, or in a block nested in a later statement of it
     (never in a function the block only calls). None when none does."""
-    if at is None:
-        return None
-    tree = _tree(at.path)
-    held = _holding(tree, at.start) if tree is not None else None
+    held = _holding(at) if at is not None else None
     if held is None:
         return None
     body, i = held
@@ -232,9 +202,7 @@ def after_change(at: Span | None, places: Sequence[str]) -> Span | None:
             if later.lineno <= int(line) <= (later.end_lineno or later.lineno):
                 found = _innermost(later, int(line))
                 if found is not None:
-                    first = linecache.getline(at.path, found.lineno)
-                    return Span(at.path, found.lineno, found.end_lineno or found.lineno,
-                                first[:len(first) - len(first.lstrip())])
+                    return span_of(at.path, found)  # type: ignore[union-attr]
     return None
 
 

@@ -63,7 +63,11 @@ class FilePatch:
     edits: int
 
     def diff(self) -> str:
-        return unified(self.before, self.after, self.relative)
+        """The unified diff of the file (3 lines of context), ``a/`` and ``b/`` before its path; a last
+        line without a newline is marked as ``diff`` marks it."""
+        lines = difflib.unified_diff(self.before.splitlines(keepends=True), self.after.splitlines(keepends=True),
+                                     f"a/{self.relative}", f"b/{self.relative}", n=3)
+        return "".join(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n" for line in lines)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,29 +102,16 @@ def digest(lines: Sequence[str]) -> str:
     return hashlib.sha256("".join(lines).encode("utf-8")).hexdigest()
 
 
-def unified(before: str, after: str, relative: str) -> str:
-    """The unified diff of one file (3 lines of context), ``a/`` and ``b/`` before its path; a last
-    line without a newline is marked as ``diff`` marks it."""
-    out = []
-    for line in difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                     f"a/{relative}", f"b/{relative}", n=3):
-        out.append(line if line.endswith("\n") else f"{line}\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
 def edits_of(finding: Finding) -> tuple[list[Edit], str | None]:
     """The edits of an open finding's code fix (its own, else its tensors'), or why there are none."""
     remedy = finding.remedy
-    if remedy is not None and remedy.applicability == "code":
-        if remedy.edit is not None:
-            return [remedy.edit], None
-        return [], "its code has no place in a file (leafwatch could not find the statement it belongs to)"
     members = [m.remedy for m in finding.members if m.is_open and m.remedy is not None]
-    if members and all(r.applicability == "code" for r in members):
-        if all(r.edit is not None for r in members):
-            return [r.edit for r in members if r.edit is not None], None
+    remedies = [remedy] if remedy is not None and remedy.applicability == "code" else members
+    if not remedies or any(r.applicability != "code" for r in remedies):
+        return [], "its fix is advice, not code" if remedy is not None or finding.fix else "it has no fix"
+    if any(r.edit is None for r in remedies):
         return [], "its code has no place in a file (leafwatch could not find the statement it belongs to)"
-    return [], "its fix is advice, not code" if remedy is not None or finding.fix else "it has no fix"
+    return [r.edit for r in remedies if r.edit is not None], None
 
 
 def outside(path: str, root: str) -> str | None:
@@ -325,12 +316,11 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
     files: dict[str, str] = {}
     hunks = []
     for finding in findings:
-        edits, why = edits_of(finding) if finding.is_open else ([], "")
-        if why is not None or any(outside(e.path, root) for e in edits):
-            continue
         try:
             own = build([finding], root, read)
         except PatchRefused:
+            continue
+        if not own.files:  # not open, or its fix is not placed code in the user's files
             continue
         for f in own.files:
             files[f.path] = digest(f.before.splitlines(keepends=True))
@@ -339,4 +329,4 @@ def record(findings: Iterable[Finding], root: str, read: Reader = run_lines) -> 
 
 
 __all__ = ["FilePatch", "LeftOut", "Patch", "PatchRefused", "apply", "apply_edits", "build", "digest", "disk_lines",
-           "edits_of", "exit_code", "nothing_to_give", "of_records", "outside", "patch_main", "record", "run_lines", "unified"]
+           "edits_of", "exit_code", "nothing_to_give", "of_records", "outside", "patch_main", "record", "run_lines"]

@@ -80,12 +80,6 @@ class Original:
         made = ended.get("step") if isinstance(ended, Mapping) else None
         return made if isinstance(made, int) and not isinstance(made, bool) else self.report.step or 0
 
-    def recorded_hunks(self) -> list[Mapping[str, Any]]:
-        """Each patched finding's own hunk, as the run recorded it (worked out again when not given)."""
-        if self.hunks is not None:
-            return list(self.hunks)
-        return list(hunks_of(self.report.findings, str(self.run["cwd"]))["hunks"])
-
 
 def of_record(data: Mapping[str, Any], patch: Patch, folder: str, label: str) -> Original:
     """The run whose ``leafwatch/report`` record is ``data`` (read from ``folder``, named ``label``).
@@ -311,7 +305,7 @@ class Outcome:
     decided_step: int
 
     def line(self, reached: int) -> str:
-        said = {FIXED: "fixed", STILL_OPEN: "still open", UNDECIDED: "undecided", GONE: "gone"}[self.outcome]
+        said = self.outcome.replace("_", " ")  # `still_open`: still open
         why = f" (the run decided it at step {self.decided_step}; the rerun made {reached})" \
             if self.outcome == UNDECIDED and self.decided_step > reached else \
             " (the rerun left it undecided: it ended before the checks that decide it)" if self.outcome == UNDECIDED else ""
@@ -398,7 +392,7 @@ def prepare(original: Original, steps: int) -> Rerun:
                        started=started if isinstance(started, (int, float)) else 0.0)
     apply_to(original.patch, copy)
     inside = logdir is not None and outside(logdir, cwd) is None
-    rerun_logdir = copy.inside(logdir) if inside and logdir else os.path.join(scratch, "logs")
+    rerun_logdir = copy.inside(logdir) if inside else os.path.join(scratch, "logs")  # type: ignore[arg-type]
     limit = max(1, min(original.steps, steps))  # (a run that crashed before its first step: the rerun checks one)
     return Rerun(scratch, copy, copy.inside(cwd), rerun_command(run, copy, rerun_logdir, limit), rerun_logdir,
                  os.path.join(scratch, "rerun.log"), limit)
@@ -424,24 +418,18 @@ def verify(original: Original, *, steps: int = VERIFY_STEPS, say: Callable[[str]
     found = read(rerun.logdir)
     data = found[0] if found is not None else None
     reached = data.get("step") if data is not None and isinstance(data.get("step"), int) else 0
-    patched = _patched(original)
+    patched = {(str(f.kind), f.name) for f in original.report.findings if f.is_open} - {
+        (o.kind, o.name) for o in original.patch.left_out}  # the open findings whose fix the patch holds
     fixes, others, new = judge(original.report, patched, Report.from_dict(data) if data else None, reached)
     problems = _problems(original, rerun, code, data)
-    said = _said(original, rerun, code, reached, fixes, others, new, problems)
-    for line in said:
-        say(line)
     exit_code = 0 if all(o.outcome == FIXED for o in fixes) and not new and not problems else 1
+    for line in _said(original, rerun, code, reached, fixes, others, new, problems, exit_code):
+        say(line)
     record = _record(original, rerun, code, data, steps, fixes, others, new, problems, exit_code)
     for folder in (original.folder, found[1] if found is not None else None):
         if folder is not None and os.path.isdir(folder):
             write_record(folder, record, original.report.step or 0)
     return exit_code
-
-
-def _patched(original: Original) -> set[tuple[str, str]]:
-    """The open findings whose fix the patch holds, by (kind, name)."""
-    left = {(o.kind, o.name) for o in original.patch.left_out}
-    return {(str(f.kind), f.name) for f in original.report.findings if f.is_open} - left
 
 
 def _problems(original: Original, rerun: Rerun, code: int, data: Mapping[str, Any] | None) -> list[str]:
@@ -472,7 +460,7 @@ def _last_line(log: str) -> str:
 
 
 def _said(original: Original, rerun: Rerun, code: int, reached: int, fixes: list[Outcome], others: list[Outcome],
-          new: list[Finding], problems: list[str]) -> list[str]:
+          new: list[Finding], problems: list[str], exit_code: int) -> list[str]:
     """The lines of a verification: where it ran, each finding's outcome, what is new, what failed, the verdict."""
     made = original.steps
     lines = [f"verify: copied {rerun.copy.source} to {rerun.copy.root} and applied the patch there"]
@@ -485,10 +473,9 @@ def _said(original: Original, rerun: Rerun, code: int, reached: int, fixes: list
     lines += [f"verify: new: {f.kind} {f.name}: {f.message}" for f in new]
     lines += [f"verify: not in the patch, {o.line(reached)}" for o in others]
     lines += [f"verify: {p}" for p in problems]
-    counts = {word: sum(o.outcome == outcome for o in fixes)
-              for outcome, word in ((FIXED, "fixed"), (STILL_OPEN, "still open"), (UNDECIDED, "undecided"))}
-    tally = ", ".join(f"{n} {word}" for word, n in counts.items() if n)
-    if all(o.outcome == FIXED for o in fixes) and not new and not problems:
+    counts = {outcome: sum(o.outcome == outcome for o in fixes) for outcome in (FIXED, STILL_OPEN, UNDECIDED)}
+    tally = ", ".join(f"{n} {outcome.replace('_', ' ')}" for outcome, n in counts.items() if n)
+    if exit_code == 0:
         lines.append(f"verify: the patch is proven: {tally}, nothing new")
     else:
         lines.append(f"verify: not proven: {tally}{f', {len(new)} new' if new else ', nothing new'}"
@@ -500,7 +487,9 @@ def _record(original: Original, rerun: Rerun, code: int, data: Mapping[str, Any]
             fixes: list[Outcome], others: list[Outcome], new: list[Finding], problems: list[str],
             exit_code: int) -> dict[str, Any]:
     """The ``leafwatch/verify`` record (:data:`leafwatch.report.records.RECORD_FORMAT`)."""
-    diffs = {(h.get("kind"), h.get("name")): h.get("diff") for h in original.recorded_hunks() if isinstance(h, Mapping)}
+    hunks = original.hunks if original.hunks is not None else \
+        hunks_of(original.report.findings, str(original.run["cwd"]))["hunks"]  # (worked out again when not recorded)
+    diffs = {(h.get("kind"), h.get("name")): h.get("diff") for h in hunks if isinstance(h, Mapping)}
     ended = ((data or {}).get("command") or {}).get("ended") or {}
     return {"step": original.steps, "steps": (data or {}).get("step") or 0, "limit": steps,
             "rerun": {"folder": rerun.copy.root, "logdir": rerun.logdir, "command": rerun.line, "exit_code": code,

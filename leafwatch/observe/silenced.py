@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from . import frames
-from .crashes import _statements, _tree
+from .crashes import _statements
+from .source import Source, is_name, keyword
 
 #: How many user frames, and values in each, are read for the loss.
 _MAX_FRAMES = 8
@@ -105,11 +106,11 @@ def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silen
     that set its ``requires_grad`` by hand, and the cut in the statement that made it."""
     if frame is None or name is None:
         return Silenced(name, None, None)
-    scope = _scope(frame, name)
+    scope = Source().scope(frame)
     if scope is None:
         return Silenced(name, None, None)
     path, function = frame.f_code.co_filename, frame.f_code.co_name
-    lines = [n for n in _statements(scope)]
+    lines = list(_statements(scope))
     hands = [(n, op) for n in lines for op in [_hand_op(n, name)] if op is not None]
     if not hands:
         return Silenced(name, None, None)
@@ -125,40 +126,27 @@ def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silen
     return Silenced(name, hand, cut)
 
 
-def _scope(frame: FrameType, name: str) -> ast.AST | None:
-    tree = _tree(frame.f_code.co_filename)
-    if tree is None or frame.f_code.co_name == "<module>":
-        return tree
-    return next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == frame.f_code.co_firstlineno), None)
-
-
-def _is(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
-
-
 def _hand_op(statement: ast.stmt, name: str) -> str | None:
     """``attribute`` (``name.requires_grad = True``), ``method`` (``name.requires_grad_()``), ``rewrap``
     (``name = torch.tensor(..., requires_grad=True)``) or None."""
     if isinstance(statement, ast.Assign):
-        if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" and _is(t.value, name) for t in statement.targets) \
-                and isinstance(statement.value, ast.Constant) and statement.value.value is True:
+        if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" and is_name(t.value, name)
+               for t in statement.targets) and _true(statement.value):
             return "attribute"
         call = statement.value
-        if any(_is(t, name) for t in statement.targets) and isinstance(call, ast.Call) \
-                and _called(call) in _FACTORIES and any(k.arg == "requires_grad" and isinstance(k.value, ast.Constant)
-                                                        and k.value.value is True for k in call.keywords):
+        if any(is_name(t, name) for t in statement.targets) and isinstance(call, ast.Call) \
+                and _called(call) in _FACTORIES and _true(keyword(call, "requires_grad")):
             return "rewrap"
     value = statement.value if isinstance(statement, (ast.Expr, ast.Assign)) else None
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "requires_grad_" \
-            and _is(value.func.value, name):
+            and is_name(value.func.value, name):
         given = [*value.args, *(k.value for k in value.keywords if k.arg == "requires_grad")]
         if not given or _true(given[0]):
             return "method"
     return None
 
 
-def _true(node: ast.expr) -> bool:
+def _true(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import follow
-from .structure import CheckList
+
+if TYPE_CHECKING:
+    from .structure import CheckList
 
 #: An optimizer that skipped this many steps in a row is looked at (a few at the start are the
 #: GradScaler finding its scale: 2**16 halves to 1 in 16 steps).
@@ -79,10 +81,14 @@ class ArrivalHooks:
         for pid, (ref, contents) in list(self._hooked.items()):
             t = ref()
             if t is not None and follow.impl(t) != contents:
-                self._unhook(pid, swapped=True)
-                self.arm([t], lambda _, ref=ref: ref)
+                self._rehook(pid, ref, t)
                 swapped.add(pid)
         return swapped
+
+    def _rehook(self, pid: int, ref: follow.Ref, t: torch.Tensor) -> None:
+        """Hook ``t`` (swapped since it was hooked, its hook left with the old contents) again."""
+        self._unhook(pid, swapped=True)
+        self.arm([t], lambda _: ref)
 
     def disarm(self, ids: Iterable[int] | None = None) -> None:
         for pid in list(self.handles) if ids is None else list(ids):

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from . import follow
+from .loop import ArrivalHooks
 
 
 # -- where gradients can be read ---------------------------------------------------------------
@@ -199,62 +200,37 @@ def find_ddp(model: Any) -> nn.Module | None:
     return next((m for m in _chain(model) if isinstance(m, nn.parallel.DistributedDataParallel)), None)
 
 
-class UseTracker:
-    """Which parameters this rank used in its backward passes since the last :meth:`take`.
+class UseTracker(ArrivalHooks):
+    """Which parameters this rank used in its backward passes since the last :meth:`unused`.
 
-    One post-accumulate-grad hook per parameter that requires grad (torch >= 2.2); each tensor is
-    followed through the module of ``model`` that holds it (never a weak reference, which
-    ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter swapped since
-    its hook was put on (the hook stays with the old contents) is hooked again, and not named unused
-    from what its old hook did not see.
+    The arrival hooks (:class:`~leafwatch.observe.loop.ArrivalHooks`) on every parameter that requires grad
+    (torch >= 2.2); each tensor is followed through the module of ``model`` that holds it (never a weak
+    reference, which ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter
+    swapped since its hook was put on (the hook stays with the old contents) is hooked again, and not named
+    unused from what its old hook did not see.
     """
 
     def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
-        self.used: set[int] = set()
-        #: id -> [the tensor followed, its name, its contents when hooked (``follow.impl``), the hook, whether
-        #: leafwatch made its hook dict (:func:`follow.release_hook_dict`)].
-        self.tracked: dict[int, list[Any]] = {}
+        super().__init__()
+        self._names = {id(p): name for p, name in params}
         owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
                   for p in m._parameters.values() if p is not None}
-        for p, name in params:
-            if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
-                continue
-            owner = owners.get(id(p))
-            ref = (follow.in_module(owner, p) if owner is not None else None) or follow.weakly(p)
-            made = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
-            self.tracked[id(p)] = [ref, name, follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, id(p))),
-                                   made]
+        self.arm((p for p, _ in params), lambda p: (follow.in_module(owners[id(p)], p) if id(p) in owners else None)
+                 or follow.weakly(p))
 
     def unused(self) -> list[tuple[torch.Tensor, str]]:
         """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
         out = []
-        for pid, entry in self.tracked.items():
-            p = entry[0]()
-            if p is None or pid in self.used or p.grad is None or not p.requires_grad:
+        for pid, (ref, contents) in list(self._hooked.items()):
+            p = ref()
+            if p is None or pid in self.arrived or p.grad is None or not p.requires_grad:
                 continue
-            if follow.impl(p) != entry[2]:  # swapped: its hook saw nothing since; hooked again
-                self._unhook(entry, swapped=True)
-                entry[4] = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
-                entry[2], entry[3] = follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, pid))
+            if follow.impl(p) != contents:  # swapped: its hook saw nothing since; hooked again
+                self._rehook(pid, ref, p)
                 continue
-            out.append((p, entry[1]))
-        self.used.clear()
+            out.append((p, self._names[pid]))
+        self.arrived.clear()
         return out
 
-    @staticmethod
-    def _unhook(entry: list[Any], swapped: bool = False) -> None:
-        entry[3].remove()
-        follow.release_hook_dict(entry[0](), follow.POST_ACCUMULATE_HOOKS, swapped, made=entry[4])
-
     def close(self) -> None:
-        for entry in self.tracked.values():
-            self._unhook(entry)
-        self.tracked.clear()
-
-
-def _marker(used: set[int], key: int) -> Callable[[torch.Tensor], None]:
-    def mark(t: torch.Tensor) -> None:
-        if t.grad is not None:  # torch calls the hook with no gradient too: that is no use
-            used.add(key)
-
-    return mark
+        self.disarm()

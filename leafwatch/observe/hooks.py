@@ -95,12 +95,10 @@ class Dispatcher:
 
     def unsubscribe(self, callback: Callable[..., Any]) -> None:
         with _LOCK:
-            kept = list(self._subscribers)
-            for i, known in enumerate(kept):
-                if known is callback:
-                    del kept[i]
-                    break
-            self._subscribers = tuple(kept)
+            kept = self._subscribers
+            found = next((i for i, known in enumerate(kept) if known is callback), None)
+            if found is not None:
+                self._subscribers = kept[:found] + kept[found + 1:]
         settle()
 
     def __call__(self, *args: Any) -> Any:

@@ -134,13 +134,9 @@ def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
 
 
 def declared_ddp(model: Any) -> bool | None:
-    return _declared(_DDP_DECLARED, model)
-
-
-def _declared(table: Mapping[nn.Module, Any], model: Any) -> Any:
-    """What ``table`` holds for ``model`` (or for the first module of a mapping that it holds), else None."""
+    """What :func:`declare_ddp` said of ``model`` (or of the first module of a mapping it was said of), else None."""
     models = model.values() if isinstance(model, Mapping) else [model]
-    return next((table[m] for m in models if isinstance(m, nn.Module) and m in table), None)
+    return next((_DDP_DECLARED[m] for m in models if isinstance(m, nn.Module) and m in _DDP_DECLARED), None)
 
 
 #: FSDP1, tried in this order: the tensor attribute that marks a parameter it shards, and how.

@@ -10,7 +10,6 @@ checks of the cadence, so their timing does not depend on the extra checks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -121,13 +120,13 @@ _FIND_THE_OP = ("find the first op producing NaN/Inf (`torch.autograd.detect_ano
                 "lower the learning rate, clip gradients, or use a GradScaler with fp16")
 
 
-def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
-    return make(NanOrInf(step=step), name, "error", tensor=t, step=step, aliases=aliases)
+def nonfinite_grad(name: str, t: torch.Tensor, step: int) -> Finding:
+    return make(NanOrInf(step=step), name, "error", tensor=t, step=step)
 
 
-def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+def nonfinite_param(name: str, t: torch.Tensor, step: int) -> Finding:
     """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
-    return make(NanOrInfValue(step=step), name, "error", tensor=t, step=step, aliases=aliases, where="parameter")
+    return make(NanOrInfValue(step=step), name, "error", tensor=t, step=step, where="parameter")
 
 
 def _at(m: Members) -> str:

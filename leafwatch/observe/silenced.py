@@ -84,21 +84,22 @@ def in_frames(exclude: Container[int]) -> tuple[torch.Tensor, str, FrameType] | 
     """The loss ``backward()`` was called on, read from the user's frames (innermost first): a
     one-element hand-set leaf that backward reached (its ``.grad`` is set) and that is none of
     ``exclude`` (the tensors an optimizer holds or leafwatch watches); None when none is seen."""
-    for frame in itertools.islice(frames.user_frames(), _MAX_FRAMES):
-        for name, value in itertools.islice(list(frame.f_locals.items()), _MAX_VALUES):
-            if hand_set(value) and value.grad is not None and value.numel() == 1 and id(value) not in exclude \
-                    and isinstance(name, str) and name.isidentifier():
-                return value, name, frame
-    return None
+    return next(((value, name, frame) for frame, name, value in _named(frames.user_frames())
+                 if hand_set(value) and value.grad is not None and value.numel() == 1 and id(value) not in exclude), None)
 
 
 def named_in(loss: torch.Tensor, frame: FrameType | None) -> str | None:
     """The variable of ``frame`` (and the user's frames above it) that holds ``loss``."""
-    for f in itertools.islice(frames.outside(frame), _MAX_FRAMES) if frame is not None else ():
-        for name, value in itertools.islice(list(f.f_locals.items()), _MAX_VALUES):
-            if value is loss and isinstance(name, str) and name.isidentifier():
-                return name
-    return None
+    found = _named(frames.outside(frame)) if frame is not None else ()
+    return next((name for _, name, value in found if value is loss), None)
+
+
+def _named(stack: Iterator[FrameType]) -> Iterator[tuple[FrameType, str, Any]]:
+    """``(frame, variable, value)`` of the first frames of ``stack`` (and of the first values of each)."""
+    for frame in itertools.islice(stack, _MAX_FRAMES):
+        for name, value in itertools.islice(list(frame.f_locals.items()), _MAX_VALUES):
+            if isinstance(name, str) and name.isidentifier():
+                yield frame, name, value
 
 
 def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silenced:

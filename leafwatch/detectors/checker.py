@@ -207,16 +207,12 @@ class Checker:
         changed, self._emitted, self.emitted_revision = self._emitted != history.version, history.version, history.revision
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
-        checked, index, _ = self._checked
-        names = self._names_checked()
+        checked, index, lists = self._checked
+        names = lists[0][1].names if len(lists) == 1 else self.structure.joined_names([clist for _, clist, _ in lists])
         index = index if optimizer is checked else self.structure.optimizer_index(optimizer)
         coverage = 1.0 - len(self.grads.missing_now) / len(names) if names else None  # (None: nothing was checked)
         return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, coverage,
                           self.structure.in_no_optimizer())
-
-    def _names_checked(self) -> tuple[str, ...]:
-        lists = [clist for _, clist, _ in self._checked[2]]
-        return lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""

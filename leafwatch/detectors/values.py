@@ -41,11 +41,6 @@ def judge(evidence: Evidence, state: ValuesState, view: FindingsView, grads: Gra
     return []
 
 
-def judge_last(evidence: Evidence, state: None, view: FindingsView, values: ValuesState) -> Verdicts:
-    """At the end of the run: the last value check."""
-    return finish(values, evidence[SEEN].values, evidence[SEEN].cache, view, evidence[STEP])
-
-
 @dataclasses.dataclass(eq=False, slots=True)
 class ValuesState:
     """What the value checks keep: their cadence (every ``every`` checks, 0: off) and the zero streaks."""
@@ -58,11 +53,11 @@ class ValuesState:
     off_cadence_steps: set[int] = dataclasses.field(default_factory=set)
 
 
-def finish(state: ValuesState, reads: NamedValueCheck, cache: structure.StructureCache, view: FindingsView,
-           step: int) -> Verdicts:
+def judge_last(evidence: Evidence, _: None, view: FindingsView, state: ValuesState) -> Verdicts:
     """At the end of a run: the checks still in flight, the gradients not checked since the last
     value check, and the parameters themselves (a short run may end between value checks, and
     gradients are often cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+    reads, cache, step = evidence[SEEN].values, evidence[SEEN].cache, evidence[STEP]
     out = _record(state, reads, view, step, *reads.flush())
     if not state.every or step <= 0:
         return out

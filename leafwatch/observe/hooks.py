@@ -143,14 +143,10 @@ def settle() -> None:
     with _LOCK:
         _unsettled = not all([d._settle() for d in DISPATCHERS])
         if _unsettled and _at_next_forward is None:
-            _at_next_forward = _modules.register_module_forward_pre_hook(_settle_at_forward)
+            _at_next_forward = _modules.register_module_forward_pre_hook(lambda module, args: settle())
         elif not _unsettled and _at_next_forward is not None:
             handle, _at_next_forward = _at_next_forward, None
             handle.remove()
-
-
-def _settle_at_forward(module: Any, args: Any) -> None:
-    settle()
 
 
 OPTIMIZER_STEP_PRE = Dispatcher("optimizer step pre-hook", getattr(

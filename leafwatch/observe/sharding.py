@@ -10,10 +10,10 @@ parameters each rank used.
   :mod:`leafwatch.detectors.ranks` words the one info finding that says why. ``fully_shard``
   (FSDP2) needs nothing: its parameters are DTensors whose ``.grad`` stays None when unused,
   so it is read as is (the NaN/Inf check reads the local shard).
-- :class:`UseTracker`: under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad``
-  of a parameter that a rank did not use with the other ranks' average, so ``p.grad is None``
-  says nothing per rank; one post-accumulate-grad hook per parameter records which parameters
-  this rank really used.
+- Under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter that a
+  rank did not use with the other ranks' average, so ``p.grad is None`` says nothing per rank:
+  :class:`~leafwatch.observe.loop.UseTracker`'s arrival hooks record which parameters this rank
+  really used.
 
 Its only module-level state is what the public API promises: the declarations made through
 :func:`declare_gradients` and :func:`declare_ddp` (``_DECLARED``, ``_DDP_DECLARED``: model ->
@@ -32,9 +32,6 @@ from typing import Any
 
 import torch
 from torch import nn
-
-from . import follow
-from .loop import ArrivalHooks
 
 
 # -- where gradients can be read ---------------------------------------------------------------
@@ -194,39 +191,3 @@ def is_distributed() -> bool:
 def find_ddp(model: Any) -> nn.Module | None:
     """The DistributedDataParallel wrapping ``model``: itself, or Lightning's ``strategy.model``."""
     return next((m for m in _chain(model) if isinstance(m, nn.parallel.DistributedDataParallel)), None)
-
-
-class UseTracker(ArrivalHooks):
-    """Which parameters this rank used in its backward passes since the last :meth:`unused`.
-
-    The arrival hooks (:class:`~leafwatch.observe.loop.ArrivalHooks`) on every parameter that requires grad
-    (torch >= 2.2); each tensor is followed through the module of ``model`` that holds it (never a weak
-    reference, which ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter
-    swapped since its hook was put on (the hook stays with the old contents) is hooked again, and not named
-    unused from what its old hook did not see.
-    """
-
-    def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
-        super().__init__()
-        self._names = {id(p): name for p, name in params}
-        owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
-                  for p in m._parameters.values() if p is not None}
-        self.arm((p for p, _ in params), lambda p: (follow.in_module(owners[id(p)], p) if id(p) in owners else None)
-                 or follow.weakly(p))
-
-    def unused(self) -> list[tuple[torch.Tensor, str]]:
-        """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
-        out = []
-        for pid, (ref, contents) in list(self._hooked.items()):
-            p = ref()
-            if p is None or pid in self.arrived or p.grad is None or not p.requires_grad:
-                continue
-            if follow.impl(p) != contents:  # swapped: its hook saw nothing since; hooked again
-                self._rehook(pid, ref, p)
-                continue
-            out.append((p, self._names[pid]))
-        self.arrived.clear()
-        return out
-
-    def close(self) -> None:
-        self.disarm()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import itertools
-import linecache
 import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +22,7 @@ from torch import nn
 
 from . import excepthook, follow, frames, hooks
 from .discovery import Discovery, user_scope
+from .source import Source
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 #: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
@@ -236,11 +236,8 @@ class Observer:
 
 def _assigned_name(frame: Any) -> str:
     """The variable the statement running in ``frame`` assigns (``opt`` of ``opt = Adam(...)``), or ""."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
-    except (SyntaxError, ValueError):
-        return ""
-    line = frame.f_lineno
-    around = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    tree, line = Source().tree(frame.f_code.co_filename), frame.f_lineno
+    around = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)] \
+        if tree is not None else []
     node = min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
     return ast.unparse(node.targets[0]) if node is not None and len(node.targets) == 1 else ""

@@ -105,9 +105,7 @@ def _named(stack: Iterator[FrameType]) -> Iterator[tuple[FrameType, str, Any]]:
 def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silenced:
     """What the user's code shows of the hand-set ``loss`` held by ``name`` in ``frame``: the statement
     that set its ``requires_grad`` by hand, and the cut in the statement that made it."""
-    if frame is None or name is None:
-        return Silenced(name, None, None)
-    scope = Source().scope(frame)
+    scope = Source().scope(frame) if frame is not None and name is not None else None
     if scope is None:
         return Silenced(name, None, None)
     path, function = frame.f_code.co_filename, frame.f_code.co_name
@@ -122,7 +120,7 @@ def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silen
         cut = _cut_in(node, path, function)
     else:
         made = [n for n in lines if isinstance(n, ast.Assign) and n.lineno < node.lineno
-                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+                and any(is_name(t, name) for t in n.targets)]
         cut = _cut_in(made[-1], path, function) if made else None
     return Silenced(name, hand, cut)
 

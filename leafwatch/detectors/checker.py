@@ -31,7 +31,6 @@ from ..report.events import CheckEvent
 from ..report.findings import Finding, Report
 from ..report.history import FindingHistory
 from ..options import LeafwatchWarning, WarnOnce, validate_int
-from ..report.verdicts import Verdicts
 from .pipeline import Part, Pipeline
 
 
@@ -208,20 +207,12 @@ class Checker:
         changed, self._emitted, self.emitted_revision = self._emitted != history.version, history.version, history.revision
         if failed:
             return CheckEvent(self.step, None, report, True, (), [], None)
-        checked, index, _ = self._checked
-        names = self._names_checked()
+        checked, index, lists = self._checked
+        names = lists[0][1].names if len(lists) == 1 else self.structure.joined_names([clist for _, clist, _ in lists])
         index = index if optimizer is checked else self.structure.optimizer_index(optimizer)
-        return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, self.coverage(names),
+        coverage = 1.0 - len(self.grads.missing_now) / len(names) if names else None  # (None: nothing was checked)
+        return CheckEvent(self.step, index, report, changed, names, self.grads.missing_now, coverage,
                           self.structure.in_no_optimizer())
-
-    def _names_checked(self) -> tuple[str, ...]:
-        lists = [clist for _, clist, _ in self._checked[2]]
-        return lists[0].names if len(lists) == 1 else self.structure.joined_names(lists)
-
-    def coverage(self, names: tuple[str, ...] | None = None) -> float | None:
-        """The share of the last check's tensors that had a gradient (None: nothing was checked)."""
-        names = self._names_checked() if names is None else names
-        return None if not names else 1.0 - len(self.grads.missing_now) / len(names)
 
     def scan(self) -> None:
         """Read the structure before any gradient exists (a failure is an ``incomplete`` finding)."""

@@ -8,7 +8,7 @@ and never paired with DDP's own collectives): the first check all-gathers the (s
 findings of every rank; afterwards each check starts ONE all-reduce of a single int ("did any
 rank's findings change?") without waiting for it, and reads it at the next check, where a yes (on
 every rank alike) triggers the next all-gather. Under DDP with ``find_unused_parameters=True`` it
-reads which parameters this rank used from :class:`leafwatch.observe.sharding.UseTracker`.
+reads which parameters this rank used from :class:`leafwatch.observe.loop.UseTracker`.
 
 Part of the core (the Monitor imports it); :mod:`leafwatch.integrations.distributed`
 re-exports its public names. Set ``DEFAULT_TIMEOUT_S`` here.
@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from ..observe.sharding import UseTracker, declared_ddp, find_ddp, is_distributed, world
+from ..observe.loop import UseTracker
+from ..observe.sharding import declared_ddp, find_ddp, is_distributed, world
 from ..options import LeafwatchWarning, WarnOnce
 from ..report.events import CheckEvent
 from ..report.findings import Report, apply_ignore

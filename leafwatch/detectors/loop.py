@@ -84,7 +84,11 @@ def judge_cleared(state: ClearedGradients, view: FindingsView, clist: CheckList,
     if state.ongoing:
         missing_ids = {id(clist.params[i]) for i in missing}
         for pid in [k for k in state.ongoing if k in clist.ids and k not in cleared_ids]:
-            out += _resumed(state, view, pid, step, trained=pid not in missing_ids)
+            # Cleared before, not now: it kept its gradient (the schedule ended), or backward no longer
+            # reached it (``missing_grad`` says so).
+            old = view.get(("grad_cleared", state.ongoing.pop(pid)))
+            if old is not None and old.status == Status.OPEN:
+                out.append(Verdict.set(clearing_ended(old, step, trained=pid not in missing_ids)))
     everything = bool(cleared) and len(missing) == len(clist.params)
     if where in state.all_cleared and not everything:
         state.all_cleared.discard(where)
@@ -107,16 +111,6 @@ def judge_cleared(state: ClearedGradients, view: FindingsView, clist: CheckList,
                                                  aliases=info.aliases if info else ())))
     keep = set(cleared)
     return [i for i in missing if i not in keep], sorted(cleared_ids), out
-
-
-def _resumed(state: ClearedGradients, view: FindingsView, pid: int, step: int, trained: bool) -> Verdicts:
-    """A tensor cleared before is not now: it kept its gradient (the schedule ended), or
-    backward no longer reached it (``missing_grad`` says so)."""
-    name = state.ongoing.pop(pid)
-    old = view.get(("grad_cleared", name))
-    if old is None or old.status != Status.OPEN:
-        return []
-    return [Verdict.set(clearing_ended(old, step, trained))]
 
 
 # -- a learning rate stuck at 0 ----------------------------------------------------------------
@@ -164,7 +158,10 @@ def read_lrs(state: LearningRates, optimizer: torch.optim.Optimizer, where: str,
         configured = _number(group.get("initial_lr", kept.built))
         if lr is None or configured is None or configured == 0 or lr != 0 \
                 or not any(p.requires_grad and p.grad is not None for p in group["params"]):
-            out += _reset(kept, step)
+            kept.zero_since_check = kept.zero_since_step = None
+            if kept.reported is not None:
+                out.append(Verdict.resolve(("no_update", kept.reported), step))
+                kept.reported = None
             continue
         if kept.zero_since_check is None:
             kept.zero_since_check, kept.zero_since_step = checks_done, step
@@ -176,14 +173,6 @@ def read_lrs(state: LearningRates, optimizer: torch.optim.Optimizer, where: str,
                 steps=checks_done - kept.zero_since_check, step=step,
                 scheduler=find_scheduler(optimizer), managed="initial_lr" in group)))
     return out
-
-
-def _reset(kept: _GroupLR, step: int) -> Verdicts:
-    kept.zero_since_check = kept.zero_since_step = None
-    if kept.reported is None:
-        return []
-    key, kept.reported = ("no_update", kept.reported), None
-    return [Verdict.resolve(key, step)]
 
 
 def find_scheduler(optimizer: torch.optim.Optimizer) -> str | None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import fixes
-from ..observe import changes, follow, frames, graph
+from ..observe import follow, frames, graph
 from ..observe.discovery import optimizer_ids
 from ..report.findings import Finding
 from ..observe.inventory import Inventory, shape_text
@@ -40,26 +40,6 @@ from ..report.history import FindingsView
 
 if TYPE_CHECKING:
     from .gradients import GradientState
-
-
-def judge_loss(evidence: Evidence, state: LossLeavesState, view: FindingsView,
-               grads: GradientState) -> Verdicts | None:
-    """At a check given the loss: its graph's trainable leaves in no optimizer (walked when it pays)."""
-    loss, seen = evidence[LOSS], evidence[SEEN]
-    if loss is None or not wants_walk(state, grads.new_miss):
-        return None
-    cache = seen.cache
-    return [Verdict.open(f) for f in observe(
-        state, seen.hands["loss"], loss, evidence[STEP], new_miss=True, inventory=cache.inventory,
-        exclude=lambda: judged_elsewhere(cache.inventory, [*cache.optimizers, *seen.observer.stepping_optimizers()],
-                                         seen.watch_entries()))]
-
-
-def judge_undecided(evidence: Evidence, state: None, view: FindingsView, leaves: LossLeavesState) -> Verdicts:
-    """At the end of a run of one check (``audit()``): it cannot tell a persistent leaf of the loss from a fresh one."""
-    if evidence[SEEN].checks != 1:
-        return []
-    return [Verdict.open(f) for f in undecided(leaves, evidence[STEP], evidence[INVENTORY])]
 
 
 def watched_in_no_optimizer(entries: Sequence[WatchEntry], step: int | None, *, model_ids: set[int],
@@ -155,42 +135,32 @@ class LossLeavesState:
     walks: int = 0
 
 
-def wants_walk(state: LossLeavesState, new_miss: bool) -> bool:
-    """Whether the next :func:`observe` walks the graph (first check, suspects, a new miss)."""
-    return not state._walked or bool(state._suspects) or new_miss
-
-
-def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tensor, step: int | None, *,
-            exclude: Callable[[], set[int]], new_miss: bool = False, inventory: Inventory | None = None) -> list[Finding]:
-    """Walk ``loss``'s graph when due; findings for suspects seen again as the same tensor.
-
-    Args:
-        hand: The value evidence of the suspects (the gradient rule's).
-        loss: The loss of this step.
-        step: The step to record.
-        exclude: Ids judged elsewhere (model parameters, optimizer tensors, watched tensors,
-            orphans), computed only when the walk finds a candidate.
-        new_miss: A tensor started missing its gradient at this check.
-        inventory: The structure (its optimizers and model name the user's variables in the fix).
-    """
-    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None or not wants_walk(state, new_miss):
-        return []
+def judge_loss(evidence: Evidence, state: LossLeavesState, view: FindingsView, grads: GradientState) -> Verdicts | None:
+    """At a check given the loss: its graph's trainable leaves in no optimizer, walked when it pays (the first
+    check, a suspect waiting for its second sighting, a new missing gradient); findings for the suspects seen
+    again as the same tensor. What other checks judge (model parameters, optimizer tensors, watched tensors,
+    orphans) is left out, worked out only when the walk finds a candidate."""
+    loss, seen, step = evidence[LOSS], evidence[SEEN], evidence[STEP]
+    if not isinstance(loss, torch.Tensor) or loss.grad_fn is None \
+            or not (not state._walked or state._suspects or grads.new_miss):
+        return None
     state._walked = True
     state.walks += 1
+    hand, inventory = seen.hands["loss"], seen.cache.inventory
     hand.follow_through(inventory)  # a suspect a module or optimizer holds is followed there, never weakly
     candidates = {k: v for k, v in _leaf_users(loss).items() if v[0].requires_grad}
     if not candidates:
         state._suspects = {}
-        return []
-    excluded = exclude()
-    candidates = {k: v for k, v in candidates.items() if k not in excluded}
-    out = []
+        return None
+    excluded = judged_elsewhere(inventory, [*seen.cache.optimizers, *seen.observer.stepping_optimizers()],
+                                seen.watch_entries())
+    out: Verdicts = []
     suspects: dict[int, tuple[follow.Ref, str]] = {}
     for k, (t, op) in candidates.items():
-        seen = state._suspects.get(k)
-        if hand.by_hand(t):
-            continue  # updated by hand between checks (a trained perturbation): no finding
-        if seen is None or seen[0]() is not t:
+        if k in excluded or hand.by_hand(t):
+            continue  # judged elsewhere, or updated by hand between checks (a trained perturbation): no finding
+        sighted = state._suspects.get(k)
+        if sighted is None or sighted[0]() is not t:
             suspects[k] = (hand.follow(t), op)  # first sighting: nothing noted (most are fresh inputs)
             continue
         # The same tensor at consecutive checks: the gradient rule decides from here (the module docstring).
@@ -200,26 +170,28 @@ def observe(state: LossLeavesState, hand: changes.HandUpdates, loss: torch.Tenso
         elif verdict == "unchanged":
             known = caller_name(t)
             name = known or f"{shape_text(t)} used by {op}"
-            out.append(outside_optimizer(name, t, step, op=op, inventory=inventory, persistent=True,
-                                         **({} if known else {"described": True})))
+            out.append(Verdict.open(outside_optimizer(name, t, step, op=op, inventory=inventory, persistent=True,
+                                                      **({} if known else {"described": True}))))
     state._suspects = suspects
     hand.keep(suspects)  # only the suspects' values stay noted (and those updated by hand)
     return out
 
 
-def undecided(state: LossLeavesState, step: int | None, inventory: Inventory | None = None) -> list[Finding]:
-    """Info findings for the suspects seen once: a run of one check cannot tell a persistent
-    leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
-    out = []
-    for ref, op in state._suspects.values():
+def judge_undecided(evidence: Evidence, state: None, view: FindingsView, leaves: LossLeavesState) -> Verdicts:
+    """At the end of a run of one check (``audit()``): info findings for the suspects seen once, since it cannot
+    tell a persistent leaf (a forgotten temperature) from one made fresh each step (an adversarial input)."""
+    if evidence[SEEN].checks != 1:
+        return []
+    out: Verdicts = []
+    for ref, op in leaves._suspects.values():
         t = ref()
         if t is None:
             continue
         known = caller_name(t)
         name = known or f"a tensor of shape {tuple(t.shape)} used by `{op}`"
-        out.append(make(LossLeaf(code=known, target=_target(inventory)), name, "info", tensor=t, step=step,
-                        source="outside_model", outside=True, op=op, persistent=None,
-                        **({} if known else {"described": True})))
+        out.append(Verdict.open(make(LossLeaf(code=known, target=_target(evidence[INVENTORY])), name, "info", tensor=t,
+                                     step=evidence[STEP], source="outside_model", outside=True, op=op, persistent=None,
+                                     **({} if known else {"described": True}))))
     return out
 
 

@@ -83,23 +83,19 @@ class Pipeline(Generic[State]):
     """
 
     def __init__(self, parts: Sequence[Part[State]], history: FindingHistory, warn: WarnOnce) -> None:
-        self._parts = tuple(parts)
-        if len({part.name for part in self._parts}) != len(self._parts):
-            raise ValueError(f"`parts` must have unique names (a failing part is known by its name), got "
-                             f"{[part.name for part in self._parts]}")
+        #: The parts, in the order they run (fixed at construction).
+        self.parts = tuple(parts)
+        names = [part.name for part in self.parts]
+        if len(set(names)) != len(names):
+            raise ValueError(f"`parts` must have unique names (a failing part is known by its name), got {names}")
         # What run() reads of each part, as plain tuples (a part is a dataclass: each field read
         # is a dict lookup, and right after backward each one runs cold).
-        self._plan = self._planned(self._parts)
+        self._plan = self._planned(self.parts)
         self.history = history
         self._view = history.view
         self.warn = warn
         #: The parts that failed at their last run.
         self.failing: set[str] = set()
-
-    @property
-    def parts(self) -> tuple[Part[State], ...]:
-        """The parts, in the order they run (fixed at construction)."""
-        return self._parts
 
     @staticmethod
     def _planned(parts: Sequence[Part[State]]) -> tuple[tuple[Any, ...], ...]:

@@ -15,6 +15,7 @@ cause found before is kept as the cut).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Container
 
 import torch
@@ -41,13 +42,7 @@ def finder(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],
     hand-set leaf, so none did), the loss a framework handed over at its backward (``handed``) or a
     hand-set leaf of the user's frames whose hand setting the code shows (reading a frame's locals keeps
     them alive on Python < 3.13 until the next read, so they are read only for the error itself)."""
-    found: list[silenced.Silenced | None] = []
-
-    def look() -> silenced.Silenced | None:
-        if not found:
-            found.append(_look(loss, exclude, every_missed, handed))
-        return found[0]
-    return look
+    return functools.cache(lambda: _look(loss, exclude, every_missed, handed))
 
 
 def _look(loss: torch.Tensor | None, exclude: Callable[[], Container[int]],

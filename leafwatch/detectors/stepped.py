@@ -17,12 +17,8 @@ from ..observe import stepped
 from ..report.findings import Finding
 from ..report.reasons import Reason
 from ..report.words import ADVICE, Edit, Members, Words, code
-from . import fixes
+from .fixes import short_place
 from .constructors import make
-
-
-def _short(location: str) -> str:
-    return fixes.short_place(location)
 
 
 def judge(crash: stepped.SteppedBeforeBackward) -> Finding:
@@ -31,10 +27,10 @@ def judge(crash: stepped.SteppedBeforeBackward) -> Finding:
     if crash.before is not None and crash.recompute:
         at = crash.before
         edit = Edit(at.path, at.start - 1, at.start - 1, "insert_after", crash.recompute)
-    return make(SteppedBeforeBackward(place=crash.place, loss_at=_short(crash.loss_at), optimizer=crash.optimizer,
-                                      cls=crash.cls, step_at=_short(crash.step_at), module=crash.module,
+    return make(SteppedBeforeBackward(place=crash.place, loss_at=short_place(crash.loss_at), optimizer=crash.optimizer,
+                                      cls=crash.cls, step_at=short_place(crash.step_at), module=crash.module,
                                       snippet=textwrap.dedent(crash.recompute).strip("\n"),
-                                      recompute_at=tuple(_short(r) for r in crash.recompute_at), edit=edit),
+                                      recompute_at=tuple(short_place(r) for r in crash.recompute_at), edit=edit),
                 crash.loss, "error")
 
 
@@ -56,7 +52,7 @@ class SteppedBeforeBackward(Reason, kind="missing_grad", name="stepped_before_ba
     def words(self, m: Members) -> Words:
         owner = f"the parameters of `{self.module}`" if self.module else f"parameters `{self.optimizer}` holds"
         message = (f"`{self.optimizer}.step()` at {self.step_at} changed in place {owner} that the graph of {m.who} "
-                   f"(computed at {self.loss_at}) saved, before the backward() of {m.who} at {_short(self.place)}: "
+                   f"(computed at {self.loss_at}) saved, before the backward() of {m.who} at {short_place(self.place)}: "
                    "that graph is out of date, and torch refuses to go through it.")
         cause = (f"an optimizer's step() updates its parameters in place; {m.who} was computed from them before "
                  f"`{self.optimizer}.step()` (a `{self.cls}`), so its backward() needs values the step overwrote. "
@@ -64,7 +60,7 @@ class SteppedBeforeBackward(Reason, kind="missing_grad", name="stepped_before_ba
         lines = " and ".join(self.recompute_at)
         if self.edit is not None:
             fix = (f"compute {m.who} again after the step, with a new forward: repeat the statements at {lines} right "
-                   f"before its backward() at {_short(self.place)}; or call its backward() before "
+                   f"before its backward() at {short_place(self.place)}; or call its backward() before "
                    f"`{self.optimizer}.step()`")
             return Words(message, cause, fix, code(self.snippet, self.edit))
         fix = (f"compute {m.who} again after `{self.optimizer}.step()`, with a new forward of what it was computed "

@@ -82,11 +82,6 @@ def _holds(optimizer: Any, ids: set[int]) -> bool:
         return False
 
 
-def _hooked(optimizer: Any) -> bool:
-    """Whether torch hooked the ``step`` of ``optimizer``'s class (``Optimizer.__init__`` ran for one of them)."""
-    return bool(getattr(getattr(type(optimizer), "step", None), "hooked", False))
-
-
 def _inner_stepping(optimizer: Any, stepping: list[torch.optim.Optimizer]) -> str | None:
     """The attribute of ``optimizer`` that holds a torch optimizer seen stepping with its parameters (the
     one its ``step()`` calls), or None."""
@@ -107,7 +102,8 @@ def unchecked(optimizer: Any, step: int, stepping: list[torch.optim.Optimizer], 
     variable = fixes.variable_for(optimizer, inv.variables, inv.fix_names)
     model = fixes.variable_for(inv.model, inv.variables, inv.fix_names) if inv.model is not None else None
     cls = type(optimizer).__name__
-    return make(UncheckedOptimizer(variable=variable, cls=cls, hooked=_hooked(optimizer), model=model,
+    hooked = bool(getattr(getattr(type(optimizer), "step", None), "hooked", False))  # (Optimizer.__init__ ran for one)
+    return make(UncheckedOptimizer(variable=variable, cls=cls, hooked=hooked, model=model,
                                    inner=_inner_stepping(optimizer, stepping) if variable else None),
                 variable or cls, Severity.WARNING, step=step)
 

@@ -10,7 +10,6 @@ checks of the cadence, so their timing does not depend on the extra checks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,11 +41,6 @@ def judge(evidence: Evidence, state: ValuesState, view: FindingsView, grads: Gra
     return []
 
 
-def judge_last(evidence: Evidence, state: None, view: FindingsView, values: ValuesState) -> Verdicts:
-    """At the end of the run: the last value check."""
-    return finish(values, evidence[SEEN].values, evidence[SEEN].cache, view, evidence[STEP])
-
-
 @dataclasses.dataclass(eq=False, slots=True)
 class ValuesState:
     """What the value checks keep: their cadence (every ``every`` checks, 0: off) and the zero streaks."""
@@ -59,11 +53,11 @@ class ValuesState:
     off_cadence_steps: set[int] = dataclasses.field(default_factory=set)
 
 
-def finish(state: ValuesState, reads: NamedValueCheck, cache: structure.StructureCache, view: FindingsView,
-           step: int) -> Verdicts:
+def judge_last(evidence: Evidence, _: None, view: FindingsView, state: ValuesState) -> Verdicts:
     """At the end of a run: the checks still in flight, the gradients not checked since the last
     value check, and the parameters themselves (a short run may end between value checks, and
     gradients are often cleared by then: a NaN gradient that was applied left NaN in the parameter)."""
+    reads, cache, step = evidence[SEEN].values, evidence[SEEN].cache, evidence[STEP]
     out = _record(state, reads, view, step, *reads.flush())
     if not state.every or step <= 0:
         return out
@@ -121,13 +115,13 @@ _FIND_THE_OP = ("find the first op producing NaN/Inf (`torch.autograd.detect_ano
                 "lower the learning rate, clip gradients, or use a GradScaler with fp16")
 
 
-def nonfinite_grad(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
-    return make(NanOrInf(step=step), name, "error", tensor=t, step=step, aliases=aliases)
+def nonfinite_grad(name: str, t: torch.Tensor, step: int) -> Finding:
+    return make(NanOrInf(step=step), name, "error", tensor=t, step=step)
 
 
-def nonfinite_param(name: str, t: torch.Tensor, step: int, aliases: Iterable[str] = ()) -> Finding:
+def nonfinite_param(name: str, t: torch.Tensor, step: int) -> Finding:
     """A parameter holding NaN/Inf at the end of a run (its gradient was not at hand to check)."""
-    return make(NanOrInfValue(step=step), name, "error", tensor=t, step=step, aliases=aliases, where="parameter")
+    return make(NanOrInfValue(step=step), name, "error", tensor=t, step=step, where="parameter")
 
 
 def _at(m: Members) -> str:

@@ -14,6 +14,7 @@ never per step; on Python < 3.13 what they hold stays alive until the next read)
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -39,12 +40,10 @@ class Copy:
 def finder() -> Callable[[torch.Tensor], Copy | None]:
     """A look for the copy that ran in place of a parameter's module, for one check: the user's frames are
     read once, at the first parameter asked about."""
-    found: list[list[tuple[str, nn.Module, list[torch.Tensor]]]] = []
+    copies = functools.cache(_copies_in_frames)
 
     def look(p: torch.Tensor) -> Copy | None:
-        if not found:
-            found.append(_copies_in_frames())
-        for variable, module, leaves in found[0]:
+        for variable, module, leaves in copies():
             if any(_copy_of(leaf, p) for leaf in leaves):
                 return Copy(variable, type(module).__name__, frames.library_class(type(module)) or "")
         return None

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .source import Source, Span, blocks
+from .source import Source, Span, blocks, is_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,11 +52,10 @@ def read(optimizer: Any, handed: Any, frame: FrameType, line: int, name: str, so
     path = frame.f_code.co_filename
     statements = sorted((s for body in blocks(scope) for s in body), key=lambda s: s.lineno)
     made = [s for s in statements if s.lineno < line and isinstance(s, ast.Assign) and len(s.targets) == 1
-            and isinstance(s.targets[0], ast.Name) and s.targets[0].id == name]
+            and is_name(s.targets[0], name)]
     assignment = made[-1] if made else None
     start = assignment.end_lineno or assignment.lineno if assignment is not None else 0
-    users = [s for s in statements if start < s.lineno < line and _iterates(s, name, frame)]
-    used = users[0] if users else None
+    used = next((s for s in statements if start < s.lineno < line and _iterates(s, name, frame)), None)
     if used is None:  # nothing went through it before: it was empty from the start (every parameter frozen)
         return None
     return ExhaustedIterator(
@@ -64,8 +63,7 @@ def read(optimizer: Any, handed: Any, frame: FrameType, line: int, name: str, so
         f"{path}:{assignment.lineno}" if assignment is not None else None,
         source.text(path, assignment.value) if assignment is not None else None,
         source.span(path, assignment) if assignment is not None else None,
-        f"{path}:{used.lineno}" if used is not None else None,
-        source.text(path, used) if used is not None else None)
+        f"{path}:{used.lineno}", source.text(path, used))
 
 
 #: Built-ins that go through the iterable they are given.
@@ -76,20 +74,16 @@ _CONSUMERS = frozenset({"list", "tuple", "set", "frozenset", "sorted", "sum", "a
 def _iterates(node: ast.AST, name: str, frame: FrameType) -> bool:
     """Whether the statement ``node`` goes through the iterator ``name``: a loop or a comprehension over it, a
     built-in that consumes its argument (``list(params)``, ``sum(...)``), or an optimizer built from it."""
-    if isinstance(node, (ast.For, ast.AsyncFor)) and _is(node.iter, name):
+    if isinstance(node, (ast.For, ast.AsyncFor)) and is_name(node.iter, name):
         return True
     for n in ast.walk(_own(node)):
-        if isinstance(n, ast.comprehension) and _is(n.iter, name):
+        if isinstance(n, ast.comprehension) and is_name(n.iter, name):
             return True
-        if isinstance(n, ast.Call) and n.args and _is(n.args[0], name):
+        if isinstance(n, ast.Call) and n.args and is_name(n.args[0], name):
             func = n.func.id if isinstance(n.func, ast.Name) else None
             if func in _CONSUMERS or _optimizer_class(n.func, frame):
                 return True
     return False
-
-
-def _is(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
 
 
 def _optimizer_class(node: ast.expr, frame: FrameType) -> bool:

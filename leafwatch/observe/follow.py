@@ -21,6 +21,7 @@ hooks in it to the swapped tensor's new contents, so that a hook registered afte
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -112,13 +113,9 @@ def in_module(module: nn.Module, tensor: torch.Tensor, name: str | None = None) 
     when known), or None when ``module`` does not hold it so."""
     for table in ("_parameters", "_buffers"):
         held = vars(module).get(table) or {}
-        if name is not None:
-            if held.get(name) is tensor:
-                return _held(_InModule, module, table, name, tensor)
-            continue
-        for key, value in held.items():
-            if value is tensor:
-                return _held(_InModule, module, table, key, tensor)
+        key = name if name is not None else next((k for k, value in held.items() if value is tensor), None)
+        if key is not None and held.get(key) is tensor:
+            return _held(_InModule, module, table, key, tensor)
     return None
 
 
@@ -152,15 +149,8 @@ def weakly(tensor: torch.Tensor) -> Ref:
 def follow(tensor: torch.Tensor, modules: Iterable[nn.Module] = (), optimizers: Iterable[Any] = ()) -> Ref:
     """``tensor`` followed through the first of ``modules`` (their own parameters and buffers) or
     ``optimizers`` that holds it; held weakly when none does."""
-    for module in modules:
-        held = in_module(module, tensor)
-        if held is not None:
-            return held
-    for optimizer in optimizers:
-        held = in_optimizer(optimizer, tensor)
-        if held is not None:
-            return held
-    return weakly(tensor)
+    found = itertools.chain((in_module(m, tensor) for m in modules), (in_optimizer(o, tensor) for o in optimizers))
+    return next((held for held in found if held is not None), None) or weakly(tensor)
 
 
 def impl(tensor: torch.Tensor) -> int:
@@ -191,7 +181,3 @@ def release_hook_dict(tensor: torch.Tensor | None, attribute: str, swapped: bool
         hooks = getattr(tensor, attribute, None)
         if hooks is not None and (swapped or not hooks):
             setattr(tensor, attribute, hooks or None)  # (setting the dict wires it to the contents now)
-
-
-__all__ = ["BACKWARD_HOOKS", "POST_ACCUMULATE_HOOKS", "Held", "Ref", "makes_hook_dict", "release_hook_dict", "follow", "impl",
-           "in_module", "in_optimizer", "registered", "weakly"]

@@ -76,9 +76,8 @@ def function_call(frame: FrameType | None) -> FunctionCall | None:
     where = place_of_call(frame)  # the line that applied the Function (torch's own frame is skipped)
     if cls is None or where is None:
         return None
-    holder = None
-    for a in args:
-        if isinstance(a, nn.Module):
-            holder = next((type(m).__qualname__ for m in a.modules() if _user_class(m)), None) or holder
+    # (the last module argument that holds a module of the user's class: its first such module)
+    holder = next((type(m).__qualname__ for a in reversed(args) if isinstance(a, nn.Module)
+                   for m in a.modules() if _user_class(m)), None)
     return FunctionCall(getattr(cls, "__qualname__", str(cls)), getattr(cls, "__module__", "") or "", *where,
                         frozenset(id(a) for a in args if isinstance(a, torch.Tensor)), holder)

@@ -95,12 +95,10 @@ class Dispatcher:
 
     def unsubscribe(self, callback: Callable[..., Any]) -> None:
         with _LOCK:
-            kept = list(self._subscribers)
-            for i, known in enumerate(kept):
-                if known is callback:
-                    del kept[i]
-                    break
-            self._subscribers = tuple(kept)
+            kept = self._subscribers
+            found = next((i for i, known in enumerate(kept) if known is callback), None)
+            if found is not None:
+                self._subscribers = kept[:found] + kept[found + 1:]
         settle()
 
     def __call__(self, *args: Any) -> Any:
@@ -145,14 +143,10 @@ def settle() -> None:
     with _LOCK:
         _unsettled = not all([d._settle() for d in DISPATCHERS])
         if _unsettled and _at_next_forward is None:
-            _at_next_forward = _modules.register_module_forward_pre_hook(_settle_at_forward)
+            _at_next_forward = _modules.register_module_forward_pre_hook(lambda module, args: settle())
         elif not _unsettled and _at_next_forward is not None:
             handle, _at_next_forward = _at_next_forward, None
             handle.remove()
-
-
-def _settle_at_forward(module: Any, args: Any) -> None:
-    settle()
 
 
 OPTIMIZER_STEP_PRE = Dispatcher("optimizer step pre-hook", getattr(

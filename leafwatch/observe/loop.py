@@ -2,19 +2,22 @@
 
 :class:`ArrivalHooks` records which tensors got a gradient in backward; :class:`StepSentinels`
 counts per optimizer the steps skipped in a row, and where no step hook fires asks for a check
-through the ``request_check`` callable its owner injects. Nothing here judges (``detectors/loop.py`` does).
+through the ``request_check`` callable its owner injects; :class:`UseTracker` tells which parameters
+a DDP rank used (DDP fills the ``.grad`` of the others). Nothing here judges (``detectors/loop.py`` does).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch import nn
 
 from . import follow
+
 from .structure import CheckList
 
 #: An optimizer that skipped this many steps in a row is looked at (a few at the start are the
@@ -79,10 +82,14 @@ class ArrivalHooks:
         for pid, (ref, contents) in list(self._hooked.items()):
             t = ref()
             if t is not None and follow.impl(t) != contents:
-                self._unhook(pid, swapped=True)
-                self.arm([t], lambda _, ref=ref: ref)
+                self._rehook(pid, ref, t)
                 swapped.add(pid)
         return swapped
+
+    def _rehook(self, pid: int, ref: follow.Ref, t: torch.Tensor) -> None:
+        """Hook ``t`` (swapped since it was hooked, its hook left with the old contents) again."""
+        self._unhook(pid, swapped=True)
+        self.arm([t], lambda _: ref)
 
     def disarm(self, ids: Iterable[int] | None = None) -> None:
         for pid in list(self.handles) if ids is None else list(ids):
@@ -106,6 +113,42 @@ class ArrivalHooks:
         if got:
             self.arrived -= got
         return got
+
+
+class UseTracker(ArrivalHooks):
+    """Which parameters this rank used in its backward passes since the last :meth:`unused`.
+
+    The arrival hooks (:class:`~leafwatch.observe.loop.ArrivalHooks`) on every parameter that requires grad
+    (torch >= 2.2); each tensor is followed through the module of ``model`` that holds it (never a weak
+    reference, which ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter
+    swapped since its hook was put on (the hook stays with the old contents) is hooked again, and not named
+    unused from what its old hook did not see.
+    """
+
+    def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
+        super().__init__()
+        self._names = {id(p): name for p, name in params}
+        owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
+                  for p in m._parameters.values() if p is not None}
+        self.arm((p for p, _ in params), lambda p: (follow.in_module(owners[id(p)], p) if id(p) in owners else None)
+                 or follow.weakly(p))
+
+    def unused(self) -> list[tuple[torch.Tensor, str]]:
+        """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
+        out = []
+        for pid, (ref, contents) in list(self._hooked.items()):
+            p = ref()
+            if p is None or pid in self.arrived or p.grad is None or not p.requires_grad:
+                continue
+            if follow.impl(p) != contents:  # swapped: its hook saw nothing since; hooked again
+                self._rehook(pid, ref, p)
+                continue
+            out.append((p, self._names[pid]))
+        self.arrived.clear()
+        return out
+
+    def close(self) -> None:
+        self.disarm()
 
 
 @dataclasses.dataclass

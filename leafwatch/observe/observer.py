@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import itertools
-import linecache
 import os
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +22,7 @@ from torch import nn
 
 from . import excepthook, follow, frames, hooks
 from .discovery import Discovery, user_scope
+from .source import Source
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 #: Registrations remembered at most (their line and function): a loop that builds layers forever stays bounded.
@@ -35,13 +35,12 @@ class Observer:
     Args:
         check: Called with the optimizer about to step, once :meth:`install` or
             :meth:`install_global` asked for it.
-        hooked: Subscribe to the registration and step hooks (False for ``audit()``: one look, no step).
-        builds: Note where each optimizer is built from now on (default: ``hooked``): a Monitor made
-            before its optimizer, or ``leafwatch run`` from the script's first line, names that line.
+        hooked: Subscribe to the registration and step hooks, and note where each optimizer is built from
+            now on (a Monitor made before its optimizer, or ``leafwatch run`` from the script's first line,
+            names that line); False for ``audit()``: one look, no step.
     """
 
-    def __init__(self, check: Callable[[torch.optim.Optimizer], Any] | None = None, hooked: bool = True,
-                 builds: bool | None = None) -> None:
+    def __init__(self, check: Callable[[torch.optim.Optimizer], Any] | None = None, hooked: bool = True) -> None:
         self._check = check
         #: Changes with every module or parameter registered while hooked (read by the structure cache).
         self.generation = 0
@@ -73,9 +72,8 @@ class Observer:
             # (weakly: a Monitor dropped without close() leaves none of them behind)
             self._subscriptions = [hooks.PARAMETER_REGISTRATION.subscribe(self._on_parameter, weakly=True),
                                    hooks.MODULE_REGISTRATION.subscribe(self._on_module, weakly=True),
-                                   hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step, weakly=True)]
-        if (hooked if builds is None else builds):
-            self._subscriptions.append(hooks.OPTIMIZER_BUILT.subscribe(self._saw_built, weakly=True))
+                                   hooks.OPTIMIZER_STEP_PRE.subscribe(self._saw_step, weakly=True),
+                                   hooks.OPTIMIZER_BUILT.subscribe(self._saw_built, weakly=True)]
 
     def __len__(self) -> int:
         """The step hooks installed (for tests of what a Monitor holds)."""
@@ -238,11 +236,8 @@ class Observer:
 
 def _assigned_name(frame: Any) -> str:
     """The variable the statement running in ``frame`` assigns (``opt`` of ``opt = Adam(...)``), or ""."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
-    except (SyntaxError, ValueError):
-        return ""
-    line = frame.f_lineno
-    around = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)]
+    tree, line = Source().tree(frame.f_code.co_filename), frame.f_lineno
+    around = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)] \
+        if tree is not None else []
     node = min(around, key=lambda n: (n.end_lineno or n.lineno) - n.lineno, default=None)
     return ast.unparse(node.targets[0]) if node is not None and len(node.targets) == 1 else ""

@@ -21,7 +21,7 @@ Pure functions over an :class:`~leafwatch.observe.inventory.Inventory`; nothing 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -86,8 +86,9 @@ def pair(inv: Inventory, previous_names: Mapping[int, str] | None = None) -> Rep
     # Current trainable parameters in no optimizer: the candidates to have replaced something.
     free = {k for k, t in inv.tensors.items() if k not in inv.in_optimizer and t.requires_grad}
     if old:
-        rest = _pair_by_name(inv, old, free, out)
-        rest = _pair_by_position(inv, rest, free, out)
+        by_name = {inv.params[k].name: k for k in free}
+        rest = _pair_by(inv, old, free, out, "name", lambda i, j, p, name: by_name.get(name) if name is not None else None)
+        rest = _pair_by(inv, rest, free, out, "position", _by_position(inv))
         _pair_by_shape(inv, rest, free, out)
         _swapped(inv, out, free)
     out.unstepped = len(free)
@@ -126,36 +127,32 @@ def _old_tensors(inv: Inventory, previous_names: Mapping[int, str]) -> list[_Old
     return old
 
 
-def _pair_by_name(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> list[_Old]:
-    """1. By the name it had; returns the old tensors left."""
-    by_name = {inv.params[k].name: k for k in free}
+def _pair_by(inv: Inventory, old: list[_Old], free: set[int], out: Replaced, how: str,
+             find: Callable[[int, int, torch.Tensor, str | None], int | None]) -> list[_Old]:
+    """1. By the name it had, 2. by position: each old tensor paired with the free parameter ``find`` gives
+    (``how``: which); returns the old tensors left."""
     rest = []
     for entry in old:
-        k = by_name.get(entry[3]) if entry[3] is not None else None
+        k = find(*entry)
         if k is not None and k in free:
             free.discard(k)
-            out.pairs.append(Pair(entry[0], entry[2], inv.params[k].name, inv.tensors[k], "name"))
+            out.pairs.append(Pair(entry[0], entry[2], inv.params[k].name, inv.tensors[k], how))
         else:
             rest.append(entry)
     return rest
 
 
-def _pair_by_position(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> list[_Old]:
-    """2. By position, anchored on the nearest tensor before it that the model still holds."""
+def _by_position(inv: Inventory) -> Callable[[int, int, torch.Tensor, str | None], int | None]:
+    """The parameter at an old tensor's position, anchored on the nearest tensor before it that the model still
+    holds (an uninitialized old tensor has no dimensions to compare: its place alone pairs it)."""
     model_order = list(inv.tensors)
     position = {k: i for i, k in enumerate(model_order)}
-    rest = []
-    for entry in old:
-        i, j, p, _ = entry
+
+    def find(i: int, j: int, p: torch.Tensor, _: str | None) -> int | None:
         k = _at_position(inv.optimizer_params[i], j, inv, model_order, position)
-        # An uninitialized old tensor has no dimensions to compare: its place alone pairs it.
-        if k is not None and k in free and not is_lazy(inv.tensors[k]) \
-                and (is_lazy(p) or inv.tensors[k].dim() == p.dim()):
-            free.discard(k)
-            out.pairs.append(Pair(i, p, inv.params[k].name, inv.tensors[k], "position"))
-        else:
-            rest.append(entry)
-    return rest
+        new = inv.tensors[k] if k is not None else None
+        return k if new is not None and not is_lazy(new) and (is_lazy(p) or new.dim() == p.dim()) else None
+    return find
 
 
 def _pair_by_shape(inv: Inventory, old: list[_Old], free: set[int], out: Replaced) -> None:

@@ -10,10 +10,10 @@ parameters each rank used.
   :mod:`leafwatch.detectors.ranks` words the one info finding that says why. ``fully_shard``
   (FSDP2) needs nothing: its parameters are DTensors whose ``.grad`` stays None when unused,
   so it is read as is (the NaN/Inf check reads the local shard).
-- :class:`UseTracker`: under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad``
-  of a parameter that a rank did not use with the other ranks' average, so ``p.grad is None``
-  says nothing per rank; one post-accumulate-grad hook per parameter records which parameters
-  this rank really used.
+- Under DDP with ``find_unused_parameters=True`` DDP fills the ``.grad`` of a parameter that a
+  rank did not use with the other ranks' average, so ``p.grad is None`` says nothing per rank:
+  :class:`~leafwatch.observe.loop.UseTracker`'s arrival hooks record which parameters this rank
+  really used.
 
 Its only module-level state is what the public API promises: the declarations made through
 :func:`declare_gradients` and :func:`declare_ddp` (``_DECLARED``, ``_DDP_DECLARED``: model ->
@@ -27,13 +27,11 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
-
-from . import follow
 
 
 # -- where gradients can be read ---------------------------------------------------------------
@@ -133,13 +131,9 @@ def declare_ddp(model: nn.Module, find_unused_parameters: bool | None) -> None:
 
 
 def declared_ddp(model: Any) -> bool | None:
-    return _declared(_DDP_DECLARED, model)
-
-
-def _declared(table: Mapping[nn.Module, Any], model: Any) -> Any:
-    """What ``table`` holds for ``model`` (or for the first module of a mapping that it holds), else None."""
+    """What :func:`declare_ddp` said of ``model`` (or of the first module of a mapping it was said of), else None."""
     models = model.values() if isinstance(model, Mapping) else [model]
-    return next((table[m] for m in models if isinstance(m, nn.Module) and m in table), None)
+    return next((_DDP_DECLARED[m] for m in models if isinstance(m, nn.Module) and m in _DDP_DECLARED), None)
 
 
 #: FSDP1, tried in this order: the tensor attribute that marks a parameter it shards, and how.
@@ -197,64 +191,3 @@ def is_distributed() -> bool:
 def find_ddp(model: Any) -> nn.Module | None:
     """The DistributedDataParallel wrapping ``model``: itself, or Lightning's ``strategy.model``."""
     return next((m for m in _chain(model) if isinstance(m, nn.parallel.DistributedDataParallel)), None)
-
-
-class UseTracker:
-    """Which parameters this rank used in its backward passes since the last :meth:`take`.
-
-    One post-accumulate-grad hook per parameter that requires grad (torch >= 2.2); each tensor is
-    followed through the module of ``model`` that holds it (never a weak reference, which
-    ``torch.utils.swap_tensors`` refuses), and the hooks go at :meth:`close`. A parameter swapped since
-    its hook was put on (the hook stays with the old contents) is hooked again, and not named unused
-    from what its old hook did not see.
-    """
-
-    def __init__(self, params: Sequence[tuple[torch.Tensor, str]], model: nn.Module | None = None) -> None:
-        self.used: set[int] = set()
-        #: id -> [the tensor followed, its name, its contents when hooked (``follow.impl``), the hook, whether
-        #: leafwatch made its hook dict (:func:`follow.release_hook_dict`)].
-        self.tracked: dict[int, list[Any]] = {}
-        owners = {id(p): m for m in (model.modules() if isinstance(model, nn.Module) else ())
-                  for p in m._parameters.values() if p is not None}
-        for p, name in params:
-            if not p.requires_grad or not hasattr(p, "register_post_accumulate_grad_hook"):
-                continue
-            owner = owners.get(id(p))
-            ref = (follow.in_module(owner, p) if owner is not None else None) or follow.weakly(p)
-            made = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
-            self.tracked[id(p)] = [ref, name, follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, id(p))),
-                                   made]
-
-    def unused(self) -> list[tuple[torch.Tensor, str]]:
-        """The tracked tensors this rank did not use although they hold a gradient; resets the record."""
-        out = []
-        for pid, entry in self.tracked.items():
-            p = entry[0]()
-            if p is None or pid in self.used or p.grad is None or not p.requires_grad:
-                continue
-            if follow.impl(p) != entry[2]:  # swapped: its hook saw nothing since; hooked again
-                self._unhook(entry, swapped=True)
-                entry[4] = follow.makes_hook_dict(p, follow.POST_ACCUMULATE_HOOKS)
-                entry[2], entry[3] = follow.impl(p), p.register_post_accumulate_grad_hook(_marker(self.used, pid))
-                continue
-            out.append((p, entry[1]))
-        self.used.clear()
-        return out
-
-    @staticmethod
-    def _unhook(entry: list[Any], swapped: bool = False) -> None:
-        entry[3].remove()
-        follow.release_hook_dict(entry[0](), follow.POST_ACCUMULATE_HOOKS, swapped, made=entry[4])
-
-    def close(self) -> None:
-        for entry in self.tracked.values():
-            self._unhook(entry)
-        self.tracked.clear()
-
-
-def _marker(used: set[int], key: int) -> Callable[[torch.Tensor], None]:
-    def mark(t: torch.Tensor) -> None:
-        if t.grad is not None:  # torch calls the hook with no gradient too: that is no use
-            used.add(key)
-
-    return mark

@@ -23,7 +23,7 @@ import torch
 
 from . import frames
 from .crashes import _statements
-from .source import Source
+from .source import Source, is_name, keyword
 
 #: How many user frames, and values in each, are read for the loss.
 _MAX_FRAMES = 8
@@ -84,33 +84,32 @@ def in_frames(exclude: Container[int]) -> tuple[torch.Tensor, str, FrameType] | 
     """The loss ``backward()`` was called on, read from the user's frames (innermost first): a
     one-element hand-set leaf that backward reached (its ``.grad`` is set) and that is none of
     ``exclude`` (the tensors an optimizer holds or leafwatch watches); None when none is seen."""
-    for frame in itertools.islice(frames.user_frames(), _MAX_FRAMES):
-        for name, value in itertools.islice(list(frame.f_locals.items()), _MAX_VALUES):
-            if hand_set(value) and value.grad is not None and value.numel() == 1 and id(value) not in exclude \
-                    and isinstance(name, str) and name.isidentifier():
-                return value, name, frame
-    return None
+    return next(((value, name, frame) for frame, name, value in _named(frames.user_frames())
+                 if hand_set(value) and value.grad is not None and value.numel() == 1 and id(value) not in exclude), None)
 
 
 def named_in(loss: torch.Tensor, frame: FrameType | None) -> str | None:
     """The variable of ``frame`` (and the user's frames above it) that holds ``loss``."""
-    for f in itertools.islice(frames.outside(frame), _MAX_FRAMES) if frame is not None else ():
-        for name, value in itertools.islice(list(f.f_locals.items()), _MAX_VALUES):
-            if value is loss and isinstance(name, str) and name.isidentifier():
-                return name
-    return None
+    found = _named(frames.outside(frame)) if frame is not None else ()
+    return next((name for _, name, value in found if value is loss), None)
+
+
+def _named(stack: Iterator[FrameType]) -> Iterator[tuple[FrameType, str, Any]]:
+    """``(frame, variable, value)`` of the first frames of ``stack`` (and of the first values of each)."""
+    for frame in itertools.islice(stack, _MAX_FRAMES):
+        for name, value in itertools.islice(list(frame.f_locals.items()), _MAX_VALUES):
+            if isinstance(name, str) and name.isidentifier():
+                yield frame, name, value
 
 
 def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silenced:
     """What the user's code shows of the hand-set ``loss`` held by ``name`` in ``frame``: the statement
     that set its ``requires_grad`` by hand, and the cut in the statement that made it."""
-    if frame is None or name is None:
-        return Silenced(name, None, None)
-    scope = _scope(frame, name)
+    scope = Source().scope(frame) if frame is not None and name is not None else None
     if scope is None:
         return Silenced(name, None, None)
     path, function = frame.f_code.co_filename, frame.f_code.co_name
-    lines = [n for n in _statements(scope)]
+    lines = list(_statements(scope))
     hands = [(n, op) for n in lines for op in [_hand_op(n, name)] if op is not None]
     if not hands:
         return Silenced(name, None, None)
@@ -121,45 +120,32 @@ def read(loss: torch.Tensor, frame: FrameType | None, name: str | None) -> Silen
         cut = _cut_in(node, path, function)
     else:
         made = [n for n in lines if isinstance(n, ast.Assign) and n.lineno < node.lineno
-                and any(isinstance(t, ast.Name) and t.id == name for t in n.targets)]
+                and any(is_name(t, name) for t in n.targets)]
         cut = _cut_in(made[-1], path, function) if made else None
     return Silenced(name, hand, cut)
-
-
-def _scope(frame: FrameType, name: str) -> ast.AST | None:
-    tree = Source().tree(frame.f_code.co_filename)
-    if tree is None or frame.f_code.co_name == "<module>":
-        return tree
-    return next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == frame.f_code.co_firstlineno), None)
-
-
-def _is(node: ast.AST, name: str) -> bool:
-    return isinstance(node, ast.Name) and node.id == name
 
 
 def _hand_op(statement: ast.stmt, name: str) -> str | None:
     """``attribute`` (``name.requires_grad = True``), ``method`` (``name.requires_grad_()``), ``rewrap``
     (``name = torch.tensor(..., requires_grad=True)``) or None."""
     if isinstance(statement, ast.Assign):
-        if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" and _is(t.value, name) for t in statement.targets) \
-                and isinstance(statement.value, ast.Constant) and statement.value.value is True:
+        if any(isinstance(t, ast.Attribute) and t.attr == "requires_grad" and is_name(t.value, name)
+               for t in statement.targets) and _true(statement.value):
             return "attribute"
         call = statement.value
-        if any(_is(t, name) for t in statement.targets) and isinstance(call, ast.Call) \
-                and _called(call) in _FACTORIES and any(k.arg == "requires_grad" and isinstance(k.value, ast.Constant)
-                                                        and k.value.value is True for k in call.keywords):
+        if any(is_name(t, name) for t in statement.targets) and isinstance(call, ast.Call) \
+                and _called(call) in _FACTORIES and _true(keyword(call, "requires_grad")):
             return "rewrap"
     value = statement.value if isinstance(statement, (ast.Expr, ast.Assign)) else None
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr == "requires_grad_" \
-            and _is(value.func.value, name):
+            and is_name(value.func.value, name):
         given = [*value.args, *(k.value for k in value.keywords if k.arg == "requires_grad")]
         if not given or _true(given[0]):
             return "method"
     return None
 
 
-def _true(node: ast.expr) -> bool:
+def _true(node: ast.expr | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
 
 

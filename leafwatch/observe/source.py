@@ -73,13 +73,6 @@ class Source:
         return next((f for f in ast.walk(tree) if isinstance(f, _FUNCTIONS) and f.name == code.co_name
                      and min([f.lineno, *(d.lineno for d in f.decorator_list)]) == code.co_firstlineno), None)
 
-    def function_at(self, path: str, line: int) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
-        """The innermost function of the file whose lines hold ``line``."""
-        tree = self.tree(path)
-        around = [f for f in ast.walk(tree) if isinstance(f, _FUNCTIONS)
-                  and f.lineno <= line <= (f.end_lineno or f.lineno)] if tree is not None else []
-        return min(around, key=lambda f: (f.end_lineno or f.lineno) - f.lineno, default=None)
-
 
 def blocks(node: ast.AST) -> Iterator[list[ast.stmt]]:
     """Every statement list under ``node`` (its own body first), not those of the functions and classes it
@@ -174,22 +167,6 @@ def backward_receiver(statement: ast.stmt) -> str | None:
     return None
 
 
-#: What a ``with`` statement or a decorator that turns grad mode off reads like.
-_GRAD_OFF = ("no_grad", "inference_mode", "set_grad_enabled(False)")
-
-
-def grad_off_lines(scope: ast.AST) -> set[int]:
-    """The lines of ``scope`` that run inside a ``with torch.no_grad():`` (or ``inference_mode()``,
-    ``set_grad_enabled(False)``) block."""
-    out: set[int] = set()
-    for body in blocks(scope):
-        for statement in body:
-            if isinstance(statement, (ast.With, ast.AsyncWith)) and any(
-                    any(word in ast.unparse(item.context_expr) for word in _GRAD_OFF) for item in statement.items):
-                out.update(range(statement.lineno, (statement.end_lineno or statement.lineno) + 1))
-    return out
-
-
 def is_routine(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
     """Whether ``function`` is a routine that needs no autograd of its own (an init routine): it returns nothing,
     is no ``forward``, and calls no ``backward()``, ``torch.autograd.grad`` or optimizer ``step()``."""
@@ -206,6 +183,11 @@ def is_routine(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
 
 def keyword(call: ast.Call, name: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == name), None)
+
+
+def is_name(node: ast.AST, name: str) -> bool:
+    """Whether ``node`` is the name ``name``, read or assigned."""
+    return isinstance(node, ast.Name) and node.id == name
 
 
 # -- rewriting a statement ---------------------------------------------------------------------------------

@@ -72,12 +72,8 @@ def _depends(value: Any, stepped: set[int]) -> bool:
     """Whether ``value`` (a tensor, or a tuple of them) was computed from one of the ``stepped`` leaves."""
     tensors = [value] if isinstance(value, torch.Tensor) else [v for v in value if isinstance(v, torch.Tensor)] \
         if isinstance(value, (tuple, list)) else []
-    for t in tensors:
-        if t.grad_fn is not None:
-            leaves, _ = graph.leaves_of(t.grad_fn, limit=5_000)
-            if any(id(leaf) in stepped for leaf in leaves):
-                return True
-    return False
+    return any(t.grad_fn is not None and any(id(leaf) in stepped for leaf in graph.leaves_of(t.grad_fn, limit=5_000)[0])
+               for t in tensors)
 
 
 def _recompute(body: list[ast.stmt], made: int, until: int, local: Mapping[str, Any], stepped: set[int]) -> list[ast.stmt]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import linecache
 import os
 import weakref
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 from torch import nn
 
 from . import frames
+from .source import Source
 
 
 class Unhooked:
@@ -77,9 +77,9 @@ def forward_calls(stack: list[Any]) -> dict[int, str]:
     receiver ``x`` resolves, in its frame, to that object (names, attributes and constant indexes read without
     running code of the user's: never a property, a call or an arbitrary expression)."""
     found: dict[int, str] = {}
-    trees: dict[str, Any] = {}
+    source = Source()
     for frame in stack:
-        node = _code_node(frame, trees)
+        node = source.scope(frame)
         for call in ast.walk(node) if node is not None else ():
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "forward":
                 target = _resolve(call.func.value, frame)
@@ -90,22 +90,6 @@ def forward_calls(stack: list[Any]) -> dict[int, str]:
 
 
 _UNRESOLVED = object()
-
-
-def _code_node(frame: Any, trees: dict[str, Any]) -> Any:
-    """The syntax tree of the code ``frame`` runs (the module, or the function defined at its first line)."""
-    filename = frame.f_code.co_filename
-    if filename not in trees:
-        try:
-            trees[filename] = ast.parse("".join(linecache.getlines(filename)))
-        except (SyntaxError, ValueError):
-            trees[filename] = None
-    tree = trees[filename]
-    if tree is None or frame.f_code.co_name == "<module>":
-        return tree
-    first = frame.f_code.co_firstlineno
-    return next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-                 and (n.decorator_list[0].lineno if n.decorator_list else n.lineno) == first), None)
 
 
 def _resolve(expr: ast.expr, frame: Any, depth: int = 0) -> Any:

@@ -407,22 +407,15 @@ class Discovery:
             # (a tensor an optimizer holds persists: watched at first sight)
             if (before is None or before() is not t) and id(t) not in in_optimizers or name in self._script_watched:
                 continue
-            if not t.is_leaf and _derived_from(t, self._owned | in_optimizers, self.modules_seen()):
-                continue  # an output or a loss kept at module level
+            if not t.is_leaf and graph.computed_from(t, self._owned | in_optimizers | {
+                    id(p) for m in self.modules_seen() for p in m.parameters(recurse=False)}):
+                continue  # an output or a loss kept at module level (made from tensors held or of modules that ran)
             # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
             watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
                                 location="the script's module level")
             self._script_watched.add(name)
         self._script_tensors = {name: follow.follow(t, optimizers=self.optimizers) for name, t in found.items()}
 
-
-
-def _derived_from(t: torch.Tensor, held: set[int], modules: list[nn.Module]) -> bool:
-    """Whether the non-leaf ``t`` comes from the tensors ``held`` or those of the ``modules`` that ran (or its graph
-    is too large to tell): an output or a loss the script keeps, no tensor of its own."""
-    leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-    held = held | {id(p) for m in modules for p in m.parameters(recurse=False)}
-    return not complete or any(id(leaf) in held for leaf in leaves)
 
 
 def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:

@@ -11,19 +11,18 @@ from collections.abc import Iterator
 
 import torch
 
-# grad_fn class names (without the trailing version digit) grouped by what the user wrote.
-_COPY_OPS = {"ToCopyBackward"}
-_CLONE_OPS = {"CloneBackward"}
-_ARITHMETIC_OPS = {
-    "MulBackward", "DivBackward", "AddBackward", "SubBackward", "NegBackward", "PowBackward",
-    "RsubBackward", "ExpBackward", "LogBackward", "SqrtBackward", "AbsBackward", "ClampBackward",
-    "SigmoidBackward", "TanhBackward", "SoftplusBackward",
-}
-_VIEW_OPS = {
-    "ViewBackward", "SliceBackward", "SelectBackward", "UnsqueezeBackward", "SqueezeBackward",
-    "TBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "AsStridedBackward",
-    "ReshapeAliasBackward", "UnsafeViewBackward", "IndexBackward", "NarrowBackward",
-    "SplitBackward", "UnbindBackward", "AliasBackward", "UnfoldBackward", "DiagonalBackward",
+# grad_fn class names (without the trailing version digit) -> what the user wrote (a copy: its device or dtype).
+_KINDS = {
+    "ToCopyBackward": "copy", "CloneBackward": "clone",
+    **dict.fromkeys((
+        "MulBackward", "DivBackward", "AddBackward", "SubBackward", "NegBackward", "PowBackward",
+        "RsubBackward", "ExpBackward", "LogBackward", "SqrtBackward", "AbsBackward", "ClampBackward",
+        "SigmoidBackward", "TanhBackward", "SoftplusBackward"), "arithmetic"),
+    **dict.fromkeys((
+        "ViewBackward", "SliceBackward", "SelectBackward", "UnsqueezeBackward", "SqueezeBackward",
+        "TBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "AsStridedBackward",
+        "ReshapeAliasBackward", "UnsafeViewBackward", "IndexBackward", "NarrowBackward",
+        "SplitBackward", "UnbindBackward", "AliasBackward", "UnfoldBackward", "DiagonalBackward"), "view"),
 }
 
 #: How many autograd nodes one walk may visit before it gives up.
@@ -90,6 +89,13 @@ def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tenso
     return leaves, count < limit
 
 
+def computed_from(t: torch.Tensor, ids: set[int] | dict[int, object], limit: int = 2_000) -> bool:
+    """Whether the non-leaf ``t`` was computed from at least one tensor of ``ids`` (or its graph is too large
+    to tell): an output or a loss kept, no tensor of its own."""
+    leaves, complete = leaves_of(t.grad_fn, limit)
+    return not complete or any(id(leaf) in ids for leaf in leaves)
+
+
 #: What :func:`reachable_leaf_ids` returns for a loss with no autograd graph: no leaf is reached.
 NO_GRAPH: frozenset[int] = frozenset()
 
@@ -116,19 +122,11 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     leaf = leaves[0] if leaves else None
     info = None if leaf is None else LeafInfo(tuple(leaf.shape), str(leaf.dtype).replace("torch.", ""),
                                               str(leaf.device), isinstance(leaf, torch.nn.Parameter), id(leaf))
-    if base in _COPY_OPS:
-        if leaf is not None and leaf.device != tensor.device:
-            kind = "device"
-        else:
-            kind = "dtype" if leaf is not None and leaf.dtype != tensor.dtype else "copy"
-    elif base in _CLONE_OPS:
-        kind = "clone"
-    elif base in _ARITHMETIC_OPS:
-        kind = "arithmetic"
-    elif base in _VIEW_OPS:
-        kind = "view"
-    else:
-        kind = "other"
+    kind = _KINDS.get(base, "other")
+    if kind == "copy" and leaf is not None and leaf.device != tensor.device:
+        kind = "device"
+    elif kind == "copy" and leaf is not None and leaf.dtype != tensor.dtype:
+        kind = "dtype"
     return Origin(op=op, kind=kind, device=str(tensor.device), dtype=str(tensor.dtype), leaf=info)
 
 

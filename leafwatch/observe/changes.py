@@ -174,10 +174,8 @@ class ChangeEvidence:
         (``unknown``): a swap replaces its version, storage and values' dtype with nothing trained.
         """
         s = self._snapshots.get(id(t))
-        if s is not None and s.ref() is t and follow_.impl(t) != s.contents:
-            del self._snapshots[id(t)]  # swapped since noted: a conversion, no update; noted again
-        s = self._snapshots.get(id(t))
-        if s is None or s.ref() is not t:
+        if s is None or s.ref() is not t or follow_.impl(t) != s.contents:  # (swapped since noted: no update)
+            self._snapshots.pop(id(t), None)
             self.note(t)
             return "unknown"
         if t._version != s.version or _pointer(t, readable=s.pointer != 0) != s.pointer:

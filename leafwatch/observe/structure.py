@@ -103,9 +103,6 @@ class StructureCache:
     def has_model(self) -> bool:
         return self.model is not None or bool(self.roots)
 
-    def modules(self) -> dict[str, nn.Module]:
-        return inventory.Inventory(self.source).modules
-
     def named_params(self) -> list[tuple[torch.Tensor, str]]:
         inv = inventory.Inventory(self.source)
         return [(t, inv.params[k].name) for k, t in inv.tensors.items()]

@@ -255,18 +255,22 @@ class CutRecorder(TorchFunctionMode):
         except TypeError:  # an unhashable callable
             op = None
         if op is None:
-            if func is _SET_GRAD_ENABLED:
-                self._switch(args)
-            elif not torch.is_grad_enabled() and self.error is None:
-                self._op_without_grad(func, args)
-            elif func in _ZERO_GRADIENT_OPS and self.error is None:
-                self._zero_gradient(func, args)
-            elif func in _SWITCHES_ON and self.error is None:
-                self._switch_on(func, args, kwargs)
-            elif func in _INTEGER_METHODS and self.error is None and args and isinstance(args[0], torch.Tensor) \
-                    and args[0].requires_grad:
-                return self._to_integer(func, args, kwargs)
-            return func(*args, **kwargs)
+            to_integer = False
+            try:  # a failure is kept in `error` (the Tracer trusts nothing recorded), never raised in the forward
+                if func is _SET_GRAD_ENABLED:
+                    self._switch(args)
+                elif not torch.is_grad_enabled() and self.error is None:
+                    self._op_without_grad(func, args)
+                elif func in _ZERO_GRADIENT_OPS and self.error is None:
+                    self._zero_gradient(func, args)
+                elif func in _SWITCHES_ON and self.error is None:
+                    self._switch_on(func, args, kwargs)
+                else:
+                    to_integer = func in _INTEGER_METHODS and self.error is None and bool(args) \
+                        and isinstance(args[0], torch.Tensor) and args[0].requires_grad
+            except Exception as error:
+                self.error = error
+            return self._to_integer(func, args, kwargs) if to_integer else func(*args, **kwargs)
         integer = kwargs.get("dtype") if func in _MAY_KEEP_GRAPH and is_integer(kwargs.get("dtype")) else None
         if integer is not None:  # `torch.as_tensor(box, dtype=torch.long)`: indices
             op = (f"{op[0][:-5]}..., dtype={integer})`", op[1])
@@ -289,46 +293,37 @@ class CutRecorder(TorchFunctionMode):
         return result
 
     def _switch(self, args: tuple[Any, ...]) -> None:
-        try:
-            if args and args[0] is False and torch.is_grad_enabled():
-                caller = sys._getframe(2)
-                where = place_of_call(caller)
-                self._off_at = None if where is None else (_switch_name(caller), where)
-            elif args and args[0] is True:
-                self._off_at = None
-        except Exception as error:
-            self.error = error
+        if args and args[0] is False and torch.is_grad_enabled():
+            caller = sys._getframe(2)
+            where = place_of_call(caller)
+            self._off_at = None if where is None else (_switch_name(caller), where)
+        elif args and args[0] is True:
+            self._off_at = None
 
     def _op_without_grad(self, func: Any, args: tuple[Any, ...]) -> None:
-        try:
-            sources = _inputs_with_grad(args)
-            if not sources:
-                return
-            if torch.is_inference_mode_enabled():
-                op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
-            elif self._off_at is not None:
-                op, where = self._off_at
-            else:  # switched off before the forward's own ops (by a library, or at its start)
-                op, where = "grad mode off", place_of_call(sys._getframe(2))
-            if where is not None:
-                self._cut((op, 0), where, sources)
-        except Exception as error:
-            self.error = error
+        sources = _inputs_with_grad(args)
+        if not sources:
+            return
+        if torch.is_inference_mode_enabled():
+            op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
+        elif self._off_at is not None:
+            op, where = self._off_at
+        else:  # switched off before the forward's own ops (by a library, or at its start)
+            op, where = "grad mode off", place_of_call(sys._getframe(2))
+        if where is not None:
+            self._cut((op, 0), where, sources)
 
     def _switch_on(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
         """``t.requires_grad_()`` / ``t.requires_grad = True`` on a leaf: where (a registered buffer a
         library's forward switches on is that library's constant, not a tensor meant to train)."""
-        try:
-            t = args[0] if args else None
-            on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
-            if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
-                    or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
-                return
-            where = place_of_call(sys._getframe(2))
-            if where is not None:
-                self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
-        except Exception as error:
-            self.error = error
+        t = args[0] if args else None
+        on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
+        if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
+                or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
+            return
+        where = place_of_call(sys._getframe(2))
+        if where is not None:
+            self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
 
     def _used(self, func: Any, args: tuple[Any, ...]) -> None:
         """Note ``func`` as a use of each tensor switched on earlier in this forward that it takes (in its
@@ -358,13 +353,10 @@ class CutRecorder(TorchFunctionMode):
         return result
 
     def _zero_gradient(self, func: Any, args: tuple[Any, ...]) -> None:
-        try:
-            sources = _inputs_with_grad(args[:1])
-            where = place_of_call(sys._getframe(2)) if sources else None
-            if where is not None:
-                self._cut((_ZERO_GRADIENT_OPS[func], 0), where, sources, self.zero_ops)
-        except Exception as error:
-            self.error = error
+        sources = _inputs_with_grad(args[:1])
+        where = place_of_call(sys._getframe(2)) if sources else None
+        if where is not None:
+            self._cut((_ZERO_GRADIENT_OPS[func], 0), where, sources, self.zero_ops)
 
     def _cut(self, op: tuple[str, int], where: tuple[Place, Place | None], sources: list[torch.Tensor],
              into: dict[tuple[str, Place, Place | None], Cut] | None = None) -> Cut | None:

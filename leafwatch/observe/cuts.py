@@ -127,18 +127,6 @@ class CutSite:
     called_from: Place | None
     rank: int = 0
 
-    @property
-    def label(self) -> str:
-        """A short name for the mistake (the group of every tensor cut here): ".detach() at deep.py:13"."""
-        return f"{self.op.strip('`')} at {self.called_from or self.place}"
-
-    def described(self) -> str:
-        """"`.detach()` at deep.py:13 (in `Deep.forward`)", with the user's call for a library's line."""
-        text = f"{self.op} at {self.place.described()}"
-        if self.called_from is not None:
-            text += f", called from {self.called_from.described()}"
-        return text
-
 
 @dataclasses.dataclass
 class Cut:

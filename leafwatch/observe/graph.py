@@ -50,13 +50,6 @@ class Origin:
     dtype: str
     leaf: LeafInfo | None
 
-    def to_args(self, leaf_name: str | None = None) -> dict[str, object]:
-        """Plain data for a finding's arguments (``leaf_name``: the user's name of the leaf, if known)."""
-        leaf = None if self.leaf is None else {
-            "shape": list(self.leaf.shape), "dtype": self.leaf.dtype, "device": self.leaf.device,
-            "is_parameter": self.leaf.is_parameter, "name": leaf_name}
-        return {"op": self.op, "kind": self.kind, "device": self.device, "dtype": self.dtype, "leaf": leaf}
-
 
 def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
     """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``).

@@ -30,6 +30,7 @@ the few tensors under suspicion and never on a healthy step:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -289,13 +290,10 @@ def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
     """For each missing tensor's :func:`layers_of`, the layer that was skipped: the innermost item whose
     siblings ran (a sibling ran when some of its ``counts`` tensors, by ``(container, index)``, got a
     gradient: fewer of them missed than it holds); None when no sibling ran in any of its containers."""
-    missed: dict[tuple[str, int], int] = {}
-    for layers in candidates:
-        for layer in layers:
-            missed[layer] = missed.get(layer, 0) + 1
+    missed = collections.Counter(layer for layers in candidates for layer in layers)
     ran: dict[str, set[int]] = {}
     for (container, index), total in counts.items():
-        if missed.get((container, index), 0) < total:
+        if missed[container, index] < total:
             ran.setdefault(container, set()).add(index)
     return [next((layer for layer in layers if ran.get(layer[0], set()) - {layer[1]}), None) for layers in candidates]
 

@@ -193,12 +193,13 @@ def _switch_name(frame: FrameType | None) -> str:
     return "`torch.set_grad_enabled(False)`"
 
 
+def _tensors_in(args: Iterable[Any]) -> list[torch.Tensor]:
+    """The tensors among ``args`` and in the lists and tuples among them (``torch.stack``'s, at most 64 each)."""
+    return [t for a in args for t in (a[:64] if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, torch.Tensor)]
+
+
 def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
-    found = []
-    for a in args:
-        items = a[:64] if isinstance(a, (list, tuple)) else (a,)
-        found.extend(t for t in items if isinstance(t, torch.Tensor) and t.requires_grad)
-    return found
+    return [t for t in _tensors_in(args) if t.requires_grad]
 
 
 def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: FrameType) -> Any:
@@ -319,11 +320,10 @@ class CutRecorder(TorchFunctionMode):
         try:
             if func in _SWITCHES_ON:
                 return
-            for a in args[:8]:
-                for t in (a[:64] if isinstance(a, (list, tuple)) else (a,)):
-                    seen = self.switched_on.get(id(t)) if isinstance(t, torch.Tensor) else None
-                    if seen is not None and seen.tensor() is t:
-                        seen.ops.add(getattr(func, "__name__", "?"))
+            for t in _tensors_in(args[:8]):
+                seen = self.switched_on.get(id(t))
+                if seen is not None and seen.tensor() is t:
+                    seen.ops.add(getattr(func, "__name__", "?"))
         except Exception as error:
             self.error = error
 

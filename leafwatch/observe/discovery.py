@@ -487,24 +487,20 @@ def _children(value: Any) -> list[tuple[str, Any]]:
         attributes = list(vars(value).items())
     except TypeError:
         return []
+    keys: list[tuple[str, Any]] = []
     if isinstance(value, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):  # indexed: `blocks[0]`, `heads['a']`
         keys = [(f"[{int(k)}]" if isinstance(value, (nn.Sequential, nn.ModuleList)) else f"[{k!r}]", m)
                 for k, m in value._modules.items() if m is not None]
-        return keys + _children_of(attributes)
-    if isinstance(value, nn.Module):
+    elif isinstance(value, nn.Module):
         attributes = list(value._modules.items()) + attributes
-    return _children_of(attributes)
-
-
-def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
-    """The public attributes that may lead to a module: containers, optimizers, and plain objects of
-    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class, a
-    function, a module object, or an object that runs code of its own when read."""
-    return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and frames.readable(v)
-            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
-                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type, types.ModuleType))
-                     and not callable(v)))]
+    # The public attributes that may lead to a module: containers, optimizers, and plain objects of the user's
+    # or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class, a function, a module
+    # object, or an object that runs code of its own when read.
+    return keys + [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
+                   and frames.readable(v)
+                   and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
+                        or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type, types.ModuleType))
+                            and not callable(v)))]
 
 
 def user_scope(limit: int = 8) -> dict[str, Any]:

@@ -347,9 +347,7 @@ class Inventory:
 
     def all_names(self) -> set[str]:
         """Every name a finding on this structure can have: parameters, aliases, orphans."""
-        names = {info.name for info in self.params.values()}
-        names |= {a for info in self.params.values() for a in info.aliases}
-        return names | {o.name for o in self.orphans()}
+        return {n for info in self.params.values() for n in (info.name, *info.aliases)} | {o.name for o in self.orphans()}
 
     def trainable(self) -> list[tuple[ParamInfo, torch.Tensor]]:
         return [(self.params[k], t) for k, t in self.tensors.items() if t.requires_grad]

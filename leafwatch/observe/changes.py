@@ -42,6 +42,7 @@ from torch import nn
 from . import follow as follow_
 from .frames import readable
 from .inventory import Inventory, has_values
+from .names import ancestors
 
 Verdict = Literal["changed", "unchanged", "unknown"]
 #: What :meth:`HandUpdates.verdict` says of a tensor that gets gradients in no optimizer.
@@ -274,15 +275,9 @@ def layers_of(module_name: str, modules: Mapping[str, nn.Module]) -> tuple[tuple
     """Each ``(container, index)`` where ``module_name`` (or an ancestor) is an item of an ``nn.ModuleList``,
     the innermost first: x-transformers' ``layers.7.0.0`` is item 0 of the norms of ``layers.7``, item 0 of
     ``layers.7`` and item 7 of ``layers`` (the stack its ``layer_dropout`` skips)."""
-    parts = module_name.split(".") if module_name else []
-    found = []
-    for depth in range(len(parts) - 1, 0, -1):
-        if not parts[depth].isdigit():
-            continue
-        container = ".".join(parts[:depth])
-        if isinstance(modules.get(container), nn.ModuleList):
-            found.append((container, int(parts[depth])))
-    return tuple(found)
+    split = [path.rpartition(".") for path in (module_name, *ancestors(module_name))]
+    return tuple((container, int(index)) for container, _, index in split
+                 if container and index.isdigit() and isinstance(modules.get(container), nn.ModuleList))
 
 
 def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
@@ -300,14 +295,12 @@ def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
 
 def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> float:
     """The largest drop rate declared on the container or an ancestor (or its ``config``); 0 if none."""
-    parts = container.split(".") if container else []
     rate = 0.0
     holder = modules.get(container)
     p = getattr(holder, "p", None)
     if "drop" in type(holder).__name__.lower() and isinstance(p, float) and 0 < p < 1:
         rate = p  # fairseq's LayerDropModuleList(p=...)
-    for depth in range(len(parts) + 1):
-        module = modules.get(".".join(parts[:depth]))
+    for module in (modules.get(path) for path in ("", *ancestors(container), container)):
         for owner in (module, getattr(module, "config", None)):
             named = {n for n in _attribute_names(owner) if any(word in n.lower() for word in DROP_RATE_NAMES)}
             for name in (*DROP_RATE_ATTRIBUTES, *sorted(named - set(DROP_RATE_ATTRIBUTES))):

@@ -149,11 +149,11 @@ def is_integer(dtype: Any) -> bool:
     return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex)
 
 
-def _steps_upstream(sources: list[torch.Tensor], limit: int = MAX_NODES_PER_SITE) -> tuple[str, ...]:
+def _steps_upstream(sources: list[torch.Tensor]) -> tuple[str, ...]:
     found: dict[str, None] = {}
     seen: set[int] = set()
     for t in sources:
-        for node in graph.iter_nodes(t.grad_fn, limit, seen):
+        for node in graph.iter_nodes(t.grad_fn, MAX_NODES_PER_SITE, seen):
             step = _STEP_NODES.get(type(node).__name__.rstrip("0123456789"))
             if step is not None:
                 found[step] = None
@@ -219,7 +219,7 @@ def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: Fram
 class CutRecorder(TorchFunctionMode):
     """Records the cuts of one forward pass (entered by the Tracer's root pre-hook, left at its end)."""
 
-    def __init__(self, first_order: int = 0, follow: Callable[[torch.Tensor], follow_.Ref] = follow_.weakly) -> None:
+    def __init__(self, first_order: int, follow: Callable[[torch.Tensor], follow_.Ref]) -> None:
         super().__init__()
         #: How a tensor switched to requires_grad is followed (the Tracer's: through the module that holds it).
         self._follow = follow
@@ -356,8 +356,7 @@ class CutRecorder(TorchFunctionMode):
                 return None
             self._order += 1
             cut = into[key] = Cut(CutSite(op[0], where[0], where[1], op[1]), set(), self._order)
-            self._seen[key] = set()
-        seen = self._seen[key]
+        seen = self._seen.setdefault(key, set())
         for t in sources:
             if t.grad_fn is None:
                 cut.leaves.add(id(t))  # a leaf itself (`self.weight.detach()`)

@@ -51,11 +51,11 @@ _MAX_GLOBALS = 2_000
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
-def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
-    """The frames of user code of the caller's stack, innermost first, at most ``limit``:
+def user_frames() -> Iterator[Any]:
+    """The frames of user code of the caller's stack, innermost first, at most :data:`_MAX_FRAMES`:
     :func:`leafwatch.observe.frames.user_frames` passing over leafwatch's and torch's own frames only
     (a framework's frame, such as a Trainer's, may hold the script's objects)."""
-    return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=depth), limit)
+    return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=2), _MAX_FRAMES)
 
 
 def _frame_values(frame: Any) -> list[Any]:
@@ -503,12 +503,12 @@ def _children(value: Any) -> list[tuple[str, Any]]:
                             and not callable(v)))]
 
 
-def user_scope(limit: int = 8) -> dict[str, Any]:
-    """The variables of the user's frames on the stack, innermost first (a name seen first wins):
+def user_scope() -> dict[str, Any]:
+    """The variables of the user's 8 innermost frames on the stack, innermost first (a name seen first wins):
     where a callback or a step hook finds the user's names for the objects it was not handed. The
     readable ones only (:func:`leafwatch.observe.frames.readable`): the callers read them."""
     scope: dict[str, Any] = {}
-    for frame in itertools.islice(frames.user_frames(depth=2), limit):
+    for frame in itertools.islice(frames.user_frames(depth=2), 8):
         for key, value in list(frame.f_locals.items())[:_MAX_LOCALS]:
             if key not in scope and frames.readable(value):
                 scope[key] = value

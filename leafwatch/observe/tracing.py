@@ -133,9 +133,8 @@ class Tracer:
     def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
         """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
         (a new miss, a new structure), the forward after the next reset runs under the recorder."""
-        armed = set(self.handles)
-        self.disarm(armed - set(wanted))
-        self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
+        self.disarm(set(self.handles) - set(wanted))
+        self.arm(wanted, instrument=False)  # (those armed already are passed over)
         # The registered parameters, read again between steps (none is swapped in then): a
         # parameter replaced since the hooks were armed is no weight swapped in for a call.
         self._own = {n: _own_parameters(m) for n, m in self.handles.items()}

@@ -362,7 +362,7 @@ class Discovery:
         return dict(self._variables)
 
     # -- roots -----------------------------------------------------------------------------------
-    def update_roots(self, checked: bool = True) -> None:
+    def update_roots(self, checked: bool) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])

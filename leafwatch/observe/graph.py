@@ -51,7 +51,7 @@ class Origin:
     leaf: LeafInfo | None
 
 
-def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
+def iter_nodes(root: object, limit: int, seen: set[int] | None = None) -> Iterator[object]:
     """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``).
 
     ``seen``: node ids already walked (by an earlier walk that shares it), passed over; the ids
@@ -71,7 +71,7 @@ def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = Non
                 stack.append(child)
 
 
-def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tensor], bool]:
+def leaves_of(grad_fn: object, limit: int) -> tuple[list[torch.Tensor], bool]:
     """The leaf tensors a graph accumulates into, and whether the walk was complete."""
     leaves: list[torch.Tensor] = []
     count = 0
@@ -82,10 +82,10 @@ def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tenso
     return leaves, count < limit
 
 
-def computed_from(t: torch.Tensor, ids: set[int] | dict[int, object], limit: int = 2_000) -> bool:
+def computed_from(t: torch.Tensor, ids: set[int] | dict[int, object]) -> bool:
     """Whether the non-leaf ``t`` was computed from at least one tensor of ``ids`` (or its graph is too large
     to tell): an output or a loss kept, no tensor of its own."""
-    leaves, complete = leaves_of(t.grad_fn, limit)
+    leaves, complete = leaves_of(t.grad_fn, 2_000)
     return not complete or any(id(leaf) in ids for leaf in leaves)
 
 

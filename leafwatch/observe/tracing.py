@@ -130,7 +130,7 @@ class Tracer:
         #: Each armed module's registered parameters (attribute -> id), to tell weights swapped in.
         self._own: dict[str, dict[str, int]] = {}
 
-    def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
+    def retarget(self, wanted: dict[str, nn.Module], instrument: bool) -> None:
         """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
         (a new miss, a new structure), the forward after the next reset runs under the recorder."""
         self.disarm(set(self.handles) - set(wanted))

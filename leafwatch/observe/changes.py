@@ -30,6 +30,7 @@ the few tensors under suspicion and never on a healthy step:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,7 @@ from torch import nn
 from . import follow as follow_
 from .frames import readable
 from .inventory import Inventory, has_values
+from .names import ancestors
 
 Verdict = Literal["changed", "unchanged", "unknown"]
 #: What :meth:`HandUpdates.verdict` says of a tensor that gets gradients in no optimizer.
@@ -174,10 +176,8 @@ class ChangeEvidence:
         (``unknown``): a swap replaces its version, storage and values' dtype with nothing trained.
         """
         s = self._snapshots.get(id(t))
-        if s is not None and s.ref() is t and follow_.impl(t) != s.contents:
-            del self._snapshots[id(t)]  # swapped since noted: a conversion, no update; noted again
-        s = self._snapshots.get(id(t))
-        if s is None or s.ref() is not t:
+        if s is None or s.ref() is not t or follow_.impl(t) != s.contents:  # (swapped since noted: no update)
+            self._snapshots.pop(id(t), None)
             self.note(t)
             return "unknown"
         if t._version != s.version or _pointer(t, readable=s.pointer != 0) != s.pointer:
@@ -275,15 +275,9 @@ def layers_of(module_name: str, modules: Mapping[str, nn.Module]) -> tuple[tuple
     """Each ``(container, index)`` where ``module_name`` (or an ancestor) is an item of an ``nn.ModuleList``,
     the innermost first: x-transformers' ``layers.7.0.0`` is item 0 of the norms of ``layers.7``, item 0 of
     ``layers.7`` and item 7 of ``layers`` (the stack its ``layer_dropout`` skips)."""
-    parts = module_name.split(".") if module_name else []
-    found = []
-    for depth in range(len(parts) - 1, 0, -1):
-        if not parts[depth].isdigit():
-            continue
-        container = ".".join(parts[:depth])
-        if isinstance(modules.get(container), nn.ModuleList):
-            found.append((container, int(parts[depth])))
-    return tuple(found)
+    split = [path.rpartition(".") for path in (module_name, *ancestors(module_name))]
+    return tuple((container, int(index)) for container, _, index in split
+                 if container and index.isdigit() and isinstance(modules.get(container), nn.ModuleList))
 
 
 def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
@@ -291,27 +285,22 @@ def skipped_layers(candidates: Sequence[tuple[tuple[str, int], ...]],
     """For each missing tensor's :func:`layers_of`, the layer that was skipped: the innermost item whose
     siblings ran (a sibling ran when some of its ``counts`` tensors, by ``(container, index)``, got a
     gradient: fewer of them missed than it holds); None when no sibling ran in any of its containers."""
-    missed: dict[tuple[str, int], int] = {}
-    for layers in candidates:
-        for layer in layers:
-            missed[layer] = missed.get(layer, 0) + 1
+    missed = collections.Counter(layer for layers in candidates for layer in layers)
     ran: dict[str, set[int]] = {}
     for (container, index), total in counts.items():
-        if missed.get((container, index), 0) < total:
+        if missed[container, index] < total:
             ran.setdefault(container, set()).add(index)
     return [next((layer for layer in layers if ran.get(layer[0], set()) - {layer[1]}), None) for layers in candidates]
 
 
 def declared_drop_rate(container: str, modules: Mapping[str, nn.Module]) -> float:
     """The largest drop rate declared on the container or an ancestor (or its ``config``); 0 if none."""
-    parts = container.split(".") if container else []
     rate = 0.0
     holder = modules.get(container)
     p = getattr(holder, "p", None)
     if "drop" in type(holder).__name__.lower() and isinstance(p, float) and 0 < p < 1:
         rate = p  # fairseq's LayerDropModuleList(p=...)
-    for depth in range(len(parts) + 1):
-        module = modules.get(".".join(parts[:depth]))
+    for module in (modules.get(path) for path in ("", *ancestors(container), container)):
         for owner in (module, getattr(module, "config", None)):
             named = {n for n in _attribute_names(owner) if any(word in n.lower() for word in DROP_RATE_NAMES)}
             for name in (*DROP_RATE_ATTRIBUTES, *sorted(named - set(DROP_RATE_ATTRIBUTES))):

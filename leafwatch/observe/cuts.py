@@ -127,18 +127,6 @@ class CutSite:
     called_from: Place | None
     rank: int = 0
 
-    @property
-    def label(self) -> str:
-        """A short name for the mistake (the group of every tensor cut here): ".detach() at deep.py:13"."""
-        return f"{self.op.strip('`')} at {self.called_from or self.place}"
-
-    def described(self) -> str:
-        """"`.detach()` at deep.py:13 (in `Deep.forward`)", with the user's call for a library's line."""
-        text = f"{self.op} at {self.place.described()}"
-        if self.called_from is not None:
-            text += f", called from {self.called_from.described()}"
-        return text
-
 
 @dataclasses.dataclass
 class Cut:
@@ -161,11 +149,11 @@ def is_integer(dtype: Any) -> bool:
     return isinstance(dtype, torch.dtype) and not (dtype.is_floating_point or dtype.is_complex)
 
 
-def _steps_upstream(sources: list[torch.Tensor], limit: int = MAX_NODES_PER_SITE) -> tuple[str, ...]:
+def _steps_upstream(sources: list[torch.Tensor]) -> tuple[str, ...]:
     found: dict[str, None] = {}
     seen: set[int] = set()
     for t in sources:
-        for node in graph.iter_nodes(t.grad_fn, limit, seen):
+        for node in graph.iter_nodes(t.grad_fn, MAX_NODES_PER_SITE, seen):
             step = _STEP_NODES.get(type(node).__name__.rstrip("0123456789"))
             if step is not None:
                 found[step] = None
@@ -205,12 +193,13 @@ def _switch_name(frame: FrameType | None) -> str:
     return "`torch.set_grad_enabled(False)`"
 
 
+def _tensors_in(args: Iterable[Any]) -> list[torch.Tensor]:
+    """The tensors among ``args`` and in the lists and tuples among them (``torch.stack``'s, at most 64 each)."""
+    return [t for a in args for t in (a[:64] if isinstance(a, (list, tuple)) else (a,)) if isinstance(t, torch.Tensor)]
+
+
 def _inputs_with_grad(args: Iterable[Any]) -> list[torch.Tensor]:
-    found = []
-    for a in args:
-        items = a[:64] if isinstance(a, (list, tuple)) else (a,)
-        found.extend(t for t in items if isinstance(t, torch.Tensor) and t.requires_grad)
-    return found
+    return [t for t in _tensors_in(args) if t.requires_grad]
 
 
 def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: FrameType) -> Any:
@@ -230,7 +219,7 @@ def _at_callers_line(func: Any, args: tuple[Any, ...], kwargs: Any, caller: Fram
 class CutRecorder(TorchFunctionMode):
     """Records the cuts of one forward pass (entered by the Tracer's root pre-hook, left at its end)."""
 
-    def __init__(self, first_order: int = 0, follow: Callable[[torch.Tensor], follow_.Ref] = follow_.weakly) -> None:
+    def __init__(self, first_order: int, follow: Callable[[torch.Tensor], follow_.Ref]) -> None:
         super().__init__()
         #: How a tensor switched to requires_grad is followed (the Tracer's: through the module that holds it).
         self._follow = follow
@@ -255,18 +244,22 @@ class CutRecorder(TorchFunctionMode):
         except TypeError:  # an unhashable callable
             op = None
         if op is None:
-            if func is _SET_GRAD_ENABLED:
-                self._switch(args)
-            elif not torch.is_grad_enabled() and self.error is None:
-                self._op_without_grad(func, args)
-            elif func in _ZERO_GRADIENT_OPS and self.error is None:
-                self._zero_gradient(func, args)
-            elif func in _SWITCHES_ON and self.error is None:
-                self._switch_on(func, args, kwargs)
-            elif func in _INTEGER_METHODS and self.error is None and args and isinstance(args[0], torch.Tensor) \
-                    and args[0].requires_grad:
-                return self._to_integer(func, args, kwargs)
-            return func(*args, **kwargs)
+            to_integer = False
+            try:  # a failure is kept in `error` (the Tracer trusts nothing recorded), never raised in the forward
+                if func is _SET_GRAD_ENABLED:
+                    self._switch(args)
+                elif not torch.is_grad_enabled() and self.error is None:
+                    self._op_without_grad(func, args)
+                elif func in _ZERO_GRADIENT_OPS and self.error is None:
+                    self._zero_gradient(func, args)
+                elif func in _SWITCHES_ON and self.error is None:
+                    self._switch_on(func, args, kwargs)
+                else:
+                    to_integer = func in _INTEGER_METHODS and self.error is None and bool(args) \
+                        and isinstance(args[0], torch.Tensor) and args[0].requires_grad
+            except Exception as error:
+                self.error = error
+            return self._to_integer(func, args, kwargs) if to_integer else func(*args, **kwargs)
         integer = kwargs.get("dtype") if func in _MAY_KEEP_GRAPH and is_integer(kwargs.get("dtype")) else None
         if integer is not None:  # `torch.as_tensor(box, dtype=torch.long)`: indices
             op = (f"{op[0][:-5]}..., dtype={integer})`", op[1])
@@ -289,46 +282,37 @@ class CutRecorder(TorchFunctionMode):
         return result
 
     def _switch(self, args: tuple[Any, ...]) -> None:
-        try:
-            if args and args[0] is False and torch.is_grad_enabled():
-                caller = sys._getframe(2)
-                where = place_of_call(caller)
-                self._off_at = None if where is None else (_switch_name(caller), where)
-            elif args and args[0] is True:
-                self._off_at = None
-        except Exception as error:
-            self.error = error
+        if args and args[0] is False and torch.is_grad_enabled():
+            caller = sys._getframe(2)
+            where = place_of_call(caller)
+            self._off_at = None if where is None else (_switch_name(caller), where)
+        elif args and args[0] is True:
+            self._off_at = None
 
     def _op_without_grad(self, func: Any, args: tuple[Any, ...]) -> None:
-        try:
-            sources = _inputs_with_grad(args)
-            if not sources:
-                return
-            if torch.is_inference_mode_enabled():
-                op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
-            elif self._off_at is not None:
-                op, where = self._off_at
-            else:  # switched off before the forward's own ops (by a library, or at its start)
-                op, where = "grad mode off", place_of_call(sys._getframe(2))
-            if where is not None:
-                self._cut((op, 0), where, sources)
-        except Exception as error:
-            self.error = error
+        sources = _inputs_with_grad(args)
+        if not sources:
+            return
+        if torch.is_inference_mode_enabled():
+            op, where = "`torch.inference_mode()`", place_of_call(sys._getframe(2))
+        elif self._off_at is not None:
+            op, where = self._off_at
+        else:  # switched off before the forward's own ops (by a library, or at its start)
+            op, where = "grad mode off", place_of_call(sys._getframe(2))
+        if where is not None:
+            self._cut((op, 0), where, sources)
 
     def _switch_on(self, func: Any, args: tuple[Any, ...], kwargs: Any) -> None:
         """``t.requires_grad_()`` / ``t.requires_grad = True`` on a leaf: where (a registered buffer a
         library's forward switches on is that library's constant, not a tensor meant to train)."""
-        try:
-            t = args[0] if args else None
-            on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
-            if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
-                    or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
-                return
-            where = place_of_call(sys._getframe(2))
-            if where is not None:
-                self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
-        except Exception as error:
-            self.error = error
+        t = args[0] if args else None
+        on = args[1] if len(args) > 1 else kwargs.get("requires_grad", func is torch.Tensor.requires_grad_)
+        if on is not True or not isinstance(t, torch.Tensor) or t.grad_fn is not None \
+                or id(t) in self.switched_on or len(self.switched_on) >= MAX_SITES:
+            return
+        where = place_of_call(sys._getframe(2))
+        if where is not None:
+            self.switched_on[id(t)] = SwitchedOn(self._follow(t), *where)
 
     def _used(self, func: Any, args: tuple[Any, ...]) -> None:
         """Note ``func`` as a use of each tensor switched on earlier in this forward that it takes (in its
@@ -336,11 +320,10 @@ class CutRecorder(TorchFunctionMode):
         try:
             if func in _SWITCHES_ON:
                 return
-            for a in args[:8]:
-                for t in (a[:64] if isinstance(a, (list, tuple)) else (a,)):
-                    seen = self.switched_on.get(id(t)) if isinstance(t, torch.Tensor) else None
-                    if seen is not None and seen.tensor() is t:
-                        seen.ops.add(getattr(func, "__name__", "?"))
+            for t in _tensors_in(args[:8]):
+                seen = self.switched_on.get(id(t))
+                if seen is not None and seen.tensor() is t:
+                    seen.ops.add(getattr(func, "__name__", "?"))
         except Exception as error:
             self.error = error
 
@@ -358,13 +341,10 @@ class CutRecorder(TorchFunctionMode):
         return result
 
     def _zero_gradient(self, func: Any, args: tuple[Any, ...]) -> None:
-        try:
-            sources = _inputs_with_grad(args[:1])
-            where = place_of_call(sys._getframe(2)) if sources else None
-            if where is not None:
-                self._cut((_ZERO_GRADIENT_OPS[func], 0), where, sources, self.zero_ops)
-        except Exception as error:
-            self.error = error
+        sources = _inputs_with_grad(args[:1])
+        where = place_of_call(sys._getframe(2)) if sources else None
+        if where is not None:
+            self._cut((_ZERO_GRADIENT_OPS[func], 0), where, sources, self.zero_ops)
 
     def _cut(self, op: tuple[str, int], where: tuple[Place, Place | None], sources: list[torch.Tensor],
              into: dict[tuple[str, Place, Place | None], Cut] | None = None) -> Cut | None:
@@ -376,8 +356,7 @@ class CutRecorder(TorchFunctionMode):
                 return None
             self._order += 1
             cut = into[key] = Cut(CutSite(op[0], where[0], where[1], op[1]), set(), self._order)
-            self._seen[key] = set()
-        seen = self._seen[key]
+        seen = self._seen.setdefault(key, set())
         for t in sources:
             if t.grad_fn is None:
                 cut.leaves.add(id(t))  # a leaf itself (`self.weight.detach()`)

@@ -51,7 +51,7 @@ class Diagnostics:
             self.warn("arming the diagnostic hooks", error)
 
     def retarget(self, changes: int, missing: Iterable[int], cleared: Sequence[int],
-                 settled: tuple[int, Collection[int]] = (0, ())) -> None:
+                 settled: tuple[int, Collection[int]]) -> None:
         """After a check: the hooks follow the tensors that miss now (ids; ``changes`` counts that set's
         changes) and the gradients found cleared, worked out again only when one of them or the
         structure changes (handed over: observe/ reads no detector's state). ``settled``: (a count of its

@@ -51,11 +51,11 @@ _MAX_GLOBALS = 2_000
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 
 
-def user_frames(limit: int = _MAX_FRAMES, depth: int = 2) -> Iterator[Any]:
-    """The frames of user code of the caller's stack, innermost first, at most ``limit``:
+def user_frames() -> Iterator[Any]:
+    """The frames of user code of the caller's stack, innermost first, at most :data:`_MAX_FRAMES`:
     :func:`leafwatch.observe.frames.user_frames` passing over leafwatch's and torch's own frames only
     (a framework's frame, such as a Trainer's, may hold the script's objects)."""
-    return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=depth), limit)
+    return itertools.islice(frames.user_frames(frameworks=False, skip=(_TORCH_DIR,), depth=2), _MAX_FRAMES)
 
 
 def _frame_values(frame: Any) -> list[Any]:
@@ -362,7 +362,7 @@ class Discovery:
         return dict(self._variables)
 
     # -- roots -----------------------------------------------------------------------------------
-    def update_roots(self, checked: bool = True) -> None:
+    def update_roots(self, checked: bool) -> None:
         """Read the roots again (a change goes to ``on_roots``); remove the module hook once stable."""
         # With the optimizers held that have not stepped (yet): a network whose optimizer never steps is judged.
         in_optimizers = optimizer_ids([*self.optimizers, *self.waiting_optimizers()])
@@ -407,22 +407,15 @@ class Discovery:
             # (a tensor an optimizer holds persists: watched at first sight)
             if (before is None or before() is not t) and id(t) not in in_optimizers or name in self._script_watched:
                 continue
-            if not t.is_leaf and _derived_from(t, self._owned | in_optimizers, self.modules_seen()):
-                continue  # an output or a loss kept at module level
+            if not t.is_leaf and graph.computed_from(t, self._owned | in_optimizers | {
+                    id(p) for m in self.modules_seen() for p in m.parameters(recurse=False)}):
+                continue  # an output or a loss kept at module level (made from tensors held or of modules that ran)
             # The Monitor reports it with the rest (no warning at the watch, as watch() gives).
             watches.add(t, name, named_by_caller=True, expect_leaf=True, expect_grad=id(t) in in_optimizers,
                                 location="the script's module level")
             self._script_watched.add(name)
         self._script_tensors = {name: follow.follow(t, optimizers=self.optimizers) for name, t in found.items()}
 
-
-
-def _derived_from(t: torch.Tensor, held: set[int], modules: list[nn.Module]) -> bool:
-    """Whether the non-leaf ``t`` comes from the tensors ``held`` or those of the ``modules`` that ran (or its graph
-    is too large to tell): an output or a loss the script keeps, no tensor of its own."""
-    leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-    held = held | {id(p) for m in modules for p in m.parameters(recurse=False)}
-    return not complete or any(id(leaf) in held for leaf in leaves)
 
 
 def _used_without_running(module: nn.Module, ids: set[int], seen: dict[int, Any]) -> set[int]:
@@ -494,32 +487,28 @@ def _children(value: Any) -> list[tuple[str, Any]]:
         attributes = list(vars(value).items())
     except TypeError:
         return []
+    keys: list[tuple[str, Any]] = []
     if isinstance(value, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):  # indexed: `blocks[0]`, `heads['a']`
         keys = [(f"[{int(k)}]" if isinstance(value, (nn.Sequential, nn.ModuleList)) else f"[{k!r}]", m)
                 for k, m in value._modules.items() if m is not None]
-        return keys + _children_of(attributes)
-    if isinstance(value, nn.Module):
+    elif isinstance(value, nn.Module):
         attributes = list(value._modules.items()) + attributes
-    return _children_of(attributes)
+    # The public attributes that may lead to a module: containers, optimizers, and plain objects of the user's
+    # or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class, a function, a module
+    # object, or an object that runs code of its own when read.
+    return keys + [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
+                   and frames.readable(v)
+                   and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
+                        or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type, types.ModuleType))
+                            and not callable(v)))]
 
 
-def _children_of(attributes: list[tuple[Any, Any]]) -> list[tuple[str, Any]]:
-    """The public attributes that may lead to a module: containers, optimizers, and plain objects of
-    the user's or a library's (a skorch ``NeuralNet``), not a tensor, a number, a string, a class, a
-    function, a module object, or an object that runs code of its own when read."""
-    return [(f".{k}", v) for k, v in attributes if isinstance(k, str) and k.isidentifier() and not k.startswith("_")
-            and frames.readable(v)
-            and (isinstance(v, (nn.Module, list, tuple, dict, torch.optim.Optimizer))
-                 or (hasattr(v, "__dict__") and not isinstance(v, (torch.Tensor, type, types.ModuleType))
-                     and not callable(v)))]
-
-
-def user_scope(limit: int = 8) -> dict[str, Any]:
-    """The variables of the user's frames on the stack, innermost first (a name seen first wins):
+def user_scope() -> dict[str, Any]:
+    """The variables of the user's 8 innermost frames on the stack, innermost first (a name seen first wins):
     where a callback or a step hook finds the user's names for the objects it was not handed. The
     readable ones only (:func:`leafwatch.observe.frames.readable`): the callers read them."""
     scope: dict[str, Any] = {}
-    for frame in itertools.islice(frames.user_frames(depth=2), limit):
+    for frame in itertools.islice(frames.user_frames(depth=2), 8):
         for key, value in list(frame.f_locals.items())[:_MAX_LOCALS]:
             if key not in scope and frames.readable(value):
                 scope[key] = value

@@ -11,19 +11,18 @@ from collections.abc import Iterator
 
 import torch
 
-# grad_fn class names (without the trailing version digit) grouped by what the user wrote.
-_COPY_OPS = {"ToCopyBackward"}
-_CLONE_OPS = {"CloneBackward"}
-_ARITHMETIC_OPS = {
-    "MulBackward", "DivBackward", "AddBackward", "SubBackward", "NegBackward", "PowBackward",
-    "RsubBackward", "ExpBackward", "LogBackward", "SqrtBackward", "AbsBackward", "ClampBackward",
-    "SigmoidBackward", "TanhBackward", "SoftplusBackward",
-}
-_VIEW_OPS = {
-    "ViewBackward", "SliceBackward", "SelectBackward", "UnsqueezeBackward", "SqueezeBackward",
-    "TBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "AsStridedBackward",
-    "ReshapeAliasBackward", "UnsafeViewBackward", "IndexBackward", "NarrowBackward",
-    "SplitBackward", "UnbindBackward", "AliasBackward", "UnfoldBackward", "DiagonalBackward",
+# grad_fn class names (without the trailing version digit) -> what the user wrote (a copy: its device or dtype).
+_KINDS = {
+    "ToCopyBackward": "copy", "CloneBackward": "clone",
+    **dict.fromkeys((
+        "MulBackward", "DivBackward", "AddBackward", "SubBackward", "NegBackward", "PowBackward",
+        "RsubBackward", "ExpBackward", "LogBackward", "SqrtBackward", "AbsBackward", "ClampBackward",
+        "SigmoidBackward", "TanhBackward", "SoftplusBackward"), "arithmetic"),
+    **dict.fromkeys((
+        "ViewBackward", "SliceBackward", "SelectBackward", "UnsqueezeBackward", "SqueezeBackward",
+        "TBackward", "TransposeBackward", "PermuteBackward", "ExpandBackward", "AsStridedBackward",
+        "ReshapeAliasBackward", "UnsafeViewBackward", "IndexBackward", "NarrowBackward",
+        "SplitBackward", "UnbindBackward", "AliasBackward", "UnfoldBackward", "DiagonalBackward"), "view"),
 }
 
 #: How many autograd nodes one walk may visit before it gives up.
@@ -51,15 +50,8 @@ class Origin:
     dtype: str
     leaf: LeafInfo | None
 
-    def to_args(self, leaf_name: str | None = None) -> dict[str, object]:
-        """Plain data for a finding's arguments (``leaf_name``: the user's name of the leaf, if known)."""
-        leaf = None if self.leaf is None else {
-            "shape": list(self.leaf.shape), "dtype": self.leaf.dtype, "device": self.leaf.device,
-            "is_parameter": self.leaf.is_parameter, "name": leaf_name}
-        return {"op": self.op, "kind": self.kind, "device": self.device, "dtype": self.dtype, "leaf": leaf}
 
-
-def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = None) -> Iterator[object]:
+def iter_nodes(root: object, limit: int, seen: set[int] | None = None) -> Iterator[object]:
     """Every autograd node reachable from ``root`` (depth first, each once, at most ``limit``).
 
     ``seen``: node ids already walked (by an earlier walk that shares it), passed over; the ids
@@ -79,7 +71,7 @@ def iter_nodes(root: object, limit: int = MAX_NODES, seen: set[int] | None = Non
                 stack.append(child)
 
 
-def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tensor], bool]:
+def leaves_of(grad_fn: object, limit: int) -> tuple[list[torch.Tensor], bool]:
     """The leaf tensors a graph accumulates into, and whether the walk was complete."""
     leaves: list[torch.Tensor] = []
     count = 0
@@ -88,6 +80,13 @@ def leaves_of(grad_fn: object, limit: int = MAX_NODES) -> tuple[list[torch.Tenso
         if isinstance(variable, torch.Tensor):
             leaves.append(variable)
     return leaves, count < limit
+
+
+def computed_from(t: torch.Tensor, ids: set[int] | dict[int, object]) -> bool:
+    """Whether the non-leaf ``t`` was computed from at least one tensor of ``ids`` (or its graph is too large
+    to tell): an output or a loss kept, no tensor of its own."""
+    leaves, complete = leaves_of(t.grad_fn, 2_000)
+    return not complete or any(id(leaf) in ids for leaf in leaves)
 
 
 #: What :func:`reachable_leaf_ids` returns for a loss with no autograd graph: no leaf is reached.
@@ -116,19 +115,11 @@ def origin(tensor: torch.Tensor) -> Origin | None:
     leaf = leaves[0] if leaves else None
     info = None if leaf is None else LeafInfo(tuple(leaf.shape), str(leaf.dtype).replace("torch.", ""),
                                               str(leaf.device), isinstance(leaf, torch.nn.Parameter), id(leaf))
-    if base in _COPY_OPS:
-        if leaf is not None and leaf.device != tensor.device:
-            kind = "device"
-        else:
-            kind = "dtype" if leaf is not None and leaf.dtype != tensor.dtype else "copy"
-    elif base in _CLONE_OPS:
-        kind = "clone"
-    elif base in _ARITHMETIC_OPS:
-        kind = "arithmetic"
-    elif base in _VIEW_OPS:
-        kind = "view"
-    else:
-        kind = "other"
+    kind = _KINDS.get(base, "other")
+    if kind == "copy" and leaf is not None and leaf.device != tensor.device:
+        kind = "device"
+    elif kind == "copy" and leaf is not None and leaf.dtype != tensor.dtype:
+        kind = "dtype"
     return Origin(op=op, kind=kind, device=str(tensor.device), dtype=str(tensor.dtype), leaf=info)
 
 

@@ -221,10 +221,7 @@ def _decorated(function: Any, source: Source) -> tuple[str, str, Span, str, str]
     if code is None or not frames.is_users_file(code.co_filename):  # a library's function: no edit of its file
         return None
     path = code.co_filename
-    tree = source.tree(path)
-    definition = next((f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
-                       and f.name == code.co_name and f.decorator_list
-                       and min(d.lineno for d in f.decorator_list) == code.co_firstlineno), None) if tree else None
+    definition = _definition(code, source)
     for decorator in definition.decorator_list if definition is not None else ():
         if _grad_off(decorator, wrapped.__globals__):  # type: ignore[union-attr]
             lines = source.lines(path)

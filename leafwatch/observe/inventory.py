@@ -212,28 +212,19 @@ _MAX_CONTAINER_ITEMS = 64
 _MAX_CONTAINER_DEPTH = 4
 
 
-def _container_kind(value: Any) -> str | None:
-    """``"list"``/``"dict"``/``"namedtuple"``/``"dataclass"`` for a plain container, else None."""
+def _container_items(value: Any) -> tuple[str, Iterable[tuple[str, Any]]] | None:
+    """The kind of a plain container (``"list"``/``"dict"``/``"namedtuple"``/``"dataclass"``) and its
+    ``(access suffix, item)`` pairs, at most a bounded number; None for anything else."""
+    n = _MAX_CONTAINER_ITEMS
     if isinstance(value, tuple) and hasattr(type(value), "_fields"):
-        return "namedtuple"
+        return "namedtuple", ((f".{f}", getattr(value, f)) for f in value._fields[:n])
     if isinstance(value, (list, tuple)):
-        return "list"
+        return "list", ((f"[{i}]", item) for i, item in enumerate(value[:n]))
     if isinstance(value, dict) and not isinstance(value, nn.Module):
-        return "dict"
+        return "dict", ((f"[{k!r}]", item) for k, item in itertools.islice(value.items(), n))
     if dataclasses.is_dataclass(value) and not isinstance(value, (type, nn.Module)):
-        return "dataclass"
+        return "dataclass", ((f".{f.name}", getattr(value, f.name, None)) for f in dataclasses.fields(value)[:n])
     return None
-
-
-def _container_items(value: Any, kind: str) -> Iterable[tuple[str, Any]]:
-    """The ``(access suffix, item)`` pairs of a plain container, at most a bounded number."""
-    if kind == "namedtuple":
-        return ((f".{f}", getattr(value, f)) for f in value._fields[:_MAX_CONTAINER_ITEMS])
-    if kind == "list":
-        return ((f"[{i}]", item) for i, item in enumerate(value[:_MAX_CONTAINER_ITEMS]))
-    if kind == "dict":
-        return ((f"[{k!r}]", item) for k, item in itertools.islice(value.items(), _MAX_CONTAINER_ITEMS))
-    return ((f".{f.name}", getattr(value, f.name, None)) for f in dataclasses.fields(value)[:_MAX_CONTAINER_ITEMS])
 
 
 def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
@@ -257,11 +248,11 @@ def contained(module: nn.Module) -> Iterable[tuple[str, Any, tuple[str, ...]]]:
             if isinstance(item, (torch.Tensor, nn.Module)):
                 yield path, item, kinds
                 continue
-            kind = _container_kind(item) if len(kinds) < _MAX_CONTAINER_DEPTH else None
-            if kind is None:
+            found = _container_items(item) if len(kinds) < _MAX_CONTAINER_DEPTH else None
+            if found is None:
                 continue
             # Reversed onto the stack: items come out in their order.
-            stack.extend(reversed([(path + suffix, sub, kinds + (kind,)) for suffix, sub in _container_items(item, kind)]))
+            stack.extend(reversed([(path + suffix, sub, kinds + (found[0],)) for suffix, sub in found[1]]))
 
 
 class Inventory:
@@ -339,15 +330,12 @@ class Inventory:
         it followed), or weakly when none holds it (:mod:`leafwatch.observe.follow`). Looks where the
         reading says it is, never through every module: a fresh leaf of the loss is followed at once."""
         info = self.params.get(id(t))
-        place = (info.module, info.attribute) if info is not None else None
-        buffer = self.buffer_names.get(id(t)) if place is None else None
-        if buffer is not None:
-            module_name, _, attribute = buffer.rpartition(".")
-            place = (module_name, attribute)
-        module = self.modules.get(place[0]) if place is not None else None
-        if module is not None and place is not None:
+        qualified = info.name if info is not None else self.buffer_names.get(id(t))
+        module_name, _, attribute = (qualified or "").rpartition(".")
+        module = self.modules.get(module_name) if qualified is not None else None
+        if module is not None:
             # (a wrapper that shares its inner module's name, torch.compile's: the inner one holds it)
-            held = follow_.in_module(module, t, place[1]) or follow_.in_module(unwrap(module), t, place[1])
+            held = follow_.in_module(module, t, attribute) or follow_.in_module(unwrap(module), t, attribute)
             if held is not None:
                 return held
         holders = [opt for opt, params in zip(self.optimizers, self.optimizer_params) if any(p is t for p in params)] \
@@ -359,9 +347,7 @@ class Inventory:
 
     def all_names(self) -> set[str]:
         """Every name a finding on this structure can have: parameters, aliases, orphans."""
-        names = {info.name for info in self.params.values()}
-        names |= {a for info in self.params.values() for a in info.aliases}
-        return names | {o.name for o in self.orphans()}
+        return {n for info in self.params.values() for n in (info.name, *info.aliases)} | {o.name for o in self.orphans()}
 
     def trainable(self) -> list[tuple[ParamInfo, torch.Tensor]]:
         return [(self.params[k], t) for k, t in self.tensors.items() if t.requires_grad]
@@ -393,10 +379,11 @@ class Inventory:
             for path, value, kinds in contained(module):
                 name, container = prefix + path, kinds[-1] if kinds else "attribute"
                 if isinstance(value, torch.Tensor):
-                    # A non-leaf computed from the model's own parameters (weight_norm / spectral_norm /
-                    # pruning weights, a stored output or loss) is no would-be parameter.
+                    # A non-leaf computed from any of the model's own parameters (weight_norm / spectral_norm /
+                    # pruning weights, a stored output or loss, even one that also depends on an orphan, which
+                    # is reported on its own) is no would-be parameter.
                     if id(value) in taken or not value.requires_grad \
-                            or (not value.is_leaf and self._derived_from_parameters(value)):
+                            or (not value.is_leaf and graph.computed_from(value, self.tensors)):
                         continue
                     taken.add(id(value))
                     found.append(Orphan(name, value, container, containers=kinds))
@@ -407,12 +394,6 @@ class Inventory:
                             found.append(Orphan(f"{name}.{clean_name(sub)}", p, container, module_in_container=True,
                                                 containers=kinds))
         return found
-
-    def _derived_from_parameters(self, t: torch.Tensor) -> bool:
-        """Whether a non-leaf was computed from at least one registered parameter (any one: a loss kept
-        in ``self.outputs`` that also depends on an orphan is no parameter; the orphan is reported on its own)."""
-        leaves, complete = graph.leaves_of(t.grad_fn, limit=2_000)
-        return not complete or any(id(leaf) in self.tensors for leaf in leaves)
 
 
 _OPTIMIZER_FORMS = "a torch.optim.Optimizer or a sequence of them"

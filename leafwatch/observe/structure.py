@@ -57,9 +57,9 @@ class StructureCache:
     """
 
     def __init__(self, model: nn.Module | None, optimizers: list[torch.optim.Optimizer],
-                 roots: Mapping[str, nn.Module] | None = None, observer: Observer | None = None) -> None:
+                 roots: Mapping[str, nn.Module] | None, observer: Observer) -> None:
         self.model = model
-        self.observer = observer if observer is not None else Observer(hooked=False)
+        self.observer = observer
         self.optimizers = list(optimizers)  # its own list: added to only by add_optimizer()
         #: The registration mark when the optimizers were handed over (each was built before it).
         self.optimizers_mark: int | None = self.observer.built_mark(self.optimizers) if self.optimizers else None
@@ -102,9 +102,6 @@ class StructureCache:
 
     def has_model(self) -> bool:
         return self.model is not None or bool(self.roots)
-
-    def modules(self) -> dict[str, nn.Module]:
-        return inventory.Inventory(self.source).modules
 
     def named_params(self) -> list[tuple[torch.Tensor, str]]:
         inv = inventory.Inventory(self.source)

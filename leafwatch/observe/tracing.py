@@ -60,22 +60,17 @@ class RunRecord:
     function_inputs: bool = False
 
 
-def _items(value: Any) -> list[Any] | None:
-    """The parts of a container output (sequence, mapping, dataclass); None for anything else."""
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    if isinstance(value, dict):
-        return list(value.values())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [getattr(value, f.name, None) for f in dataclasses.fields(value)]
-    return None
-
-
 def _first_tensor(value: Any, depth: int = 0, requires_grad: bool = True) -> torch.Tensor | None:
+    """The first tensor (that requires grad) of an output, or of the parts of a container output (sequence,
+    mapping, dataclass)."""
     if isinstance(value, torch.Tensor):
         return value if value.requires_grad or not requires_grad else None
-    items = _items(value) if depth <= 3 else None
-    for item in items or ():
+    items: Any = ()
+    if depth <= 3 and isinstance(value, (list, tuple, dict)):
+        items = value.values() if isinstance(value, dict) else value
+    elif depth <= 3 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [getattr(value, f.name, None) for f in dataclasses.fields(value)]
+    for item in items:
         found = _first_tensor(item, depth + 1, requires_grad)
         if found is not None:
             return found
@@ -105,7 +100,8 @@ class Tracer:
         # armed at creation, and at each reset every module still armed.
         self.armed_since_reset: set[str] = set()
         self.checked_in_round: set[int | None] = set()  # the optimizers checked since the last reset
-        self._ops_wanted = False
+        #: Whether the next forward is instrumented (the recorder runs over it); :meth:`_subscribe` follows it.
+        self.ops_wanted = False
         self._ops_next = False
         #: Whether a forward ran whole under the recorder since the last reset: then a tensor
         #: upstream of no recorded cut was seen not to be cut inside the forward.
@@ -134,26 +130,11 @@ class Tracer:
         #: Each armed module's registered parameters (attribute -> id), to tell weights swapped in.
         self._own: dict[str, dict[str, int]] = {}
 
-    @property
-    def armed(self) -> set[str]:
-        return set(self.handles)
-
-    @property
-    def ops_wanted(self) -> bool:
-        """Whether the next forward is instrumented (the recorder runs over it)."""
-        return self._ops_wanted
-
-    @ops_wanted.setter
-    def ops_wanted(self, wanted: bool) -> None:
-        self._ops_wanted = wanted
-        self._subscribe()  # (the hooks around the top modules start the recorder)
-
-    def retarget(self, wanted: dict[str, nn.Module], instrument: bool = True) -> None:
+    def retarget(self, wanted: dict[str, nn.Module], instrument: bool) -> None:
         """Keep hooks on exactly the ``wanted`` modules (arming the new ones); with ``instrument``
         (a new miss, a new structure), the forward after the next reset runs under the recorder."""
-        armed = self.armed
-        self.disarm(armed - set(wanted))
-        self.arm({k: v for k, v in wanted.items() if k not in armed}, instrument=False)
+        self.disarm(set(self.handles) - set(wanted))
+        self.arm(wanted, instrument=False)  # (those armed already are passed over)
         # The registered parameters, read again between steps (none is swapped in then): a
         # parameter replaced since the hooks were armed is no weight swapped in for a call.
         self._own = {n: _own_parameters(m) for n, m in self.handles.items()}
@@ -187,7 +168,7 @@ class Tracer:
                 self.compiled = True
         if instrument and modules:
             self.ops_wanted = True
-        self._hook_roots()
+        self._hook_roots()  # (subscribes the hooks around the top modules, which start the recorder)
 
     def disarm(self, names: set[str] | None = None) -> None:
         for name in list(self.handles) if names is None else list(names):
@@ -214,6 +195,7 @@ class Tracer:
         self.ops_traced = False
         self.cuts = []
         self._cut_index = None
+        self._subscribe()
 
     # -- the cut recorder -------------------------------------------------------------------------
     def _hook_roots(self) -> None:
@@ -236,29 +218,19 @@ class Tracer:
                 handle.remove()
         if tops != bool(self._tops_hooks):
             if tops:
-                self._tops_hooks = (hooks.MODULE_FORWARD_PRE.subscribe(self._on_forward_pre, weakly=True),
+                self._tops_hooks = (hooks.MODULE_FORWARD_PRE.subscribe(self.entered, weakly=True),
                                     hooks.MODULE_FORWARD_ALWAYS.subscribe(self._on_forward_end, weakly=True))
             else:
                 handles, self._tops_hooks = self._tops_hooks, ()
                 for handle in handles:
                     handle.remove()
 
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if id(module) in self._top_ids:
-            self._enter_forward(module, args)
-
-    def _on_forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
-        if id(module) in self._top_ids:
-            self._leave_forward(module, args, output)
-
-    def entered(self, module: nn.Module) -> None:
-        """The forward of ``module``, an armed top module, has begun already: the global pre-hook was read
-        before the hooks were armed (``leafwatch run`` arms them in the global pre-hook of the first
-        forward); the cut recorder starts now, as that pre-hook would have started it."""
-        if id(module) in self._top_ids:
-            self._enter_forward(module, ())
-
-    def _enter_forward(self, module: nn.Module, args: Any) -> None:
+    def entered(self, module: nn.Module, args: Any = ()) -> None:
+        """The forward of ``module`` begins (the global pre-hook): for an armed top module, the cut recorder
+        starts. Called directly when the global pre-hook was read before the hooks were armed (``leafwatch run``
+        arms them in the global pre-hook of the first forward)."""
+        if id(module) not in self._top_ids:
+            return
         try:
             if self._recorder is not None:
                 self._depth += 1  # a root called inside another (or inside itself)
@@ -274,8 +246,8 @@ class Tracer:
         except Exception as error:
             self._recorder_failed(error)
 
-    def _leave_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._recorder is None:
+    def _on_forward_end(self, module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) not in self._top_ids or self._recorder is None:
             return
         self._depth -= 1
         if self._depth <= 0:
@@ -330,6 +302,7 @@ class Tracer:
         with no recorder running: it failed to start, or :meth:`_stop_recorder` took it off)."""
         self._recorder_broken = True  # never instrument again: one warning, not one per step
         self.ops_wanted = False
+        self._subscribe()
         if self.on_error is not None and isinstance(error, Exception):
             self.on_error("the cut recorder", error)
 

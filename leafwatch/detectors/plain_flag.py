@@ -28,7 +28,7 @@ from ..observe import frames
 from ..observe.evidence import REBUILT, STEP, Evidence
 from ..observe.inventory import Inventory
 from ..observe.source import Source
-from ..observe.unhooked import _resolve
+from ..observe.unhooked import resolve
 from ..report.reasons import Reason
 from ..report.verdicts import Verdict, Verdicts
 from ..report.words import ADVICE, Edit, Members, Words, code
@@ -132,7 +132,7 @@ def _assignment(module: nn.Module) -> tuple[str, str] | None:
     for frame in user:
         path = frame.f_code.co_filename
         for node in _assignments(path):
-            if _resolve(node.targets[0].value, frame) is module:  # type: ignore[attr-defined]
+            if resolve(node.targets[0].value, frame) is module:
                 text = ast.get_source_segment("".join(linecache.getlines(path)), node) or ast.unparse(node)
                 return f"{path}:{node.lineno}", text
     return None

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import exhausted, frames, freed, graph, graphless, source, stepped
+from . import exhausted, frames, freed, graph, graphless, source, stepped, unhooked
 from .cuts import CutSite
 from .inventory import Inventory
 
@@ -560,50 +560,15 @@ def _no_graph(tb: Traceback) -> NoGraph | None:
     models = _models(modules)
     frame, line = tb.user[0] if tb.user else (None, None)
     frozen = graphless.frozen_part([(n, m) for n, m in modules if any(True for _ in m.parameters())],
-                                   tb.scopes.optimizers(), tb.scopes.frames, frame, line, tb.source, _resolve) \
+                                   tb.scopes.optimizers(), tb.scopes.frames, frame, line, tb.source, unhooked.resolve) \
         if models and not any(m.trainable for m in models) else None
-    function = graphless.grad_off_function(frame, line, root, tb.source, _resolve) if frame is not None else None
+    function = graphless.grad_off_function(frame, line, root, tb.source, unhooked.resolve) if frame is not None else None
     detached = graphless.detached_return([m for _, m in modules], tb.source) if function is None else None
     return NoGraph(tb.place, found[0] if found is not None else None, root.is_inference(), models, off, sites, frozen,
                    function, detached)
 
 
 # -- an in-place op on a leaf that requires grad -----------------------------------------------------------
-_MISSING = object()
-
-
-def _resolve(node: ast.expr, frame: FrameType) -> Any:
-    """The object an expression of the user's line names (``w``, ``self.w``, ``model.fc.weight``,
-    ``params[0]``), read without running code of the user's; ``_MISSING`` for anything else."""
-    if isinstance(node, ast.Name):
-        for scope in (frame.f_locals, frame.f_globals):
-            if node.id in scope:
-                return scope[node.id]
-        return _MISSING
-    if isinstance(node, ast.Attribute):
-        owner = _resolve(node.value, frame)
-        if owner is _MISSING or not frames.readable(owner):
-            return _MISSING
-        if isinstance(owner, nn.Module):
-            for registered in (owner._parameters, owner._buffers, owner._modules):
-                if node.attr in registered:
-                    return registered[node.attr]
-        found = getattr(owner, "__dict__", {}).get(node.attr, _MISSING)
-        if found is _MISSING and not inspect.ismodule(owner):  # a method: the function its class defines
-            found = inspect.getattr_static(type(owner), node.attr, _MISSING)
-            found = found if inspect.isfunction(found) else _MISSING
-        return found
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        owner = _resolve(node.value, frame)
-        if isinstance(owner, (list, tuple, dict, nn.ModuleList, nn.ParameterList, nn.Sequential, nn.ModuleDict,
-                              nn.ParameterDict)):
-            try:
-                return owner[node.slice.value]
-            except (IndexError, KeyError, TypeError):
-                return _MISSING
-    return _MISSING
-
-
 def _receivers(statement: ast.stmt) -> Iterator[tuple[ast.expr, ast.Call | None]]:
     """The expressions a statement changes in place: the receiver of each ``x.method_(...)`` call, the
     target of ``x += ...``, the container of ``x[i] = ...``."""
@@ -628,7 +593,7 @@ def _spelling(scope: Mapping[str, Any], target: Any) -> str | None:
 def _changes_a_leaf(statement: ast.stmt, frame: FrameType) -> tuple[ast.expr, ast.Call | None, torch.Tensor] | None:
     """The receiver (and the in-place call) of ``statement`` that is a leaf requiring grad, read in ``frame``."""
     for receiver, call in _receivers(statement):
-        t = _resolve(receiver, frame)
+        t = unhooked.resolve(receiver, frame)
         if isinstance(t, torch.Tensor) and t.is_leaf and t.requires_grad:
             return receiver, call, t
     return None

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import os
 import weakref
+from types import FrameType
 from typing import Any
 
 from torch import nn
@@ -82,44 +84,46 @@ def forward_calls(stack: list[Any]) -> dict[int, str]:
         node = source.scope(frame)
         for call in ast.walk(node) if node is not None else ():
             if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "forward":
-                target = _resolve(call.func.value, frame)
-                if target is not _UNRESOLVED:
+                target = resolve(call.func.value, frame)
+                if target is not UNRESOLVED:
                     found.setdefault(id(target), f"`{ast.unparse(call.func)}(...)` at "
                                                  f"{os.path.basename(frame.f_code.co_filename)}:{call.lineno}")
     return found
 
 
-_UNRESOLVED = object()
+#: What :func:`resolve` gives for an expression it does not read.
+UNRESOLVED = object()
+#: The containers :func:`resolve` indexes with a constant.
+_INDEXED = (list, tuple, dict, nn.ModuleList, nn.ParameterList, nn.Sequential, nn.ModuleDict, nn.ParameterDict)
 
 
-def _resolve(expr: ast.expr, frame: Any, depth: int = 0) -> Any:
-    """What a name, an attribute chain or a constant index evaluates to in ``frame``, read without running code
-    of the user's (``vars()``, a module's registered children, a plain container); else :data:`_UNRESOLVED`."""
+def resolve(expr: ast.expr, frame: FrameType, depth: int = 0) -> Any:
+    """The object a name, an attribute chain or a constant index of the user's line names in ``frame`` (``w``,
+    ``self.w``, ``model.fc.weight``, ``params[0]``, a method: the function its class defines), read without
+    running code of the user's (``vars()``, a module's registered tensors and children, a plain container);
+    else :data:`UNRESOLVED`."""
     if depth > 8:
-        return _UNRESOLVED
+        return UNRESOLVED
     if isinstance(expr, ast.Name):
         scope = frame.f_locals if expr.id in frame.f_locals else frame.f_globals
-        value = scope.get(expr.id, _UNRESOLVED)
-        return value if value is _UNRESOLVED or frames.readable(value) else _UNRESOLVED
-    base = _resolve(expr.value, frame, depth + 1) if isinstance(expr, (ast.Attribute, ast.Subscript)) else _UNRESOLVED
-    if base is _UNRESOLVED or not frames.readable(base):
-        return _UNRESOLVED
+        value = scope.get(expr.id, UNRESOLVED)
+        return value if value is UNRESOLVED or frames.readable(value) else UNRESOLVED
+    base = resolve(expr.value, frame, depth + 1) if isinstance(expr, (ast.Attribute, ast.Subscript)) else UNRESOLVED
+    if base is UNRESOLVED or not frames.readable(base):
+        return UNRESOLVED
     if isinstance(expr, ast.Attribute):
-        if isinstance(base, nn.Module) and expr.attr in base._modules:
-            return base._modules[expr.attr]
+        if isinstance(base, nn.Module):
+            for registered in (base._parameters, base._buffers, base._modules):
+                if expr.attr in registered:
+                    return registered[expr.attr]
+        found = getattr(base, "__dict__", {}).get(expr.attr, UNRESOLVED)
+        if found is UNRESOLVED and not inspect.ismodule(base):  # a method: the function its class defines
+            found = inspect.getattr_static(type(base), expr.attr, UNRESOLVED)
+            found = found if inspect.isfunction(found) else UNRESOLVED
+        return found
+    if isinstance(expr.slice, ast.Constant) and isinstance(base, _INDEXED):  # type: ignore[union-attr]
         try:
-            return vars(base).get(expr.attr, _UNRESOLVED)
-        except TypeError:
-            return _UNRESOLVED
-    key = expr.slice.value if isinstance(expr.slice, ast.Constant) else _UNRESOLVED  # type: ignore[union-attr]
-    if isinstance(base, (nn.ModuleList, nn.Sequential)) and isinstance(key, int) and -len(base) <= key < len(base):
-        return base[key]
-    if isinstance(base, nn.ModuleDict) and isinstance(key, str):
-        return base._modules.get(key, _UNRESOLVED)
-    if isinstance(base, (list, tuple)) and isinstance(key, int) and -len(base) <= key < len(base):
-        return base[key]
-    if isinstance(base, dict) and isinstance(key, (str, int)):
-        return base.get(key, _UNRESOLVED)
-    return _UNRESOLVED
-
-
+            return base[expr.slice.value]  # type: ignore[union-attr]
+        except (IndexError, KeyError, TypeError):
+            return UNRESOLVED
+    return UNRESOLVED

@@ -32,10 +32,6 @@ class Span:
     end: int
     indent: str
 
-    def to_args(self) -> dict[str, object]:
-        """As a finding's argument (the shape :func:`leafwatch.detectors.fixes.statement_span` gives)."""
-        return {"path": self.path, "start": self.start, "end": self.end, "indent": self.indent}
-
 
 class Source:
     """The files one explanation reads, each parsed once."""

@@ -19,7 +19,6 @@ from ..detectors import crashes
 from ..observe.crashes import Context
 from ..report import records
 from ..sinks import notes
-from ..sinks.notes import print_notes
 from .environment import install_command
 from ..report.events import CheckEvent
 from ..report.findings import KINDS
@@ -64,11 +63,6 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
     except AttributeError:  # another Lightning layout
         return None
     return tracker if type(getattr(tracker, "completed", None)) is int else None
-
-
-def _is_summary_writer(experiment: Any) -> bool:
-    return type(experiment).__name__ == "SummaryWriter" and all(
-        callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
 
 
 class _MetricsSink:
@@ -177,8 +171,8 @@ class _LeafWatchMixin(CallbackBase):
         # leafwatch's note (printed here where it cannot, Python 3.10: the traceback comes later), and the
         # Monitor's history, so the record its close writes, holds the crash finding.
         context = Context((pl_module,), {id(pl_module): "self"})
-        print_notes(self.monitor.crashed(exception, [context]) if self.monitor is not None
-                    else notes.add(exception, crashes.explain(exception, [context])))
+        notes.print_notes(self.monitor.crashed(exception, [context]) if self.monitor is not None
+                          else notes.add(exception, crashes.explain(exception, [context])))
         self._close(print_table=False, interrupted=True)
 
     @override
@@ -218,7 +212,8 @@ class _LeafWatchMixin(CallbackBase):
                 experiment = logger.experiment
             except Exception:
                 experiment = None
-            if _is_summary_writer(experiment):
+            if type(experiment).__name__ == "SummaryWriter" and all(
+                    callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text")):
                 writers.append(experiment)
             elif type(experiment).__name__ != "DummyExperiment":
                 others.append(logger)

@@ -28,11 +28,6 @@ from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..observe.discovery import Discovery, user_scope
 from ..observe.frames import stacklevel_outside
 
-#: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
-#: Monitor's default) and the sinks, computed inside the guard that keeps training going.
-Prepare = Callable[[], tuple["Sequence[Any] | None", "list[Any]"]]
-
-
 class CallbackBase:
     """The options, lifecycle and saved history shared by every training-framework callback.
 
@@ -80,8 +75,8 @@ class CallbackBase:
             cls.__init__ = init  # type: ignore[misc]
 
     # -- the lifecycle -------------------------------------------------------------------------
-    def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None,
-               owners: Callable[[], dict[str, Any]] = user_scope) -> None:
+    def _start(self, model: Any, prepare: Callable[[], tuple[Sequence[Any] | None, list[Any]]],
+               saved: Mapping[str, Any] | None = None, owners: Callable[[], dict[str, Any]] = user_scope) -> None:
         """Build the Monitor at train start, take up ``saved`` and report the structural findings.
 
         The Monitor of an earlier run is closed first. Never raises: a failure of ``prepare`` or of the
@@ -89,8 +84,9 @@ class CallbackBase:
 
         Args:
             model: The model handed to the Monitor.
-            prepare: Returns the optimizers to check and the sinks (it may set
-                :meth:`_sinks`' console and whatever :meth:`_release` frees).
+            prepare: Returns the optimizers to check (None: the Monitor's default) and the sinks, called
+                inside the guard that keeps training going (it may set :meth:`_sinks`' console and
+                whatever :meth:`_release` frees).
             saved: A history from :meth:`state_dict` to go on from (a resumed run); None: the one
                 given to :meth:`load_state_dict` before the start, if any.
             owners: Name -> object the user reaches modules through (``{"trainer": trainer}``):

@@ -19,8 +19,6 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch import nn
-
 from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
 from ..options import LeafwatchError, LeafwatchInternalWarning, validate_bool, validate_ignore, validate_int
@@ -83,7 +81,7 @@ class CallbackBase:
         Monitor warns and training goes on without leafwatch; strict mode raises only from :meth:`_check`.
 
         Args:
-            model: The model handed to the Monitor.
+            model: The model (an ``nn.Module``) handed to the Monitor.
             prepare: Returns the optimizers to check (None: the Monitor's default) and the sinks, called
                 inside the guard that keeps training going (it may set :meth:`_sinks`' console and
                 whatever :meth:`_release` frees).
@@ -100,9 +98,8 @@ class CallbackBase:
                                    check_values_every_n_steps=self.check_values_every_n_steps, sinks=sinks)
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
-            if isinstance(model, nn.Module):
-                self._step_modules = Discovery(model, owners)
-                self._step_modules.arm()
+            self._step_modules = Discovery(model, owners)
+            self._step_modules.arm()
         except Exception as error:  # never stop training for leafwatch
             self._close(print_table=False)
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "

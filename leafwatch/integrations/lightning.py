@@ -69,7 +69,7 @@ class _MetricsSink:
     """Logs the open findings per kind and the gradient coverage through ``logger.log_metrics``."""
 
     def __init__(self, loggers: Sequence[Any], log_every_n_steps: int) -> None:
-        self.loggers = list(loggers)
+        self.loggers = loggers
         self.log_every_n_steps = log_every_n_steps
         self._counts: dict[str, int] | None = None
 

@@ -236,7 +236,7 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
                  optimizer: Any) -> tuple[list[Any] | None, list[Any]]:
         """The optimizer to check and the sinks; declares how the model's gradients are kept."""
         strategy, self._optimizer = gradient_strategy(model, optimizer, args)
-        sinks = self._trainer_sinks(args, state, bool(getattr(state, "is_world_process_zero", True)))
+        sinks = self._trainer_sinks(args, state)
         if strategy is not None:
             distributed.declare_gradients(model, strategy)
             self._declared = model
@@ -247,15 +247,15 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
                 self._declared = model
         return ([self._optimizer] if self._optimizer is not None else None), sinks
 
-    def _trainer_sinks(self, args: TrainingArguments, state: TrainerState, main: bool) -> list[Any]:
+    def _trainer_sinks(self, args: TrainingArguments, state: TrainerState) -> list[Any]:
         """The console and TensorBoard sinks, on the main process only."""
-        if not main:
-            return self._sinks(main)
+        if not getattr(state, "is_world_process_zero", True):
+            return self._sinks(False)
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter
 
         self._writer = SummaryWriter(log_dir)
-        return self._sinks(main, (), [self._writer], self._log_every(getattr(state, "logging_steps", None)))
+        return self._sinks(True, (), [self._writer], self._log_every(getattr(state, "logging_steps", None)))
 
     @override
     def _release(self) -> None:

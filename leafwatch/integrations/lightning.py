@@ -19,6 +19,7 @@ from ..detectors import crashes
 from ..observe.crashes import Context
 from ..report import records
 from ..sinks import notes
+from ..sinks.notes import print_notes
 from .environment import install_command
 from ..report.events import CheckEvent
 from ..report.findings import KINDS
@@ -171,8 +172,8 @@ class _LeafWatchMixin(CallbackBase):
         # leafwatch's note (printed here where it cannot, Python 3.10: the traceback comes later), and the
         # Monitor's history, so the record its close writes, holds the crash finding.
         context = Context((pl_module,), {id(pl_module): "self"})
-        notes.print_notes(self.monitor.crashed(exception, [context]) if self.monitor is not None
-                          else notes.add(exception, crashes.explain(exception, [context])))
+        print_notes(self.monitor.crashed(exception, [context]) if self.monitor is not None
+                    else notes.add(exception, crashes.explain(exception, [context])))
         self._close(print_table=False, interrupted=True)
 
     @override

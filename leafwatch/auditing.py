@@ -61,7 +61,7 @@ def audit(
     model, opts, named, ignore_map = _arguments(model, optimizers, tensors, loss, ignore, check_values)
     # The one check pipeline, run once: a fresh Monitor carries nothing from one call to the next.
     # Local to this process: one rank's audit() call must never wait for the other ranks.
-    monitor = _OneCheck(model, opts, tensors=named or None, ignore=ignore_map or None, diagnose=False,
+    monitor = _OneCheck(model, opts, tensors=named, ignore=ignore_map, diagnose=False,
                         verbose=False, check_values_every_n_steps=1 if check_values else 0,
                         distributed=False, loss_given=loss is not None)
     try:

@@ -325,10 +325,9 @@ class Monitor:
         self.structure.restore_checks(checks_done)
         self._report = self.history_store.report(self.step)
 
-    def wait_for_optimizers(self, checks_: int,
-                            waiting: Callable[[], list[torch.optim.Optimizer]] | None = None,
-                            outside_roots: Callable[[], dict[int, tuple[str, str]]] | None = None,
-                            values_until: int = 0, variables: Callable[[], dict[int, str]] | None = None) -> None:
+    def wait_for_optimizers(self, checks_: int, waiting: Callable[[], list[torch.optim.Optimizer]],
+                            outside_roots: Callable[[], dict[int, tuple[str, str]]], values_until: int,
+                            variables: Callable[[], dict[int, str]]) -> None:
         """For front-ends that meet optimizers only when they step (``leafwatch run``): keep
         ``not_in_optimizer`` pending for ``checks_`` checks (``waiting``: the optimizers that exist
         and have not stepped; ``outside_roots``: tensor id -> (root name, optimizer variable) of

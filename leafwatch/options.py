@@ -107,7 +107,7 @@ def validate_ignore(ignore: Any, default_reason: str = DEFAULT_IGNORE_REASON) ->
     return out
 
 
-def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on the command line") -> dict[str, str]:
+def parse_ignore(values: Sequence[str] | None) -> dict[str, str]:
     """``["head.*=frozen on purpose", "aux.*"]`` -> ``{"head.*": "frozen on purpose", "aux.*": ...}``.
 
     The command-line form of ``ignore`` (``--ignore PATTERN[=REASON]``).
@@ -121,7 +121,7 @@ def parse_ignore(values: Sequence[str] | None, default_reason: str = "ignored on
         pattern = pattern.strip()
         if not pattern:
             raise ValueError(f"`--ignore` takes PATTERN[=REASON] with a non-empty pattern, got {value!r}")
-        out[pattern] = reason.strip() or default_reason
+        out[pattern] = reason.strip() or "ignored on the command line"
     return out
 
 
@@ -207,14 +207,13 @@ def matching_pattern(ignore: Mapping[str, str], names: Iterable[str]) -> str | N
     return next((p for p in ignore if any(pattern_matches(p, n) for n in names)), None)
 
 
-def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str], stacklevel: int | None = None) -> None:
-    """Warn for each ``ignore`` pattern that matches none of ``names`` (a typo?), at the user's line by default."""
+def warn_unmatched_ignore(ignore: Mapping[str, str], names: Iterable[str]) -> None:
+    """Warn, at the user's line, for each ``ignore`` pattern that matches none of ``names`` (a typo?)."""
     names = set(names)
-    stacklevel = stacklevel_outside() if stacklevel is None else stacklevel
     for pattern in ignore:
         if not any(pattern_matches(pattern, n) for n in names):
             warnings.warn(f"leafwatch: `ignore` pattern {pattern!r} matches no parameter or tensor name "
-                          f"(for example {sorted(names)[:3]})", LeafwatchWarning, stacklevel=stacklevel)
+                          f"(for example {sorted(names)[:3]})", LeafwatchWarning, stacklevel=stacklevel_outside())
 
 
 class WarnOnce:

@@ -19,19 +19,12 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from torch import nn
-
 from ..sinks.console import NewFindingWarnings
 from ..report.findings import Report
 from ..options import LeafwatchError, LeafwatchInternalWarning, validate_bool, validate_ignore, validate_int
 from ..monitor import DEFAULT_VALUE_CHECK_EVERY, Monitor
 from ..observe.discovery import Discovery, user_scope
 from ..observe.frames import stacklevel_outside
-
-#: What a front-end hands :meth:`CallbackBase._start`: the optimizers to check (None: the
-#: Monitor's default) and the sinks, computed inside the guard that keeps training going.
-Prepare = Callable[[], tuple["Sequence[Any] | None", "list[Any]"]]
-
 
 class CallbackBase:
     """The options, lifecycle and saved history shared by every training-framework callback.
@@ -80,30 +73,33 @@ class CallbackBase:
             cls.__init__ = init  # type: ignore[misc]
 
     # -- the lifecycle -------------------------------------------------------------------------
-    def _start(self, model: Any, prepare: Prepare, saved: Mapping[str, Any] | None = None,
-               owners: Callable[[], dict[str, Any]] = user_scope) -> None:
+    def _start(self, model: Any, prepare: Callable[[], tuple[Sequence[Any] | None, list[Any]]],
+               saved: Mapping[str, Any] | None = None, owners: Callable[[], dict[str, Any]] = user_scope) -> None:
         """Build the Monitor at train start, take up ``saved`` and report the structural findings.
 
-        Never raises: a failure of ``prepare`` or of the Monitor warns and training goes on
-        without leafwatch; strict mode raises only from :meth:`_check`.
+        The Monitor of an earlier run is closed first. Never raises: a failure of ``prepare`` or of the
+        Monitor warns and training goes on without leafwatch; strict mode raises only from :meth:`_check`.
 
         Args:
-            model: The model handed to the Monitor.
-            prepare: Returns the optimizers to check and the sinks (it may set
-                :meth:`_console_sinks`' console and whatever :meth:`_release` frees).
-            saved: A history from :meth:`state_dict` to go on from (a resumed run).
+            model: The model (an ``nn.Module``) handed to the Monitor.
+            prepare: Returns the optimizers to check (None: the Monitor's default) and the sinks, called
+                inside the guard that keeps training going (it may set :meth:`_sinks`' console and
+                whatever :meth:`_release` frees).
+            saved: A history from :meth:`state_dict` to go on from (a resumed run); None: the one
+                given to :meth:`load_state_dict` before the start, if any.
             owners: Name -> object the user reaches modules through (``{"trainer": trainer}``):
                 a module a step runs beyond the model is named by its path from them.
         """
+        self._close(print_table=False)
+        saved, self._pending_state = saved or self._pending_state, None
         try:
             optimizers, sinks = prepare()
             self.monitor = Monitor(model, optimizers, patience=self.patience, ignore=self.ignore, strict=self.strict,
                                    check_values_every_n_steps=self.check_values_every_n_steps, sinks=sinks)
             if saved:
                 self.monitor.load_state_dict(saved.get("monitor", {}))
-            if isinstance(model, nn.Module):
-                self._step_modules = Discovery(model, owners)
-                self._step_modules.arm()
+            self._step_modules = Discovery(model, owners)
+            self._step_modules.arm()
         except Exception as error:  # never stop training for leafwatch
             self._close(print_table=False)
             warnings.warn(f"leafwatch: could not start on this model ({type(error).__name__}: {error}); "
@@ -113,9 +109,8 @@ class CallbackBase:
         if self._console is not None:
             self._console.report(report)
 
-    def _check(self, optimizer: Any, step: int, loss: Any = None) -> None:
-        """Check before the optimizer step ``step`` (``loss``: the loss, when the framework handed one worth
-        walking); in strict mode raise LeafwatchError on an open error."""
+    def _check(self, optimizer: Any, step: int) -> None:
+        """Check before the optimizer step ``step``; in strict mode raise LeafwatchError on an open error."""
         monitor = self.monitor
         if monitor is None:
             return
@@ -126,7 +121,7 @@ class CallbackBase:
                 monitor.set_roots(roots, discovery.paths)  # read from this check on, by the user's paths
             elif discovery is not None and not discovery.armed:  # stable, its hook gone: nothing more to read
                 self._step_modules = None
-            monitor.check(optimizer, step=step, loss=loss)
+            monitor.check(optimizer, step=step)
         except LeafwatchError:
             # Strict mode stops training here: remove the hooks and write the records first.
             self._close(print_table=False)
@@ -151,10 +146,18 @@ class CallbackBase:
     def _release(self) -> None:
         """Free what the front-end holds besides the Monitor; called by every :meth:`_close`."""
 
-    def _console_sinks(self, main: bool) -> list[Any]:
-        """The console sink (one warning per new finding) on the main process when verbose."""
+    def _log_every(self, framework_default: Any) -> int:
+        """The cadence of the scalars: ``log_every_n_steps``, else the framework's, else 50."""
+        return self.log_every_n_steps or max(1, int(framework_default or 50))
+
+    def _sinks(self, main: bool, more: Sequence[Any] = (), writers: Sequence[Any] = (), every: int = 50) -> list[Any]:
+        """The console sink (one warning per new finding) on the main process when verbose, ``more``, and a
+        TensorBoardSink per SummaryWriter of ``writers`` writing every ``every`` steps."""
+        from ..sinks.tensorboard import TensorBoardSink
+
         self._console = NewFindingWarnings() if self.verbose and main else None
-        return [self._console] if self._console is not None else []
+        console = [self._console] if self._console is not None else []
+        return [*console, *more, *(TensorBoardSink(w, log_every_n_steps=every) for w in writers)]
 
     # -- the saved history ---------------------------------------------------------------------
     @property
@@ -174,7 +177,7 @@ class CallbackBase:
         """Plain data (the Monitor's history), JSON-ready; saved in checkpoints."""
         if self.monitor is not None:
             return {"monitor": self.monitor.state_dict()}
-        return dict(self._pending_state if self._pending_state is not None else self._final_state or {})
+        return dict(self._pending_state if self._pending_state is not None else self._final_state)
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Take up a history from :meth:`state_dict` (at the next start if not training).

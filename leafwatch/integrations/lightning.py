@@ -66,16 +66,11 @@ def _step_counter(trainer: Any, pl_module: Any) -> Any:
     return tracker if type(getattr(tracker, "completed", None)) is int else None
 
 
-def _is_summary_writer(experiment: Any) -> bool:
-    return type(experiment).__name__ == "SummaryWriter" and all(
-        callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text"))
-
-
 class _MetricsSink:
     """Logs the open findings per kind and the gradient coverage through ``logger.log_metrics``."""
 
     def __init__(self, loggers: Sequence[Any], log_every_n_steps: int) -> None:
-        self.loggers = list(loggers)
+        self.loggers = loggers
         self.log_every_n_steps = log_every_n_steps
         self._counts: dict[str, int] | None = None
 
@@ -131,9 +126,7 @@ class _LeafWatchMixin(CallbackBase):
     # -- the Trainer hooks ---------------------------------------------------------------------
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._close(print_table=False)
-        saved, self._pending_state = self._pending_state, None
-        self._start(pl_module, lambda: (list(trainer.optimizers), self._sinks(trainer)), saved)
+        self._start(pl_module, lambda: (list(trainer.optimizers), self._trainer_sinks(trainer)))
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
@@ -220,25 +213,20 @@ class _LeafWatchMixin(CallbackBase):
                 experiment = logger.experiment
             except Exception:
                 experiment = None
-            if _is_summary_writer(experiment):
+            if type(experiment).__name__ == "SummaryWriter" and all(
+                    callable(getattr(experiment, attr, None)) for attr in ("add_scalar", "add_text")):
                 writers.append(experiment)
             elif type(experiment).__name__ != "DummyExperiment":
                 others.append(logger)
         return writers, others
 
-    def _sinks(self, trainer: Any) -> list[Any]:
-        """The console on global rank zero, a TensorBoardSink per TensorBoard logger, and the
-        leafwatch scalars through ``log_metrics`` for the other loggers."""
-        log_every = self.log_every_n_steps or max(1, int(getattr(trainer, "log_every_n_steps", 50) or 50))
-        sinks = self._console_sinks(bool(getattr(trainer, "is_global_zero", True)))
+    def _trainer_sinks(self, trainer: Any) -> list[Any]:
+        """The console on global rank zero, the leafwatch scalars through ``log_metrics`` for the loggers
+        that are not TensorBoard's, and a TensorBoardSink per TensorBoard logger."""
+        every = self._log_every(getattr(trainer, "log_every_n_steps", None))
         writers, others = self._split_loggers(trainer)
-        if others:
-            sinks.append(_MetricsSink(others, log_every))
-        if writers:
-            from ..sinks.tensorboard import TensorBoardSink
-
-            sinks.extend(TensorBoardSink(w, log_every_n_steps=log_every) for w in writers)
-        return sinks
+        metrics = [_MetricsSink(others, every)] if others else []
+        return self._sinks(bool(getattr(trainer, "is_global_zero", True)), metrics, writers, every)
 
 
 _BASES = _callback_bases()

@@ -207,17 +207,17 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
     @override
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        self._close(print_table=False)
-        # A resumed run (its global step restored from the checkpoint) keeps the saved history,
-        # and so does one given a history through load_state_dict(); a new one starts afresh.
-        saved = (self._saved_in(state) if state.global_step > 0 else None) or self._pending_state
-        self._pending_state = None
         model = kwargs.get("model")
         if not isinstance(model, torch.nn.Module):
+            self._close(print_table=False)
+            self._pending_state = None
             warnings.warn(f"leafwatch: the Trainer passed no model to the callback (got {type(model).__name__}); "
                           "training goes on without leafwatch.", LeafwatchInternalWarning,
                           stacklevel=stacklevel_outside())
             return
+        # A resumed run (its global step restored from the checkpoint) keeps the saved history,
+        # and so does one given a history through load_state_dict(); a new one starts afresh.
+        saved = self._saved_in(state) if state.global_step > 0 else None
         self._start(model, lambda: self._prepare(model, args, state, kwargs.get("optimizer")), saved,
                     owners=_trainer_scope)
 
@@ -236,7 +236,7 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
                  optimizer: Any) -> tuple[list[Any] | None, list[Any]]:
         """The optimizer to check and the sinks; declares how the model's gradients are kept."""
         strategy, self._optimizer = gradient_strategy(model, optimizer, args)
-        sinks = self._make_sinks(args, state, bool(getattr(state, "is_world_process_zero", True)))
+        sinks = self._trainer_sinks(args, state)
         if strategy is not None:
             distributed.declare_gradients(model, strategy)
             self._declared = model
@@ -247,20 +247,15 @@ class LeafWatchCallback(CallbackBase, TrainerCallback, ExportableState):
                 self._declared = model
         return ([self._optimizer] if self._optimizer is not None else None), sinks
 
-    def _make_sinks(self, args: TrainingArguments, state: TrainerState, main: bool) -> list[Any]:
+    def _trainer_sinks(self, args: TrainingArguments, state: TrainerState) -> list[Any]:
         """The console and TensorBoard sinks, on the main process only."""
-        sinks = self._console_sinks(main)
-        if not main:
-            return sinks
+        if not getattr(state, "is_world_process_zero", True):
+            return self._sinks(False)
         log_dir = self.log_dir or os.path.join(str(getattr(args, "output_dir", None) or "."), LOG_SUBDIR)
         from torch.utils.tensorboard import SummaryWriter
 
-        from ..sinks.tensorboard import TensorBoardSink
-
         self._writer = SummaryWriter(log_dir)
-        log_every = self.log_every_n_steps or max(1, int(getattr(state, "logging_steps", 0) or 50))
-        sinks.append(TensorBoardSink(self._writer, log_every_n_steps=log_every))
-        return sinks
+        return self._sinks(True, (), [self._writer], self._log_every(getattr(state, "logging_steps", None)))
 
     @override
     def _release(self) -> None:

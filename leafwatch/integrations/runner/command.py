@@ -14,7 +14,6 @@ import traceback
 import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import suppress
 from typing import Any
 
 from torch import nn
@@ -48,7 +47,7 @@ def _system_exit_code(code: Any) -> int:
         return 0
     if isinstance(code, int):
         return code
-    with suppress(Exception):
+    with contextlib.suppress(Exception):
         sys.stderr.write(f"{code}\n")
     return 1
 
@@ -86,7 +85,12 @@ def run_target(script: str | None, module: str | None, argv: Sequence[str],
         return 130
     except BaseException as error:
         later = _explained(explain, error)
-        _print_script_traceback()
+        # The traceback without leafwatch's and runpy's own frames on top.
+        tb, here = error.__traceback__, os.path.dirname(os.path.abspath(__file__))
+        skip = (here, os.path.dirname(runpy.__file__) + os.sep + "runpy.py", "<frozen runpy>")
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
+            tb = tb.tb_next
+        traceback.print_exception(type(error), error, tb)
         print_notes(later)
         return 1
     finally:
@@ -102,16 +106,6 @@ def _explained(explain: Callable[[BaseException], Sequence[str]] | None, error: 
     except Exception as failure:
         WarnOnce("the exception is printed as it is, without leafwatch's note.")("explaining the exception", failure)
         return ()
-
-
-def _print_script_traceback() -> None:
-    """The traceback without leafwatch's and runpy's own frames on top."""
-    etype, value, tb = sys.exc_info()
-    here = os.path.dirname(os.path.abspath(__file__))
-    skip = (here, os.path.dirname(runpy.__file__) + os.sep + "runpy.py", "<frozen runpy>")
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(skip):
-        tb = tb.tb_next
-    traceback.print_exception(etype, value, tb)
 
 
 def run(script: str | None, argv: Sequence[str] = (), *, module: str | None = None,

@@ -31,7 +31,6 @@ from ...observe.observer import Observer
 from ...options import WarnOnce
 from ...observe.crashes import Context
 from ...observe.discovery import SCRIPT_SCANS, STABLE_STEPS, Discovery
-from ...observe.sharding import is_distributed
 
 #: Checks during which optimizer membership stays pending (an optimizer may step late).
 LATE_OPTIMIZER_CHECKS = 25
@@ -87,7 +86,6 @@ class Session:
         self.monitor: Monitor | None = None
         self.report: Report | None = None
         self.found = Discovery(on_roots=self._roots_changed, on_first_module=self._first_forward)
-        self._writer: Any = None
         # (what the end of a run too short for a check decides is said in the summary only)
         self._lines = NewFindingWarnings(every_status=True, warn=lambda text: self._closed and self.report is None or self.write(text))
         #: The script's global hooks, from its first line on (registrations, optimizers stepping, the
@@ -181,8 +179,8 @@ class Session:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._writer = SummaryWriter(self.logdir)
-                self._sink = TensorBoardSink(self._writer, root=(self.command or {}).get("cwd"), command=self.command)
+                self._sink = TensorBoardSink(SummaryWriter(self.logdir), root=(self.command or {}).get("cwd"),
+                                             command=self.command)
             except Exception as error:  # the check goes on without TensorBoard records
                 self._warn("opening the TensorBoard writer", error)
         sinks = [self._lines] if self._sink is None else [self._lines, self._sink]
@@ -294,9 +292,9 @@ class Session:
             if self._limit is not None:
                 self._limit.remove()
             self.observer.close()  # (after the Monitor's end-of-run decisions, which read the optimizers seen stepping)
-            if self._writer is not None:
+            if self._sink is not None:
                 try:
-                    self._writer.close()
+                    self._sink.writer.close()
                 except Exception as error:
                     self._warn("closing the TensorBoard writer", error)
         self.report = report

@@ -9,8 +9,8 @@ The gradients are grouped by device and dtype (one C++ call). A healthy step cos
   tensor. All of it is read on the host once.
   An L2 norm can overflow for a huge finite gradient or underflow to 0 for a tiny nonzero one, so
   each tensor it flags is looked at exactly before it is reported: a flag is never a false alarm.
-  Without the zero test (the end of a run's look at the parameters) the same reductions run, and
-  their zeros are left unread.
+  (Without the zero test, one ``aminmax`` per buffer and per large gradient; only when something
+  is not finite is each tensor of the failing group checked on its own, to name it.)
 - on CUDA, one fused ``torch._foreach_norm(ord=inf)`` over the group and one ``isfinite``; the
   per-tensor mask is copied with ``non_blocking=True`` into pinned memory behind an event and
   read at a later check, once the event says it is done: no host-device sync. The max-abs norm
@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import torch
 
+#: Gradients with at most this many elements are flattened together on CPU (by :func:`_cpu_all_finite`).
+SMALL_NUMEL = 1 << 16
 #: Gradients with at least this many elements get their own norm in one fused call on CPU (by
 #: :func:`_cpu_check`): under it the copy with the others of its shape is cheaper than a norm per tensor.
 NORM_NUMEL = 1 << 10
@@ -90,6 +92,14 @@ def _flags(tensors: list[torch.Tensor]) -> torch.Tensor:
         each = [torch.linalg.vector_norm(t, _INF) for t in tensors]
     norms = torch.stack(each)
     return (~torch.isfinite(norms)).to(torch.uint8) + (norms == 0).to(torch.uint8) * 2
+
+
+def _extremes(t: torch.Tensor) -> torch.Tensor:
+    """The smallest and largest value of a non-empty CPU tensor: both finite iff every value is
+    (NaN propagates through min and max; unlike a sum or a norm, neither can overflow)."""
+    if t.is_complex():
+        t = torch.view_as_real(t.resolve_conj())
+    return torch.stack(torch.aminmax(t))
 
 
 #: How many shape plans a checker keeps (one per set of small-tensor sizes it met).
@@ -217,6 +227,26 @@ def _cpu_check(tensors: list[torch.Tensor], plans: dict[tuple[object, ...], _Sha
     return sorted(bad), zero  # (in the order of the tensors given)
 
 
+def _cpu_all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether every tensor of one CPU dtype group is finite, with one read on the host."""
+    parts: list[torch.Tensor] = []
+    chunk: list[torch.Tensor] = []
+    chunk_numel = 0
+    for t in tensors:
+        n = t.numel()
+        if n > SMALL_NUMEL:
+            parts.append(_extremes(t))
+        elif n:
+            if chunk_numel + n > CHUNK_NUMEL:
+                parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+                chunk, chunk_numel = [], 0
+            chunk.append(t)
+            chunk_numel += n
+    if chunk:
+        parts.append(_extremes(torch._utils._flatten_dense_tensors(chunk)))
+    return not parts or bool(torch.isfinite(parts[0] if len(parts) == 1 else torch.cat(parts)).all())
+
+
 class ValueChecker:
     """Finds non-finite gradients; results for CUDA tensors arrive at a later call."""
 
@@ -257,10 +287,13 @@ class ValueChecker:
                 continue
             checked_now = True
             if device.type == "cpu":
-                bad, zero = _cpu_check(tensors, self._plans)
-                ready.extend((step, indices[j]) for j in bad)
                 if want_zeros:
+                    bad, zero = _cpu_check(tensors, self._plans)
                     zeros_now.extend(indices[j] for j in zero)
+                    ready.extend((step, indices[j]) for j in bad)
+                elif not _cpu_all_finite(tensors):
+                    # Something is not finite: name it, one tensor at a time.
+                    ready.extend((step, i) for t, i in zip(tensors, indices) if not _is_finite(t))
             else:  # another accelerator: the flags, read at once
                 flags = _flags(tensors).cpu().tolist()
                 ready.extend((step, indices[j]) for j, f in enumerate(flags) if f & 1)

@@ -25,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 import leafwatch
 from leafwatch import monitor as monitor_module
-from leafwatch.observe.values import NORM_NUMEL, ValueChecker
+from leafwatch.observe.values import SMALL_NUMEL, ValueChecker
 
 #: Tensor methods that read a value on the host (on CUDA: a host-device sync).
 HOST_READS = frozenset({"item", "__bool__", "tolist", "__int__", "__float__", "__index__", "numpy", "cpu"})
@@ -168,9 +168,9 @@ def test_nan_found_by_the_default_cadence_names_the_tensor():
 def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
     grads: list[torch.Tensor | None] = [torch.randn(3, 3) for _ in range(50)]
     grads += [
-        torch.randn(NORM_NUMEL + 1),  # large: checked in place, not copied
+        torch.randn(SMALL_NUMEL + 1),  # large: checked in place, not flattened
         None,  # no gradient: skipped
-        torch.full((NORM_NUMEL + 10,), 60000.0, dtype=torch.float16),  # huge but finite fp16
+        torch.full((SMALL_NUMEL + 10,), 60000.0, dtype=torch.float16),  # huge but finite fp16
         torch.full((7,), 60000.0, dtype=torch.float16),
         torch.empty(0, 4),  # no elements
         torch.randn(5, dtype=torch.complex64),
@@ -180,7 +180,7 @@ def test_batched_value_check_names_every_non_finite_gradient_and_nothing_else():
     checker = ValueChecker()
     assert checker.check(grads, step=1) == ([1], [])
     grads[7][1, 2] = float("nan")
-    grads[50][NORM_NUMEL] = float("inf")
+    grads[50][SMALL_NUMEL] = float("inf")
     grads[53][3] = float("-inf")
     grads[55][2] = complex(0.0, float("inf"))
     grads[56] = torch.sparse_coo_tensor([[0, 3]], [1.0, float("nan")], (6,), check_invariants=True)

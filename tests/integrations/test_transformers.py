@@ -29,6 +29,7 @@ from torch import nn
 # skips (locally) or fails (in CI).
 require_module("transformers")
 require_module("accelerate")
+from accelerate import Accelerator  # noqa: E402
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
 from transformers import (  # noqa: E402
     BertConfig,
@@ -512,6 +513,9 @@ def test_master_copy_optimizer_one_info_finding_not_a_flood(tmp_path: Path) -> N
 
 
 def test_gradient_strategy_unwraps_accelerate_optimizer() -> None:
+    # An AcceleratedOptimizer needs accelerate's state, as a script that builds an Accelerator has it (the
+    # suite's Trainers built one before: run alone, the test stopped in accelerate's constructor)
+    Accelerator(cpu=True)
     model = tiny_bert()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
     assert gradient_strategy(model, AcceleratedOptimizer(sgd, device_placement=False)) == (None, sgd)
